@@ -1,0 +1,449 @@
+/* libpsclient: connection to the cluster, variables, and whole-variable operations split by
+ * shard and chunk, all parts in flight at once. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "cluster.h"
+#include "placement.h"
+#include "status.h"
+#include "timeutil.h"
+
+_Static_assert((int)PS_INVALID_ARGUMENT == (int)STATUS_INVALID_ARGUMENT, "status codes must match");
+_Static_assert((int)PS_UNAUTHENTICATED == (int)STATUS_UNAUTHENTICATED, "status codes must match");
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+static _Thread_local char last_error[512];
+
+const char *ps_strerror(int status)
+{
+    return status_name(status);
+}
+
+const char *ps_last_error(void)
+{
+    return last_error;
+}
+
+const char *ps_version(void)
+{
+    return PSD_VERSION;
+}
+
+int client_fail(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static void clear_error(void)
+{
+    last_error[0] = '\0';
+}
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+struct ps_config {
+    options *opts;
+};
+
+int ps_config_create(ps_config **out)
+{
+    ps_config *cfg = calloc(1, sizeof(*cfg));
+    if (cfg == NULL || options_create(&cfg->opts, OPT_SCOPE_CLIENT) != 0) {
+        free(cfg);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    *out = cfg;
+    return PS_OK;
+}
+
+void ps_config_destroy(ps_config *cfg)
+{
+    if (cfg == NULL)
+        return;
+    options_destroy(cfg->opts);
+    free(cfg);
+}
+
+int ps_config_set(ps_config *cfg, const char *name, const char *value)
+{
+    char err[400];
+    if (cfg == NULL || name == NULL || value == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_config_set: NULL argument");
+    if (options_set(cfg->opts, name, value, err, sizeof(err)) != 0)
+        return client_fail(PS_INVALID_ARGUMENT, "%s", err);
+    return PS_OK;
+}
+
+int ps_config_load_env(ps_config *cfg)
+{
+    char err[400];
+    if (cfg == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_config_load_env: NULL config");
+    if (options_load_env(cfg->opts, err, sizeof(err)) != 0)
+        return client_fail(PS_INVALID_ARGUMENT, "%s", err);
+    return PS_OK;
+}
+
+/* ---- connection -------------------------------------------------------------------------- */
+
+int ps_client_open(ps_client **out, const ps_config *cfg)
+{
+    clear_error();
+    char err[512];
+    if (out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_client_open: NULL out");
+    *out = NULL;
+    ps_config *own = NULL;
+    if (cfg == NULL) {
+        int rc = ps_config_create(&own);
+        if (rc == PS_OK)
+            rc = ps_config_load_env(own);
+        if (rc != PS_OK) {
+            ps_config_destroy(own);
+            return rc;
+        }
+        cfg = own;
+    }
+    ps_client *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        ps_config_destroy(own);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    cluster_spec cl;
+    memset(&cl, 0, sizeof(cl));
+    if (cluster_from_options(cfg->opts, &cl, err, sizeof(err)) != 0) {
+        ps_config_destroy(own);
+        ps_client_close(c);
+        return client_fail(PS_INVALID_ARGUMENT, "bad cluster spec: %s", err);
+    }
+    const options *o = cfg->opts;
+    c->call.deadline_ms = (uint32_t)options_get_int(o, "deadline-ms");
+    c->call.retries = (int)options_get_int(o, "retries");
+    c->call.backoff_ms = (uint32_t)options_get_int(o, "retry-backoff-ms");
+    c->chunk_elems = (uint64_t)options_get_int(o, "chunk-bytes") / sizeof(float);
+    if (c->chunk_elems == 0)
+        c->chunk_elems = 1;
+    c->split_threshold = (uint64_t)options_get_int(o, "split-threshold-bytes");
+    c->max_message = (size_t)options_get_int(o, "max-message-bytes");
+    int64_t wid = options_get_int(o, "worker-id");
+    if (wid < 0 && (strcmp(cl.task_type, "worker") == 0 || strcmp(cl.task_type, "chief") == 0)) {
+        /* The chief is worker 0 when there is one; workers follow it. */
+        wid = cl.task_index;
+        if (strcmp(cl.task_type, "worker") == 0 && cl.n_chief > 0)
+            wid += (int64_t)cl.n_chief;
+    }
+    c->worker_id = (int32_t)wid;
+    if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
+        c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
+    c->nservers = (int)cl.n_ps;
+    c->servers = calloc(cl.n_ps, sizeof(*c->servers));
+    if (c->servers == NULL) {
+        cluster_fini(&cl);
+        ps_config_destroy(own);
+        ps_client_close(c);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < cl.n_ps; i++) {
+        char url[300];
+        if (cluster_url(cl.ps[i], url, sizeof(url)) != 0) {
+            cluster_fini(&cl);
+            ps_config_destroy(own);
+            ps_client_close(c);
+            return client_fail(PS_INVALID_ARGUMENT, "cluster address too long");
+        }
+        rpc_conn_config rc = {
+            .url = url,
+            .connections = (int)options_get_int(o, "connections"),
+            .resend_ms = (uint32_t)options_get_int(o, "resend-ms"),
+            .max_message = c->max_message,
+        };
+        if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
+            cluster_fini(&cl);
+            ps_config_destroy(own);
+            ps_client_close(c);
+            return client_fail(PS_UNAVAILABLE, "ps %zu: %s", i, err);
+        }
+    }
+    cluster_fini(&cl);
+    ps_config_destroy(own);
+    *out = c;
+    return PS_OK;
+}
+
+void ps_client_close(ps_client *c)
+{
+    if (c == NULL)
+        return;
+    for (int i = 0; i < c->nservers; i++)
+        rpc_conn_close(c->servers[i]);
+    free(c->servers);
+    for (size_t i = 0; i < c->nvars; i++) {
+        free(c->vars[i]->name);
+        free(c->vars[i]);
+    }
+    free(c->vars);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+int ps_client_num_servers(const ps_client *c)
+{
+    return c ? c->nservers : 0;
+}
+
+int64_t ps_client_clock(const ps_client *c)
+{
+    return c ? atomic_load(&c->clock) : 0;
+}
+
+/* ---- message building -------------------------------------------------------------------- */
+
+void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_ms)
+{
+    psd__v1__envelope__init(env);
+    env->method = method;
+    env->request_id = atomic_fetch_add(&c->next_request, 1) + 1;
+    env->deadline_ms = deadline_ms;
+    env->worker_id = c->worker_id;
+    env->client_id = c->client_id;
+    env->clock = atomic_load(&c->clock);
+}
+
+int client_build(envelope *env, const ProtobufCMessage *body, const void *segment,
+                 size_t segment_len, nng_msg **out)
+{
+    uint8_t stackbuf[1024];
+    uint8_t *buf = stackbuf;
+    if (body) {
+        size_t n = protobuf_c_message_get_packed_size(body);
+        if (n > sizeof(stackbuf) && (buf = malloc(n)) == NULL)
+            return NNG_ENOMEM;
+        protobuf_c_message_pack(body, buf);
+        env->body.data = buf;
+        env->body.len = n;
+    }
+    int rv = frame_build(out, env, segment, segment_len, NULL);
+    if (buf != stackbuf)
+        free(buf);
+    return rv;
+}
+
+/* ---- unary calls (metadata): one request to each of a set of servers, wait for all ------- */
+
+typedef struct unary_part {
+    struct unary *u;
+    int server;
+    int status;
+    char message[400];
+    ProtobufCMessage *reply;
+} unary_part;
+
+typedef struct unary {
+    ps_client *c;
+    int method;
+    const ProtobufCMessage *request;
+    const ProtobufCMessageDescriptor *reply_desc;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int pending;
+} unary;
+
+static int unary_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    unary_part *p = arg;
+    envelope env;
+    client_envelope(p->u->c, &env, p->u->method, deadline_ms);
+    return client_build(&env, p->u->request, NULL, 0, out);
+}
+
+static void unary_done(void *arg, int status, const char *message, const frame *reply)
+{
+    unary_part *p = arg;
+    unary *u = p->u;
+    p->status = status;
+    snprintf(p->message, sizeof(p->message), "%s", message);
+    if (status == STATUS_OK && reply) {
+        p->reply = protobuf_c_message_unpack(u->reply_desc, NULL, reply->env->body.len,
+                                             reply->env->body.data);
+        if (p->reply == NULL) {
+            p->status = STATUS_INTERNAL;
+            snprintf(p->message, sizeof(p->message), "reply body does not decode as %s",
+                     u->reply_desc->name);
+        }
+    }
+    pthread_mutex_lock(&u->lock);
+    if (--u->pending == 0)
+        pthread_cond_signal(&u->cond);
+    pthread_mutex_unlock(&u->lock);
+}
+
+int client_unary(ps_client *c, const int *servers, int nservers, int method,
+                 const ProtobufCMessage *request, const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **replies)
+{
+    unary u = {.c = c, .method = method, .request = request, .reply_desc = reply_desc};
+    unary_part *parts = calloc((size_t)nservers, sizeof(*parts));
+    if (parts == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    pthread_mutex_init(&u.lock, NULL);
+    pthread_cond_init(&u.cond, NULL);
+    for (int i = 0; i < nservers; i++) {
+        parts[i].u = &u;
+        parts[i].server = servers[i];
+        pthread_mutex_lock(&u.lock);
+        u.pending++;
+        pthread_mutex_unlock(&u.lock);
+        int rc = rpc_conn_call(c->servers[servers[i]], &c->call, unary_build, unary_done,
+                               &parts[i]);
+        if (rc != 0) {
+            parts[i].status = rc;
+            snprintf(parts[i].message, sizeof(parts[i].message), "cannot start the call");
+            pthread_mutex_lock(&u.lock);
+            u.pending--;
+            pthread_mutex_unlock(&u.lock);
+        }
+    }
+    pthread_mutex_lock(&u.lock);
+    while (u.pending > 0)
+        pthread_cond_wait(&u.cond, &u.lock);
+    pthread_mutex_unlock(&u.lock);
+    int status = PS_OK;
+    for (int i = 0; i < nservers; i++) {
+        replies[i] = parts[i].reply;
+        if (parts[i].status != PS_OK && status == PS_OK)
+            status = client_fail(parts[i].status, "ps %d: %s", parts[i].server,
+                                 parts[i].message);
+    }
+    free(parts);
+    pthread_mutex_destroy(&u.lock);
+    pthread_cond_destroy(&u.cond);
+    return status;
+}
+
+void client_free_replies(ProtobufCMessage **replies, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (replies[i])
+            protobuf_c_message_free_unpacked(replies[i], NULL);
+}
+
+int client_all_servers(ps_client *c, int **out)
+{
+    int *s = malloc((size_t)c->nservers * sizeof(int));
+    if (s == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < c->nservers; i++)
+        s[i] = i;
+    *out = s;
+    return PS_OK;
+}
+
+/* ---- clock and cluster ------------------------------------------------------------------- */
+
+int ps_clock(ps_client *c, int64_t *clock_out)
+{
+    clear_error();
+    if (c == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_clock: NULL client");
+    if (c->worker_id < 0)
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "ps_clock needs a worker id: run as a worker task or set worker-id");
+    int64_t now = atomic_fetch_add(&c->clock, 1) + 1;
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
+                      &psd__v1__clock_reply__descriptor, replies);
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    free(servers);
+    if (clock_out)
+        *clock_out = now;
+    return rc;
+}
+
+int ps_server_status(ps_client *c, int server, ps_server_stats *out)
+{
+    clear_error();
+    if (c == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_server_status: NULL argument");
+    if (server < 0 || server >= c->nservers)
+        return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d",
+                           server, c->nservers);
+    Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    ProtobufCMessage *reply = NULL;
+    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                          &psd__v1__server_status_reply__descriptor, &reply);
+    if (rc == PS_OK) {
+        const Psd__V1__ServerStatusReply *r = (const void *)reply;
+        memset(out, 0, sizeof(*out));
+        out->task_index = r->task_index;
+        out->uptime_ms = r->uptime_ms;
+        out->requests = r->requests;
+        out->errors = r->errors;
+        out->updates_applied = r->updates_applied;
+        out->duplicates_dropped = r->duplicates_dropped;
+        out->bytes_in = r->bytes_in;
+        out->bytes_out = r->bytes_out;
+        out->bytes_held = r->bytes_held;
+        out->num_variables = (uint32_t)r->n_variables;
+    }
+    client_free_replies(&reply, 1);
+    return rc;
+}
+
+static int broadcast_empty(ps_client *c, int method, const ProtobufCMessage *req,
+                           const ProtobufCMessageDescriptor *reply_desc)
+{
+    clear_error();
+    if (c == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "NULL client");
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, c->nservers, method, req, reply_desc, replies);
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    free(servers);
+    return rc;
+}
+
+int ps_checkpoint(ps_client *c)
+{
+    Psd__V1__CheckpointRequest req = PSD__V1__CHECKPOINT_REQUEST__INIT;
+    return broadcast_empty(c, PSD__V1__METHOD__CHECKPOINT, &req.base,
+                           &psd__v1__checkpoint_reply__descriptor);
+}
+
+int ps_shutdown_cluster(ps_client *c)
+{
+    Psd__V1__ShutdownRequest req = PSD__V1__SHUTDOWN_REQUEST__INIT;
+    return broadcast_empty(c, PSD__V1__METHOD__SHUTDOWN, &req.base,
+                           &psd__v1__shutdown_reply__descriptor);
+}

@@ -1,0 +1,58 @@
+/* Internals of libpsclient shared by its files. Not installed. */
+#ifndef PSD_CLIENT_INTERNAL_H
+#define PSD_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "frame.h"
+#include "options.h"
+#include "psclient.h"
+#include "rpc_client.h"
+
+struct ps_var {
+    char *name;
+    ps_var_spec spec; /* spec.name points at name */
+    uint64_t numel;
+    bool split;
+    uint32_t nservers; /* cluster size the placement was computed for */
+    uint32_t owner;    /* when not split */
+};
+
+struct ps_client {
+    int nservers;
+    rpc_conn **servers;
+    rpc_call_opts call;
+    uint64_t chunk_elems;
+    uint64_t split_threshold;
+    size_t max_message;
+    int32_t worker_id;
+    uint64_t client_id;
+    atomic_uint_fast64_t next_request;
+    atomic_uint_fast64_t next_seq;
+    atomic_int_fast64_t clock;
+    pthread_mutex_t lock; /* guards vars */
+    ps_var **vars;
+    size_t nvars, capvars;
+};
+
+/* Sets this thread's ps_last_error and returns status. */
+int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Fills the common envelope fields for a request from this client. */
+void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_ms);
+
+/* Packs body into env and builds the frame with the segment copied in. */
+int client_build(envelope *env, const ProtobufCMessage *body, const void *segment,
+                 size_t segment_len, nng_msg **out);
+
+/* Sends `request` to each of servers[0..n) at once and waits for all. replies[i] receives the
+ * unpacked reply of servers[i] (NULL on error); free with client_free_replies. Returns PS_OK or
+ * the first error (with ps_last_error naming the server). Blocks. */
+int client_unary(ps_client *c, const int *servers, int n, int method,
+                 const ProtobufCMessage *request, const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **replies);
+void client_free_replies(ProtobufCMessage **replies, int n);
+int client_all_servers(ps_client *c, int **out);
+
+#endif

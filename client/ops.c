@@ -1,0 +1,305 @@
+/* Pull, push and push-pull: an operation on a range of a variable is split by owning server
+ * and then into chunks of chunk-bytes; every part is in flight at once, each with its own
+ * sequence number (pushes), and the operation completes when the last part does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "placement.h"
+#include "status.h"
+
+enum op_kind { OP_PULL, OP_PUSH, OP_PUSH_PULL };
+
+typedef struct op_part {
+    ps_op *op;
+    int server;
+    uint64_t offset, count; /* in the variable's index space */
+    uint64_t seq;
+} op_part;
+
+struct ps_op {
+    ps_client *c;
+    ps_var *var;
+    enum op_kind kind;
+    uint64_t offset, count;
+    float *dst;
+    const float *grad;
+    ps_done_fn cb;
+    void *cb_arg;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int pending;
+    bool done;
+    int status;
+    char message[512];
+    size_t nparts;
+    op_part parts[];
+};
+
+static const int op_method[] = {PSD__V1__METHOD__PULL, PSD__V1__METHOD__PUSH,
+                                PSD__V1__METHOD__PUSH_PULL};
+
+static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    op_part *p = arg;
+    ps_op *op = p->op;
+    envelope env;
+    client_envelope(op->c, &env, op_method[op->kind], deadline_ms);
+    env.seq = p->seq;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.offset = p->offset;
+    t.count = p->count;
+    env.tensor = &t;
+    if (op->kind == OP_PULL) {
+        Psd__V1__PullRequest req = PSD__V1__PULL_REQUEST__INIT;
+        req.name = op->var->name;
+        return client_build(&env, &req.base, NULL, 0, out);
+    }
+    Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
+    req.name = op->var->name;
+    return client_build(&env, &req.base, op->grad + (p->offset - op->offset),
+                        (size_t)p->count * sizeof(float), out);
+}
+
+static void op_complete(ps_op *op)
+{
+    ps_done_fn cb = op->cb;
+    pthread_mutex_lock(&op->lock);
+    op->done = true;
+    pthread_cond_broadcast(&op->cond);
+    pthread_mutex_unlock(&op->lock);
+    /* After done is set, a waiter may destroy op unless a callback is pending: ps_op_destroy
+     * waits for `pending` to reach -1, set below once the callback returned. */
+    if (cb)
+        cb(op, op->cb_arg);
+    pthread_mutex_lock(&op->lock);
+    op->pending = -1;
+    pthread_cond_broadcast(&op->cond);
+    pthread_mutex_unlock(&op->lock);
+}
+
+static void part_done(void *arg, int status, const char *message, const frame *reply)
+{
+    op_part *p = arg;
+    ps_op *op = p->op;
+    if (status == STATUS_OK && op->dst) {
+        /* Pull and push-pull: the reply must carry exactly the range asked for. */
+        if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||
+            reply->env->tensor->offset != p->offset || reply->env->tensor->count != p->count) {
+            status = STATUS_INTERNAL;
+            message = "reply does not carry the requested range";
+        } else {
+            memcpy(op->dst + (p->offset - op->offset), reply->segment, reply->segment_len);
+        }
+    }
+    pthread_mutex_lock(&op->lock);
+    if (status != STATUS_OK && op->status == STATUS_OK) {
+        op->status = status;
+        snprintf(op->message, sizeof(op->message), "ps %d: %s", p->server, message);
+    }
+    bool last = --op->pending == 0;
+    pthread_mutex_unlock(&op->lock);
+    if (last)
+        op_complete(op);
+}
+
+/* Counts the parts of [offset, offset+count) on one server's range [lo, hi). */
+static size_t parts_in(uint64_t offset, uint64_t count, uint64_t lo, uint64_t hi,
+                       uint64_t chunk)
+{
+    uint64_t a = offset > lo ? offset : lo;
+    uint64_t b = offset + count < hi ? offset + count : hi;
+    return b > a ? (size_t)((b - a + chunk - 1) / chunk) : 0;
+}
+
+static size_t add_parts(ps_op *op, size_t k, int server, uint64_t lo, uint64_t hi,
+                        uint64_t chunk)
+{
+    uint64_t a = op->offset > lo ? op->offset : lo;
+    uint64_t b = op->offset + op->count < hi ? op->offset + op->count : hi;
+    for (uint64_t x = a; x < b; x += chunk) {
+        op_part *p = &op->parts[k++];
+        p->op = op;
+        p->server = server;
+        p->offset = x;
+        p->count = b - x < chunk ? b - x : chunk;
+        if (op->kind != OP_PULL)
+            p->seq = atomic_fetch_add(&op->c->next_seq, 1) + 1;
+    }
+    return k;
+}
+
+static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset, uint64_t count,
+                    const float *grad, float *dst, ps_done_fn cb, void *arg, ps_op **out)
+{
+    if (c == NULL || v == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "NULL client, variable or op");
+    if ((kind != OP_PUSH && dst == NULL) || (kind != OP_PULL && grad == NULL))
+        return client_fail(PS_INVALID_ARGUMENT, "NULL buffer for \"%s\"", v->name);
+    if (offset > v->numel || count > v->numel - offset)
+        return client_fail(PS_OUT_OF_RANGE,
+                           "range [%llu, %llu+%llu) is outside \"%s\" of %llu elements",
+                           (unsigned long long)offset, (unsigned long long)offset,
+                           (unsigned long long)count, v->name, (unsigned long long)v->numel);
+    uint64_t chunk = c->chunk_elems;
+    size_t nparts = 0;
+    if (v->split) {
+        for (uint32_t s = 0; s < v->nservers; s++) {
+            uint64_t lo, n;
+            placement_range(v->numel, v->nservers, s, &lo, &n);
+            nparts += parts_in(offset, count, lo, lo + n, chunk);
+        }
+    } else {
+        nparts = parts_in(offset, count, 0, v->numel, chunk);
+    }
+    ps_op *op = calloc(1, sizeof(*op) + nparts * sizeof(op_part));
+    if (op == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    op->c = c;
+    op->var = v;
+    op->kind = kind;
+    op->offset = offset;
+    op->count = count;
+    op->dst = kind == OP_PUSH ? NULL : dst;
+    op->grad = grad;
+    op->cb = cb;
+    op->cb_arg = arg;
+    op->nparts = nparts;
+    pthread_mutex_init(&op->lock, NULL);
+    pthread_cond_init(&op->cond, NULL);
+    size_t k = 0;
+    if (v->split) {
+        for (uint32_t s = 0; s < v->nservers; s++) {
+            uint64_t lo, n;
+            placement_range(v->numel, v->nservers, s, &lo, &n);
+            k = add_parts(op, k, (int)s, lo, lo + n, chunk);
+        }
+    } else {
+        k = add_parts(op, k, (int)v->owner, 0, v->numel, chunk);
+    }
+    *out = op;
+    /* pending counts the parts plus one for this function, so that the operation can't
+     * complete (and be freed by a callback) before every part is started. */
+    op->pending = (int)nparts + 1;
+    for (size_t i = 0; i < nparts; i++) {
+        int rc = rpc_conn_call(c->servers[op->parts[i].server], &c->call, part_build, part_done,
+                               &op->parts[i]);
+        if (rc != 0)
+            part_done(&op->parts[i], rc, "cannot start the request", NULL);
+    }
+    pthread_mutex_lock(&op->lock);
+    bool last = --op->pending == 0;
+    pthread_mutex_unlock(&op->lock);
+    if (last)
+        op_complete(op);
+    return PS_OK;
+}
+
+int ps_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, float *dst,
+                  ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return op_start(c, v, OP_PULL, offset, count, NULL, dst, cb, arg, out_op);
+}
+
+int ps_push_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                  ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return op_start(c, v, OP_PUSH, offset, count, grad, NULL, cb, arg, out_op);
+}
+
+int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
+                       const float *grad, float *dst, ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return op_start(c, v, OP_PUSH_PULL, offset, count, grad, dst, cb, arg, out_op);
+}
+
+int ps_op_wait(ps_op *op)
+{
+    if (op == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_op_wait: NULL op");
+    pthread_mutex_lock(&op->lock);
+    while (!op->done)
+        pthread_cond_wait(&op->cond, &op->lock);
+    pthread_mutex_unlock(&op->lock);
+    if (op->status != PS_OK)
+        return client_fail(op->status, "%s", op->message);
+    return PS_OK;
+}
+
+bool ps_op_done(const ps_op *op)
+{
+    ps_op *m = (ps_op *)op;
+    pthread_mutex_lock(&m->lock);
+    bool d = m->done;
+    pthread_mutex_unlock(&m->lock);
+    return d;
+}
+
+int ps_op_status(const ps_op *op)
+{
+    return op->status;
+}
+
+const char *ps_op_message(const ps_op *op)
+{
+    return op->message;
+}
+
+void ps_op_destroy(ps_op *op)
+{
+    if (op == NULL)
+        return;
+    pthread_mutex_lock(&op->lock);
+    while (op->pending != -1)
+        pthread_cond_wait(&op->cond, &op->lock);
+    pthread_mutex_unlock(&op->lock);
+    pthread_mutex_destroy(&op->lock);
+    pthread_cond_destroy(&op->cond);
+    free(op);
+}
+
+/* Blocking forms: start, wait, free. */
+static int run_sync(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset, uint64_t count,
+                    const float *grad, float *dst)
+{
+    ps_op *op;
+    int rc = op_start(c, v, kind, offset, count, grad, dst, NULL, NULL, &op);
+    if (rc != PS_OK)
+        return rc;
+    rc = ps_op_wait(op);
+    ps_op_destroy(op);
+    return rc;
+}
+
+int ps_pull(ps_client *c, ps_var *v, float *dst)
+{
+    return run_sync(c, v, OP_PULL, 0, v ? v->numel : 0, NULL, dst);
+}
+
+int ps_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, float *dst)
+{
+    return run_sync(c, v, OP_PULL, offset, count, NULL, dst);
+}
+
+int ps_push(ps_client *c, ps_var *v, const float *grad)
+{
+    return run_sync(c, v, OP_PUSH, 0, v ? v->numel : 0, grad, NULL);
+}
+
+int ps_push_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad)
+{
+    return run_sync(c, v, OP_PUSH, offset, count, grad, NULL);
+}
+
+int ps_push_pull(ps_client *c, ps_var *v, const float *grad, float *dst)
+{
+    return run_sync(c, v, OP_PUSH_PULL, 0, v ? v->numel : 0, grad, dst);
+}
+
+int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
+                       const float *grad, float *dst)
+{
+    return run_sync(c, v, OP_PUSH_PULL, offset, count, grad, dst);
+}

@@ -1,0 +1,253 @@
+/* libpsclient: the public C API of the parameter-server service.
+ *
+ * A program connects to a cluster of ps-server processes (described by a TF_CONFIG-style
+ * cluster spec), creates or looks up variables, and pulls parameters and pushes gradients.
+ * Placement is computed here: every client maps every element to the same server, with no
+ * coordinator. Every call has a deadline; pushes are applied exactly once.
+ *
+ * Conventions:
+ *  - Functions return 0 (PS_OK) or a positive ps_status code. ps_strerror() names a code; the
+ *    calling thread's ps_last_error() holds the full message (the server's, when it replied).
+ *  - All functions are thread-safe: a ps_client may be shared by any number of threads.
+ *  - "Blocks" means the call waits for the network, bounded by the client's deadline-ms
+ *    setting (default 30 s) times the retries on UNAVAILABLE.
+ *  - Objects made by a create or open function are freed by the matching destroy or close;
+ *    passing NULL to those is a no-op.
+ */
+#ifndef PSCLIENT_H
+#define PSCLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PS_VERSION_MAJOR 0
+#define PS_VERSION_MINOR 1
+#define PS_VERSION_PATCH 0
+
+/* Status codes: gRPC's canonical codes, with the same numbers. */
+typedef enum ps_status {
+    PS_OK = 0,
+    PS_CANCELLED = 1,
+    PS_UNKNOWN = 2,
+    PS_INVALID_ARGUMENT = 3,
+    PS_DEADLINE_EXCEEDED = 4,
+    PS_NOT_FOUND = 5,
+    PS_ALREADY_EXISTS = 6,
+    PS_PERMISSION_DENIED = 7,
+    PS_RESOURCE_EXHAUSTED = 8,
+    PS_FAILED_PRECONDITION = 9,
+    PS_ABORTED = 10,
+    PS_OUT_OF_RANGE = 11,
+    PS_UNIMPLEMENTED = 12,
+    PS_INTERNAL = 13,
+    PS_UNAVAILABLE = 14,
+    PS_DATA_LOSS = 15,
+    PS_UNAUTHENTICATED = 16,
+} ps_status;
+
+/* Canonical name of a status code ("NOT_FOUND"); never NULL, static storage. */
+const char *ps_strerror(int status);
+
+/* The message of the last failed call made by this thread (the server's message when the
+ * server replied with an error), or "" if none. Valid until this thread's next ps_ call. */
+const char *ps_last_error(void);
+
+/* Library version as "MAJOR.MINOR.PATCH"; static storage. */
+const char *ps_version(void);
+
+typedef struct ps_client ps_client;
+typedef struct ps_config ps_config;
+typedef struct ps_var ps_var;
+typedef struct ps_op ps_op;
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+/* Creates a configuration holding every client setting at its default. Returns PS_OK or
+ * PS_RESOURCE_EXHAUSTED. Caller frees with ps_config_destroy. */
+int ps_config_create(ps_config **out);
+void ps_config_destroy(ps_config *cfg);
+
+/* Sets one client setting by name, as on the command line without the dashes, e.g.
+ * ("deadline-ms", "5000"), ("connections", "4"), ("chunk-bytes", "1M"), ("cluster", json).
+ * The README lists them all. Returns PS_INVALID_ARGUMENT (message in ps_last_error) for an
+ * unknown name or a value of the wrong type or out of bounds. Does not block. */
+int ps_config_set(ps_config *cfg, const char *name, const char *value);
+
+/* Reads settings from the environment (PS_* variables and TF_CONFIG), as every program of the
+ * project does. Values set with ps_config_set afterwards take precedence. */
+int ps_config_load_env(ps_config *cfg);
+
+/* ---- connection ------------------------------------------------------------------------- */
+
+/* Connects to the cluster named by cfg's "cluster" setting (TF_CONFIG JSON, or @file) or, if
+ * unset, its "tf-config" setting (environment TF_CONFIG after ps_config_load_env). cfg may be
+ * NULL: then the environment alone is used. Connections are made in the background: open
+ * does not wait for servers to be up (the first call does, within its deadline).
+ * Returns PS_OK, PS_INVALID_ARGUMENT for a bad spec (message names what is wrong), or
+ * PS_RESOURCE_EXHAUSTED. cfg is not retained. Caller closes with ps_client_close. */
+int ps_client_open(ps_client **out, const ps_config *cfg);
+
+/* Closes every connection and frees the client and its ps_var handles. Operations still in
+ * flight complete with PS_CANCELLED first. Blocks until their callbacks have returned. */
+void ps_client_close(ps_client *c);
+
+/* Number of ps tasks in the cluster spec. */
+int ps_client_num_servers(const ps_client *c);
+
+/* ---- variables -------------------------------------------------------------------------- */
+
+typedef enum ps_dtype { PS_FLOAT32 = 1 } ps_dtype;
+
+typedef enum ps_initializer {
+    PS_INIT_ZEROS = 0,
+    PS_INIT_CONSTANT = 1,       /* init_a */
+    PS_INIT_UNIFORM = 2,        /* [init_a, init_b) */
+    PS_INIT_NORMAL = 3,         /* mean init_a, stddev init_b */
+    PS_INIT_GLOROT_UNIFORM = 4, /* from the shape's fan-in and fan-out */
+} ps_initializer;
+
+typedef enum ps_optimizer {
+    PS_OPT_SGD = 0,
+    PS_OPT_MOMENTUM = 1,
+    PS_OPT_ADAGRAD = 2,
+    PS_OPT_ADAM = 3,
+} ps_optimizer;
+
+#define PS_MAX_DIMS 8
+#define PS_MAX_NAME 255
+
+/* Description of a variable. Fill it with ps_var_spec_init, then change what you need. The
+ * optimizer runs on the servers: pushes carry gradients, the servers apply the update. */
+typedef struct ps_var_spec {
+    const char *name; /* 1..PS_MAX_NAME bytes of [A-Za-z0-9_./:-]; copied by create */
+    ps_dtype dtype;   /* PS_FLOAT32 */
+    int ndims;        /* 0..PS_MAX_DIMS */
+    uint64_t dims[PS_MAX_DIMS];
+    ps_initializer initializer;
+    double init_a, init_b;
+    uint64_t seed;
+    ps_optimizer optimizer;
+    double learning_rate;
+    double momentum; /* momentum */
+    bool nesterov;   /* momentum */
+    double beta1, beta2;
+    double epsilon;             /* adam, adagrad */
+    double initial_accumulator; /* adagrad */
+    int staleness;              /* -1 asynchronous (reserved for bounded staleness) */
+} ps_var_spec;
+
+/* Fills spec with defaults: float32, scalar, zeros, SGD with learning rate 0.01, seed 0,
+ * momentum 0.9, beta1 0.9, beta2 0.999, epsilon 1e-8, initial accumulator 0.1,
+ * staleness -1. name is stored as given (not copied). */
+void ps_var_spec_init(ps_var_spec *spec, const char *name);
+
+/* Creates the variable on its owning server(s), or finds it if a variable with the same name
+ * and the same spec exists already (idempotent: any number of workers may call it). Another
+ * spec under the same name is PS_ALREADY_EXISTS, with the differing field in the message.
+ * On success *out is a handle owned by the client (valid until ps_client_close). Blocks. */
+int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out);
+
+/* Finds an existing variable by name. PS_NOT_FOUND if no server has it. *out as for create.
+ * Blocks (unless the handle is cached). */
+int ps_var_lookup(ps_client *c, const char *name, ps_var **out);
+
+/* Lists the names of all variables in the cluster. *names is an array of *count strings;
+ * free it with ps_names_free. Blocks. */
+int ps_var_list(ps_client *c, char ***names, size_t *count);
+void ps_names_free(char **names, size_t count);
+
+/* Properties of a handle. The name is owned by the handle. */
+const char *ps_var_name(const ps_var *v);
+uint64_t ps_var_numel(const ps_var *v);
+int ps_var_ndims(const ps_var *v);
+uint64_t ps_var_dim(const ps_var *v, int i);
+/* Number of servers the variable is split over (1 for a variable held whole). */
+int ps_var_num_shards(const ps_var *v);
+
+/* ---- pull and push (blocking) ----------------------------------------------------------- */
+
+/* Copies the whole variable into dst (ps_var_numel floats). Blocks. */
+int ps_pull(ps_client *c, ps_var *v, float *dst);
+/* Copies elements [offset, offset + count) of the flattened variable into dst.
+ * PS_OUT_OF_RANGE if the range exceeds the variable. Blocks. */
+int ps_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, float *dst);
+
+/* Sends a gradient for the whole variable (ps_var_numel floats); the servers apply their
+ * optimizer. Applied exactly once even when the transport resends it. Blocks. */
+int ps_push(ps_client *c, ps_var *v, const float *grad);
+int ps_push_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad);
+
+/* Pushes grad and returns in dst the parameters just after that update. Blocks. */
+int ps_push_pull(ps_client *c, ps_var *v, const float *grad, float *dst);
+int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
+                       const float *grad, float *dst);
+
+/* ---- asynchronous operations ------------------------------------------------------------ */
+
+/* Completion callback: runs once, on a library thread, when every part of the operation has
+ * completed. It must not block or call ps_op_wait; it may start new operations. */
+typedef void (*ps_done_fn)(ps_op *op, void *arg);
+
+/* Starts a pull, push or push-pull and returns at once. The buffers (dst, grad) must stay
+ * valid and untouched until the operation completes. cb may be NULL. *out_op receives a
+ * handle to wait on; the caller must free it with ps_op_destroy after completion (or after
+ * the callback ran). Returns PS_OK if started; an error (and no handle) if the arguments are
+ * invalid. Errors of the transfer itself are reported by ps_op_wait / ps_op_status. */
+int ps_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, float *dst,
+                  ps_done_fn cb, void *arg, ps_op **out_op);
+int ps_push_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                  ps_done_fn cb, void *arg, ps_op **out_op);
+int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
+                       const float *grad, float *dst, ps_done_fn cb, void *arg, ps_op **out_op);
+
+/* Waits for completion and returns the operation's status (also sets ps_last_error). Blocks,
+ * at most the operation's deadline and retries. */
+int ps_op_wait(ps_op *op);
+/* True once the operation has completed. Does not block. */
+bool ps_op_done(const ps_op *op);
+/* Status and message of a completed operation (message owned by op; "" on success). */
+int ps_op_status(const ps_op *op);
+const char *ps_op_message(const ps_op *op);
+/* Frees a handle. If the operation is still running it is waited for first (blocks). */
+void ps_op_destroy(ps_op *op);
+
+/* ---- clock and cluster ------------------------------------------------------------------ */
+
+/* Advances this client's clock by one and reports it to every server (also a heartbeat).
+ * *clock_out (may be NULL) receives the new clock. Blocks. */
+int ps_clock(ps_client *c, int64_t *clock_out);
+/* This client's current clock. Does not block. */
+int64_t ps_client_clock(const ps_client *c);
+
+typedef struct ps_server_stats {
+    uint32_t task_index;
+    uint64_t uptime_ms;
+    uint64_t requests;
+    uint64_t errors;
+    uint64_t updates_applied;
+    uint64_t duplicates_dropped;
+    uint64_t bytes_in, bytes_out;
+    uint64_t bytes_held; /* parameters and optimizer state */
+    uint32_t num_variables;
+} ps_server_stats;
+
+/* Asks server `server` (0..num_servers-1) for its counters. Blocks. */
+int ps_server_status(ps_client *c, int server, ps_server_stats *out);
+
+/* Asks every server to checkpoint its shard now. PS_UNIMPLEMENTED until durability is
+ * configured on the servers. Blocks. */
+int ps_checkpoint(ps_client *c);
+
+/* Asks every server to shut down cleanly (admin). Blocks until each has acknowledged. */
+int ps_shutdown_cluster(ps_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,307 @@
+/* Variables: specs, placement, create, lookup and list. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "placement.h"
+
+void ps_var_spec_init(ps_var_spec *spec, const char *name)
+{
+    memset(spec, 0, sizeof(*spec));
+    spec->name = name;
+    spec->dtype = PS_FLOAT32;
+    spec->initializer = PS_INIT_ZEROS;
+    spec->optimizer = PS_OPT_SGD;
+    spec->learning_rate = 0.01;
+    spec->momentum = 0.9;
+    spec->beta1 = 0.9;
+    spec->beta2 = 0.999;
+    spec->epsilon = 1e-8;
+    spec->initial_accumulator = 0.1;
+    spec->staleness = -1;
+}
+
+const char *ps_var_name(const ps_var *v)
+{
+    return v->name;
+}
+
+uint64_t ps_var_numel(const ps_var *v)
+{
+    return v->numel;
+}
+
+int ps_var_ndims(const ps_var *v)
+{
+    return v->spec.ndims;
+}
+
+uint64_t ps_var_dim(const ps_var *v, int i)
+{
+    return (i >= 0 && i < v->spec.ndims) ? v->spec.dims[i] : 0;
+}
+
+int ps_var_num_shards(const ps_var *v)
+{
+    return v->split ? (int)v->nservers : 1;
+}
+
+static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers,
+                    Psd__V1__VariableSpec *w, uint64_t *shape)
+{
+    psd__v1__variable_spec__init(w);
+    w->name = (char *)s->name;
+    w->dtype = (Psd__V1__DType)s->dtype;
+    for (int i = 0; i < s->ndims; i++)
+        shape[i] = s->dims[i];
+    w->n_shape = (size_t)s->ndims;
+    w->shape = shape;
+    w->initializer = (Psd__V1__Initializer)s->initializer;
+    w->init_a = s->init_a;
+    w->init_b = s->init_b;
+    w->seed = s->seed;
+    w->optimizer = (Psd__V1__Optimizer)s->optimizer;
+    w->learning_rate = s->learning_rate;
+    w->momentum = s->momentum;
+    w->nesterov = s->nesterov;
+    w->beta1 = s->beta1;
+    w->beta2 = s->beta2;
+    w->epsilon = s->epsilon;
+    w->initial_accumulator = s->initial_accumulator;
+    w->staleness = s->staleness;
+    w->split = split;
+    w->num_servers = nservers;
+}
+
+/* Adds a handle to the client's table, or returns the one already there. */
+static ps_var *remember(ps_client *c, ps_var *v)
+{
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nvars; i++) {
+        if (strcmp(c->vars[i]->name, v->name) == 0) {
+            ps_var *old = c->vars[i];
+            pthread_mutex_unlock(&c->lock);
+            free(v->name);
+            free(v);
+            return old;
+        }
+    }
+    if (c->nvars == c->capvars) {
+        size_t cap = c->capvars ? c->capvars * 2 : 16;
+        ps_var **nv = realloc(c->vars, cap * sizeof(*nv));
+        if (nv == NULL) {
+            pthread_mutex_unlock(&c->lock);
+            free(v->name);
+            free(v);
+            return NULL;
+        }
+        c->vars = nv;
+        c->capvars = cap;
+    }
+    c->vars[c->nvars++] = v;
+    pthread_mutex_unlock(&c->lock);
+    return v;
+}
+
+static ps_var *cached(ps_client *c, const char *name)
+{
+    ps_var *found = NULL;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nvars && !found; i++)
+        if (strcmp(c->vars[i]->name, name) == 0)
+            found = c->vars[i];
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
+static ps_var *make_var(const ps_var_spec *s, bool split, uint32_t nservers)
+{
+    ps_var *v = calloc(1, sizeof(*v));
+    if (v == NULL)
+        return NULL;
+    v->name = strdup(s->name);
+    if (v->name == NULL) {
+        free(v);
+        return NULL;
+    }
+    v->spec = *s;
+    v->spec.name = v->name;
+    v->numel = 1;
+    for (int i = 0; i < s->ndims; i++)
+        v->numel *= s->dims[i];
+    v->split = split;
+    v->nservers = nservers;
+    v->owner = placement_owner(v->name, nservers);
+    return v;
+}
+
+int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out)
+{
+    if (c == NULL || spec == NULL || out == NULL || spec->name == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_create: NULL argument");
+    if (strlen(spec->name) == 0 || strlen(spec->name) > PS_MAX_NAME)
+        return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes",
+                           PS_MAX_NAME);
+    if (spec->ndims < 0 || spec->ndims > PS_MAX_DIMS)
+        return client_fail(PS_INVALID_ARGUMENT, "variable \"%s\": ndims %d not in [0, %d]",
+                           spec->name, spec->ndims, PS_MAX_DIMS);
+    uint64_t numel = 1;
+    for (int i = 0; i < spec->ndims; i++) {
+        if (spec->dims[i] == 0 || numel > UINT64_MAX / 4 / spec->dims[i])
+            return client_fail(PS_INVALID_ARGUMENT, "variable \"%s\": dimension %d is %llu",
+                               spec->name, i, (unsigned long long)spec->dims[i]);
+        numel *= spec->dims[i];
+    }
+    uint32_t ns = (uint32_t)c->nservers;
+    bool split = placement_is_split(numel, numel * sizeof(float), c->split_threshold, ns);
+    Psd__V1__VariableSpec w;
+    uint64_t shape[PS_MAX_DIMS];
+    to_wire(spec, split, ns, &w, shape);
+    Psd__V1__CreateVariableRequest req = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
+    req.spec = &w;
+    int *servers;
+    int n = split ? c->nservers : 1;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    if (!split)
+        servers[0] = (int)placement_owner(spec->name, ns);
+    ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, n, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
+                      &psd__v1__create_variable_reply__descriptor, replies);
+    client_free_replies(replies, n);
+    free(replies);
+    free(servers);
+    if (rc != PS_OK)
+        return rc;
+    ps_var *v = make_var(spec, split, ns);
+    if (v == NULL || (v = remember(c, v)) == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    *out = v;
+    return PS_OK;
+}
+
+static int from_wire(const Psd__V1__VariableSpec *w, ps_var_spec *s)
+{
+    if (w->n_shape > PS_MAX_DIMS)
+        return -1;
+    ps_var_spec_init(s, w->name);
+    s->dtype = (ps_dtype)w->dtype;
+    s->ndims = (int)w->n_shape;
+    for (size_t i = 0; i < w->n_shape; i++)
+        s->dims[i] = w->shape[i];
+    s->initializer = (ps_initializer)w->initializer;
+    s->init_a = w->init_a;
+    s->init_b = w->init_b;
+    s->seed = w->seed;
+    s->optimizer = (ps_optimizer)w->optimizer;
+    s->learning_rate = w->learning_rate;
+    s->momentum = w->momentum;
+    s->nesterov = w->nesterov;
+    s->beta1 = w->beta1;
+    s->beta2 = w->beta2;
+    s->epsilon = w->epsilon;
+    s->initial_accumulator = w->initial_accumulator;
+    s->staleness = w->staleness;
+    return 0;
+}
+
+int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
+{
+    if (c == NULL || name == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_lookup: NULL argument");
+    ps_var *v = cached(c, name);
+    if (v) {
+        *out = v;
+        return PS_OK;
+    }
+    /* A variable held whole lives on its hash owner; a split one has a shard (and its spec)
+     * on every server, the hash owner included. */
+    int server = (int)placement_owner(name, (uint32_t)c->nservers);
+    Psd__V1__LookupVariableRequest req = PSD__V1__LOOKUP_VARIABLE_REQUEST__INIT;
+    req.name = (char *)name;
+    ProtobufCMessage *reply = NULL;
+    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__LOOKUP_VARIABLE, &req.base,
+                          &psd__v1__lookup_variable_reply__descriptor, &reply);
+    if (rc != PS_OK)
+        return rc;
+    const Psd__V1__LookupVariableReply *r = (const void *)reply;
+    ps_var_spec s;
+    if (r->spec == NULL || from_wire(r->spec, &s) != 0) {
+        client_free_replies(&reply, 1);
+        return client_fail(PS_INTERNAL, "ps %d sent an invalid spec for \"%s\"", server, name);
+    }
+    if (r->spec->num_servers != (uint32_t)c->nservers) {
+        uint32_t ns = r->spec->num_servers;
+        client_free_replies(&reply, 1);
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "\"%s\" was placed for %u servers, this client's cluster has %d",
+                           name, ns, c->nservers);
+    }
+    v = make_var(&s, r->spec->split, (uint32_t)c->nservers);
+    client_free_replies(&reply, 1);
+    if (v == NULL || (v = remember(c, v)) == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    *out = v;
+    return PS_OK;
+}
+
+int ps_var_list(ps_client *c, char ***names, size_t *count)
+{
+    if (c == NULL || names == NULL || count == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_list: NULL argument");
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    Psd__V1__ListVariablesRequest req = PSD__V1__LIST_VARIABLES_REQUEST__INIT;
+    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__LIST_VARIABLES, &req.base,
+                      &psd__v1__list_variables_reply__descriptor, replies);
+    free(servers);
+    size_t total = 0;
+    for (int i = 0; rc == PS_OK && i < c->nservers; i++)
+        total += ((const Psd__V1__ListVariablesReply *)replies[i])->n_variables;
+    char **out = rc == PS_OK ? calloc(total ? total : 1, sizeof(char *)) : NULL;
+    size_t n = 0;
+    if (rc == PS_OK && out == NULL)
+        rc = client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; rc == PS_OK && i < c->nservers; i++) {
+        const Psd__V1__ListVariablesReply *r = (const void *)replies[i];
+        for (size_t j = 0; j < r->n_variables; j++) {
+            const char *nm = r->variables[j]->name;
+            bool dup = false;
+            for (size_t k = 0; k < n && !dup; k++)
+                dup = strcmp(out[k], nm) == 0; /* split variables are listed by every shard */
+            if (!dup && (out[n] = strdup(nm)) != NULL)
+                n++;
+        }
+    }
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    if (rc != PS_OK) {
+        free(out);
+        return rc;
+    }
+    *names = out;
+    *count = n;
+    return PS_OK;
+}
+
+void ps_names_free(char **names, size_t count)
+{
+    if (names == NULL)
+        return;
+    for (size_t i = 0; i < count; i++)
+        free(names[i]);
+    free(names);
+}

@@ -1,0 +1,136 @@
+#include "frame.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "status.h"
+
+size_t frame_segment_offset(size_t env_len)
+{
+    return (FRAME_HEADER_SIZE + env_len + 7u) & ~(size_t)7u;
+}
+
+size_t frame_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case PSD__V1__DTYPE__FLOAT32:
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+int frame_build(nng_msg **out, const envelope *env, const void *segment, size_t segment_len,
+                uint8_t **segment_out)
+{
+    size_t env_len = psd__v1__envelope__get_packed_size(env);
+    if (env_len > FRAME_MAX_ENVELOPE)
+        return NNG_EMSGSIZE;
+    /* Padding only precedes a segment: a frame without one ends with the envelope. */
+    size_t seg_off = segment_len ? frame_segment_offset(env_len) : FRAME_HEADER_SIZE + env_len;
+    nng_msg *m;
+    int rv = nng_msg_alloc(&m, seg_off + segment_len);
+    if (rv != 0)
+        return rv;
+    uint8_t *p = nng_msg_body(m);
+    p[0] = FRAME_MAGIC0;
+    p[1] = FRAME_MAGIC1;
+    p[2] = FRAME_VERSION_MAJOR;
+    p[3] = FRAME_VERSION_MINOR;
+    p[4] = (uint8_t)(env_len & 0xff);
+    p[5] = (uint8_t)((env_len >> 8) & 0xff);
+    p[6] = (uint8_t)((env_len >> 16) & 0xff);
+    p[7] = (uint8_t)((env_len >> 24) & 0xff);
+    psd__v1__envelope__pack(env, p + FRAME_HEADER_SIZE);
+    memset(p + FRAME_HEADER_SIZE + env_len, 0, seg_off - FRAME_HEADER_SIZE - env_len);
+    if (segment && segment_len)
+        memcpy(p + seg_off, segment, segment_len);
+    if (segment_out)
+        *segment_out = segment_len ? p + seg_off : NULL;
+    *out = m;
+    return 0;
+}
+
+int frame_parse(nng_msg *msg, frame *f, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof(*f));
+    const uint8_t *p = nng_msg_body(msg);
+    size_t len = nng_msg_len(msg);
+    if (len < FRAME_HEADER_SIZE) {
+        snprintf(err, errlen, "truncated message: %zu bytes, the frame header alone is %d", len,
+                 FRAME_HEADER_SIZE);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (p[0] != FRAME_MAGIC0 || p[1] != FRAME_MAGIC1) {
+        snprintf(err, errlen, "not a psd frame: bad magic 0x%02x%02x (expected 0x5053 \"PS\")",
+                 p[0], p[1]);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (p[2] != FRAME_VERSION_MAJOR) {
+        snprintf(err, errlen, "protocol version %u.%u not supported: this peer speaks %d.x", p[2],
+                 p[3], FRAME_VERSION_MAJOR);
+        return STATUS_FAILED_PRECONDITION;
+    }
+    size_t env_len = (size_t)p[4] | (size_t)p[5] << 8 | (size_t)p[6] << 16 | (size_t)p[7] << 24;
+    if (env_len > FRAME_MAX_ENVELOPE) {
+        snprintf(err, errlen, "envelope length %zu exceeds the limit of %u bytes", env_len,
+                 FRAME_MAX_ENVELOPE);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (env_len > len - FRAME_HEADER_SIZE) {
+        snprintf(err, errlen,
+                 "truncated message: header says the envelope is %zu bytes but only %zu follow",
+                 env_len, len - FRAME_HEADER_SIZE);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    envelope *env = psd__v1__envelope__unpack(NULL, env_len, p + FRAME_HEADER_SIZE);
+    if (env == NULL) {
+        snprintf(err, errlen, "malformed envelope: %zu bytes do not decode as psd.v1.Envelope",
+                 env_len);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    /* The segment is present iff any byte follows the envelope. A pull request names a range
+     * in env->tensor but carries no segment; the method table decides what each method needs. */
+    size_t seg_off = frame_segment_offset(env_len);
+    bool present = len > FRAME_HEADER_SIZE + env_len;
+    if (present && env->tensor == NULL) {
+        snprintf(err, errlen, "%zu bytes follow the envelope but it describes no tensor",
+                 len - FRAME_HEADER_SIZE - env_len);
+        goto fail;
+    }
+    if (env->tensor != NULL) {
+        size_t esize = frame_dtype_size(env->tensor->dtype);
+        if (esize == 0) {
+            snprintf(err, errlen, "unsupported dtype %d (supported: 1 = FLOAT32)",
+                     (int)env->tensor->dtype);
+            goto fail;
+        }
+        uint64_t count = env->tensor->count;
+        if (present) {
+            size_t seg_len = len >= seg_off ? len - seg_off : 0;
+            if (len < seg_off || count > SIZE_MAX / esize || count * esize != seg_len) {
+                snprintf(err, errlen,
+                         "segment length mismatch: tensor describes %llu elements (%llu bytes) "
+                         "but %zu bytes follow the envelope and its padding",
+                         (unsigned long long)count, (unsigned long long)(count * esize),
+                         len >= seg_off ? len - seg_off : 0);
+                goto fail;
+            }
+            f->segment = p + seg_off;
+            f->segment_len = seg_len;
+            f->has_segment = true;
+        }
+    }
+    f->env = env;
+    return STATUS_OK;
+fail:
+    psd__v1__envelope__free_unpacked(env, NULL);
+    return STATUS_INVALID_ARGUMENT;
+}
+
+void frame_fini(frame *f)
+{
+    if (f->env)
+        psd__v1__envelope__free_unpacked(f->env, NULL);
+    memset(f, 0, sizeof(*f));
+}

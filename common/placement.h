@@ -1,0 +1,27 @@
+/* Placement: which server holds which elements of a variable (DESIGN.md §2). A pure function
+ * of the cluster size and the variable's spec, computed identically by every client and
+ * checked by every server; there is no coordinator. */
+#ifndef PSD_COMMON_PLACEMENT_H
+#define PSD_COMMON_PLACEMENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Stable 64-bit FNV-1a hash of a NUL-terminated string (the same on every platform). */
+uint64_t placement_hash(const char *name);
+
+/* Server holding a variable that is not split: placement_hash(name) % num_servers. */
+uint32_t placement_owner(const char *name, uint32_t num_servers);
+
+/* True if a variable of `bytes` bytes and `numel` elements is split in ranges over all
+ * servers: there are at least 2 servers, it has at least num_servers elements, and it is at
+ * least threshold_bytes large. */
+bool placement_is_split(uint64_t numel, uint64_t bytes, uint64_t threshold_bytes,
+                        uint32_t num_servers);
+
+/* Range [*offset, *offset + *count) of a split variable held by `server`: contiguous, in
+ * server order, sizes differing by at most one element. */
+void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint64_t *offset,
+                     uint64_t *count);
+
+#endif

@@ -1,0 +1,32 @@
+/* Start-up shared by the executables: settings from the one option table (file, environment,
+ * flags), --help, logging, and the cluster spec. */
+#ifndef PSD_COMMON_PROGRAM_H
+#define PSD_COMMON_PROGRAM_H
+
+#include <stdbool.h>
+
+#include "cluster.h"
+#include "options.h"
+
+/* Exit code of a program given a bad configuration (wrong flag, bad cluster spec). */
+#define PROGRAM_EXIT_CONFIG 2
+
+typedef struct program {
+    options *opts;
+    cluster_spec cluster;
+    bool has_cluster;
+    const char *positional[64];
+    int npositional;
+} program;
+
+/* Loads settings of `scope` from argv, initialises logging for `role`, and, if need_cluster,
+ * parses the cluster spec (TF_CONFIG or --cluster/--task). On --help prints the help and
+ * returns 0 with *exit_now set; on a bad setting or spec logs what is wrong and returns
+ * PROGRAM_EXIT_CONFIG with *exit_now set. Otherwise returns 0, *exit_now false. */
+int program_start(program *p, int argc, char **argv, unsigned scope, const char *role,
+                  const char *usage, bool need_cluster, bool *exit_now);
+
+/* Frees what program_start made. */
+void program_end(program *p);
+
+#endif

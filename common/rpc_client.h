@@ -1,0 +1,56 @@
+/* RPC client: a pool of REQ sockets (TCP connections) to one server, with many requests in
+ * flight at once, a deadline on every call and retries with exponential backoff when the server
+ * answers UNAVAILABLE.
+ *
+ * A request is described by a build function rather than a message, so that a retry rebuilds
+ * it from the caller's buffers instead of keeping a copy of a possibly large tensor. */
+#ifndef PSD_COMMON_RPC_CLIENT_H
+#define PSD_COMMON_RPC_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+
+typedef struct rpc_conn rpc_conn;
+
+typedef struct rpc_conn_config {
+    const char *url;      /* nng dial URL */
+    int connections;      /* REQ sockets to open (each one TCP connection) */
+    uint32_t resend_ms;   /* nng REQ resend interval: the transport is at-least-once */
+    size_t max_message;   /* largest reply accepted */
+} rpc_conn_config;
+
+typedef struct rpc_call_opts {
+    uint32_t deadline_ms; /* whole call, retries included */
+    int retries;          /* extra attempts after an UNAVAILABLE reply */
+    uint32_t backoff_ms;  /* first backoff; doubles each retry */
+} rpc_call_opts;
+
+/* Builds the request for one attempt. deadline_ms is the time left, to be put in the
+ * envelope. Returns 0 and a new message in *out, or an nng error. Runs on any thread. */
+typedef int (*rpc_build_fn)(void *arg, uint32_t deadline_ms, nng_msg **out);
+
+/* Called exactly once per started call, on an nng thread, with the final status: the
+ * server's status if it replied (reply then points at the parsed frame, valid only during
+ * the callback), or a transport status (DEADLINE_EXCEEDED, CANCELLED, ...) with reply NULL.
+ * message is never NULL. Must not block. */
+typedef void (*rpc_done_fn)(void *arg, int status, const char *message, const frame *reply);
+
+/* Opens cfg->connections sockets and dials cfg->url in the background (no wait for the
+ * server). Returns 0, or -1 with a message in err. */
+int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t errlen);
+
+/* Closes the sockets; calls in flight complete with CANCELLED. Blocks until every done
+ * callback has returned. NULL is a no-op. */
+void rpc_conn_close(rpc_conn *c);
+
+/* Starts a call. Returns 0 if started (done will run exactly once), or a status code if it
+ * could not be started (done will not run). Does not block. */
+int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
+                  void *arg);
+
+/* The URL this connection dials. */
+const char *rpc_conn_url(const rpc_conn *c);
+
+#endif

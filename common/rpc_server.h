@@ -1,0 +1,93 @@
+/* RPC server: an nng REP socket served by many contexts, each a small state machine
+ * (RECV -> WORK -> SEND), a method table with generic validation before any handler, and a
+ * pool of threads that runs large requests off nng's callback threads.
+ *
+ * Every request gets exactly one reply. Malformed input (truncated, garbage, oversized,
+ * unknown method, wrong version, bad body) is answered with an error status and a message;
+ * the server keeps serving everyone else. */
+#ifndef PSD_COMMON_RPC_SERVER_H
+#define PSD_COMMON_RPC_SERVER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "frame.h"
+
+typedef struct rpc_server rpc_server;
+typedef struct rpc_call rpc_call;
+
+/* A handler runs once per valid request, on an nng callback thread (small requests) or a pool
+ * thread (large ones). It must reply exactly once with rpc_reply_* before returning; it must
+ * not block on the network. */
+typedef void (*rpc_handler_fn)(rpc_call *call, void *arg);
+
+enum rpc_method_flags {
+    RPC_RANGE = 1u << 0,   /* Envelope.tensor (dtype, offset, count) is required */
+    RPC_SEGMENT = 1u << 1, /* a raw segment is required (implies RPC_RANGE) */
+    RPC_ADMIN = 1u << 2,   /* administrative method */
+};
+
+typedef struct rpc_method {
+    int method; /* Psd__V1__Method value */
+    const char *name;
+    const ProtobufCMessageDescriptor *request; /* type of Envelope.body */
+    rpc_handler_fn handler;
+    unsigned flags;
+} rpc_method;
+
+typedef struct rpc_server_config {
+    const char *url; /* nng listen URL, e.g. tcp://127.0.0.1:2222 */
+    int contexts;    /* requests in progress at once */
+    int threads;     /* pool threads for large requests */
+    size_t max_message;
+    size_t inline_max; /* requests up to this size run on the callback thread */
+    uint32_t default_deadline_ms;
+    const rpc_method *methods;
+    size_t n_methods;
+    void *handler_arg;
+} rpc_server_config;
+
+typedef struct rpc_stats {
+    atomic_uint_fast64_t requests;
+    atomic_uint_fast64_t errors;
+    atomic_uint_fast64_t bytes_in;
+    atomic_uint_fast64_t bytes_out;
+} rpc_stats;
+
+/* Opens the socket, listens on cfg->url and starts serving. cfg->methods must outlive the
+ * server. Returns 0, or -1 with a message in err (e.g. address in use). */
+int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, size_t errlen);
+
+/* Stops serving: closes the socket, lets in-progress handlers finish, joins the pool and
+ * frees everything. Blocks. NULL is a no-op. */
+void rpc_server_stop(rpc_server *s);
+
+/* Counters, updated atomically. Valid until rpc_server_stop. */
+const rpc_stats *rpc_server_stats(const rpc_server *s);
+
+/* ---- inside a handler ---- */
+
+const envelope *rpc_call_envelope(const rpc_call *c);
+/* The unpacked Envelope.body, of the method's request type. */
+const ProtobufCMessage *rpc_call_body(const rpc_call *c);
+/* The raw segment (NULL, 0 if none). Points into the request; may be unaligned. */
+const uint8_t *rpc_call_segment(const rpc_call *c, size_t *len);
+/* Absolute deadline on the monotonic clock (time_now_ns). */
+uint64_t rpc_call_deadline_ns(const rpc_call *c);
+
+/* Replies with an error status and a formatted message. */
+void rpc_reply_error(rpc_call *c, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Replies OK with body (packed at once, may be NULL for an empty body). */
+void rpc_reply_ok(rpc_call *c, const ProtobufCMessage *body);
+/* Replies OK with body and a float32 segment for elements [offset, offset+count); returns the
+ * segment area (count * 4 bytes) for the handler to fill before returning. Returns NULL if
+ * the reply can't be allocated; an error reply is then in place. */
+uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_t offset,
+                              uint64_t count);
+
+#endif

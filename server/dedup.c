@@ -1,0 +1,153 @@
+#include "dedup.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct client_window {
+    uint64_t client;
+    uint64_t highest;  /* highest seq marked; bit 0 of the window is `highest` */
+    uint64_t *bits;    /* bit i set: seq (highest - i) applied */
+    struct client_window *next;
+} client_window;
+
+struct dedup {
+    pthread_mutex_t lock;
+    uint32_t words;
+    uint32_t nbuckets;
+    uint64_t nclients;
+    client_window **buckets;
+};
+
+dedup *dedup_create(uint32_t window)
+{
+    dedup *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return NULL;
+    d->words = (window + 63) / 64;
+    if (d->words == 0)
+        d->words = 1;
+    d->nbuckets = 256;
+    d->buckets = calloc(d->nbuckets, sizeof(*d->buckets));
+    if (d->buckets == NULL) {
+        free(d);
+        return NULL;
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    return d;
+}
+
+void dedup_destroy(dedup *d)
+{
+    if (d == NULL)
+        return;
+    for (uint32_t i = 0; i < d->nbuckets; i++) {
+        client_window *w = d->buckets[i];
+        while (w) {
+            client_window *n = w->next;
+            free(w->bits);
+            free(w);
+            w = n;
+        }
+    }
+    free(d->buckets);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+static client_window *find(dedup *d, uint64_t client, bool create)
+{
+    uint32_t b = (uint32_t)((client * 0x9e3779b97f4a7c15ull) >> 56) % d->nbuckets;
+    for (client_window *w = d->buckets[b]; w; w = w->next)
+        if (w->client == client)
+            return w;
+    if (!create)
+        return NULL;
+    client_window *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    w->bits = calloc(d->words, sizeof(uint64_t));
+    if (w->bits == NULL) {
+        free(w);
+        return NULL;
+    }
+    w->client = client;
+    w->next = d->buckets[b];
+    d->buckets[b] = w;
+    d->nclients++;
+    return w;
+}
+
+/* Shifts the window so that bit 0 stands for seq `to` (> highest). */
+static void advance(client_window *w, uint32_t words, uint64_t to)
+{
+    uint64_t shift = to - w->highest;
+    uint64_t nbits = (uint64_t)words * 64;
+    if (w->highest == 0 || shift >= nbits) {
+        memset(w->bits, 0, words * sizeof(uint64_t));
+    } else {
+        uint64_t ws = shift / 64, bs = shift % 64;
+        for (int64_t i = (int64_t)words - 1; i >= 0; i--) {
+            uint64_t v = 0;
+            if ((uint64_t)i >= ws) {
+                uint64_t src = (uint64_t)i - ws;
+                v = w->bits[src] << bs;
+                if (bs && src > 0)
+                    v |= w->bits[src - 1] >> (64 - bs);
+            }
+            w->bits[i] = v;
+        }
+    }
+    w->highest = to;
+}
+
+dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
+{
+    if (seq == 0)
+        return DEDUP_NEW;
+    dedup_result res;
+    pthread_mutex_lock(&d->lock);
+    client_window *w = find(d, client, true);
+    if (w == NULL) {
+        res = DEDUP_TOO_OLD;
+    } else if (seq > w->highest) {
+        advance(w, d->words, seq);
+        w->bits[0] |= 1;
+        res = DEDUP_NEW;
+    } else {
+        uint64_t age = w->highest - seq;
+        if (age >= (uint64_t)d->words * 64) {
+            res = DEDUP_TOO_OLD;
+        } else if (w->bits[age / 64] & (1ull << (age % 64))) {
+            res = DEDUP_DUPLICATE;
+        } else {
+            w->bits[age / 64] |= 1ull << (age % 64);
+            res = DEDUP_NEW;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return res;
+}
+
+void dedup_unmark(dedup *d, uint64_t client, uint64_t seq)
+{
+    if (seq == 0)
+        return;
+    pthread_mutex_lock(&d->lock);
+    client_window *w = find(d, client, false);
+    if (w && seq <= w->highest) {
+        uint64_t age = w->highest - seq;
+        if (age < (uint64_t)d->words * 64)
+            w->bits[age / 64] &= ~(1ull << (age % 64));
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+uint64_t dedup_clients(dedup *d)
+{
+    pthread_mutex_lock(&d->lock);
+    uint64_t n = d->nclients;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}

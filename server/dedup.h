@@ -1,0 +1,35 @@
+/* Exactly-once pushes: per client, the sequence numbers already applied.
+ *
+ * Each client (a random 64-bit id per client instance) numbers its updating requests 1, 2,
+ * 3, ... The transport may deliver one twice (nng REQ resends, client retries) and, with many
+ * requests in flight, out of order. Per client we keep the highest number seen and a bitmap
+ * of the `window` numbers below it, like IPsec's anti-replay window. */
+#ifndef PSD_SERVER_DEDUP_H
+#define PSD_SERVER_DEDUP_H
+
+#include <stdint.h>
+
+typedef struct dedup dedup;
+
+typedef enum dedup_result {
+    DEDUP_NEW,       /* not seen: now marked; apply it (or dedup_unmark on failure) */
+    DEDUP_DUPLICATE, /* applied already: drop it */
+    DEDUP_TOO_OLD,   /* older than the window: can't tell, refuse it */
+} dedup_result;
+
+/* window: sequence numbers remembered per client (rounded up to a multiple of 64).
+ * Returns NULL on allocation failure. */
+dedup *dedup_create(uint32_t window);
+void dedup_destroy(dedup *d);
+
+/* Checks and marks (client, seq) atomically. seq 0 is never deduplicated (returns NEW
+ * without marking). Returns DEDUP_TOO_OLD also when memory for a new client can't be had. */
+dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq);
+
+/* Clears the mark of a request that dedup_begin accepted but that was not applied. */
+void dedup_unmark(dedup *d, uint64_t client, uint64_t seq);
+
+/* Number of clients tracked. */
+uint64_t dedup_clients(dedup *d);
+
+#endif

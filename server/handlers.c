@@ -1,0 +1,395 @@
+/* RPC handlers of ps-server. The RPC layer has already checked the frame, the method, the
+ * presence of a tensor range/segment, the body's type and the deadline. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "placement.h"
+#include "server.h"
+#include "status.h"
+#include "timeutil.h"
+
+#define MAX_NUMEL (1ull << 40)
+
+static bool name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 255)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '.' || ch == '/' || ch == ':' || ch == '-'))
+            return false;
+    }
+    return true;
+}
+
+int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
+                      uint64_t *numel, char *err, size_t errlen)
+{
+    if (spec == NULL) {
+        snprintf(err, errlen, "missing variable spec");
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (!name_ok(spec->name)) {
+        snprintf(err, errlen,
+                 "invalid variable name \"%.64s\": 1 to 255 characters of [A-Za-z0-9_./:-]",
+                 spec->name);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (spec->dtype != PSD__V1__DTYPE__FLOAT32) {
+        snprintf(err, errlen, "variable \"%s\": unsupported dtype %d (supported: FLOAT32)",
+                 spec->name, (int)spec->dtype);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (spec->n_shape > 8) {
+        snprintf(err, errlen, "variable \"%s\": %zu dimensions, at most 8", spec->name,
+                 spec->n_shape);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    uint64_t n = 1;
+    for (size_t i = 0; i < spec->n_shape; i++) {
+        if (spec->shape[i] == 0 || spec->shape[i] > MAX_NUMEL || n > MAX_NUMEL / spec->shape[i]) {
+            snprintf(err, errlen,
+                     "variable \"%s\": dimension %zu is %llu (each must be >= 1, %llu elements "
+                     "at most in all)",
+                     spec->name, i, (unsigned long long)spec->shape[i],
+                     (unsigned long long)MAX_NUMEL);
+            return STATUS_INVALID_ARGUMENT;
+        }
+        n *= spec->shape[i];
+    }
+    if (spec->num_servers != st->num_servers) {
+        snprintf(err, errlen,
+                 "variable \"%s\": placement computed for %u servers but this cluster has %u "
+                 "(client and server cluster specs differ)",
+                 spec->name, spec->num_servers, st->num_servers);
+        return STATUS_FAILED_PRECONDITION;
+    }
+    if (spec->split) {
+        if (!placement_is_split(n, n * 4, 0, st->num_servers)) {
+            snprintf(err, errlen,
+                     "variable \"%s\": cannot split %llu elements over %u servers", spec->name,
+                     (unsigned long long)n, st->num_servers);
+            return STATUS_INVALID_ARGUMENT;
+        }
+    } else {
+        uint32_t owner = placement_owner(spec->name, st->num_servers);
+        if (owner != st->task_index) {
+            snprintf(err, errlen,
+                     "variable \"%s\" belongs on ps %u, not ps %u (placement mismatch: client "
+                     "and server cluster specs differ)",
+                     spec->name, owner, st->task_index);
+            return STATUS_FAILED_PRECONDITION;
+        }
+    }
+    *numel = n;
+    return STATUS_OK;
+}
+
+static void fill_shard(const server_state *st, const variable *v, Psd__V1__Shard *sh)
+{
+    sh->server = st->task_index;
+    sh->offset = v->offset;
+    sh->count = v->count;
+}
+
+static void handle_create(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__CreateVariableRequest *req = (const void *)rpc_call_body(call);
+    char err[512];
+    uint64_t numel;
+    int rc = server_check_spec(st, req->spec, &numel, err, sizeof(err));
+    if (rc != STATUS_OK) {
+        rpc_reply_error(call, rc, "%s", err);
+        return;
+    }
+    Psd__V1__CreateVariableReply rep = PSD__V1__CREATE_VARIABLE_REPLY__INIT;
+    Psd__V1__Shard shard = PSD__V1__SHARD__INIT;
+    rep.shard = &shard;
+    variable *v = store_find(st->vars, req->spec->name);
+    if (v == NULL) {
+        uint64_t off = 0, cnt = numel;
+        if (req->spec->split)
+            placement_range(numel, st->num_servers, st->task_index, &off, &cnt);
+        variable *nv = variable_create(req->spec, numel, off, cnt, err, sizeof(err));
+        if (nv == NULL) {
+            rpc_reply_error(call,
+                            strncmp(err, "out of memory", 13) == 0 ? STATUS_RESOURCE_EXHAUSTED
+                                                                   : STATUS_INVALID_ARGUMENT,
+                            "%s", err);
+            return;
+        }
+        v = store_insert(st->vars, nv);
+        if (v != nv)
+            variable_destroy(nv); /* another client created it meanwhile */
+        else
+            rep.created = true;
+    }
+    const char *diff = spec_diff(v->spec, req->spec);
+    if (diff) {
+        rpc_reply_error(call, STATUS_ALREADY_EXISTS,
+                        "variable \"%s\" exists with another spec (field %s differs)", v->name,
+                        diff);
+        return;
+    }
+    fill_shard(st, v, &shard);
+    rpc_reply_ok(call, &rep.base);
+}
+
+static void handle_lookup(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__LookupVariableRequest *req = (const void *)rpc_call_body(call);
+    variable *v = store_find(st->vars, req->name);
+    if (v == NULL) {
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u",
+                        req->name, st->task_index);
+        return;
+    }
+    Psd__V1__LookupVariableReply rep = PSD__V1__LOOKUP_VARIABLE_REPLY__INIT;
+    rep.spec = v->spec;
+    rpc_reply_ok(call, &rep.base);
+}
+
+static void handle_list(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    Psd__V1__ListVariablesReply rep = PSD__V1__LIST_VARIABLES_REPLY__INIT;
+    Psd__V1__VariableSpec **specs = malloc((n ? n : 1) * sizeof(*specs));
+    if (vars == NULL || specs == NULL) {
+        free(vars);
+        free(specs);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory listing variables");
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        specs[i] = vars[i]->spec;
+    rep.n_variables = n;
+    rep.variables = specs;
+    rpc_reply_ok(call, &rep.base);
+    free(specs);
+    free(vars);
+}
+
+/* Finds the variable and checks that the request's range lies in this server's shard.
+ * Replies with the error and returns NULL otherwise. */
+static variable *resolve_range(server_state *st, rpc_call *call, const char *name)
+{
+    const envelope *env = rpc_call_envelope(call);
+    variable *v = store_find(st->vars, name);
+    if (v == NULL) {
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u", name,
+                        st->task_index);
+        return NULL;
+    }
+    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
+    if (off > v->numel || cnt > v->numel - off) {
+        rpc_reply_error(call, STATUS_OUT_OF_RANGE,
+                        "range [%llu, %llu+%llu) is outside variable \"%s\" of %llu elements",
+                        (unsigned long long)off, (unsigned long long)off,
+                        (unsigned long long)cnt, v->name, (unsigned long long)v->numel);
+        return NULL;
+    }
+    if (off < v->offset || off + cnt > v->offset + v->count) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "range [%llu, %llu) of \"%s\" is not held by ps %u, which holds [%llu, "
+                        "%llu)",
+                        (unsigned long long)off, (unsigned long long)(off + cnt), v->name,
+                        st->task_index, (unsigned long long)v->offset,
+                        (unsigned long long)(v->offset + v->count));
+        return NULL;
+    }
+    return v;
+}
+
+static void handle_pull(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__PullRequest *req = (const void *)rpc_call_body(call);
+    variable *v = resolve_range(st, call, req->name);
+    if (v == NULL)
+        return;
+    const envelope *env = rpc_call_envelope(call);
+    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
+    Psd__V1__PullReply rep = PSD__V1__PULL_REPLY__INIT;
+    rep.version = atomic_load(&v->version);
+    uint8_t *dst = rpc_reply_ok_segment(call, &rep.base, off, cnt);
+    if (dst == NULL)
+        return;
+    pthread_mutex_lock(&v->lock);
+    memcpy(dst, v->params + (off - v->offset), (size_t)cnt * sizeof(float));
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* Push and push-pull: dedup by (client, seq), apply the optimizer reading the gradient in
+ * place from the request, and for push-pull copy the result back in the same critical
+ * section. */
+static void push_common(rpc_call *call, server_state *st, bool reply_params)
+{
+    const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
+    variable *v = resolve_range(st, call, req->name);
+    if (v == NULL)
+        return;
+    const envelope *env = rpc_call_envelope(call);
+    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
+    size_t seglen;
+    const uint8_t *grad = rpc_call_segment(call, &seglen);
+    Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+    dedup_result d = dedup_begin(st->dedup, env->client_id, env->seq);
+    if (d == DEDUP_TOO_OLD) {
+        rpc_reply_error(call, STATUS_ABORTED,
+                        "push seq %llu of client %016llx is older than the dedup window: "
+                        "refused, it may or may not have been applied",
+                        (unsigned long long)env->seq, (unsigned long long)env->client_id);
+        return;
+    }
+    uint8_t *dst = NULL;
+    if (d == DEDUP_DUPLICATE) {
+        atomic_fetch_add(&st->duplicates_dropped, 1);
+        rep.duplicate = true;
+    }
+    rep.version = atomic_load(&v->version) + (d == DEDUP_NEW);
+    if (reply_params) {
+        dst = rpc_reply_ok_segment(call, &rep.base, off, cnt);
+        if (dst == NULL) {
+            if (d == DEDUP_NEW)
+                dedup_unmark(st->dedup, env->client_id, env->seq);
+            return;
+        }
+    }
+    size_t first = (size_t)(off - v->offset);
+    pthread_mutex_lock(&v->lock);
+    if (d == DEDUP_NEW) {
+        float *slots[3];
+        for (size_t i = 0; i < v->nslots; i++)
+            slots[i] = v->slots[i] + first;
+        optimizer_apply(&v->opt, v->params + first, grad, slots, (size_t)cnt);
+        atomic_fetch_add(&v->version, 1);
+    }
+    if (dst)
+        memcpy(dst, v->params + first, (size_t)cnt * sizeof(float));
+    pthread_mutex_unlock(&v->lock);
+    if (d == DEDUP_NEW)
+        atomic_fetch_add(&st->updates_applied, 1);
+    (void)seglen;
+    if (!reply_params)
+        rpc_reply_ok(call, &rep.base);
+}
+
+static void handle_push(rpc_call *call, void *arg)
+{
+    push_common(call, arg, false);
+}
+
+static void handle_push_pull(rpc_call *call, void *arg)
+{
+    push_common(call, arg, true);
+}
+
+static void handle_clock(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const envelope *env = rpc_call_envelope(call);
+    if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "clock needs a worker id in [0, %d), got %d", SERVER_MAX_WORKERS,
+                        (int)env->worker_id);
+        return;
+    }
+    Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
+    pthread_mutex_lock(&st->clock_lock);
+    if (env->clock > st->clocks[env->worker_id])
+        st->clocks[env->worker_id] = env->clock;
+    int64_t min = INT64_MAX;
+    for (int i = 0; i < SERVER_MAX_WORKERS; i++)
+        if (st->clocks[i] >= 0 && st->clocks[i] < min)
+            min = st->clocks[i];
+    pthread_mutex_unlock(&st->clock_lock);
+    rep.min_clock = min;
+    rpc_reply_ok(call, &rep.base);
+}
+
+static void handle_status(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const rpc_stats *rs = rpc_server_stats(st->rpc);
+    Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
+    rep.task_index = st->task_index;
+    rep.num_servers = st->num_servers;
+    rep.uptime_ms = (time_now_ns() - st->start_ns) / 1000000u;
+    rep.requests = atomic_load(&rs->requests);
+    rep.errors = atomic_load(&rs->errors);
+    rep.bytes_in = atomic_load(&rs->bytes_in);
+    rep.bytes_out = atomic_load(&rs->bytes_out);
+    rep.updates_applied = atomic_load(&st->updates_applied);
+    rep.duplicates_dropped = atomic_load(&st->duplicates_dropped);
+    rep.bytes_held = store_bytes(st->vars);
+    rep.version = PSD_VERSION;
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    Psd__V1__VariableStatus *vs = calloc(n ? n : 1, sizeof(*vs));
+    Psd__V1__VariableStatus **vsp = calloc(n ? n : 1, sizeof(*vsp));
+    if (vars == NULL || vs == NULL || vsp == NULL) {
+        free(vars);
+        free(vs);
+        free(vsp);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory building status");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        psd__v1__variable_status__init(&vs[i]);
+        vs[i].name = vars[i]->name;
+        vs[i].offset = vars[i]->offset;
+        vs[i].count = vars[i]->count;
+        vs[i].version = atomic_load(&vars[i]->version);
+        vsp[i] = &vs[i];
+    }
+    rep.n_variables = n;
+    rep.variables = vsp;
+    rpc_reply_ok(call, &rep.base);
+    free(vsp);
+    free(vs);
+    free(vars);
+}
+
+static void handle_checkpoint(rpc_call *call, void *arg)
+{
+    (void)arg;
+    rpc_reply_error(call, STATUS_UNIMPLEMENTED,
+                    "checkpoints are not available on this server version");
+}
+
+static void handle_shutdown(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    Psd__V1__ShutdownReply rep = PSD__V1__SHUTDOWN_REPLY__INIT;
+    rpc_reply_ok(call, &rep.base);
+    atomic_store(&st->shutdown_requested, true);
+}
+
+const rpc_method server_methods[] = {
+    {PSD__V1__METHOD__CREATE_VARIABLE, "CreateVariable",
+     &psd__v1__create_variable_request__descriptor, handle_create, 0},
+    {PSD__V1__METHOD__LOOKUP_VARIABLE, "LookupVariable",
+     &psd__v1__lookup_variable_request__descriptor, handle_lookup, 0},
+    {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables",
+     &psd__v1__list_variables_request__descriptor, handle_list, 0},
+    {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_pull, RPC_RANGE},
+    {PSD__V1__METHOD__PUSH, "Push", &psd__v1__push_request__descriptor, handle_push,
+     RPC_RANGE | RPC_SEGMENT},
+    {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor,
+     handle_push_pull, RPC_RANGE | RPC_SEGMENT},
+    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, 0},
+    {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
+     handle_status, 0},
+    {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,
+     handle_checkpoint, RPC_ADMIN},
+    {PSD__V1__METHOD__SHUTDOWN, "Shutdown", &psd__v1__shutdown_request__descriptor,
+     handle_shutdown, RPC_ADMIN},
+};
+const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

@@ -1,0 +1,109 @@
+/* ps-server: holds a shard of the model's variables and applies updates as they arrive. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "jemalloc_conf.h"
+#include "log.h"
+#include "program.h"
+#include "server.h"
+#include "timeutil.h"
+
+static const char usage[] =
+    "usage: ps-server [options]\n"
+    "Serves one parameter-server task of the cluster given by TF_CONFIG or --cluster/--task.";
+
+int main(int argc, char **argv)
+{
+    program prog;
+    bool exit_now;
+    int rc = program_start(&prog, argc, argv, OPT_SCOPE_SERVER, "ps", usage, true, &exit_now);
+    if (exit_now)
+        return rc;
+    const cluster_spec *cl = &prog.cluster;
+    if (strcmp(cl->task_type, "ps") != 0) {
+        log_error("task is \"%s:%d\" but ps-server serves a ps task (set task.type to \"ps\")",
+                  cl->task_type[0] ? cl->task_type : "(none)", cl->task_index);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    char url[300];
+    const char *listen = options_get_str(prog.opts, "listen");
+    if (listen && listen[0]) {
+        snprintf(url, sizeof(url), "%s", listen);
+    } else if (cluster_url(cl->ps[cl->task_index], url, sizeof(url)) != 0) {
+        log_error("cluster address \"%s\" is too long", cl->ps[cl->task_index]);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+
+    /* Signals are taken synchronously by the main thread only. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    static server_state st;
+    st.task_index = (uint32_t)cl->task_index;
+    st.num_servers = (uint32_t)cl->n_ps;
+    st.start_ns = time_now_ns();
+    st.vars = store_create();
+    st.dedup = dedup_create((uint32_t)options_get_int(prog.opts, "dedup-window"));
+    pthread_mutex_init(&st.clock_lock, NULL);
+    for (int i = 0; i < SERVER_MAX_WORKERS; i++)
+        st.clocks[i] = -1;
+    if (st.vars == NULL || st.dedup == NULL) {
+        log_error("out of memory");
+        return 1;
+    }
+    rpc_server_config rc_cfg = {
+        .url = url,
+        .contexts = (int)options_get_int(prog.opts, "rpc-contexts"),
+        .threads = (int)options_get_int(prog.opts, "threads"),
+        .max_message = (size_t)options_get_int(prog.opts, "max-message-bytes"),
+        .inline_max = (size_t)options_get_int(prog.opts, "inline-max-bytes"),
+        .default_deadline_ms = (uint32_t)options_get_int(prog.opts, "default-deadline-ms"),
+        .methods = server_methods,
+        .n_methods = server_methods_len,
+        .handler_arg = &st,
+    };
+    char err[512];
+    if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        store_destroy(st.vars);
+        dedup_destroy(st.dedup);
+        program_end(&prog);
+        return 1;
+    }
+    log_info("ps %u of %u serving on %s (version %s)", st.task_index, st.num_servers, url,
+             PSD_VERSION);
+
+    int sig = 0;
+    while (!atomic_load(&st.shutdown_requested)) {
+        struct timespec ts = {0, 100 * 1000000};
+        sig = sigtimedwait(&sigs, NULL, &ts);
+        if (sig > 0)
+            break;
+    }
+    if (sig > 0)
+        log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    else {
+        log_info("shutdown requested by a client");
+        /* Let the acknowledgement leave before the socket closes. */
+        struct timespec ts = {0, 200 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    rpc_server_stop(st.rpc);
+    log_info("stopped: %llu updates applied, %llu duplicates dropped",
+             (unsigned long long)atomic_load(&st.updates_applied),
+             (unsigned long long)atomic_load(&st.duplicates_dropped));
+    store_destroy(st.vars);
+    dedup_destroy(st.dedup);
+    pthread_mutex_destroy(&st.clock_lock);
+    program_end(&prog);
+    return 0;
+}

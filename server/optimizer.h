@@ -1,0 +1,89 @@
+/* Server-side optimizers applied to a contiguous range of a float32 variable.
+ *
+ * A variable owned by a server is updated in place, one range at a time, as
+ * gradient chunks arrive. Each optimizer keeps optimizer_slot_count() state
+ * arrays ("slots") of the same length as the variable; a range update touches
+ * the same range of every slot. All arithmetic is float32.
+ *
+ * Private to the server: not installed, names are not part of any ABI. */
+#ifndef SERVER_OPTIMIZER_H
+#define SERVER_OPTIMIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Optimizer kinds. The numeric values are stable (they are stored in
+ * checkpoints): append new kinds, never renumber. */
+typedef enum {
+    OPTIMIZER_SGD = 0,
+    OPTIMIZER_MOMENTUM = 1,
+    OPTIMIZER_ADAGRAD = 2,
+    OPTIMIZER_ADAM = 3,
+} optimizer_kind;
+
+/* Number of optimizer kinds (valid kinds are 0 .. OPTIMIZER_KIND_COUNT - 1). */
+#define OPTIMIZER_KIND_COUNT 4
+
+/* Hyper-parameters of one variable's optimizer. Fields that the kind does not
+ * use are ignored (neither validated nor read by optimizer_apply). */
+typedef struct optimizer_params {
+    optimizer_kind kind;
+    float lr;                  /* all kinds: finite, > 0 */
+    float momentum;            /* MOMENTUM: finite, in [0, 1) */
+    bool nesterov;             /* MOMENTUM: Nesterov accelerated gradient */
+    float beta1, beta2;        /* ADAM: finite, in [0, 1) */
+    float epsilon;             /* ADAM, ADAGRAD: finite, > 0 */
+    float initial_accumulator; /* ADAGRAD: finite, >= 0 */
+} optimizer_params;
+
+/* Fills *p with the defaults for `kind` (every field is written): lr 0.01
+ * (0.001 for Adam), momentum 0.9, nesterov false, beta1 0.9, beta2 0.999,
+ * epsilon 1e-8 (1e-7 for Adagrad, as Keras), initial_accumulator 0.1.
+ * Does nothing when p is NULL. `kind` is stored as given, even if invalid. */
+void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
+
+/* Checks the fields that p->kind uses against the bounds documented on
+ * optimizer_params. Returns 0 when valid. Returns -1 otherwise (also for a NULL
+ * p or an unknown kind) and, when err is non-NULL and errlen > 0, writes a
+ * NUL-terminated message naming the offending field and its value (truncated
+ * to errlen). Never crashes on any input. */
+int optimizer_validate(const optimizer_params *p, char *err, size_t errlen);
+
+/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam".
+ * Returns "unknown" (never NULL) for a value outside the enum. */
+const char *optimizer_name(optimizer_kind k);
+
+/* Inverse of optimizer_name, ASCII case-insensitive ("Adam" is accepted).
+ * Returns 0 and stores the kind in *out on success; returns -1 and leaves *out
+ * untouched for an unknown name or a NULL argument. */
+int optimizer_parse(const char *name, optimizer_kind *out);
+
+/* Number of float state arrays one variable needs for kind k: sgd 0,
+ * momentum 1 (accumulator a), adagrad 1 (accumulator acc), adam 3 (m, v and the
+ * per-element step count t stored as float). Returns 0 for an unknown kind. */
+size_t optimizer_slot_count(optimizer_kind k);
+
+/* Writes the initial values of the n elements of every slot of p->kind:
+ * slots[i] must point at n writable floats for i < optimizer_slot_count().
+ * Adagrad's accumulator starts at p->initial_accumulator; every other slot
+ * (momentum accumulator, Adam m, v, t) at 0. Does nothing when p or slots is
+ * NULL, n is 0, or the kind is unknown. */
+void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t n);
+
+/* Applies one update, in place, to params[0..n) using grad[0..n):
+ *   sgd:      p -= lr*g
+ *   momentum: a = mu*a + g; p -= lr*a   (nesterov: p -= lr*(g + mu*a), a updated first)
+ *   adagrad:  acc += g*g; p -= lr*g/(sqrt(acc) + eps)
+ *   adam:     t += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+ *             p -= lr*(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+ * grad points at n little-endian (host order) float32 values with no alignment
+ * requirement (it may point into a network buffer). slots[i] points at the
+ * i-th state array for the same n elements (see optimizer_slot_count). params,
+ * grad and the slot arrays must not overlap. p is assumed validated
+ * (optimizer_validate); with an unknown kind, or a NULL pointer where one is
+ * needed, nothing is written. Non-finite gradients propagate into the
+ * parameters (the caller rejects them beforehand if it wants to). */
+void optimizer_apply(const optimizer_params *p, float *params, const void *grad,
+                     float *const *slots, size_t n);
+
+#endif /* SERVER_OPTIMIZER_H */

@@ -1,0 +1,39 @@
+/* State of one ps-server process and its RPC method table. */
+#ifndef PSD_SERVER_SERVER_H
+#define PSD_SERVER_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dedup.h"
+#include "rpc_server.h"
+#include "store.h"
+
+#define SERVER_MAX_WORKERS 4096
+
+typedef struct server_state {
+    uint32_t task_index;
+    uint32_t num_servers;
+    uint64_t start_ns;
+    store *vars;
+    dedup *dedup;
+    rpc_server *rpc;
+    atomic_uint_fast64_t updates_applied;
+    atomic_uint_fast64_t duplicates_dropped;
+    atomic_bool shutdown_requested;
+    pthread_mutex_t clock_lock;
+    int64_t clocks[SERVER_MAX_WORKERS]; /* per worker id, -1 = never seen */
+} server_state;
+
+/* The method table served by ps-server. */
+extern const rpc_method server_methods[];
+extern const size_t server_methods_len;
+
+/* Checks a variable spec sent by a client: name, dtype, shape, placement against this
+ * server's cluster. Returns 0 and the element count, or a status with a message in err. */
+int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
+                      uint64_t *numel, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,261 @@
+#include "store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "initializer.h"
+#include "placement.h"
+
+#define STORE_BUCKETS 1024
+
+struct store {
+    pthread_rwlock_t lock;
+    variable *buckets[STORE_BUCKETS];
+    size_t n;
+    uint64_t bytes;
+};
+
+store *store_create(void)
+{
+    store *s = calloc(1, sizeof(*s));
+    if (s)
+        pthread_rwlock_init(&s->lock, NULL);
+    return s;
+}
+
+void store_destroy(store *s)
+{
+    if (s == NULL)
+        return;
+    for (size_t i = 0; i < STORE_BUCKETS; i++) {
+        variable *v = s->buckets[i];
+        while (v) {
+            variable *n = v->next;
+            variable_destroy(v);
+            v = n;
+        }
+    }
+    pthread_rwlock_destroy(&s->lock);
+    free(s);
+}
+
+static Psd__V1__VariableSpec *spec_copy(const Psd__V1__VariableSpec *spec)
+{
+    size_t n = psd__v1__variable_spec__get_packed_size(spec);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (buf == NULL)
+        return NULL;
+    psd__v1__variable_spec__pack(spec, buf);
+    Psd__V1__VariableSpec *copy = psd__v1__variable_spec__unpack(NULL, n, buf);
+    free(buf);
+    return copy;
+}
+
+static int to_optimizer(const Psd__V1__VariableSpec *s, optimizer_params *p)
+{
+    optimizer_kind k;
+    switch (s->optimizer) {
+    case PSD__V1__OPTIMIZER__OPT_SGD:
+        k = OPTIMIZER_SGD;
+        break;
+    case PSD__V1__OPTIMIZER__OPT_MOMENTUM:
+        k = OPTIMIZER_MOMENTUM;
+        break;
+    case PSD__V1__OPTIMIZER__OPT_ADAGRAD:
+        k = OPTIMIZER_ADAGRAD;
+        break;
+    case PSD__V1__OPTIMIZER__OPT_ADAM:
+        k = OPTIMIZER_ADAM;
+        break;
+    default:
+        return -1;
+    }
+    optimizer_params_default(p, k);
+    p->lr = (float)s->learning_rate;
+    p->momentum = (float)s->momentum;
+    p->nesterov = s->nesterov;
+    p->beta1 = (float)s->beta1;
+    p->beta2 = (float)s->beta2;
+    p->epsilon = (float)s->epsilon;
+    p->initial_accumulator = (float)s->initial_accumulator;
+    return 0;
+}
+
+static int to_initializer(const Psd__V1__VariableSpec *s, initializer_params *p)
+{
+    switch (s->initializer) {
+    case PSD__V1__INITIALIZER__INIT_ZEROS:
+        p->kind = INITIALIZER_ZEROS;
+        break;
+    case PSD__V1__INITIALIZER__INIT_CONSTANT:
+        p->kind = INITIALIZER_CONSTANT;
+        break;
+    case PSD__V1__INITIALIZER__INIT_UNIFORM:
+        p->kind = INITIALIZER_UNIFORM;
+        break;
+    case PSD__V1__INITIALIZER__INIT_NORMAL:
+        p->kind = INITIALIZER_NORMAL;
+        break;
+    case PSD__V1__INITIALIZER__INIT_GLOROT_UNIFORM:
+        p->kind = INITIALIZER_GLOROT_UNIFORM;
+        break;
+    default:
+        return -1;
+    }
+    p->a = s->init_a;
+    p->b = s->init_b;
+    p->seed = s->seed;
+    return 0;
+}
+
+variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
+                          uint64_t count, char *err, size_t errlen)
+{
+    optimizer_params opt;
+    initializer_params init;
+    if (to_optimizer(spec, &opt) != 0) {
+        snprintf(err, errlen, "unknown optimizer %d", (int)spec->optimizer);
+        return NULL;
+    }
+    if (optimizer_validate(&opt, err, errlen) != 0)
+        return NULL;
+    if (to_initializer(spec, &init) != 0) {
+        snprintf(err, errlen, "unknown initializer %d", (int)spec->initializer);
+        return NULL;
+    }
+    if (initializer_validate(&init, spec->shape, spec->n_shape, err, errlen) != 0)
+        return NULL;
+    variable *v = calloc(1, sizeof(*v));
+    if (v == NULL)
+        goto oom;
+    v->name = strdup(spec->name);
+    v->spec = spec_copy(spec);
+    v->numel = numel;
+    v->offset = offset;
+    v->count = count;
+    v->opt = opt;
+    v->nslots = optimizer_slot_count(opt.kind);
+    pthread_mutex_init(&v->lock, NULL);
+    if (v->name == NULL || v->spec == NULL)
+        goto oom;
+    size_t n = count ? (size_t)count : 1;
+    v->params = malloc(n * sizeof(float));
+    if (v->params == NULL)
+        goto oom;
+    for (size_t i = 0; i < v->nslots; i++) {
+        v->slots[i] = malloc(n * sizeof(float));
+        if (v->slots[i] == NULL)
+            goto oom;
+    }
+    initializer_fill(&init, spec->shape, spec->n_shape, offset, v->params, (size_t)count);
+    optimizer_init_slots(&opt, v->slots, (size_t)count);
+    return v;
+oom:
+    snprintf(err, errlen, "out of memory for %llu elements of variable \"%s\"",
+             (unsigned long long)count, spec->name);
+    variable_destroy(v);
+    return NULL;
+}
+
+void variable_destroy(variable *v)
+{
+    if (v == NULL)
+        return;
+    free(v->name);
+    if (v->spec)
+        psd__v1__variable_spec__free_unpacked(v->spec, NULL);
+    free(v->params);
+    for (size_t i = 0; i < 3; i++)
+        free(v->slots[i]);
+    pthread_mutex_destroy(&v->lock);
+    free(v);
+}
+
+static size_t bucket_of(const char *name)
+{
+    return (size_t)(placement_hash(name) % STORE_BUCKETS);
+}
+
+static variable *find_locked(store *s, const char *name)
+{
+    for (variable *v = s->buckets[bucket_of(name)]; v; v = v->next)
+        if (strcmp(v->name, name) == 0)
+            return v;
+    return NULL;
+}
+
+variable *store_insert(store *s, variable *v)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    variable *old = find_locked(s, v->name);
+    if (old == NULL) {
+        size_t b = bucket_of(v->name);
+        v->next = s->buckets[b];
+        s->buckets[b] = v;
+        s->n++;
+        s->bytes += v->count * sizeof(float) * (1 + v->nslots);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return old ? old : v;
+}
+
+variable *store_find(store *s, const char *name)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    variable *v = find_locked(s, name);
+    pthread_rwlock_unlock(&s->lock);
+    return v;
+}
+
+size_t store_list(store *s, variable ***out)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    variable **arr = malloc((s->n ? s->n : 1) * sizeof(*arr));
+    size_t k = 0;
+    if (arr) {
+        for (size_t i = 0; i < STORE_BUCKETS; i++)
+            for (variable *v = s->buckets[i]; v; v = v->next)
+                arr[k++] = v;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    *out = arr;
+    return k;
+}
+
+uint64_t store_bytes(store *s)
+{
+    pthread_rwlock_rdlock(&s->lock);
+    uint64_t b = s->bytes;
+    pthread_rwlock_unlock(&s->lock);
+    return b;
+}
+
+const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b)
+{
+#define DIFF(field)                                                                            \
+    if (a->field != b->field)                                                                  \
+        return #field;
+    DIFF(dtype)
+    DIFF(n_shape)
+    for (size_t i = 0; i < a->n_shape; i++)
+        if (a->shape[i] != b->shape[i])
+            return "shape";
+    DIFF(initializer)
+    DIFF(init_a)
+    DIFF(init_b)
+    DIFF(seed)
+    DIFF(optimizer)
+    DIFF(learning_rate)
+    DIFF(momentum)
+    DIFF(nesterov)
+    DIFF(beta1)
+    DIFF(beta2)
+    DIFF(epsilon)
+    DIFF(initial_accumulator)
+    DIFF(staleness)
+    DIFF(split)
+    DIFF(num_servers)
+#undef DIFF
+    return NULL;
+}

@@ -1,0 +1,54 @@
+/* The variables a server holds: its shard of each, with the optimizer state beside it.
+ * Variables are never removed while the server runs, so a variable pointer found once stays
+ * valid until store_destroy. */
+#ifndef PSD_SERVER_STORE_H
+#define PSD_SERVER_STORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optimizer.h"
+#include "ps.pb-c.h"
+
+typedef struct variable {
+    char *name;
+    Psd__V1__VariableSpec *spec; /* owned copy, as created */
+    uint64_t numel;              /* elements in the whole variable */
+    uint64_t offset, count;      /* this server's range */
+    optimizer_params opt;
+    float *params;
+    float *slots[3];
+    size_t nslots;
+    pthread_mutex_t lock; /* guards params and slots */
+    atomic_uint_fast64_t version; /* updates applied to this shard */
+    struct variable *next;
+} variable;
+
+typedef struct store store;
+
+store *store_create(void);
+void store_destroy(store *s); /* frees every variable; NULL is a no-op */
+
+/* Makes a variable for this server's range [offset, offset+count) of `spec` (copied),
+ * with parameters initialised and optimizer slots set. Returns NULL and a message in err if
+ * memory can't be had or the spec is invalid for the optimizer/initializer. */
+variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
+                          uint64_t count, char *err, size_t errlen);
+void variable_destroy(variable *v);
+
+/* Inserts v unless a variable of that name exists: then returns the existing one and leaves v
+ * with the caller. Returns v itself when inserted (the store owns it from then on). */
+variable *store_insert(store *s, variable *v);
+variable *store_find(store *s, const char *name);
+/* Snapshot of all variables (array owned by the caller, variables by the store). */
+size_t store_list(store *s, variable ***out);
+/* Bytes of parameters and optimizer state held. */
+uint64_t store_bytes(store *s);
+
+/* Compares two specs field by field; returns NULL if equal or the name of the first field
+ * that differs. */
+const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b);
+
+#endif

@@ -1,0 +1,705 @@
+/* model.c - the MLP of model.h: forward, backward, evaluation, model files. */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+struct model {
+    backend *be;
+    model_config cfg;
+    int max_batch;
+    int num_layers; /* cfg.num_sizes - 1 */
+    int num_params; /* 2 * num_layers */
+    model_param params[2 * MODEL_MAX_LAYERS];
+    int batch;                              /* examples in the uploaded batch */
+    backend_buf *act[MODEL_MAX_LAYERS + 1]; /* act[0] input, act[l] output of layer l */
+    backend_buf *delta[MODEL_MAX_LAYERS + 1];
+    backend_buf *labels;
+    backend_buf *scalars; /* [0] loss sum, [1] correct, [2] sum of squares */
+    backend_buf *loss_buf, *correct_buf, *sq_buf;
+    float *scalars_host; /* 3 floats */
+    char errmsg[512];
+};
+
+static int merr(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int merr(model *m, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->errmsg, sizeof(m->errmsg), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int put_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int put_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Turns a backend failure into a model error carrying the backend's message. */
+static int berr(model *m, int rc, const char *what)
+{
+    if (rc == 0)
+        return 0;
+    return merr(m, "%s: backend %s: %s", what, backend_name(m->be), backend_errmsg(m->be));
+}
+
+int model_parse_layers(const char *text, model_config *cfg, char *err, size_t errlen)
+{
+    if (text == NULL || *text == '\0')
+        return put_err(err, errlen, "layers: empty (expected e.g. 784,256,128,10)");
+    int n = 0;
+    const char *p = text;
+    while (*p != '\0') {
+        char *end = NULL;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno != 0 || (*end != ',' && *end != '\0'))
+            return put_err(err, errlen, "layers: '%s' is not a comma-separated list of integers",
+                           text);
+        if (v < 1 || v > MODEL_MAX_WIDTH)
+            return put_err(err, errlen, "layers: width %ld out of range 1..%d", v,
+                           MODEL_MAX_WIDTH);
+        if (n == MODEL_MAX_LAYERS + 1)
+            return put_err(err, errlen, "layers: more than %d sizes", MODEL_MAX_LAYERS + 1);
+        cfg->sizes[n++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && *p == '\0')
+            return put_err(err, errlen, "layers: '%s' ends with a comma", text);
+    }
+    if (n < 2)
+        return put_err(err, errlen,
+                       "layers: need at least an input and an output size (e.g. 784,10), got '%s'",
+                       text);
+    cfg->num_sizes = n;
+    return 0;
+}
+
+void model_format_layers(const model_config *cfg, char *buf, size_t cap)
+{
+    size_t used = 0;
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    for (int i = 0; i < cfg->num_sizes && used < cap; i++) {
+        int w = snprintf(buf + used, cap - used, "%s%d", i ? "," : "", cfg->sizes[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+int model_parse_activation(const char *text, backend_act *out)
+{
+    if (text != NULL && strcmp(text, "relu") == 0) {
+        *out = BACKEND_ACT_RELU;
+        return 0;
+    }
+    if (text != NULL && strcmp(text, "tanh") == 0) {
+        *out = BACKEND_ACT_TANH;
+        return 0;
+    }
+    return -1;
+}
+
+const char *model_activation_name(backend_act act)
+{
+    switch (act) {
+    case BACKEND_ACT_RELU:
+        return "relu";
+    case BACKEND_ACT_TANH:
+        return "tanh";
+    case BACKEND_ACT_IDENTITY:
+        return "identity";
+    }
+    return "?";
+}
+
+static int check_config(const model_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->num_sizes < 2 || cfg->num_sizes > MODEL_MAX_LAYERS + 1)
+        return put_err(err, errlen, "model: %d layer sizes (expected 2..%d)", cfg->num_sizes,
+                       MODEL_MAX_LAYERS + 1);
+    for (int i = 0; i < cfg->num_sizes; i++)
+        if (cfg->sizes[i] < 1 || cfg->sizes[i] > MODEL_MAX_WIDTH)
+            return put_err(err, errlen, "model: layer size %d out of range", cfg->sizes[i]);
+    if (cfg->act != BACKEND_ACT_RELU && cfg->act != BACKEND_ACT_TANH)
+        return put_err(err, errlen, "model: activation must be relu or tanh");
+    if (!(cfg->l2 >= 0.0f) || !isfinite(cfg->l2))
+        return put_err(err, errlen, "model: l2 must be finite and >= 0");
+    return 0;
+}
+
+void model_destroy(model *m)
+{
+    if (m == NULL)
+        return;
+    backend *be = m->be;
+    for (int i = 0; i < m->num_params; i++) {
+        model_param *p = &m->params[i];
+        backend_host_free(be, p->host);
+        backend_host_free(be, p->grad_host);
+        backend_buf_free(be, p->value);
+        backend_buf_free(be, p->grad);
+        backend_event_destroy(be, p->grad_ready);
+    }
+    for (int l = 0; l <= m->num_layers; l++) {
+        backend_buf_free(be, m->act[l]);
+        backend_buf_free(be, m->delta[l]);
+    }
+    backend_buf_free(be, m->labels);
+    backend_buf_free(be, m->loss_buf);
+    backend_buf_free(be, m->correct_buf);
+    backend_buf_free(be, m->sq_buf);
+    backend_host_free(be, m->scalars_host);
+    free(m);
+}
+
+int model_create(backend *be, const model_config *cfg, int max_batch, const char *prefix,
+                 model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (check_config(cfg, err, errlen) != 0)
+        return -1;
+    if (max_batch < 1)
+        return put_err(err, errlen, "model: batch size %d must be >= 1", max_batch);
+    if (prefix == NULL)
+        prefix = "mlp";
+    if (strlen(prefix) > 40)
+        return put_err(err, errlen, "model: name prefix '%s' longer than 40 bytes", prefix);
+    model *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return put_err(err, errlen, "model: out of memory");
+    m->be = be;
+    m->cfg = *cfg;
+    m->max_batch = max_batch;
+    m->num_layers = cfg->num_sizes - 1;
+    m->num_params = 2 * m->num_layers;
+    int rc = 0;
+    for (int l = 1; l <= m->num_layers && rc == 0; l++) {
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            model_param *p = &m->params[2 * (l - 1) + k];
+            p->layer = l;
+            p->is_kernel = k == 0;
+            snprintf(p->name, sizeof(p->name), "%s/dense%d/%s", prefix, l - 1,
+                     k == 0 ? "kernel" : "bias");
+            if (k == 0) {
+                p->ndims = 2;
+                p->dims[0] = (uint64_t)cfg->sizes[l - 1];
+                p->dims[1] = (uint64_t)cfg->sizes[l];
+            } else {
+                p->ndims = 1;
+                p->dims[0] = (uint64_t)cfg->sizes[l];
+            }
+            p->numel = (size_t)p->dims[0] * (k == 0 ? (size_t)p->dims[1] : 1);
+            size_t bytes = p->numel * sizeof(float);
+            p->host = backend_host_alloc(be, bytes);
+            p->grad_host = backend_host_alloc(be, bytes);
+            if (p->host == NULL || p->grad_host == NULL)
+                rc = -1;
+            if (rc == 0)
+                rc = backend_buf_alloc(be, bytes, &p->value);
+            if (rc == 0)
+                rc = backend_buf_alloc(be, bytes, &p->grad);
+            if (rc == 0)
+                rc = backend_event_create(be, &p->grad_ready);
+        }
+    }
+    for (int l = 0; l <= m->num_layers && rc == 0; l++) {
+        size_t bytes = (size_t)max_batch * (size_t)cfg->sizes[l] * sizeof(float);
+        rc = backend_buf_alloc(be, bytes, &m->act[l]);
+        if (rc == 0 && l > 0)
+            rc = backend_buf_alloc(be, bytes, &m->delta[l]);
+    }
+    if (rc == 0)
+        rc = backend_buf_alloc(be, (size_t)max_batch * sizeof(int32_t), &m->labels);
+    if (rc == 0)
+        rc = backend_buf_alloc(be, sizeof(float), &m->loss_buf);
+    if (rc == 0)
+        rc = backend_buf_alloc(be, sizeof(float), &m->correct_buf);
+    if (rc == 0)
+        rc = backend_buf_alloc(be, sizeof(float), &m->sq_buf);
+    if (rc == 0) {
+        m->scalars_host = backend_host_alloc(be, 4 * sizeof(float));
+        if (m->scalars_host == NULL)
+            rc = -1;
+    }
+    if (rc != 0) {
+        put_err(err, errlen, "model: cannot allocate buffers for %d examples on backend %s: %s",
+                max_batch, backend_name(be), backend_errmsg(be)[0] ? backend_errmsg(be) : "out of memory");
+        model_destroy(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+const model_config *model_get_config(const model *m)
+{
+    return &m->cfg;
+}
+
+int model_max_batch(const model *m)
+{
+    return m->max_batch;
+}
+
+int model_num_params(const model *m)
+{
+    return m->num_params;
+}
+
+model_param *model_get_param(model *m, int i)
+{
+    if (i < 0 || i >= m->num_params)
+        return NULL;
+    return &m->params[i];
+}
+
+size_t model_total_params(const model *m)
+{
+    size_t t = 0;
+    for (int i = 0; i < m->num_params; i++)
+        t += m->params[i].numel;
+    return t;
+}
+
+const char *model_errmsg(const model *m)
+{
+    return m->errmsg;
+}
+
+void model_init_glorot(model *m, uint64_t seed)
+{
+    uint64_t st = seed ^ 0x676c6f726f74ull; /* "glorot" */
+    for (int i = 0; i < m->num_params; i++) {
+        model_param *p = &m->params[i];
+        if (!p->is_kernel) {
+            memset(p->host, 0, p->numel * sizeof(float));
+            continue;
+        }
+        double limit = sqrt(6.0 / (double)(p->dims[0] + p->dims[1]));
+        for (size_t j = 0; j < p->numel; j++) {
+            double u = (double)(data_rng_next(&st) >> 11) * (1.0 / 9007199254740992.0);
+            p->host[j] = (float)((2.0 * u - 1.0) * limit);
+        }
+    }
+}
+
+int model_upload_param(model *m, int i)
+{
+    model_param *p = &m->params[i];
+    return berr(m, backend_upload(m->be, p->value, 0, p->host, p->numel * sizeof(float)),
+                p->name);
+}
+
+int model_upload_params(model *m)
+{
+    for (int i = 0; i < m->num_params; i++)
+        if (model_upload_param(m, i) != 0)
+            return -1;
+    return 0;
+}
+
+int model_set_batch(model *m, const float *x, const int32_t *y, int count)
+{
+    if (count < 1 || count > m->max_batch)
+        return merr(m, "batch of %d examples (expected 1..%d)", count, m->max_batch);
+    size_t xbytes = (size_t)count * (size_t)m->cfg.sizes[0] * sizeof(float);
+    if (berr(m, backend_upload(m->be, m->act[0], 0, x, xbytes), "upload batch") != 0)
+        return -1;
+    if (berr(m, backend_upload(m->be, m->labels, 0, y, (size_t)count * sizeof(int32_t)),
+             "upload labels") != 0)
+        return -1;
+    m->batch = count;
+    return 0;
+}
+
+/* act[L] = logits of the uploaded batch. */
+static int forward_layers(model *m)
+{
+    backend *be = m->be;
+    int b = m->batch;
+    for (int l = 1; l <= m->num_layers; l++) {
+        const model_param *W = &m->params[2 * (l - 1)];
+        const model_param *bias = &m->params[2 * (l - 1) + 1];
+        int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
+        int rc = backend_gemm(be, false, false, b, out, in, 1.0f, m->act[l - 1], W->value, 0.0f,
+                              m->act[l]);
+        if (rc == 0)
+            rc = backend_bias_add(be, m->act[l], bias->value, b, out);
+        if (rc == 0 && l < m->num_layers)
+            rc = backend_act_forward(be, m->cfg.act, m->act[l], m->act[l], (size_t)b * out);
+        if (rc != 0)
+            return berr(m, rc, "forward");
+    }
+    return 0;
+}
+
+/* Queues the L2 term's sum of squares over every kernel into sq_buf. */
+static int queue_l2_sum(model *m)
+{
+    int rc = backend_memset_zero(m->be, m->sq_buf, 0, sizeof(float));
+    for (int l = 1; l <= m->num_layers && rc == 0; l++) {
+        const model_param *W = &m->params[2 * (l - 1)];
+        rc = backend_sum_squares(m->be, W->value, W->numel, 0.5f * m->cfg.l2, 1.0f, m->sq_buf);
+    }
+    return berr(m, rc, "l2");
+}
+
+/* Downloads loss, correct and (if l2) the L2 sum, waits, fills st. */
+static int collect_stats(model *m, bool with_l2, model_stats *st)
+{
+    backend *be = m->be;
+    int rc = backend_download(be, m->loss_buf, 0, &m->scalars_host[0], sizeof(float));
+    if (rc == 0)
+        rc = backend_download(be, m->correct_buf, 0, &m->scalars_host[1], sizeof(float));
+    if (rc == 0 && with_l2)
+        rc = backend_download(be, m->sq_buf, 0, &m->scalars_host[2], sizeof(float));
+    if (rc == 0)
+        rc = backend_sync(be);
+    if (rc != 0)
+        return berr(m, rc, "stats");
+    if (st != NULL) {
+        st->loss = (double)m->scalars_host[0] / (double)m->batch;
+        if (with_l2)
+            st->loss += (double)m->scalars_host[2];
+        st->correct = (double)m->scalars_host[1];
+    }
+    return 0;
+}
+
+int model_forward(model *m, model_stats *st)
+{
+    if (m->batch < 1)
+        return merr(m, "forward: no batch uploaded");
+    if (forward_layers(m) != 0)
+        return -1;
+    int L = m->num_layers;
+    int rc = backend_softmax_xent(m->be, m->act[L], m->labels, m->batch, m->cfg.sizes[L], 0.0f,
+                                  NULL, m->loss_buf, m->correct_buf);
+    if (rc != 0)
+        return berr(m, rc, "softmax_xent");
+    return collect_stats(m, false, st);
+}
+
+/* Queues layer l's parameter gradients (from delta[l]) and their downloads,
+ * then records the layer's events. */
+static int queue_layer_grads(model *m, int l)
+{
+    backend *be = m->be;
+    int b = m->batch;
+    int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
+    model_param *W = &m->params[2 * (l - 1)];
+    model_param *bias = &m->params[2 * (l - 1) + 1];
+    /* dW = act[l-1]^T delta[l] (+ l2 W) */
+    int rc = backend_gemm(be, true, false, in, out, b, 1.0f, m->act[l - 1], m->delta[l], 0.0f,
+                          W->grad);
+    if (rc == 0 && m->cfg.l2 > 0.0f)
+        rc = backend_axpy(be, W->numel, m->cfg.l2, W->value, W->grad);
+    if (rc == 0)
+        rc = backend_col_sum(be, m->delta[l], b, out, 1.0f, 0.0f, bias->grad);
+    if (rc == 0)
+        rc = backend_download(be, W->grad, 0, W->grad_host, W->numel * sizeof(float));
+    if (rc == 0)
+        rc = backend_download(be, bias->grad, 0, bias->grad_host, bias->numel * sizeof(float));
+    if (rc == 0)
+        rc = backend_event_record(be, W->grad_ready);
+    return berr(m, rc, "backward");
+}
+
+/* Waits for layer l's gradients and hands them to on_grad (bias then kernel:
+ * the small one first, so it is on the wire while the kernel is prepared). */
+static int deliver_layer(model *m, int l, model_grad_fn on_grad, void *arg)
+{
+    model_param *W = &m->params[2 * (l - 1)];
+    if (berr(m, backend_event_wait(m->be, W->grad_ready), "backward") != 0)
+        return -1;
+    if (on_grad == NULL)
+        return 0;
+    int rc = on_grad(m, 2 * (l - 1) + 1, arg);
+    if (rc == 0)
+        rc = on_grad(m, 2 * (l - 1), arg);
+    return rc;
+}
+
+int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st)
+{
+    if (m->batch < 1)
+        return merr(m, "train: no batch uploaded");
+    backend *be = m->be;
+    if (forward_layers(m) != 0)
+        return -1;
+    int L = m->num_layers;
+    int rc = backend_softmax_xent(be, m->act[L], m->labels, m->batch, m->cfg.sizes[L],
+                                  1.0f / (float)m->batch, m->delta[L], m->loss_buf,
+                                  m->correct_buf);
+    if (rc != 0)
+        return berr(m, rc, "softmax_xent");
+    bool with_l2 = m->cfg.l2 > 0.0f;
+    if (with_l2 && queue_l2_sum(m) != 0)
+        return -1;
+    for (int l = L; l >= 1; l--) {
+        if (queue_layer_grads(m, l) != 0)
+            return -1;
+        if (l > 1) {
+            /* delta[l-1] = (delta[l] W_l^T) * act'(act[l-1]) */
+            const model_param *W = &m->params[2 * (l - 1)];
+            int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
+            rc = backend_gemm(be, false, true, m->batch, in, out, 1.0f, m->delta[l], W->value,
+                              0.0f, m->delta[l - 1]);
+            if (rc == 0)
+                rc = backend_act_backward(be, m->cfg.act, m->act[l - 1], m->delta[l - 1],
+                                          m->delta[l - 1], (size_t)m->batch * in);
+            if (rc != 0)
+                return berr(m, rc, "backward");
+        }
+        /* Layer l+1's gradients were queued before this layer's compute: hand them out while
+         * the backend works on this one. */
+        if (l < L && (rc = deliver_layer(m, l + 1, on_grad, arg)) != 0)
+            return rc;
+    }
+    if ((rc = deliver_layer(m, 1, on_grad, arg)) != 0)
+        return rc;
+    return collect_stats(m, with_l2, st);
+}
+
+int model_evaluate(model *m, const dataset *d, double *loss, double *accuracy)
+{
+    if ((int)d->dim != m->cfg.sizes[0])
+        return merr(m, "evaluate: data has %zu features, model expects %d", d->dim,
+                    m->cfg.sizes[0]);
+    double loss_sum = 0.0, correct = 0.0;
+    for (size_t first = 0; first < d->n; first += (size_t)m->max_batch) {
+        size_t count = d->n - first;
+        if (count > (size_t)m->max_batch)
+            count = (size_t)m->max_batch;
+        if (model_set_batch(m, d->x + first * d->dim, d->y + first, (int)count) != 0)
+            return -1;
+        model_stats st;
+        if (model_forward(m, &st) != 0)
+            return -1;
+        loss_sum += st.loss * (double)count;
+        correct += st.correct;
+    }
+    *loss = d->n ? loss_sum / (double)d->n : 0.0;
+    *accuracy = d->n ? correct / (double)d->n : 0.0;
+    return 0;
+}
+
+/* ---- model files ---- */
+
+#define MODEL_MAGIC "PSWMODEL"
+#define MODEL_VERSION 1u
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static size_t header_bytes(int num_sizes)
+{
+    return 8 + 4 + 4 + 4 + 4 * (size_t)num_sizes + 4;
+}
+
+int model_save(model *m, const char *path, char *err, size_t errlen)
+{
+    size_t hlen = header_bytes(m->cfg.num_sizes);
+    size_t total = hlen + model_total_params(m) * 4 + 4;
+    uint8_t *buf = malloc(total);
+    if (buf == NULL)
+        return put_err(err, errlen, "%s: out of memory for %zu bytes", path, total);
+    uint8_t *p = buf;
+    memcpy(p, MODEL_MAGIC, 8);
+    p += 8;
+    put_u32(p, MODEL_VERSION);
+    put_u32(p + 4, (uint32_t)m->cfg.act);
+    put_u32(p + 8, (uint32_t)m->cfg.num_sizes);
+    p += 12;
+    for (int i = 0; i < m->cfg.num_sizes; i++, p += 4)
+        put_u32(p, (uint32_t)m->cfg.sizes[i]);
+    put_u32(p, f2u(m->cfg.l2));
+    p += 4;
+    for (int i = 0; i < m->num_params; i++)
+        for (size_t j = 0; j < m->params[i].numel; j++, p += 4)
+            put_u32(p, f2u(m->params[i].host[j]));
+    put_u32(p, (uint32_t)crc32_z(0L, buf, total - 4));
+
+    char tmp[4096];
+    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof(tmp)) {
+        free(buf);
+        return put_err(err, errlen, "%s: path too long", path);
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        free(buf);
+        return put_err(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
+    }
+    size_t done = 0;
+    int rc = 0;
+    while (done < total) {
+        ssize_t w = write(fd, buf + done, total - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = put_err(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (rc == 0 && fsync(fd) != 0)
+        rc = put_err(err, errlen, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0)
+        rc = put_err(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = put_err(err, errlen, "%s: cannot rename %s into place: %s", path, tmp,
+                     strerror(errno));
+    if (rc != 0)
+        unlink(tmp);
+    free(buf);
+    return rc;
+}
+
+int model_load(backend *be, const char *path, int max_batch, model **out, char *err,
+               size_t errlen)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return put_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = -1;
+    for (;;) {
+        if (len == cap) {
+            size_t ncap = cap ? cap * 2 : 1 << 20;
+            if (ncap > ((size_t)1 << 34)) {
+                put_err(err, errlen, "%s: larger than 16 GiB: not a model file", path);
+                goto out;
+            }
+            uint8_t *nb = realloc(buf, ncap);
+            if (nb == NULL) {
+                put_err(err, errlen, "%s: out of memory", path);
+                goto out;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t r = fread(buf + len, 1, cap - len, f);
+        len += r;
+        if (r == 0) {
+            if (ferror(f)) {
+                put_err(err, errlen, "%s: read error: %s", path, strerror(errno));
+                goto out;
+            }
+            break;
+        }
+    }
+    if (len < header_bytes(2) + 4 || memcmp(buf, MODEL_MAGIC, 8) != 0) {
+        put_err(err, errlen, "%s: not a ps-worker model file (bad magic or too short)", path);
+        goto out;
+    }
+    uint32_t version = get_u32(buf + 8);
+    if (version != MODEL_VERSION) {
+        put_err(err, errlen, "%s: model file version %u, this program reads version %u", path,
+                version, MODEL_VERSION);
+        goto out;
+    }
+    uint32_t crc_stored = get_u32(buf + len - 4);
+    uint32_t crc = (uint32_t)crc32_z(0L, buf, len - 4);
+    if (crc != crc_stored) {
+        put_err(err, errlen, "%s: checksum mismatch: the file is corrupt or truncated", path);
+        goto out;
+    }
+    model_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    uint32_t act = get_u32(buf + 12);
+    uint32_t num_sizes = get_u32(buf + 16);
+    if (num_sizes < 2 || num_sizes > MODEL_MAX_LAYERS + 1 || len < header_bytes((int)num_sizes) + 4) {
+        put_err(err, errlen, "%s: bad layer count %u", path, num_sizes);
+        goto out;
+    }
+    cfg.num_sizes = (int)num_sizes;
+    cfg.act = (backend_act)act;
+    size_t expect = header_bytes(cfg.num_sizes) + 4;
+    for (int i = 0; i < cfg.num_sizes; i++) {
+        uint32_t s = get_u32(buf + 20 + 4 * (size_t)i);
+        if (s < 1 || s > MODEL_MAX_WIDTH) {
+            put_err(err, errlen, "%s: bad layer size %u", path, s);
+            goto out;
+        }
+        cfg.sizes[i] = (int)s;
+        if (i > 0)
+            expect += 4 * ((size_t)cfg.sizes[i - 1] * (size_t)s + s);
+    }
+    cfg.l2 = u2f(get_u32(buf + 20 + 4 * (size_t)cfg.num_sizes));
+    if (len != expect) {
+        put_err(err, errlen, "%s: %zu bytes, but its layers need %zu", path, len, expect);
+        goto out;
+    }
+    char cerr[256];
+    if (check_config(&cfg, cerr, sizeof(cerr)) != 0) {
+        put_err(err, errlen, "%s: %s", path, cerr);
+        goto out;
+    }
+    model *m = NULL;
+    if (model_create(be, &cfg, max_batch, NULL, &m, err, errlen) != 0)
+        goto out;
+    const uint8_t *p = buf + header_bytes(cfg.num_sizes);
+    for (int i = 0; i < m->num_params; i++)
+        for (size_t j = 0; j < m->params[i].numel; j++, p += 4)
+            m->params[i].host[j] = u2f(get_u32(p));
+    if (model_upload_params(m) != 0) {
+        put_err(err, errlen, "%s: %s", path, m->errmsg);
+        model_destroy(m);
+        goto out;
+    }
+    *out = m;
+    rc = 0;
+out:
+    fclose(f);
+    free(buf);
+    return rc;
+}
