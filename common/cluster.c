@@ -496,15 +496,18 @@ int cluster_parse(const char *json, cluster_spec *out, char *err, size_t errlen)
         size_t end = json_tokener_get_parse_end(tok);
         if (root == NULL || jerr != json_tokener_success ||
             json[end + strspn(json + end, " \t\r\n")] != '\0') {
-            size_t line = 1;
-            for (size_t i = 0; i < end && i < len; i++)
+            size_t line = 1, col = 1;
+            for (size_t i = 0; i < end && i < len; i++) {
+                col = json[i] == '\n' ? 1 : col + 1;
                 line += json[i] == '\n';
+            }
             if (root != NULL)
-                cluster_errf(err, errlen, "invalid JSON at line %zu: trailing data", line);
+                cluster_errf(err, errlen, "invalid JSON at line %zu, column %zu: trailing data",
+                             line, col);
             else if (jerr == json_tokener_continue)
                 cluster_errf(err, errlen, "invalid JSON: unexpected end of text");
             else
-                cluster_errf(err, errlen, "invalid JSON at line %zu: %s", line,
+                cluster_errf(err, errlen, "invalid JSON at line %zu, column %zu: %s", line, col,
                              json_tokener_error_desc(jerr));
             goto fail;
         }

@@ -241,11 +241,13 @@ static void log_timestamp(char *buf, size_t cap)
 {
     struct timespec ts;
     struct tm tm;
+    int ms;
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    snprintf(buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L);
+    ms = (int)(ts.tv_nsec / 1000000L) % 1000;
+    snprintf(buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+             tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
 }
 
 /* Converts a JSON object-body fragment ("k":v,"k2":"s") to " k=v k2=\"s\"" for
@@ -318,7 +320,7 @@ static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_lis
     char line[LOG_LINE_MAX + 1];
     char fieldtext[LOG_LINE_MAX / 2];
     char head[160 + LOG_ROLE_MAX * 6];
-    char ts[40];
+    char ts[80];
     char role[LOG_ROLE_MAX * 6 + 1];
     log_buf b = {line, 0, LOG_LINE_MAX, 0};
     int task, json, fields_dropped = 0, msg_truncated = 0, n = 0;

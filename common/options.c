@@ -772,16 +772,19 @@ int options_load_file(options *o, const char *path, char *err, size_t errlen)
         enum json_tokener_error jerr = json_tokener_get_error(tok);
         size_t end = json_tokener_get_parse_end(tok);
         if (root == NULL || jerr != json_tokener_success || !options_only_space(buf + end)) {
-            size_t line = 1;
-            for (size_t i = 0; i < end && i < len; i++)
+            size_t line = 1, col = 1;
+            for (size_t i = 0; i < end && i < len; i++) {
+                col = buf[i] == '\n' ? 1 : col + 1;
                 line += buf[i] == '\n';
+            }
             if (root != NULL)
                 options_errf(err, errlen,
-                             "invalid JSON at line %zu: trailing data after the object", line);
+                             "invalid JSON at line %zu, column %zu: trailing data after the object",
+                             line, col);
             else if (jerr == json_tokener_continue)
                 options_errf(err, errlen, "invalid JSON: unexpected end of file");
             else
-                options_errf(err, errlen, "invalid JSON at line %zu: %s", line,
+                options_errf(err, errlen, "invalid JSON at line %zu, column %zu: %s", line, col,
                              json_tokener_error_desc(jerr));
             goto fail_prefix;
         }
@@ -1105,8 +1108,12 @@ static void options_flag_text(char *buf, size_t cap, const option_def *d)
         snprintf(buf, cap, "--%s=%s", d->name, options_type_label(d));
 }
 
+/* Marks a space that must not break a line: "[default: X]" stays whole. */
+#define OPTIONS_NBSP '\x01'
+
 /* Writes words of text wrapped to OPTIONS_HELP_WIDTH, continuation lines
- * indented by indent; col is the current column. */
+ * indented by indent; col is the current column. OPTIONS_NBSP prints as a
+ * space that does not break. */
 static void options_wrap(FILE *f, const char *text, size_t indent, size_t col)
 {
     const char *p = text;
@@ -1125,17 +1132,30 @@ static void options_wrap(FILE *f, const char *text, size_t indent, size_t col)
             fputc(' ', f);
             col++;
         }
-        fwrite(p, 1, w, f);
+        for (size_t i = 0; i < w; i++)
+            fputc(p[i] == OPTIONS_NBSP ? ' ' : p[i], f);
         col += w;
         p += w;
     }
     fputc('\n', f);
 }
 
+/* Appends " " and seg to text, seg's spaces made unbreakable. */
+static void options_append_unbroken(char *text, size_t cap, const char *seg)
+{
+    size_t n = strlen(text);
+
+    if (n + 1 < cap)
+        text[n++] = ' ';
+    for (; *seg != '\0' && n + 1 < cap; seg++)
+        text[n++] = *seg == ' ' ? OPTIONS_NBSP : *seg;
+    text[n] = '\0';
+}
+
 static void options_print_help_table(FILE *f, const option_def *table, size_t n,
                                      const char *program, const char *usage_line, unsigned scope)
 {
-    char flag[OPTIONS_NAME_MAX + 128], envbuf[OPTIONS_ENV_MAX], text[1024];
+    char flag[OPTIONS_NAME_MAX + 128], envbuf[OPTIONS_ENV_MAX], text[1024], seg[256];
     size_t left = 0;
 
     fprintf(f, "Usage: %s %s\n", program != NULL ? program : "program",
@@ -1154,7 +1174,6 @@ static void options_print_help_table(FILE *f, const option_def *table, size_t n,
         for (size_t i = 0; i < n; i++) {
             const option_def *d = &table[i];
             size_t flen;
-            int w;
             if (!(d->scope & scope) || options_group(d) != g)
                 continue;
             if (!titled) {
@@ -1163,12 +1182,13 @@ static void options_print_help_table(FILE *f, const option_def *table, size_t n,
             }
             options_flag_text(flag, sizeof flag, d);
             flen = strlen(flag);
-            w = snprintf(text, sizeof text, "%s", d->help);
-            if (d->defval[0] != '\0' && w >= 0 && (size_t)w < sizeof text)
-                w += snprintf(text + w, sizeof text - (size_t)w, " [default: %s]", d->defval);
-            if (w >= 0 && (size_t)w < sizeof text)
-                snprintf(text + w, sizeof text - (size_t)w, " (env: %s)",
-                         options_env_name(d, envbuf, sizeof envbuf));
+            snprintf(text, sizeof text, "%s", d->help);
+            if (d->defval[0] != '\0') {
+                snprintf(seg, sizeof seg, "[default: %s]", d->defval);
+                options_append_unbroken(text, sizeof text, seg);
+            }
+            snprintf(seg, sizeof seg, "(env: %s)", options_env_name(d, envbuf, sizeof envbuf));
+            options_append_unbroken(text, sizeof text, seg);
             fprintf(f, "  %s", flag);
             if (flen > left) {
                 fprintf(f, "\n%*s", (int)(left + 4), "");

@@ -1,0 +1,111 @@
+#include "cluster_proc.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int test_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+void test_cluster_tf_config(const test_cluster *tc, const char *type, int index, char *buf,
+                            size_t cap)
+{
+    if (type)
+        snprintf(buf, cap, "{\"cluster\":%s,\"task\":{\"type\":\"%s\",\"index\":%d}}", tc->spec,
+                 type, index);
+    else
+        snprintf(buf, cap, "{\"cluster\":%s}", tc->spec);
+}
+
+static bool port_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+int test_cluster_start(test_cluster *tc, const char *server_bin, int n, const char *const *extra)
+{
+    memset(tc, 0, sizeof(*tc));
+    tc->n = n;
+    size_t off = (size_t)snprintf(tc->spec, sizeof(tc->spec), "{\"ps\":[");
+    for (int i = 0; i < n; i++) {
+        tc->ports[i] = test_free_port();
+        off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, "%s\"127.0.0.1:%d\"",
+                                i ? "," : "", tc->ports[i]);
+    }
+    snprintf(tc->spec + off, sizeof(tc->spec) - off, "]}");
+    for (int i = 0; i < n; i++) {
+        char tf[1200];
+        test_cluster_tf_config(tc, "ps", i, tf, sizeof(tf));
+        pid_t pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            setenv("TF_CONFIG", tf, 1);
+            const char *argv[32] = {server_bin, "--log-level", "warn"};
+            int k = 3;
+            for (int j = 0; extra && extra[j] && k < 31; j++)
+                argv[k++] = extra[j];
+            argv[k] = NULL;
+            execv(server_bin, (char *const *)argv);
+            perror("execv ps-server");
+            _exit(127);
+        }
+        tc->pids[i] = pid;
+    }
+    for (int i = 0; i < n; i++) {
+        int waited = 0;
+        while (!port_open(tc->ports[i])) {
+            if (waited++ > 1000) {
+                fprintf(stderr, "ps %d did not start listening on %d\n", i, tc->ports[i]);
+                return -1;
+            }
+            struct timespec ts = {0, 10 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return 0;
+}
+
+int test_cluster_stop(test_cluster *tc)
+{
+    int bad = 0;
+    for (int i = 0; i < tc->n; i++)
+        if (tc->pids[i] > 0)
+            kill(tc->pids[i], SIGTERM);
+    for (int i = 0; i < tc->n; i++) {
+        if (tc->pids[i] <= 0)
+            continue;
+        int st = 0;
+        if (waitpid(tc->pids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            bad++;
+        tc->pids[i] = 0;
+    }
+    return bad ? -1 : 0;
+}

@@ -1,0 +1,343 @@
+/* ps-worker: trains an MLP against the parameter servers (or evaluates a saved model).
+ *
+ * Exit codes: 0 success, 1 runtime failure (cluster unreachable, a call failed), 2 bad
+ * configuration or input (flag, cluster spec, data or model file), 128+N stopped by signal N. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "psclient.h"
+
+#include "backend.h"
+#include "data.h"
+#include "jemalloc_conf.h"
+#include "log.h"
+#include "model.h"
+#include "program.h"
+#include "train.h"
+
+static const char usage[] =
+    "[options]\n"
+    "Trains an MLP on its shard of the training set against the parameter servers of the\n"
+    "cluster in TF_CONFIG (task type worker or chief); worker 0 (or the chief) evaluates on\n"
+    "the test set and prints test_accuracy=... at the end.\n"
+    "  ps-worker --eval FILE   evaluates a model saved with --save-model, without servers.";
+
+static void on_signal(int sig)
+{
+    if (train_stop_signal != 0)
+        _exit(128 + sig); /* second signal: stop now */
+    train_stop_signal = sig;
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* The model flags. Returns 0 or TRAIN_EXIT_CONFIG (logged). */
+static int model_config_from_options(const options *o, model_config *mc)
+{
+    char err[256];
+    memset(mc, 0, sizeof(*mc));
+    if (model_parse_layers(options_get_str(o, "layers"), mc, err, sizeof(err)) != 0) {
+        log_error("--%s", err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (model_parse_activation(options_get_str(o, "activation"), &mc->act) != 0) {
+        log_error("--activation: '%s' is not relu or tanh", options_get_str(o, "activation"));
+        return TRAIN_EXIT_CONFIG;
+    }
+    mc->l2 = (float)options_get_double(o, "l2");
+    return 0;
+}
+
+/* Loads the test set, and the training set when train != NULL, from CSV files or the IDX
+ * directory; CSV features are scaled with the training set's range. Returns 0 or
+ * TRAIN_EXIT_CONFIG (logged). */
+static int load_data(const options *o, dataset *train, dataset *test)
+{
+    char err[1024];
+    const char *train_csv = options_get_str(o, "train-csv");
+    const char *test_csv = options_get_str(o, "test-csv");
+    bool csv = train_csv[0] != '\0' || test_csv[0] != '\0';
+    if (!csv) {
+        const char *dir = options_get_str(o, "data-dir");
+        if (train != NULL && data_load_idx_dir(dir, "train", train, err, sizeof(err)) != 0)
+            goto fail;
+        if (data_load_idx_dir(dir, "t10k", test, err, sizeof(err)) != 0)
+            goto fail;
+        return 0;
+    }
+    if (test_csv[0] == '\0') {
+        log_error("--train-csv needs --test-csv (the test set the final accuracy is measured on)");
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (train != NULL && train_csv[0] == '\0') {
+        log_error("--test-csv needs --train-csv to train");
+        return TRAIN_EXIT_CONFIG;
+    }
+    dataset range_src;
+    memset(&range_src, 0, sizeof(range_src));
+    if (train_csv[0] != '\0') {
+        dataset *t = train != NULL ? train : &range_src;
+        if (data_load_csv(train_csv, t, err, sizeof(err)) != 0)
+            goto fail;
+    }
+    if (data_load_csv(test_csv, test, err, sizeof(err)) != 0)
+        goto fail;
+    const dataset *ref = train != NULL ? train : (range_src.n ? &range_src : test);
+    float lo, hi;
+    dataset_minmax(ref, &lo, &hi);
+    if (train != NULL)
+        dataset_scale(train, lo, hi);
+    dataset_scale(test, lo, hi);
+    log_info("CSV features scaled from [%g, %g] to [0, 1]", lo, hi);
+    dataset_free(&range_src);
+    return 0;
+fail:
+    log_error("%s", err);
+    dataset_free(&range_src);
+    return TRAIN_EXIT_CONFIG;
+}
+
+static int check_data(const dataset *d, const char *what, const model_config *mc)
+{
+    int classes = mc->sizes[mc->num_sizes - 1];
+    if ((int)d->dim != mc->sizes[0]) {
+        log_error("%s set has %zu features per example but --layers starts with %d", what,
+                  d->dim, mc->sizes[0]);
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (d->num_classes > classes) {
+        log_error("%s set has labels up to %d but --layers ends with %d classes", what,
+                  d->num_classes - 1, classes);
+        return TRAIN_EXIT_CONFIG;
+    }
+    return 0;
+}
+
+static int open_backend(const options *o, backend **be)
+{
+    backend_options bo;
+    backend_options_init(&bo);
+    bo.blas_threads = (int)options_get_int(o, "blas-threads");
+    const char *why = NULL;
+    char err[256];
+    const char *dev = options_get_str(o, "device");
+    if (backend_open(dev, &bo, be, &why, err, sizeof(err)) != 0) {
+        log_error("--device %s: %s", dev, err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (why != NULL)
+        log_info("%s", why);
+    return 0;
+}
+
+/* ps-worker --eval FILE */
+static int run_eval(const options *o, backend *be)
+{
+    const char *path = options_get_str(o, "eval");
+    char err[1024];
+    model *m = NULL;
+    if (model_load(be, path, 1000, &m, err, sizeof(err)) != 0) {
+        log_error("--eval: %s", err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    dataset test;
+    memset(&test, 0, sizeof(test));
+    int rc = load_data(o, NULL, &test);
+    if (rc == 0)
+        rc = check_data(&test, "test", model_get_config(m));
+    if (rc == 0) {
+        double loss, acc;
+        if (model_evaluate(m, &test, &loss, &acc) != 0) {
+            log_error("evaluation: %s", model_errmsg(m));
+            rc = TRAIN_EXIT_FAILED;
+        } else {
+            char layers[128];
+            model_format_layers(model_get_config(m), layers, sizeof(layers));
+            log_info("evaluated %s (layers %s) on %zu test examples", path, layers, test.n);
+            printf("test_accuracy=%.4f test_loss=%.4f examples=%zu\n", acc, loss, test.n);
+            fflush(stdout);
+        }
+    }
+    dataset_free(&test);
+    model_destroy(m);
+    return rc;
+}
+
+static ps_optimizer optimizer_from_name(const char *s)
+{
+    if (strcmp(s, "sgd") == 0)
+        return PS_OPT_SGD;
+    if (strcmp(s, "momentum") == 0)
+        return PS_OPT_MOMENTUM;
+    if (strcmp(s, "adagrad") == 0)
+        return PS_OPT_ADAGRAD;
+    return PS_OPT_ADAM;
+}
+
+/* Passes every client setting given to this program (file, environment, flags) on to the
+ * client library, which reads the same option table. Returns 0 or TRAIN_EXIT_CONFIG. */
+static int client_config(const options *o, int worker_id, ps_config **out)
+{
+    ps_config *pc = NULL;
+    if (ps_config_create(&pc) != PS_OK) {
+        log_error("client configuration: %s", ps_last_error());
+        return TRAIN_EXIT_FAILED;
+    }
+    for (size_t i = 0; i < options_table_len; i++) {
+        const option_def *d = &options_table[i];
+        if (!(d->scope & OPT_SCOPE_CLIENT) || strcmp(d->name, "config") == 0 ||
+            !options_is_set(o, d->name))
+            continue;
+        if (ps_config_set(pc, d->name, options_get_str(o, d->name)) != PS_OK) {
+            log_error("--%s: %s", d->name, ps_last_error());
+            ps_config_destroy(pc);
+            return TRAIN_EXIT_CONFIG;
+        }
+    }
+    if (!options_is_set(o, "worker-id")) {
+        char id[32];
+        snprintf(id, sizeof(id), "%d", worker_id);
+        if (ps_config_set(pc, "worker-id", id) != PS_OK) {
+            log_error("worker-id: %s", ps_last_error());
+            ps_config_destroy(pc);
+            return TRAIN_EXIT_CONFIG;
+        }
+    }
+    *out = pc;
+    return 0;
+}
+
+static int run_training(program *prog, backend *be, const model_config *mc)
+{
+    const options *o = prog->opts;
+    char err[1024];
+    cluster_spec cl;
+    if (cluster_from_options(o, &cl, err, sizeof(err)) != 0) {
+        log_error("bad cluster spec: %s", err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    bool is_chief = strcmp(cl.task_type, "chief") == 0;
+    if (!is_chief && strcmp(cl.task_type, "worker") != 0) {
+        log_error("task is \"%s:%d\" but ps-worker runs a worker or chief task (set task.type in "
+                  "TF_CONFIG or --task worker:N)",
+                  cl.task_type[0] ? cl.task_type : "(none)", cl.task_index);
+        cluster_fini(&cl);
+        return TRAIN_EXIT_CONFIG;
+    }
+    train_config tc;
+    memset(&tc, 0, sizeof(tc));
+    /* The chief is worker 0 when there is one; workers follow it. */
+    tc.shard_count = (int)(cl.n_chief + cl.n_worker);
+    tc.shard_index = is_chief ? cl.task_index : (int)cl.n_chief + cl.task_index;
+    log_level lvl = LOG_INFO;
+    log_format fmt = LOG_FORMAT_AUTO;
+    log_level_parse(options_get_str(o, "log-level"), &lvl);
+    log_format_parse(options_get_str(o, "log-format"), &fmt);
+    log_init(is_chief ? "chief" : "worker", cl.task_index, lvl, fmt);
+    cluster_fini(&cl);
+
+    tc.model = *mc;
+    tc.model_name = options_get_str(o, "model-name");
+    tc.batch_size = (int)options_get_int(o, "batch-size");
+    tc.epochs = (int)options_get_int(o, "epochs");
+    tc.steps = options_get_int(o, "steps");
+    tc.optimizer = optimizer_from_name(options_get_str(o, "optimizer"));
+    tc.lr = options_get_double(o, "lr");
+    if (tc.lr == 0.0)
+        tc.lr = train_default_lr(tc.optimizer);
+    tc.momentum = options_get_double(o, "momentum");
+    tc.nesterov = options_get_bool(o, "nesterov");
+    tc.staleness = (int)options_get_int(o, "staleness");
+    tc.fused_push_pull = options_get_bool(o, "fused-push-pull");
+    tc.seed = (uint64_t)options_get_int(o, "seed");
+    tc.eval_every = options_get_int(o, "eval-every");
+    tc.log_every = options_get_int(o, "log-every");
+    const char *progress = options_get_str(o, "progress");
+    tc.progress_bar = strcmp(progress, "on") == 0 ||
+                      (strcmp(progress, "auto") == 0 && isatty(STDERR_FILENO));
+    tc.save_model = options_get_str(o, "save-model");
+    tc.done_wait_ms = options_get_int(o, "done-wait-ms");
+    if (strlen(tc.model_name) == 0 || strlen(tc.model_name) > 40) {
+        log_error("--model-name must be 1 to 40 characters");
+        return TRAIN_EXIT_CONFIG;
+    }
+
+    dataset train, test;
+    memset(&train, 0, sizeof(train));
+    memset(&test, 0, sizeof(test));
+    int rc = load_data(o, &train, &test);
+    if (rc == 0)
+        rc = check_data(&train, "training", mc);
+    if (rc == 0)
+        rc = check_data(&test, "test", mc);
+    if (rc == 0 && train.n < (size_t)tc.shard_count) {
+        log_error("the training set has %zu examples, fewer than the %d workers", train.n,
+                  tc.shard_count);
+        rc = TRAIN_EXIT_CONFIG;
+    }
+    ps_config *pc = NULL;
+    if (rc == 0)
+        rc = client_config(o, tc.shard_index, &pc);
+    ps_client *client = NULL;
+    if (rc == 0) {
+        int st = ps_client_open(&client, pc);
+        if (st != PS_OK) {
+            log_error("connecting to the cluster: %s: %s", ps_strerror(st), ps_last_error());
+            rc = st == PS_INVALID_ARGUMENT ? TRAIN_EXIT_CONFIG : TRAIN_EXIT_FAILED;
+        }
+    }
+    ps_config_destroy(pc);
+    if (rc == 0) {
+        train_result res;
+        rc = train_run(client, be, &tc, &train, &test, &res);
+    }
+    ps_client_close(client);
+    dataset_free(&train);
+    dataset_free(&test);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    program prog;
+    bool exit_now;
+    int rc = program_start(&prog, argc, argv, OPT_SCOPE_WORKER, "worker", usage, false, &exit_now);
+    if (exit_now)
+        return rc;
+    install_signals();
+    if (prog.npositional > 0) {
+        log_error("unexpected argument '%s' (see --help)", prog.positional[0]);
+        program_end(&prog);
+        return TRAIN_EXIT_CONFIG;
+    }
+    model_config mc;
+    backend *be = NULL;
+    rc = model_config_from_options(prog.opts, &mc);
+    /* Checked before connecting anywhere: a missing device is a configuration error. */
+    if (rc == 0)
+        rc = open_backend(prog.opts, &be);
+    if (rc == 0) {
+        if (options_get_str(prog.opts, "eval")[0] != '\0')
+            rc = run_eval(prog.opts, be);
+        else
+            rc = run_training(&prog, be, &mc);
+    }
+    backend_close(be);
+    program_end(&prog);
+    if (train_stop_signal != 0)
+        return 128 + train_stop_signal;
+    return rc;
+}

@@ -1,0 +1,525 @@
+/* train.c - the training loop of train.h. */
+#include "train.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "timeutil.h"
+
+volatile int train_stop_signal = 0;
+
+/* Bookkeeping of one run. */
+typedef struct trainer {
+    ps_client *client;
+    backend *be;
+    const train_config *cfg;
+    model *m;
+    ps_var *vars[2 * MODEL_MAX_LAYERS];
+    ps_var *done_var;
+    ps_op *ops[2 * MODEL_MAX_LAYERS];
+    bool fused; /* push-pull: the reply carries the next step's parameters */
+    int failed_param;
+    int failed_status;
+    /* progress */
+    bool bar_drawn;
+    uint64_t bar_last_ns;
+} trainer;
+
+double train_default_lr(ps_optimizer opt)
+{
+    switch (opt) {
+    case PS_OPT_SGD:
+        return 0.1;
+    case PS_OPT_MOMENTUM:
+        return 0.01;
+    case PS_OPT_ADAGRAD:
+        return 0.05;
+    case PS_OPT_ADAM:
+        return 0.001;
+    }
+    return 0.01;
+}
+
+static double secs(uint64_t ns)
+{
+    return (double)ns / 1e9;
+}
+
+/* Clears the progress bar line so that a log line starts at column 0. */
+static void bar_clear(trainer *t)
+{
+    if (t->bar_drawn) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+        t->bar_drawn = false;
+    }
+}
+
+static void bar_draw(trainer *t, int64_t step, int64_t total, int epoch, int epochs, double loss,
+                     double sps, bool force)
+{
+    uint64_t now = time_now_ns();
+    if (!force && now - t->bar_last_ns < 100000000u)
+        return;
+    t->bar_last_ns = now;
+    enum { WIDTH = 30 };
+    double frac = total > 0 ? (double)step / (double)total : 0.0;
+    int fill = (int)(frac * WIDTH);
+    char bar[WIDTH + 1];
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[WIDTH] = '\0';
+    fprintf(stderr, "\r\033[K[%s] %3d%% epoch %d/%d step %" PRId64 "/%" PRId64
+                    " loss %.4f %.0f samples/s",
+            bar, (int)(frac * 100.0), epoch, epochs, step, total, loss, sps);
+    fflush(stderr);
+    t->bar_drawn = true;
+}
+
+/* Exit code for a failed client call: a conflict with an existing variable or a bad
+ * argument is the user's configuration; anything else is a runtime failure. */
+static int client_failure(int status)
+{
+    return status == PS_ALREADY_EXISTS || status == PS_INVALID_ARGUMENT ? TRAIN_EXIT_CONFIG
+                                                                        : TRAIN_EXIT_FAILED;
+}
+
+static int create_variables(trainer *t)
+{
+    const train_config *cfg = t->cfg;
+    for (int i = 0; i < model_num_params(t->m); i++) {
+        model_param *p = model_get_param(t->m, i);
+        ps_var_spec spec;
+        ps_var_spec_init(&spec, p->name);
+        spec.dtype = PS_FLOAT32;
+        spec.ndims = p->ndims;
+        for (int d = 0; d < p->ndims; d++)
+            spec.dims[d] = p->dims[d];
+        /* Initialized once by the owning server (idempotent create), not by every worker. */
+        spec.initializer = p->is_kernel ? PS_INIT_GLOROT_UNIFORM : PS_INIT_ZEROS;
+        spec.seed = cfg->seed + (uint64_t)i;
+        spec.optimizer = cfg->optimizer;
+        spec.learning_rate = cfg->lr;
+        spec.momentum = cfg->momentum;
+        spec.nesterov = cfg->nesterov;
+        spec.staleness = cfg->staleness;
+        int rc = ps_var_create(t->client, &spec, &t->vars[i]);
+        if (rc != PS_OK) {
+            log_error("creating variable %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
+            if (rc == PS_ALREADY_EXISTS)
+                log_error("a variable of that name exists with other settings: use another "
+                          "--model-name or restart the servers");
+            return client_failure(rc);
+        }
+    }
+    /* Completion counter: each worker adds 1 at the end (SGD with rate 1 on a gradient of -1),
+     * so that worker 0 can wait for the others before its final evaluation. */
+    char name[96];
+    snprintf(name, sizeof(name), "%s/workers_done", cfg->model_name);
+    ps_var_spec spec;
+    ps_var_spec_init(&spec, name);
+    spec.ndims = 1;
+    spec.dims[0] = 1;
+    spec.initializer = PS_INIT_ZEROS;
+    spec.optimizer = PS_OPT_SGD;
+    spec.learning_rate = 1.0;
+    spec.staleness = -1;
+    int rc = ps_var_create(t->client, &spec, &t->done_var);
+    if (rc != PS_OK) {
+        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
+        return client_failure(rc);
+    }
+    return TRAIN_EXIT_OK;
+}
+
+/* Pulls every parameter (all at once, asynchronously) into the host copies. */
+static int pull_all(trainer *t)
+{
+    int n = model_num_params(t->m);
+    int rc = PS_OK, started = 0;
+    for (int i = 0; i < n; i++) {
+        model_param *p = model_get_param(t->m, i);
+        rc = ps_pull_async(t->client, t->vars[i], 0, p->numel, p->host, NULL, NULL, &t->ops[i]);
+        if (rc != PS_OK) {
+            log_error("pull %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) {
+        int st = ps_op_wait(t->ops[i]);
+        if (st != PS_OK && rc == PS_OK) {
+            log_error("pull %s: %s: %s", model_get_param(t->m, i)->name, ps_strerror(st),
+                      ps_op_message(t->ops[i]));
+            rc = st;
+        }
+        ps_op_destroy(t->ops[i]);
+        t->ops[i] = NULL;
+    }
+    return rc;
+}
+
+/* model_train_step callback: sends parameter i's gradient as soon as it exists. */
+static int on_grad(model *m, int i, void *arg)
+{
+    trainer *t = arg;
+    model_param *p = model_get_param(m, i);
+    int rc;
+    if (t->fused)
+        rc = ps_push_pull_async(t->client, t->vars[i], 0, p->numel, p->grad_host, p->host, NULL,
+                                NULL, &t->ops[i]);
+    else
+        rc = ps_push_async(t->client, t->vars[i], 0, p->numel, p->grad_host, NULL, NULL,
+                           &t->ops[i]);
+    if (rc != PS_OK) {
+        t->failed_param = i;
+        t->failed_status = rc;
+        log_error("push %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
+        return rc;
+    }
+    return 0;
+}
+
+/* Waits for every push started this step; returns the first failure. */
+static int wait_pushes(trainer *t)
+{
+    int rc = PS_OK;
+    for (int i = 0; i < model_num_params(t->m); i++) {
+        if (t->ops[i] == NULL)
+            continue;
+        int st = ps_op_wait(t->ops[i]);
+        if (st != PS_OK && rc == PS_OK) {
+            log_error("push %s: %s: %s", model_get_param(t->m, i)->name, ps_strerror(st),
+                      ps_op_message(t->ops[i]));
+            rc = st;
+        }
+        ps_op_destroy(t->ops[i]);
+        t->ops[i] = NULL;
+    }
+    return rc;
+}
+
+static int read_done_count(trainer *t, double *out)
+{
+    float v = 0.0f;
+    int rc = ps_pull(t->client, t->done_var, &v);
+    if (rc != PS_OK) {
+        log_error("pull %s: %s: %s", ps_var_name(t->done_var), ps_strerror(rc), ps_last_error());
+        return rc;
+    }
+    *out = (double)v;
+    return PS_OK;
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void log_eval(int64_t step, int epoch, double loss, double acc, bool final)
+{
+    char fields[256];
+    snprintf(fields, sizeof(fields),
+             "\"step\":%" PRId64 ",\"epoch\":%d,\"test_loss\":%.5f,\"test_accuracy\":%.4f,"
+             "\"final\":%s",
+             step, epoch, loss, acc, final ? "true" : "false");
+    log_fields(LOG_INFO, fields, "%s test_accuracy=%.4f test_loss=%.4f", final ? "final" : "eval",
+               acc, loss);
+}
+
+static int evaluate(trainer *t, const dataset *test, double *loss, double *acc)
+{
+    if (model_evaluate(t->m, test, loss, acc) != 0) {
+        log_error("evaluation: %s", model_errmsg(t->m));
+        return -1;
+    }
+    return 0;
+}
+
+/* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. */
+static int finish_evaluator(trainer *t, const dataset *test, double done_base, int epochs,
+                            train_result *res)
+{
+    const train_config *cfg = t->cfg;
+    double want = done_base + (double)cfg->shard_count;
+    uint64_t deadline = time_now_ns() + (uint64_t)cfg->done_wait_ms * 1000000u;
+    double done = 0.0;
+    bool logged = false;
+    for (;;) {
+        if (read_done_count(t, &done) != PS_OK)
+            return TRAIN_EXIT_FAILED;
+        if (done + 0.5 >= want)
+            break;
+        if (time_now_ns() >= deadline) {
+            log_warn("%.0f of %d workers finished after %.1f s (--done-wait-ms): evaluating the "
+                     "model as it is",
+                     done - done_base, cfg->shard_count, (double)cfg->done_wait_ms / 1000.0);
+            break;
+        }
+        if (train_stop_signal)
+            return TRAIN_EXIT_FAILED;
+        if (!logged) {
+            log_info("waiting for the other workers to finish (%.0f of %d done)",
+                     done - done_base, cfg->shard_count);
+            logged = true;
+        }
+        sleep_ms(100);
+    }
+    int rc = pull_all(t);
+    if (rc != PS_OK)
+        return client_failure(rc);
+    if (model_upload_params(t->m) != 0) {
+        log_error("%s", model_errmsg(t->m));
+        return TRAIN_EXIT_FAILED;
+    }
+    double loss, acc;
+    if (evaluate(t, test, &loss, &acc) != 0)
+        return TRAIN_EXIT_FAILED;
+    res->test_accuracy = acc;
+    res->test_loss = loss;
+    log_eval(res->steps, epochs, loss, acc, true);
+    if (cfg->save_model != NULL && cfg->save_model[0] != '\0') {
+        char err[512];
+        if (model_save(t->m, cfg->save_model, err, sizeof(err)) != 0) {
+            log_error("--save-model: %s", err);
+            return TRAIN_EXIT_FAILED;
+        }
+        log_info("model saved to %s (%zu parameters)", cfg->save_model,
+                 model_total_params(t->m));
+    }
+    return TRAIN_EXIT_OK;
+}
+
+int train_run(ps_client *client, backend *be, const train_config *cfg, const dataset *train,
+              const dataset *test, train_result *res)
+{
+    memset(res, 0, sizeof(*res));
+    res->test_accuracy = -1.0;
+    res->test_loss = -1.0;
+    trainer t;
+    memset(&t, 0, sizeof(t));
+    t.client = client;
+    t.be = be;
+    t.cfg = cfg;
+    t.fused = cfg->fused_push_pull && cfg->staleness < 0;
+    const bool evaluator = cfg->shard_index == 0;
+
+    char err[512];
+    if (model_create(be, &cfg->model, cfg->batch_size, cfg->model_name, &t.m, err,
+                     sizeof(err)) != 0) {
+        log_error("%s", err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    data_shard shard;
+    if (data_shard_init(&shard, train->n, cfg->shard_index, cfg->shard_count, cfg->seed) != 0) {
+        log_error("cannot give worker %d of %d a shard of the %zu training examples",
+                  cfg->shard_index, cfg->shard_count, train->n);
+        model_destroy(t.m);
+        return TRAIN_EXIT_CONFIG;
+    }
+    int exit_code = TRAIN_EXIT_FAILED;
+    size_t in_dim = (size_t)cfg->model.sizes[0];
+    float *xb = backend_host_alloc(be, (size_t)cfg->batch_size * in_dim * sizeof(float));
+    int32_t *yb = backend_host_alloc(be, (size_t)cfg->batch_size * sizeof(int32_t));
+    if (xb == NULL || yb == NULL) {
+        log_error("out of memory for a batch of %d", cfg->batch_size);
+        goto out;
+    }
+
+    int batch = cfg->batch_size;
+    if ((size_t)batch > shard.n)
+        batch = (int)shard.n;
+    int64_t steps_per_epoch = (int64_t)(shard.n / (size_t)batch);
+    int64_t total = cfg->steps > 0 ? cfg->steps : steps_per_epoch * cfg->epochs;
+    int epochs_shown = (int)((total + steps_per_epoch - 1) / steps_per_epoch);
+
+    int rc = create_variables(&t);
+    if (rc != TRAIN_EXIT_OK) {
+        exit_code = rc;
+        goto out;
+    }
+    double done_base = 0.0;
+    if (evaluator && read_done_count(&t, &done_base) != PS_OK)
+        goto out;
+    log_info("training %s (%zu parameters) on shard %d of %d: %zu examples, batch %d, %" PRId64
+             " steps (%" PRId64 " per epoch), %s lr %g, staleness %d, backend %s%s",
+             ps_var_name(t.vars[0]), model_total_params(t.m), cfg->shard_index,
+             cfg->shard_count, shard.n, batch, total, steps_per_epoch,
+             cfg->optimizer == PS_OPT_ADAM       ? "adam"
+             : cfg->optimizer == PS_OPT_ADAGRAD  ? "adagrad"
+             : cfg->optimizer == PS_OPT_MOMENTUM ? "momentum"
+                                                 : "sgd",
+             cfg->lr, cfg->staleness, backend_name(be), t.fused ? ", fused push-pull" : "");
+
+    if (t.fused) {
+        rc = pull_all(&t);
+        if (rc != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
+    }
+    uint64_t t_start = time_now_ns();
+    uint64_t comm_ns = 0, win_comm_ns = 0, win_start = t_start;
+    double win_loss = 0.0, win_correct = 0.0;
+    int64_t win_steps = 0;
+    uint64_t win_samples = 0;
+    double last_loss = 0.0, last_sps = 0.0;
+    int64_t step = 0;
+    for (; step < total; step++) {
+        if (train_stop_signal) {
+            bar_clear(&t);
+            log_warn("stopping at step %" PRId64 " on a signal", step);
+            goto out;
+        }
+        int64_t in_epoch = step % steps_per_epoch;
+        int epoch = (int)(step / steps_per_epoch);
+        if (in_epoch == 0)
+            data_shard_shuffle(&shard, (uint64_t)epoch);
+        data_gather(train, shard.index + (size_t)in_epoch * (size_t)batch, (size_t)batch, xb, yb);
+
+        uint64_t c0 = time_now_ns();
+        if (!t.fused && (rc = pull_all(&t)) != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
+        uint64_t c1 = time_now_ns();
+        if (model_upload_params(t.m) != 0 || model_set_batch(t.m, xb, yb, batch) != 0) {
+            log_error("%s", model_errmsg(t.m));
+            goto out;
+        }
+        model_stats st;
+        rc = model_train_step(t.m, on_grad, &t, &st);
+        uint64_t c2 = time_now_ns();
+        int prc = wait_pushes(&t);
+        if (rc != 0) {
+            if (rc < 0)
+                log_error("%s", model_errmsg(t.m));
+            exit_code = rc > 0 ? client_failure(rc) : TRAIN_EXIT_FAILED;
+            goto out;
+        }
+        if (prc != PS_OK) {
+            exit_code = client_failure(prc);
+            goto out;
+        }
+        rc = ps_clock(client, NULL);
+        if (rc != PS_OK) {
+            log_error("clock: %s: %s", ps_strerror(rc), ps_last_error());
+            exit_code = client_failure(rc);
+            goto out;
+        }
+        uint64_t c3 = time_now_ns();
+        uint64_t step_comm = (c1 - c0) + (c3 - c2);
+        comm_ns += step_comm;
+        win_comm_ns += step_comm;
+        if (!isfinite(st.loss)) {
+            log_error("training diverged at step %" PRId64 " (loss %g): lower --lr", step,
+                      st.loss);
+            goto out;
+        }
+        win_loss += st.loss;
+        win_correct += st.correct;
+        win_steps++;
+        win_samples += (uint64_t)batch;
+        res->samples += (uint64_t)batch;
+
+        int64_t done_steps = step + 1;
+        uint64_t now = time_now_ns();
+        if (done_steps % cfg->log_every == 0 || done_steps == total) {
+            double dt = secs(now - win_start);
+            last_loss = win_loss / (double)win_steps;
+            last_sps = dt > 0 ? (double)win_samples / dt : 0.0;
+            double comm_ms = (double)win_comm_ns / 1e6 / (double)win_steps;
+            double step_ms = dt * 1e3 / (double)win_steps;
+            if (!cfg->progress_bar) {
+                char fields[384];
+                snprintf(fields, sizeof(fields),
+                         "\"step\":%" PRId64 ",\"epoch\":%d,\"loss\":%.5f,\"train_accuracy\":%.4f,"
+                         "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"comm_ms\":%.3f",
+                         done_steps, epoch + 1, last_loss,
+                         win_correct / (double)win_samples, last_sps, step_ms, comm_ms);
+                log_fields(LOG_INFO, fields,
+                           "step %" PRId64 "/%" PRId64 " epoch %d loss %.4f %.0f samples/s "
+                           "(comm %.2f of %.2f ms/step)",
+                           done_steps, total, epoch + 1, last_loss, last_sps, comm_ms, step_ms);
+            }
+            win_start = now;
+            win_comm_ns = 0;
+            win_loss = win_correct = 0.0;
+            win_steps = 0;
+            win_samples = 0;
+        }
+        if (cfg->progress_bar)
+            bar_draw(&t, done_steps, total, epoch + 1, epochs_shown, last_loss, last_sps,
+                     done_steps == total);
+
+        bool eval_now = cfg->eval_every > 0 ? done_steps % cfg->eval_every == 0
+                                            : (in_epoch == steps_per_epoch - 1);
+        if (evaluator && eval_now && done_steps < total) {
+            /* The device holds this step's parameters: evaluate those. */
+            double loss, acc;
+            if (evaluate(&t, test, &loss, &acc) != 0)
+                goto out;
+            bar_clear(&t);
+            log_eval(done_steps, epoch + 1, loss, acc, false);
+        }
+    }
+    bar_clear(&t);
+    res->steps = step;
+    res->wall_s = secs(time_now_ns() - t_start);
+    res->samples_per_s = res->wall_s > 0 ? (double)res->samples / res->wall_s : 0.0;
+    res->comm_ms_per_step = step > 0 ? (double)comm_ns / 1e6 / (double)step : 0.0;
+    res->compute_ms_per_step =
+        step > 0 ? res->wall_s * 1e3 / (double)step - res->comm_ms_per_step : 0.0;
+    res->final_loss = last_loss;
+    {
+        char fields[384];
+        snprintf(fields, sizeof(fields),
+                 "\"steps\":%" PRId64 ",\"samples\":%" PRIu64 ",\"wall_s\":%.3f,"
+                 "\"samples_per_s\":%.1f,\"comm_ms_per_step\":%.3f,\"compute_ms_per_step\":%.3f,"
+                 "\"loss\":%.5f",
+                 res->steps, res->samples, res->wall_s, res->samples_per_s,
+                 res->comm_ms_per_step, res->compute_ms_per_step, res->final_loss);
+        log_fields(LOG_INFO, fields,
+                   "trained %" PRId64 " steps in %.2f s: %.0f samples/s, %.3f ms/step in "
+                   "communication, %.3f ms/step computing",
+                   res->steps, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
+                   res->compute_ms_per_step);
+    }
+
+    /* Tell worker 0 this worker is done: +1 on the counter. */
+    const float minus_one = -1.0f;
+    rc = ps_push(client, t.done_var, &minus_one);
+    if (rc != PS_OK) {
+        log_error("push %s: %s: %s", ps_var_name(t.done_var), ps_strerror(rc), ps_last_error());
+        exit_code = client_failure(rc);
+        goto out;
+    }
+    if (evaluator) {
+        exit_code = finish_evaluator(&t, test, done_base, epochs_shown, res);
+        if (exit_code == TRAIN_EXIT_OK) {
+            printf("test_accuracy=%.4f test_loss=%.4f steps=%" PRId64 " wall_s=%.2f "
+                   "samples_per_s=%.1f comm_ms_per_step=%.3f\n",
+                   res->test_accuracy, res->test_loss, res->steps, res->wall_s,
+                   res->samples_per_s, res->comm_ms_per_step);
+            fflush(stdout);
+        }
+    } else {
+        exit_code = TRAIN_EXIT_OK;
+    }
+out:
+    bar_clear(&t);
+    for (int i = 0; i < 2 * MODEL_MAX_LAYERS; i++)
+        ps_op_destroy(t.ops[i]);
+    backend_host_free(be, xb);
+    backend_host_free(be, yb);
+    data_shard_free(&shard);
+    model_destroy(t.m);
+    return exit_code;
+}

@@ -1,0 +1,74 @@
+/* train.h - the training loop of ps-worker over the parameter servers.
+ *
+ * Per step: get the parameters (a pull, or the reply of the previous step's
+ * push-pull), forward/backward on a minibatch of this worker's shard, push
+ * the gradients (each as soon as the backward pass has produced it), clock.
+ * The cluster is reached only through libpsclient's public API.
+ */
+#ifndef WORKER_TRAIN_H
+#define WORKER_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "psclient.h"
+
+#include "backend.h"
+#include "data.h"
+#include "model.h"
+
+/* Exit codes of ps-worker. */
+#define TRAIN_EXIT_OK 0
+#define TRAIN_EXIT_FAILED 1 /* cluster or runtime failure */
+#define TRAIN_EXIT_CONFIG 2 /* bad flag, file or data */
+
+typedef struct train_config {
+    model_config model;
+    const char *model_name; /* variable name prefix */
+    int batch_size;
+    int epochs;
+    int64_t steps; /* > 0 overrides epochs */
+    ps_optimizer optimizer;
+    double lr;
+    double momentum;
+    bool nesterov;
+    int staleness;
+    bool fused_push_pull;
+    uint64_t seed;
+    int64_t eval_every; /* steps; 0 = every epoch */
+    int64_t log_every;
+    bool progress_bar;
+    const char *save_model; /* NULL or "" = none */
+    int64_t done_wait_ms;
+    /* who am I */
+    int shard_index; /* 0 .. shard_count-1; 0 evaluates */
+    int shard_count;
+} train_config;
+
+/* Summary of a run. */
+typedef struct train_result {
+    int64_t steps;
+    uint64_t samples;
+    double wall_s;          /* training loop only */
+    double samples_per_s;   /* this worker */
+    double comm_ms_per_step;    /* time blocked on the cluster per step */
+    double compute_ms_per_step; /* the rest of the step */
+    double final_loss;      /* mean training loss of the last log window */
+    double test_accuracy;   /* worker 0 only, else -1 */
+    double test_loss;
+} train_result;
+
+/* Set asynchronously (signal handler) to stop the loop after the current step. */
+extern volatile int train_stop_signal;
+
+/* Creates the variables (idempotent), trains, and on shard 0 waits for the
+ * other workers, evaluates on `test` and prints the final line
+ * "test_accuracy=..." on stdout, and saves the model if asked. Logs progress.
+ * Returns a TRAIN_EXIT_* code (errors logged). */
+int train_run(ps_client *client, backend *be, const train_config *cfg, const dataset *train,
+              const dataset *test, train_result *res);
+
+/* Learning rate used when cfg->lr is 0: the optimizer's usual default. */
+double train_default_lr(ps_optimizer opt);
+
+#endif /* WORKER_TRAIN_H */
