@@ -315,6 +315,9 @@ static void log_write_all(const char *p, size_t n)
 }
 
 static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_list ap)
 {
     char msg[LOG_LINE_MAX];
     char line[LOG_LINE_MAX + 1];
