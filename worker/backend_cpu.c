@@ -342,7 +342,9 @@ int backend_cpu_create(const backend_options *opts, backend **out, char *err, si
         return BACKEND_ENOMEM;
     }
     cb->base.vt = &cpu_vtable;
+#ifdef WORKER_HAVE_OPENBLAS_THREADS
     openblas_set_num_threads(opts->blas_threads);
+#endif
     *out = &cb->base;
     return 0;
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The project's test command: installs what is missing (as root), builds, and runs every test
+# twice, once in a normal build and once under AddressSanitizer and UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deploy/setup.sh
+# nvcc lives outside PATH on these machines; the CUDA backend builds when it is found.
+export PATH="/usr/local/cuda/bin:$PATH"
+
+jobs=$(nproc)
+if [ ! -f build/build.ninja ]; then
+  meson setup build
+fi
+meson compile -C build
+meson test -C build --print-errorlogs --num-processes "$jobs"
+
+# Sanitizers: jemalloc is off (ASan brings its own allocator) and so is CUDA (its runtime
+# trips ASan's checks without a device).
+if [ ! -f build-asan/build.ninja ]; then
+  meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Djemalloc=disabled \
+    -Dcuda=disabled -Dbuildtype=debug
+fi
+meson compile -C build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
