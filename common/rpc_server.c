@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nng/protocol/reqrep0/rep.h>
 
@@ -41,6 +42,8 @@ struct rpc_server {
     pthread_cond_t qcond;
     rpc_call *qhead, *qtail;
     atomic_bool stopping;
+    atomic_bool draining;
+    atomic_int busy; /* requests received and not yet replied to */
     rpc_stats stats;
 };
 
@@ -255,12 +258,14 @@ static void call_send(rpc_call *c)
     c->req = NULL;
     if (c->reply == NULL) {
         /* Nothing to send: drop the request, the client's deadline tells it. */
+        atomic_fetch_sub(&c->srv->busy, 1);
         c->state = CALL_RECV;
         if (!atomic_load(&c->srv->stopping))
             nng_ctx_recv(c->ctx, c->aio);
         return;
     }
     atomic_fetch_add(&c->srv->stats.bytes_out, nng_msg_len(c->reply));
+    atomic_fetch_sub(&c->srv->busy, 1);
     nng_aio_set_msg(c->aio, c->reply);
     c->reply = NULL;
     c->state = CALL_SEND;
@@ -269,7 +274,11 @@ static void call_send(rpc_call *c)
 
 static void call_work(rpc_call *c)
 {
-    if (validate(c)) {
+    if (atomic_load(&c->srv->draining)) {
+        char ignored[8];
+        (void)frame_parse(c->req, &c->f, ignored, sizeof(ignored)); /* for the request id */
+        rpc_reply_error(c, STATUS_UNAVAILABLE, "server is shutting down");
+    } else if (validate(c)) {
         c->method->handler(c, c->srv->cfg.handler_arg);
         if (c->reply == NULL)
             rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
@@ -326,6 +335,7 @@ static void call_cb(void *arg)
         c->req = nng_aio_get_msg(c->aio);
         c->recv_ns = time_now_ns();
         atomic_fetch_add(&s->stats.requests, 1);
+        atomic_fetch_add(&s->busy, 1);
         atomic_fetch_add(&s->stats.bytes_in, nng_msg_len(c->req));
         c->state = CALL_WORK;
         if (nng_msg_len(c->req) <= s->cfg.inline_max)
@@ -409,6 +419,16 @@ fail_sock:
     pthread_cond_destroy(&s->qcond);
     free(s);
     return -1;
+}
+
+void rpc_server_drain(rpc_server *s, uint32_t grace_ms)
+{
+    atomic_store(&s->draining, true);
+    uint64_t until = time_now_ns() + (uint64_t)grace_ms * 1000000u;
+    while (atomic_load(&s->busy) > 0 && time_now_ns() < until) {
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void rpc_server_stop(rpc_server *s)

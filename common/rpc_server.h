@@ -62,6 +62,10 @@ typedef struct rpc_stats {
  * server. Returns 0, or -1 with a message in err (e.g. address in use). */
 int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, size_t errlen);
 
+/* Starts refusing new requests with UNAVAILABLE (clients retry them elsewhere or later) and
+ * waits until the requests in progress have been answered, at most grace_ms. Blocks. */
+void rpc_server_drain(rpc_server *s, uint32_t grace_ms);
+
 /* Stops serving: closes the socket, lets in-progress handlers finish, joins the pool and
  * frees everything. Blocks. NULL is a no-op. */
 void rpc_server_stop(rpc_server *s);

@@ -97,6 +97,7 @@ int main(int argc, char **argv)
         struct timespec ts = {0, 200 * 1000000};
         nanosleep(&ts, NULL);
     }
+    rpc_server_drain(st.rpc, (uint32_t)options_get_int(prog.opts, "shutdown-grace-ms"));
     rpc_server_stop(st.rpc);
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
