@@ -45,7 +45,7 @@ typedef struct option_def {
     option_type type;    /* how values are parsed */
     unsigned scope;      /* OPT_SCOPE_* bits: which programs accept it */
     const char *defval;  /* default as text ("" allowed for strings) */
-    double min, max;     /* inclusive bounds for INT/DOUBLE/SIZE, else ignored */
+    double min, max;     /* inclusive bounds for INT/DOUBLE/SIZE (both 0: unbounded) */
     const char *choices; /* OPT_ENUM: "a|b|c", else NULL */
     const char *env;     /* env variable; NULL = "PS_" + upper(name), '-' -> '_' */
     const char *help;    /* one sentence for --help and the README */
