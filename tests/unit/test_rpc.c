@@ -1,0 +1,244 @@
+/* RPC layer over real loopback sockets: method table dispatch, retries with backoff on
+ * UNAVAILABLE, deadlines against a server that never answers, many calls in flight. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+
+#include "cluster_proc.h"
+#include "rpc_client.h"
+#include "rpc_server.h"
+#include "status.h"
+#include "timeutil.h"
+
+static atomic_int unavailable_left;
+static atomic_int status_calls;
+
+/* SERVER_STATUS answers UNAVAILABLE while unavailable_left > 0, then OK. */
+static void handle_status(rpc_call *call, void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&status_calls, 1);
+    if (atomic_fetch_sub(&unavailable_left, 1) > 0) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE, "busy, try later");
+        return;
+    }
+    Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
+    rep.task_index = 7;
+    rpc_reply_ok(call, &rep.base);
+}
+
+/* PULL echoes the requested range filled with its offset. */
+static void handle_pull(rpc_call *call, void *arg)
+{
+    (void)arg;
+    const envelope *env = rpc_call_envelope(call);
+    uint8_t *seg = rpc_reply_ok_segment(call, NULL, env->tensor->offset, env->tensor->count);
+    float v = (float)env->tensor->offset;
+    for (uint64_t i = 0; seg && i < env->tensor->count; i++)
+        memcpy(seg + 4 * i, &v, 4);
+}
+
+static const rpc_method methods[] = {
+    {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
+     handle_status, 0},
+    {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_pull, RPC_RANGE},
+};
+
+typedef struct waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int pending;
+    int status;
+    char message[256];
+    uint32_t task_index;
+    int method;
+    uint64_t offset;
+    int bad_values;
+} waiter;
+
+static int build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    waiter *w = arg;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = w->method;
+    env.deadline_ms = deadline_ms;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    uint8_t body[32];
+    if (w->method == PSD__V1__METHOD__PULL) {
+        t.dtype = PSD__V1__DTYPE__FLOAT32;
+        t.offset = w->offset;
+        t.count = 256;
+        env.tensor = &t;
+        Psd__V1__PullRequest r = PSD__V1__PULL_REQUEST__INIT;
+        r.name = "x";
+        env.body.len = psd__v1__pull_request__pack(&r, body);
+        env.body.data = body;
+    }
+    return frame_build(out, &env, NULL, 0, NULL);
+}
+
+static void done(void *arg, int status, const char *message, const frame *reply)
+{
+    waiter *w = arg;
+    pthread_mutex_lock(&w->lock);
+    w->status = status;
+    snprintf(w->message, sizeof(w->message), "%s", message);
+    if (status == 0 && w->method == PSD__V1__METHOD__SERVER_STATUS) {
+        Psd__V1__ServerStatusReply *r = psd__v1__server_status_reply__unpack(
+            NULL, reply->env->body.len, reply->env->body.data);
+        w->task_index = r ? r->task_index : 0;
+        psd__v1__server_status_reply__free_unpacked(r, NULL);
+    }
+    if (status == 0 && w->method == PSD__V1__METHOD__PULL) {
+        for (size_t i = 0; i < reply->segment_len / 4; i++) {
+            float v;
+            memcpy(&v, reply->segment + 4 * i, 4);
+            if (v != (float)w->offset)
+                w->bad_values++;
+        }
+    }
+    w->pending--;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void wait_all(waiter *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->pending > 0)
+        pthread_cond_wait(&w->cond, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static rpc_server *start_server(char *url, size_t cap)
+{
+    snprintf(url, cap, "tcp://127.0.0.1:%d", test_free_port());
+    rpc_server_config cfg = {.url = url,
+                             .contexts = 8,
+                             .threads = 2,
+                             .max_message = 1 << 20,
+                             .inline_max = 1024,
+                             .default_deadline_ms = 1000,
+                             .methods = methods,
+                             .n_methods = 2};
+    rpc_server *s;
+    char err[256];
+    assert_int_equal(rpc_server_start(&s, &cfg, err, sizeof(err)), 0);
+    return s;
+}
+
+static rpc_conn *open_conn(const char *url)
+{
+    rpc_conn_config cc = {.url = url, .connections = 2, .resend_ms = 60000, .max_message = 1 << 20};
+    rpc_conn *c;
+    char err[256];
+    assert_int_equal(rpc_conn_open(&c, &cc, err, sizeof(err)), 0);
+    return c;
+}
+
+static void test_retry_on_unavailable(void **state)
+{
+    (void)state;
+    char url[64];
+    rpc_server *s = start_server(url, sizeof(url));
+    rpc_conn *c = open_conn(url);
+    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+
+    atomic_store(&unavailable_left, 2);
+    atomic_store(&status_calls, 0);
+    rpc_call_opts o = {.deadline_ms = 5000, .retries = 3, .backoff_ms = 20};
+    uint64_t t0 = time_now_ns();
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    uint64_t ms = (time_now_ns() - t0) / 1000000;
+    assert_int_equal(w.status, STATUS_OK);
+    assert_int_equal(w.task_index, 7);
+    assert_int_equal(atomic_load(&status_calls), 3); /* two refusals, then success */
+    assert_true(ms >= 20 + 40);                      /* backoff doubled */
+
+    /* More refusals than retries: the caller sees UNAVAILABLE with the server's message. */
+    atomic_store(&unavailable_left, 10);
+    w.pending = 1;
+    o.retries = 1;
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    assert_int_equal(w.status, STATUS_UNAVAILABLE);
+    assert_non_null(strstr(w.message, "busy"));
+    rpc_conn_close(c);
+    rpc_server_stop(s);
+}
+
+static void test_deadline_without_server(void **state)
+{
+    (void)state;
+    /* A REP socket that accepts connections and never answers. */
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", test_free_port());
+    nng_socket mute;
+    assert_int_equal(nng_rep0_open(&mute), 0);
+    assert_int_equal(nng_listen(mute, url, NULL, 0), 0);
+    rpc_conn *c = open_conn(url);
+    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    rpc_call_opts o = {.deadline_ms = 300, .retries = 3, .backoff_ms = 10};
+    uint64_t t0 = time_now_ns();
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    uint64_t ms = (time_now_ns() - t0) / 1000000;
+    assert_int_equal(w.status, STATUS_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(w.message, "no reply"));
+    assert_in_range(ms, 250, 2000);
+    rpc_conn_close(c);
+    nng_close(mute);
+}
+
+static void test_many_in_flight(void **state)
+{
+    (void)state;
+    char url[64];
+    rpc_server *s = start_server(url, sizeof(url));
+    rpc_conn *c = open_conn(url);
+    enum { N = 200 };
+    static waiter w[N];
+    rpc_call_opts o = {.deadline_ms = 10000, .retries = 0, .backoff_ms = 10};
+    for (int i = 0; i < N; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        pthread_mutex_init(&w[i].lock, NULL);
+        pthread_cond_init(&w[i].cond, NULL);
+        w[i].pending = 1;
+        w[i].method = PSD__V1__METHOD__PULL;
+        w[i].offset = (uint64_t)i * 1000;
+        assert_int_equal(rpc_conn_call(c, &o, build, done, &w[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        wait_all(&w[i]);
+        assert_int_equal(w[i].status, STATUS_OK);
+        assert_int_equal(w[i].bad_values, 0); /* each reply went to its own caller */
+    }
+    const rpc_stats *st = rpc_server_stats(s);
+    assert_true(atomic_load(&st->requests) >= N);
+    rpc_conn_close(c);
+    rpc_server_stop(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_retry_on_unavailable),
+        cmocka_unit_test(test_deadline_without_server),
+        cmocka_unit_test(test_many_in_flight),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
