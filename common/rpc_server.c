@@ -28,6 +28,7 @@ struct rpc_call {
     uint64_t recv_ns;
     uint64_t deadline_ns;
     nng_msg *reply;
+    bool validated;
     rpc_call *next; /* work queue link */
 };
 
@@ -272,18 +273,49 @@ static void call_send(rpc_call *c)
     nng_ctx_send(c->ctx, c->aio);
 }
 
-static void call_work(rpc_call *c)
+/* Runs the handler of a validated call and sends its reply. */
+static void call_handle(rpc_call *c)
 {
-    if (atomic_load(&c->srv->draining)) {
-        char ignored[8];
-        (void)frame_parse(c->req, &c->f, ignored, sizeof(ignored)); /* for the request id */
-        rpc_reply_error(c, STATUS_UNAVAILABLE, "server is shutting down");
-    } else if (validate(c)) {
-        c->method->handler(c, c->srv->cfg.handler_arg);
-        if (c->reply == NULL)
-            rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
-    }
+    c->method->handler(c, c->srv->cfg.handler_arg);
+    if (c->reply == NULL)
+        rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
     call_send(c);
+}
+
+/* Bytes a validated call will move: its request plus the tensor it names (a pull's reply). */
+static size_t call_work_bytes(const rpc_call *c)
+{
+    size_t n = nng_msg_len(c->req);
+    const envelope *env = c->f.env;
+    if (env->tensor && !c->f.has_segment && env->tensor->count < SIZE_MAX / 8)
+        n += (size_t)env->tensor->count * frame_dtype_size(env->tensor->dtype);
+    return n;
+}
+
+static void enqueue(rpc_server *s, rpc_call *c);
+
+/* Validates a call, then handles it here when it is small, or hands it to the pool. */
+static void call_work(rpc_call *c, bool on_pool)
+{
+    if (!c->validated) {
+        if (atomic_load(&c->srv->draining)) {
+            char ignored[8];
+            (void)frame_parse(c->req, &c->f, ignored, sizeof(ignored)); /* for the request id */
+            rpc_reply_error(c, STATUS_UNAVAILABLE, "server is shutting down");
+            call_send(c);
+            return;
+        }
+        if (!validate(c)) {
+            call_send(c);
+            return;
+        }
+        c->validated = true;
+    }
+    if (!on_pool && call_work_bytes(c) > c->srv->cfg.inline_max) {
+        enqueue(c->srv, c);
+        return;
+    }
+    call_handle(c);
 }
 
 static void enqueue(rpc_server *s, rpc_call *c)
@@ -315,7 +347,7 @@ static void *pool_main(void *arg)
         pthread_mutex_unlock(&s->qlock);
         if (c == NULL)
             return NULL; /* stopping and drained */
-        call_work(c);
+        call_work(c, true);
     }
 }
 
@@ -338,8 +370,9 @@ static void call_cb(void *arg)
         atomic_fetch_add(&s->busy, 1);
         atomic_fetch_add(&s->stats.bytes_in, nng_msg_len(c->req));
         c->state = CALL_WORK;
+        c->validated = false;
         if (nng_msg_len(c->req) <= s->cfg.inline_max)
-            call_work(c);
+            call_work(c, false);
         else
             enqueue(s, c);
         return;
