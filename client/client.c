@@ -306,8 +306,8 @@ int client_unary(ps_client *c, const int *servers, int nservers, int method,
         pthread_mutex_lock(&u.lock);
         u.pending++;
         pthread_mutex_unlock(&u.lock);
-        int rc = rpc_conn_call(c->servers[servers[i]], &c->call, unary_build, unary_done,
-                               &parts[i]);
+        int rc =
+            rpc_conn_call(c->servers[servers[i]], &c->call, unary_build, unary_done, &parts[i]);
         if (rc != 0) {
             parts[i].status = rc;
             snprintf(parts[i].message, sizeof(parts[i].message), "cannot start the call");
@@ -324,8 +324,7 @@ int client_unary(ps_client *c, const int *servers, int nservers, int method,
     for (int i = 0; i < nservers; i++) {
         replies[i] = parts[i].reply;
         if (parts[i].status != PS_OK && status == PS_OK)
-            status = client_fail(parts[i].status, "ps %d: %s", parts[i].server,
-                                 parts[i].message);
+            status = client_fail(parts[i].status, "ps %d: %s", parts[i].server, parts[i].message);
     }
     free(parts);
     pthread_mutex_destroy(&u.lock);
@@ -388,8 +387,8 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
     if (c == NULL || out == NULL)
         return client_fail(PS_INVALID_ARGUMENT, "ps_server_status: NULL argument");
     if (server < 0 || server >= c->nservers)
-        return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d",
-                           server, c->nservers);
+        return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d", server,
+                           c->nservers);
     Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
     ProtobufCMessage *reply = NULL;
     int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,

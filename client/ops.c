@@ -106,16 +106,14 @@ static void part_done(void *arg, int status, const char *message, const frame *r
 }
 
 /* Counts the parts of [offset, offset+count) on one server's range [lo, hi). */
-static size_t parts_in(uint64_t offset, uint64_t count, uint64_t lo, uint64_t hi,
-                       uint64_t chunk)
+static size_t parts_in(uint64_t offset, uint64_t count, uint64_t lo, uint64_t hi, uint64_t chunk)
 {
     uint64_t a = offset > lo ? offset : lo;
     uint64_t b = offset + count < hi ? offset + count : hi;
     return b > a ? (size_t)((b - a + chunk - 1) / chunk) : 0;
 }
 
-static size_t add_parts(ps_op *op, size_t k, int server, uint64_t lo, uint64_t hi,
-                        uint64_t chunk)
+static size_t add_parts(ps_op *op, size_t k, int server, uint64_t lo, uint64_t hi, uint64_t chunk)
 {
     uint64_t a = op->offset > lo ? op->offset : lo;
     uint64_t b = op->offset + op->count < hi ? op->offset + op->count : hi;
@@ -209,8 +207,8 @@ int ps_push_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, cons
     return op_start(c, v, OP_PUSH, offset, count, grad, NULL, cb, arg, out_op);
 }
 
-int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
-                       const float *grad, float *dst, ps_done_fn cb, void *arg, ps_op **out_op)
+int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                       float *dst, ps_done_fn cb, void *arg, ps_op **out_op)
 {
     return op_start(c, v, OP_PUSH_PULL, offset, count, grad, dst, cb, arg, out_op);
 }
@@ -298,8 +296,8 @@ int ps_push_pull(ps_client *c, ps_var *v, const float *grad, float *dst)
     return run_sync(c, v, OP_PUSH_PULL, 0, v ? v->numel : 0, grad, dst);
 }
 
-int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
-                       const float *grad, float *dst)
+int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                       float *dst)
 {
     return run_sync(c, v, OP_PUSH_PULL, offset, count, grad, dst);
 }

@@ -184,8 +184,8 @@ int ps_push_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, cons
 
 /* Pushes grad and returns in dst the parameters just after that update. Blocks. */
 int ps_push_pull(ps_client *c, ps_var *v, const float *grad, float *dst);
-int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
-                       const float *grad, float *dst);
+int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                       float *dst);
 
 /* ---- asynchronous operations ------------------------------------------------------------ */
 
@@ -202,8 +202,8 @@ int ps_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, floa
                   ps_done_fn cb, void *arg, ps_op **out_op);
 int ps_push_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
                   ps_done_fn cb, void *arg, ps_op **out_op);
-int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
-                       const float *grad, float *dst, ps_done_fn cb, void *arg, ps_op **out_op);
+int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
+                       float *dst, ps_done_fn cb, void *arg, ps_op **out_op);
 
 /* Waits for completion and returns the operation's status (also sets ps_last_error). Blocks,
  * at most the operation's deadline and retries. */

@@ -47,8 +47,8 @@ int ps_var_num_shards(const ps_var *v)
     return v->split ? (int)v->nservers : 1;
 }
 
-static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers,
-                    Psd__V1__VariableSpec *w, uint64_t *shape)
+static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1__VariableSpec *w,
+                    uint64_t *shape)
 {
     psd__v1__variable_spec__init(w);
     w->name = (char *)s->name;
@@ -141,8 +141,7 @@ int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out)
     if (c == NULL || spec == NULL || out == NULL || spec->name == NULL)
         return client_fail(PS_INVALID_ARGUMENT, "ps_var_create: NULL argument");
     if (strlen(spec->name) == 0 || strlen(spec->name) > PS_MAX_NAME)
-        return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes",
-                           PS_MAX_NAME);
+        return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes", PS_MAX_NAME);
     if (spec->ndims < 0 || spec->ndims > PS_MAX_DIMS)
         return client_fail(PS_INVALID_ARGUMENT, "variable \"%s\": ndims %d not in [0, %d]",
                            spec->name, spec->ndims, PS_MAX_DIMS);
@@ -240,8 +239,8 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
         uint32_t ns = r->spec->num_servers;
         client_free_replies(&reply, 1);
         return client_fail(PS_FAILED_PRECONDITION,
-                           "\"%s\" was placed for %u servers, this client's cluster has %d",
-                           name, ns, c->nservers);
+                           "\"%s\" was placed for %u servers, this client's cluster has %d", name,
+                           ns, c->nservers);
     }
     v = make_var(&s, r->spec->split, (uint32_t)c->nservers);
     client_free_replies(&reply, 1);

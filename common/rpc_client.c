@@ -106,8 +106,8 @@ static void req_attempt(rpc_req *r)
     if (rv != 0) {
         char msg[256];
         snprintf(msg, sizeof(msg), "cannot build request: %s", nng_strerror(rv));
-        req_finish(r, rv == NNG_ENOMEM ? STATUS_RESOURCE_EXHAUSTED : STATUS_INVALID_ARGUMENT,
-                   msg, NULL);
+        req_finish(r, rv == NNG_ENOMEM ? STATUS_RESOURCE_EXHAUSTED : STATUS_INVALID_ARGUMENT, msg,
+                   NULL);
         return;
     }
     r->state = REQ_SEND;
@@ -164,8 +164,7 @@ static void req_cb(void *arg)
                 nng_sleep_aio((nng_duration)backoff, r->aio);
                 return;
             }
-            req_finish(r, STATUS_UNAVAILABLE, "server unavailable and no time left to retry",
-                       NULL);
+            req_finish(r, STATUS_UNAVAILABLE, "server unavailable and no time left to retry", NULL);
             return;
         }
         rpc_done_fn done = r->done;

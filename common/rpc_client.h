@@ -15,10 +15,10 @@
 typedef struct rpc_conn rpc_conn;
 
 typedef struct rpc_conn_config {
-    const char *url;      /* nng dial URL */
-    int connections;      /* REQ sockets to open (each one TCP connection) */
-    uint32_t resend_ms;   /* nng REQ resend interval: the transport is at-least-once */
-    size_t max_message;   /* largest reply accepted */
+    const char *url;    /* nng dial URL */
+    int connections;    /* REQ sockets to open (each one TCP connection) */
+    uint32_t resend_ms; /* nng REQ resend interval: the transport is at-least-once */
+    size_t max_message; /* largest reply accepted */
 } rpc_conn_config;
 
 typedef struct rpc_call_opts {

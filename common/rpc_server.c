@@ -224,8 +224,7 @@ static bool validate(rpc_call *c)
         return false;
     }
     if (!(fl & RPC_SEGMENT) && c->f.has_segment) {
-        rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "%s takes no tensor segment",
-                        c->method->name);
+        rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "%s takes no tensor segment", c->method->name);
         return false;
     }
     c->body = protobuf_c_message_unpack(c->method->request, NULL, env->body.len, env->body.data);
@@ -235,8 +234,8 @@ static bool validate(rpc_call *c)
         return false;
     }
     if (time_now_ns() > c->deadline_ns) {
-        rpc_reply_error(c, STATUS_DEADLINE_EXCEEDED, "deadline of %u ms expired before %s ran",
-                        dl, c->method->name);
+        rpc_reply_error(c, STATUS_DEADLINE_EXCEEDED, "deadline of %u ms expired before %s ran", dl,
+                        c->method->name);
         return false;
     }
     return true;

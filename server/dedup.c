@@ -7,8 +7,8 @@
 
 typedef struct client_window {
     uint64_t client;
-    uint64_t highest;  /* highest seq marked; bit 0 of the window is `highest` */
-    uint64_t *bits;    /* bit i set: seq (highest - i) applied */
+    uint64_t highest; /* highest seq marked; bit 0 of the window is `highest` */
+    uint64_t *bits;   /* bit i set: seq (highest - i) applied */
     struct client_window *next;
 } client_window;
 

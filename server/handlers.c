@@ -25,8 +25,8 @@ static bool name_ok(const char *name)
     return true;
 }
 
-int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
-                      uint64_t *numel, char *err, size_t errlen)
+int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,
+                      char *err, size_t errlen)
 {
     if (spec == NULL) {
         snprintf(err, errlen, "missing variable spec");
@@ -69,9 +69,8 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
     }
     if (spec->split) {
         if (!placement_is_split(n, n * 4, 0, st->num_servers)) {
-            snprintf(err, errlen,
-                     "variable \"%s\": cannot split %llu elements over %u servers", spec->name,
-                     (unsigned long long)n, st->num_servers);
+            snprintf(err, errlen, "variable \"%s\": cannot split %llu elements over %u servers",
+                     spec->name, (unsigned long long)n, st->num_servers);
             return STATUS_INVALID_ARGUMENT;
         }
     } else {
@@ -145,8 +144,8 @@ static void handle_lookup(rpc_call *call, void *arg)
     const Psd__V1__LookupVariableRequest *req = (const void *)rpc_call_body(call);
     variable *v = store_find(st->vars, req->name);
     if (v == NULL) {
-        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u",
-                        req->name, st->task_index);
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u", req->name,
+                        st->task_index);
         return;
     }
     Psd__V1__LookupVariableReply rep = PSD__V1__LOOKUP_VARIABLE_REPLY__INIT;
@@ -191,8 +190,8 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
     if (off > v->numel || cnt > v->numel - off) {
         rpc_reply_error(call, STATUS_OUT_OF_RANGE,
                         "range [%llu, %llu+%llu) is outside variable \"%s\" of %llu elements",
-                        (unsigned long long)off, (unsigned long long)off,
-                        (unsigned long long)cnt, v->name, (unsigned long long)v->numel);
+                        (unsigned long long)off, (unsigned long long)off, (unsigned long long)cnt,
+                        v->name, (unsigned long long)v->numel);
         return NULL;
     }
     if (off < v->offset || off + cnt > v->offset + v->count) {
@@ -296,9 +295,8 @@ static void handle_clock(rpc_call *call, void *arg)
     server_state *st = arg;
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "clock needs a worker id in [0, %d), got %d", SERVER_MAX_WORKERS,
-                        (int)env->worker_id);
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",
+                        SERVER_MAX_WORKERS, (int)env->worker_id);
         return;
     }
     Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
@@ -377,19 +375,19 @@ const rpc_method server_methods[] = {
      &psd__v1__create_variable_request__descriptor, handle_create, 0},
     {PSD__V1__METHOD__LOOKUP_VARIABLE, "LookupVariable",
      &psd__v1__lookup_variable_request__descriptor, handle_lookup, 0},
-    {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables",
-     &psd__v1__list_variables_request__descriptor, handle_list, 0},
+    {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables", &psd__v1__list_variables_request__descriptor,
+     handle_list, 0},
     {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_pull, RPC_RANGE},
     {PSD__V1__METHOD__PUSH, "Push", &psd__v1__push_request__descriptor, handle_push,
      RPC_RANGE | RPC_SEGMENT},
-    {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor,
-     handle_push_pull, RPC_RANGE | RPC_SEGMENT},
+    {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
+     RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, 0},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
     {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,
      handle_checkpoint, RPC_ADMIN},
-    {PSD__V1__METHOD__SHUTDOWN, "Shutdown", &psd__v1__shutdown_request__descriptor,
-     handle_shutdown, RPC_ADMIN},
+    {PSD__V1__METHOD__SHUTDOWN, "Shutdown", &psd__v1__shutdown_request__descriptor, handle_shutdown,
+     RPC_ADMIN},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

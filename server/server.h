@@ -33,7 +33,7 @@ extern const size_t server_methods_len;
 
 /* Checks a variable spec sent by a client: name, dtype, shape, placement against this
  * server's cluster. Returns 0 and the element count, or a status with a message in err. */
-int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
-                      uint64_t *numel, char *err, size_t errlen);
+int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,
+                      char *err, size_t errlen);
 
 #endif

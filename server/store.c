@@ -233,8 +233,8 @@ uint64_t store_bytes(store *s)
 
 const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b)
 {
-#define DIFF(field)                                                                            \
-    if (a->field != b->field)                                                                  \
+#define DIFF(field)                                                                                \
+    if (a->field != b->field)                                                                      \
         return #field;
     DIFF(dtype)
     DIFF(n_shape)

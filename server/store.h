@@ -21,7 +21,7 @@ typedef struct variable {
     float *params;
     float *slots[3];
     size_t nslots;
-    pthread_mutex_t lock; /* guards params and slots */
+    pthread_mutex_t lock;         /* guards params and slots */
     atomic_uint_fast64_t version; /* updates applied to this shard */
     struct variable *next;
 } variable;

@@ -19,8 +19,7 @@ int main(void)
     ps_client *c;
     if (check(ps_client_open(&c, NULL), "connect") != PS_OK)
         return 1;
-    printf("connected to %d server(s), libpsclient %s\n", ps_client_num_servers(c),
-           ps_version());
+    printf("connected to %d server(s), libpsclient %s\n", ps_client_num_servers(c), ps_version());
 
     ps_var_spec spec;
     ps_var_spec_init(&spec, "example/bias");

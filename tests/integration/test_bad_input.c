@@ -87,9 +87,8 @@ static int send_raw(const void *data, size_t len, char *msg, size_t cap)
 }
 
 /* Builds a frame for method with body bytes and an optional tensor + segment. */
-static size_t make_frame(uint8_t *out, size_t cap, int method, const uint8_t *body,
-                         size_t blen, const Psd__V1__TensorMeta *t, const void *seg,
-                         size_t seglen)
+static size_t make_frame(uint8_t *out, size_t cap, int method, const uint8_t *body, size_t blen,
+                         const Psd__V1__TensorMeta *t, const void *seg, size_t seglen)
 {
     envelope env = PSD__V1__ENVELOPE__INIT;
     env.method = method;
@@ -132,8 +131,8 @@ static void test_garbage_and_truncation(void **state)
     uint8_t hdr[8] = {'P', 'S', 1, 0, 200, 0, 0, 0}; /* envelope of 200 bytes, none follow */
     assert_int_equal(send_raw(hdr, sizeof(hdr), msg, sizeof(msg)), PS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "200"));
-    uint8_t junk[24] = {'P', 'S', 1, 0, 16, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    uint8_t junk[24] = {'P',  'S',  1,    0,    16,   0,    0,    0,    0xff, 0xff, 0xff, 0xff,
+                        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     assert_int_equal(send_raw(junk, sizeof(junk), msg, sizeof(msg)), PS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "malformed envelope"));
     still_serving();
@@ -237,11 +236,7 @@ static void test_oversized(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s PATH-TO-ps-server\n", argv[0]);
-        return 2;
-    }
-    server_bin = argv[1];
+    server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_garbage_and_truncation),
         cmocka_unit_test(test_version_and_method),

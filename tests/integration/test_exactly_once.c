@@ -271,11 +271,7 @@ static void test_replayed_push_is_dropped(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s PATH-TO-ps-server\n", argv[0]);
-        return 2;
-    }
-    server_bin = argv[1];
+    server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_exact_sums),
         cmocka_unit_test(test_replayed_push_is_dropped),

@@ -12,6 +12,15 @@
 #include <time.h>
 #include <unistd.h>
 
+const char *test_server_bin(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PATH-TO-ps-server\n", argv[0]);
+        exit(2);
+    }
+    return argv[1];
+}
+
 int test_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

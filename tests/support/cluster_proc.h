@@ -14,6 +14,10 @@ typedef struct test_cluster {
     char spec[1024]; /* {"ps":[...]} */
 } test_cluster;
 
+/* The ps-server path integration tests take as their argument; exits 2 with a usage line if
+ * it is missing. */
+const char *test_server_bin(int argc, char **argv);
+
 /* A loopback TCP port that was free a moment ago. */
 int test_free_port(void);
 

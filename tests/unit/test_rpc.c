@@ -93,8 +93,8 @@ static void done(void *arg, int status, const char *message, const frame *reply)
     w->status = status;
     snprintf(w->message, sizeof(w->message), "%s", message);
     if (status == 0 && w->method == PSD__V1__METHOD__SERVER_STATUS) {
-        Psd__V1__ServerStatusReply *r = psd__v1__server_status_reply__unpack(
-            NULL, reply->env->body.len, reply->env->body.data);
+        Psd__V1__ServerStatusReply *r =
+            psd__v1__server_status_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
         w->task_index = r ? r->task_index : 0;
         psd__v1__server_status_reply__free_unpacked(r, NULL);
     }

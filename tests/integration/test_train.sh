@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# Integration tests of ps-worker and ps-local with real processes on loopback.
+#
+#   test_train.sh train    PS_SERVER PS_WORKER PS_LOCAL
+#       1 ps-server and 2 ps-worker processes (TF_CONFIG, free ports) train a small MLP on
+#       Fashion-MNIST for one epoch; worker 0's test accuracy must be >= 0.75. The saved model
+#       is then evaluated again with `ps-worker --eval` (no server). Also checks the exit code
+#       2 paths that need no server.
+#   test_train.sh launcher PS_SERVER PS_WORKER PS_LOCAL
+#       ps-local: a short successful run (exit 0), a failing worker stops everything (its exit
+#       code), and SIGINT stops everything (130); no process survives any of them.
+#
+# Exit 77 (skipped) when Fashion-MNIST is not installed. Everything started here is killed on
+# exit.
+set -u
+mode=${1:?mode}
+PS_SERVER=${2:?ps-server}
+PS_WORKER=${3:?ps-worker}
+PS_LOCAL=${4:?ps-local}
+DATA_DIR=${PS_TEST_FASHION_DIR:-/usr/share/datasets/fashion-mnist}
+
+if [ ! -r "$DATA_DIR/train-images-idx3-ubyte.gz" ] && [ ! -r "$DATA_DIR/train-images-idx3-ubyte" ]; then
+    echo "SKIP: Fashion-MNIST not found in $DATA_DIR (apt-get install dataset-fashion-mnist)"
+    exit 77
+fi
+
+tmp=$(mktemp -d /tmp/ps-test-train-XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$tmp"/*.log; do
+        [ -f "$f" ] || continue
+        echo "---- $f (last 20 lines)" >&2
+        tail -n 20 "$f" >&2
+    done
+    exit 1
+}
+
+# Waits for pid up to $2 seconds; returns its exit code, or 124 on timeout (pid killed).
+wait_for() {
+    local pid=$1 limit=$2 i=0
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$i" -ge $((limit * 10)) ]; then
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    wait "$pid"
+}
+
+# True if no process of the given pids is alive.
+all_gone() {
+    for p in "$@"; do
+        if kill -0 "$p" 2>/dev/null; then
+            # A zombie (exited, waiting for its new parent to reap it) is not running.
+            state=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$p/stat" 2>/dev/null)
+            [ "$state" = "Z" ] && continue
+            echo "pid $p still alive: $(cat /proc/$p/cmdline 2>/dev/null | tr '\0' ' ')" >&2
+            return 1
+        fi
+    done
+    return 0
+}
+
+accuracy_of() {
+    sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$1" | tail -n 1
+}
+
+# ---------------------------------------------------------------------------------------------
+run_train() {
+    # Configuration errors need no server and exit 2 before connecting.
+    "$PS_WORKER" --device cuda --log-format json >"$tmp/cuda.out" 2>"$tmp/cuda.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "--device cuda exited $rc, expected 2"
+    grep -q "CUDA backend not built" "$tmp/cuda.log" || fail "--device cuda: no clear message"
+    TF_CONFIG='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}' \
+        "$PS_WORKER" --data-dir "$tmp/nothing" >"$tmp/nodata.out" 2>"$tmp/nodata.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "missing data dir exited $rc, expected 2"
+    grep -q "$tmp/nothing" "$tmp/nodata.log" || fail "missing data dir: message does not name it"
+    printf 'garbage' >"$tmp/bad-model.bin"
+    "$PS_WORKER" --eval "$tmp/bad-model.bin" >/dev/null 2>"$tmp/badmodel.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "--eval of a corrupt file exited $rc, expected 2"
+    grep -q "bad-model.bin" "$tmp/badmodel.log" || fail "--eval: message does not name the file"
+    "$PS_WORKER" --layers 784,x >/dev/null 2>"$tmp/badflag.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "bad --layers exited $rc, expected 2"
+
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 3)
+    [ "${#ports[@]}" -eq 3 ] || fail "no free ports"
+    cluster="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
+    tf() { echo "{\"cluster\":$cluster,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
+
+    TF_CONFIG=$(tf ps 0) "$PS_SERVER" --log-format json >"$tmp/ps0.log" 2>&1 &
+    server=$!
+    pids+=("$server")
+    common=(--layers 784,128,10 --epochs 1 --batch-size 64 --optimizer adam --seed 3
+        --log-every 100 --log-format json --data-dir "$DATA_DIR" --model-name it_mlp)
+    start=$(date +%s.%N)
+    TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --save-model "$tmp/model.bin" \
+        >"$tmp/w0.out" 2>"$tmp/w0.log" &
+    w0=$!
+    pids+=("$w0")
+    TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" >"$tmp/w1.out" 2>"$tmp/w1.log" &
+    w1=$!
+    pids+=("$w1")
+    wait_for "$w1" 45
+    rc1=$?
+    wait_for "$w0" 45
+    rc0=$?
+    end=$(date +%s.%N)
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc0" -eq 0 ] || fail "worker 0 exited $rc0"
+    [ "$rc1" -eq 0 ] || fail "worker 1 exited $rc1"
+    acc=$(accuracy_of "$tmp/w0.out")
+    [ -n "$acc" ] || fail "worker 0 printed no test_accuracy= line"
+    echo "test accuracy $acc after 1 epoch with 2 workers ($(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s)"
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "test accuracy $acc < 0.75"
+    grep -q '"samples_per_s"' "$tmp/w1.log" || fail "worker 1 logged no samples_per_s"
+    grep -q '"loss"' "$tmp/w1.log" || fail "worker 1 logged no loss"
+    grep -q '"comm_ms_per_step"' "$tmp/w0.log" || fail "worker 0 reported no communication time"
+
+    # The saved model evaluates to the same accuracy without any server.
+    [ -s "$tmp/model.bin" ] || fail "--save-model wrote nothing"
+    "$PS_WORKER" --eval "$tmp/model.bin" --data-dir "$DATA_DIR" --log-format json \
+        >"$tmp/eval.out" 2>"$tmp/eval.log" || fail "--eval exited $?"
+    acc2=$(accuracy_of "$tmp/eval.out")
+    [ "$acc2" = "$acc" ] || fail "--eval accuracy $acc2 differs from the run's $acc"
+    echo "PASS"
+}
+
+# ---------------------------------------------------------------------------------------------
+launcher_pids() {
+    sed -n 's/.*started [a-z]* [0-9]* (pid \([0-9]*\)).*/\1/p' "$1"
+}
+
+run_launcher() {
+    local small=(--layers 784,32,10 --batch-size 128 --log-format json --data-dir "$DATA_DIR")
+
+    # 1. A short run succeeds, prints the accuracy, and leaves nothing behind.
+    "$PS_LOCAL" --ps 2 --workers 2 --timeout 50 -- "${small[@]}" --steps 40 \
+        --model-name lt_ok >"$tmp/ok.out" 2>"$tmp/ok.log" &
+    local l=$!
+    pids+=("$l")
+    wait_for "$l" 50
+    rc=$?
+    [ "$rc" -eq 0 ] || fail "ps-local run exited $rc, expected 0"
+    [ -n "$(accuracy_of "$tmp/ok.out")" ] || fail "ps-local run printed no test_accuracy="
+    mapfile -t kids < <(launcher_pids "$tmp/ok.log")
+    [ "${#kids[@]}" -eq 4 ] || fail "expected 4 children, log shows ${#kids[@]}"
+    all_gone "${kids[@]}" || fail "processes left after a successful run"
+
+    # 2. A worker that fails (its layers do not match the data: exit 2) stops the cluster and
+    #    ps-local exits with that code.
+    "$PS_LOCAL" --workers 2 --timeout 50 -- "${small[@]}" --layers 100,10 \
+        >"$tmp/bad.out" 2>"$tmp/bad.log" &
+    l=$!
+    pids+=("$l")
+    wait_for "$l" 30
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "ps-local with a failing worker exited $rc, expected 2"
+    grep -q "stopping the cluster" "$tmp/bad.log" || fail "ps-local did not say it stopped"
+    mapfile -t kids < <(launcher_pids "$tmp/bad.log")
+    all_gone "${kids[@]}" || fail "processes left after a failure"
+
+    # 3. SIGINT (Ctrl-C) mid-training stops everything; exit code 130.
+    "$PS_LOCAL" --workers 2 --grace-ms 3000 -- "${small[@]}" --epochs 50 \
+        --model-name lt_int >"$tmp/int.out" 2>"$tmp/int.log" &
+    l=$!
+    pids+=("$l")
+    for _ in $(seq 100); do
+        grep -q '"step"' "$tmp/int.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    mapfile -t kids < <(launcher_pids "$tmp/int.log")
+    [ "${#kids[@]}" -eq 3 ] || fail "expected 3 children, log shows ${#kids[@]}"
+    kill -INT "$l"
+    wait_for "$l" 15
+    rc=$?
+    [ "$rc" -eq 130 ] || fail "ps-local after SIGINT exited $rc, expected 130"
+    all_gone "${kids[@]}" || fail "processes left after SIGINT"
+
+    # 4. SIGKILL of ps-local itself: the children die with it (PR_SET_PDEATHSIG).
+    "$PS_LOCAL" --workers 2 -- "${small[@]}" --epochs 50 --model-name lt_kill \
+        >"$tmp/kill.out" 2>"$tmp/kill.log" &
+    l=$!
+    pids+=("$l")
+    for _ in $(seq 50); do
+        [ "$(launcher_pids "$tmp/kill.log" | wc -l)" -eq 3 ] && break
+        sleep 0.1
+    done
+    mapfile -t kids < <(launcher_pids "$tmp/kill.log")
+    kill -KILL "$l"
+    wait "$l" 2>/dev/null
+    sleep 1
+    all_gone "${kids[@]}" || fail "processes left after SIGKILL of ps-local"
+    echo "PASS"
+}
+
+case "$mode" in
+train) run_train ;;
+launcher) run_launcher ;;
+*)
+    echo "unknown mode $mode" >&2
+    exit 2
+    ;;
+esac
