@@ -20,10 +20,12 @@ int program_start(program *p, int argc, char **argv, unsigned scope, const char 
                           argc <= 64 ? &p->npositional : NULL, err, sizeof(err));
     if (rc == OPTIONS_HELP) {
         options_print_help(stdout, argv[0], usage, scope);
+        program_end(p);
         return 0;
     }
     if (rc != 0) {
         fprintf(stderr, "%s: %s (see --help)\n", argv[0], err);
+        program_end(p);
         return PROGRAM_EXIT_CONFIG;
     }
     log_level lvl = LOG_INFO;
@@ -34,6 +36,7 @@ int program_start(program *p, int argc, char **argv, unsigned scope, const char 
         if (cluster_from_options(p->opts, &p->cluster, err, sizeof(err)) != 0) {
             log_init(role, -1, lvl, fmt);
             log_error("bad cluster spec: %s", err);
+            program_end(p);
             return PROGRAM_EXIT_CONFIG;
         }
         p->has_cluster = true;

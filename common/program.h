@@ -22,7 +22,8 @@ typedef struct program {
 /* Loads settings of `scope` from argv, initialises logging for `role`, and, if need_cluster,
  * parses the cluster spec (TF_CONFIG or --cluster/--task). On --help prints the help and
  * returns 0 with *exit_now set; on a bad setting or spec logs what is wrong and returns
- * PROGRAM_EXIT_CONFIG with *exit_now set. Otherwise returns 0, *exit_now false. */
+ * PROGRAM_EXIT_CONFIG with *exit_now set (nothing is left to free then). Otherwise returns 0,
+ * *exit_now false, and the caller ends with program_end. */
 int program_start(program *p, int argc, char **argv, unsigned scope, const char *role,
                   const char *usage, bool need_cluster, bool *exit_now);
 

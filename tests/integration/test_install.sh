@@ -6,6 +6,7 @@ set -euo pipefail
 build_dir=$1
 src_dir=$2
 server_bin=$3
+sanitize=${4:-none} # the build's b_sanitize: the example must use the same runtime
 tmp=$(mktemp -d)
 trap 'kill $srv 2>/dev/null || true; rm -rf "$tmp"' EXIT
 srv=
@@ -16,7 +17,9 @@ pcdir=$(dirname "$(find "$tmp/root" -name psclient.pc | head -n 1)")
 export PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$tmp/root"
 cflags=$(pkg-config --cflags psclient)
 libs=$(pkg-config --libs psclient)
-cc -std=c11 -Wall -Werror "$src_dir/client/examples/example.c" $cflags $libs -o "$tmp/example"
+san_flags=
+[ "$sanitize" = none ] || san_flags="-fsanitize=$sanitize"
+cc -std=c11 -Wall -Werror $san_flags "$src_dir/client/examples/example.c" $cflags $libs -o "$tmp/example"
 
 lib=$(find "$tmp/root" -name 'libpsclient.so.*' -type f | head -n 1)
 leaked=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^ps_' | grep -v '^PSCLIENT_0$' || true)
