@@ -29,14 +29,17 @@ struct rpc_call {
     uint64_t deadline_ns;
     nng_msg *reply;
     bool validated;
-    rpc_call *next; /* work queue link */
+    bool parked; /* deferred: left the receive loop, replied to later */
+    rpc_call *next; /* work queue link or idle list */
 };
 
 struct rpc_server {
     rpc_server_config cfg;
     nng_socket sock;
-    rpc_call *calls;
-    int ncalls;
+    rpc_call **calls; /* every call object made, to free at stop */
+    int ncalls, capcalls;
+    int nreceiving;  /* calls in the receive loop (not parked), guarded by qlock */
+    rpc_call *idle;  /* calls out of the loop, reusable for the next deferral */
     pthread_t *threads;
     int nthreads;
     pthread_mutex_t qlock;
@@ -158,6 +161,11 @@ const uint8_t *rpc_call_segment(const rpc_call *c, size_t *len)
     return c->f.segment;
 }
 
+const rpc_method *rpc_call_method(const rpc_call *c)
+{
+    return c->method;
+}
+
 uint64_t rpc_call_deadline_ns(const rpc_call *c)
 {
     return c->deadline_ns;
@@ -273,9 +281,16 @@ static void call_send(rpc_call *c)
 }
 
 /* Runs the handler of a validated call and sends its reply. */
+static _Thread_local rpc_call *deferred_now; /* set by rpc_call_defer on the handler's thread */
+
 static void call_handle(rpc_call *c)
 {
     c->method->handler(c, c->srv->cfg.handler_arg);
+    if (deferred_now == c) {
+        /* Parked: another thread may already be replying; c is not ours to touch. */
+        deferred_now = NULL;
+        return;
+    }
     if (c->reply == NULL)
         rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
     call_send(c);
@@ -310,7 +325,8 @@ static void call_work(rpc_call *c, bool on_pool)
         }
         c->validated = true;
     }
-    if (!on_pool && call_work_bytes(c) > c->srv->cfg.inline_max) {
+    if (!on_pool &&
+        ((c->method->flags & RPC_POOL) || call_work_bytes(c) > c->srv->cfg.inline_max)) {
         enqueue(c->srv, c);
         return;
     }
@@ -379,12 +395,85 @@ static void call_cb(void *arg)
         if (rv != 0)
             nng_msg_free(nng_aio_get_msg(c->aio));
         c->state = CALL_RECV;
+        if (c->parked) {
+            pthread_mutex_lock(&s->qlock);
+            c->parked = false;
+            bool rejoin = s->nreceiving < s->cfg.contexts;
+            if (rejoin) {
+                s->nreceiving++;
+            } else {
+                c->next = s->idle;
+                s->idle = c;
+            }
+            pthread_mutex_unlock(&s->qlock);
+            if (!rejoin)
+                return;
+        }
         if (!atomic_load(&s->stopping))
             nng_ctx_recv(c->ctx, c->aio);
         return;
     case CALL_WORK:
         return;
     }
+}
+
+/* Makes a call object with its own context. Called with qlock held, or before serving. */
+static rpc_call *call_new(rpc_server *s)
+{
+    if (s->ncalls == s->capcalls) {
+        int cap = s->capcalls ? s->capcalls * 2 : 64;
+        rpc_call **n = realloc(s->calls, (size_t)cap * sizeof(*n));
+        if (n == NULL)
+            return NULL;
+        s->calls = n;
+        s->capcalls = cap;
+    }
+    rpc_call *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->srv = s;
+    if (nng_aio_alloc(&c->aio, call_cb, c) != 0) {
+        free(c);
+        return NULL;
+    }
+    if (nng_ctx_open(&c->ctx, s->sock) != 0) {
+        nng_aio_free(c->aio);
+        free(c);
+        return NULL;
+    }
+    s->calls[s->ncalls++] = c;
+    return c;
+}
+
+int rpc_call_defer(rpc_call *c)
+{
+    rpc_server *s = c->srv;
+    pthread_mutex_lock(&s->qlock);
+    rpc_call *n = s->idle;
+    if (n) {
+        s->idle = n->next;
+    } else if (s->ncalls < s->cfg.contexts + s->cfg.max_parked) {
+        n = call_new(s);
+    }
+    if (n == NULL) {
+        pthread_mutex_unlock(&s->qlock);
+        return -1;
+    }
+    c->parked = true;
+    /* The replacement keeps the receive loop at full strength while c waits. */
+    n->state = CALL_RECV;
+    pthread_mutex_unlock(&s->qlock);
+    deferred_now = c;
+    if (!atomic_load(&s->stopping))
+        nng_ctx_recv(n->ctx, n->aio);
+    return 0;
+}
+
+void rpc_call_resume(rpc_call *c)
+{
+    if (c->reply == NULL)
+        rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
+    call_send(c);
 }
 
 int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, size_t errlen)
@@ -406,21 +495,13 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
      * get a RESOURCE_EXHAUSTED reply; beyond that nng closes the connection. */
     size_t transport_max = cfg->max_message > SIZE_MAX / 2 ? SIZE_MAX : cfg->max_message * 2;
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, transport_max);
-    s->ncalls = cfg->contexts;
-    s->calls = calloc((size_t)s->ncalls, sizeof(*s->calls));
-    if (s->calls == NULL) {
-        snprintf(err, errlen, "out of memory");
-        goto fail_close;
-    }
-    for (int i = 0; i < s->ncalls; i++) {
-        rpc_call *c = &s->calls[i];
-        c->srv = s;
-        if ((rv = nng_aio_alloc(&c->aio, call_cb, c)) != 0 ||
-            (rv = nng_ctx_open(&c->ctx, s->sock)) != 0) {
-            snprintf(err, errlen, "cannot create context: %s", nng_strerror(rv));
+    for (int i = 0; i < cfg->contexts; i++) {
+        if (call_new(s) == NULL) {
+            snprintf(err, errlen, "cannot create %d contexts", cfg->contexts);
             goto fail_close;
         }
     }
+    s->nreceiving = cfg->contexts;
     if ((rv = nng_listen(s->sock, cfg->url, NULL, 0)) != 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", cfg->url, nng_strerror(rv));
         goto fail_close;
@@ -438,8 +519,8 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         s->nthreads++;
     }
     for (int i = 0; i < s->ncalls; i++) {
-        s->calls[i].state = CALL_RECV;
-        nng_ctx_recv(s->calls[i].ctx, s->calls[i].aio);
+        s->calls[i]->state = CALL_RECV;
+        nng_ctx_recv(s->calls[i]->ctx, s->calls[i]->aio);
     }
     *out = s;
     return 0;
@@ -477,7 +558,7 @@ void rpc_server_stop(rpc_server *s)
     free(s->threads);
     if (s->calls) {
         for (int i = 0; i < s->ncalls; i++) {
-            rpc_call *c = &s->calls[i];
+            rpc_call *c = s->calls[i];
             if (c->aio) {
                 nng_aio_stop(c->aio);
                 nng_aio_free(c->aio);
@@ -489,6 +570,7 @@ void rpc_server_stop(rpc_server *s)
             if (c->body)
                 protobuf_c_message_free_unpacked(c->body, NULL);
             frame_fini(&c->f);
+            free(c);
         }
         free(s->calls);
     }

@@ -29,6 +29,7 @@ enum rpc_method_flags {
     RPC_RANGE = 1u << 0,   /* Envelope.tensor (dtype, offset, count) is required */
     RPC_SEGMENT = 1u << 1, /* a raw segment is required (implies RPC_RANGE) */
     RPC_ADMIN = 1u << 2,   /* administrative method */
+    RPC_POOL = 1u << 3,    /* always run on a pool thread (may do heavy work, e.g. BSP updates) */
 };
 
 typedef struct rpc_method {
@@ -41,7 +42,8 @@ typedef struct rpc_method {
 
 typedef struct rpc_server_config {
     const char *url; /* nng listen URL, e.g. tcp://127.0.0.1:2222 */
-    int contexts;    /* requests in progress at once */
+    int contexts;    /* requests in progress at once, parked ones not counted */
+    int max_parked;  /* deferred calls waiting at once (rpc_call_defer) */
     int threads;     /* pool threads for large requests */
     size_t max_message;
     size_t inline_max; /* requests up to this size run on the callback thread */
@@ -82,6 +84,17 @@ const ProtobufCMessage *rpc_call_body(const rpc_call *c);
 const uint8_t *rpc_call_segment(const rpc_call *c, size_t *len);
 /* Absolute deadline on the monotonic clock (time_now_ns). */
 uint64_t rpc_call_deadline_ns(const rpc_call *c);
+
+/* Parks the call: the handler returns without replying, and the reply is set and sent later
+ * from any thread with rpc_reply_* and rpc_call_resume. The server keeps receiving on another
+ * context meanwhile. Must be called on the handler's thread, before the call is made visible
+ * to the thread that will resume it; after that the handler must not touch the call.
+ * Returns 0, or -1 when max_parked calls are parked already (then reply at once). */
+int rpc_call_defer(rpc_call *c);
+/* Sends the reply of a parked call (INTERNAL if none was set). Any thread, once. */
+void rpc_call_resume(rpc_call *c);
+/* Method of a call (its table entry), e.g. for messages. */
+const rpc_method *rpc_call_method(const rpc_call *c);
 
 /* Replies with an error status and a formatted message. */
 void rpc_reply_error(rpc_call *c, int status, const char *fmt, ...)

@@ -43,6 +43,13 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
                  spec->name, (int)spec->dtype);
         return STATUS_INVALID_ARGUMENT;
     }
+    if (spec->staleness < -1 || spec->staleness > 1000000) {
+        snprintf(err, errlen,
+                 "variable \"%s\": staleness %d (use -1 async, 0 BSP, 1..1000000 SSP, -2 the "
+                 "server's default)",
+                 spec->name, (int)spec->staleness);
+        return STATUS_INVALID_ARGUMENT;
+    }
     if (spec->n_shape > 8) {
         snprintf(err, errlen, "variable \"%s\": %zu dimensions, at most 8", spec->name,
                  spec->n_shape);
@@ -97,8 +104,10 @@ static void fill_shard(const server_state *st, const variable *v, Psd__V1__Shard
 static void handle_create(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    const Psd__V1__CreateVariableRequest *req = (const void *)rpc_call_body(call);
+    Psd__V1__CreateVariableRequest *req = (void *)rpc_call_body(call);
     char err[512];
+    if (req->spec && req->spec->staleness == -2)
+        req->spec->staleness = st->default_staleness;
     uint64_t numel;
     int rc = server_check_spec(st, req->spec, &numel, err, sizeof(err));
     if (rc != STATUS_OK) {
@@ -135,6 +144,7 @@ static void handle_create(rpc_call *call, void *arg)
         return;
     }
     fill_shard(st, v, &shard);
+    rep.staleness = v->staleness;
     rpc_reply_ok(call, &rep.base);
 }
 
@@ -214,15 +224,7 @@ static void handle_pull(rpc_call *call, void *arg)
     if (v == NULL)
         return;
     const envelope *env = rpc_call_envelope(call);
-    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
-    Psd__V1__PullReply rep = PSD__V1__PULL_REPLY__INIT;
-    rep.version = atomic_load(&v->version);
-    uint8_t *dst = rpc_reply_ok_segment(call, &rep.base, off, cnt);
-    if (dst == NULL)
-        return;
-    pthread_mutex_lock(&v->lock);
-    memcpy(dst, v->params + (off - v->offset), (size_t)cnt * sizeof(float));
-    pthread_mutex_unlock(&v->lock);
+    sync_pull(st, call, v, env->worker_id, env->clock, env->tensor->offset, env->tensor->count);
 }
 
 /* Push and push-pull: dedup by (client, seq), apply the optimizer reading the gradient in
@@ -262,6 +264,19 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
         }
     }
     size_t first = (size_t)(off - v->offset);
+    if (env->worker_id >= 0)
+        sync_heard(st, env->worker_id);
+    if (d == DEDUP_NEW && v->staleness == 0 && env->worker_id >= 0) {
+        /* BSP: summed now, applied once every live worker is past this clock. */
+        if (sync_aggregate(st, v, env->worker_id, grad, first, cnt) != 0) {
+            dedup_unmark(st->dedup, env->client_id, env->seq);
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                            "out of memory for the BSP aggregate of \"%s\"", v->name);
+            return;
+        }
+        d = DEDUP_DUPLICATE; /* nothing more to apply below */
+        rep.version = atomic_load(&v->version);
+    }
     pthread_mutex_lock(&v->lock);
     if (d == DEDUP_NEW) {
         float *slots[3];
@@ -295,20 +310,15 @@ static void handle_clock(rpc_call *call, void *arg)
     server_state *st = arg;
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",
-                        SERVER_MAX_WORKERS, (int)env->worker_id);
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "clock needs a worker id in [0, %d), got %d", SERVER_MAX_WORKERS,
+                        (int)env->worker_id);
         return;
     }
     Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
-    pthread_mutex_lock(&st->clock_lock);
-    if (env->clock > st->clocks[env->worker_id])
-        st->clocks[env->worker_id] = env->clock;
-    int64_t min = INT64_MAX;
-    for (int i = 0; i < SERVER_MAX_WORKERS; i++)
-        if (st->clocks[i] >= 0 && st->clocks[i] < min)
-            min = st->clocks[i];
-    pthread_mutex_unlock(&st->clock_lock);
-    rep.min_clock = min;
+    int64_t min;
+    rep.clock = sync_clock(st, env->worker_id, env->clock, &min);
+    rep.min_clock = min == INT64_MAX ? rep.clock : min;
     rpc_reply_ok(call, &rep.base);
 }
 
@@ -332,10 +342,14 @@ static void handle_status(rpc_call *call, void *arg)
     size_t n = store_list(st->vars, &vars);
     Psd__V1__VariableStatus *vs = calloc(n ? n : 1, sizeof(*vs));
     Psd__V1__VariableStatus **vsp = calloc(n ? n : 1, sizeof(*vsp));
-    if (vars == NULL || vs == NULL || vsp == NULL) {
+    Psd__V1__StalenessStats *obs = calloc(n ? n : 1, sizeof(*obs));
+    uint64_t *hist = calloc((n ? n : 1) * STALENESS_BUCKETS, sizeof(uint64_t));
+    if (vars == NULL || vs == NULL || vsp == NULL || obs == NULL || hist == NULL) {
         free(vars);
         free(vs);
         free(vsp);
+        free(obs);
+        free(hist);
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory building status");
         return;
     }
@@ -345,11 +359,18 @@ static void handle_status(rpc_call *call, void *arg)
         vs[i].offset = vars[i]->offset;
         vs[i].count = vars[i]->count;
         vs[i].version = atomic_load(&vars[i]->version);
+        vs[i].staleness = vars[i]->staleness;
+        sync_variable_stats(vars[i], &obs[i], hist + i * STALENESS_BUCKETS);
+        vs[i].observed = &obs[i];
         vsp[i] = &vs[i];
     }
     rep.n_variables = n;
     rep.variables = vsp;
+    sync_status(st, &rep);
     rpc_reply_ok(call, &rep.base);
+    sync_status_free(&rep);
+    free(obs);
+    free(hist);
     free(vsp);
     free(vs);
     free(vars);
@@ -382,7 +403,8 @@ const rpc_method server_methods[] = {
      RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT},
-    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, 0},
+    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock,
+     RPC_POOL},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
     {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,

@@ -53,10 +53,13 @@ int main(int argc, char **argv)
     st.start_ns = time_now_ns();
     st.vars = store_create();
     st.dedup = dedup_create((uint32_t)options_get_int(prog.opts, "dedup-window"));
-    pthread_mutex_init(&st.clock_lock, NULL);
-    for (int i = 0; i < SERVER_MAX_WORKERS; i++)
-        st.clocks[i] = -1;
-    if (st.vars == NULL || st.dedup == NULL) {
+    st.default_staleness = (int32_t)options_get_int(prog.opts, "default-staleness");
+    /* Every worker of the spec is expected from the start (the chief is worker 0). */
+    int n_workers = (int)(cl->n_chief + cl->n_worker);
+    st.sync = sync_create(n_workers, (uint32_t)options_get_int(prog.opts, "worker-timeout-ms"),
+                          strcmp(options_get_str(prog.opts, "bsp-aggregation"), "mean") == 0,
+                          SERVER_MAX_WORKERS);
+    if (st.vars == NULL || st.dedup == NULL || st.sync == NULL) {
         log_error("out of memory");
         return 1;
     }
@@ -67,6 +70,7 @@ int main(int argc, char **argv)
         .max_message = (size_t)options_get_int(prog.opts, "max-message-bytes"),
         .inline_max = (size_t)options_get_int(prog.opts, "inline-max-bytes"),
         .default_deadline_ms = (uint32_t)options_get_int(prog.opts, "default-deadline-ms"),
+        .max_parked = (int)options_get_int(prog.opts, "max-waiting"),
         .methods = server_methods,
         .n_methods = server_methods_len,
         .handler_arg = &st,
@@ -79,15 +83,16 @@ int main(int argc, char **argv)
         program_end(&prog);
         return 1;
     }
-    log_info("ps %u of %u serving on %s (version %s)", st.task_index, st.num_servers, url,
-             PSD_VERSION);
+    log_info("ps %u of %u serving on %s (version %s), expecting %d worker(s)", st.task_index,
+             st.num_servers, url, PSD_VERSION, n_workers);
 
     int sig = 0;
     while (!atomic_load(&st.shutdown_requested)) {
-        struct timespec ts = {0, 100 * 1000000};
+        struct timespec ts = {0, 50 * 1000000};
         sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig > 0)
             break;
+        sync_sweep(&st); /* liveness and wait deadlines */
     }
     if (sig > 0)
         log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -97,6 +102,7 @@ int main(int argc, char **argv)
         struct timespec ts = {0, 200 * 1000000};
         nanosleep(&ts, NULL);
     }
+    sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)options_get_int(prog.opts, "shutdown-grace-ms"));
     rpc_server_stop(st.rpc);
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
@@ -104,7 +110,7 @@ int main(int argc, char **argv)
              (unsigned long long)atomic_load(&st.duplicates_dropped));
     store_destroy(st.vars);
     dedup_destroy(st.dedup);
-    pthread_mutex_destroy(&st.clock_lock);
+    sync_destroy(st.sync);
     program_end(&prog);
     return 0;
 }

@@ -10,6 +10,7 @@
 #include "dedup.h"
 #include "rpc_server.h"
 #include "store.h"
+#include "sync.h"
 
 #define SERVER_MAX_WORKERS 4096
 
@@ -23,8 +24,8 @@ typedef struct server_state {
     atomic_uint_fast64_t updates_applied;
     atomic_uint_fast64_t duplicates_dropped;
     atomic_bool shutdown_requested;
-    pthread_mutex_t clock_lock;
-    int64_t clocks[SERVER_MAX_WORKERS]; /* per worker id, -1 = never seen */
+    sync_state *sync;
+    int32_t default_staleness; /* for specs that ask for the server's default (-2) */
 } server_state;
 
 /* The method table served by ps-server. */

@@ -136,6 +136,7 @@ variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uin
     v->count = count;
     v->opt = opt;
     v->nslots = optimizer_slot_count(opt.kind);
+    v->staleness = spec->staleness;
     pthread_mutex_init(&v->lock, NULL);
     if (v->name == NULL || v->spec == NULL)
         goto oom;
@@ -166,6 +167,8 @@ void variable_destroy(variable *v)
     if (v->spec)
         psd__v1__variable_spec__free_unpacked(v->spec, NULL);
     free(v->params);
+    free(v->agg);
+    free(v->agg_workers);
     for (size_t i = 0; i < 3; i++)
         free(v->slots[i]);
     pthread_mutex_destroy(&v->lock);

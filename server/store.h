@@ -21,8 +21,17 @@ typedef struct variable {
     float *params;
     float *slots[3];
     size_t nslots;
-    pthread_mutex_t lock;         /* guards params and slots */
+    pthread_mutex_t lock;         /* guards params, slots and the BSP aggregate */
     atomic_uint_fast64_t version; /* updates applied to this shard */
+    int32_t staleness;            /* -1 async, 0 BSP, > 0 SSP */
+    /* BSP: gradients summed for the open clock, and which workers contributed. */
+    float *agg;
+    uint64_t *agg_workers; /* bitmap over worker ids */
+    int agg_count;         /* distinct workers in agg_workers */
+    /* Observed staleness of pulls by workers (histogram buckets: see sync.h). */
+    atomic_int_fast64_t st_max;
+    atomic_uint_fast64_t st_hist[13];
+    atomic_uint_fast64_t st_pulls, st_waits, st_wait_ms, st_timeouts;
     struct variable *next;
 } variable;
 

@@ -124,6 +124,7 @@ static rpc_server *start_server(char *url, size_t cap)
     snprintf(url, cap, "tcp://127.0.0.1:%d", test_free_port());
     rpc_server_config cfg = {.url = url,
                              .contexts = 8,
+                             .max_parked = 8,
                              .threads = 2,
                              .max_message = 1 << 20,
                              .inline_max = 1024,

@@ -1,0 +1,514 @@
+#include "sync.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "status.h"
+#include "timeutil.h"
+
+typedef struct worker_entry {
+    int64_t clock;
+    uint64_t last_ns;
+    bool known; /* expected from the spec or heard from */
+    bool live;
+} worker_entry;
+
+typedef struct waiter {
+    rpc_call *call;
+    variable *v;
+    int32_t worker;
+    int64_t clock, need;
+    uint64_t offset, count;
+    uint64_t start_ns, deadline_ns;
+    struct waiter *next;
+} waiter;
+
+struct sync_state {
+    pthread_mutex_t lock;    /* workers, waiters, applied_min */
+    pthread_mutex_t advance; /* one thread at a time applies BSP updates and wakes waits */
+    worker_entry *workers;
+    int max_workers;
+    int64_t applied_min; /* waits are decided against this: BSP updates below it are applied */
+    waiter *waiters;
+    uint64_t timeout_ns;
+    bool mean;
+    atomic_uint_fast64_t evictions;
+    atomic_int_fast64_t st_max;
+    atomic_uint_fast64_t st_hist[STALENESS_BUCKETS];
+    atomic_uint_fast64_t st_pulls, st_waits, st_wait_ms, st_timeouts;
+};
+
+_Static_assert(STALENESS_BUCKETS == sizeof(((variable *)0)->st_hist) / sizeof(uint64_t),
+               "variable histogram size");
+
+sync_state *sync_create(int n_expected, uint32_t timeout_ms, bool mean, int max_workers)
+{
+    sync_state *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->workers = calloc((size_t)max_workers, sizeof(*s->workers));
+    if (s->workers == NULL) {
+        free(s);
+        return NULL;
+    }
+    s->max_workers = max_workers;
+    s->timeout_ns = (uint64_t)timeout_ms * 1000000u;
+    s->mean = mean;
+    uint64_t now = time_now_ns();
+    for (int i = 0; i < n_expected && i < max_workers; i++) {
+        s->workers[i].known = true;
+        s->workers[i].live = true;
+        s->workers[i].last_ns = now;
+    }
+    s->applied_min = n_expected > 0 ? 0 : INT64_MAX;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->advance, NULL);
+    return s;
+}
+
+void sync_destroy(sync_state *s)
+{
+    if (s == NULL)
+        return;
+    while (s->waiters) {
+        waiter *w = s->waiters;
+        s->waiters = w->next;
+        free(w);
+    }
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->advance);
+    free(s->workers);
+    free(s);
+}
+
+int sync_bucket(int64_t gap)
+{
+    if (gap <= 0)
+        return 0;
+    if (gap <= 8)
+        return (int)gap;
+    if (gap <= 16)
+        return 9;
+    if (gap <= 32)
+        return 10;
+    if (gap <= 64)
+        return 11;
+    return 12;
+}
+
+static int64_t min_live_locked(const sync_state *s)
+{
+    int64_t m = INT64_MAX;
+    for (int i = 0; i < s->max_workers; i++)
+        if (s->workers[i].live && s->workers[i].clock < m)
+            m = s->workers[i].clock;
+    return m;
+}
+
+int64_t sync_min_clock(server_state *st)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    int64_t m = min_live_locked(s);
+    pthread_mutex_unlock(&s->lock);
+    return m;
+}
+
+/* Registers or refreshes a worker; called with the lock held. */
+static void heard_locked(sync_state *s, int32_t worker)
+{
+    if (worker < 0 || worker >= s->max_workers)
+        return;
+    worker_entry *w = &s->workers[worker];
+    w->last_ns = time_now_ns();
+    if (w->live)
+        return;
+    int64_t m = min_live_locked(s);
+    bool rejoin = w->known;
+    w->known = true;
+    w->live = true;
+    /* Continue from the current clock: never hold the live workers back. */
+    if (m != INT64_MAX && w->clock < m)
+        w->clock = m;
+    if (s->applied_min == INT64_MAX || s->applied_min > w->clock)
+        s->applied_min = w->clock; /* it was the only one: its bound applies again */
+    log_info("worker %d %s at clock %lld", worker, rejoin ? "re-registered" : "registered",
+             (long long)w->clock);
+}
+
+void sync_heard(server_state *st, int32_t worker)
+{
+    pthread_mutex_lock(&st->sync->lock);
+    heard_locked(st->sync, worker);
+    pthread_mutex_unlock(&st->sync->lock);
+}
+
+static void record_staleness(server_state *st, variable *v, int64_t gap, bool waited,
+                             uint64_t wait_ns)
+{
+    sync_state *s = st->sync;
+    if (gap < 0)
+        gap = 0;
+    int b = sync_bucket(gap);
+    atomic_fetch_add(&s->st_hist[b], 1);
+    atomic_fetch_add(&v->st_hist[b], 1);
+    atomic_fetch_add(&s->st_pulls, 1);
+    atomic_fetch_add(&v->st_pulls, 1);
+    int_fast64_t cur = atomic_load(&s->st_max);
+    while (gap > cur && !atomic_compare_exchange_weak(&s->st_max, &cur, gap)) {
+    }
+    cur = atomic_load(&v->st_max);
+    while (gap > cur && !atomic_compare_exchange_weak(&v->st_max, &cur, gap)) {
+    }
+    if (waited) {
+        uint64_t ms = wait_ns / 1000000u;
+        atomic_fetch_add(&s->st_waits, 1);
+        atomic_fetch_add(&v->st_waits, 1);
+        atomic_fetch_add(&s->st_wait_ms, ms);
+        atomic_fetch_add(&v->st_wait_ms, ms);
+    }
+}
+
+static void reply_pull(rpc_call *call, variable *v, uint64_t offset, uint64_t count)
+{
+    Psd__V1__PullReply rep = PSD__V1__PULL_REPLY__INIT;
+    rep.version = atomic_load(&v->version);
+    uint8_t *dst = rpc_reply_ok_segment(call, &rep.base, offset, count);
+    if (dst == NULL)
+        return;
+    pthread_mutex_lock(&v->lock);
+    memcpy(dst, v->params + (offset - v->offset), (size_t)count * sizeof(float));
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* Applies a BSP variable's aggregate, if any, as one optimizer step. */
+static void bsp_apply(server_state *st, variable *v)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&v->lock);
+    if (v->agg_count > 0) {
+        if (s->mean && v->agg_count > 1) {
+            float scale = 1.0f / (float)v->agg_count;
+            for (uint64_t i = 0; i < v->count; i++)
+                v->agg[i] *= scale;
+        }
+        float *slots[3];
+        for (size_t i = 0; i < v->nslots; i++)
+            slots[i] = v->slots[i];
+        optimizer_apply(&v->opt, v->params, v->agg, slots, (size_t)v->count);
+        memset(v->agg, 0, (size_t)v->count * sizeof(float));
+        memset(v->agg_workers, 0, (size_t)(s->max_workers + 63) / 64 * sizeof(uint64_t));
+        v->agg_count = 0;
+        atomic_fetch_add(&v->version, 1);
+        atomic_fetch_add(&st->updates_applied, 1);
+    }
+    pthread_mutex_unlock(&v->lock);
+}
+
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad,
+                   uint64_t first, uint64_t count)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&v->lock);
+    if (v->agg == NULL) {
+        v->agg = calloc(v->count ? (size_t)v->count : 1, sizeof(float));
+        v->agg_workers = calloc((size_t)(s->max_workers + 63) / 64, sizeof(uint64_t));
+        if (v->agg == NULL || v->agg_workers == NULL) {
+            free(v->agg);
+            free(v->agg_workers);
+            v->agg = NULL;
+            v->agg_workers = NULL;
+            pthread_mutex_unlock(&v->lock);
+            return -1;
+        }
+    }
+    const uint8_t *g = grad;
+    float *a = v->agg + first;
+    for (uint64_t i = 0; i < count; i++) {
+        float x;
+        memcpy(&x, g + 4 * i, sizeof(x));
+        a[i] += x;
+    }
+    if (worker >= 0 && worker < s->max_workers) {
+        uint64_t bit = 1ull << (worker % 64);
+        if (!(v->agg_workers[worker / 64] & bit)) {
+            v->agg_workers[worker / 64] |= bit;
+            v->agg_count++;
+        }
+    }
+    pthread_mutex_unlock(&v->lock);
+    return 0;
+}
+
+/* When the slowest live worker's clock has moved: applies BSP aggregates (all workers are
+ * past the clock they were pushed for), then answers the pulls the bound now allows. */
+static void advance(server_state *st)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->advance);
+    pthread_mutex_lock(&s->lock);
+    int64_t m = min_live_locked(s);
+    bool forward = m > s->applied_min;
+    bool moved = m != s->applied_min;
+    pthread_mutex_unlock(&s->lock);
+    if (!moved) {
+        pthread_mutex_unlock(&s->advance);
+        return;
+    }
+    if (forward) {
+        variable **vars;
+        size_t n = store_list(st->vars, &vars);
+        for (size_t i = 0; vars && i < n; i++)
+            if (vars[i]->staleness == 0)
+                bsp_apply(st, vars[i]);
+        free(vars);
+    }
+    waiter *ready = NULL;
+    pthread_mutex_lock(&s->lock);
+    s->applied_min = m;
+    for (waiter **pp = &s->waiters; *pp;) {
+        waiter *w = *pp;
+        if (w->need <= m) {
+            *pp = w->next;
+            w->next = ready;
+            ready = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    uint64_t now = time_now_ns();
+    while (ready) {
+        waiter *w = ready;
+        ready = w->next;
+        record_staleness(st, w->v, m == INT64_MAX ? 0 : w->clock - m, true, now - w->start_ns);
+        reply_pull(w->call, w->v, w->offset, w->count);
+        rpc_call_resume(w->call);
+        free(w);
+    }
+    pthread_mutex_unlock(&s->advance);
+}
+
+int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    heard_locked(s, worker);
+    worker_entry *w = &s->workers[worker];
+    if (clock > w->clock)
+        w->clock = clock;
+    int64_t rec = w->clock;
+    pthread_mutex_unlock(&s->lock);
+    advance(st);
+    *min_clock = sync_min_clock(st);
+    return rec;
+}
+
+void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
+               uint64_t offset, uint64_t count)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers) {
+        reply_pull(call, v, offset, count); /* not a worker: never waits, not counted */
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    heard_locked(s, worker);
+    int64_t m = min_live_locked(s);
+    int64_t need = v->staleness >= 0 ? clock - v->staleness : INT64_MIN;
+    if (v->staleness < 0 || need <= s->applied_min) {
+        pthread_mutex_unlock(&s->lock);
+        record_staleness(st, v, m == INT64_MAX ? 0 : clock - m, false, 0);
+        reply_pull(call, v, offset, count);
+        return;
+    }
+    waiter *w = calloc(1, sizeof(*w));
+    if (w == NULL || rpc_call_defer(call) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        free(w);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "too many pulls waiting for the staleness bound on this server");
+        return;
+    }
+    w->call = call;
+    w->v = v;
+    w->worker = worker;
+    w->clock = clock;
+    w->need = need;
+    w->offset = offset;
+    w->count = count;
+    w->start_ns = time_now_ns();
+    w->deadline_ns = rpc_call_deadline_ns(call);
+    w->next = s->waiters;
+    s->waiters = w;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Names the live workers behind `need`, for a timed-out wait's message. */
+static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char *buf,
+                              size_t cap)
+{
+    size_t off = 0;
+    int n = 0;
+    for (int i = 0; i < s->max_workers && off < cap; i++) {
+        const worker_entry *e = &s->workers[i];
+        if (!e->live || e->clock >= w->need)
+            continue;
+        off += (size_t)snprintf(buf + off, cap - off, "%sworker %d (clock %lld, last heard %llu ms ago)",
+                                n++ ? ", " : "", i, (long long)e->clock,
+                                (unsigned long long)((now - e->last_ns) / 1000000u));
+    }
+    if (n == 0)
+        snprintf(buf, cap, "the aggregated update of clock %lld", (long long)(w->need - 1));
+}
+
+void sync_sweep(server_state *st)
+{
+    sync_state *s = st->sync;
+    uint64_t now = time_now_ns();
+    bool evicted = false;
+    waiter *expired = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->max_workers; i++) {
+        worker_entry *e = &s->workers[i];
+        if (e->live && now - e->last_ns > s->timeout_ns) {
+            e->live = false;
+            evicted = true;
+            atomic_fetch_add(&s->evictions, 1);
+            log_warn("worker %d evicted: nothing heard for %llu ms (clock %lld); waits on it "
+                     "resume",
+                     i, (unsigned long long)((now - e->last_ns) / 1000000u),
+                     (long long)e->clock);
+        }
+    }
+    for (waiter **pp = &s->waiters; *pp;) {
+        waiter *w = *pp;
+        if (w->deadline_ns <= now) {
+            *pp = w->next;
+            char who[768];
+            describe_blockers(s, w, now, who, sizeof(who));
+            rpc_reply_error(w->call, STATUS_DEADLINE_EXCEEDED,
+                            "pull of \"%s\" at clock %lld (staleness bound %d) waited %llu ms "
+                            "and timed out waiting for %s",
+                            w->v->name, (long long)w->clock, (int)w->v->staleness,
+                            (unsigned long long)((now - w->start_ns) / 1000000u), who);
+            w->next = expired;
+            expired = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (expired) {
+        waiter *w = expired;
+        expired = w->next;
+        atomic_fetch_add(&s->st_timeouts, 1);
+        atomic_fetch_add(&w->v->st_timeouts, 1);
+        rpc_call_resume(w->call);
+        free(w);
+    }
+    if (evicted)
+        advance(st);
+}
+
+void sync_cancel_all(server_state *st, const char *why)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    waiter *all = s->waiters;
+    s->waiters = NULL;
+    pthread_mutex_unlock(&s->lock);
+    while (all) {
+        waiter *w = all;
+        all = w->next;
+        rpc_reply_error(w->call, STATUS_UNAVAILABLE, "%s", why);
+        rpc_call_resume(w->call);
+        free(w);
+    }
+}
+
+static void fill_stats(Psd__V1__StalenessStats *out, uint64_t *hist, int64_t max,
+                       const atomic_uint_fast64_t *h, uint64_t pulls, uint64_t waits,
+                       uint64_t wait_ms, uint64_t timeouts)
+{
+    psd__v1__staleness_stats__init(out);
+    for (int i = 0; i < STALENESS_BUCKETS; i++)
+        hist[i] = atomic_load(&h[i]);
+    out->max = max;
+    out->histogram = hist;
+    out->n_histogram = STALENESS_BUCKETS;
+    out->pulls = pulls;
+    out->waits = waits;
+    out->wait_ms = wait_ms;
+    out->timeouts = timeouts;
+}
+
+void sync_variable_stats(const variable *v, Psd__V1__StalenessStats *out, uint64_t *hist)
+{
+    fill_stats(out, hist, atomic_load(&v->st_max), v->st_hist, atomic_load(&v->st_pulls),
+               atomic_load(&v->st_waits), atomic_load(&v->st_wait_ms),
+               atomic_load(&v->st_timeouts));
+}
+
+void sync_status(server_state *st, Psd__V1__ServerStatusReply *rep)
+{
+    sync_state *s = st->sync;
+    Psd__V1__StalenessStats *ss = malloc(sizeof(*ss));
+    uint64_t *hist = malloc(STALENESS_BUCKETS * sizeof(uint64_t));
+    if (ss && hist) {
+        fill_stats(ss, hist, atomic_load(&s->st_max), s->st_hist, atomic_load(&s->st_pulls),
+                   atomic_load(&s->st_waits), atomic_load(&s->st_wait_ms),
+                   atomic_load(&s->st_timeouts));
+        rep->staleness = ss;
+    } else {
+        free(ss);
+        free(hist);
+    }
+    rep->evictions = atomic_load(&s->evictions);
+    uint64_t now = time_now_ns();
+    pthread_mutex_lock(&s->lock);
+    int64_t m = min_live_locked(s);
+    rep->min_clock = m == INT64_MAX ? -1 : m;
+    size_t n = 0;
+    for (int i = 0; i < s->max_workers; i++)
+        n += s->workers[i].known;
+    Psd__V1__WorkerStatus *ws = calloc(n ? n : 1, sizeof(*ws));
+    Psd__V1__WorkerStatus **wp = calloc(n ? n : 1, sizeof(*wp));
+    size_t k = 0;
+    for (int i = 0; ws && wp && i < s->max_workers; i++) {
+        const worker_entry *e = &s->workers[i];
+        if (!e->known)
+            continue;
+        psd__v1__worker_status__init(&ws[k]);
+        ws[k].id = i;
+        ws[k].clock = e->clock;
+        ws[k].live = e->live;
+        ws[k].silent_ms = (now - e->last_ns) / 1000000u;
+        wp[k] = &ws[k];
+        k++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (ws && wp && k > 0) {
+        rep->workers = wp;
+        rep->n_workers = k;
+    } else {
+        free(ws);
+        free(wp);
+    }
+}
+
+void sync_status_free(Psd__V1__ServerStatusReply *rep)
+{
+    if (rep->staleness) {
+        free(rep->staleness->histogram);
+        free(rep->staleness);
+    }
+    if (rep->workers) {
+        free(rep->workers[0]);
+        free(rep->workers);
+    }
+}

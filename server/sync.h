@@ -1,0 +1,71 @@
+/* Consistency across workers: the clock table, worker liveness, pulls that wait for a
+ * staleness bound, and BSP aggregation (DESIGN.md §6).
+ *
+ * Each worker (worker_id >= 0) has a clock and a last-heard time. Workers named in the
+ * cluster spec are expected from the start; a worker silent for longer than the timeout is
+ * evicted (logged) and the waits it held resume; one that comes back re-registers at least at
+ * the clock of the slowest live worker.
+ *
+ * A pull at clock c of a variable with bound s >= 0 waits until every live worker's clock is
+ * >= c - s and, for s = 0 (BSP), until the aggregated update of the clocks before is applied.
+ * Every wait ends: when the bound allows, or at the request's deadline with
+ * DEADLINE_EXCEEDED naming the workers it waited for, or UNAVAILABLE at shutdown. */
+#ifndef PSD_SERVER_SYNC_H
+#define PSD_SERVER_SYNC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc_server.h"
+#include "store.h"
+
+#define STALENESS_BUCKETS 13
+
+typedef struct server_state server_state;
+typedef struct sync_state sync_state;
+
+/* n_expected workers (ids 0..n-1) are registered at clock 0 from now. timeout_ms: silence
+ * after which a worker is evicted. mean: BSP divides the sum of gradients by the number of
+ * workers that contributed. Returns NULL on allocation failure. */
+sync_state *sync_create(int n_expected, uint32_t timeout_ms, bool mean, int max_workers);
+void sync_destroy(sync_state *s);
+
+/* Bucket of a staleness gap in the histogram (see StalenessStats in ps.proto). */
+int sync_bucket(int64_t gap);
+
+/* Notes that a worker was heard from (any request). Re-registers an evicted worker. */
+void sync_heard(server_state *st, int32_t worker);
+
+/* CLOCK: records the worker's clock (never lowering it). Returns the clock recorded and
+ * *min_clock the slowest live worker's. May apply BSP updates and resume waiting pulls. */
+int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock);
+
+/* PULL of [offset, offset+count) of v by worker at clock: replies now, or parks the call
+ * until the bound allows. */
+void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
+               uint64_t offset, uint64_t count);
+
+/* BSP push: adds the gradient (count floats, may be unaligned) to elements [first, first +
+ * count) of the variable's aggregate for the open clock. Returns 0, or -1 if memory for the
+ * aggregate can't be had. */
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad,
+                   uint64_t first, uint64_t count);
+
+/* Evicts silent workers and ends expired waits. Call periodically (every ~50 ms). */
+void sync_sweep(server_state *st);
+
+/* Ends every wait with UNAVAILABLE (shutdown). */
+void sync_cancel_all(server_state *st, const char *why);
+
+/* Clock of the slowest live worker (INT64_MAX if none). */
+int64_t sync_min_clock(server_state *st);
+
+/* Fills the status reply's worker table, staleness stats and evictions; the arrays it sets are
+ * freed with sync_status_free. */
+void sync_status(server_state *st, Psd__V1__ServerStatusReply *rep);
+void sync_status_free(Psd__V1__ServerStatusReply *rep);
+
+/* Copies a variable's observed staleness into a StalenessStats (hist: STALENESS_BUCKETS). */
+void sync_variable_stats(const variable *v, Psd__V1__StalenessStats *out, uint64_t *hist);
+
+#endif
