@@ -51,6 +51,8 @@ static void clear_error(void)
     last_error[0] = '\0';
 }
 
+static void *heartbeat_main(void *arg);
+
 /* ---- configuration ----------------------------------------------------------------------- */
 
 struct ps_config {
@@ -122,6 +124,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->heartbeat_cond, NULL);
     cluster_spec cl;
     memset(&cl, 0, sizeof(cl));
     if (cluster_from_options(cfg->opts, &cl, err, sizeof(err)) != 0) {
@@ -178,7 +181,12 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         }
     }
     cluster_fini(&cl);
+    c->heartbeat_ms = (uint32_t)options_get_int(o, "heartbeat-ms");
     ps_config_destroy(own);
+    if (c->worker_id >= 0 && c->heartbeat_ms > 0) {
+        if (pthread_create(&c->heartbeat, NULL, heartbeat_main, c) == 0)
+            c->heartbeat_running = true;
+    }
     *out = c;
     return PS_OK;
 }
@@ -187,6 +195,13 @@ void ps_client_close(ps_client *c)
 {
     if (c == NULL)
         return;
+    if (c->heartbeat_running) {
+        pthread_mutex_lock(&c->lock);
+        c->closing = true;
+        pthread_cond_broadcast(&c->heartbeat_cond);
+        pthread_mutex_unlock(&c->lock);
+        pthread_join(c->heartbeat, NULL);
+    }
     for (int i = 0; i < c->nservers; i++)
         rpc_conn_close(c->servers[i]);
     free(c->servers);
@@ -196,6 +211,7 @@ void ps_client_close(ps_client *c)
     }
     free(c->vars);
     pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->heartbeat_cond);
     free(c);
 }
 
@@ -290,9 +306,9 @@ static void unary_done(void *arg, int status, const char *message, const frame *
     pthread_mutex_unlock(&u->lock);
 }
 
-int client_unary(ps_client *c, const int *servers, int nservers, int method,
-                 const ProtobufCMessage *request, const ProtobufCMessageDescriptor *reply_desc,
-                 ProtobufCMessage **replies)
+int client_unary_opts(ps_client *c, const rpc_call_opts *opts, const int *servers, int nservers,
+                      int method, const ProtobufCMessage *request,
+                      const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **replies)
 {
     unary u = {.c = c, .method = method, .request = request, .reply_desc = reply_desc};
     unary_part *parts = calloc((size_t)nservers, sizeof(*parts));
@@ -330,6 +346,13 @@ int client_unary(ps_client *c, const int *servers, int nservers, int method,
     pthread_mutex_destroy(&u.lock);
     pthread_cond_destroy(&u.cond);
     return status;
+}
+
+int client_unary(ps_client *c, const int *servers, int nservers, int method,
+                 const ProtobufCMessage *request, const ProtobufCMessageDescriptor *reply_desc,
+                 ProtobufCMessage **replies)
+{
+    return client_unary_opts(c, &c->call, servers, nservers, method, request, reply_desc, replies);
 }
 
 void client_free_replies(ProtobufCMessage **replies, int n)
@@ -373,12 +396,57 @@ int ps_clock(ps_client *c, int64_t *clock_out)
     }
     rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
                       &psd__v1__clock_reply__descriptor, replies);
+    /* A worker that was evicted continues from the clock the servers gave it. */
+    for (int i = 0; rc == PS_OK && i < c->nservers; i++) {
+        int64_t given = ((const Psd__V1__ClockReply *)replies[i])->clock;
+        if (given > now)
+            now = given;
+    }
+    int64_t cur = atomic_load(&c->clock);
+    while (now > cur && !atomic_compare_exchange_weak(&c->clock, &cur, now)) {
+    }
     client_free_replies(replies, c->nservers);
     free(replies);
     free(servers);
     if (clock_out)
-        *clock_out = now;
+        *clock_out = atomic_load(&c->clock);
     return rc;
+}
+
+/* Background heartbeats: a CLOCK carrying the current clock (the servers never lower it), with
+ * a short deadline and no retries so that closing never waits long. */
+static void *heartbeat_main(void *arg)
+{
+    ps_client *c = arg;
+    rpc_call_opts o = {.deadline_ms = c->heartbeat_ms > 1000 ? c->heartbeat_ms : 1000,
+                       .retries = 0,
+                       .backoff_ms = 1};
+    int *servers;
+    if (client_all_servers(c, &servers) != PS_OK)
+        return NULL;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    pthread_mutex_lock(&c->lock);
+    while (!c->closing && replies) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->heartbeat_ms * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&c->heartbeat_cond, &c->lock, &ts);
+        if (c->closing)
+            break;
+        pthread_mutex_unlock(&c->lock);
+        Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
+        memset(replies, 0, (size_t)c->nservers * sizeof(*replies));
+        (void)client_unary_opts(c, &o, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
+                                &psd__v1__clock_reply__descriptor, replies);
+        client_free_replies(replies, c->nservers);
+        pthread_mutex_lock(&c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(replies);
+    free(servers);
+    return NULL;
 }
 
 int ps_server_status(ps_client *c, int server, ps_server_stats *out)
@@ -406,9 +474,27 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
         out->bytes_out = r->bytes_out;
         out->bytes_held = r->bytes_held;
         out->num_variables = (uint32_t)r->n_variables;
+        out->min_clock = r->min_clock;
+        out->evictions = r->evictions;
+        for (size_t i = 0; i < r->n_workers; i++)
+            out->live_workers += r->workers[i]->live;
+        if (r->staleness)
+            client_add_staleness(&out->staleness, r->staleness);
     }
     client_free_replies(&reply, 1);
     return rc;
+}
+
+void client_add_staleness(ps_staleness_stats *out, const Psd__V1__StalenessStats *s)
+{
+    if (s->max > out->max)
+        out->max = s->max;
+    out->pulls += s->pulls;
+    out->waits += s->waits;
+    out->wait_ms += s->wait_ms;
+    out->timeouts += s->timeouts;
+    for (size_t i = 0; i < s->n_histogram && i < PS_STALENESS_BUCKETS; i++)
+        out->histogram[i] += s->histogram[i];
 }
 
 static int broadcast_empty(ps_client *c, int method, const ProtobufCMessage *req,

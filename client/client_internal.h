@@ -31,9 +31,14 @@ struct ps_client {
     atomic_uint_fast64_t next_request;
     atomic_uint_fast64_t next_seq;
     atomic_int_fast64_t clock;
-    pthread_mutex_t lock; /* guards vars */
+    pthread_mutex_t lock; /* guards vars and the heartbeat state */
     ps_var **vars;
     size_t nvars, capvars;
+    /* Heartbeats of a worker client (worker_id >= 0, heartbeat-ms > 0). */
+    uint32_t heartbeat_ms;
+    pthread_t heartbeat;
+    bool heartbeat_running, closing;
+    pthread_cond_t heartbeat_cond;
 };
 
 /* Sets this thread's ps_last_error and returns status. */
@@ -52,7 +57,14 @@ int client_build(envelope *env, const ProtobufCMessage *body, const void *segmen
 int client_unary(ps_client *c, const int *servers, int n, int method,
                  const ProtobufCMessage *request, const ProtobufCMessageDescriptor *reply_desc,
                  ProtobufCMessage **replies);
+/* Same with explicit call options (deadline, retries). */
+int client_unary_opts(ps_client *c, const rpc_call_opts *opts, const int *servers, int n,
+                      int method, const ProtobufCMessage *request,
+                      const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **replies);
 void client_free_replies(ProtobufCMessage **replies, int n);
 int client_all_servers(ps_client *c, int **out);
+
+/* Adds a server's staleness statistics into out (max of maxima, sums of the rest). */
+void client_add_staleness(ps_staleness_stats *out, const Psd__V1__StalenessStats *s);
 
 #endif

@@ -138,12 +138,18 @@ typedef struct ps_var_spec {
     double beta1, beta2;
     double epsilon;             /* adam, adagrad */
     double initial_accumulator; /* adagrad */
-    int staleness;              /* -1 asynchronous (reserved for bounded staleness) */
+    int staleness;              /* bound: see PS_STALENESS_* */
 } ps_var_spec;
+
+/* Staleness bounds (ps_var_spec.staleness). A pull by a worker at clock c of a variable with
+ * bound s >= 0 returns only when every live worker's clock is >= c - s. */
+#define PS_STALENESS_ASYNC (-1)   /* never wait */
+#define PS_STALENESS_BSP 0        /* synchronous: one aggregated update per clock */
+#define PS_STALENESS_DEFAULT (-2) /* the servers' default-staleness setting */
 
 /* Fills spec with defaults: float32, scalar, zeros, SGD with learning rate 0.01, seed 0,
  * momentum 0.9, beta1 0.9, beta2 0.999, epsilon 1e-8, initial accumulator 0.1,
- * staleness -1. name is stored as given (not copied). */
+ * staleness PS_STALENESS_DEFAULT. name is stored as given (not copied). */
 void ps_var_spec_init(ps_var_spec *spec, const char *name);
 
 /* Creates the variable on its owning server(s), or finds it if a variable with the same name
@@ -168,6 +174,24 @@ int ps_var_ndims(const ps_var *v);
 uint64_t ps_var_dim(const ps_var *v, int i);
 /* Number of servers the variable is split over (1 for a variable held whole). */
 int ps_var_num_shards(const ps_var *v);
+/* The variable's staleness bound as the servers enforce it (-1, 0 or s > 0). */
+int ps_var_staleness_bound(const ps_var *v);
+
+/* Observed staleness of the pulls of one variable by workers, summed over its servers: the
+ * gap between the reading worker's clock and the slowest live worker's. */
+#define PS_STALENESS_BUCKETS 13
+typedef struct ps_staleness_stats {
+    int64_t max;      /* largest gap seen */
+    uint64_t pulls;   /* pulls by workers */
+    uint64_t waits;   /* pulls that waited for the bound */
+    uint64_t wait_ms; /* total time they waited */
+    uint64_t timeouts;
+    /* histogram[g] counts gaps g = 0..8; then [9] 9-16, [10] 17-32, [11] 33-64, [12] > 64 */
+    uint64_t histogram[PS_STALENESS_BUCKETS];
+} ps_staleness_stats;
+
+/* Reads the observed staleness of v from the servers holding it. Blocks. */
+int ps_var_staleness(ps_client *c, ps_var *v, ps_staleness_stats *out);
 
 /* ---- pull and push (blocking) ----------------------------------------------------------- */
 
@@ -218,8 +242,11 @@ void ps_op_destroy(ps_op *op);
 
 /* ---- clock and cluster ------------------------------------------------------------------ */
 
-/* Advances this client's clock by one and reports it to every server (also a heartbeat).
- * *clock_out (may be NULL) receives the new clock. Blocks. */
+/* Advances this client's clock by one and reports it to every server. Call it after the
+ * pushes of the clock have completed: under BSP the servers apply the aggregated update once
+ * every live worker has clocked past it. A worker client also sends heartbeats in the
+ * background (setting heartbeat-ms); a worker that was evicted continues from the clock the
+ * servers give it. *clock_out (may be NULL) receives the new clock. Blocks. */
 int ps_clock(ps_client *c, int64_t *clock_out);
 /* This client's current clock. Does not block. */
 int64_t ps_client_clock(const ps_client *c);
@@ -234,6 +261,10 @@ typedef struct ps_server_stats {
     uint64_t bytes_in, bytes_out;
     uint64_t bytes_held; /* parameters and optimizer state */
     uint32_t num_variables;
+    int64_t min_clock; /* slowest live worker's clock, -1 if none */
+    uint32_t live_workers;
+    uint64_t evictions;
+    ps_staleness_stats staleness; /* all variables */
 } ps_server_stats;
 
 /* Asks server `server` (0..num_servers-1) for its counters. Blocks. */

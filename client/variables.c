@@ -19,7 +19,7 @@ void ps_var_spec_init(ps_var_spec *spec, const char *name)
     spec->beta2 = 0.999;
     spec->epsilon = 1e-8;
     spec->initial_accumulator = 0.1;
-    spec->staleness = -1;
+    spec->staleness = PS_STALENESS_DEFAULT;
 }
 
 const char *ps_var_name(const ps_var *v)
@@ -40,6 +40,11 @@ int ps_var_ndims(const ps_var *v)
 uint64_t ps_var_dim(const ps_var *v, int i)
 {
     return (i >= 0 && i < v->spec.ndims) ? v->spec.dims[i] : 0;
+}
+
+int ps_var_staleness_bound(const ps_var *v)
+{
+    return v->spec.staleness;
 }
 
 int ps_var_num_shards(const ps_var *v)
@@ -173,12 +178,17 @@ int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out)
     }
     rc = client_unary(c, servers, n, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
                       &psd__v1__create_variable_reply__descriptor, replies);
+    int staleness = spec->staleness;
+    if (rc == PS_OK)
+        staleness = ((const Psd__V1__CreateVariableReply *)replies[0])->staleness;
     client_free_replies(replies, n);
     free(replies);
     free(servers);
     if (rc != PS_OK)
         return rc;
     ps_var *v = make_var(spec, split, ns);
+    if (v)
+        v->spec.staleness = staleness;
     if (v == NULL || (v = remember(c, v)) == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     *out = v;
@@ -303,4 +313,43 @@ void ps_names_free(char **names, size_t count)
     for (size_t i = 0; i < count; i++)
         free(names[i]);
     free(names);
+}
+
+int ps_var_staleness(ps_client *c, ps_var *v, ps_staleness_stats *out)
+{
+    if (c == NULL || v == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_staleness: NULL argument");
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    int n = v->split ? c->nservers : 1;
+    if (!v->split)
+        servers[0] = (int)v->owner;
+    ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    rc = client_unary(c, servers, n, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                      &psd__v1__server_status_reply__descriptor, replies);
+    memset(out, 0, sizeof(*out));
+    bool found = false;
+    for (int i = 0; rc == PS_OK && i < n; i++) {
+        const Psd__V1__ServerStatusReply *r = (const void *)replies[i];
+        for (size_t j = 0; j < r->n_variables; j++) {
+            const Psd__V1__VariableStatus *vs = r->variables[j];
+            if (strcmp(vs->name, v->name) != 0 || vs->observed == NULL)
+                continue;
+            found = true;
+            client_add_staleness(out, vs->observed);
+        }
+    }
+    client_free_replies(replies, n);
+    free(replies);
+    free(servers);
+    if (rc == PS_OK && !found)
+        rc = client_fail(PS_NOT_FOUND, "no server reports variable \"%s\"", v->name);
+    return rc;
 }

@@ -310,9 +310,8 @@ static void handle_clock(rpc_call *call, void *arg)
     server_state *st = arg;
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "clock needs a worker id in [0, %d), got %d", SERVER_MAX_WORKERS,
-                        (int)env->worker_id);
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",
+                        SERVER_MAX_WORKERS, (int)env->worker_id);
         return;
     }
     Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
@@ -403,8 +402,7 @@ const rpc_method server_methods[] = {
      RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT},
-    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock,
-     RPC_POOL},
+    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
     {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,

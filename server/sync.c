@@ -209,8 +209,8 @@ static void bsp_apply(server_state *st, variable *v)
     pthread_mutex_unlock(&v->lock);
 }
 
-int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad,
-                   uint64_t first, uint64_t count)
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, uint64_t first,
+                   uint64_t count)
 {
     sync_state *s = st->sync;
     pthread_mutex_lock(&v->lock);
@@ -342,15 +342,19 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
     w->offset = offset;
     w->count = count;
     w->start_ns = time_now_ns();
-    w->deadline_ns = rpc_call_deadline_ns(call);
+    /* End the wait a little before the caller gives up, so that it hears which worker it
+     * waited for rather than a bare transport timeout. */
+    uint64_t dl = rpc_call_deadline_ns(call);
+    uint64_t budget = dl > w->start_ns ? dl - w->start_ns : 0;
+    uint64_t margin = budget / 4 < 100000000u ? budget / 4 : 100000000u;
+    w->deadline_ns = dl - margin;
     w->next = s->waiters;
     s->waiters = w;
     pthread_mutex_unlock(&s->lock);
 }
 
 /* Names the live workers behind `need`, for a timed-out wait's message. */
-static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char *buf,
-                              size_t cap)
+static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char *buf, size_t cap)
 {
     size_t off = 0;
     int n = 0;
@@ -358,8 +362,9 @@ static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char
         const worker_entry *e = &s->workers[i];
         if (!e->live || e->clock >= w->need)
             continue;
-        off += (size_t)snprintf(buf + off, cap - off, "%sworker %d (clock %lld, last heard %llu ms ago)",
-                                n++ ? ", " : "", i, (long long)e->clock,
+        off += (size_t)snprintf(buf + off, cap - off,
+                                "%sworker %d (clock %lld, last heard %llu ms ago)", n++ ? ", " : "",
+                                i, (long long)e->clock,
                                 (unsigned long long)((now - e->last_ns) / 1000000u));
     }
     if (n == 0)
@@ -381,8 +386,7 @@ void sync_sweep(server_state *st)
             atomic_fetch_add(&s->evictions, 1);
             log_warn("worker %d evicted: nothing heard for %llu ms (clock %lld); waits on it "
                      "resume",
-                     i, (unsigned long long)((now - e->last_ns) / 1000000u),
-                     (long long)e->clock);
+                     i, (unsigned long long)((now - e->last_ns) / 1000000u), (long long)e->clock);
         }
     }
     for (waiter **pp = &s->waiters; *pp;) {

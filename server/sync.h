@@ -48,8 +48,8 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
 /* BSP push: adds the gradient (count floats, may be unaligned) to elements [first, first +
  * count) of the variable's aggregate for the open clock. Returns 0, or -1 if memory for the
  * aggregate can't be had. */
-int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad,
-                   uint64_t first, uint64_t count);
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, uint64_t first,
+                   uint64_t count);
 
 /* Evicts silent workers and ends expired waits. Call periodically (every ~50 ms). */
 void sync_sweep(server_state *st);

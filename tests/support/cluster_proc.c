@@ -59,6 +59,12 @@ static bool port_open(int port)
 
 int test_cluster_start(test_cluster *tc, const char *server_bin, int n, const char *const *extra)
 {
+    return test_cluster_start_workers(tc, server_bin, n, 0, extra);
+}
+
+int test_cluster_start_workers(test_cluster *tc, const char *server_bin, int n, int n_workers,
+                               const char *const *extra)
+{
     memset(tc, 0, sizeof(*tc));
     tc->n = n;
     size_t off = (size_t)snprintf(tc->spec, sizeof(tc->spec), "{\"ps\":[");
@@ -67,7 +73,15 @@ int test_cluster_start(test_cluster *tc, const char *server_bin, int n, const ch
         off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, "%s\"127.0.0.1:%d\"",
                                 i ? "," : "", tc->ports[i]);
     }
-    snprintf(tc->spec + off, sizeof(tc->spec) - off, "]}");
+    off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, "]");
+    if (n_workers > 0) {
+        off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, ",\"worker\":[");
+        for (int i = 0; i < n_workers; i++)
+            off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, "%s\"127.0.0.1:%d\"",
+                                    i ? "," : "", 1 + i);
+        off += (size_t)snprintf(tc->spec + off, sizeof(tc->spec) - off, "]");
+    }
+    snprintf(tc->spec + off, sizeof(tc->spec) - off, "}");
     for (int i = 0; i < n; i++) {
         char tf[1200];
         test_cluster_tf_config(tc, "ps", i, tf, sizeof(tf));

@@ -26,6 +26,11 @@ int test_free_port(void);
  * the test process (PR_SET_PDEATHSIG). */
 int test_cluster_start(test_cluster *tc, const char *server_bin, int n, const char *const *extra);
 
+/* Same with n_workers worker entries in the spec (addresses nobody listens on: workers are
+ * clients), so that the servers expect that many workers. */
+int test_cluster_start_workers(test_cluster *tc, const char *server_bin, int n, int n_workers,
+                               const char *const *extra);
+
 /* Sends SIGTERM to every server and waits; returns 0 if all exited with status 0. */
 int test_cluster_stop(test_cluster *tc);
 
