@@ -265,11 +265,11 @@ const option_def options_table[] = {
     {.name = "staleness",
      .type = OPT_INT,
      .scope = W,
-     .defval = "-1",
-     .min = -1,
+     .defval = "-2",
+     .min = -2,
      .max = 1000000,
-     .help = "Staleness bound of the model's variables: -1 asynchronous, 0 synchronous, "
-             "s > 0 bounded."},
+     .help = "Staleness bound of the model's variables: -2 the servers' default-staleness, "
+             "-1 asynchronous, 0 synchronous (BSP), s > 0 bounded (SSP)."},
     {.name = "epochs",
      .type = OPT_INT,
      .scope = W,
@@ -352,8 +352,8 @@ const option_def options_table[] = {
      .type = OPT_BOOL,
      .scope = W,
      .defval = "true",
-     .help = "With staleness -1, push each gradient and get the new parameters in one "
-             "round trip (push-pull) instead of a separate pull per step."},
+     .help = "For asynchronous variables, push each gradient and get the new parameters in "
+             "one round trip (push-pull) instead of a separate pull per step."},
     {.name = "model-name",
      .type = OPT_STRING,
      .scope = W,

@@ -362,10 +362,10 @@ static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char
         const worker_entry *e = &s->workers[i];
         if (!e->live || e->clock >= w->need)
             continue;
-        off += (size_t)snprintf(buf + off, cap - off,
-                                "%sworker %d (clock %lld, last heard %llu ms ago)", n++ ? ", " : "",
-                                i, (long long)e->clock,
-                                (unsigned long long)((now - e->last_ns) / 1000000u));
+        off += (size_t)snprintf(
+            buf + off, cap - off, "%sworker %d (clock %lld, last heard %llu ms ago)",
+            n++ ? ", " : "", i, (long long)e->clock,
+            (unsigned long long)(now > e->last_ns ? (now - e->last_ns) / 1000000u : 0));
     }
     if (n == 0)
         snprintf(buf, cap, "the aggregated update of clock %lld", (long long)(w->need - 1));
@@ -374,13 +374,15 @@ static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char
 void sync_sweep(server_state *st)
 {
     sync_state *s = st->sync;
-    uint64_t now = time_now_ns();
     bool evicted = false;
     waiter *expired = NULL;
     pthread_mutex_lock(&s->lock);
+    /* Read the time under the lock: a worker heard a moment ago must not look heard in the
+     * future (an unsigned difference would make it look silent for centuries). */
+    uint64_t now = time_now_ns();
     for (int i = 0; i < s->max_workers; i++) {
         worker_entry *e = &s->workers[i];
-        if (e->live && now - e->last_ns > s->timeout_ns) {
+        if (e->live && now > e->last_ns && now - e->last_ns > s->timeout_ns) {
             e->live = false;
             evicted = true;
             atomic_fetch_add(&s->evictions, 1);
@@ -473,8 +475,8 @@ void sync_status(server_state *st, Psd__V1__ServerStatusReply *rep)
         free(hist);
     }
     rep->evictions = atomic_load(&s->evictions);
-    uint64_t now = time_now_ns();
     pthread_mutex_lock(&s->lock);
+    uint64_t now = time_now_ns();
     int64_t m = min_live_locked(s);
     rep->min_clock = m == INT64_MAX ? -1 : m;
     size_t n = 0;
@@ -491,7 +493,7 @@ void sync_status(server_state *st, Psd__V1__ServerStatusReply *rep)
         ws[k].id = i;
         ws[k].clock = e->clock;
         ws[k].live = e->live;
-        ws[k].silent_ms = (now - e->last_ns) / 1000000u;
+        ws[k].silent_ms = now > e->last_ns ? (now - e->last_ns) / 1000000u : 0;
         wp[k] = &ws[k];
         k++;
     }

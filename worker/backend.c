@@ -31,7 +31,11 @@ static void put_err(char *err, size_t errlen, const char *fmt, ...)
 
 const char *backend_available(void)
 {
+#ifdef WORKER_HAVE_CUDA
+    return "cpu,cuda";
+#else
     return "cpu";
+#endif
 }
 
 int backend_open(const char *name, const backend_options *opts, backend **out, const char **why,
@@ -50,14 +54,28 @@ int backend_open(const char *name, const backend_options *opts, backend **out, c
     if (strcmp(name, "cpu") == 0)
         return backend_cpu_create(opts, out, err, errlen);
     if (strcmp(name, "cuda") == 0) {
-        /* The CUDA backend arrives with its own constructor; until then a request for it
-         * is a configuration error the caller reports before connecting anywhere. */
+#ifdef WORKER_HAVE_CUDA
+        return backend_cuda_create(opts, out, err, errlen);
+#else
+        /* A request for a backend this build lacks is a configuration error, reported before
+         * the worker connects anywhere. */
         put_err(err, errlen, "CUDA backend not built (this build has: %s)", backend_available());
         return BACKEND_EUNAVAIL;
+#endif
     }
     if (strcmp(name, "auto") == 0) {
+#ifdef WORKER_HAVE_CUDA
+        int rc = backend_cuda_create(opts, out, err, errlen);
+        if (rc == 0 && why != NULL)
+            *why = "device auto: a CUDA device answers, using cuda";
+        if (rc != BACKEND_EUNAVAIL)
+            return rc;
+        if (why != NULL)
+            *why = "device auto: no CUDA device answers, using cpu";
+#else
         if (why != NULL)
             *why = "device auto: CUDA backend not built, using cpu";
+#endif
         return backend_cpu_create(opts, out, err, errlen);
     }
     put_err(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", name);
@@ -156,8 +174,8 @@ int backend_upload(backend *be, backend_buf *buf, size_t off, const void *src, s
 int backend_download(backend *be, const backend_buf *buf, size_t off, void *dst, size_t bytes)
 {
     if (!range_ok(buf, off, bytes) || (dst == NULL && bytes != 0))
-        return backend_fail(be, BACKEND_EINVAL, "download: range [%zu, +%zu) outside buffer",
-                            off, bytes);
+        return backend_fail(be, BACKEND_EINVAL, "download: range [%zu, +%zu) outside buffer", off,
+                            bytes);
     return be->vt->download(be, buf, off, dst, bytes);
 }
 
@@ -243,8 +261,8 @@ int backend_act_forward(backend *be, backend_act act, const backend_buf *x, back
     return be->vt->act_forward(be, act, x, y, n);
 }
 
-int backend_act_backward(backend *be, backend_act act, const backend_buf *y,
-                         const backend_buf *dy, backend_buf *dx, size_t n)
+int backend_act_backward(backend *be, backend_act act, const backend_buf *y, const backend_buf *dy,
+                         backend_buf *dx, size_t n)
 {
     if (!act_ok(act) || !holds(y, n, F4) || !holds(dy, n, F4) || !holds(dx, n, F4))
         return backend_fail(be, BACKEND_EINVAL, "act_backward: bad arguments (n=%zu)", n);

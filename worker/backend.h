@@ -42,10 +42,10 @@ typedef struct backend_event backend_event;
 
 typedef enum backend_error {
     BACKEND_OK = 0,
-    BACKEND_EINVAL = -1,      /* bad argument or shape */
-    BACKEND_ENOMEM = -2,      /* host or device memory exhausted */
-    BACKEND_EUNAVAIL = -3,    /* backend not built, or no device answers */
-    BACKEND_EDEVICE = -4,     /* device error while running */
+    BACKEND_EINVAL = -1,   /* bad argument or shape */
+    BACKEND_ENOMEM = -2,   /* host or device memory exhausted */
+    BACKEND_EUNAVAIL = -3, /* backend not built, or no device answers */
+    BACKEND_EDEVICE = -4,  /* device error while running */
 } backend_error;
 
 typedef enum backend_act {
@@ -144,8 +144,8 @@ int backend_act_forward(backend *be, backend_act act, const backend_buf *x, back
 
 /* dX = dY * act'(.) elementwise, expressed through the forward OUTPUT Y
  * (relu: Y > 0; tanh: 1 - Y^2; identity: 1). dX may be dY. */
-int backend_act_backward(backend *be, backend_act act, const backend_buf *y,
-                         const backend_buf *dy, backend_buf *dx, size_t n);
+int backend_act_backward(backend *be, backend_act act, const backend_buf *y, const backend_buf *dy,
+                         backend_buf *dx, size_t n);
 
 /* Softmax cross-entropy over the m x c matrix of logits and the m int32
  * labels (each in [0, c); a label outside is a caller bug: the row counts as
@@ -197,8 +197,8 @@ typedef struct backend_vtable {
                    backend_buf *out);
     int (*act_forward)(backend *be, backend_act act, const backend_buf *x, backend_buf *y,
                        size_t n);
-    int (*act_backward)(backend *be, backend_act act, const backend_buf *y,
-                        const backend_buf *dy, backend_buf *dx, size_t n);
+    int (*act_backward)(backend *be, backend_act act, const backend_buf *y, const backend_buf *dy,
+                        backend_buf *dx, size_t n);
     int (*softmax_xent)(backend *be, const backend_buf *logits, const backend_buf *labels, int m,
                         int c, float grad_scale, backend_buf *dlogits, backend_buf *loss,
                         backend_buf *correct);
@@ -222,7 +222,22 @@ struct backend_buf {
 /* Records a message for backend_errmsg (printf-style) and returns code. */
 int backend_fail(backend *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* Constructors of the built-in implementations (backend_open calls them). */
+/* OpenBLAS (0.3.21 in Debian 12) falls back to its slowest x86-64 kernels (Prescott, SSE3) on
+ * CPU models it does not know, such as recent Xeons under a hypervisor; the choice is made
+ * when the library loads, from OPENBLAS_CORETYPE. Returns the core type to set in the
+ * environment before re-executing the program ("SkylakeX" with AVX-512, "Haswell" with AVX2 and
+ * FMA) when OPENBLAS_CORETYPE is unset, OpenBLAS chose a fallback kernel and the CPU can run a
+ * faster one; NULL otherwise (also without OpenBLAS). Does not block. */
+const char *backend_cpu_better_coretype(void);
+
+/* Name of the kernel set the BLAS uses ("SkylakeX"), or "" when unknown. */
+const char *backend_cpu_blas_core(void);
+
+/* Constructors of the built-in implementations (backend_open calls them). Each returns 0,
+ * BACKEND_EINVAL (bad options), BACKEND_EUNAVAIL (no usable device: backend_open's "auto"
+ * then falls back to the CPU) or BACKEND_ENOMEM, with a message in err. The CUDA one exists
+ * in builds with WORKER_HAVE_CUDA defined. */
 int backend_cpu_create(const backend_options *opts, backend **out, char *err, size_t errlen);
+int backend_cuda_create(const backend_options *opts, backend **out, char *err, size_t errlen);
 
 #endif /* WORKER_BACKEND_H */

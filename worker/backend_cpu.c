@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef struct cpu_backend {
     backend base;
@@ -138,8 +139,8 @@ static int cpu_gemm(backend *be, bool trans_a, bool trans_b, int m, int n, int k
             C[i] = beta == 0.0f ? 0.0f : beta * C[i];
         return 0;
     }
-    if (beta == 0.0f)
-        memset(C, 0, (size_t)m * (size_t)n * sizeof(float)); /* NaN in C must not leak */
+    /* BLAS semantics: with beta == 0, C is not read (NaN in it does not leak); the unit tests
+     * check that OpenBLAS keeps to it. */
     int lda = trans_a ? m : k;
     int ldb = trans_b ? k : n;
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -210,8 +211,12 @@ static int cpu_act_backward(backend *be, backend_act act, const backend_buf *y,
     float *dX = fdata(dx);
     switch (act) {
     case BACKEND_ACT_RELU:
-        for (size_t i = 0; i < n; i++)
-            dX[i] = Y[i] > 0.0f ? dY[i] : 0.0f;
+        /* Both loads unconditional, so that the select vectorizes instead of branching on
+         * the (random) sign of every activation. */
+        for (size_t i = 0; i < n; i++) {
+            float g = dY[i];
+            dX[i] = Y[i] > 0.0f ? g : 0.0f;
+        }
         break;
     case BACKEND_ACT_TANH:
         for (size_t i = 0; i < n; i++)
@@ -226,8 +231,8 @@ static int cpu_act_backward(backend *be, backend_act act, const backend_buf *y,
 }
 
 static int cpu_softmax_xent(backend *be, const backend_buf *logits, const backend_buf *labels,
-                            int m, int c, float grad_scale, backend_buf *dlogits,
-                            backend_buf *loss, backend_buf *correct)
+                            int m, int c, float grad_scale, backend_buf *dlogits, backend_buf *loss,
+                            backend_buf *correct)
 {
     const float *Z = fdata(logits);
     const int32_t *lab = (const int32_t *)((const cpu_buf *)labels)->data;
@@ -327,6 +332,43 @@ static const backend_vtable cpu_vtable = {
     .scale = cpu_scale,
     .sum_squares = cpu_sum_squares,
 };
+
+const char *backend_cpu_blas_core(void)
+{
+#ifdef WORKER_HAVE_OPENBLAS_THREADS
+    const char *name = openblas_get_corename();
+    return name != NULL ? name : "";
+#else
+    return "";
+#endif
+}
+
+const char *backend_cpu_better_coretype(void)
+{
+#if defined(WORKER_HAVE_OPENBLAS_THREADS) && (defined(__x86_64__) || defined(__i386__))
+    if (getenv("OPENBLAS_CORETYPE") != NULL)
+        return NULL;
+    const char *core = backend_cpu_blas_core();
+    /* The generic fallbacks of OpenBLAS's dynamic-arch x86 builds. */
+    static const char *const fallbacks[] = {"Prescott", "Core2",      "Nehalem", "Sandybridge",
+                                            "Penryn",   "Dunnington", "Atom"};
+    bool fallback = false;
+    for (size_t i = 0; i < sizeof(fallbacks) / sizeof(fallbacks[0]); i++)
+        fallback = fallback || strcasecmp(core, fallbacks[i]) == 0;
+    if (!fallback)
+        return NULL;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        strcasecmp(core, "Haswell") != 0)
+        return "Haswell";
+    return NULL;
+#else
+    return NULL;
+#endif
+}
 
 int backend_cpu_create(const backend_options *opts, backend **out, char *err, size_t errlen)
 {

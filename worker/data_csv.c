@@ -10,7 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {

@@ -17,7 +17,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -97,13 +98,14 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     }
     if (hdr[0] != 0 || hdr[1] != 0) {
         fail(err, errlen,
-             "%s: not an IDX file: bad magic %02x %02x %02x %02x (expected 00 00 08 <rank>)",
-             path, hdr[0], hdr[1], hdr[2], hdr[3]);
+             "%s: not an IDX file: bad magic %02x %02x %02x %02x (expected 00 00 08 <rank>)", path,
+             hdr[0], hdr[1], hdr[2], hdr[3]);
         goto out;
     }
     if (hdr[2] != 0x08) {
-        fail(err, errlen, "%s: IDX element type 0x%02x is not supported (expected 0x08, unsigned byte)",
-             path, hdr[2]);
+        fail(err, errlen,
+             "%s: IDX element type 0x%02x is not supported (expected 0x08, unsigned byte)", path,
+             hdr[2]);
         goto out;
     }
     out->rank = hdr[3];
@@ -135,8 +137,9 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
         }
         out->count *= out->dims[i]; /* at most 3 factors below 2^32 each: checked below */
         if (out->count > DATA_MAX_BYTES) {
-            fail(err, errlen, "%s: header claims more than %llu bytes of data: corrupt or too large",
-                 path, (unsigned long long)DATA_MAX_BYTES);
+            fail(err, errlen,
+                 "%s: header claims more than %llu bytes of data: corrupt or too large", path,
+                 (unsigned long long)DATA_MAX_BYTES);
             goto out;
         }
     }
@@ -162,8 +165,8 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
             break;
     }
     if (have < want) {
-        fail(err, errlen, "%s: truncated: header promises %zu data bytes, file has %zu", path,
-             want, have);
+        fail(err, errlen, "%s: truncated: header promises %zu data bytes, file has %zu", path, want,
+             have);
         goto out;
     }
     uint8_t extra;

@@ -60,21 +60,21 @@ static void say(const char *fmt, ...)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ps-local [options] [--] [ps-worker options...]\n"
-            "Runs a local cluster on loopback: N ps-server and M ps-worker processes.\n"
-            "  --ps N            parameter servers (default 1)\n"
-            "  --workers N       workers (default 2)\n"
-            "  --chief           run worker 0 as the chief task (TF_CONFIG type \"chief\")\n"
-            "  --host H          address to use (default 127.0.0.1)\n"
-            "  --base-port P     use ports P, P+1, ... instead of probing for free ones\n"
-            "  --timeout S       stop everything after S seconds, exit 124 (default: none)\n"
-            "  --grace-ms MS     time between SIGTERM and SIGKILL when stopping (default 5000)\n"
-            "  --server PATH     ps-server executable (default: beside ps-local, or in PATH)\n"
-            "  --worker PATH     ps-worker executable (default: beside ps-local, or in PATH)\n"
-            "  --server-arg ARG  extra argument for every ps-server (repeatable)\n"
-            "Arguments after the options (or after --) go to every ps-worker.\n"
-            "Exit code: 0 when every worker succeeded, else the failing process's code.\n");
+    fprintf(f, "usage: ps-local [options] [--] [ps-worker options...]\n"
+               "Runs a local cluster on loopback: N ps-server and M ps-worker processes.\n"
+               "  --ps N            parameter servers (default 1)\n"
+               "  --workers N       workers (default 2)\n"
+               "  --chief           run worker 0 as the chief task (TF_CONFIG type \"chief\")\n"
+               "  --host H          address to use (default 127.0.0.1)\n"
+               "  --base-port P     use ports P, P+1, ... instead of probing for free ones\n"
+               "  --timeout S       stop everything after S seconds, exit 124 (default: none)\n"
+               "  --grace-ms MS     time between SIGTERM and SIGKILL when stopping (default 5000)\n"
+               "  --server PATH     ps-server executable (default: beside ps-local, or in PATH)\n"
+               "  --worker PATH     ps-worker executable (default: beside ps-local, or in PATH)\n"
+               "  --server-arg ARG  extra argument for every ps-server (repeatable)\n"
+               "  --print-ports N   print N free ports of --host and exit (for scripts)\n"
+               "Arguments after the options (or after --) go to every ps-worker.\n"
+               "Exit code: 0 when every worker succeeded, else the failing process's code.\n");
 }
 
 static bool parse_int(const char *s, long min, long max, long *out)
@@ -107,11 +107,11 @@ static void find_program(const char *name, const char *subdir, char *out, size_t
         char *slash = strrchr(self, '/');
         if (slash != NULL) {
             *slash = '\0';
-            snprintf(out, cap, "%s/%s", self, name);
-            if (is_executable(out))
+            int w = snprintf(out, cap, "%s/%s", self, name);
+            if (w > 0 && (size_t)w < cap && is_executable(out))
                 return;
-            snprintf(out, cap, "%s/../%s/%s", self, subdir, name);
-            if (is_executable(out))
+            w = snprintf(out, cap, "%s/../%s/%s", self, subdir, name);
+            if (w > 0 && (size_t)w < cap && is_executable(out))
                 return;
         }
     }
@@ -343,6 +343,16 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--workers") == 0) {
             ok = parse_int(v, 1, 128, &n_workers);
             i++;
+        } else if (strcmp(a, "--print-ports") == 0) {
+            long n;
+            int ports[MAX_TASKS];
+            if (!parse_int(v, 1, MAX_TASKS, &n) || probe_ports(host, (int)n, ports) != 0) {
+                say("--print-ports: cannot find free ports");
+                return 1;
+            }
+            for (long k = 0; k < n; k++)
+                printf("%d\n", ports[k]);
+            return 0;
         } else if (strcmp(a, "--chief") == 0) {
             chief = true;
         } else if (strcmp(a, "--host") == 0) {
@@ -420,9 +430,10 @@ int main(int argc, char **argv)
     size_t len = 0;
     bool first = true;
     bool fits = append(cluster, sizeof(cluster), &len, "{");
-    fits = fits && add_list(cluster, sizeof(cluster), &len, "ps", host, ps_ports, (int)n_ps, &first);
-    fits = fits && add_list(cluster, sizeof(cluster), &len, "chief", host, chief_ports, n_chief,
-                            &first);
+    fits =
+        fits && add_list(cluster, sizeof(cluster), &len, "ps", host, ps_ports, (int)n_ps, &first);
+    fits = fits &&
+           add_list(cluster, sizeof(cluster), &len, "chief", host, chief_ports, n_chief, &first);
     fits = fits && add_list(cluster, sizeof(cluster), &len, "worker", host, worker_ports,
                             n_plain_workers, &first);
     fits = fits && append(cluster, sizeof(cluster), &len, "}");
@@ -495,6 +506,7 @@ int main(int argc, char **argv)
             break;
         }
         kids[n_kids++] = (child){.role = role, .index = index, .pid = pid, .running = true};
+        say("started %s %d (pid %d)", role_names[role], index, (int)pid);
     }
     free(cargv);
 
@@ -559,7 +571,6 @@ int main(int argc, char **argv)
             }
         }
     }
-    say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed",
-        exit_code);
+    say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed", exit_code);
     return exit_code;
 }

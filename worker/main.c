@@ -67,6 +67,8 @@ static int model_config_from_options(const options *o, model_config *mc)
 static int load_data(const options *o, dataset *train, dataset *test)
 {
     char err[1024];
+    dataset range_src; /* the training CSV when only its range is needed */
+    memset(&range_src, 0, sizeof(range_src));
     const char *train_csv = options_get_str(o, "train-csv");
     const char *test_csv = options_get_str(o, "test-csv");
     bool csv = train_csv[0] != '\0' || test_csv[0] != '\0';
@@ -86,8 +88,6 @@ static int load_data(const options *o, dataset *train, dataset *test)
         log_error("--test-csv needs --train-csv to train");
         return TRAIN_EXIT_CONFIG;
     }
-    dataset range_src;
-    memset(&range_src, 0, sizeof(range_src));
     if (train_csv[0] != '\0') {
         dataset *t = train != NULL ? train : &range_src;
         if (data_load_csv(train_csv, t, err, sizeof(err)) != 0)
@@ -114,8 +114,8 @@ static int check_data(const dataset *d, const char *what, const model_config *mc
 {
     int classes = mc->sizes[mc->num_sizes - 1];
     if ((int)d->dim != mc->sizes[0]) {
-        log_error("%s set has %zu features per example but --layers starts with %d", what,
-                  d->dim, mc->sizes[0]);
+        log_error("%s set has %zu features per example but --layers starts with %d", what, d->dim,
+                  mc->sizes[0]);
         return TRAIN_EXIT_CONFIG;
     }
     if (d->num_classes > classes) {
@@ -140,6 +140,9 @@ static int open_backend(const options *o, backend **be)
     }
     if (why != NULL)
         log_info("%s", why);
+    if (strcmp(backend_name(*be), "cpu") == 0)
+        log_info("cpu backend: BLAS kernels %s, %d thread(s)", backend_cpu_blas_core(),
+                 bo.blas_threads);
     return 0;
 }
 
@@ -220,34 +223,59 @@ static int client_config(const options *o, int worker_id, ps_config **out)
     return 0;
 }
 
-static int run_training(program *prog, backend *be, const model_config *mc)
-{
-    const options *o = prog->opts;
+/* Who this worker is, from the cluster spec (TF_CONFIG or --cluster/--task). */
+typedef struct identity {
+    bool ok;
     char err[1024];
+    bool is_chief;
+    int task_index;
+    int shard_index; /* the chief is worker 0 when there is one; workers follow it */
+    int shard_count;
+} identity;
+
+/* Parses the cluster spec into id (id->ok false, id->err set, on error) and, when it names a
+ * worker or chief task, sets the role and index of every later log line. */
+static void identify(const options *o, identity *id)
+{
+    memset(id, 0, sizeof(*id));
     cluster_spec cl;
-    if (cluster_from_options(o, &cl, err, sizeof(err)) != 0) {
-        log_error("bad cluster spec: %s", err);
-        return TRAIN_EXIT_CONFIG;
-    }
-    bool is_chief = strcmp(cl.task_type, "chief") == 0;
-    if (!is_chief && strcmp(cl.task_type, "worker") != 0) {
-        log_error("task is \"%s:%d\" but ps-worker runs a worker or chief task (set task.type in "
-                  "TF_CONFIG or --task worker:N)",
-                  cl.task_type[0] ? cl.task_type : "(none)", cl.task_index);
+    static const char prefix[] = "bad cluster spec: ";
+    memcpy(id->err, prefix, sizeof(prefix));
+    if (cluster_from_options(o, &cl, id->err + sizeof(prefix) - 1,
+                             sizeof(id->err) - sizeof(prefix) + 1) != 0)
+        return;
+    id->is_chief = strcmp(cl.task_type, "chief") == 0;
+    if (!id->is_chief && strcmp(cl.task_type, "worker") != 0) {
+        snprintf(id->err, sizeof(id->err),
+                 "task is \"%s:%d\" but ps-worker runs a worker or chief task (set task.type in "
+                 "TF_CONFIG or --task worker:N)",
+                 cl.task_type[0] ? cl.task_type : "(none)", cl.task_index);
         cluster_fini(&cl);
-        return TRAIN_EXIT_CONFIG;
+        return;
     }
-    train_config tc;
-    memset(&tc, 0, sizeof(tc));
-    /* The chief is worker 0 when there is one; workers follow it. */
-    tc.shard_count = (int)(cl.n_chief + cl.n_worker);
-    tc.shard_index = is_chief ? cl.task_index : (int)cl.n_chief + cl.task_index;
+    id->task_index = cl.task_index;
+    id->shard_count = (int)(cl.n_chief + cl.n_worker);
+    id->shard_index = id->is_chief ? cl.task_index : (int)cl.n_chief + cl.task_index;
+    id->ok = true;
+    cluster_fini(&cl);
     log_level lvl = LOG_INFO;
     log_format fmt = LOG_FORMAT_AUTO;
     log_level_parse(options_get_str(o, "log-level"), &lvl);
     log_format_parse(options_get_str(o, "log-format"), &fmt);
-    log_init(is_chief ? "chief" : "worker", cl.task_index, lvl, fmt);
-    cluster_fini(&cl);
+    log_init(id->is_chief ? "chief" : "worker", id->task_index, lvl, fmt);
+}
+
+static int run_training(program *prog, const identity *id, backend *be, const model_config *mc)
+{
+    const options *o = prog->opts;
+    if (!id->ok) {
+        log_error("%s", id->err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    train_config tc;
+    memset(&tc, 0, sizeof(tc));
+    tc.shard_count = id->shard_count;
+    tc.shard_index = id->shard_index;
 
     tc.model = *mc;
     tc.model_name = options_get_str(o, "model-name");
@@ -266,8 +294,8 @@ static int run_training(program *prog, backend *be, const model_config *mc)
     tc.eval_every = options_get_int(o, "eval-every");
     tc.log_every = options_get_int(o, "log-every");
     const char *progress = options_get_str(o, "progress");
-    tc.progress_bar = strcmp(progress, "on") == 0 ||
-                      (strcmp(progress, "auto") == 0 && isatty(STDERR_FILENO));
+    tc.progress_bar =
+        strcmp(progress, "on") == 0 || (strcmp(progress, "auto") == 0 && isatty(STDERR_FILENO));
     tc.save_model = options_get_str(o, "save-model");
     tc.done_wait_ms = options_get_int(o, "done-wait-ms");
     if (strlen(tc.model_name) == 0 || strlen(tc.model_name) > 40) {
@@ -310,8 +338,21 @@ static int run_training(program *prog, backend *be, const model_config *mc)
     return rc;
 }
 
+/* Re-executes this program with a faster OpenBLAS kernel when the library fell back to a slow
+ * one (see backend_cpu_better_coretype); returns only if that is not needed or fails. */
+static void maybe_reexec_for_blas(char **argv)
+{
+    const char *core = backend_cpu_better_coretype();
+    if (core == NULL)
+        return;
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with the slow kernels */
+}
+
 int main(int argc, char **argv)
 {
+    maybe_reexec_for_blas(argv);
     program prog;
     bool exit_now;
     int rc = program_start(&prog, argc, argv, OPT_SCOPE_WORKER, "worker", usage, false, &exit_now);
@@ -323,6 +364,10 @@ int main(int argc, char **argv)
         program_end(&prog);
         return TRAIN_EXIT_CONFIG;
     }
+    bool eval_mode = options_get_str(prog.opts, "eval")[0] != '\0';
+    static identity id;
+    if (!eval_mode)
+        identify(prog.opts, &id);
     model_config mc;
     backend *be = NULL;
     rc = model_config_from_options(prog.opts, &mc);
@@ -330,10 +375,10 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = open_backend(prog.opts, &be);
     if (rc == 0) {
-        if (options_get_str(prog.opts, "eval")[0] != '\0')
+        if (eval_mode)
             rc = run_eval(prog.opts, be);
         else
-            rc = run_training(&prog, be, &mc);
+            rc = run_training(&prog, &id, be, &mc);
     }
     backend_close(be);
     program_end(&prog);

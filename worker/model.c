@@ -76,8 +76,7 @@ int model_parse_layers(const char *text, model_config *cfg, char *err, size_t er
             return put_err(err, errlen, "layers: '%s' is not a comma-separated list of integers",
                            text);
         if (v < 1 || v > MODEL_MAX_WIDTH)
-            return put_err(err, errlen, "layers: width %ld out of range 1..%d", v,
-                           MODEL_MAX_WIDTH);
+            return put_err(err, errlen, "layers: width %ld out of range 1..%d", v, MODEL_MAX_WIDTH);
         if (n == MODEL_MAX_LAYERS + 1)
             return put_err(err, errlen, "layers: more than %d sizes", MODEL_MAX_LAYERS + 1);
         cfg->sizes[n++] = (int)v;
@@ -244,7 +243,8 @@ int model_create(backend *be, const model_config *cfg, int max_batch, const char
     }
     if (rc != 0) {
         put_err(err, errlen, "model: cannot allocate buffers for %d examples on backend %s: %s",
-                max_batch, backend_name(be), backend_errmsg(be)[0] ? backend_errmsg(be) : "out of memory");
+                max_batch, backend_name(be),
+                backend_errmsg(be)[0] ? backend_errmsg(be) : "out of memory");
         model_destroy(m);
         return -1;
     }
@@ -307,8 +307,7 @@ void model_init_glorot(model *m, uint64_t seed)
 int model_upload_param(model *m, int i)
 {
     model_param *p = &m->params[i];
-    return berr(m, backend_upload(m->be, p->value, 0, p->host, p->numel * sizeof(float)),
-                p->name);
+    return berr(m, backend_upload(m->be, p->value, 0, p->host, p->numel * sizeof(float)), p->name);
 }
 
 int model_upload_params(model *m)
@@ -411,8 +410,8 @@ static int queue_layer_grads(model *m, int l)
     model_param *W = &m->params[2 * (l - 1)];
     model_param *bias = &m->params[2 * (l - 1) + 1];
     /* dW = act[l-1]^T delta[l] (+ l2 W) */
-    int rc = backend_gemm(be, true, false, in, out, b, 1.0f, m->act[l - 1], m->delta[l], 0.0f,
-                          W->grad);
+    int rc =
+        backend_gemm(be, true, false, in, out, b, 1.0f, m->act[l - 1], m->delta[l], 0.0f, W->grad);
     if (rc == 0 && m->cfg.l2 > 0.0f)
         rc = backend_axpy(be, W->numel, m->cfg.l2, W->value, W->grad);
     if (rc == 0)
@@ -450,8 +449,7 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
         return -1;
     int L = m->num_layers;
     int rc = backend_softmax_xent(be, m->act[L], m->labels, m->batch, m->cfg.sizes[L],
-                                  1.0f / (float)m->batch, m->delta[L], m->loss_buf,
-                                  m->correct_buf);
+                                  1.0f / (float)m->batch, m->delta[L], m->loss_buf, m->correct_buf);
     if (rc != 0)
         return berr(m, rc, "softmax_xent");
     bool with_l2 = m->cfg.l2 > 0.0f;
@@ -464,8 +462,8 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
             /* delta[l-1] = (delta[l] W_l^T) * act'(act[l-1]) */
             const model_param *W = &m->params[2 * (l - 1)];
             int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
-            rc = backend_gemm(be, false, true, m->batch, in, out, 1.0f, m->delta[l], W->value,
-                              0.0f, m->delta[l - 1]);
+            rc = backend_gemm(be, false, true, m->batch, in, out, 1.0f, m->delta[l], W->value, 0.0f,
+                              m->delta[l - 1]);
             if (rc == 0)
                 rc = backend_act_backward(be, m->cfg.act, m->act[l - 1], m->delta[l - 1],
                                           m->delta[l - 1], (size_t)m->batch * in);
@@ -594,16 +592,15 @@ int model_save(model *m, const char *path, char *err, size_t errlen)
     if (close(fd) != 0 && rc == 0)
         rc = put_err(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
-        rc = put_err(err, errlen, "%s: cannot rename %s into place: %s", path, tmp,
-                     strerror(errno));
+        rc =
+            put_err(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
     if (rc != 0)
         unlink(tmp);
     free(buf);
     return rc;
 }
 
-int model_load(backend *be, const char *path, int max_batch, model **out, char *err,
-               size_t errlen)
+int model_load(backend *be, const char *path, int max_batch, model **out, char *err, size_t errlen)
 {
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -657,7 +654,8 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
     memset(&cfg, 0, sizeof(cfg));
     uint32_t act = get_u32(buf + 12);
     uint32_t num_sizes = get_u32(buf + 16);
-    if (num_sizes < 2 || num_sizes > MODEL_MAX_LAYERS + 1 || len < header_bytes((int)num_sizes) + 4) {
+    if (num_sizes < 2 || num_sizes > MODEL_MAX_LAYERS + 1 ||
+        len < header_bytes((int)num_sizes) + 4) {
         put_err(err, errlen, "%s: bad layer count %u", path, num_sizes);
         goto out;
     }

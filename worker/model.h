@@ -52,13 +52,13 @@ typedef struct model_param {
     char name[64]; /* "<prefix>/dense<l>/kernel" or ".../bias" */
     int layer;     /* 1-based */
     int is_kernel;
-    int ndims;           /* 2 for kernels, 1 for biases */
-    uint64_t dims[2];    /* kernel: in, out; bias: out */
+    int ndims;        /* 2 for kernels, 1 for biases */
+    uint64_t dims[2]; /* kernel: in, out; bias: out */
     size_t numel;
-    float *host;         /* numel values, host copy (backend_host_alloc) */
-    float *grad_host;    /* numel values, filled by model_backward */
-    backend_buf *value;  /* device */
-    backend_buf *grad;   /* device */
+    float *host;        /* numel values, host copy (backend_host_alloc) */
+    float *grad_host;   /* numel values, filled by model_backward */
+    backend_buf *value; /* device */
+    backend_buf *grad;  /* device */
     backend_event *grad_ready;
 } model_param;
 
@@ -142,7 +142,6 @@ int model_save(model *m, const char *path, char *err, size_t errlen);
 /* Reads path, creates the model it describes on be (as model_create) and
  * uploads its parameters. Errors (missing, truncated, bad magic or version,
  * bad sizes, checksum mismatch) name the file. Returns 0 or -1. */
-int model_load(backend *be, const char *path, int max_batch, model **out, char *err,
-               size_t errlen);
+int model_load(backend *be, const char *path, int max_batch, model **out, char *err, size_t errlen);
 
 #endif /* WORKER_MODEL_H */

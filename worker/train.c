@@ -75,8 +75,8 @@ static void bar_draw(trainer *t, int64_t step, int64_t total, int epoch, int epo
     for (int i = 0; i < WIDTH; i++)
         bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
     bar[WIDTH] = '\0';
-    fprintf(stderr, "\r\033[K[%s] %3d%% epoch %d/%d step %" PRId64 "/%" PRId64
-                    " loss %.4f %.0f samples/s",
+    fprintf(stderr,
+            "\r\033[K[%s] %3d%% epoch %d/%d step %" PRId64 "/%" PRId64 " loss %.4f %.0f samples/s",
             bar, (int)(frac * 100.0), epoch, epochs, step, total, loss, sps);
     fflush(stderr);
     t->bar_drawn = true;
@@ -118,18 +118,21 @@ static int create_variables(trainer *t)
             return client_failure(rc);
         }
     }
-    /* Completion counter: each worker adds 1 at the end (SGD with rate 1 on a gradient of -1),
-     * so that worker 0 can wait for the others before its final evaluation. */
+    /* Completion counters, one slot per worker: each worker adds 1 to its own slot at the end
+     * (SGD with rate 1 on a gradient of -1). Worker 0 waits until every slot has reached its
+     * own, whenever the others finished, even before worker 0 started; with a server kept
+     * across runs, the k-th run waits for every slot to reach k. The worker count is in the
+     * name so that runs with another count do not collide. */
     char name[96];
-    snprintf(name, sizeof(name), "%s/workers_done", cfg->model_name);
+    snprintf(name, sizeof(name), "%s/workers_done_of_%d", cfg->model_name, cfg->shard_count);
     ps_var_spec spec;
     ps_var_spec_init(&spec, name);
     spec.ndims = 1;
-    spec.dims[0] = 1;
+    spec.dims[0] = (uint64_t)cfg->shard_count;
     spec.initializer = PS_INIT_ZEROS;
     spec.optimizer = PS_OPT_SGD;
     spec.learning_rate = 1.0;
-    spec.staleness = -1;
+    spec.staleness = PS_STALENESS_ASYNC;
     int rc = ps_var_create(t->client, &spec, &t->done_var);
     if (rc != PS_OK) {
         log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
@@ -175,8 +178,8 @@ static int on_grad(model *m, int i, void *arg)
         rc = ps_push_pull_async(t->client, t->vars[i], 0, p->numel, p->grad_host, p->host, NULL,
                                 NULL, &t->ops[i]);
     else
-        rc = ps_push_async(t->client, t->vars[i], 0, p->numel, p->grad_host, NULL, NULL,
-                           &t->ops[i]);
+        rc =
+            ps_push_async(t->client, t->vars[i], 0, p->numel, p->grad_host, NULL, NULL, &t->ops[i]);
     if (rc != PS_OK) {
         t->failed_param = i;
         t->failed_status = rc;
@@ -205,16 +208,30 @@ static int wait_pushes(trainer *t)
     return rc;
 }
 
-static int read_done_count(trainer *t, double *out)
+/* Reads the completion slots into done (shard_count floats). */
+static int read_done(trainer *t, float *done)
 {
-    float v = 0.0f;
-    int rc = ps_pull(t->client, t->done_var, &v);
-    if (rc != PS_OK) {
+    int rc = ps_pull(t->client, t->done_var, done);
+    if (rc != PS_OK)
         log_error("pull %s: %s: %s", ps_var_name(t->done_var), ps_strerror(rc), ps_last_error());
-        return rc;
+    return rc;
+}
+
+/* Adds 1 to this worker's completion slot. */
+static int mark_done(trainer *t)
+{
+    int n = t->cfg->shard_count;
+    float *grad = calloc((size_t)n, sizeof(float));
+    if (grad == NULL) {
+        log_error("out of memory");
+        return PS_RESOURCE_EXHAUSTED;
     }
-    *out = (double)v;
-    return PS_OK;
+    grad[t->cfg->shard_index] = -1.0f;
+    int rc = ps_push(t->client, t->done_var, grad);
+    if (rc != PS_OK)
+        log_error("push %s: %s: %s", ps_var_name(t->done_var), ps_strerror(rc), ps_last_error());
+    free(grad);
+    return rc;
 }
 
 static void sleep_ms(long ms)
@@ -244,34 +261,44 @@ static int evaluate(trainer *t, const dataset *test, double *loss, double *acc)
 }
 
 /* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. */
-static int finish_evaluator(trainer *t, const dataset *test, double done_base, int epochs,
-                            train_result *res)
+static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_result *res)
 {
     const train_config *cfg = t->cfg;
-    double want = done_base + (double)cfg->shard_count;
+    int n = cfg->shard_count;
     uint64_t deadline = time_now_ns() + (uint64_t)cfg->done_wait_ms * 1000000u;
-    double done = 0.0;
+    float *done = calloc((size_t)n, sizeof(float));
+    if (done == NULL) {
+        log_error("out of memory");
+        return TRAIN_EXIT_FAILED;
+    }
     bool logged = false;
     for (;;) {
-        if (read_done_count(t, &done) != PS_OK)
+        if (read_done(t, done) != PS_OK) {
+            free(done);
             return TRAIN_EXIT_FAILED;
-        if (done + 0.5 >= want)
+        }
+        int finished = 0;
+        for (int i = 0; i < n; i++)
+            finished += done[i] >= done[cfg->shard_index];
+        if (finished == n)
             break;
         if (time_now_ns() >= deadline) {
-            log_warn("%.0f of %d workers finished after %.1f s (--done-wait-ms): evaluating the "
+            log_warn("%d of %d workers finished after %.1f s (--done-wait-ms): evaluating the "
                      "model as it is",
-                     done - done_base, cfg->shard_count, (double)cfg->done_wait_ms / 1000.0);
+                     finished, n, (double)cfg->done_wait_ms / 1000.0);
             break;
         }
-        if (train_stop_signal)
+        if (train_stop_signal) {
+            free(done);
             return TRAIN_EXIT_FAILED;
+        }
         if (!logged) {
-            log_info("waiting for the other workers to finish (%.0f of %d done)",
-                     done - done_base, cfg->shard_count);
+            log_info("waiting for the other workers to finish (%d of %d done)", finished, n);
             logged = true;
         }
-        sleep_ms(100);
+        sleep_ms(50);
     }
+    free(done);
     int rc = pull_all(t);
     if (rc != PS_OK)
         return client_failure(rc);
@@ -291,8 +318,7 @@ static int finish_evaluator(trainer *t, const dataset *test, double done_base, i
             log_error("--save-model: %s", err);
             return TRAIN_EXIT_FAILED;
         }
-        log_info("model saved to %s (%zu parameters)", cfg->save_model,
-                 model_total_params(t->m));
+        log_info("model saved to %s (%zu parameters)", cfg->save_model, model_total_params(t->m));
     }
     return TRAIN_EXIT_OK;
 }
@@ -308,12 +334,11 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     t.client = client;
     t.be = be;
     t.cfg = cfg;
-    t.fused = cfg->fused_push_pull && cfg->staleness < 0;
     const bool evaluator = cfg->shard_index == 0;
 
     char err[512];
-    if (model_create(be, &cfg->model, cfg->batch_size, cfg->model_name, &t.m, err,
-                     sizeof(err)) != 0) {
+    if (model_create(be, &cfg->model, cfg->batch_size, cfg->model_name, &t.m, err, sizeof(err)) !=
+        0) {
         log_error("%s", err);
         return TRAIN_EXIT_CONFIG;
     }
@@ -345,18 +370,21 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         exit_code = rc;
         goto out;
     }
-    double done_base = 0.0;
-    if (evaluator && read_done_count(&t, &done_base) != PS_OK)
-        goto out;
-    log_info("training %s (%zu parameters) on shard %d of %d: %zu examples, batch %d, %" PRId64
-             " steps (%" PRId64 " per epoch), %s lr %g, staleness %d, backend %s%s",
-             ps_var_name(t.vars[0]), model_total_params(t.m), cfg->shard_index,
-             cfg->shard_count, shard.n, batch, total, steps_per_epoch,
+    /* The bound the servers enforce (the spec may have asked for their default). Without one,
+     * the parameters a push-pull returns are as good as a pull's, one round trip earlier. */
+    int bound = ps_var_staleness_bound(t.vars[0]);
+    t.fused = cfg->fused_push_pull && bound < 0;
+    char layers[160];
+    model_format_layers(&cfg->model, layers, sizeof(layers));
+    log_info("training %s (layers %s, %zu parameters) on shard %d of %d: %zu examples, batch %d, "
+             "%" PRId64 " steps (%" PRId64 " per epoch), %s lr %g, staleness %d, backend %s%s",
+             cfg->model_name, layers, model_total_params(t.m), cfg->shard_index, cfg->shard_count,
+             shard.n, batch, total, steps_per_epoch,
              cfg->optimizer == PS_OPT_ADAM       ? "adam"
              : cfg->optimizer == PS_OPT_ADAGRAD  ? "adagrad"
              : cfg->optimizer == PS_OPT_MOMENTUM ? "momentum"
                                                  : "sgd",
-             cfg->lr, cfg->staleness, backend_name(be), t.fused ? ", fused push-pull" : "");
+             cfg->lr, bound, backend_name(be), t.fused ? ", fused push-pull" : "");
 
     if (t.fused) {
         rc = pull_all(&t);
@@ -370,7 +398,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     double win_loss = 0.0, win_correct = 0.0;
     int64_t win_steps = 0;
     uint64_t win_samples = 0;
-    double last_loss = 0.0, last_sps = 0.0;
+    double last_loss = 0.0, last_sps = 0.0, bar_loss = 0.0;
     int64_t step = 0;
     for (; step < total; step++) {
         if (train_stop_signal) {
@@ -419,8 +447,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         comm_ns += step_comm;
         win_comm_ns += step_comm;
         if (!isfinite(st.loss)) {
-            log_error("training diverged at step %" PRId64 " (loss %g): lower --lr", step,
-                      st.loss);
+            log_error("training diverged at step %" PRId64 " (loss %g): lower --lr", step, st.loss);
             goto out;
         }
         win_loss += st.loss;
@@ -442,8 +469,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                 snprintf(fields, sizeof(fields),
                          "\"step\":%" PRId64 ",\"epoch\":%d,\"loss\":%.5f,\"train_accuracy\":%.4f,"
                          "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"comm_ms\":%.3f",
-                         done_steps, epoch + 1, last_loss,
-                         win_correct / (double)win_samples, last_sps, step_ms, comm_ms);
+                         done_steps, epoch + 1, last_loss, win_correct / (double)win_samples,
+                         last_sps, step_ms, comm_ms);
                 log_fields(LOG_INFO, fields,
                            "step %" PRId64 "/%" PRId64 " epoch %d loss %.4f %.0f samples/s "
                            "(comm %.2f of %.2f ms/step)",
@@ -455,9 +482,13 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             win_steps = 0;
             win_samples = 0;
         }
-        if (cfg->progress_bar)
-            bar_draw(&t, done_steps, total, epoch + 1, epochs_shown, last_loss, last_sps,
-                     done_steps == total);
+        if (cfg->progress_bar) {
+            /* The bar shows a moving average of the loss and the rate since the start. */
+            bar_loss = done_steps == 1 ? st.loss : 0.98 * bar_loss + 0.02 * st.loss;
+            double el = secs(now - t_start);
+            bar_draw(&t, done_steps, total, epoch + 1, epochs_shown, bar_loss,
+                     el > 0 ? (double)res->samples / el : 0.0, done_steps == total);
+        }
 
         bool eval_now = cfg->eval_every > 0 ? done_steps % cfg->eval_every == 0
                                             : (in_epoch == steps_per_epoch - 1);
@@ -484,8 +515,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                  "\"steps\":%" PRId64 ",\"samples\":%" PRIu64 ",\"wall_s\":%.3f,"
                  "\"samples_per_s\":%.1f,\"comm_ms_per_step\":%.3f,\"compute_ms_per_step\":%.3f,"
                  "\"loss\":%.5f",
-                 res->steps, res->samples, res->wall_s, res->samples_per_s,
-                 res->comm_ms_per_step, res->compute_ms_per_step, res->final_loss);
+                 res->steps, res->samples, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
+                 res->compute_ms_per_step, res->final_loss);
         log_fields(LOG_INFO, fields,
                    "trained %" PRId64 " steps in %.2f s: %.0f samples/s, %.3f ms/step in "
                    "communication, %.3f ms/step computing",
@@ -493,21 +524,19 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                    res->compute_ms_per_step);
     }
 
-    /* Tell worker 0 this worker is done: +1 on the counter. */
-    const float minus_one = -1.0f;
-    rc = ps_push(client, t.done_var, &minus_one);
+    /* Tell worker 0 this worker is done. */
+    rc = mark_done(&t);
     if (rc != PS_OK) {
-        log_error("push %s: %s: %s", ps_var_name(t.done_var), ps_strerror(rc), ps_last_error());
         exit_code = client_failure(rc);
         goto out;
     }
     if (evaluator) {
-        exit_code = finish_evaluator(&t, test, done_base, epochs_shown, res);
+        exit_code = finish_evaluator(&t, test, epochs_shown, res);
         if (exit_code == TRAIN_EXIT_OK) {
             printf("test_accuracy=%.4f test_loss=%.4f steps=%" PRId64 " wall_s=%.2f "
                    "samples_per_s=%.1f comm_ms_per_step=%.3f\n",
-                   res->test_accuracy, res->test_loss, res->steps, res->wall_s,
-                   res->samples_per_s, res->comm_ms_per_step);
+                   res->test_accuracy, res->test_loss, res->steps, res->wall_s, res->samples_per_s,
+                   res->comm_ms_per_step);
             fflush(stdout);
         }
     } else {

@@ -32,7 +32,7 @@ typedef struct train_config {
     double lr;
     double momentum;
     bool nesterov;
-    int staleness;
+    int staleness; /* PS_STALENESS_DEFAULT, _ASYNC, _BSP or s > 0 */
     bool fused_push_pull;
     uint64_t seed;
     int64_t eval_every; /* steps; 0 = every epoch */
@@ -49,12 +49,12 @@ typedef struct train_config {
 typedef struct train_result {
     int64_t steps;
     uint64_t samples;
-    double wall_s;          /* training loop only */
-    double samples_per_s;   /* this worker */
+    double wall_s;              /* training loop only */
+    double samples_per_s;       /* this worker */
     double comm_ms_per_step;    /* time blocked on the cluster per step */
     double compute_ms_per_step; /* the rest of the step */
-    double final_loss;      /* mean training loss of the last log window */
-    double test_accuracy;   /* worker 0 only, else -1 */
+    double final_loss;          /* mean training loss of the last log window */
+    double test_accuracy;       /* worker 0 only, else -1 */
     double test_loss;
 } train_result;
 

@@ -68,7 +68,7 @@ all_gone() {
             # A zombie (exited, waiting for its new parent to reap it) is not running.
             state=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$p/stat" 2>/dev/null)
             [ "$state" = "Z" ] && continue
-            echo "pid $p still alive: $(cat /proc/$p/cmdline 2>/dev/null | tr '\0' ' ')" >&2
+            echo "pid $p still alive: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" >&2
             return 1
         fi
     done
@@ -108,7 +108,7 @@ run_train() {
     TF_CONFIG=$(tf ps 0) "$PS_SERVER" --log-format json >"$tmp/ps0.log" 2>&1 &
     server=$!
     pids+=("$server")
-    common=(--layers 784,128,10 --epochs 1 --batch-size 64 --optimizer adam --seed 3
+    common=(--layers "784,128,10" --epochs 1 --batch-size 64 --optimizer adam --seed 3
         --log-every 100 --log-format json --data-dir "$DATA_DIR" --model-name it_mlp)
     start=$(date +%s.%N)
     TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --save-model "$tmp/model.bin" \
@@ -150,7 +150,7 @@ launcher_pids() {
 }
 
 run_launcher() {
-    local small=(--layers 784,32,10 --batch-size 128 --log-format json --data-dir "$DATA_DIR")
+    local small=(--layers "784,32,10" --batch-size 128 --log-format json --data-dir "$DATA_DIR")
 
     # 1. A short run succeeds, prints the accuracy, and leaves nothing behind.
     "$PS_LOCAL" --ps 2 --workers 2 --timeout 50 -- "${small[@]}" --steps 40 \
