@@ -289,6 +289,9 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     tc.momentum = options_get_double(o, "momentum");
     tc.nesterov = options_get_bool(o, "nesterov");
     tc.staleness = (int)options_get_int(o, "staleness");
+    tc.slow_worker = (int)options_get_int(o, "slow-worker");
+    tc.slow_delay_ms = options_get_int(o, "slow-delay-ms");
+    tc.target_accuracy = options_get_double(o, "target-accuracy");
     tc.fused_push_pull = options_get_bool(o, "fused-push-pull");
     tc.seed = (uint64_t)options_get_int(o, "seed");
     tc.eval_every = options_get_int(o, "eval-every");

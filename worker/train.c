@@ -328,6 +328,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
 {
     memset(res, 0, sizeof(*res));
     res->test_accuracy = -1.0;
+    res->time_to_target_s = -1.0;
     res->test_loss = -1.0;
     trainer t;
     memset(&t, 0, sizeof(t));
@@ -443,6 +444,11 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             goto out;
         }
         uint64_t c3 = time_now_ns();
+        if (cfg->slow_worker == cfg->shard_index && cfg->slow_delay_ms > 0) {
+            struct timespec ts = {(time_t)(cfg->slow_delay_ms / 1000),
+                                  (long)(cfg->slow_delay_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         uint64_t step_comm = (c1 - c0) + (c3 - c2);
         comm_ns += step_comm;
         win_comm_ns += step_comm;
@@ -464,17 +470,26 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             last_sps = dt > 0 ? (double)win_samples / dt : 0.0;
             double comm_ms = (double)win_comm_ns / 1e6 / (double)win_steps;
             double step_ms = dt * 1e3 / (double)win_steps;
+            /* Staleness the servers observed for this model's pulls (first variable). */
+            ps_staleness_stats ss;
+            if (ps_var_staleness(client, t.vars[0], &ss) != PS_OK)
+                memset(&ss, 0, sizeof(ss));
+            if (ss.max > res->staleness_max)
+                res->staleness_max = ss.max;
             if (!cfg->progress_bar) {
-                char fields[384];
+                char fields[512];
                 snprintf(fields, sizeof(fields),
                          "\"step\":%" PRId64 ",\"epoch\":%d,\"loss\":%.5f,\"train_accuracy\":%.4f,"
-                         "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"comm_ms\":%.3f",
+                         "\"samples_per_s\":%.1f,\"step_ms\":%.3f,\"comm_ms\":%.3f,"
+                         "\"staleness_max\":%" PRId64 ",\"staleness_waits\":%" PRIu64
+                         ",\"staleness_wait_ms\":%" PRIu64,
                          done_steps, epoch + 1, last_loss, win_correct / (double)win_samples,
-                         last_sps, step_ms, comm_ms);
+                         last_sps, step_ms, comm_ms, ss.max, ss.waits, ss.wait_ms);
                 log_fields(LOG_INFO, fields,
                            "step %" PRId64 "/%" PRId64 " epoch %d loss %.4f %.0f samples/s "
-                           "(comm %.2f of %.2f ms/step)",
-                           done_steps, total, epoch + 1, last_loss, last_sps, comm_ms, step_ms);
+                           "(comm %.2f of %.2f ms/step, staleness max %" PRId64 ")",
+                           done_steps, total, epoch + 1, last_loss, last_sps, comm_ms, step_ms,
+                           ss.max);
             }
             win_start = now;
             win_comm_ns = 0;
@@ -499,6 +514,13 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                 goto out;
             bar_clear(&t);
             log_eval(done_steps, epoch + 1, loss, acc, false);
+            if (cfg->target_accuracy > 0 && acc >= cfg->target_accuracy &&
+                res->time_to_target_s < 0) {
+                res->time_to_target_s = secs(time_now_ns() - t_start);
+                log_info("reached test accuracy %.4f (target %.4f) at step %" PRId64
+                         " after %.2f s",
+                         acc, cfg->target_accuracy, done_steps, res->time_to_target_s);
+            }
         }
     }
     bar_clear(&t);
@@ -534,9 +556,10 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         exit_code = finish_evaluator(&t, test, epochs_shown, res);
         if (exit_code == TRAIN_EXIT_OK) {
             printf("test_accuracy=%.4f test_loss=%.4f steps=%" PRId64 " wall_s=%.2f "
-                   "samples_per_s=%.1f comm_ms_per_step=%.3f\n",
+                   "samples_per_s=%.1f comm_ms_per_step=%.3f time_to_target_s=%.2f "
+                   "staleness_max=%" PRId64 "\n",
                    res->test_accuracy, res->test_loss, res->steps, res->wall_s, res->samples_per_s,
-                   res->comm_ms_per_step);
+                   res->comm_ms_per_step, res->time_to_target_s, res->staleness_max);
             fflush(stdout);
         }
     } else {

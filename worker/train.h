@@ -40,6 +40,9 @@ typedef struct train_config {
     bool progress_bar;
     const char *save_model; /* NULL or "" = none */
     int64_t done_wait_ms;
+    int slow_worker;        /* shard index that sleeps slow_delay_ms per step, -1 none */
+    int64_t slow_delay_ms;  /* a straggler, for staleness experiments */
+    double target_accuracy; /* > 0: report when evaluation first reaches it */
     /* who am I */
     int shard_index; /* 0 .. shard_count-1; 0 evaluates */
     int shard_count;
@@ -56,6 +59,8 @@ typedef struct train_result {
     double final_loss;          /* mean training loss of the last log window */
     double test_accuracy;       /* worker 0 only, else -1 */
     double test_loss;
+    double time_to_target_s; /* seconds until target_accuracy was first reached, -1 never */
+    int64_t staleness_max;   /* largest staleness the servers saw for the first variable */
 } train_result;
 
 /* Set asynchronously (signal handler) to stop the loop after the current step. */
