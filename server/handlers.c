@@ -256,6 +256,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     }
     rep.version = atomic_load(&v->version) + (d == DEDUP_NEW);
     if (reply_params) {
+        sync_record_read(st, v, env->worker_id, env->clock);
         dst = rpc_reply_ok_segment(call, &rep.base, off, cnt);
         if (dst == NULL) {
             if (d == DEDUP_NEW)

@@ -308,6 +308,14 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
     return rec;
 }
 
+void sync_record_read(server_state *st, variable *v, int32_t worker, int64_t clock)
+{
+    if (worker < 0 || worker >= st->sync->max_workers)
+        return;
+    int64_t m = sync_min_clock(st);
+    record_staleness(st, v, m == INT64_MAX ? 0 : clock - m, false, 0);
+}
+
 void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
                uint64_t offset, uint64_t count)
 {

@@ -45,6 +45,9 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
 void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
                uint64_t offset, uint64_t count);
 
+/* Records the staleness of a read that does not wait (a push-pull's reply) by a worker. */
+void sync_record_read(server_state *st, variable *v, int32_t worker, int64_t clock);
+
 /* BSP push: adds the gradient (count floats, may be unaligned) to elements [first, first +
  * count) of the variable's aggregate for the open clock. Returns 0, or -1 if memory for the
  * aggregate can't be had. */
