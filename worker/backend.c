@@ -70,8 +70,15 @@ int backend_open(const char *name, const backend_options *opts, backend **out, c
             *why = "device auto: a CUDA device answers, using cuda";
         if (rc != BACKEND_EUNAVAIL)
             return rc;
-        if (why != NULL)
-            *why = "device auto: no CUDA device answers, using cpu";
+        if (why != NULL) {
+            /* The reason CUDA declined goes into the one line the caller logs. */
+            static _Thread_local char why_buf[384];
+            snprintf(why_buf, sizeof(why_buf), "device auto: %s; using cpu",
+                     err != NULL && errlen > 0 && err[0] != '\0' ? err : "no CUDA device answers");
+            *why = why_buf;
+        }
+        if (err != NULL && errlen > 0)
+            err[0] = '\0';
 #else
         if (why != NULL)
             *why = "device auto: CUDA backend not built, using cpu";
@@ -86,6 +93,11 @@ void backend_close(backend *be)
 {
     if (be != NULL)
         be->vt->close(be);
+}
+
+const char *backend_desc(const backend *be)
+{
+    return be->desc;
 }
 
 const char *backend_name(const backend *be)

@@ -58,14 +58,16 @@ typedef enum backend_act {
 typedef struct backend_options {
     int blas_threads; /* CPU: BLAS threads (>= 1); default 1 so workers don't share cores */
     int device_index; /* GPU ordinal (CUDA: --gpu N); ignored by the CPU backend */
+    bool tf32;        /* CUDA: GEMMs in TF32 tensor-core math (--tf32; ~1e-3 relative error) */
 } backend_options;
 
 void backend_options_init(backend_options *o);
 
 /* Opens the backend named `name`: "cpu", "cuda" or "auto" (CUDA when built
  * and a device answers, else CPU). On success returns 0 and *out; *why (may be
- * NULL) then points at a static sentence explaining the choice, e.g. "auto:
- * CUDA backend not built, using cpu" (NULL when the name was explicit). On
+ * NULL) then points at a sentence explaining the choice, e.g. "device auto:
+ * CUDA backend not built, using cpu", valid until the thread's next call (NULL
+ * when the name was explicit). On
  * failure returns BACKEND_EINVAL (unknown name) or BACKEND_EUNAVAIL (e.g.
  * "cuda" without a CUDA build) and writes a message into err (errlen bytes,
  * may be NULL). Free with backend_close. Does not block beyond device init. */
@@ -78,6 +80,10 @@ void backend_close(backend *be);
 
 /* Name of an open backend ("cpu", "cuda"); static storage. */
 const char *backend_name(const backend *be);
+
+/* One line describing the open backend's device (CUDA: "NVIDIA H100 (device 0, compute
+ * capability 9.0, 79.1 GiB), FP32 GEMMs"), or "" when the backend has none to give. */
+const char *backend_desc(const backend *be);
 
 /* Message of the last failed call on be ("" if none); valid until the next call. */
 const char *backend_errmsg(const backend *be);
@@ -212,6 +218,7 @@ typedef struct backend_vtable {
 struct backend {
     const backend_vtable *vt;
     char errmsg[256];
+    char desc[192]; /* backend_desc */
 };
 
 /* Every buffer starts with its size; implementations embed this first. */

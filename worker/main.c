@@ -131,6 +131,8 @@ static int open_backend(const options *o, backend **be)
     backend_options bo;
     backend_options_init(&bo);
     bo.blas_threads = (int)options_get_int(o, "blas-threads");
+    bo.device_index = (int)options_get_int(o, "gpu");
+    bo.tf32 = options_get_bool(o, "tf32");
     const char *why = NULL;
     char err[256];
     const char *dev = options_get_str(o, "device");
@@ -143,6 +145,8 @@ static int open_backend(const options *o, backend **be)
     if (strcmp(backend_name(*be), "cpu") == 0)
         log_info("cpu backend: BLAS kernels %s, %d thread(s)", backend_cpu_blas_core(),
                  bo.blas_threads);
+    else
+        log_info("%s backend: %s", backend_name(*be), backend_desc(*be));
     return 0;
 }
 

@@ -26,6 +26,7 @@ struct model {
     backend_buf *scalars; /* [0] loss sum, [1] correct, [2] sum of squares */
     backend_buf *loss_buf, *correct_buf, *sq_buf;
     float *scalars_host; /* 3 floats */
+    bool keep_grads;     /* model_set_grad_download(m, false): no copies to grad_host */
     char errmsg[512];
 };
 
@@ -416,9 +417,9 @@ static int queue_layer_grads(model *m, int l)
         rc = backend_axpy(be, W->numel, m->cfg.l2, W->value, W->grad);
     if (rc == 0)
         rc = backend_col_sum(be, m->delta[l], b, out, 1.0f, 0.0f, bias->grad);
-    if (rc == 0)
+    if (rc == 0 && !m->keep_grads)
         rc = backend_download(be, W->grad, 0, W->grad_host, W->numel * sizeof(float));
-    if (rc == 0)
+    if (rc == 0 && !m->keep_grads)
         rc = backend_download(be, bias->grad, 0, bias->grad_host, bias->numel * sizeof(float));
     if (rc == 0)
         rc = backend_event_record(be, W->grad_ready);
@@ -438,6 +439,11 @@ static int deliver_layer(model *m, int l, model_grad_fn on_grad, void *arg)
     if (rc == 0)
         rc = on_grad(m, 2 * (l - 1), arg);
     return rc;
+}
+
+void model_set_grad_download(model *m, bool on)
+{
+    m->keep_grads = !on;
 }
 
 int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st)

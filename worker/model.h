@@ -121,6 +121,11 @@ typedef int (*model_grad_fn)(model *m, int param_index, void *arg);
  * non-zero value. */
 int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st);
 
+/* Whether model_train_step copies the gradients to grad_host (on, the default).
+ * Off, they stay in device memory and grad_host is not written: for measuring
+ * the device's compute alone (bench/). */
+void model_set_grad_download(model *m, bool on);
+
 /* Evaluates the model (host copies must be uploaded) on every example of d in
  * batches of max_batch. *loss is the mean cross-entropy (no L2), *accuracy
  * the fraction of correct arg maxes. Returns 0 or -1. */

@@ -72,15 +72,39 @@ static void test_open_by_name(void **state)
     backend *b = NULL;
     const char *why = NULL;
     char err[256] = "";
-    assert_int_equal(backend_open("cuda", NULL, &b, &why, err, sizeof(err)), BACKEND_EUNAVAIL);
+    int rc = backend_open("cuda", NULL, &b, &why, err, sizeof(err));
+#ifdef WORKER_HAVE_CUDA
+    /* Built with CUDA: a device answers (GPU machines) or the error says why none does. */
+    bool have_gpu = rc == 0;
+    if (have_gpu) {
+        assert_string_equal(backend_name(b), "cuda");
+        assert_non_null(strstr(backend_desc(b), "device 0"));
+        backend_close(b);
+        b = NULL;
+    } else {
+        assert_int_equal(rc, BACKEND_EUNAVAIL);
+        assert_null(b);
+        assert_non_null(strstr(err, "CUDA device"));
+    }
+    /* An ordinal beyond any machine's devices is refused, with or without a GPU. */
+    backend_options big;
+    backend_options_init(&big);
+    big.device_index = 1023;
+    assert_int_equal(backend_open("cuda", &big, &b, &why, err, sizeof(err)), BACKEND_EUNAVAIL);
+    assert_null(b);
+    assert_non_null(strstr(err, "CUDA device"));
+#else
+    bool have_gpu = false;
+    assert_int_equal(rc, BACKEND_EUNAVAIL);
     assert_null(b);
     assert_non_null(strstr(err, "CUDA backend not built"));
+#endif
     assert_int_equal(backend_open("tpu", NULL, &b, &why, err, sizeof(err)), BACKEND_EINVAL);
     assert_non_null(strstr(err, "tpu"));
     assert_int_equal(backend_open("auto", NULL, &b, &why, err, sizeof(err)), 0);
-    assert_string_equal(backend_name(b), "cpu");
+    assert_string_equal(backend_name(b), have_gpu ? "cuda" : "cpu");
     assert_non_null(why);
-    assert_non_null(strstr(why, "cpu"));
+    assert_non_null(strstr(why, have_gpu ? "using cuda" : "using cpu"));
     backend_close(b);
     assert_int_equal(backend_open("cpu", NULL, &b, &why, err, sizeof(err)), 0);
     assert_null(why);
