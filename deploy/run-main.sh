@@ -52,6 +52,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# nvcc lives outside PATH on these machines; with it the build includes the CUDA backend, which
+# ps-worker's --device auto uses when a GPU answers.
+if [ -d /usr/local/cuda/bin ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
+
 for tool in meson ninja; do
     if ! command -v "$tool" >/dev/null; then
         echo "run-main: $tool not found: run 'sudo deploy/setup.sh' first" >&2
