@@ -16,10 +16,7 @@ void backend_options_init(backend_options *o)
     o->device_index = 0;
 }
 
-static void put_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void put_err(char *err, size_t errlen, const char *fmt, ...)
+void backend_put_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
         return;
@@ -59,7 +56,8 @@ int backend_open(const char *name, const backend_options *opts, backend **out, c
 #else
         /* A request for a backend this build lacks is a configuration error, reported before
          * the worker connects anywhere. */
-        put_err(err, errlen, "CUDA backend not built (this build has: %s)", backend_available());
+        backend_put_err(err, errlen, "CUDA backend not built (this build has: %s)",
+                        backend_available());
         return BACKEND_EUNAVAIL;
 #endif
     }
@@ -85,7 +83,7 @@ int backend_open(const char *name, const backend_options *opts, backend **out, c
 #endif
         return backend_cpu_create(opts, out, err, errlen);
     }
-    put_err(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", name);
+    backend_put_err(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", name);
     return BACKEND_EINVAL;
 }
 

@@ -226,6 +226,11 @@ struct backend_buf {
     size_t bytes;
 };
 
+/* Writes a printf-style message into err (errlen bytes; nothing when err is NULL or errlen
+ * is 0): the constructors' error out-parameter. */
+void backend_put_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Records a message for backend_errmsg (printf-style) and returns code. */
 int backend_fail(backend *be, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

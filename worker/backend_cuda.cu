@@ -164,34 +164,42 @@ const char *cublas_status_name(cublasStatus_t s)
     return "CUBLAS_STATUS_(unknown)";
 }
 
+/* Records "<what>: <detail>" where what is fmt's text. */
+int fail_v(cuda_backend *cb, int code, const char *detail, const char *fmt, va_list ap)
+{
+    char what[160];
+    vsnprintf(what, sizeof(what), fmt, ap);
+    return backend_fail(&cb->base, code, "%s: %s", what, detail);
+}
+
 int cuda_fail(cuda_backend *cb, cudaError_t e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Records "<what>: <CUDA's message> (<error name>)"; ENOMEM for allocation failures. */
 int cuda_fail(cuda_backend *cb, cudaError_t e, const char *fmt, ...)
 {
-    char what[160];
+    char detail[192];
+    snprintf(detail, sizeof(detail), "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
+    int rc = fail_v(cb, e == cudaErrorMemoryAllocation ? BACKEND_ENOMEM : BACKEND_EDEVICE, detail,
+                    fmt, ap);
     va_end(ap);
-    int code = e == cudaErrorMemoryAllocation ? BACKEND_ENOMEM : BACKEND_EDEVICE;
-    return backend_fail(&cb->base, code, "%s: %s (%s)", what, cudaGetErrorString(e),
-                        cudaGetErrorName(e));
+    return rc;
 }
 
 int blas_fail(cuda_backend *cb, cublasStatus_t s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Records "<what>: <cuBLAS status name>"; ENOMEM for allocation failures. */
 int blas_fail(cuda_backend *cb, cublasStatus_t s, const char *fmt, ...)
 {
-    char what[160];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
+    int rc = fail_v(cb, s == CUBLAS_STATUS_ALLOC_FAILED ? BACKEND_ENOMEM : BACKEND_EDEVICE,
+                    cublas_status_name(s), fmt, ap);
     va_end(ap);
-    int code = s == CUBLAS_STATUS_ALLOC_FAILED ? BACKEND_ENOMEM : BACKEND_EDEVICE;
-    return backend_fail(&cb->base, code, "%s: %s", what, cublas_status_name(s));
+    return rc;
 }
 
 } // namespace
@@ -911,18 +919,6 @@ backend_vtable make_vtable()
     return vt;
 }
 
-void put_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-void put_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Streams, events, cuBLAS and scratch of a backend whose device is current. */
 int init_resources(cuda_backend *cb)
 {
@@ -953,7 +949,7 @@ extern "C" int backend_cuda_create(const backend_options *opts, backend **out, c
     *out = NULL;
     int idx = opts->device_index;
     if (idx < 0) {
-        put_err(err, errlen, "GPU index %d must be >= 0", idx);
+        backend_put_err(err, errlen, "GPU index %d must be >= 0", idx);
         return BACKEND_EINVAL;
     }
     int count = 0;
@@ -962,18 +958,18 @@ extern "C" int backend_cuda_create(const backend_options *opts, backend **out, c
         int driver = 0;
         (void)cudaDriverGetVersion(&driver);
         (void)cudaGetLastError(); /* clear, so that later calls do not report it */
-        put_err(err, errlen, "no CUDA device: cudaGetDeviceCount failed: %s (%s)%s",
-                cudaGetErrorString(e), cudaGetErrorName(e),
-                driver == 0 ? "; no NVIDIA driver is loaded" : "");
+        backend_put_err(err, errlen, "no CUDA device: cudaGetDeviceCount failed: %s (%s)%s",
+                        cudaGetErrorString(e), cudaGetErrorName(e),
+                        driver == 0 ? "; no NVIDIA driver is loaded" : "");
         return BACKEND_EUNAVAIL;
     }
     if (count <= 0) {
-        put_err(err, errlen, "no CUDA device: the driver reports 0 devices");
+        backend_put_err(err, errlen, "no CUDA device: the driver reports 0 devices");
         return BACKEND_EUNAVAIL;
     }
     if (idx >= count) {
-        put_err(err, errlen, "no CUDA device %d: this machine has %d (valid: 0..%d)", idx, count,
-                count - 1);
+        backend_put_err(err, errlen, "no CUDA device %d: this machine has %d (valid: 0..%d)", idx,
+                        count, count - 1);
         return BACKEND_EUNAVAIL;
     }
     e = cudaSetDevice(idx);
@@ -981,14 +977,14 @@ extern "C" int backend_cuda_create(const backend_options *opts, backend **out, c
         e = cudaFree(0); /* creates the context now: a busy or prohibited device fails here */
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        put_err(err, errlen, "CUDA device %d does not answer: %s (%s)", idx, cudaGetErrorString(e),
-                cudaGetErrorName(e));
+        backend_put_err(err, errlen, "CUDA device %d does not answer: %s (%s)", idx,
+                        cudaGetErrorString(e), cudaGetErrorName(e));
         return BACKEND_EUNAVAIL;
     }
 
     cuda_backend *cb = static_cast<cuda_backend *>(calloc(1, sizeof(*cb)));
     if (cb == NULL) {
-        put_err(err, errlen, "out of memory");
+        backend_put_err(err, errlen, "out of memory");
         return BACKEND_ENOMEM;
     }
     static const backend_vtable vt = make_vtable();
@@ -1018,7 +1014,7 @@ extern "C" int backend_cuda_create(const backend_options *opts, backend **out, c
         }
     }
     if (rc != 0) {
-        put_err(err, errlen, "CUDA device %d: %s", idx, cb->base.errmsg);
+        backend_put_err(err, errlen, "CUDA device %d: %s", idx, cb->base.errmsg);
         destroy(cb);
         return rc;
     }
