@@ -34,7 +34,22 @@ typedef struct cell_result {
     double seconds;
     double gbps;
     double p50_us, p99_us;
+    double client_faults, server_faults; /* minor page faults per operation */
+    double other_cpu; /* share of the machine's CPU time other programs used during the cell */
+    double client_cpu_us, server_cpu_us; /* CPU time per operation (client, servers) */
 } cell_result;
+
+/* Before each cell, wait up to this many seconds for other programs to quiet down. */
+extern double idle_wait_s;
+/* Trials per cell; a cell reports its best trial. */
+extern int cell_trials;
+
+/* Experiment (--window): tensors larger than window_bytes are moved as successive range
+ * operations of window_bytes with at most window_ops in flight (0: off, one library call). */
+extern size_t window_ops, window_bytes;
+
+/* Server processes whose page faults the following cells count (n = 0: none). */
+void faults_watch(const pid_t *pids, int n);
 
 void cell_print(const char *label, int nservers, size_t bytes, const cell_result *r);
 
@@ -79,6 +94,9 @@ int raw_server_main(const char *url);
  * `bytes` copied from a user buffer into one nng_msg, an 8-byte reply. */
 cell_result raw_cell(const char *url, size_t bytes, double seconds, double warmup_s);
 
+/* false: skip the copy into the message (exploration of the transport alone). */
+extern bool raw_copy;
+
 /* ---- parameter-server cells --------------------------------------------------------------- */
 
 enum ps_op_kind { OPK_PUSH, OPK_PULL, OPK_PUSH_PULL, OPK_COUNT };
@@ -99,12 +117,15 @@ typedef struct bench_var {
 
 /* Creates (or finds) the variable "bench/<tag>/<bytes>" and its buffers. Returns 0 or -1. */
 int bench_var_open(ps_client *c, bench_var *bv, const char *tag, size_t bytes);
+/* Finds the same variable through another client, keeping buffers and push count. */
+int bench_var_rebind(ps_client *c, bench_var *bv, const char *tag);
 void bench_var_close(bench_var *bv);
 
 /* Times one operation on bv: warm-up, then as many operations as fit in `seconds` (at least
- * 3). Keeps bv->pushes up to date. */
-cell_result ps_cell(ps_client *c, bench_var *bv, enum ps_op_kind k, double seconds,
-                    double warmup_s);
+ * 3). Keeps bv->pushes up to date. With check, every pulled tensor is compared with what the
+ * pushes so far must have produced (costs a pass over it: for smoke tests). */
+cell_result ps_cell(ps_client *c, bench_var *bv, enum ps_op_kind k, double seconds, double warmup_s,
+                    bool check);
 
 /* Pulls bv and checks every element is -pushes * BENCH_GRAD. Returns 0, or -1 with a message
  * on stderr. */
