@@ -31,8 +31,11 @@
 
 /* jemalloc 5.3's own defaults for what jemalloc_conf.h changes (read with mallctl from a
  * program without malloc_conf: opt.oversize_threshold 8388608, opt.dirty_decay_ms 10000,
- * opt.muzzy_decay_ms 0). MALLOC_CONF in the environment overrides the compiled-in string. */
-#define JEMALLOC_DEFAULTS "oversize_threshold:8388608,dirty_decay_ms:10000,muzzy_decay_ms:0"
+ * opt.muzzy_decay_ms 0, opt.thp default). MALLOC_CONF in the environment overrides the
+ * compiled-in string key by key; with the oversize arena in use again, jemalloc_conf.h leaves
+ * arena 0 alone, so this variant runs jemalloc as shipped. */
+#define JEMALLOC_DEFAULTS                                                                          \
+    "oversize_threshold:8388608,dirty_decay_ms:10000,muzzy_decay_ms:0,thp:default"
 
 #define MAX_LIST 16
 #define MAX_OPTS 32
@@ -40,14 +43,12 @@
 
 typedef struct variant {
     char label[80];
-    char conf[256];  /* MALLOC_CONF for the children ("" : the compiled-in malloc_conf alone) */
-    bool arena0_fix; /* preload libpsbench-arena0.so (see arena0_fix.c) */
+    char conf[256]; /* MALLOC_CONF for the children ("" : the compiled-in malloc_conf alone) */
     char bench_bin[PATH_MAX], server_bin[PATH_MAX];
 } variant;
 
 typedef struct bench_opts {
     char self[PATH_MAX];
-    char arena0_lib[PATH_MAX]; /* "" when not built */
     char server_bin[PATH_MAX];
     double seconds, warmup;
     size_t sizes[MAX_LIST];
@@ -99,9 +100,7 @@ static const char usage[] =
     "                           allocator variant: the raw baseline and a push and a pull of\n"
     "                           --compare-size in a fresh bench process and server started\n"
     "                           with that MALLOC_CONF (repeatable; default: the project's\n"
-    "                           settings, jemalloc's defaults, and the arena 0 fix)\n"
-    "  --malloc-variant-fixed LABEL=MALLOC_CONF\n"
-    "                           the same with libpsbench-arena0.so preloaded (arena0_fix.c)\n"
+    "                           settings, the same with thp:default, jemalloc's defaults)\n"
     "  --glibc-build DIR        also compare with DIR/bench/ps-bench and DIR/server/ps-server\n"
     "                           of a build configured with -Djemalloc=disabled\n"
     "  --no-variants            skip the allocator comparison\n"
@@ -607,8 +606,8 @@ static void parse_result(const char *s, cell_result *c, size_t *bytes)
 static int run_variant(const bench_opts *o, const variant *v, variant_result *vr)
 {
     memset(vr, 0, sizeof(*vr));
-    printf("\nallocator variant \"%s\" (MALLOC_CONF=%s%s), a fresh bench process and servers:\n",
-           v->label, v->conf, v->arena0_fix ? ", arena 0 fix preloaded" : "");
+    printf("\nallocator variant \"%s\" (MALLOC_CONF=%s), a fresh bench process and servers:\n",
+           v->label, v->conf);
     fflush(stdout);
     char a_seconds[32], a_warmup[32], a_sizes[512] = "", a_cmp[32];
     snprintf(a_seconds, sizeof(a_seconds), "--seconds=%g", o->seconds);
@@ -647,10 +646,9 @@ static int run_variant(const bench_opts *o, const variant *v, variant_result *vr
         argv[k++] = (char *)o->server_opts[i];
     }
     argv[k] = NULL;
-    char envbuf[300], preload[PATH_MAX + 16];
+    char envbuf[300];
     snprintf(envbuf, sizeof(envbuf), "MALLOC_CONF=%s", v->conf);
-    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", o->arena0_lib);
-    char *env[] = {envbuf, v->arena0_fix ? preload : NULL, NULL};
+    char *env[] = {envbuf, NULL};
     int fd;
     pid_t pid = child_start(argv, env, &fd);
     if (pid < 0)
@@ -730,8 +728,8 @@ static void print_variants(const bench_opts *o, const variant_result *vr, int nv
     }
     printf("\n(faults/op: minor page faults per operation, client / server processes; 1 server)\n");
     for (int v = 0; v < nv; v++)
-        printf("- %s: MALLOC_CONF=\"%s\"%s -> %s\n", o->variants[v].label, o->variants[v].conf,
-               o->variants[v].arena0_fix ? " + arena 0 fix" : "", vr[v].desc);
+        printf("- %s: MALLOC_CONF=\"%s\" -> %s\n", o->variants[v].label, o->variants[v].conf,
+               vr[v].desc);
 }
 
 /* ---- sweep of client settings ------------------------------------------------------------- */
@@ -931,15 +929,14 @@ static void print_header(const bench_opts *o, const char *malloc_desc)
     fflush(stdout);
 }
 
-static int add_variant(bench_opts *o, const char *label, const char *conf, bool arena0_fix,
-                       const char *bench_bin, const char *server_bin)
+static int add_variant(bench_opts *o, const char *label, const char *conf, const char *bench_bin,
+                       const char *server_bin)
 {
     if (o->nvariants == MAX_LIST)
         return -1;
     variant *v = &o->variants[o->nvariants++];
     snprintf(v->label, sizeof(v->label), "%s", label);
     snprintf(v->conf, sizeof(v->conf), "%s", conf);
-    v->arena0_fix = arena0_fix;
     snprintf(v->bench_bin, sizeof(v->bench_bin), "%s", bench_bin);
     snprintf(v->server_bin, sizeof(v->server_bin), "%s", server_bin);
     return 0;
@@ -1062,14 +1059,13 @@ static int parse_args(bench_opts *o, int argc, char **argv)
                 o->server_opts[o->nserver_opts++] = val;
         } else if (strcmp(name, "--compare-size") == 0) {
             bad = parse_size(val, &o->compare_size);
-        } else if (strcmp(name, "--malloc-variant") == 0 ||
-                   strcmp(name, "--malloc-variant-fixed") == 0) {
+        } else if (strcmp(name, "--malloc-variant") == 0) {
             const char *e = strchr(val, '=');
             char label[80];
             bad = e == NULL || e == val;
             if (!bad) {
                 snprintf(label, sizeof(label), "%.*s", (int)(e - val), val);
-                bad = add_variant(o, label, e + 1, name[16] == '-', "", "");
+                bad = add_variant(o, label, e + 1, "", "");
             }
         } else if (strcmp(name, "--glibc-build") == 0) {
             glibc_build = val;
@@ -1123,33 +1119,21 @@ static int parse_args(bench_opts *o, int argc, char **argv)
         if (o->timeout_s == 1200)
             o->timeout_s = 50;
     }
-    snprintf(o->arena0_lib, sizeof(o->arena0_lib), "%s", o->self);
-    slash = strrchr(o->arena0_lib, '/');
-    snprintf(slash + 1, sizeof(o->arena0_lib) - (size_t)(slash + 1 - o->arena0_lib),
-             "libpsbench-arena0.so");
-    if (access(o->arena0_lib, R_OK) != 0)
-        o->arena0_lib[0] = '\0';
     if (o->nvariants == 0 && !o->variant_child) {
         /* The same cells in fresh processes, one after the other, so that the rows compare
          * like with like. */
-        if (!o->quick)
-            add_variant(o, "project settings (jemalloc_conf.h)", "", false, "", "");
-        add_variant(o, "jemalloc defaults", JEMALLOC_DEFAULTS, false, "", "");
-        if (o->arena0_lib[0])
-            add_variant(o, "proposed: project settings + thp:always + arena 0 fix", "thp:always",
-                        true, "", "");
+        if (!o->quick) {
+            add_variant(o, "project settings (jemalloc_conf.h)", "", "", "");
+            /* calloc then zeroes recycled extents by purging them (jemalloc_conf.h) */
+            add_variant(o, "project settings but thp:default", "thp:default", "", "");
+        }
+        add_variant(o, "jemalloc defaults", JEMALLOC_DEFAULTS, "", "");
     }
     if (glibc_build) {
         char b[PATH_MAX], s[PATH_MAX];
         snprintf(b, sizeof(b), "%s/bench/ps-bench", glibc_build);
         snprintf(s, sizeof(s), "%s/server/ps-server", glibc_build);
-        add_variant(o, "glibc malloc", "", false, b, s);
-    }
-    for (int v = 0; v < o->nvariants; v++) {
-        if (o->variants[v].arena0_fix && o->arena0_lib[0] == '\0') {
-            fprintf(stderr, "ps-bench: libpsbench-arena0.so not found next to %s\n", o->self);
-            return -1;
-        }
+        add_variant(o, "glibc malloc", "", b, s);
     }
     for (int v = 0; v < o->nvariants; v++) {
         if (o->variants[v].bench_bin[0] == '\0')
