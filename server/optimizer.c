@@ -174,7 +174,18 @@ static inline float load_grad(const unsigned char *restrict g, size_t i)
     return v;
 }
 
-static void apply_sgd(float lr, float *restrict w, const unsigned char *restrict g, size_t n)
+/* The update loops are compiled twice, for AVX2 and for the x86-64 baseline (SSE2), and the
+ * dynamic loader picks one for the CPU at start-up (GCC function multiversioning). The build
+ * uses ISO C (-std=c11), so no multiply-add is contracted into an FMA: both versions compute
+ * the same IEEE operations in the same order and give bit-identical results. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define OPT_LOOP __attribute__((target_clones("avx2", "default")))
+#else
+#define OPT_LOOP
+#endif
+
+OPT_LOOP static void apply_sgd(float lr, float *restrict w, const unsigned char *restrict g,
+                               size_t n)
 {
     for (size_t i = 0; i < n; i++)
         w[i] -= lr * load_grad(g, i);
@@ -182,8 +193,8 @@ static void apply_sgd(float lr, float *restrict w, const unsigned char *restrict
 
 /* TensorFlow's ApplyMomentum: the accumulator is a = mu*a + g (no (1 - mu)
  * dampening) and the step is lr*a; Nesterov looks ahead: lr*(g + mu*a). */
-static void apply_momentum(float lr, float mu, float *restrict w, const unsigned char *restrict g,
-                           float *restrict a, size_t n)
+OPT_LOOP static void apply_momentum(float lr, float mu, float *restrict w,
+                                    const unsigned char *restrict g, float *restrict a, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = load_grad(g, i);
@@ -193,8 +204,8 @@ static void apply_momentum(float lr, float mu, float *restrict w, const unsigned
     }
 }
 
-static void apply_nesterov(float lr, float mu, float *restrict w, const unsigned char *restrict g,
-                           float *restrict a, size_t n)
+OPT_LOOP static void apply_nesterov(float lr, float mu, float *restrict w,
+                                    const unsigned char *restrict g, float *restrict a, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = load_grad(g, i);
@@ -208,8 +219,8 @@ static void apply_nesterov(float lr, float mu, float *restrict w, const unsigned
  * (and TF1's ApplyAdagradV2): p -= lr*g/(sqrt(acc) + eps). TF1's ApplyAdagrad
  * had no epsilon at all and relied on initial_accumulator > 0; with epsilon
  * outside the root, initial_accumulator = 0 is also safe. */
-static void apply_adagrad(float lr, float eps, float *restrict w, const unsigned char *restrict g,
-                          float *restrict acc, size_t n)
+OPT_LOOP static void apply_adagrad(float lr, float eps, float *restrict w,
+                                   const unsigned char *restrict g, float *restrict acc, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = load_grad(g, i);
@@ -258,9 +269,9 @@ static bool all_equal(const float *restrict t, size_t n, float t0)
 }
 
 /* Every t[i] equals tn - 1: corrections hoisted out of the loop. */
-static void adam_uniform_t(const adam_consts *c, float tn, float *restrict w,
-                           const unsigned char *restrict g, float *restrict m, float *restrict v,
-                           float *restrict t, size_t n)
+OPT_LOOP static void adam_uniform_t(const adam_consts *c, float tn, float *restrict w,
+                                    const unsigned char *restrict g, float *restrict m,
+                                    float *restrict v, float *restrict t, size_t n)
 {
     const float lr = c->lr, b1 = c->b1, omb1 = c->omb1, b2 = c->b2, omb2 = c->omb2, eps = c->eps;
     const float bc1 = bias_correction(tn, c->l1), bc2 = bias_correction(tn, c->l2);
@@ -275,8 +286,9 @@ static void adam_uniform_t(const adam_consts *c, float tn, float *restrict w,
     }
 }
 
-static void adam_mixed_t(const adam_consts *c, float *restrict w, const unsigned char *restrict g,
-                         float *restrict m, float *restrict v, float *restrict t, size_t n)
+OPT_LOOP static void adam_mixed_t(const adam_consts *c, float *restrict w,
+                                  const unsigned char *restrict g, float *restrict m,
+                                  float *restrict v, float *restrict t, size_t n)
 {
     const float lr = c->lr, b1 = c->b1, omb1 = c->omb1, b2 = c->b2, omb2 = c->omb2, eps = c->eps;
     for (size_t i = 0; i < n; i++) {
