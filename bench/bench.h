@@ -51,6 +51,9 @@ extern size_t window_ops, window_bytes;
 /* Server processes whose page faults the following cells count (n = 0: none). */
 void faults_watch(const pid_t *pids, int n);
 
+/* Busy and total CPU seconds of the whole machine since boot, from /proc/stat (0 if unreadable). */
+void machine_cpu(double *busy_s, double *total_s);
+
 void cell_print(const char *label, int nservers, size_t bytes, const cell_result *r);
 
 /* ---- child processes ---------------------------------------------------------------------- */

@@ -102,8 +102,7 @@ static void proc_stat(pid_t pid, unsigned long long *minflt, double *cpu_s)
     }
 }
 
-/* Busy and total CPU seconds of the whole machine, from /proc/stat. */
-static void machine_cpu(double *busy_s, double *total_s)
+void machine_cpu(double *busy_s, double *total_s)
 {
     unsigned long long v[8] = {0};
     FILE *f = fopen("/proc/stat", "r");

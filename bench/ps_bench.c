@@ -859,17 +859,7 @@ typedef struct cpu_mark {
 static void cpu_mark_take(cpu_mark *m)
 {
     memset(m, 0, sizeof(*m));
-    FILE *f = fopen("/proc/stat", "r");
-    unsigned long long v[8] = {0};
-    if (f) {
-        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-                   &v[4], &v[5], &v[6], &v[7]) != 8)
-            memset(v, 0, sizeof(v));
-        fclose(f);
-    }
-    double tck = (double)sysconf(_SC_CLK_TCK);
-    m->busy_s = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tck;
-    m->total_s = m->busy_s + (double)(v[3] + v[4]) / tck;
+    machine_cpu(&m->busy_s, &m->total_s);
     struct rusage self, kids;
     getrusage(RUSAGE_SELF, &self);
     getrusage(RUSAGE_CHILDREN, &kids);

@@ -25,8 +25,7 @@
 
 #include <jemalloc/jemalloc.h>
 
-const char *malloc_conf =
-    "oversize_threshold:0,dirty_decay_ms:5000,muzzy_decay_ms:5000,thp:always";
+const char *malloc_conf = "oversize_threshold:0,dirty_decay_ms:5000,muzzy_decay_ms:5000,thp:always";
 
 /* jemalloc 5.3 creates arena 0 while it boots, before it reads opt.oversize_threshold, so arena
  * 0 (the main thread's arena, where a single-threaded client builds its requests) keeps the

@@ -626,36 +626,35 @@ void cu_host_free(backend *be, void *p)
     cudaFreeHost(p);
 }
 
-int cu_upload(backend *be, backend_buf *buf, size_t off, const void *src, size_t bytes)
+/* Queues a copy on the copy stream, after every op queued so far; *seq (the buffer's up_seq or
+ * down_seq) records it for begin_op. */
+int queue_copy(cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+               uint64_t *seq)
 {
-    cuda_backend *cb = cbe(be);
     if (bytes == 0)
         return 0;
     TRY(enter(cb));
     TRY(copy_after_compute(cb));
     char hb[32];
-    CUDA_CHECK(cb,
-               cudaMemcpyAsync(static_cast<char *>(reinterpret_cast<cuda_buf *>(buf)->ptr) + off,
-                               src, bytes, cudaMemcpyHostToDevice, cb->copy),
-               "cudaMemcpyAsync(host to device, %s)", human_bytes(bytes, hb, sizeof(hb)));
-    cbuf(buf)->up_seq = ++cb->copy_seq;
+    CUDA_CHECK(cb, cudaMemcpyAsync(dst, src, bytes, kind, cb->copy), "cudaMemcpyAsync(%s, %s)",
+               kind == cudaMemcpyHostToDevice ? "host to device" : "device to host",
+               human_bytes(bytes, hb, sizeof(hb)));
+    *seq = ++cb->copy_seq;
     return 0;
+}
+
+int cu_upload(backend *be, backend_buf *buf, size_t off, const void *src, size_t bytes)
+{
+    cuda_buf *b = reinterpret_cast<cuda_buf *>(buf);
+    return queue_copy(cbe(be), static_cast<char *>(b->ptr) + off, src, bytes,
+                      cudaMemcpyHostToDevice, &b->up_seq);
 }
 
 int cu_download(backend *be, const backend_buf *buf, size_t off, void *dst, size_t bytes)
 {
-    cuda_backend *cb = cbe(be);
-    if (bytes == 0)
-        return 0;
-    TRY(enter(cb));
-    TRY(copy_after_compute(cb));
-    char hb[32];
-    CUDA_CHECK(cb,
-               cudaMemcpyAsync(dst, static_cast<const char *>(cbuf(buf)->ptr) + off, bytes,
-                               cudaMemcpyDeviceToHost, cb->copy),
-               "cudaMemcpyAsync(device to host, %s)", human_bytes(bytes, hb, sizeof(hb)));
-    cbuf(buf)->down_seq = ++cb->copy_seq;
-    return 0;
+    const cuda_buf *b = cbuf(buf);
+    return queue_copy(cbe(be), dst, static_cast<const char *>(b->ptr) + off, bytes,
+                      cudaMemcpyDeviceToHost, &b->down_seq);
 }
 
 int cu_memset_zero(backend *be, backend_buf *buf, size_t off, size_t bytes)
