@@ -213,35 +213,30 @@ static void malloc_describe(char *buf, size_t cap)
     size_t oversize = 0, tcache_max = 0;
     ssize_t dirty = 0, muzzy = 0;
     unsigned narenas = 0;
-    size_t sz;
-    sz = sizeof(version);
-    mallctl("version", &version, &sz, NULL, 0);
-    sz = sizeof(oversize);
-    mallctl("opt.oversize_threshold", &oversize, &sz, NULL, 0);
-    sz = sizeof(dirty);
-    mallctl("opt.dirty_decay_ms", &dirty, &sz, NULL, 0);
-    sz = sizeof(muzzy);
-    mallctl("opt.muzzy_decay_ms", &muzzy, &sz, NULL, 0);
-    sz = sizeof(thp);
-    mallctl("opt.thp", &thp, &sz, NULL, 0);
-    sz = sizeof(narenas);
-    mallctl("opt.narenas", &narenas, &sz, NULL, 0);
-    sz = sizeof(tcache_max);
-    mallctl("opt.tcache_max", &tcache_max, &sz, NULL, 0);
+/* Reads a jemalloc setting or counter into var (left as it was if the name is unknown). */
+#define MALLCTL_GET(name, var)                                                                     \
+    do {                                                                                           \
+        size_t mallctl_sz_ = sizeof(var);                                                          \
+        mallctl((name), &(var), &mallctl_sz_, NULL, 0);                                            \
+    } while (0)
+    MALLCTL_GET("version", version);
+    MALLCTL_GET("opt.oversize_threshold", oversize);
+    MALLCTL_GET("opt.dirty_decay_ms", dirty);
+    MALLCTL_GET("opt.muzzy_decay_ms", muzzy);
+    MALLCTL_GET("opt.thp", thp);
+    MALLCTL_GET("opt.narenas", narenas);
+    MALLCTL_GET("opt.tcache_max", tcache_max);
     /* thread.allocated counts what this thread allocated through jemalloc. */
     uint64_t before = 0, after = 0;
-    sz = sizeof(before);
-    mallctl("thread.allocated", &before, &sz, NULL, 0);
+    MALLCTL_GET("thread.allocated", before);
     nng_msg *m = NULL;
     size_t probe = (size_t)4 << 20;
     if (nng_msg_alloc(&m, probe) == 0) {
-        sz = sizeof(after);
-        mallctl("thread.allocated", &after, &sz, NULL, 0);
+        MALLCTL_GET("thread.allocated", after);
         nng_msg_free(m);
     }
     size_t arena0 = 0;
-    sz = sizeof(arena0);
-    mallctl("arena.0.oversize_threshold", &arena0, &sz, NULL, 0);
+    MALLCTL_GET("arena.0.oversize_threshold", arena0);
     char ver[16];
     snprintf(ver, sizeof(ver), "%.5s", version);
     snprintf(buf, cap,

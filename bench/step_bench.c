@@ -43,10 +43,16 @@ static double now_s(void)
 
 static uint64_t rng = 0x5eed;
 
-static float frand(void)
+static uint64_t next_u64(void)
 {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+    return rng >> 16;
+}
+
+/* Uniform in [-1, 1). */
+static float frand(void)
+{
+    return (float)((double)(next_u64() >> 24) / (double)(1ull << 24)) * 2.0f - 1.0f;
 }
 
 static void usage(FILE *f)
@@ -285,7 +291,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (size_t)c.batch * (size_t)cfg.sizes[0]; i++)
         x[i] = 0.5f * (frand() + 1.0f);
     for (int i = 0; i < c.batch; i++)
-        y[i] = (int32_t)((unsigned)(frand() * 1e6f) % (unsigned)cfg.sizes[cfg.num_sizes - 1]);
+        y[i] = (int32_t)(next_u64() % (uint64_t)cfg.sizes[cfg.num_sizes - 1]);
     int mrc = model_upload_params(m);
     if (mrc == 0)
         mrc = model_set_batch(m, x, y, c.batch);
