@@ -73,52 +73,15 @@ typedef struct bench_opts {
     size_t sweep_sizes[MAX_LIST];
     int nsweep_sizes;
     unsigned timeout_s;
+    options *opts;                /* the settings (scope OPT_SCOPE_TOOL); owns the strings */
+    char client_flag_opts[2][96]; /* --connections and --chunk-bytes as NAME=VALUE */
 } bench_opts;
 
-static const char usage[] =
-    "usage: ps-bench [options]\n"
+static const char usage_line[] =
+    "[OPTIONS]\n"
     "Measures pull, push and push-pull throughput (GB/s of tensor payload, 1 GB = 1e9 bytes)\n"
     "and latency (p50, p99) against ps-server processes it starts itself, beside a raw nng\n"
-    "baseline, and compares the project's jemalloc settings with jemalloc's defaults.\n"
-    "\n"
-    "  --server-bin PATH        ps-server to start (default: ../server/ps-server next to this)\n"
-    "  --seconds S              each timed trial of a cell (default 0.5)\n"
-    "  --warmup S               untimed warm-up of each cell (default 0.2)\n"
-    "  --sizes LIST             tensor sizes in bytes, K/M/G suffixes (default "
-    "4K,64K,1M,16M,64M)\n"
-    "  --servers LIST           cluster sizes (default 1,2)\n"
-    "  --ops LIST               operations: push,pull,push-pull (default all three)\n"
-    "  --no-raw                 skip the raw baseline\n"
-    "  --split-threshold SIZE   client split-threshold-bytes (default 1M: tensors of 1 MiB and\n"
-    "                           more are split over all servers)\n"
-    "  --connections N          client \"connections\" (REQ sockets per server)\n"
-    "  --chunk-bytes SIZE       client \"chunk-bytes\"\n"
-    "  --client-opt NAME=VALUE  any client setting (repeatable)\n"
-    "  --server-opt NAME=VALUE  any ps-server setting, e.g. threads=2 (repeatable)\n"
-    "  --compare-size SIZE      PS cell of the allocator comparison (default 16M)\n"
-    "  --malloc-variant LABEL=MALLOC_CONF\n"
-    "                           allocator variant: the raw baseline and a push and a pull of\n"
-    "                           --compare-size in a fresh bench process and server started\n"
-    "                           with that MALLOC_CONF (repeatable; default: the project's\n"
-    "                           settings, the same with thp:default, jemalloc's defaults)\n"
-    "  --glibc-build DIR        also compare with DIR/bench/ps-bench and DIR/server/ps-server\n"
-    "                           of a build configured with -Djemalloc=disabled\n"
-    "  --no-variants            skip the allocator comparison\n"
-    "  --raw-nocopy             raw baseline sends uninitialised messages (no copy in)\n"
-    "  --check                  check every pulled tensor (slower)\n"
-    "  --window N[:SIZE]        experiment: move tensors as range operations of SIZE (default\n"
-    "                           1M) with at most N in flight instead of one call each\n"
-    "  --sweep                  sweep client connections x chunk-bytes instead (1 server)\n"
-    "  --sweep-connections LIST (default 1,2,4,8)\n"
-    "  --sweep-chunks LIST      (default 256K,512K,1M,2M,4M)\n"
-    "  --sweep-sizes LIST       (default 1M,16M)\n"
-    "  --quick                  smoke test: tiny sizes, values checked, about 2 s\n"
-    "  --trials N               timed trials per cell, the best one reported (default 3;\n"
-    "                           --quick: 1)\n"
-    "  --wait-idle S            before each cell wait up to S seconds for other programs to\n"
-    "                           leave the machine idle (default 20; --quick: 0)\n"
-    "  --timeout S              kill everything and fail after S seconds (default 1200)\n"
-    "  --raw-server URL         (internal) serve the raw baseline on URL\n";
+    "baseline, and compares the project's jemalloc settings with jemalloc's defaults.";
 
 /* ---- small parsers ------------------------------------------------------------------------ */
 
@@ -896,8 +859,8 @@ static void print_header(const bench_opts *o, const char *malloc_desc)
     if (options_create(&opts, OPT_SCOPE_CLIENT) == 0) {
         if (apply_client_opts(o, NULL, NULL, opts, NULL, 0) == 0)
             printf("client: connections=%s chunk-bytes=%s split-threshold-bytes=%s\n",
-                   options_get_str(opts, "connections"), options_get_str(opts, "chunk-bytes"),
-                   options_get_str(opts, "split-threshold-bytes"));
+                   opt_text(opts, OPT_CONNECTIONS), opt_text(opts, OPT_CHUNK_BYTES),
+                   opt_text(opts, OPT_SPLIT_THRESHOLD_BYTES));
         options_destroy(opts);
     }
     if (window_ops)
@@ -927,167 +890,153 @@ static int add_variant(bench_opts *o, const char *label, const char *conf, const
     return 0;
 }
 
+/* Adds every item of a NAME=VALUE list to names[], checking the form; returns 0 or -1. */
+static int add_assignments(const options *opts, opt_list_id id, const char **names, int *n)
+{
+    const char *const *items;
+    size_t count = opt_list(opts, id, &items);
+    for (size_t i = 0; i < count; i++) {
+        const char *eq = strchr(items[i], '=');
+        if (eq == NULL || eq == items[i] || *n == MAX_OPTS) {
+            fprintf(stderr, "ps-bench: bad value \"%s\" for --%s (NAME=VALUE)\n", items[i],
+                    opt_def(id)->name);
+            return -1;
+        }
+        names[(*n)++] = items[i];
+    }
+    return 0;
+}
+
+/* Reads a list setting with parse(); on error names the flag. */
+#define PARSE_LIST_OPT(id, call)                                                                   \
+    do {                                                                                           \
+        if ((call) != 0) {                                                                         \
+            fprintf(stderr, "ps-bench: bad value \"%s\" for --%s\n", opt_text(o->opts, id),        \
+                    opt_def(id)->name);                                                            \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
 static int parse_args(bench_opts *o, int argc, char **argv)
 {
+    char err[512];
     ssize_t n = readlink("/proc/self/exe", o->self, sizeof(o->self) - 1);
     if (n <= 0) {
         fprintf(stderr, "ps-bench: cannot read /proc/self/exe\n");
         return -1;
     }
     o->self[n] = '\0';
-    snprintf(o->server_bin, sizeof(o->server_bin), "%s", o->self);
-    char *slash = strrchr(o->server_bin, '/');
-    snprintf(slash + 1, sizeof(o->server_bin) - (size_t)(slash + 1 - o->server_bin),
-             "../server/ps-server");
-    o->seconds = 0.5;
-    o->warmup = 0.2;
-    for (int k = 0; k < OPK_COUNT; k++)
-        o->kinds[k] = true;
-    parse_size_list("4K,64K,1M,16M,64M", o->sizes, &o->nsizes);
-    parse_int_list("1,2", o->servers, &o->nservers, 1, MAX_SERVERS);
-    parse_int_list("1,2,4,8", o->sweep_conns, &o->nsweep_conns, 1, 64);
-    parse_size_list("256K,512K,1M,2M,4M", o->sweep_chunks, &o->nsweep_chunks);
-    parse_size_list("1M,16M", o->sweep_sizes, &o->nsweep_sizes);
-    o->split_threshold = "1M";
-    o->compare_size = 16u << 20;
-    o->timeout_s = 1200;
-    const char *glibc_build = NULL;
-    bool explicit_seconds = false, explicit_wait = false, explicit_trials = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = NULL;
-        char name[64];
-        const char *eq = strchr(a, '=');
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "ps-bench: unexpected argument \"%s\" (see --help)\n", a);
-            return -1;
-        }
-        snprintf(name, sizeof(name), "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
-        static const char *const flags[] = {"--quick",       "--sweep",  "--check",
-                                            "--no-variants", "--help",   "--variant-child",
-                                            "--raw-nocopy",  "--no-raw", NULL};
-        bool is_flag = false;
-        for (int j = 0; flags[j]; j++)
-            is_flag |= strcmp(name, flags[j]) == 0;
-        if (!is_flag) {
-            if (eq)
-                val = eq + 1;
-            else if (i + 1 < argc)
-                val = argv[++i];
-            else {
-                fprintf(stderr, "ps-bench: %s needs a value\n", name);
-                return -1;
-            }
-        }
-        int bad = 0;
-        if (strcmp(name, "--help") == 0) {
-            fputs(usage, stdout);
-            exit(0);
-        } else if (strcmp(name, "--quick") == 0) {
-            o->quick = true;
-        } else if (strcmp(name, "--sweep") == 0) {
-            o->sweep = true;
-        } else if (strcmp(name, "--check") == 0) {
-            o->check = true;
-        } else if (strcmp(name, "--no-variants") == 0) {
-            o->no_variants = true;
-        } else if (strcmp(name, "--variant-child") == 0) {
-            o->variant_child = true;
-        } else if (strcmp(name, "--no-raw") == 0) {
-            o->no_raw = true;
-        } else if (strcmp(name, "--raw-nocopy") == 0) {
-            raw_copy = false;
-        } else if (strcmp(name, "--raw-server") == 0) {
-            exit(raw_server_main(val));
-        } else if (strcmp(name, "--server-bin") == 0) {
-            snprintf(o->server_bin, sizeof(o->server_bin), "%s", val);
-        } else if (strcmp(name, "--seconds") == 0) {
-            o->seconds = atof(val);
-            bad = !(o->seconds > 0);
-            explicit_seconds = true;
-        } else if (strcmp(name, "--warmup") == 0) {
-            o->warmup = atof(val);
-            bad = !(o->warmup >= 0);
-        } else if (strcmp(name, "--sizes") == 0) {
-            bad = parse_size_list(val, o->sizes, &o->nsizes);
-        } else if (strcmp(name, "--servers") == 0) {
-            bad = parse_int_list(val, o->servers, &o->nservers, 1, MAX_SERVERS);
-        } else if (strcmp(name, "--ops") == 0) {
-            char buf[128];
-            snprintf(buf, sizeof(buf), "%s", val);
-            memset(o->kinds, 0, sizeof(o->kinds));
-            for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && !bad;
-                 tok = strtok_r(NULL, ",", &save)) {
-                int k = 0;
-                while (k < OPK_COUNT && strcmp(tok, op_kind_names[k]) != 0)
-                    k++;
-                bad = k == OPK_COUNT;
-                if (!bad)
-                    o->kinds[k] = true;
-            }
-        } else if (strcmp(name, "--split-threshold") == 0) {
-            o->split_threshold = val;
-        } else if (strcmp(name, "--connections") == 0 || strcmp(name, "--chunk-bytes") == 0) {
-            static char pairs[2][80];
-            int j = name[3] == 'o' ? 0 : 1;
-            snprintf(pairs[j], sizeof(pairs[j]), "%s=%s", name + 2, val);
-            bad = o->nclient_opts == MAX_OPTS;
+    if (options_create(&o->opts, OPT_SCOPE_TOOL) != 0) {
+        fprintf(stderr, "ps-bench: out of memory\n");
+        return -1;
+    }
+    int rc = options_load(o->opts, argc, argv, NULL, NULL, err, sizeof(err));
+    if (rc == OPTIONS_HELP) {
+        options_print_help(stdout, "ps-bench", usage_line, OPT_SCOPE_TOOL);
+        exit(0);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "ps-bench: %s (see --help)\n", err);
+        return -1;
+    }
+    const options *opts = o->opts;
+    if (opt_str(opts, OPT_BENCH_RAW_SERVER)[0] != '\0')
+        exit(raw_server_main(opt_str(opts, OPT_BENCH_RAW_SERVER)));
+    if (opt_str(opts, OPT_BENCH_SERVER_BIN)[0] != '\0') {
+        snprintf(o->server_bin, sizeof(o->server_bin), "%s", opt_str(opts, OPT_BENCH_SERVER_BIN));
+    } else {
+        snprintf(o->server_bin, sizeof(o->server_bin), "%s", o->self);
+        char *slash = strrchr(o->server_bin, '/');
+        snprintf(slash + 1, sizeof(o->server_bin) - (size_t)(slash + 1 - o->server_bin),
+                 "../server/ps-server");
+    }
+    o->quick = opt_bool(opts, OPT_BENCH_QUICK);
+    o->sweep = opt_bool(opts, OPT_BENCH_SWEEP);
+    o->check = opt_bool(opts, OPT_BENCH_CHECK);
+    o->no_variants = opt_bool(opts, OPT_BENCH_NO_VARIANTS);
+    o->variant_child = opt_bool(opts, OPT_BENCH_VARIANT_CHILD);
+    o->no_raw = opt_bool(opts, OPT_BENCH_NO_RAW);
+    raw_copy = !opt_bool(opts, OPT_BENCH_RAW_NOCOPY);
+    o->seconds = opt_double(opts, OPT_BENCH_SECONDS);
+    o->warmup = opt_double(opts, OPT_BENCH_WARMUP);
+    PARSE_LIST_OPT(OPT_BENCH_SIZES,
+                   parse_size_list(opt_str(opts, OPT_BENCH_SIZES), o->sizes, &o->nsizes));
+    PARSE_LIST_OPT(OPT_BENCH_SERVERS, parse_int_list(opt_str(opts, OPT_BENCH_SERVERS), o->servers,
+                                                     &o->nservers, 1, MAX_SERVERS));
+    PARSE_LIST_OPT(OPT_BENCH_SWEEP_CONNECTIONS,
+                   parse_int_list(opt_str(opts, OPT_BENCH_SWEEP_CONNECTIONS), o->sweep_conns,
+                                  &o->nsweep_conns, 1, 64));
+    PARSE_LIST_OPT(OPT_BENCH_SWEEP_CHUNKS, parse_size_list(opt_str(opts, OPT_BENCH_SWEEP_CHUNKS),
+                                                           o->sweep_chunks, &o->nsweep_chunks));
+    PARSE_LIST_OPT(OPT_BENCH_SWEEP_SIZES, parse_size_list(opt_str(opts, OPT_BENCH_SWEEP_SIZES),
+                                                          o->sweep_sizes, &o->nsweep_sizes));
+    {
+        char buf[128];
+        bool bad = false;
+        snprintf(buf, sizeof(buf), "%s", opt_str(opts, OPT_BENCH_OPS));
+        memset(o->kinds, 0, sizeof(o->kinds));
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && !bad;
+             tok = strtok_r(NULL, ",", &save)) {
+            int k = 0;
+            while (k < OPK_COUNT && strcmp(tok, op_kind_names[k]) != 0)
+                k++;
+            bad = k == OPK_COUNT;
             if (!bad)
-                o->client_opts[o->nclient_opts++] = pairs[j];
-        } else if (strcmp(name, "--client-opt") == 0 || strcmp(name, "--server-opt") == 0) {
-            bool client = name[2] == 'c';
-            bad = strchr(val, '=') == NULL || strchr(val, '=') == val ||
-                  (client ? o->nclient_opts : o->nserver_opts) == MAX_OPTS;
-            if (!bad && client)
-                o->client_opts[o->nclient_opts++] = val;
-            else if (!bad)
-                o->server_opts[o->nserver_opts++] = val;
-        } else if (strcmp(name, "--compare-size") == 0) {
-            bad = parse_size(val, &o->compare_size);
-        } else if (strcmp(name, "--malloc-variant") == 0) {
-            const char *e = strchr(val, '=');
-            char label[80];
-            bad = e == NULL || e == val;
-            if (!bad) {
-                snprintf(label, sizeof(label), "%.*s", (int)(e - val), val);
-                bad = add_variant(o, label, e + 1, "", "");
-            }
-        } else if (strcmp(name, "--glibc-build") == 0) {
-            glibc_build = val;
-        } else if (strcmp(name, "--window") == 0) {
-            char *end;
-            window_ops = strtoul(val, &end, 10);
-            window_bytes = (size_t)1 << 20;
-            bad = window_ops == 0 || (*end && (*end != ':' || parse_size(end + 1, &window_bytes)));
-        } else if (strcmp(name, "--trials") == 0) {
-            cell_trials = atoi(val);
-            bad = cell_trials < 1 || cell_trials > 100;
-            explicit_trials = true;
-        } else if (strcmp(name, "--wait-idle") == 0) {
-            idle_wait_s = atof(val);
-            bad = !(idle_wait_s >= 0);
-            explicit_wait = true;
-        } else if (strcmp(name, "--timeout") == 0) {
-            o->timeout_s = (unsigned)atoi(val);
-        } else if (strcmp(name, "--sweep-connections") == 0) {
-            bad = parse_int_list(val, o->sweep_conns, &o->nsweep_conns, 1, 64);
-        } else if (strcmp(name, "--sweep-chunks") == 0) {
-            bad = parse_size_list(val, o->sweep_chunks, &o->nsweep_chunks);
-        } else if (strcmp(name, "--sweep-sizes") == 0) {
-            bad = parse_size_list(val, o->sweep_sizes, &o->nsweep_sizes);
-        } else {
-            fprintf(stderr, "ps-bench: unknown option %s (see --help)\n", name);
-            return -1;
+                o->kinds[k] = true;
         }
-        if (bad) {
-            fprintf(stderr, "ps-bench: bad value \"%s\" for %s\n", val ? val : "", name);
+        PARSE_LIST_OPT(OPT_BENCH_OPS, bad ? -1 : 0);
+    }
+    if (opt_str(opts, OPT_BENCH_WINDOW)[0] != '\0') {
+        const char *val = opt_str(opts, OPT_BENCH_WINDOW);
+        char *end;
+        window_ops = strtoul(val, &end, 10);
+        window_bytes = (size_t)1 << 20;
+        PARSE_LIST_OPT(
+            OPT_BENCH_WINDOW,
+            window_ops == 0 || (*end && (*end != ':' || parse_size(end + 1, &window_bytes))) ? -1
+                                                                                             : 0);
+    }
+    o->split_threshold = opt_text(opts, OPT_BENCH_SPLIT_THRESHOLD);
+    o->compare_size = (size_t)opt_int(opts, OPT_BENCH_COMPARE_SIZE);
+    o->timeout_s = (unsigned)opt_int(opts, OPT_BENCH_TIMEOUT);
+    cell_trials = (int)opt_int(opts, OPT_BENCH_TRIALS);
+    idle_wait_s = opt_double(opts, OPT_BENCH_WAIT_IDLE);
+    /* Client settings: --connections and --chunk-bytes (rows of the client table), then
+     * every --client-opt. */
+    const opt_int_id client_flags[2] = {OPT_CONNECTIONS, OPT_CHUNK_BYTES};
+    for (int j = 0; j < 2; j++) {
+        if (!opt_is_set(opts, client_flags[j]))
+            continue;
+        snprintf(o->client_flag_opts[j], sizeof(o->client_flag_opts[j]), "%s=%s",
+                 opt_def(client_flags[j])->name, opt_text(opts, client_flags[j]));
+        o->client_opts[o->nclient_opts++] = o->client_flag_opts[j];
+    }
+    if (add_assignments(opts, OPT_BENCH_CLIENT_OPT, o->client_opts, &o->nclient_opts) != 0 ||
+        add_assignments(opts, OPT_BENCH_SERVER_OPT, o->server_opts, &o->nserver_opts) != 0)
+        return -1;
+    const char *const *variants;
+    size_t nvariants = opt_list(opts, OPT_BENCH_MALLOC_VARIANT, &variants);
+    for (size_t i = 0; i < nvariants; i++) {
+        const char *val = variants[i], *e = strchr(val, '=');
+        char label[80];
+        if (e != NULL && e != val)
+            snprintf(label, sizeof(label), "%.*s", (int)(e - val), val);
+        if (e == NULL || e == val || add_variant(o, label, e + 1, "", "") != 0) {
+            fprintf(stderr, "ps-bench: bad value \"%s\" for --malloc-variant (LABEL=MALLOC_CONF)\n",
+                    val);
             return -1;
         }
     }
-    if (!explicit_wait && !o->quick)
-        idle_wait_s = 20;
-    if (!explicit_trials && !o->quick)
-        cell_trials = 3;
+    const char *glibc_build = opt_str(opts, OPT_BENCH_GLIBC_BUILD)[0] != '\0'
+                                  ? opt_str(opts, OPT_BENCH_GLIBC_BUILD)
+                                  : NULL;
+    bool explicit_seconds = opt_is_set(opts, OPT_BENCH_SECONDS);
+    bool explicit_wait = opt_is_set(opts, OPT_BENCH_WAIT_IDLE);
+    bool explicit_trials = opt_is_set(opts, OPT_BENCH_TRIALS);
+    if (!explicit_wait && o->quick)
+        idle_wait_s = 0;
+    if (!explicit_trials && o->quick)
+        cell_trials = 1;
     if (o->quick) {
         /* Small enough for a test suite; the 64 KiB and 256 KiB tensors are still split over
          * two servers and cut in several chunks, so every path of the client is taken. */
@@ -1101,7 +1050,7 @@ static int parse_args(bench_opts *o, int argc, char **argv)
         static const char *quick_opts[] = {"chunk-bytes=32K", "connections=2"};
         for (int j = 0; j < 2 && o->nclient_opts < MAX_OPTS; j++)
             o->client_opts[o->nclient_opts++] = quick_opts[j];
-        if (o->timeout_s == 1200)
+        if (!opt_is_set(opts, OPT_BENCH_TIMEOUT))
             o->timeout_s = 50;
     }
     if (o->nvariants == 0 && !o->variant_child) {

@@ -16,12 +16,12 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -x "$build/worker/ps-local" ] || { echo "build first: meson compile -C $build" >&2; exit 2; }
+[ -x "$build/deploy/local/ps-local" ] || { echo "build first: meson compile -C $build" >&2; exit 2; }
 echo "| staleness s | time to test accuracy $target (s) | final test accuracy | wall (s) | max staleness seen |"
 echo "|---|---|---|---|---|"
 for s in $bounds; do
   start=$(date +%s.%N)
-  line=$("$build/worker/ps-local" --ps 1 --workers 2 -- --epochs "$epochs" --staleness "$s" \
+  line=$("$build/deploy/local/ps-local" --ps 1 --workers 2 -- --epochs "$epochs" --staleness "$s" \
     --slow-worker 1 --slow-delay-ms "$delay" --eval-every 50 --target-accuracy "$target" \
     --log-level warn 2>/dev/null | grep '^test_accuracy=')
   wall=$(echo "$(date +%s.%N) - $start" | bc)

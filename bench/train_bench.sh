@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
 done
 extra=("$@")
 
-local_bin="$build/worker/ps-local"
+local_bin="$build/deploy/local/ps-local"
 if [ ! -x "$local_bin" ]; then
     echo "train_bench: $local_bin not built (meson compile -C $build)" >&2
     exit 2

@@ -133,15 +133,15 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         return client_fail(PS_INVALID_ARGUMENT, "bad cluster spec: %s", err);
     }
     const options *o = cfg->opts;
-    c->call.deadline_ms = (uint32_t)options_get_int(o, "deadline-ms");
-    c->call.retries = (int)options_get_int(o, "retries");
-    c->call.backoff_ms = (uint32_t)options_get_int(o, "retry-backoff-ms");
-    c->chunk_elems = (uint64_t)options_get_int(o, "chunk-bytes") / sizeof(float);
+    c->call.deadline_ms = (uint32_t)opt_int(o, OPT_DEADLINE_MS);
+    c->call.retries = (int)opt_int(o, OPT_RETRIES);
+    c->call.backoff_ms = (uint32_t)opt_int(o, OPT_RETRY_BACKOFF_MS);
+    c->chunk_elems = (uint64_t)opt_int(o, OPT_CHUNK_BYTES) / sizeof(float);
     if (c->chunk_elems == 0)
         c->chunk_elems = 1;
-    c->split_threshold = (uint64_t)options_get_int(o, "split-threshold-bytes");
-    c->max_message = (size_t)options_get_int(o, "max-message-bytes");
-    int64_t wid = options_get_int(o, "worker-id");
+    c->split_threshold = (uint64_t)opt_int(o, OPT_SPLIT_THRESHOLD_BYTES);
+    c->max_message = (size_t)opt_int(o, OPT_MAX_MESSAGE_BYTES);
+    int64_t wid = opt_int(o, OPT_WORKER_ID);
     if (wid < 0 && (strcmp(cl.task_type, "worker") == 0 || strcmp(cl.task_type, "chief") == 0)) {
         /* The chief is worker 0 when there is one; workers follow it. */
         wid = cl.task_index;
@@ -169,8 +169,8 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         }
         rpc_conn_config rc = {
             .url = url,
-            .connections = (int)options_get_int(o, "connections"),
-            .resend_ms = (uint32_t)options_get_int(o, "resend-ms"),
+            .connections = (int)opt_int(o, OPT_CONNECTIONS),
+            .resend_ms = (uint32_t)opt_int(o, OPT_RESEND_MS),
             .max_message = c->max_message,
         };
         if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
@@ -181,7 +181,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         }
     }
     cluster_fini(&cl);
-    c->heartbeat_ms = (uint32_t)options_get_int(o, "heartbeat-ms");
+    c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
     ps_config_destroy(own);
     if (c->worker_id >= 0 && c->heartbeat_ms > 0) {
         if (pthread_create(&c->heartbeat, NULL, heartbeat_main, c) == 0)

@@ -111,34 +111,56 @@ typedef enum ps_initializer {
     PS_INIT_GLOROT_UNIFORM = 4, /* from the shape's fan-in and fan-out */
 } ps_initializer;
 
+/* The optimizers the servers run (the update rules are in the README). The numbers are the
+ * wire's and never change; new optimizers are appended. */
 typedef enum ps_optimizer {
     PS_OPT_SGD = 0,
     PS_OPT_MOMENTUM = 1,
     PS_OPT_ADAGRAD = 2,
     PS_OPT_ADAM = 3,
+    PS_OPT_ADAMW = 4, /* Adam with decoupled weight decay (weight_decay) */
 } ps_optimizer;
+
+/* Canonical lower-case name of an optimizer ("sgd", "momentum", "adagrad", "adam", "adamw"),
+ * or "unknown"; never NULL, static storage. */
+const char *ps_optimizer_name(int optimizer);
+
+/* The optimizer named `name` (ASCII case-insensitive). Returns PS_OK and stores it in *out, or
+ * PS_INVALID_ARGUMENT (ps_last_error lists the names) for an unknown name; *out is then
+ * untouched. */
+int ps_optimizer_parse(const char *name, ps_optimizer *out);
 
 #define PS_MAX_DIMS 8
 #define PS_MAX_NAME 255
 
 /* Description of a variable. Fill it with ps_var_spec_init, then change what you need. The
- * optimizer runs on the servers: pushes carry gradients, the servers apply the update. */
+ * optimizer runs on the servers: pushes carry gradients, the servers apply the update.
+ *
+ * The struct is versioned by its size: ps_var_spec_init records sizeof(ps_var_spec) as this
+ * program was compiled in struct_size, and the library reads only the fields that fit in it,
+ * taking defaults for the rest. New fields are only ever appended, so a program built against
+ * an older psclient.h keeps working with a newer library. Always initialise a spec with
+ * ps_var_spec_init (or ps_var_spec_init_sized from a language binding). */
 typedef struct ps_var_spec {
-    const char *name; /* 1..PS_MAX_NAME bytes of [A-Za-z0-9_./:-]; copied by create */
-    ps_dtype dtype;   /* PS_FLOAT32 */
-    int ndims;        /* 0..PS_MAX_DIMS */
+    size_t struct_size; /* set by ps_var_spec_init: sizeof(ps_var_spec) of the caller */
+    const char *name;   /* 1..PS_MAX_NAME bytes of [A-Za-z0-9_./:-]; copied by create */
+    ps_dtype dtype;     /* PS_FLOAT32 */
+    int ndims;          /* 0..PS_MAX_DIMS */
     uint64_t dims[PS_MAX_DIMS];
     ps_initializer initializer;
     double init_a, init_b;
     uint64_t seed;
     ps_optimizer optimizer;
     double learning_rate;
-    double momentum; /* momentum */
-    bool nesterov;   /* momentum */
-    double beta1, beta2;
-    double epsilon;             /* adam, adagrad */
+    double momentum;            /* momentum */
+    bool nesterov;              /* momentum */
+    double beta1, beta2;        /* adam, adamw */
+    double epsilon;             /* adam, adamw, adagrad */
     double initial_accumulator; /* adagrad */
     int staleness;              /* bound: see PS_STALENESS_* */
+    /* ---- appended fields: read only when struct_size covers them ---- */
+    double weight_decay; /* adamw: each update first multiplies the weights by
+                          * 1 - learning_rate * weight_decay */
 } ps_var_spec;
 
 /* Staleness bounds (ps_var_spec.staleness). A pull by a worker at clock c of a variable with
@@ -147,10 +169,18 @@ typedef struct ps_var_spec {
 #define PS_STALENESS_BSP 0        /* synchronous: one aggregated update per clock */
 #define PS_STALENESS_DEFAULT (-2) /* the servers' default-staleness setting */
 
-/* Fills spec with defaults: float32, scalar, zeros, SGD with learning rate 0.01, seed 0,
- * momentum 0.9, beta1 0.9, beta2 0.999, epsilon 1e-8, initial accumulator 0.1,
- * staleness PS_STALENESS_DEFAULT. name is stored as given (not copied). */
-void ps_var_spec_init(ps_var_spec *spec, const char *name);
+/* Fills the first `size` bytes of spec with defaults and sets spec->struct_size = size:
+ * float32, scalar, zeros, SGD with learning rate 0.01, seed 0, momentum 0.9, beta1 0.9,
+ * beta2 0.999, epsilon 1e-8, initial accumulator 0.1, weight decay 0.01,
+ * staleness PS_STALENESS_DEFAULT. name is stored as given (not copied). size must cover at
+ * least the fields up to staleness (the first layout); a smaller size, or NULL, is ignored. */
+void ps_var_spec_init_sized(ps_var_spec *spec, size_t size, const char *name);
+
+/* ps_var_spec_init(spec, name): ps_var_spec_init_sized with this header's sizeof. */
+static inline void ps_var_spec_init(ps_var_spec *spec, const char *name)
+{
+    ps_var_spec_init_sized(spec, sizeof(*spec), name);
+}
 
 /* Creates the variable on its owning server(s), or finds it if a variable with the same name
  * and the same spec exists already (idempotent: any number of workers may call it). Another

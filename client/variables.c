@@ -4,11 +4,49 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "optimizers.h"
 #include "placement.h"
+#include "spec_fields.h"
+#include "util.h"
 
-void ps_var_spec_init(ps_var_spec *spec, const char *name)
+/* The public enum is the wire's, row by row of common/optimizers.h. */
+#define PS_OPTIMIZER_ABI_CHECK_(ID, name, value, lr)                                               \
+    _Static_assert(PS_OPT_##ID == (value) && (int)PSD__V1__OPTIMIZER__OPT_##ID == (value),         \
+                   "psclient.h's PS_OPT_" #ID " and ps.proto's OPT_" #ID " must be " #value);
+PS_OPTIMIZERS(PS_OPTIMIZER_ABI_CHECK_)
+#undef PS_OPTIMIZER_ABI_CHECK_
+
+static const char *const optimizer_names[] = {
+#define PS_OPTIMIZER_NAME_(ID, name, value, lr) [value] = name,
+    PS_OPTIMIZERS(PS_OPTIMIZER_NAME_)
+#undef PS_OPTIMIZER_NAME_
+};
+
+const char *ps_optimizer_name(int optimizer)
+{
+    return enum_name(ENUM_NAMES(optimizer_names), optimizer, "unknown");
+}
+
+int ps_optimizer_parse(const char *name, ps_optimizer *out)
+{
+    int k;
+    if (out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_optimizer_parse: NULL argument");
+    if (enum_parse(ENUM_NAMES(optimizer_names), name, &k) != 0)
+        return client_fail(PS_INVALID_ARGUMENT, "unknown optimizer \"%s\" (known: %s)",
+                           name ? name : "(null)", PS_OPTIMIZER_CHOICES + 1);
+    *out = (ps_optimizer)k;
+    return PS_OK;
+}
+
+/* The size of the first published layout: every field up to staleness. */
+#define SPEC_SIZE_V1 (offsetof(ps_var_spec, staleness) + sizeof(int))
+
+/* The defaults of every field, whatever the caller's struct_size. */
+static void spec_defaults(ps_var_spec *spec, const char *name)
 {
     memset(spec, 0, sizeof(*spec));
+    spec->struct_size = sizeof(*spec);
     spec->name = name;
     spec->dtype = PS_FLOAT32;
     spec->initializer = PS_INIT_ZEROS;
@@ -20,6 +58,31 @@ void ps_var_spec_init(ps_var_spec *spec, const char *name)
     spec->epsilon = 1e-8;
     spec->initial_accumulator = 0.1;
     spec->staleness = PS_STALENESS_DEFAULT;
+    spec->weight_decay = 0.01;
+}
+
+void ps_var_spec_init_sized(ps_var_spec *spec, size_t size, const char *name)
+{
+    if (spec == NULL || size < SPEC_SIZE_V1)
+        return;
+    ps_var_spec d;
+    spec_defaults(&d, name);
+    d.struct_size = size;
+    memcpy(spec, &d, size < sizeof(d) ? size : sizeof(d));
+}
+
+/* Reads a caller's spec of any layout into a whole one: the fields its struct_size covers,
+ * defaults for the others. Returns -1 for a struct_size smaller than the first layout (a spec
+ * not made by ps_var_spec_init). */
+static int spec_read(const ps_var_spec *in, ps_var_spec *out)
+{
+    size_t size = in->struct_size;
+    if (size < SPEC_SIZE_V1)
+        return -1;
+    spec_defaults(out, in->name);
+    memcpy(out, in, size < sizeof(*out) ? size : sizeof(*out));
+    out->struct_size = sizeof(*out);
+    return 0;
 }
 
 const char *ps_var_name(const ps_var *v)
@@ -57,24 +120,13 @@ static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1
 {
     psd__v1__variable_spec__init(w);
     w->name = (char *)s->name;
-    w->dtype = (Psd__V1__DType)s->dtype;
     for (int i = 0; i < s->ndims; i++)
         shape[i] = s->dims[i];
     w->n_shape = (size_t)s->ndims;
     w->shape = shape;
-    w->initializer = (Psd__V1__Initializer)s->initializer;
-    w->init_a = s->init_a;
-    w->init_b = s->init_b;
-    w->seed = s->seed;
-    w->optimizer = (Psd__V1__Optimizer)s->optimizer;
-    w->learning_rate = s->learning_rate;
-    w->momentum = s->momentum;
-    w->nesterov = s->nesterov;
-    w->beta1 = s->beta1;
-    w->beta2 = s->beta2;
-    w->epsilon = s->epsilon;
-    w->initial_accumulator = s->initial_accumulator;
-    w->staleness = s->staleness;
+#define PS_SPEC_TO_WIRE_(field, pt, wt) w->field = (wt)s->field;
+    PS_SPEC_FIELDS(PS_SPEC_TO_WIRE_)
+#undef PS_SPEC_TO_WIRE_
     w->split = split;
     w->num_servers = nservers;
 }
@@ -141,9 +193,18 @@ static ps_var *make_var(const ps_var_spec *s, bool split, uint32_t nservers)
     return v;
 }
 
-int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out)
+int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
 {
-    if (c == NULL || spec == NULL || out == NULL || spec->name == NULL)
+    if (c == NULL || user_spec == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_create: NULL argument");
+    ps_var_spec whole;
+    if (spec_read(user_spec, &whole) != 0)
+        return client_fail(PS_INVALID_ARGUMENT,
+                           "ps_var_create: spec->struct_size is %zu: initialise the spec with "
+                           "ps_var_spec_init",
+                           user_spec->struct_size);
+    const ps_var_spec *spec = &whole;
+    if (spec->name == NULL)
         return client_fail(PS_INVALID_ARGUMENT, "ps_var_create: NULL argument");
     if (strlen(spec->name) == 0 || strlen(spec->name) > PS_MAX_NAME)
         return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes", PS_MAX_NAME);
@@ -199,24 +260,13 @@ static int from_wire(const Psd__V1__VariableSpec *w, ps_var_spec *s)
 {
     if (w->n_shape > PS_MAX_DIMS)
         return -1;
-    ps_var_spec_init(s, w->name);
-    s->dtype = (ps_dtype)w->dtype;
+    spec_defaults(s, w->name);
     s->ndims = (int)w->n_shape;
     for (size_t i = 0; i < w->n_shape; i++)
         s->dims[i] = w->shape[i];
-    s->initializer = (ps_initializer)w->initializer;
-    s->init_a = w->init_a;
-    s->init_b = w->init_b;
-    s->seed = w->seed;
-    s->optimizer = (ps_optimizer)w->optimizer;
-    s->learning_rate = w->learning_rate;
-    s->momentum = w->momentum;
-    s->nesterov = w->nesterov;
-    s->beta1 = w->beta1;
-    s->beta2 = w->beta2;
-    s->epsilon = w->epsilon;
-    s->initial_accumulator = w->initial_accumulator;
-    s->staleness = w->staleness;
+#define PS_SPEC_FROM_WIRE_(field, pt, wt) s->field = (pt)w->field;
+    PS_SPEC_FIELDS(PS_SPEC_FROM_WIRE_)
+#undef PS_SPEC_FROM_WIRE_
     return 0;
 }
 

@@ -3,16 +3,15 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
-#include <errno.h>
 #include <json-c/json.h>
 #include <limits.h>
 #include <stdbool.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
+
+#include "util.h"
 
 #define CLUSTER_ADDR_MAX 320 /* [IPv6%zone] or a 253-byte name, plus :port */
 #define CLUSTER_FILE_MAX (1024 * 1024)
@@ -22,20 +21,6 @@
 enum { CLUSTER_JOB_PS, CLUSTER_JOB_WORKER, CLUSTER_JOB_CHIEF, CLUSTER_JOB_COUNT };
 static const char *const cluster_jobs[CLUSTER_JOB_COUNT] = {"ps", "worker", "chief"};
 #define CLUSTER_TYPES "ps, worker, chief, evaluator"
-
-static void cluster_errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void cluster_errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (err == NULL || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Prefixes the message already in err with "prefix: ". */
 static void cluster_err_prefix(char *err, size_t errlen, const char *prefix)
@@ -54,28 +39,7 @@ static void cluster_err_prefix(char *err, size_t errlen, const char *prefix)
 /* Writes s double-quoted, printable and length-limited, for messages. */
 static const char *cluster_quote(char *buf, size_t cap, const char *s)
 {
-    size_t o = 0;
-
-    buf[o++] = '"';
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (o + 8 >= cap || o > CLUSTER_QUOTE_MAX) {
-            memcpy(buf + o, "...", 3);
-            o += 3;
-            break;
-        }
-        if (c == '"' || c == '\\') {
-            buf[o++] = '\\';
-            buf[o++] = (char)c;
-        } else if (c < 0x20 || c == 0x7F) {
-            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
-        } else {
-            buf[o++] = (char)c;
-        }
-    }
-    buf[o++] = '"';
-    buf[o] = '\0';
-    return buf;
+    return quote_text(buf, cap, s, CLUSTER_QUOTE_MAX);
 }
 
 /* The list and count fields of one job. */
@@ -158,11 +122,11 @@ static int cluster_check_address(const char *a, char *why, size_t whylen)
     long p = 0;
 
     if (a[0] == '\0') {
-        cluster_errf(why, whylen, "empty address");
+        errf(why, whylen, "empty address");
         return -1;
     }
     if (strlen(a) >= CLUSTER_ADDR_MAX) {
-        cluster_errf(why, whylen, "longer than %d bytes", CLUSTER_ADDR_MAX - 1);
+        errf(why, whylen, "longer than %d bytes", CLUSTER_ADDR_MAX - 1);
         return -1;
     }
     if (a[0] == '[') {
@@ -170,11 +134,11 @@ static int cluster_check_address(const char *a, char *why, size_t whylen)
         char *zone;
         struct in6_addr in6;
         if (close == NULL) {
-            cluster_errf(why, whylen, "IPv6 address lacks its closing ']'");
+            errf(why, whylen, "IPv6 address lacks its closing ']'");
             return -1;
         }
         if (close[1] != ':') {
-            cluster_errf(why, whylen, "missing :port after ']'");
+            errf(why, whylen, "missing :port after ']'");
             return -1;
         }
         hlen = (size_t)(close - a - 1);
@@ -185,29 +149,29 @@ static int cluster_check_address(const char *a, char *why, size_t whylen)
             if (zone[1] == '\0' ||
                 strspn(zone + 1, "abcdefghijklmnopqrstuvwxyz"
                                  "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != strlen(zone + 1)) {
-                cluster_errf(why, whylen, "bad IPv6 zone");
+                errf(why, whylen, "bad IPv6 zone");
                 return -1;
             }
             *zone = '\0';
         }
         if (inet_pton(AF_INET6, host, &in6) != 1) {
-            cluster_errf(why, whylen, "bad IPv6 address");
+            errf(why, whylen, "bad IPv6 address");
             return -1;
         }
         port = close + 2;
     } else {
         colon = strrchr(a, ':');
         if (colon == NULL) {
-            cluster_errf(why, whylen, "missing :port");
+            errf(why, whylen, "missing :port");
             return -1;
         }
         if (strchr(a, ':') != colon) {
-            cluster_errf(why, whylen, "an IPv6 host must be in brackets, e.g. [::1]:2222");
+            errf(why, whylen, "an IPv6 host must be in brackets, e.g. [::1]:2222");
             return -1;
         }
         hlen = (size_t)(colon - a);
         if (hlen == 0) {
-            cluster_errf(why, whylen, "empty host");
+            errf(why, whylen, "empty host");
             return -1;
         }
         memcpy(host, a, hlen);
@@ -215,26 +179,26 @@ static int cluster_check_address(const char *a, char *why, size_t whylen)
         if (strspn(host, "0123456789.") == hlen) {
             struct in_addr in4;
             if (inet_pton(AF_INET, host, &in4) != 1) {
-                cluster_errf(why, whylen, "bad IPv4 address");
+                errf(why, whylen, "bad IPv4 address");
                 return -1;
             }
         } else if (cluster_check_dns_name(host, hlen) != 0) {
-            cluster_errf(why, whylen, "bad host name");
+            errf(why, whylen, "bad host name");
             return -1;
         }
         port = colon + 1;
     }
     if (port[0] == '\0') {
-        cluster_errf(why, whylen, "empty port");
+        errf(why, whylen, "empty port");
         return -1;
     }
     if (strspn(port, "0123456789") != strlen(port) || strlen(port) > 5) {
-        cluster_errf(why, whylen, "port is not a number in 1..65535");
+        errf(why, whylen, "port is not a number in 1..65535");
         return -1;
     }
     p = strtol(port, NULL, 10);
     if (p < 1 || p > 65535) {
-        cluster_errf(why, whylen, "port %ld out of range 1..65535", p);
+        errf(why, whylen, "port %ld out of range 1..65535", p);
         return -1;
     }
     return 0;
@@ -253,14 +217,14 @@ static int cluster_parse_job(struct json_object *cl, int job, cluster_spec *c, c
     if (!json_object_object_get_ex(cl, name, &arr))
         return 0;
     if (!json_object_is_type(arr, json_type_array)) {
-        cluster_errf(err, errlen, "cluster.%s: expected an array of \"host:port\" strings, got %s",
-                     name, json_type_to_name(json_object_get_type(arr)));
+        errf(err, errlen, "cluster.%s: expected an array of \"host:port\" strings, got %s", name,
+             json_type_to_name(json_object_get_type(arr)));
         return -1;
     }
     n = json_object_array_length(arr);
     list = calloc(n > 0 ? n : 1, sizeof *list);
     if (list == NULL) {
-        cluster_errf(err, errlen, "cluster.%s: out of memory", name);
+        errf(err, errlen, "cluster.%s: out of memory", name);
         return -1;
     }
     /* Hand the list to c at once so that cluster_fini frees a partial one. */
@@ -269,23 +233,23 @@ static int cluster_parse_job(struct json_object *cl, int job, cluster_spec *c, c
         struct json_object *e = json_object_array_get_idx(arr, i);
         const char *s;
         if (!json_object_is_type(e, json_type_string)) {
-            cluster_errf(err, errlen, "cluster.%s[%zu]: expected a \"host:port\" string, got %s",
-                         name, i, json_type_to_name(json_object_get_type(e)));
+            errf(err, errlen, "cluster.%s[%zu]: expected a \"host:port\" string, got %s", name, i,
+                 json_type_to_name(json_object_get_type(e)));
             return -1;
         }
         s = json_object_get_string(e);
         if (strlen(s) != (size_t)json_object_get_string_len(e)) {
-            cluster_errf(err, errlen, "cluster.%s[%zu]: address contains a NUL character", name, i);
+            errf(err, errlen, "cluster.%s[%zu]: address contains a NUL character", name, i);
             return -1;
         }
         if (cluster_check_address(s, why, sizeof why) != 0) {
-            cluster_errf(err, errlen, "cluster.%s[%zu]: %s is not host:port (%s)", name, i,
-                         cluster_quote(q, sizeof q, s), why);
+            errf(err, errlen, "cluster.%s[%zu]: %s is not host:port (%s)", name, i,
+                 cluster_quote(q, sizeof q, s), why);
             return -1;
         }
         list[i] = strdup(s);
         if (list[i] == NULL) {
-            cluster_errf(err, errlen, "cluster.%s[%zu]: out of memory", name, i);
+            errf(err, errlen, "cluster.%s[%zu]: out of memory", name, i);
             return -1;
         }
         (*np)++;
@@ -322,7 +286,7 @@ static int cluster_check_duplicates(cluster_spec *c, char *err, size_t errlen)
         return 0;
     refs = calloc(total, sizeof *refs);
     if (refs == NULL) {
-        cluster_errf(err, errlen, "cluster: out of memory");
+        errf(err, errlen, "cluster: out of memory");
         return -1;
     }
     for (int j = 0; j < CLUSTER_JOB_COUNT; j++) {
@@ -334,10 +298,9 @@ static int cluster_check_duplicates(cluster_spec *c, char *err, size_t errlen)
     qsort(refs, total, sizeof *refs, cluster_addr_ref_cmp);
     for (size_t i = 1; i < total; i++) {
         if (strcasecmp(refs[i - 1].addr, refs[i].addr) == 0) {
-            cluster_errf(err, errlen, "cluster.%s[%zu]: address %s duplicates cluster.%s[%zu]",
-                         cluster_jobs[refs[i].job], refs[i].index,
-                         cluster_quote(q, sizeof q, refs[i].addr), cluster_jobs[refs[i - 1].job],
-                         refs[i - 1].index);
+            errf(err, errlen, "cluster.%s[%zu]: address %s duplicates cluster.%s[%zu]",
+                 cluster_jobs[refs[i].job], refs[i].index, cluster_quote(q, sizeof q, refs[i].addr),
+                 cluster_jobs[refs[i - 1].job], refs[i - 1].index);
             free(refs);
             return -1;
         }
@@ -358,25 +321,25 @@ static int cluster_check_task(const cluster_spec *c, const char *type, long long
     size_t n;
 
     if (job < 0 && strcmp(type, "evaluator") != 0) {
-        cluster_errf(err, errlen, "%s %s is not one of " CLUSTER_TYPES, type_path,
-                     cluster_quote(q, sizeof q, type));
+        errf(err, errlen, "%s %s is not one of " CLUSTER_TYPES, type_path,
+             cluster_quote(q, sizeof q, type));
         return -1;
     }
     if (index < 0 || index > INT_MAX) {
-        cluster_errf(err, errlen, "%s %lld out of range: must be 0 or more", index_path, index);
+        errf(err, errlen, "%s %lld out of range: must be 0 or more", index_path, index);
         return -1;
     }
     if (job < 0)
         return 0; /* evaluators run beside the cluster, without an address */
     n = cluster_job_count(c, job);
     if (n == 0) {
-        cluster_errf(err, errlen, "%s %s: cluster has no %s tasks", type_path,
-                     cluster_quote(q, sizeof q, type), type);
+        errf(err, errlen, "%s %s: cluster has no %s tasks", type_path,
+             cluster_quote(q, sizeof q, type), type);
         return -1;
     }
     if ((unsigned long long)index >= n) {
-        cluster_errf(err, errlen, "%s %lld out of range: cluster has %zu %s task%s", index_path,
-                     index, n, type, n == 1 ? "" : "s");
+        errf(err, errlen, "%s %lld out of range: cluster has %zu %s task%s", index_path, index, n,
+             type, n == 1 ? "" : "s");
         return -1;
     }
     return 0;
@@ -392,9 +355,8 @@ static int cluster_parse_task(struct json_object *task, cluster_spec *c, char *e
     if (task == NULL || json_object_is_type(task, json_type_null))
         return 0;
     if (!json_object_is_type(task, json_type_object)) {
-        cluster_errf(err, errlen,
-                     "task: expected an object {\"type\": ..., \"index\": ...}, got %s",
-                     json_type_to_name(json_object_get_type(task)));
+        errf(err, errlen, "task: expected an object {\"type\": ..., \"index\": ...}, got %s",
+             json_type_to_name(json_object_get_type(task)));
         return -1;
     }
     has_type = json_object_object_get_ex(task, "type", &type);
@@ -402,21 +364,21 @@ static int cluster_parse_task(struct json_object *task, cluster_spec *c, char *e
     if (!has_type && !has_index)
         return 0; /* TF_CONFIG may carry an empty task */
     if (!has_type) {
-        cluster_errf(err, errlen, "task.type: missing (task has an index but no type)");
+        errf(err, errlen, "task.type: missing (task has an index but no type)");
         return -1;
     }
     if (!has_index) {
-        cluster_errf(err, errlen, "task.index: missing (task has a type but no index)");
+        errf(err, errlen, "task.index: missing (task has a type but no index)");
         return -1;
     }
     if (!json_object_is_type(type, json_type_string)) {
-        cluster_errf(err, errlen, "task.type: expected a string, got %s",
-                     json_type_to_name(json_object_get_type(type)));
+        errf(err, errlen, "task.type: expected a string, got %s",
+             json_type_to_name(json_object_get_type(type)));
         return -1;
     }
     if (!json_object_is_type(index, json_type_int)) {
-        cluster_errf(err, errlen, "task.index: expected an integer, got %s",
-                     json_type_to_name(json_object_get_type(index)));
+        errf(err, errlen, "task.index: expected an integer, got %s",
+             json_type_to_name(json_object_get_type(index)));
         return -1;
     }
     t = json_object_get_string(type);
@@ -437,7 +399,7 @@ int cluster_set_task(cluster_spec *c, const char *task, char *err, size_t errlen
     long long index;
 
     if (c == NULL || task == NULL) {
-        cluster_errf(err, errlen, "task: NULL %s", c == NULL ? "cluster" : "task");
+        errf(err, errlen, "task: NULL %s", c == NULL ? "cluster" : "task");
         return -1;
     }
     cluster_quote(q, sizeof q, task);
@@ -445,7 +407,7 @@ int cluster_set_task(cluster_spec *c, const char *task, char *err, size_t errlen
     tlen = colon != NULL ? (size_t)(colon - task) : 0;
     if (colon == NULL || tlen == 0 || tlen >= sizeof type || colon[1] == '\0' ||
         strspn(colon + 1, "0123456789") != strlen(colon + 1) || strlen(colon + 1) > 9) {
-        cluster_errf(err, errlen, "task %s: expected type:index, e.g. worker:0", q);
+        errf(err, errlen, "task %s: expected type:index, e.g. worker:0", q);
         return -1;
     }
     memcpy(type, task, tlen);
@@ -470,23 +432,23 @@ int cluster_parse(const char *json, cluster_spec *out, char *err, size_t errlen)
     int rc = -1;
 
     if (out == NULL) {
-        cluster_errf(err, errlen, "cluster: NULL output");
+        errf(err, errlen, "cluster: NULL output");
         return -1;
     }
     memset(out, 0, sizeof *out);
     out->task_index = -1;
     if (json == NULL || json[strspn(json, " \t\r\n")] == '\0') {
-        cluster_errf(err, errlen, "cluster spec is empty");
+        errf(err, errlen, "cluster spec is empty");
         goto fail;
     }
     len = strlen(json);
     if (len > INT_MAX) {
-        cluster_errf(err, errlen, "cluster spec is too large");
+        errf(err, errlen, "cluster spec is too large");
         goto fail;
     }
     tok = json_tokener_new();
     if (tok == NULL) {
-        cluster_errf(err, errlen, "cluster: out of memory");
+        errf(err, errlen, "cluster: out of memory");
         goto fail;
     }
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
@@ -502,33 +464,31 @@ int cluster_parse(const char *json, cluster_spec *out, char *err, size_t errlen)
                 line += json[i] == '\n';
             }
             if (root != NULL)
-                cluster_errf(err, errlen, "invalid JSON at line %zu, column %zu: trailing data",
-                             line, col);
+                errf(err, errlen, "invalid JSON at line %zu, column %zu: trailing data", line, col);
             else if (jerr == json_tokener_continue)
-                cluster_errf(err, errlen, "invalid JSON: unexpected end of text");
+                errf(err, errlen, "invalid JSON: unexpected end of text");
             else
-                cluster_errf(err, errlen, "invalid JSON at line %zu, column %zu: %s", line, col,
-                             json_tokener_error_desc(jerr));
+                errf(err, errlen, "invalid JSON at line %zu, column %zu: %s", line, col,
+                     json_tokener_error_desc(jerr));
             goto fail;
         }
     }
     if (!json_object_is_type(root, json_type_object)) {
-        cluster_errf(err, errlen, "cluster spec: expected a JSON object, got %s",
-                     json_type_to_name(json_object_get_type(root)));
+        errf(err, errlen, "cluster spec: expected a JSON object, got %s",
+             json_type_to_name(json_object_get_type(root)));
         goto fail;
     }
     if (json_object_object_get_ex(root, "cluster", &cl)) {
         json_object_object_get_ex(root, "task", &task);
         if (!json_object_is_type(cl, json_type_object)) {
-            cluster_errf(err, errlen, "cluster: expected an object of job lists, got %s",
-                         json_type_to_name(json_object_get_type(cl)));
+            errf(err, errlen, "cluster: expected an object of job lists, got %s",
+                 json_type_to_name(json_object_get_type(cl)));
             goto fail;
         }
     } else {
         cl = root; /* a bare cluster object */
         if (json_object_object_get_ex(root, "task", NULL)) {
-            cluster_errf(err, errlen,
-                         "task: a task needs the {\"cluster\": {...}, \"task\": {...}} form");
+            errf(err, errlen, "task: a task needs the {\"cluster\": {...}, \"task\": {...}} form");
             goto fail;
         }
     }
@@ -536,8 +496,8 @@ int cluster_parse(const char *json, cluster_spec *out, char *err, size_t errlen)
         if (cluster_parse_job(cl, j, out, err, errlen) != 0)
             goto fail;
     if (out->n_ps == 0) {
-        cluster_errf(err, errlen, "cluster.ps: %s; at least one ps task is required",
-                     json_object_object_get_ex(cl, "ps", NULL) ? "empty" : "missing");
+        errf(err, errlen, "cluster.ps: %s; at least one ps task is required",
+             json_object_object_get_ex(cl, "ps", NULL) ? "empty" : "missing");
         goto fail;
     }
     if (cluster_check_duplicates(out, err, errlen) != 0 ||
@@ -554,72 +514,32 @@ out:
     return rc;
 }
 
-/* Reads a whole file of at most max bytes into a NUL-terminated buffer. */
-static char *cluster_read_file(const char *path, size_t max, char *err, size_t errlen)
-{
-    FILE *f;
-    char *buf;
-    size_t n;
-    struct stat st;
-
-    f = fopen(path, "rb");
-    if (f == NULL) {
-        cluster_errf(err, errlen, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        cluster_errf(err, errlen, "is a directory");
-        return NULL;
-    }
-    buf = malloc(max + 2);
-    if (buf == NULL) {
-        fclose(f);
-        cluster_errf(err, errlen, "out of memory");
-        return NULL;
-    }
-    n = fread(buf, 1, max + 1, f);
-    if (ferror(f)) {
-        cluster_errf(err, errlen, "read error: %s", strerror(errno));
-        fclose(f);
-        free(buf);
-        return NULL;
-    }
-    fclose(f);
-    if (n > max) {
-        cluster_errf(err, errlen, "larger than %zu bytes", max);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    if (strlen(buf) != n) {
-        cluster_errf(err, errlen, "contains a NUL byte");
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
 int cluster_from_options(const options *o, cluster_spec *out, char *err, size_t errlen)
 {
     const char *spec, *task;
     char source[256];
     char *file = NULL;
+    size_t len = 0;
     int rc;
 
     if (out == NULL) {
-        cluster_errf(err, errlen, "cluster: NULL output");
+        errf(err, errlen, "cluster: NULL output");
         return -1;
     }
     memset(out, 0, sizeof *out);
     if (o == NULL) {
-        cluster_errf(err, errlen, "cluster: NULL options");
+        errf(err, errlen, "cluster: NULL options");
         return -1;
     }
-    spec = options_get_str(o, "cluster");
+    spec = opt_str(o, OPT_CLUSTER);
     if (spec[0] == '@') {
         snprintf(source, sizeof source, "cluster file %s", spec + 1);
-        file = cluster_read_file(spec + 1, CLUSTER_FILE_MAX, err, errlen);
+        file = read_file(spec + 1, CLUSTER_FILE_MAX, &len, err, errlen);
+        if (file != NULL && strlen(file) != len) {
+            errf(err, errlen, "contains a NUL byte");
+            free(file);
+            file = NULL;
+        }
         if (file == NULL) {
             cluster_err_prefix(err, errlen, source);
             return -1;
@@ -628,9 +548,9 @@ int cluster_from_options(const options *o, cluster_spec *out, char *err, size_t 
     } else if (spec[0] != '\0') {
         snprintf(source, sizeof source, "--cluster");
     } else {
-        spec = options_get_str(o, "tf-config");
+        spec = opt_str(o, OPT_TF_CONFIG);
         if (spec[0] == '\0') {
-            cluster_errf(err, errlen, "no cluster spec: set TF_CONFIG or --cluster");
+            errf(err, errlen, "no cluster spec: set TF_CONFIG or --cluster");
             return -1;
         }
         snprintf(source, sizeof source, "TF_CONFIG");
@@ -641,7 +561,7 @@ int cluster_from_options(const options *o, cluster_spec *out, char *err, size_t 
         cluster_err_prefix(err, errlen, source);
         return -1;
     }
-    task = options_get_str(o, "task");
+    task = opt_str(o, OPT_TASK);
     if (task[0] != '\0' && cluster_set_task(out, task, err, errlen) != 0) {
         cluster_err_prefix(err, errlen, "--task");
         cluster_fini(out);

@@ -30,8 +30,8 @@ int program_start(program *p, int argc, char **argv, unsigned scope, const char 
     }
     log_level lvl = LOG_INFO;
     log_format fmt = LOG_FORMAT_AUTO;
-    log_level_parse(options_get_str(p->opts, "log-level"), &lvl);
-    log_format_parse(options_get_str(p->opts, "log-format"), &fmt);
+    log_level_parse(opt_enum(p->opts, OPT_LOG_LEVEL), &lvl);
+    log_format_parse(opt_enum(p->opts, OPT_LOG_FORMAT), &fmt);
     if (need_cluster) {
         if (cluster_from_options(p->opts, &p->cluster, err, sizeof(err)) != 0) {
             log_init(role, -1, lvl, fmt);

@@ -81,4 +81,4 @@ fi
 echo "run-main: building ps-server, ps-worker, ps-local" >&2
 quiet meson compile -C "$build" ps-server ps-worker ps-local
 
-exec "$build/worker/ps-local" "${launcher_args[@]}" -- "$@"
+exec "$build/deploy/local/ps-local" "${launcher_args[@]}" -- "$@"

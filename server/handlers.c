@@ -136,11 +136,13 @@ static void handle_create(rpc_call *call, void *arg)
         else
             rep.created = true;
     }
-    const char *diff = spec_diff(v->spec, req->spec);
+    char detail[128];
+    const char *diff = spec_diff(v->spec, req->spec, detail, sizeof(detail));
     if (diff) {
         rpc_reply_error(call, STATUS_ALREADY_EXISTS,
-                        "variable \"%s\" exists with another spec (field %s differs)", v->name,
-                        diff);
+                        "variable \"%s\" exists with another spec (field %s differs, existing vs "
+                        "requested: %s)",
+                        v->name, diff, detail);
         return;
     }
     fill_shard(st, v, &shard);
@@ -280,7 +282,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     }
     pthread_mutex_lock(&v->lock);
     if (d == DEDUP_NEW) {
-        float *slots[3];
+        float *slots[OPTIMIZER_MAX_SLOTS];
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i] + first;
         optimizer_apply(&v->opt, v->params + first, grad, slots, (size_t)cnt);

@@ -13,9 +13,10 @@
 
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+
+#include "util.h"
 
 #define GOLDEN_GAMMA UINT64_C(0x9E3779B97F4A7C15)
 #define TWO_PI 6.283185307179586476925286766559
@@ -26,19 +27,6 @@ static const char *const kind_names[INITIALIZER_KIND_COUNT] = {"zeros", "constan
 static bool kind_valid(initializer_kind k)
 {
     return (unsigned)k < INITIALIZER_KIND_COUNT;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* splitmix64's finalizer (Stafford's variant 13). */
@@ -107,15 +95,15 @@ int initializer_validate(const initializer_params *p, const uint64_t *shape, siz
                          char *err, size_t errlen)
 {
     if (p == NULL) {
-        set_err(err, errlen, "initializer: params = NULL");
+        errf(err, errlen, "initializer: params = NULL");
         return -1;
     }
     if (!kind_valid(p->kind)) {
-        set_err(err, errlen, "initializer: kind = %d: unknown initializer kind", (int)p->kind);
+        errf(err, errlen, "initializer: kind = %d: unknown initializer kind", (int)p->kind);
         return -1;
     }
     if (shape == NULL && ndims > 0) {
-        set_err(err, errlen, "initializer: shape = NULL with ndims = %zu", ndims);
+        errf(err, errlen, "initializer: shape = NULL with ndims = %zu", ndims);
         return -1;
     }
     switch (p->kind) {
@@ -124,49 +112,48 @@ int initializer_validate(const initializer_params *p, const uint64_t *shape, siz
         return 0;
     case INITIALIZER_CONSTANT:
         if (!in_float_range(p->a)) {
-            set_err(err, errlen,
-                    "initializer: a = %g: constant must be finite within float32 range", p->a);
+            errf(err, errlen, "initializer: a = %g: constant must be finite within float32 range",
+                 p->a);
             return -1;
         }
         return 0;
     case INITIALIZER_UNIFORM:
         if (!in_float_range(p->a)) {
-            set_err(err, errlen,
-                    "initializer: a = %g: uniform bound must be finite within float32 range", p->a);
+            errf(err, errlen,
+                 "initializer: a = %g: uniform bound must be finite within float32 range", p->a);
             return -1;
         }
         if (!in_float_range(p->b)) {
-            set_err(err, errlen,
-                    "initializer: b = %g: uniform bound must be finite within float32 range", p->b);
+            errf(err, errlen,
+                 "initializer: b = %g: uniform bound must be finite within float32 range", p->b);
             return -1;
         }
         if (!(p->a < p->b)) {
-            set_err(err, errlen, "initializer: b = %g: uniform range [a, b) needs a < b (a = %g)",
-                    p->b, p->a);
+            errf(err, errlen, "initializer: b = %g: uniform range [a, b) needs a < b (a = %g)",
+                 p->b, p->a);
             return -1;
         }
         if (!((double)float_ceil(p->a) < p->b)) {
-            set_err(err, errlen,
-                    "initializer: b = %g: uniform range [a = %g, b) holds no float32 value", p->b,
-                    p->a);
+            errf(err, errlen,
+                 "initializer: b = %g: uniform range [a = %g, b) holds no float32 value", p->b,
+                 p->a);
             return -1;
         }
         return 0;
     case INITIALIZER_NORMAL:
         if (!in_float_range(p->a)) {
-            set_err(err, errlen,
-                    "initializer: a = %g: normal mean must be finite within float32 range", p->a);
+            errf(err, errlen,
+                 "initializer: a = %g: normal mean must be finite within float32 range", p->a);
             return -1;
         }
         if (!(isfinite(p->b) && p->b > 0.0)) {
-            set_err(err, errlen, "initializer: b = %g: normal stddev must be finite and > 0", p->b);
+            errf(err, errlen, "initializer: b = %g: normal stddev must be finite and > 0", p->b);
             return -1;
         }
         /* |z| <= sqrt(-2 ln 2^-53) < 8.6, so |value| < |a| + 10 b. */
         if (!(fabs(p->a) + 10.0 * p->b <= (double)FLT_MAX)) {
-            set_err(err, errlen,
-                    "initializer: b = %g: normal stddev too large for float32 (a = %g)", p->b,
-                    p->a);
+            errf(err, errlen, "initializer: b = %g: normal stddev too large for float32 (a = %g)",
+                 p->b, p->a);
             return -1;
         }
         return 0;
@@ -176,34 +163,16 @@ int initializer_validate(const initializer_params *p, const uint64_t *shape, siz
 
 const char *initializer_name(initializer_kind k)
 {
-    return kind_valid(k) ? kind_names[k] : "unknown";
-}
-
-static int ascii_lower(int c)
-{
-    return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
-}
-
-static bool ascii_ieq(const char *a, const char *b)
-{
-    for (; *a != '\0' && *b != '\0'; a++, b++) {
-        if (ascii_lower((unsigned char)*a) != ascii_lower((unsigned char)*b))
-            return false;
-    }
-    return *a == *b;
+    return enum_name(ENUM_NAMES(kind_names), (int)k, "unknown");
 }
 
 int initializer_parse(const char *name, initializer_kind *out)
 {
-    if (name == NULL || out == NULL)
+    int k;
+    if (out == NULL || enum_parse(ENUM_NAMES(kind_names), name, &k) != 0)
         return -1;
-    for (int k = 0; k < INITIALIZER_KIND_COUNT; k++) {
-        if (ascii_ieq(name, kind_names[k])) {
-            *out = (initializer_kind)k;
-            return 0;
-        }
-    }
-    return -1;
+    *out = (initializer_kind)k;
+    return 0;
 }
 
 void initializer_fan(const uint64_t *shape, size_t ndims, double *fan_in, double *fan_out)

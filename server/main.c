@@ -30,7 +30,7 @@ int main(int argc, char **argv)
         return PROGRAM_EXIT_CONFIG;
     }
     char url[300];
-    const char *listen = options_get_str(prog.opts, "listen");
+    const char *listen = opt_str(prog.opts, OPT_LISTEN);
     if (listen && listen[0]) {
         snprintf(url, sizeof(url), "%s", listen);
     } else if (cluster_url(cl->ps[cl->task_index], url, sizeof(url)) != 0) {
@@ -52,12 +52,12 @@ int main(int argc, char **argv)
     st.num_servers = (uint32_t)cl->n_ps;
     st.start_ns = time_now_ns();
     st.vars = store_create();
-    st.dedup = dedup_create((uint32_t)options_get_int(prog.opts, "dedup-window"));
-    st.default_staleness = (int32_t)options_get_int(prog.opts, "default-staleness");
+    st.dedup = dedup_create((uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW));
+    st.default_staleness = (int32_t)opt_int(prog.opts, OPT_DEFAULT_STALENESS);
     /* Every worker of the spec is expected from the start (the chief is worker 0). */
     int n_workers = (int)(cl->n_chief + cl->n_worker);
-    st.sync = sync_create(n_workers, (uint32_t)options_get_int(prog.opts, "worker-timeout-ms"),
-                          strcmp(options_get_str(prog.opts, "bsp-aggregation"), "mean") == 0,
+    st.sync = sync_create(n_workers, (uint32_t)opt_int(prog.opts, OPT_WORKER_TIMEOUT_MS),
+                          strcmp(opt_enum(prog.opts, OPT_BSP_AGGREGATION), "mean") == 0,
                           SERVER_MAX_WORKERS);
     if (st.vars == NULL || st.dedup == NULL || st.sync == NULL) {
         log_error("out of memory");
@@ -65,12 +65,12 @@ int main(int argc, char **argv)
     }
     rpc_server_config rc_cfg = {
         .url = url,
-        .contexts = (int)options_get_int(prog.opts, "rpc-contexts"),
-        .threads = (int)options_get_int(prog.opts, "threads"),
-        .max_message = (size_t)options_get_int(prog.opts, "max-message-bytes"),
-        .inline_max = (size_t)options_get_int(prog.opts, "inline-max-bytes"),
-        .default_deadline_ms = (uint32_t)options_get_int(prog.opts, "default-deadline-ms"),
-        .max_parked = (int)options_get_int(prog.opts, "max-waiting"),
+        .contexts = (int)opt_int(prog.opts, OPT_RPC_CONTEXTS),
+        .threads = (int)opt_int(prog.opts, OPT_THREADS),
+        .max_message = (size_t)opt_int(prog.opts, OPT_MAX_MESSAGE_BYTES),
+        .inline_max = (size_t)opt_int(prog.opts, OPT_INLINE_MAX_BYTES),
+        .default_deadline_ms = (uint32_t)opt_int(prog.opts, OPT_DEFAULT_DEADLINE_MS),
+        .max_parked = (int)opt_int(prog.opts, OPT_MAX_WAITING),
         .methods = server_methods,
         .n_methods = server_methods_len,
         .handler_arg = &st,
@@ -103,7 +103,7 @@ int main(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     sync_cancel_all(&st, "server is shutting down");
-    rpc_server_drain(st.rpc, (uint32_t)options_get_int(prog.opts, "shutdown-grace-ms"));
+    rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
     rpc_server_stop(st.rpc);
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),

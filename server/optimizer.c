@@ -1,5 +1,9 @@
 /* Server-side optimizers: see optimizer.h for the contracts.
  *
+ * Every optimizer is one row of `registry` below: its slot count, its changes to the common
+ * defaults, the checks of the fields it uses, the initial values of its slots and its update.
+ * Names and numbers come from common/optimizers.h.
+ *
  * The apply loops are the server's hot path (one pass over up to 64 MiB per
  * push). Each kind has its own loop with restrict-qualified pointers and no
  * branches, so that the compiler vectorizes SGD, momentum and Adagrad (Adam
@@ -7,162 +11,10 @@
 #include "optimizer.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-static const char *const kind_names[OPTIMIZER_KIND_COUNT] = {"sgd", "momentum", "adagrad", "adam"};
-
-static bool kind_valid(optimizer_kind k)
-{
-    return (unsigned)k < OPTIMIZER_KIND_COUNT;
-}
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-void optimizer_params_default(optimizer_params *p, optimizer_kind kind)
-{
-    if (p == NULL)
-        return;
-    memset(p, 0, sizeof(*p));
-    p->kind = kind;
-    p->lr = kind == OPTIMIZER_ADAM ? 0.001f : 0.01f;
-    p->momentum = 0.9f;
-    p->nesterov = false;
-    p->beta1 = 0.9f;
-    p->beta2 = 0.999f;
-    p->epsilon = kind == OPTIMIZER_ADAGRAD ? 1e-7f : 1e-8f;
-    p->initial_accumulator = 0.1f;
-}
-
-/* Each check is written so that NaN fails it (comparisons with NaN are false). */
-static int check_unit_interval(const char *field, float v, char *err, size_t errlen)
-{
-    if (isfinite(v) && v >= 0.0f && v < 1.0f)
-        return 0;
-    set_err(err, errlen, "optimizer: %s = %g: must be in [0, 1)", field, (double)v);
-    return -1;
-}
-
-static int check_positive(const char *field, float v, char *err, size_t errlen)
-{
-    if (isfinite(v) && v > 0.0f)
-        return 0;
-    set_err(err, errlen, "optimizer: %s = %g: must be finite and > 0", field, (double)v);
-    return -1;
-}
-
-int optimizer_validate(const optimizer_params *p, char *err, size_t errlen)
-{
-    if (p == NULL) {
-        set_err(err, errlen, "optimizer: params = NULL");
-        return -1;
-    }
-    if (!kind_valid(p->kind)) {
-        set_err(err, errlen, "optimizer: kind = %d: unknown optimizer kind", (int)p->kind);
-        return -1;
-    }
-    if (check_positive("lr", p->lr, err, errlen) != 0)
-        return -1;
-    switch (p->kind) {
-    case OPTIMIZER_SGD:
-        return 0;
-    case OPTIMIZER_MOMENTUM:
-        return check_unit_interval("momentum", p->momentum, err, errlen);
-    case OPTIMIZER_ADAGRAD:
-        if (check_positive("epsilon", p->epsilon, err, errlen) != 0)
-            return -1;
-        if (!(isfinite(p->initial_accumulator) && p->initial_accumulator >= 0.0f)) {
-            set_err(err, errlen, "optimizer: initial_accumulator = %g: must be finite and >= 0",
-                    (double)p->initial_accumulator);
-            return -1;
-        }
-        return 0;
-    case OPTIMIZER_ADAM:
-        if (check_unit_interval("beta1", p->beta1, err, errlen) != 0)
-            return -1;
-        if (check_unit_interval("beta2", p->beta2, err, errlen) != 0)
-            return -1;
-        return check_positive("epsilon", p->epsilon, err, errlen);
-    }
-    return -1; /* unreachable: kind_valid() above */
-}
-
-const char *optimizer_name(optimizer_kind k)
-{
-    return kind_valid(k) ? kind_names[k] : "unknown";
-}
-
-static int ascii_lower(int c)
-{
-    return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
-}
-
-static bool ascii_ieq(const char *a, const char *b)
-{
-    for (; *a != '\0' && *b != '\0'; a++, b++) {
-        if (ascii_lower((unsigned char)*a) != ascii_lower((unsigned char)*b))
-            return false;
-    }
-    return *a == *b;
-}
-
-int optimizer_parse(const char *name, optimizer_kind *out)
-{
-    if (name == NULL || out == NULL)
-        return -1;
-    for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
-        if (ascii_ieq(name, kind_names[k])) {
-            *out = (optimizer_kind)k;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-size_t optimizer_slot_count(optimizer_kind k)
-{
-    switch (k) {
-    case OPTIMIZER_SGD:
-        return 0;
-    case OPTIMIZER_MOMENTUM:
-    case OPTIMIZER_ADAGRAD:
-        return 1;
-    case OPTIMIZER_ADAM:
-        return 3;
-    }
-    return 0;
-}
-
-static void fill_floats(float *restrict a, float v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        a[i] = v;
-}
-
-void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t n)
-{
-    if (p == NULL || slots == NULL || n == 0 || !kind_valid(p->kind))
-        return;
-    size_t ns = optimizer_slot_count(p->kind);
-    for (size_t s = 0; s < ns; s++) {
-        if (slots[s] == NULL)
-            return;
-    }
-    for (size_t s = 0; s < ns; s++)
-        fill_floats(slots[s], p->kind == OPTIMIZER_ADAGRAD ? p->initial_accumulator : 0.0f, n);
-}
+#include "util.h"
 
 /* Reads the i-th float of an unaligned buffer; memcpy of 4 bytes compiles to a
  * plain (unaligned) load, and keeps the access free of strict-aliasing and
@@ -304,12 +156,12 @@ OPT_LOOP static void adam_mixed_t(const adam_consts *c, float *restrict w,
     }
 }
 
-static void apply_adam(const optimizer_params *p, float *restrict w,
-                       const unsigned char *restrict g, float *restrict m, float *restrict v,
-                       float *restrict t, size_t n)
+static void apply_adam_loop(const optimizer_params *p, float *restrict w,
+                            const unsigned char *restrict g, float *restrict m, float *restrict v,
+                            float *restrict t, size_t n)
 {
     const adam_consts c = {
-        .lr = p->lr,
+        .lr = p->learning_rate,
         .b1 = p->beta1,
         .omb1 = 1.0f - p->beta1,
         .b2 = p->beta2,
@@ -329,36 +181,262 @@ static void apply_adam(const optimizer_params *p, float *restrict w,
     }
 }
 
+/* AdamW's decoupled weight decay: w *= 1 - lr*wd, before the Adam step (PyTorch's order). */
+OPT_LOOP static void decay_weights(float keep, float *restrict w, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] *= keep;
+}
+
+/* ---- the registry ------------------------------------------------------------------------ */
+
+typedef struct optimizer_ops {
+    /* State arrays per variable (at most OPTIMIZER_MAX_SLOTS). */
+    size_t slots;
+    /* Changes to the common defaults (optimizer_params_default); NULL: none. */
+    void (*defaults)(optimizer_params *p);
+    /* Checks the fields the kind uses besides learning_rate (checked for all); NULL: none. */
+    int (*validate)(const optimizer_params *p, char *err, size_t errlen);
+    /* Initial slot values; NULL: every slot 0. */
+    void (*init)(const optimizer_params *p, float *const *slots, size_t n);
+    /* The update (see optimizer_apply). */
+    void (*apply)(const optimizer_params *p, float *params, const unsigned char *grad,
+                  float *const *slots, size_t n);
+} optimizer_ops;
+
+/* Each check is written so that NaN fails it (comparisons with NaN are false). */
+static int check_unit_interval(const char *field, float v, char *err, size_t errlen)
+{
+    if (isfinite(v) && v >= 0.0f && v < 1.0f)
+        return 0;
+    return errf(err, errlen, "optimizer: %s = %g: must be in [0, 1)", field, (double)v);
+}
+
+static int check_positive(const char *field, float v, char *err, size_t errlen)
+{
+    if (isfinite(v) && v > 0.0f)
+        return 0;
+    return errf(err, errlen, "optimizer: %s = %g: must be finite and > 0", field, (double)v);
+}
+
+static int check_non_negative(const char *field, float v, char *err, size_t errlen)
+{
+    if (isfinite(v) && v >= 0.0f)
+        return 0;
+    return errf(err, errlen, "optimizer: %s = %g: must be finite and >= 0", field, (double)v);
+}
+
+static void sgd_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                      float *const *slots, size_t n)
+{
+    (void)slots;
+    apply_sgd(p->learning_rate, w, g, n);
+}
+
+static int momentum_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    return check_unit_interval("momentum", p->momentum, err, errlen);
+}
+
+static void momentum_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                           float *const *slots, size_t n)
+{
+    if (p->nesterov)
+        apply_nesterov(p->learning_rate, p->momentum, w, g, slots[0], n);
+    else
+        apply_momentum(p->learning_rate, p->momentum, w, g, slots[0], n);
+}
+
+static void adagrad_defaults(optimizer_params *p)
+{
+    p->epsilon = 1e-7f; /* as Keras */
+}
+
+static int adagrad_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    if (check_positive("epsilon", p->epsilon, err, errlen) != 0)
+        return -1;
+    return check_non_negative("initial_accumulator", p->initial_accumulator, err, errlen);
+}
+
+static void fill_floats(float *restrict a, float v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        a[i] = v;
+}
+
+static void adagrad_init(const optimizer_params *p, float *const *slots, size_t n)
+{
+    fill_floats(slots[0], p->initial_accumulator, n);
+}
+
+static void adagrad_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                          float *const *slots, size_t n)
+{
+    apply_adagrad(p->learning_rate, p->epsilon, w, g, slots[0], n);
+}
+
+static void adam_defaults(optimizer_params *p)
+{
+    p->learning_rate = 0.001f;
+}
+
+static int adam_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    if (check_unit_interval("beta1", p->beta1, err, errlen) != 0)
+        return -1;
+    if (check_unit_interval("beta2", p->beta2, err, errlen) != 0)
+        return -1;
+    return check_positive("epsilon", p->epsilon, err, errlen);
+}
+
+static void adam_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                       float *const *slots, size_t n)
+{
+    apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
+}
+
+static int adamw_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    if (adam_validate(p, err, errlen) != 0)
+        return -1;
+    if (check_non_negative("weight_decay", p->weight_decay, err, errlen) != 0)
+        return -1;
+    if ((double)p->learning_rate * p->weight_decay > 1.0)
+        return errf(err, errlen,
+                    "optimizer: learning_rate * weight_decay = %g: must be <= 1 (the decay "
+                    "multiplies the weights by 1 - learning_rate * weight_decay)",
+                    (double)p->learning_rate * p->weight_decay);
+    return 0;
+}
+
+static void adamw_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                        float *const *slots, size_t n)
+{
+    if (p->weight_decay != 0.0f)
+        decay_weights(1.0f - p->learning_rate * p->weight_decay, w, n);
+    apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
+}
+
+static const optimizer_ops registry[] = {
+    [OPTIMIZER_SGD] = {.slots = 0, .apply = sgd_apply},
+    [OPTIMIZER_MOMENTUM] = {.slots = 1, .validate = momentum_validate, .apply = momentum_apply},
+    [OPTIMIZER_ADAGRAD] = {.slots = 1,
+                           .defaults = adagrad_defaults,
+                           .validate = adagrad_validate,
+                           .init = adagrad_init,
+                           .apply = adagrad_apply},
+    [OPTIMIZER_ADAM] = {.slots = 3,
+                        .defaults = adam_defaults,
+                        .validate = adam_validate,
+                        .apply = adam_apply},
+    [OPTIMIZER_ADAMW] = {.slots = 3,
+                         .defaults = adam_defaults,
+                         .validate = adamw_validate,
+                         .apply = adamw_apply},
+};
+
+_Static_assert(sizeof(registry) / sizeof(registry[0]) == OPTIMIZER_KIND_COUNT,
+               "one registry row per optimizer of common/optimizers.h");
+
+static const char *const kind_names[] = {
+#define PS_OPTIMIZER_NAME_(ID, name, value, lr) [value] = name,
+    PS_OPTIMIZERS(PS_OPTIMIZER_NAME_)
+#undef PS_OPTIMIZER_NAME_
+};
+
+/* A kind is valid when it has a row with an update (a hole in the table does not count). */
+bool optimizer_kind_valid(int k)
+{
+    return k >= 0 && k < OPTIMIZER_KIND_COUNT && registry[k].apply != NULL &&
+           registry[k].slots <= OPTIMIZER_MAX_SLOTS;
+}
+
+void optimizer_params_default(optimizer_params *p, optimizer_kind kind)
+{
+    if (p == NULL)
+        return;
+    memset(p, 0, sizeof(*p));
+    p->kind = kind;
+    p->learning_rate = 0.01f;
+    p->momentum = 0.9f;
+    p->nesterov = false;
+    p->beta1 = 0.9f;
+    p->beta2 = 0.999f;
+    p->epsilon = 1e-8f;
+    p->initial_accumulator = 0.1f;
+    p->weight_decay = 0.01f;
+    if (optimizer_kind_valid(kind) && registry[kind].defaults != NULL)
+        registry[kind].defaults(p);
+}
+
+int optimizer_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    if (p == NULL)
+        return errf(err, errlen, "optimizer: params = NULL");
+    if (!optimizer_kind_valid(p->kind))
+        return errf(err, errlen, "optimizer: kind = %d: unknown optimizer kind", (int)p->kind);
+    if (check_positive("learning_rate", p->learning_rate, err, errlen) != 0)
+        return -1;
+    const optimizer_ops *ops = &registry[p->kind];
+    return ops->validate != NULL ? ops->validate(p, err, errlen) : 0;
+}
+
+const char *optimizer_name(optimizer_kind k)
+{
+    return enum_name(ENUM_NAMES(kind_names), (int)k, "unknown");
+}
+
+int optimizer_parse(const char *name, optimizer_kind *out)
+{
+    int k;
+    if (out == NULL || enum_parse(ENUM_NAMES(kind_names), name, &k) != 0)
+        return -1;
+    *out = (optimizer_kind)k;
+    return 0;
+}
+
+size_t optimizer_slot_count(optimizer_kind k)
+{
+    return optimizer_kind_valid(k) ? registry[k].slots : 0;
+}
+
+/* True when every slot pointer the kind needs is there. */
+static bool slots_present(const optimizer_ops *ops, float *const *slots)
+{
+    if (ops->slots == 0)
+        return true;
+    if (slots == NULL)
+        return false;
+    for (size_t s = 0; s < ops->slots; s++) {
+        if (slots[s] == NULL)
+            return false;
+    }
+    return true;
+}
+
+void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t n)
+{
+    if (p == NULL || slots == NULL || n == 0 || !optimizer_kind_valid(p->kind))
+        return;
+    const optimizer_ops *ops = &registry[p->kind];
+    if (!slots_present(ops, slots))
+        return;
+    if (ops->init != NULL) {
+        ops->init(p, slots, n);
+        return;
+    }
+    for (size_t s = 0; s < ops->slots; s++)
+        fill_floats(slots[s], 0.0f, n);
+}
+
 void optimizer_apply(const optimizer_params *p, float *params, const void *grad,
                      float *const *slots, size_t n)
 {
-    if (p == NULL || params == NULL || grad == NULL || n == 0 || !kind_valid(p->kind))
+    if (p == NULL || params == NULL || grad == NULL || n == 0 || !optimizer_kind_valid(p->kind))
         return;
-    size_t ns = optimizer_slot_count(p->kind);
-    if (ns > 0) {
-        if (slots == NULL)
-            return;
-        for (size_t s = 0; s < ns; s++) {
-            if (slots[s] == NULL)
-                return;
-        }
-    }
-    const unsigned char *g = grad;
-    switch (p->kind) {
-    case OPTIMIZER_SGD:
-        apply_sgd(p->lr, params, g, n);
-        break;
-    case OPTIMIZER_MOMENTUM:
-        if (p->nesterov)
-            apply_nesterov(p->lr, p->momentum, params, g, slots[0], n);
-        else
-            apply_momentum(p->lr, p->momentum, params, g, slots[0], n);
-        break;
-    case OPTIMIZER_ADAGRAD:
-        apply_adagrad(p->lr, p->epsilon, params, g, slots[0], n);
-        break;
-    case OPTIMIZER_ADAM:
-        apply_adam(p, params, g, slots[0], slots[1], slots[2], n);
-        break;
-    }
+    const optimizer_ops *ops = &registry[p->kind];
+    if (!slots_present(ops, slots))
+        return;
+    ops->apply(p, params, grad, slots, n);
 }

@@ -5,6 +5,10 @@
  * arrays ("slots") of the same length as the variable; a range update touches
  * the same range of every slot. All arithmetic is float32.
  *
+ * Every optimizer is one row of the registry in optimizer.c (slot count,
+ * defaults, validation, initial slots, update), keyed by the kinds of
+ * common/optimizers.h. The functions below look the row up.
+ *
  * Private to the server: not installed, names are not part of any ABI. */
 #ifndef SERVER_OPTIMIZER_H
 #define SERVER_OPTIMIZER_H
@@ -12,34 +16,48 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Optimizer kinds. The numeric values are stable (they are stored in
- * checkpoints): append new kinds, never renumber. */
+#include "optimizers.h"
+#include "spec_fields.h"
+
+/* Optimizer kinds, generated from common/optimizers.h. The numeric values are
+ * the wire's and are stable (they are stored in checkpoints). */
 typedef enum {
-    OPTIMIZER_SGD = 0,
-    OPTIMIZER_MOMENTUM = 1,
-    OPTIMIZER_ADAGRAD = 2,
-    OPTIMIZER_ADAM = 3,
+#define PS_OPTIMIZER_KIND_(ID, name, value, lr) OPTIMIZER_##ID = value,
+    PS_OPTIMIZERS(PS_OPTIMIZER_KIND_)
+#undef PS_OPTIMIZER_KIND_
 } optimizer_kind;
 
 /* Number of optimizer kinds (valid kinds are 0 .. OPTIMIZER_KIND_COUNT - 1). */
-#define OPTIMIZER_KIND_COUNT 4
+#define OPTIMIZER_KIND_COUNT PS_OPTIMIZER_COUNT
 
-/* Hyper-parameters of one variable's optimizer. Fields that the kind does not
- * use are ignored (neither validated nor read by optimizer_apply). */
+/* Largest slot count of any optimizer. */
+#define OPTIMIZER_MAX_SLOTS 3
+
+/* Hyper-parameters of one variable's optimizer: one float per row of
+ * PS_SPEC_HPARAMS (learning_rate, momentum, beta1, beta2, epsilon,
+ * initial_accumulator, weight_decay), plus nesterov. Fields that the kind does
+ * not use are ignored (neither validated nor read by optimizer_apply). Bounds
+ * of the fields a kind uses:
+ *   learning_rate        all kinds: finite, > 0
+ *   momentum             MOMENTUM: finite, in [0, 1)
+ *   beta1, beta2         ADAM, ADAMW: finite, in [0, 1)
+ *   epsilon              ADAM, ADAMW, ADAGRAD: finite, > 0
+ *   initial_accumulator  ADAGRAD: finite, >= 0
+ *   weight_decay         ADAMW: finite, >= 0 (learning_rate * weight_decay <= 1) */
 typedef struct optimizer_params {
     optimizer_kind kind;
-    float lr;                  /* all kinds: finite, > 0 */
-    float momentum;            /* MOMENTUM: finite, in [0, 1) */
-    bool nesterov;             /* MOMENTUM: Nesterov accelerated gradient */
-    float beta1, beta2;        /* ADAM: finite, in [0, 1) */
-    float epsilon;             /* ADAM, ADAGRAD: finite, > 0 */
-    float initial_accumulator; /* ADAGRAD: finite, >= 0 */
+#define PS_OPTIMIZER_PARAM_(field, pt, wt) float field;
+    PS_SPEC_HPARAMS(PS_OPTIMIZER_PARAM_)
+#undef PS_OPTIMIZER_PARAM_
+    bool nesterov; /* MOMENTUM: Nesterov accelerated gradient */
 } optimizer_params;
 
-/* Fills *p with the defaults for `kind` (every field is written): lr 0.01
- * (0.001 for Adam), momentum 0.9, nesterov false, beta1 0.9, beta2 0.999,
- * epsilon 1e-8 (1e-7 for Adagrad, as Keras), initial_accumulator 0.1.
- * Does nothing when p is NULL. `kind` is stored as given, even if invalid. */
+/* Fills *p with the defaults for `kind` (every field is written): the common
+ * ones (learning_rate 0.01, momentum 0.9, nesterov false, beta1 0.9, beta2
+ * 0.999, epsilon 1e-8, initial_accumulator 0.1, weight_decay 0.01), then the
+ * kind's own (Adam and AdamW: learning_rate 0.001; Adagrad: epsilon 1e-7, as
+ * Keras). Does nothing when p is NULL. `kind` is stored as given, even if
+ * invalid. */
 void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
 
 /* Checks the fields that p->kind uses against the bounds documented on
@@ -49,7 +67,7 @@ void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
  * to errlen). Never crashes on any input. */
 int optimizer_validate(const optimizer_params *p, char *err, size_t errlen);
 
-/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam".
+/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam", "adamw".
  * Returns "unknown" (never NULL) for a value outside the enum. */
 const char *optimizer_name(optimizer_kind k);
 
@@ -58,9 +76,13 @@ const char *optimizer_name(optimizer_kind k);
  * untouched for an unknown name or a NULL argument. */
 int optimizer_parse(const char *name, optimizer_kind *out);
 
+/* True for a kind of the registry. */
+bool optimizer_kind_valid(int k);
+
 /* Number of float state arrays one variable needs for kind k: sgd 0,
- * momentum 1 (accumulator a), adagrad 1 (accumulator acc), adam 3 (m, v and the
- * per-element step count t stored as float). Returns 0 for an unknown kind. */
+ * momentum 1 (accumulator a), adagrad 1 (accumulator acc), adam and adamw 3
+ * (m, v and the per-element step count t stored as float). Returns 0 for an
+ * unknown kind. */
 size_t optimizer_slot_count(optimizer_kind k);
 
 /* Writes the initial values of the n elements of every slot of p->kind:
@@ -70,12 +92,15 @@ size_t optimizer_slot_count(optimizer_kind k);
  * NULL, n is 0, or the kind is unknown. */
 void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t n);
 
-/* Applies one update, in place, to params[0..n) using grad[0..n):
+/* Applies one update, in place, to params[0..n) using grad[0..n) (lr is
+ * learning_rate):
  *   sgd:      p -= lr*g
  *   momentum: a = mu*a + g; p -= lr*a   (nesterov: p -= lr*(g + mu*a), a updated first)
  *   adagrad:  acc += g*g; p -= lr*g/(sqrt(acc) + eps)
  *   adam:     t += 1; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
  *             p -= lr*(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+ *   adamw:    p *= 1 - lr*wd, then the adam step (decoupled weight decay,
+ *             Loshchilov & Hutter; PyTorch's AdamW)
  * grad points at n little-endian (host order) float32 values with no alignment
  * requirement (it may point into a network buffer). slots[i] points at the
  * i-th state array for the same n elements (see optimizer_slot_count). params,

@@ -1,11 +1,14 @@
 #include "store.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "initializer.h"
 #include "placement.h"
+#include "spec_fields.h"
+#include "util.h"
 
 #define STORE_BUCKETS 1024
 
@@ -52,33 +55,22 @@ static Psd__V1__VariableSpec *spec_copy(const Psd__V1__VariableSpec *spec)
     return copy;
 }
 
+/* The server's kinds are the wire's numbers (both from common/optimizers.h). */
+#define PS_OPTIMIZER_WIRE_CHECK_(ID, name, value, lr)                                              \
+    _Static_assert(OPTIMIZER_##ID == (int)PSD__V1__OPTIMIZER__OPT_##ID,                            \
+                   "ps.proto's OPT_" #ID " must be " #value);
+PS_OPTIMIZERS(PS_OPTIMIZER_WIRE_CHECK_)
+#undef PS_OPTIMIZER_WIRE_CHECK_
+
 static int to_optimizer(const Psd__V1__VariableSpec *s, optimizer_params *p)
 {
-    optimizer_kind k;
-    switch (s->optimizer) {
-    case PSD__V1__OPTIMIZER__OPT_SGD:
-        k = OPTIMIZER_SGD;
-        break;
-    case PSD__V1__OPTIMIZER__OPT_MOMENTUM:
-        k = OPTIMIZER_MOMENTUM;
-        break;
-    case PSD__V1__OPTIMIZER__OPT_ADAGRAD:
-        k = OPTIMIZER_ADAGRAD;
-        break;
-    case PSD__V1__OPTIMIZER__OPT_ADAM:
-        k = OPTIMIZER_ADAM;
-        break;
-    default:
+    if (!optimizer_kind_valid((int)s->optimizer))
         return -1;
-    }
-    optimizer_params_default(p, k);
-    p->lr = (float)s->learning_rate;
-    p->momentum = (float)s->momentum;
+    optimizer_params_default(p, (optimizer_kind)s->optimizer);
+#define PS_HPARAM_FROM_WIRE_(field, pt, wt) p->field = (float)s->field;
+    PS_SPEC_HPARAMS(PS_HPARAM_FROM_WIRE_)
+#undef PS_HPARAM_FROM_WIRE_
     p->nesterov = s->nesterov;
-    p->beta1 = (float)s->beta1;
-    p->beta2 = (float)s->beta2;
-    p->epsilon = (float)s->epsilon;
-    p->initial_accumulator = (float)s->initial_accumulator;
     return 0;
 }
 
@@ -115,13 +107,13 @@ variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uin
     optimizer_params opt;
     initializer_params init;
     if (to_optimizer(spec, &opt) != 0) {
-        snprintf(err, errlen, "unknown optimizer %d", (int)spec->optimizer);
+        errf(err, errlen, "unknown optimizer %d", (int)spec->optimizer);
         return NULL;
     }
     if (optimizer_validate(&opt, err, errlen) != 0)
         return NULL;
     if (to_initializer(spec, &init) != 0) {
-        snprintf(err, errlen, "unknown initializer %d", (int)spec->initializer);
+        errf(err, errlen, "unknown initializer %d", (int)spec->initializer);
         return NULL;
     }
     if (initializer_validate(&init, spec->shape, spec->n_shape, err, errlen) != 0)
@@ -153,8 +145,8 @@ variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uin
     optimizer_init_slots(&opt, v->slots, (size_t)count);
     return v;
 oom:
-    snprintf(err, errlen, "out of memory for %llu elements of variable \"%s\"",
-             (unsigned long long)count, spec->name);
+    errf(err, errlen, "out of memory for %llu elements of variable \"%s\"",
+         (unsigned long long)count, spec->name);
     variable_destroy(v);
     return NULL;
 }
@@ -169,7 +161,7 @@ void variable_destroy(variable *v)
     free(v->params);
     free(v->agg);
     free(v->agg_workers);
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < OPTIMIZER_MAX_SLOTS; i++)
         free(v->slots[i]);
     pthread_mutex_destroy(&v->lock);
     free(v);
@@ -234,31 +226,56 @@ uint64_t store_bytes(store *s)
     return b;
 }
 
-const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b)
+/* Value printers for spec_diff's message, picked by the field's type. */
+static void spec_fmt_double(char *buf, size_t cap, double x)
 {
-#define DIFF(field)                                                                                \
-    if (a->field != b->field)                                                                      \
-        return #field;
-    DIFF(dtype)
-    DIFF(n_shape)
-    for (size_t i = 0; i < a->n_shape; i++)
-        if (a->shape[i] != b->shape[i])
+    snprintf(buf, cap, "%.15g", x);
+    if (strtod(buf, NULL) != x)
+        snprintf(buf, cap, "%.17g", x); /* the shortest form that reads back exactly */
+}
+
+static void spec_fmt_u64(char *buf, size_t cap, uint64_t x)
+{
+    snprintf(buf, cap, "%" PRIu64, x);
+}
+
+static void spec_fmt_int(char *buf, size_t cap, long long x)
+{
+    snprintf(buf, cap, "%lld", x);
+}
+
+/* clang-format off */
+#define SPEC_FMT_(buf, cap, x)                                                                     \
+    _Generic((x), double: spec_fmt_double, uint64_t: spec_fmt_u64, default: spec_fmt_int)(        \
+        buf, cap, x)
+/* clang-format on */
+
+const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b, char *detail,
+                      size_t cap)
+{
+    char va[48], vb[48];
+    if (a->n_shape != b->n_shape) {
+        errf(detail, cap, "%zu vs %zu dimensions", a->n_shape, b->n_shape);
+        return "shape";
+    }
+    for (size_t i = 0; i < a->n_shape; i++) {
+        if (a->shape[i] != b->shape[i]) {
+            errf(detail, cap, "dimension %zu: %" PRIu64 " vs %" PRIu64, i, a->shape[i],
+                 b->shape[i]);
             return "shape";
-    DIFF(initializer)
-    DIFF(init_a)
-    DIFF(init_b)
-    DIFF(seed)
-    DIFF(optimizer)
-    DIFF(learning_rate)
-    DIFF(momentum)
-    DIFF(nesterov)
-    DIFF(beta1)
-    DIFF(beta2)
-    DIFF(epsilon)
-    DIFF(initial_accumulator)
-    DIFF(staleness)
-    DIFF(split)
-    DIFF(num_servers)
-#undef DIFF
+        }
+    }
+#define PS_SPEC_DIFF_(field, pt, wt)                                                               \
+    if (a->field != b->field) {                                                                    \
+        SPEC_FMT_(va, sizeof(va), a->field);                                                       \
+        SPEC_FMT_(vb, sizeof(vb), b->field);                                                       \
+        errf(detail, cap, "%s vs %s", va, vb);                                                     \
+        return #field;                                                                             \
+    }
+    PS_SPEC_FIELDS(PS_SPEC_DIFF_)
+    PS_SPEC_DIFF_(split, bool, protobuf_c_boolean)
+    PS_SPEC_DIFF_(num_servers, uint32_t, uint32_t)
+#undef PS_SPEC_DIFF_
+    errf(detail, cap, "%s", "");
     return NULL;
 }

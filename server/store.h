@@ -19,7 +19,7 @@ typedef struct variable {
     uint64_t offset, count;      /* this server's range */
     optimizer_params opt;
     float *params;
-    float *slots[3];
+    float *slots[OPTIMIZER_MAX_SLOTS];
     size_t nslots;
     pthread_mutex_t lock;         /* guards params, slots and the BSP aggregate */
     atomic_uint_fast64_t version; /* updates applied to this shard */
@@ -56,8 +56,10 @@ size_t store_list(store *s, variable ***out);
 /* Bytes of parameters and optimizer state held. */
 uint64_t store_bytes(store *s);
 
-/* Compares two specs field by field; returns NULL if equal or the name of the first field
- * that differs. */
-const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b);
+/* Compares two specs field by field (shape, the fields of common/spec_fields.h, then the
+ * placement); returns NULL if equal or the name of the first field that differs, and writes
+ * "A vs B" (a's value, then b's) into detail (capacity cap; may be NULL). */
+const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpec *b, char *detail,
+                      size_t cap);
 
 #endif

@@ -196,7 +196,7 @@ static void bsp_apply(server_state *st, variable *v)
             for (uint64_t i = 0; i < v->count; i++)
                 v->agg[i] *= scale;
         }
-        float *slots[3];
+        float *slots[OPTIMIZER_MAX_SLOTS];
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i];
         optimizer_apply(&v->opt, v->params, v->agg, slots, (size_t)v->count);

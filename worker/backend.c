@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "util.h"
+
 void backend_options_init(backend_options *o)
 {
     memset(o, 0, sizeof(*o));
@@ -18,11 +20,9 @@ void backend_options_init(backend_options *o)
 
 void backend_put_err(char *err, size_t errlen, const char *fmt, ...)
 {
-    if (err == NULL || errlen == 0)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    verrf(err, errlen, fmt, ap);
     va_end(ap);
 }
 
@@ -112,7 +112,7 @@ int backend_fail(backend *be, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(be->errmsg, sizeof(be->errmsg), fmt, ap);
+    verrf(be->errmsg, sizeof(be->errmsg), fmt, ap);
     va_end(ap);
     return code;
 }

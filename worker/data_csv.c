@@ -3,26 +3,13 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+#include "util.h"
 
 /* Parses one field [s, end) as a finite number. Leading/trailing blanks are
  * allowed. Returns false for anything else. */
@@ -59,12 +46,12 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
     memset(out, 0, sizeof(*out));
     struct stat st;
     if (stat(path, &st) != 0)
-        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode))
-        return fail(err, errlen, "%s: is a directory, expected a CSV file", path);
+        return errf(err, errlen, "%s: is a directory, expected a CSV file", path);
     FILE *f = fopen(path, "r");
     if (f == NULL)
-        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     char *line = NULL;
     size_t linecap = 0;
     ssize_t len;
@@ -77,7 +64,7 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = '\0';
         if ((size_t)len != strlen(line)) {
-            fail(err, errlen, "%s:%zu: NUL byte in line: not a text CSV file", path, lineno);
+            errf(err, errlen, "%s:%zu: NUL byte in line: not a text CSV file", path, lineno);
             goto out;
         }
         const char *p = line;
@@ -89,7 +76,7 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
         if (!seen_first) {
             seen_first = true;
             if (nf < 2) {
-                fail(err, errlen, "%s:%zu: %zu field(s); expected a label and at least one feature",
+                errf(err, errlen, "%s:%zu: %zu field(s); expected a label and at least one feature",
                      path, lineno, nf);
                 goto out;
             }
@@ -100,7 +87,7 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
                 continue; /* a header line */
         }
         if (nf != fields) {
-            fail(err, errlen, "%s:%zu: %zu fields, but the first line has %zu", path, lineno, nf,
+            errf(err, errlen, "%s:%zu: %zu fields, but the first line has %zu", path, lineno, nf,
                  fields);
             goto out;
         }
@@ -108,7 +95,7 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
             size_t ncap = cap == 0 ? 1024 : cap * 2;
             size_t dim = fields - 1;
             if (ncap > SIZE_MAX / sizeof(float) / dim) {
-                fail(err, errlen, "%s: too many rows", path);
+                errf(err, errlen, "%s: too many rows", path);
                 goto out;
             }
             float *nx = realloc(out->x, ncap * dim * sizeof(float));
@@ -118,7 +105,7 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
             if (ny != NULL)
                 out->y = ny;
             if (nx == NULL || ny == NULL) {
-                fail(err, errlen, "%s: out of memory at line %zu", path, lineno);
+                errf(err, errlen, "%s: out of memory at line %zu", path, lineno);
                 goto out;
             }
             cap = ncap;
@@ -130,13 +117,13 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
                 e = s + strlen(s);
             double v;
             if (!parse_num(s, e, &v)) {
-                fail(err, errlen, "%s:%zu: field %zu is not a number: '%.*s'", path, lineno, k + 1,
+                errf(err, errlen, "%s:%zu: field %zu is not a number: '%.*s'", path, lineno, k + 1,
                      (int)((e - s) > 40 ? 40 : (e - s)), s);
                 goto out;
             }
             if (k == 0) {
                 if (v < 0 || v >= DATA_MAX_CLASSES || v != floor(v)) {
-                    fail(err, errlen,
+                    errf(err, errlen,
                          "%s:%zu: label '%.*s' is not a class index (an integer in 0..%d)", path,
                          lineno, (int)((e - s) > 40 ? 40 : (e - s)), s, DATA_MAX_CLASSES - 1);
                     goto out;
@@ -152,11 +139,11 @@ int data_load_csv(const char *path, dataset *out, char *err, size_t errlen)
         n++;
     }
     if (ferror(f)) {
-        fail(err, errlen, "%s: read error: %s", path, strerror(errno));
+        errf(err, errlen, "%s: read error: %s", path, strerror(errno));
         goto out;
     }
     if (n == 0) {
-        fail(err, errlen, "%s: no data rows", path);
+        errf(err, errlen, "%s: no data rows", path);
         goto out;
     }
     out->n = n;

@@ -9,7 +9,6 @@
 #include "data.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,19 +16,7 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+#include "util.h"
 
 /* Reads up to len bytes; returns the count read (short only at end of file),
  * or -1 with a message on a read or decompression error. */
@@ -45,7 +32,7 @@ static long long gz_read_full(gzFile f, const char *path, void *buf, size_t len,
         if (r < 0) {
             int zerr = 0;
             const char *msg = gzerror(f, &zerr);
-            return fail(err, errlen, "%s: corrupt or unreadable gzip data: %s", path,
+            return errf(err, errlen, "%s: corrupt or unreadable gzip data: %s", path,
                         zerr == Z_ERRNO ? strerror(errno) : msg);
         }
         if (r == 0) {
@@ -53,7 +40,7 @@ static long long gz_read_full(gzFile f, const char *path, void *buf, size_t len,
             int zerr = 0;
             const char *msg = gzerror(f, &zerr);
             if (zerr != Z_OK && zerr != Z_STREAM_END)
-                return fail(err, errlen, "%s: corrupt gzip data: %s", path, msg);
+                return errf(err, errlen, "%s: corrupt gzip data: %s", path, msg);
             break;
         }
         done += (size_t)r;
@@ -74,12 +61,12 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     memset(out, 0, sizeof(*out));
     struct stat st;
     if (stat(path, &st) != 0)
-        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode))
-        return fail(err, errlen, "%s: is a directory, expected an IDX file", path);
+        return errf(err, errlen, "%s: is a directory, expected an IDX file", path);
     gzFile f = gzopen(path, "rb");
     if (f == NULL)
-        return fail(err, errlen, "%s: cannot open: %s", path,
+        return errf(err, errlen, "%s: cannot open: %s", path,
                     errno != 0 ? strerror(errno) : "out of memory");
     gzbuffer(f, 1 << 17);
     int rc = -1;
@@ -88,22 +75,22 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     if (got < 0)
         goto out;
     if (got == 0) {
-        fail(err, errlen, "%s: empty file, expected an IDX header", path);
+        errf(err, errlen, "%s: empty file, expected an IDX header", path);
         goto out;
     }
     if (got < 4) {
-        fail(err, errlen, "%s: truncated: %lld bytes, shorter than the 4-byte IDX magic", path,
+        errf(err, errlen, "%s: truncated: %lld bytes, shorter than the 4-byte IDX magic", path,
              got);
         goto out;
     }
     if (hdr[0] != 0 || hdr[1] != 0) {
-        fail(err, errlen,
+        errf(err, errlen,
              "%s: not an IDX file: bad magic %02x %02x %02x %02x (expected 00 00 08 <rank>)", path,
              hdr[0], hdr[1], hdr[2], hdr[3]);
         goto out;
     }
     if (hdr[2] != 0x08) {
-        fail(err, errlen,
+        errf(err, errlen,
              "%s: IDX element type 0x%02x is not supported (expected 0x08, unsigned byte)", path,
              hdr[2]);
         goto out;
@@ -111,9 +98,9 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     out->rank = hdr[3];
     if (out->rank < min_rank || out->rank > max_rank) {
         if (min_rank == max_rank)
-            fail(err, errlen, "%s: IDX rank %d, expected %d", path, out->rank, min_rank);
+            errf(err, errlen, "%s: IDX rank %d, expected %d", path, out->rank, min_rank);
         else
-            fail(err, errlen, "%s: IDX rank %d, expected %d to %d", path, out->rank, min_rank,
+            errf(err, errlen, "%s: IDX rank %d, expected %d to %d", path, out->rank, min_rank,
                  max_rank);
         goto out;
     }
@@ -123,7 +110,7 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     if (got < 0)
         goto out;
     if ((size_t)got < dimlen) {
-        fail(err, errlen, "%s: truncated header: %d dimensions need %zu bytes, got %lld", path,
+        errf(err, errlen, "%s: truncated header: %d dimensions need %zu bytes, got %lld", path,
              out->rank, dimlen, got);
         goto out;
     }
@@ -132,12 +119,12 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
         const uint8_t *p = dimbuf + 4 * i;
         out->dims[i] = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
         if (out->dims[i] == 0) {
-            fail(err, errlen, "%s: dimension %d is zero", path, i);
+            errf(err, errlen, "%s: dimension %d is zero", path, i);
             goto out;
         }
         out->count *= out->dims[i]; /* at most 3 factors below 2^32 each: checked below */
         if (out->count > DATA_MAX_BYTES) {
-            fail(err, errlen,
+            errf(err, errlen,
                  "%s: header claims more than %llu bytes of data: corrupt or too large", path,
                  (unsigned long long)DATA_MAX_BYTES);
             goto out;
@@ -152,7 +139,7 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
             next = want;
         uint8_t *nb = realloc(out->data, next);
         if (nb == NULL) {
-            fail(err, errlen, "%s: out of memory reading %zu bytes", path, want);
+            errf(err, errlen, "%s: out of memory reading %zu bytes", path, want);
             goto out;
         }
         out->data = nb;
@@ -165,7 +152,7 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
             break;
     }
     if (have < want) {
-        fail(err, errlen, "%s: truncated: header promises %zu data bytes, file has %zu", path, want,
+        errf(err, errlen, "%s: truncated: header promises %zu data bytes, file has %zu", path, want,
              have);
         goto out;
     }
@@ -174,7 +161,7 @@ static int idx_read(const char *path, int min_rank, int max_rank, idx_file *out,
     if (got < 0)
         goto out;
     if (got > 0) {
-        fail(err, errlen, "%s: trailing bytes after the %zu data bytes the header promises", path,
+        errf(err, errlen, "%s: trailing bytes after the %zu data bytes the header promises", path,
              want);
         goto out;
     }
@@ -201,7 +188,7 @@ int data_load_idx(const char *images_path, const char *labels_path, dataset *out
     }
     int rc = -1;
     if (img.dims[0] != lab.dims[0]) {
-        fail(err, errlen, "%s has %u images but %s has %u labels", images_path, img.dims[0],
+        errf(err, errlen, "%s has %u images but %s has %u labels", images_path, img.dims[0],
              labels_path, lab.dims[0]);
         goto out;
     }
@@ -210,7 +197,7 @@ int data_load_idx(const char *images_path, const char *labels_path, dataset *out
     out->x = malloc(n * dim * sizeof(float));
     out->y = malloc(n * sizeof(int32_t));
     if (out->x == NULL || out->y == NULL) {
-        fail(err, errlen, "%s: out of memory for %zu x %zu floats", images_path, n, dim);
+        errf(err, errlen, "%s: out of memory for %zu x %zu floats", images_path, n, dim);
         goto out;
     }
     int maxlab = 0;
@@ -260,17 +247,17 @@ int data_load_idx_dir(const char *dir, const char *split, dataset *out, char *er
     char img[4096], lab[4096];
     struct stat st;
     if (stat(dir, &st) != 0)
-        return fail(err, errlen, "data directory %s: %s", dir, strerror(errno));
+        return errf(err, errlen, "data directory %s: %s", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return fail(err, errlen, "data directory %s: not a directory", dir);
+        return errf(err, errlen, "data directory %s: not a directory", dir);
     if (pick(img, sizeof(img), dir, split, "images-idx3-ubyte") != 0 ||
         pick(lab, sizeof(lab), dir, split, "labels-idx1-ubyte") != 0)
-        return fail(err, errlen, "data directory %s: path too long", dir);
+        return errf(err, errlen, "data directory %s: path too long", dir);
     if (!file_exists(img))
-        return fail(err, errlen, "%s (or .gz): missing: no %s images in data directory %s", img,
+        return errf(err, errlen, "%s (or .gz): missing: no %s images in data directory %s", img,
                     split, dir);
     if (!file_exists(lab))
-        return fail(err, errlen, "%s (or .gz): missing: no %s labels in data directory %s", lab,
+        return errf(err, errlen, "%s (or .gz): missing: no %s labels in data directory %s", lab,
                     split, dir);
     return data_load_idx(img, lab, out, err, errlen);
 }

@@ -49,15 +49,15 @@ static int model_config_from_options(const options *o, model_config *mc)
 {
     char err[256];
     memset(mc, 0, sizeof(*mc));
-    if (model_parse_layers(options_get_str(o, "layers"), mc, err, sizeof(err)) != 0) {
+    if (model_parse_layers(opt_str(o, OPT_LAYERS), mc, err, sizeof(err)) != 0) {
         log_error("--%s", err);
         return TRAIN_EXIT_CONFIG;
     }
-    if (model_parse_activation(options_get_str(o, "activation"), &mc->act) != 0) {
-        log_error("--activation: '%s' is not relu or tanh", options_get_str(o, "activation"));
+    if (model_parse_activation(opt_enum(o, OPT_ACTIVATION), &mc->act) != 0) {
+        log_error("--activation: '%s' is not relu or tanh", opt_enum(o, OPT_ACTIVATION));
         return TRAIN_EXIT_CONFIG;
     }
-    mc->l2 = (float)options_get_double(o, "l2");
+    mc->l2 = (float)opt_double(o, OPT_L2);
     return 0;
 }
 
@@ -69,11 +69,11 @@ static int load_data(const options *o, dataset *train, dataset *test)
     char err[1024];
     dataset range_src; /* the training CSV when only its range is needed */
     memset(&range_src, 0, sizeof(range_src));
-    const char *train_csv = options_get_str(o, "train-csv");
-    const char *test_csv = options_get_str(o, "test-csv");
+    const char *train_csv = opt_str(o, OPT_TRAIN_CSV);
+    const char *test_csv = opt_str(o, OPT_TEST_CSV);
     bool csv = train_csv[0] != '\0' || test_csv[0] != '\0';
     if (!csv) {
-        const char *dir = options_get_str(o, "data-dir");
+        const char *dir = opt_str(o, OPT_DATA_DIR);
         if (train != NULL && data_load_idx_dir(dir, "train", train, err, sizeof(err)) != 0)
             goto fail;
         if (data_load_idx_dir(dir, "t10k", test, err, sizeof(err)) != 0)
@@ -130,12 +130,12 @@ static int open_backend(const options *o, backend **be)
 {
     backend_options bo;
     backend_options_init(&bo);
-    bo.blas_threads = (int)options_get_int(o, "blas-threads");
-    bo.device_index = (int)options_get_int(o, "gpu");
-    bo.tf32 = options_get_bool(o, "tf32");
+    bo.blas_threads = (int)opt_int(o, OPT_BLAS_THREADS);
+    bo.device_index = (int)opt_int(o, OPT_GPU);
+    bo.tf32 = opt_bool(o, OPT_TF32);
     const char *why = NULL;
     char err[256];
-    const char *dev = options_get_str(o, "device");
+    const char *dev = opt_enum(o, OPT_DEVICE);
     if (backend_open(dev, &bo, be, &why, err, sizeof(err)) != 0) {
         log_error("--device %s: %s", dev, err);
         return TRAIN_EXIT_CONFIG;
@@ -153,7 +153,7 @@ static int open_backend(const options *o, backend **be)
 /* ps-worker --eval FILE */
 static int run_eval(const options *o, backend *be)
 {
-    const char *path = options_get_str(o, "eval");
+    const char *path = opt_str(o, OPT_EVAL);
     char err[1024];
     model *m = NULL;
     if (model_load(be, path, 1000, &m, err, sizeof(err)) != 0) {
@@ -183,17 +183,6 @@ static int run_eval(const options *o, backend *be)
     return rc;
 }
 
-static ps_optimizer optimizer_from_name(const char *s)
-{
-    if (strcmp(s, "sgd") == 0)
-        return PS_OPT_SGD;
-    if (strcmp(s, "momentum") == 0)
-        return PS_OPT_MOMENTUM;
-    if (strcmp(s, "adagrad") == 0)
-        return PS_OPT_ADAGRAD;
-    return PS_OPT_ADAM;
-}
-
 /* Passes every client setting given to this program (file, environment, flags) on to the
  * client library, which reads the same option table. Returns 0 or TRAIN_EXIT_CONFIG. */
 static int client_config(const options *o, int worker_id, ps_config **out)
@@ -203,18 +192,18 @@ static int client_config(const options *o, int worker_id, ps_config **out)
         log_error("client configuration: %s", ps_last_error());
         return TRAIN_EXIT_FAILED;
     }
-    for (size_t i = 0; i < options_table_len; i++) {
-        const option_def *d = &options_table[i];
-        if (!(d->scope & OPT_SCOPE_CLIENT) || strcmp(d->name, "config") == 0 ||
-            !options_is_set(o, d->name))
+    for (unsigned row = 0; row < OPTION_ROW_COUNT; row++) {
+        const option_def *d = &options_table[row];
+        if (!(d->scope & OPT_SCOPE_CLIENT) || row == OPT_ROW(OPT_CONFIG) ||
+            !options_is_set_row(o, row))
             continue;
-        if (ps_config_set(pc, d->name, options_get_str(o, d->name)) != PS_OK) {
+        if (ps_config_set(pc, d->name, options_text_row(o, row)) != PS_OK) {
             log_error("--%s: %s", d->name, ps_last_error());
             ps_config_destroy(pc);
             return TRAIN_EXIT_CONFIG;
         }
     }
-    if (!options_is_set(o, "worker-id")) {
+    if (!opt_is_set(o, OPT_WORKER_ID)) {
         char id[32];
         snprintf(id, sizeof(id), "%d", worker_id);
         if (ps_config_set(pc, "worker-id", id) != PS_OK) {
@@ -264,8 +253,8 @@ static void identify(const options *o, identity *id)
     cluster_fini(&cl);
     log_level lvl = LOG_INFO;
     log_format fmt = LOG_FORMAT_AUTO;
-    log_level_parse(options_get_str(o, "log-level"), &lvl);
-    log_format_parse(options_get_str(o, "log-format"), &fmt);
+    log_level_parse(opt_enum(o, OPT_LOG_LEVEL), &lvl);
+    log_format_parse(opt_enum(o, OPT_LOG_FORMAT), &fmt);
     log_init(id->is_chief ? "chief" : "worker", id->task_index, lvl, fmt);
 }
 
@@ -282,29 +271,32 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     tc.shard_index = id->shard_index;
 
     tc.model = *mc;
-    tc.model_name = options_get_str(o, "model-name");
-    tc.batch_size = (int)options_get_int(o, "batch-size");
-    tc.epochs = (int)options_get_int(o, "epochs");
-    tc.steps = options_get_int(o, "steps");
-    tc.optimizer = optimizer_from_name(options_get_str(o, "optimizer"));
-    tc.lr = options_get_double(o, "lr");
+    tc.model_name = opt_str(o, OPT_MODEL_NAME);
+    tc.batch_size = (int)opt_int(o, OPT_BATCH_SIZE);
+    tc.epochs = (int)opt_int(o, OPT_EPOCHS);
+    tc.steps = opt_int(o, OPT_STEPS);
+    if (ps_optimizer_parse(opt_enum(o, OPT_OPTIMIZER), &tc.optimizer) != PS_OK) {
+        log_error("--optimizer: %s", ps_last_error());
+        return TRAIN_EXIT_CONFIG;
+    }
+    tc.lr = opt_double(o, OPT_LR);
     if (tc.lr == 0.0)
         tc.lr = train_default_lr(tc.optimizer);
-    tc.momentum = options_get_double(o, "momentum");
-    tc.nesterov = options_get_bool(o, "nesterov");
-    tc.staleness = (int)options_get_int(o, "staleness");
-    tc.slow_worker = (int)options_get_int(o, "slow-worker");
-    tc.slow_delay_ms = options_get_int(o, "slow-delay-ms");
-    tc.target_accuracy = options_get_double(o, "target-accuracy");
-    tc.fused_push_pull = options_get_bool(o, "fused-push-pull");
-    tc.seed = (uint64_t)options_get_int(o, "seed");
-    tc.eval_every = options_get_int(o, "eval-every");
-    tc.log_every = options_get_int(o, "log-every");
-    const char *progress = options_get_str(o, "progress");
+    tc.momentum = opt_double(o, OPT_MOMENTUM);
+    tc.nesterov = opt_bool(o, OPT_NESTEROV);
+    tc.staleness = (int)opt_int(o, OPT_STALENESS);
+    tc.slow_worker = (int)opt_int(o, OPT_SLOW_WORKER);
+    tc.slow_delay_ms = opt_int(o, OPT_SLOW_DELAY_MS);
+    tc.target_accuracy = opt_double(o, OPT_TARGET_ACCURACY);
+    tc.fused_push_pull = opt_bool(o, OPT_FUSED_PUSH_PULL);
+    tc.seed = (uint64_t)opt_int(o, OPT_SEED);
+    tc.eval_every = opt_int(o, OPT_EVAL_EVERY);
+    tc.log_every = opt_int(o, OPT_LOG_EVERY);
+    const char *progress = opt_enum(o, OPT_PROGRESS);
     tc.progress_bar =
         strcmp(progress, "on") == 0 || (strcmp(progress, "auto") == 0 && isatty(STDERR_FILENO));
-    tc.save_model = options_get_str(o, "save-model");
-    tc.done_wait_ms = options_get_int(o, "done-wait-ms");
+    tc.save_model = opt_str(o, OPT_SAVE_MODEL);
+    tc.done_wait_ms = opt_int(o, OPT_DONE_WAIT_MS);
     if (strlen(tc.model_name) == 0 || strlen(tc.model_name) > 40) {
         log_error("--model-name must be 1 to 40 characters");
         return TRAIN_EXIT_CONFIG;
@@ -371,7 +363,7 @@ int main(int argc, char **argv)
         program_end(&prog);
         return TRAIN_EXIT_CONFIG;
     }
-    bool eval_mode = options_get_str(prog.opts, "eval")[0] != '\0';
+    bool eval_mode = opt_str(prog.opts, OPT_EVAL)[0] != '\0';
     static identity id;
     if (!eval_mode)
         identify(prog.opts, &id);

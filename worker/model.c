@@ -1,4 +1,5 @@
-/* model.c - the MLP of model.h: forward, backward, evaluation, model files. */
+/* model.c - the models of model.h: a sequence of layers (layer.h) under softmax
+ * cross-entropy; forward, backward, evaluation, model files. */
 #include "model.h"
 
 #include <errno.h>
@@ -12,20 +13,29 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "util.h"
+
 struct model {
     backend *be;
     model_config cfg;
+    bool has_cfg; /* built by model_create: cfg describes it (model_get_config, model_save) */
     int max_batch;
-    int num_layers; /* cfg.num_sizes - 1 */
-    int num_params; /* 2 * num_layers */
-    model_param params[2 * MODEL_MAX_LAYERS];
-    int batch;                              /* examples in the uploaded batch */
-    backend_buf *act[MODEL_MAX_LAYERS + 1]; /* act[0] input, act[l] output of layer l */
-    backend_buf *delta[MODEL_MAX_LAYERS + 1];
+    int inputs, classes; /* width of the batch and of the last layer */
+    int num_layers;
+    layer *layers[MODEL_MAX_SEQ];
+    int first_param[MODEL_MAX_SEQ]; /* index in params of layer k's first parameter */
+    int num_params;
+    model_param params[MODEL_MAX_PARAMS];
+    int batch; /* examples in the uploaded batch */
+    /* y[k]: input of layer k and output of layer k-1 (y[0] the batch, y[num_layers] the
+     * logits); dy[k] (k >= 1): the loss's gradient with respect to y[k]. An in-place layer's
+     * output shares its input's buffers: owns[k] says whether y[k] and dy[k] are y[k]'s own. */
+    backend_buf *y[MODEL_MAX_SEQ + 1];
+    backend_buf *dy[MODEL_MAX_SEQ + 1];
+    bool owns[MODEL_MAX_SEQ + 1];
     backend_buf *labels;
-    backend_buf *scalars; /* [0] loss sum, [1] correct, [2] sum of squares */
     backend_buf *loss_buf, *correct_buf, *sq_buf;
-    float *scalars_host; /* 3 floats */
+    float *scalars_host; /* [0] loss sum, [1] correct, [2] penalty */
     bool keep_grads;     /* model_set_grad_download(m, false): no copies to grad_host */
     char errmsg[512];
 };
@@ -36,22 +46,8 @@ static int merr(model *m, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m->errmsg, sizeof(m->errmsg), fmt, ap);
+    verrf(m->errmsg, sizeof(m->errmsg), fmt, ap);
     va_end(ap);
-    return -1;
-}
-
-static int put_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int put_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
     return -1;
 }
 
@@ -66,7 +62,7 @@ static int berr(model *m, int rc, const char *what)
 int model_parse_layers(const char *text, model_config *cfg, char *err, size_t errlen)
 {
     if (text == NULL || *text == '\0')
-        return put_err(err, errlen, "layers: empty (expected e.g. 784,256,128,10)");
+        return errf(err, errlen, "layers: empty (expected e.g. 784,256,128,10)");
     int n = 0;
     const char *p = text;
     while (*p != '\0') {
@@ -74,21 +70,21 @@ int model_parse_layers(const char *text, model_config *cfg, char *err, size_t er
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno != 0 || (*end != ',' && *end != '\0'))
-            return put_err(err, errlen, "layers: '%s' is not a comma-separated list of integers",
-                           text);
+            return errf(err, errlen, "layers: '%s' is not a comma-separated list of integers",
+                        text);
         if (v < 1 || v > MODEL_MAX_WIDTH)
-            return put_err(err, errlen, "layers: width %ld out of range 1..%d", v, MODEL_MAX_WIDTH);
+            return errf(err, errlen, "layers: width %ld out of range 1..%d", v, MODEL_MAX_WIDTH);
         if (n == MODEL_MAX_LAYERS + 1)
-            return put_err(err, errlen, "layers: more than %d sizes", MODEL_MAX_LAYERS + 1);
+            return errf(err, errlen, "layers: more than %d sizes", MODEL_MAX_LAYERS + 1);
         cfg->sizes[n++] = (int)v;
         p = *end == ',' ? end + 1 : end;
         if (*end == ',' && *p == '\0')
-            return put_err(err, errlen, "layers: '%s' ends with a comma", text);
+            return errf(err, errlen, "layers: '%s' ends with a comma", text);
     }
     if (n < 2)
-        return put_err(err, errlen,
-                       "layers: need at least an input and an output size (e.g. 784,10), got '%s'",
-                       text);
+        return errf(err, errlen,
+                    "layers: need at least an input and an output size (e.g. 784,10), got '%s'",
+                    text);
     cfg->num_sizes = n;
     return 0;
 }
@@ -136,15 +132,15 @@ const char *model_activation_name(backend_act act)
 static int check_config(const model_config *cfg, char *err, size_t errlen)
 {
     if (cfg->num_sizes < 2 || cfg->num_sizes > MODEL_MAX_LAYERS + 1)
-        return put_err(err, errlen, "model: %d layer sizes (expected 2..%d)", cfg->num_sizes,
-                       MODEL_MAX_LAYERS + 1);
+        return errf(err, errlen, "model: %d layer sizes (expected 2..%d)", cfg->num_sizes,
+                    MODEL_MAX_LAYERS + 1);
     for (int i = 0; i < cfg->num_sizes; i++)
         if (cfg->sizes[i] < 1 || cfg->sizes[i] > MODEL_MAX_WIDTH)
-            return put_err(err, errlen, "model: layer size %d out of range", cfg->sizes[i]);
+            return errf(err, errlen, "model: layer size %d out of range", cfg->sizes[i]);
     if (cfg->act != BACKEND_ACT_RELU && cfg->act != BACKEND_ACT_TANH)
-        return put_err(err, errlen, "model: activation must be relu or tanh");
+        return errf(err, errlen, "model: activation must be relu or tanh");
     if (!(cfg->l2 >= 0.0f) || !isfinite(cfg->l2))
-        return put_err(err, errlen, "model: l2 must be finite and >= 0");
+        return errf(err, errlen, "model: l2 must be finite and >= 0");
     return 0;
 }
 
@@ -161,10 +157,14 @@ void model_destroy(model *m)
         backend_buf_free(be, p->grad);
         backend_event_destroy(be, p->grad_ready);
     }
-    for (int l = 0; l <= m->num_layers; l++) {
-        backend_buf_free(be, m->act[l]);
-        backend_buf_free(be, m->delta[l]);
+    for (int k = 0; k <= m->num_layers; k++) {
+        if (!m->owns[k])
+            continue;
+        backend_buf_free(be, m->y[k]);
+        backend_buf_free(be, m->dy[k]);
     }
+    for (int k = 0; k < m->num_layers; k++)
+        layer_destroy(m->layers[k]);
     backend_buf_free(be, m->labels);
     backend_buf_free(be, m->loss_buf);
     backend_buf_free(be, m->correct_buf);
@@ -173,64 +173,98 @@ void model_destroy(model *m)
     free(m);
 }
 
-int model_create(backend *be, const model_config *cfg, int max_batch, const char *prefix,
-                 model **out, char *err, size_t errlen)
+/* Creates the layers of specs, each on the previous one's width, and declares their
+ * parameters in m->params. Returns 0 or -1 with a message in err. */
+static int create_layers(model *m, const layer_spec *specs, int num_specs, const char *prefix,
+                         char *err, size_t errlen)
 {
-    *out = NULL;
-    if (check_config(cfg, err, errlen) != 0)
-        return -1;
-    if (max_batch < 1)
-        return put_err(err, errlen, "model: batch size %d must be >= 1", max_batch);
-    if (prefix == NULL)
-        prefix = "mlp";
-    if (strlen(prefix) > 40)
-        return put_err(err, errlen, "model: name prefix '%s' longer than 40 bytes", prefix);
-    model *m = calloc(1, sizeof(*m));
-    if (m == NULL)
-        return put_err(err, errlen, "model: out of memory");
-    m->be = be;
-    m->cfg = *cfg;
-    m->max_batch = max_batch;
-    m->num_layers = cfg->num_sizes - 1;
-    m->num_params = 2 * m->num_layers;
-    int rc = 0;
-    for (int l = 1; l <= m->num_layers && rc == 0; l++) {
-        for (int k = 0; k < 2 && rc == 0; k++) {
-            model_param *p = &m->params[2 * (l - 1) + k];
-            p->layer = l;
-            p->is_kernel = k == 0;
-            snprintf(p->name, sizeof(p->name), "%s/dense%d/%s", prefix, l - 1,
-                     k == 0 ? "kernel" : "bias");
-            if (k == 0) {
-                p->ndims = 2;
-                p->dims[0] = (uint64_t)cfg->sizes[l - 1];
-                p->dims[1] = (uint64_t)cfg->sizes[l];
-            } else {
-                p->ndims = 1;
-                p->dims[0] = (uint64_t)cfg->sizes[l];
+    int in = m->inputs, param_layers = 0;
+    for (int k = 0; k < num_specs; k++) {
+        char lerr[256];
+        if (layer_create(m->be, in, &specs[k], &m->layers[k], lerr, sizeof(lerr)) != 0)
+            return errf(err, errlen, "model: layer %d: %s", k + 1, lerr);
+        m->num_layers = k + 1;
+        layer *l = m->layers[k];
+        if (l->out < 1 || l->out > MODEL_MAX_WIDTH)
+            return errf(err, errlen, "model: layer %d (%s): width %d out of range 1..%d", k + 1,
+                        l->ops->name, l->out, MODEL_MAX_WIDTH);
+        in = l->out;
+        m->first_param[k] = m->num_params;
+        if (l->num_params == 0)
+            continue;
+        if (m->num_params + l->num_params > MODEL_MAX_PARAMS)
+            return errf(err, errlen, "model: more than %d parameter tensors", MODEL_MAX_PARAMS);
+        /* Parameters are named by layer type and that type's count: "<prefix>/dense0/kernel". */
+        int same_type = 0;
+        for (int j = 0; j < k; j++)
+            same_type += m->layers[j]->ops == l->ops;
+        param_layers++;
+        for (int j = 0; j < l->num_params; j++) {
+            const layer_param *lp = &l->params[j];
+            model_param *p = &m->params[m->num_params++];
+            int w = snprintf(p->name, sizeof(p->name), "%s/%s%d/%s", prefix, l->ops->name,
+                             same_type, lp->name);
+            if (w < 0 || (size_t)w >= sizeof(p->name))
+                return errf(err, errlen, "model: parameter name '%s/%s%d/%s' too long", prefix,
+                            l->ops->name, same_type, lp->name);
+            p->layer = param_layers;
+            p->is_kernel = lp->is_kernel;
+            p->ndims = lp->ndims;
+            p->numel = 1;
+            for (int d = 0; d < lp->ndims; d++) {
+                p->dims[d] = lp->dims[d];
+                p->numel *= (size_t)lp->dims[d];
             }
-            p->numel = (size_t)p->dims[0] * (k == 0 ? (size_t)p->dims[1] : 1);
-            size_t bytes = p->numel * sizeof(float);
-            p->host = backend_host_alloc(be, bytes);
-            p->grad_host = backend_host_alloc(be, bytes);
-            if (p->host == NULL || p->grad_host == NULL)
-                rc = -1;
-            if (rc == 0)
-                rc = backend_buf_alloc(be, bytes, &p->value);
-            if (rc == 0)
-                rc = backend_buf_alloc(be, bytes, &p->grad);
-            if (rc == 0)
-                rc = backend_event_create(be, &p->grad_ready);
         }
     }
-    for (int l = 0; l <= m->num_layers && rc == 0; l++) {
-        size_t bytes = (size_t)max_batch * (size_t)cfg->sizes[l] * sizeof(float);
-        rc = backend_buf_alloc(be, bytes, &m->act[l]);
-        if (rc == 0 && l > 0)
-            rc = backend_buf_alloc(be, bytes, &m->delta[l]);
+    m->classes = in;
+    return 0;
+}
+
+/* Allocates the parameters' storage and the per-batch buffers. Returns 0, or non-zero
+ * (out of memory: host allocation, or the backend's error). */
+static int alloc_buffers(model *m)
+{
+    backend *be = m->be;
+    int rc = 0;
+    for (int i = 0; i < m->num_params && rc == 0; i++) {
+        model_param *p = &m->params[i];
+        size_t bytes = p->numel * sizeof(float);
+        p->host = backend_host_alloc(be, bytes);
+        p->grad_host = backend_host_alloc(be, bytes);
+        if (p->host == NULL || p->grad_host == NULL)
+            rc = -1;
+        if (rc == 0)
+            rc = backend_buf_alloc(be, bytes, &p->value);
+        if (rc == 0)
+            rc = backend_buf_alloc(be, bytes, &p->grad);
+        if (rc == 0)
+            rc = backend_event_create(be, &p->grad_ready);
+    }
+    for (int k = 0; k < m->num_layers && rc == 0; k++) {
+        layer *l = m->layers[k];
+        for (int j = 0; j < l->num_params; j++) {
+            l->params[j].value = m->params[m->first_param[k] + j].value;
+            l->params[j].grad = m->params[m->first_param[k] + j].grad;
+        }
+    }
+    for (int k = 0; k <= m->num_layers && rc == 0; k++) {
+        /* An in-place layer writes over its input unless that is the batch (read again by
+         * the next pass) or the output of another in-place layer (which its backward reads). */
+        if (k >= 2 && m->layers[k - 1]->ops->in_place && !m->layers[k - 2]->ops->in_place) {
+            m->y[k] = m->y[k - 1];
+            m->dy[k] = m->dy[k - 1];
+            continue;
+        }
+        m->owns[k] = true;
+        int width = k == 0 ? m->inputs : m->layers[k - 1]->out;
+        size_t bytes = (size_t)m->max_batch * (size_t)width * sizeof(float);
+        rc = backend_buf_alloc(be, bytes, &m->y[k]);
+        if (rc == 0 && k > 0)
+            rc = backend_buf_alloc(be, bytes, &m->dy[k]);
     }
     if (rc == 0)
-        rc = backend_buf_alloc(be, (size_t)max_batch * sizeof(int32_t), &m->labels);
+        rc = backend_buf_alloc(be, (size_t)m->max_batch * sizeof(int32_t), &m->labels);
     if (rc == 0)
         rc = backend_buf_alloc(be, sizeof(float), &m->loss_buf);
     if (rc == 0)
@@ -242,10 +276,42 @@ int model_create(backend *be, const model_config *cfg, int max_batch, const char
         if (m->scalars_host == NULL)
             rc = -1;
     }
-    if (rc != 0) {
-        put_err(err, errlen, "model: cannot allocate buffers for %d examples on backend %s: %s",
-                max_batch, backend_name(be),
-                backend_errmsg(be)[0] ? backend_errmsg(be) : "out of memory");
+    return rc;
+}
+
+static int create_model(backend *be, const model_config *cfg, int inputs, const layer_spec *specs,
+                        int num_specs, int max_batch, const char *prefix, model **out, char *err,
+                        size_t errlen)
+{
+    *out = NULL;
+    if (num_specs < 1 || num_specs > MODEL_MAX_SEQ)
+        return errf(err, errlen, "model: %d layers (expected 1..%d)", num_specs, MODEL_MAX_SEQ);
+    if (inputs < 1 || inputs > MODEL_MAX_WIDTH)
+        return errf(err, errlen, "model: %d inputs out of range 1..%d", inputs, MODEL_MAX_WIDTH);
+    if (max_batch < 1)
+        return errf(err, errlen, "model: batch size %d must be >= 1", max_batch);
+    if (prefix == NULL)
+        prefix = "mlp";
+    if (strlen(prefix) > 40)
+        return errf(err, errlen, "model: name prefix '%s' longer than 40 bytes", prefix);
+    model *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return errf(err, errlen, "model: out of memory");
+    m->be = be;
+    if (cfg != NULL) {
+        m->cfg = *cfg;
+        m->has_cfg = true;
+    }
+    m->max_batch = max_batch;
+    m->inputs = inputs;
+    if (create_layers(m, specs, num_specs, prefix, err, errlen) != 0) {
+        model_destroy(m);
+        return -1;
+    }
+    if (alloc_buffers(m) != 0) {
+        errf(err, errlen, "model: cannot allocate buffers for %d examples on backend %s: %s",
+             max_batch, backend_name(be),
+             backend_errmsg(be)[0] ? backend_errmsg(be) : "out of memory");
         model_destroy(m);
         return -1;
     }
@@ -253,9 +319,32 @@ int model_create(backend *be, const model_config *cfg, int max_batch, const char
     return 0;
 }
 
+int model_create(backend *be, const model_config *cfg, int max_batch, const char *prefix,
+                 model **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (check_config(cfg, err, errlen) != 0)
+        return -1;
+    /* dense, act, dense, act, ..., dense */
+    layer_spec specs[MODEL_MAX_SEQ];
+    int n = 0;
+    for (int l = 1; l < cfg->num_sizes; l++) {
+        specs[n++] = (layer_spec){.type = "dense", .units = cfg->sizes[l], .l2 = cfg->l2};
+        if (l < cfg->num_sizes - 1)
+            specs[n++] = (layer_spec){.type = model_activation_name(cfg->act)};
+    }
+    return create_model(be, cfg, cfg->sizes[0], specs, n, max_batch, prefix, out, err, errlen);
+}
+
+int model_create_layers(backend *be, int inputs, const layer_spec *specs, int num_specs,
+                        int max_batch, const char *prefix, model **out, char *err, size_t errlen)
+{
+    return create_model(be, NULL, inputs, specs, num_specs, max_batch, prefix, out, err, errlen);
+}
+
 const model_config *model_get_config(const model *m)
 {
-    return &m->cfg;
+    return m->has_cfg ? &m->cfg : NULL;
 }
 
 int model_max_batch(const model *m)
@@ -323,8 +412,8 @@ int model_set_batch(model *m, const float *x, const int32_t *y, int count)
 {
     if (count < 1 || count > m->max_batch)
         return merr(m, "batch of %d examples (expected 1..%d)", count, m->max_batch);
-    size_t xbytes = (size_t)count * (size_t)m->cfg.sizes[0] * sizeof(float);
-    if (berr(m, backend_upload(m->be, m->act[0], 0, x, xbytes), "upload batch") != 0)
+    size_t xbytes = (size_t)count * (size_t)m->inputs * sizeof(float);
+    if (berr(m, backend_upload(m->be, m->y[0], 0, x, xbytes), "upload batch") != 0)
         return -1;
     if (berr(m, backend_upload(m->be, m->labels, 0, y, (size_t)count * sizeof(int32_t)),
              "upload labels") != 0)
@@ -333,46 +422,47 @@ int model_set_batch(model *m, const float *x, const int32_t *y, int count)
     return 0;
 }
 
-/* act[L] = logits of the uploaded batch. */
+/* y[num_layers] = logits of the uploaded batch. */
 static int forward_layers(model *m)
 {
-    backend *be = m->be;
-    int b = m->batch;
-    for (int l = 1; l <= m->num_layers; l++) {
-        const model_param *W = &m->params[2 * (l - 1)];
-        const model_param *bias = &m->params[2 * (l - 1) + 1];
-        int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
-        int rc = backend_gemm(be, false, false, b, out, in, 1.0f, m->act[l - 1], W->value, 0.0f,
-                              m->act[l]);
-        if (rc == 0)
-            rc = backend_bias_add(be, m->act[l], bias->value, b, out);
-        if (rc == 0 && l < m->num_layers)
-            rc = backend_act_forward(be, m->cfg.act, m->act[l], m->act[l], (size_t)b * out);
+    for (int k = 0; k < m->num_layers; k++) {
+        layer *l = m->layers[k];
+        int rc = l->ops->forward(l, m->y[k], m->y[k + 1], m->batch);
         if (rc != 0)
             return berr(m, rc, "forward");
     }
     return 0;
 }
 
-/* Queues the L2 term's sum of squares over every kernel into sq_buf. */
-static int queue_l2_sum(model *m)
+/* Whether some layer adds a regularization term to the training loss. */
+static bool has_penalty(const model *m)
+{
+    for (int k = 0; k < m->num_layers; k++)
+        if (m->layers[k]->penalized)
+            return true;
+    return false;
+}
+
+/* Queues the sum of the layers' regularization terms into sq_buf. */
+static int queue_penalty(model *m)
 {
     int rc = backend_memset_zero(m->be, m->sq_buf, 0, sizeof(float));
-    for (int l = 1; l <= m->num_layers && rc == 0; l++) {
-        const model_param *W = &m->params[2 * (l - 1)];
-        rc = backend_sum_squares(m->be, W->value, W->numel, 0.5f * m->cfg.l2, 1.0f, m->sq_buf);
+    for (int k = 0; k < m->num_layers && rc == 0; k++) {
+        layer *l = m->layers[k];
+        if (l->penalized)
+            rc = l->ops->penalty(l, m->sq_buf);
     }
     return berr(m, rc, "l2");
 }
 
-/* Downloads loss, correct and (if l2) the L2 sum, waits, fills st. */
-static int collect_stats(model *m, bool with_l2, model_stats *st)
+/* Downloads loss, correct and (if with_penalty) the penalty, waits, fills st. */
+static int collect_stats(model *m, bool with_penalty, model_stats *st)
 {
     backend *be = m->be;
     int rc = backend_download(be, m->loss_buf, 0, &m->scalars_host[0], sizeof(float));
     if (rc == 0)
         rc = backend_download(be, m->correct_buf, 0, &m->scalars_host[1], sizeof(float));
-    if (rc == 0 && with_l2)
+    if (rc == 0 && with_penalty)
         rc = backend_download(be, m->sq_buf, 0, &m->scalars_host[2], sizeof(float));
     if (rc == 0)
         rc = backend_sync(be);
@@ -380,7 +470,7 @@ static int collect_stats(model *m, bool with_l2, model_stats *st)
         return berr(m, rc, "stats");
     if (st != NULL) {
         st->loss = (double)m->scalars_host[0] / (double)m->batch;
-        if (with_l2)
+        if (with_penalty)
             st->loss += (double)m->scalars_host[2];
         st->correct = (double)m->scalars_host[1];
     }
@@ -394,51 +484,46 @@ int model_forward(model *m, model_stats *st)
     if (forward_layers(m) != 0)
         return -1;
     int L = m->num_layers;
-    int rc = backend_softmax_xent(m->be, m->act[L], m->labels, m->batch, m->cfg.sizes[L], 0.0f,
-                                  NULL, m->loss_buf, m->correct_buf);
+    int rc = backend_softmax_xent(m->be, m->y[L], m->labels, m->batch, m->classes, 0.0f, NULL,
+                                  m->loss_buf, m->correct_buf);
     if (rc != 0)
         return berr(m, rc, "softmax_xent");
     return collect_stats(m, false, st);
 }
 
-/* Queues layer l's parameter gradients (from delta[l]) and their downloads,
- * then records the layer's events. */
-static int queue_layer_grads(model *m, int l)
+/* Queues layer k's parameter gradients (from dy[k+1]) and their downloads, then records
+ * the event of its first parameter. */
+static int queue_layer_grads(model *m, int k)
 {
     backend *be = m->be;
-    int b = m->batch;
-    int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
-    model_param *W = &m->params[2 * (l - 1)];
-    model_param *bias = &m->params[2 * (l - 1) + 1];
-    /* dW = act[l-1]^T delta[l] (+ l2 W) */
-    int rc =
-        backend_gemm(be, true, false, in, out, b, 1.0f, m->act[l - 1], m->delta[l], 0.0f, W->grad);
-    if (rc == 0 && m->cfg.l2 > 0.0f)
-        rc = backend_axpy(be, W->numel, m->cfg.l2, W->value, W->grad);
+    layer *l = m->layers[k];
+    model_param *first = &m->params[m->first_param[k]];
+    int rc = l->ops->backward_params(l, m->y[k], m->y[k + 1], m->dy[k + 1], m->batch);
+    for (int j = 0; j < l->num_params && rc == 0 && !m->keep_grads; j++) {
+        model_param *p = &first[j];
+        rc = backend_download(be, p->grad, 0, p->grad_host, p->numel * sizeof(float));
+    }
     if (rc == 0)
-        rc = backend_col_sum(be, m->delta[l], b, out, 1.0f, 0.0f, bias->grad);
-    if (rc == 0 && !m->keep_grads)
-        rc = backend_download(be, W->grad, 0, W->grad_host, W->numel * sizeof(float));
-    if (rc == 0 && !m->keep_grads)
-        rc = backend_download(be, bias->grad, 0, bias->grad_host, bias->numel * sizeof(float));
-    if (rc == 0)
-        rc = backend_event_record(be, W->grad_ready);
+        rc = backend_event_record(be, first->grad_ready);
     return berr(m, rc, "backward");
 }
 
-/* Waits for layer l's gradients and hands them to on_grad (bias then kernel:
- * the small one first, so it is on the wire while the kernel is prepared). */
-static int deliver_layer(model *m, int l, model_grad_fn on_grad, void *arg)
+/* Waits for layer k's gradients and hands them to on_grad, last parameter first (a dense
+ * layer's bias before its kernel: the small one is on the wire while the kernel is
+ * prepared). */
+static int deliver_layer(model *m, int k, model_grad_fn on_grad, void *arg)
 {
-    model_param *W = &m->params[2 * (l - 1)];
-    if (berr(m, backend_event_wait(m->be, W->grad_ready), "backward") != 0)
+    int first = m->first_param[k];
+    if (berr(m, backend_event_wait(m->be, m->params[first].grad_ready), "backward") != 0)
         return -1;
     if (on_grad == NULL)
         return 0;
-    int rc = on_grad(m, 2 * (l - 1) + 1, arg);
-    if (rc == 0)
-        rc = on_grad(m, 2 * (l - 1), arg);
-    return rc;
+    for (int i = first + m->layers[k]->num_params - 1; i >= first; i--) {
+        int rc = on_grad(m, i, arg);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }
 
 void model_set_grad_download(model *m, bool on)
@@ -450,47 +535,49 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
 {
     if (m->batch < 1)
         return merr(m, "train: no batch uploaded");
-    backend *be = m->be;
     if (forward_layers(m) != 0)
         return -1;
     int L = m->num_layers;
-    int rc = backend_softmax_xent(be, m->act[L], m->labels, m->batch, m->cfg.sizes[L],
-                                  1.0f / (float)m->batch, m->delta[L], m->loss_buf, m->correct_buf);
+    int rc = backend_softmax_xent(m->be, m->y[L], m->labels, m->batch, m->classes,
+                                  1.0f / (float)m->batch, m->dy[L], m->loss_buf, m->correct_buf);
     if (rc != 0)
         return berr(m, rc, "softmax_xent");
-    bool with_l2 = m->cfg.l2 > 0.0f;
-    if (with_l2 && queue_l2_sum(m) != 0)
+    bool with_penalty = has_penalty(m);
+    if (with_penalty && queue_penalty(m) != 0)
         return -1;
-    for (int l = L; l >= 1; l--) {
-        if (queue_layer_grads(m, l) != 0)
-            return -1;
-        if (l > 1) {
-            /* delta[l-1] = (delta[l] W_l^T) * act'(act[l-1]) */
-            const model_param *W = &m->params[2 * (l - 1)];
-            int in = m->cfg.sizes[l - 1], out = m->cfg.sizes[l];
-            rc = backend_gemm(be, false, true, m->batch, in, out, 1.0f, m->delta[l], W->value, 0.0f,
-                              m->delta[l - 1]);
-            if (rc == 0)
-                rc = backend_act_backward(be, m->cfg.act, m->act[l - 1], m->delta[l - 1],
-                                          m->delta[l - 1], (size_t)m->batch * in);
+    /* Layers with parameters whose gradients are queued but not yet handed out: `newer` is
+     * the lowest so far, `older` the one above it. A layer's gradients are handed out when
+     * the pass reaches the second layer with parameters below it (or ends), so the host
+     * pushes them while the backend computes the layers in between. */
+    int older = -1, newer = -1;
+    for (int k = L - 1; k >= 0; k--) {
+        layer *l = m->layers[k];
+        if (l->num_params > 0) {
+            if (older >= 0 && (rc = deliver_layer(m, older, on_grad, arg)) != 0)
+                return rc;
+            older = newer;
+            newer = k;
+            if (queue_layer_grads(m, k) != 0)
+                return -1;
+        }
+        /* The batch needs no gradient. */
+        if (k > 0) {
+            rc = l->ops->backward_input(l, m->y[k], m->y[k + 1], m->dy[k + 1], m->dy[k], m->batch);
             if (rc != 0)
                 return berr(m, rc, "backward");
         }
-        /* Layer l+1's gradients were queued before this layer's compute: hand them out while
-         * the backend works on this one. */
-        if (l < L && (rc = deliver_layer(m, l + 1, on_grad, arg)) != 0)
-            return rc;
     }
-    if ((rc = deliver_layer(m, 1, on_grad, arg)) != 0)
+    if (older >= 0 && (rc = deliver_layer(m, older, on_grad, arg)) != 0)
         return rc;
-    return collect_stats(m, with_l2, st);
+    if (newer >= 0 && (rc = deliver_layer(m, newer, on_grad, arg)) != 0)
+        return rc;
+    return collect_stats(m, with_penalty, st);
 }
 
 int model_evaluate(model *m, const dataset *d, double *loss, double *accuracy)
 {
-    if ((int)d->dim != m->cfg.sizes[0])
-        return merr(m, "evaluate: data has %zu features, model expects %d", d->dim,
-                    m->cfg.sizes[0]);
+    if ((int)d->dim != m->inputs)
+        return merr(m, "evaluate: data has %zu features, model expects %d", d->dim, m->inputs);
     double loss_sum = 0.0, correct = 0.0;
     for (size_t first = 0; first < d->n; first += (size_t)m->max_batch) {
         size_t count = d->n - first;
@@ -548,11 +635,13 @@ static size_t header_bytes(int num_sizes)
 
 int model_save(model *m, const char *path, char *err, size_t errlen)
 {
+    if (!m->has_cfg)
+        return errf(err, errlen, "%s: only models made by model_create can be saved", path);
     size_t hlen = header_bytes(m->cfg.num_sizes);
     size_t total = hlen + model_total_params(m) * 4 + 4;
     uint8_t *buf = malloc(total);
     if (buf == NULL)
-        return put_err(err, errlen, "%s: out of memory for %zu bytes", path, total);
+        return errf(err, errlen, "%s: out of memory for %zu bytes", path, total);
     uint8_t *p = buf;
     memcpy(p, MODEL_MAGIC, 8);
     p += 8;
@@ -573,13 +662,13 @@ int model_save(model *m, const char *path, char *err, size_t errlen)
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof(tmp)) {
         free(buf);
-        return put_err(err, errlen, "%s: path too long", path);
+        return errf(err, errlen, "%s: path too long", path);
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
         free(buf);
-        return put_err(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
+        return errf(err, errlen, "%s: cannot create: %s", tmp, strerror(e));
     }
     size_t done = 0;
     int rc = 0;
@@ -588,18 +677,17 @@ int model_save(model *m, const char *path, char *err, size_t errlen)
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
-            rc = put_err(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+            rc = errf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
             break;
         }
         done += (size_t)w;
     }
     if (rc == 0 && fsync(fd) != 0)
-        rc = put_err(err, errlen, "%s: fsync failed: %s", tmp, strerror(errno));
+        rc = errf(err, errlen, "%s: fsync failed: %s", tmp, strerror(errno));
     if (close(fd) != 0 && rc == 0)
-        rc = put_err(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
+        rc = errf(err, errlen, "%s: close failed: %s", tmp, strerror(errno));
     if (rc == 0 && rename(tmp, path) != 0)
-        rc =
-            put_err(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+        rc = errf(err, errlen, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
     if (rc != 0)
         unlink(tmp);
     free(buf);
@@ -611,7 +699,7 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (f == NULL)
-        return put_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
     int rc = -1;
@@ -619,12 +707,12 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
         if (len == cap) {
             size_t ncap = cap ? cap * 2 : 1 << 20;
             if (ncap > ((size_t)1 << 34)) {
-                put_err(err, errlen, "%s: larger than 16 GiB: not a model file", path);
+                errf(err, errlen, "%s: larger than 16 GiB: not a model file", path);
                 goto out;
             }
             uint8_t *nb = realloc(buf, ncap);
             if (nb == NULL) {
-                put_err(err, errlen, "%s: out of memory", path);
+                errf(err, errlen, "%s: out of memory", path);
                 goto out;
             }
             buf = nb;
@@ -634,26 +722,26 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
         len += r;
         if (r == 0) {
             if (ferror(f)) {
-                put_err(err, errlen, "%s: read error: %s", path, strerror(errno));
+                errf(err, errlen, "%s: read error: %s", path, strerror(errno));
                 goto out;
             }
             break;
         }
     }
     if (len < header_bytes(2) + 4 || memcmp(buf, MODEL_MAGIC, 8) != 0) {
-        put_err(err, errlen, "%s: not a ps-worker model file (bad magic or too short)", path);
+        errf(err, errlen, "%s: not a ps-worker model file (bad magic or too short)", path);
         goto out;
     }
     uint32_t version = get_u32(buf + 8);
     if (version != MODEL_VERSION) {
-        put_err(err, errlen, "%s: model file version %u, this program reads version %u", path,
-                version, MODEL_VERSION);
+        errf(err, errlen, "%s: model file version %u, this program reads version %u", path, version,
+             MODEL_VERSION);
         goto out;
     }
     uint32_t crc_stored = get_u32(buf + len - 4);
     uint32_t crc = (uint32_t)crc32_z(0L, buf, len - 4);
     if (crc != crc_stored) {
-        put_err(err, errlen, "%s: checksum mismatch: the file is corrupt or truncated", path);
+        errf(err, errlen, "%s: checksum mismatch: the file is corrupt or truncated", path);
         goto out;
     }
     model_config cfg;
@@ -662,7 +750,7 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
     uint32_t num_sizes = get_u32(buf + 16);
     if (num_sizes < 2 || num_sizes > MODEL_MAX_LAYERS + 1 ||
         len < header_bytes((int)num_sizes) + 4) {
-        put_err(err, errlen, "%s: bad layer count %u", path, num_sizes);
+        errf(err, errlen, "%s: bad layer count %u", path, num_sizes);
         goto out;
     }
     cfg.num_sizes = (int)num_sizes;
@@ -671,7 +759,7 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
     for (int i = 0; i < cfg.num_sizes; i++) {
         uint32_t s = get_u32(buf + 20 + 4 * (size_t)i);
         if (s < 1 || s > MODEL_MAX_WIDTH) {
-            put_err(err, errlen, "%s: bad layer size %u", path, s);
+            errf(err, errlen, "%s: bad layer size %u", path, s);
             goto out;
         }
         cfg.sizes[i] = (int)s;
@@ -680,12 +768,12 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
     }
     cfg.l2 = u2f(get_u32(buf + 20 + 4 * (size_t)cfg.num_sizes));
     if (len != expect) {
-        put_err(err, errlen, "%s: %zu bytes, but its layers need %zu", path, len, expect);
+        errf(err, errlen, "%s: %zu bytes, but its layers need %zu", path, len, expect);
         goto out;
     }
     char cerr[256];
     if (check_config(&cfg, cerr, sizeof(cerr)) != 0) {
-        put_err(err, errlen, "%s: %s", path, cerr);
+        errf(err, errlen, "%s: %s", path, cerr);
         goto out;
     }
     model *m = NULL;
@@ -696,7 +784,7 @@ int model_load(backend *be, const char *path, int max_batch, model **out, char *
         for (size_t j = 0; j < m->params[i].numel; j++, p += 4)
             m->params[i].host[j] = u2f(get_u32(p));
     if (model_upload_params(m) != 0) {
-        put_err(err, errlen, "%s: %s", path, m->errmsg);
+        errf(err, errlen, "%s: %s", path, m->errmsg);
         model_destroy(m);
         goto out;
     }

@@ -1,14 +1,16 @@
-/* model.h - a multi-layer perceptron on a backend (worker/backend.h).
+/* model.h - a sequence of layers (worker/layer.h) on a backend (worker/backend.h), trained
+ * under softmax cross-entropy.
  *
- * Layers: sizes[0] inputs, hidden layers with the configured activation, and
- * a linear output layer of sizes[num_sizes-1] classes under softmax
- * cross-entropy. Layer l (1-based) has a kernel W_l of shape
- * sizes[l-1] x sizes[l] (row-major, y = x W + b) and a bias b_l.
+ * model_create builds a multi-layer perceptron from a model_config: sizes[0] inputs, hidden
+ * dense layers each followed by the configured activation, and a linear output layer of
+ * sizes[num_sizes-1] classes. Dense layer l (1-based) has a kernel W_l of shape
+ * sizes[l-1] x sizes[l] (row-major, y = x W + b) and a bias b_l. model_create_layers builds
+ * any sequence of the layer table's types.
  *
  * The loss of a batch of m examples is
  *     mean_i xent(softmax(z_i), y_i) + l2/2 * sum_l ||W_l||^2
- * and the gradients are those of that loss (kernels get l2 * W, biases no
- * decay). Parameters live on the backend; each has a host copy (pinned) that
+ * (z the last layer's output) and the gradients are those of that loss (kernels get l2 * W,
+ * biases no decay). Parameters live on the backend; each has a host copy (pinned) that
  * the trainer fills from the parameter servers and uploads, and a host
  * gradient buffer the backward pass fills for pushing.
  *
@@ -22,11 +24,16 @@
 
 #include "backend.h"
 #include "data.h"
+#include "layer.h"
 
 /* At most this many layers of weights. */
 #define MODEL_MAX_LAYERS 16
 /* Largest layer width accepted by model_parse_layers. */
 #define MODEL_MAX_WIDTH (1 << 20)
+/* At most this many layers in a sequence (a dense layer and an activation per layer of
+ * weights), and this many parameter tensors. */
+#define MODEL_MAX_SEQ (2 * MODEL_MAX_LAYERS)
+#define MODEL_MAX_PARAMS (2 * MODEL_MAX_LAYERS)
 
 typedef struct model_config {
     int num_sizes; /* 2 .. MODEL_MAX_LAYERS + 1 */
@@ -49,14 +56,14 @@ const char *model_activation_name(backend_act act);
 
 /* One parameter tensor (a kernel or a bias). */
 typedef struct model_param {
-    char name[64]; /* "<prefix>/dense<l>/kernel" or ".../bias" */
-    int layer;     /* 1-based */
-    int is_kernel;
-    int ndims;        /* 2 for kernels, 1 for biases */
-    uint64_t dims[2]; /* kernel: in, out; bias: out */
+    char name[64];    /* "<prefix>/<type><k>/<param>": "mlp/dense0/kernel", "mlp/dense0/bias" */
+    int layer;        /* 1-based, counting the layers that have parameters */
+    int is_kernel;    /* Glorot-initialized, else zeros */
+    int ndims;        /* 2 for dense kernels, 1 for biases */
+    uint64_t dims[2]; /* dense kernel: in, out; bias: out */
     size_t numel;
     float *host;        /* numel values, host copy (backend_host_alloc) */
-    float *grad_host;   /* numel values, filled by model_backward */
+    float *grad_host;   /* numel values, filled by model_train_step */
     backend_buf *value; /* device */
     backend_buf *grad;  /* device */
     backend_event *grad_ready;
@@ -71,14 +78,23 @@ typedef struct model model;
 int model_create(backend *be, const model_config *cfg, int max_batch, const char *prefix,
                  model **out, char *err, size_t errlen);
 
+/* Creates a model of num_specs layers (1 .. MODEL_MAX_SEQ) of the layer table's types
+ * (layer.h), the first taking `inputs` features per example, each next one the previous
+ * one's output; the last one's output are the logits of softmax cross-entropy. Otherwise as
+ * model_create; such a model has no model_config (model_get_config returns NULL) and cannot
+ * be saved. */
+int model_create_layers(backend *be, int inputs, const layer_spec *specs, int num_specs,
+                        int max_batch, const char *prefix, model **out, char *err, size_t errlen);
+
 /* Frees every buffer; NULL is a no-op. */
 void model_destroy(model *m);
 
+/* The config of a model from model_create or model_load; NULL for model_create_layers. */
 const model_config *model_get_config(const model *m);
 int model_max_batch(const model *m);
 int model_num_params(const model *m);
-/* Parameter i (0 .. num_params-1): kernel of layer 1, bias of layer 1, kernel
- * of layer 2, ... */
+/* Parameter i (0 .. num_params-1), in layer order and each layer's order: kernel of layer 1,
+ * bias of layer 1, kernel of layer 2, ... */
 model_param *model_get_param(model *m, int i);
 /* Total number of floats over all parameters. */
 size_t model_total_params(const model *m);
@@ -94,7 +110,7 @@ int model_upload_params(model *m);
 /* Uploads parameter i only. */
 int model_upload_param(model *m, int i);
 
-/* Uploads a batch of count (1 .. max_batch) examples: x is count * sizes[0]
+/* Uploads a batch of count (1 .. max_batch) examples: x is count * inputs (sizes[0])
  * floats, y count labels. */
 int model_set_batch(model *m, const float *x, const int32_t *y, int count);
 
@@ -114,11 +130,10 @@ int model_forward(model *m, model_stats *st);
 typedef int (*model_grad_fn)(model *m, int param_index, void *arg);
 
 /* Forward and backward over the uploaded batch. Gradients come out last
- * layer first; on_grad is called for each parameter once its host gradient is
- * ready, while the backend computes the layers below (so pushes of layer k
- * overlap compute of layer k-1). st (may be NULL) receives loss and accuracy.
- * Returns 0, -1 (backend error, message via model_errmsg) or on_grad's
- * non-zero value. */
+ * layer first (parameter indices descending); on_grad is called for each parameter once its host
+ * gradient is ready, while the backend computes the layers below (so pushes of layer k overlap
+ * compute of layer k-1). st (may be NULL) receives loss and accuracy. Returns 0, -1 (backend error,
+ * message via model_errmsg) or on_grad's non-zero value. */
 int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st);
 
 /* Whether model_train_step copies the gradients to grad_host (on, the default).
@@ -140,8 +155,8 @@ const char *model_errmsg(const model *m);
  * as f32 arrays, then u32 CRC-32 (zlib) of every byte before it. Written to a
  * temporary file, fsynced, and renamed into place. */
 
-/* Writes the host copies of every parameter to path. Returns 0, or -1 with a
- * message naming the file. */
+/* Writes the host copies of every parameter to path (a model from model_create or
+ * model_load). Returns 0, or -1 with a message naming the file. */
 int model_save(model *m, const char *path, char *err, size_t errlen);
 
 /* Reads path, creates the model it describes on be (as model_create) and

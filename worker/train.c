@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "optimizers.h"
 #include "timeutil.h"
 
 volatile int train_stop_signal = 0;
@@ -33,15 +34,12 @@ typedef struct trainer {
 
 double train_default_lr(ps_optimizer opt)
 {
-    switch (opt) {
-    case PS_OPT_SGD:
-        return 0.1;
-    case PS_OPT_MOMENTUM:
-        return 0.01;
-    case PS_OPT_ADAGRAD:
-        return 0.05;
-    case PS_OPT_ADAM:
-        return 0.001;
+    switch ((int)opt) {
+#define PS_OPTIMIZER_LR_(ID, name, value, lr)                                                      \
+    case value:                                                                                    \
+        return lr;
+        PS_OPTIMIZERS(PS_OPTIMIZER_LR_)
+#undef PS_OPTIMIZER_LR_
     }
     return 0.01;
 }
@@ -380,12 +378,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     log_info("training %s (layers %s, %zu parameters) on shard %d of %d: %zu examples, batch %d, "
              "%" PRId64 " steps (%" PRId64 " per epoch), %s lr %g, staleness %d, backend %s%s",
              cfg->model_name, layers, model_total_params(t.m), cfg->shard_index, cfg->shard_count,
-             shard.n, batch, total, steps_per_epoch,
-             cfg->optimizer == PS_OPT_ADAM       ? "adam"
-             : cfg->optimizer == PS_OPT_ADAGRAD  ? "adagrad"
-             : cfg->optimizer == PS_OPT_MOMENTUM ? "momentum"
-                                                 : "sgd",
-             cfg->lr, bound, backend_name(be), t.fused ? ", fused push-pull" : "");
+             shard.n, batch, total, steps_per_epoch, ps_optimizer_name(cfg->optimizer), cfg->lr,
+             bound, backend_name(be), t.fused ? ", fused push-pull" : "");
 
     if (t.fused) {
         rc = pull_all(&t);

@@ -321,6 +321,24 @@ static void test_from_options(void **state)
     assert_contains(err, "cluster file ");
     assert_contains(err, path);
     assert_contains(err, "cannot open");
+
+    /* a file with a NUL byte, or a directory, is refused by name */
+    snprintf(path, sizeof path, "/tmp/test_cluster_XXXXXX");
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "{\"ps\":[\"a:1\"]}\0x", 17), 17);
+    close(fd);
+    snprintf(arg, sizeof arg, "@%s", path);
+    assert_int_equal(options_set(o, "cluster", arg, err, sizeof err), 0);
+    assert_string_equal(opt_str(o, OPT_CLUSTER), arg);
+    assert_int_equal(cluster_from_options(o, &c, err, sizeof err), -1);
+    assert_contains(err, path);
+    assert_contains(err, "contains a NUL byte");
+    assert_zeroed(&c);
+    unlink(path);
+    assert_int_equal(options_set(o, "cluster", "@/tmp", err, sizeof err), 0);
+    assert_int_equal(cluster_from_options(o, &c, err, sizeof err), -1);
+    assert_contains(err, "cluster file /tmp: is a directory");
     options_destroy(o);
 
     /* the client library has no `task` option: it reads as unset */

@@ -56,7 +56,7 @@ static void test_sgd(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_SGD);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     const float g1[N] = {0.5f, -1.0f, 2.0f}, g2[N] = {1.0f, 0.0f, -0.5f};
     /* step 1: w = {1 - 0.1*0.5, 2 + 0.1*1, 3 - 0.1*2}   = {0.95, 2.1, 2.8}
      * step 2: w = {0.95 - 0.1*1, 2.1 - 0, 2.8 + 0.1*0.5} = {0.85, 2.1, 2.85} */
@@ -71,7 +71,7 @@ static void test_momentum(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_MOMENTUM);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     p.momentum = 0.9f;
     const float g1[N] = {0.5f, -1.0f, 2.0f}, g2[N] = {1.0f, 0.0f, -0.5f};
     /* step 1: a = 0.9*0 + g1 = {0.5, -1, 2}; w = {1 - 0.05, 2 + 0.1, 3 - 0.2} = {0.95, 2.1, 2.8}
@@ -90,7 +90,7 @@ static void test_nesterov(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_MOMENTUM);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     p.momentum = 0.9f;
     p.nesterov = true;
     const float g1[N] = {0.5f, -1.0f, 2.0f}, g2[N] = {1.0f, 0.0f, -0.5f};
@@ -111,7 +111,7 @@ static void test_adagrad(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_ADAGRAD);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     p.initial_accumulator = 9.0f;
     p.epsilon = 1.0f; /* large on purpose: checks eps is added outside the sqrt */
     const float g1[N] = {4.0f, 0.0f, -4.0f}, g2[N] = {-12.0f, 4.0f, 12.0f};
@@ -148,7 +148,7 @@ static void test_adam(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_ADAM);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     p.beta1 = 0.5f;
     p.beta2 = 0.75f;
     p.epsilon = 1.0f;
@@ -185,7 +185,7 @@ static void test_adam_per_element_t(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_ADAM);
-    p.lr = 0.1f;
+    p.learning_rate = 0.1f;
     p.beta1 = 0.5f;
     p.beta2 = 0.75f;
     p.epsilon = 1.0f;
@@ -217,7 +217,7 @@ static void test_adam_mixed_t_blocks(void **state)
     float *slots[3] = {m, v, t};
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_ADAM);
-    p.lr = 0.01f;
+    p.learning_rate = 0.01f;
     for (int i = 0; i < M; i++) {
         w[i] = rw[i] = (float)(i % 17) * 0.25f - 2.0f;
         g[i] = (float)((i * 7919) % 101 - 50) * 0.03f;
@@ -242,6 +242,82 @@ static void test_adam_mixed_t_blocks(void **state)
     assert_memory_equal(m, rm, sizeof(m));
     assert_memory_equal(v, rv, sizeof(v));
     assert_memory_equal(w, rw, sizeof(w));
+}
+
+/* AdamW against a naive loop in double precision written from the definition (Loshchilov &
+ * Hutter, PyTorch's torch.optim.AdamW): per step, w *= 1 - lr*wd; m = b1*m + (1-b1)*g;
+ * v = b2*v + (1-b2)*g^2; w -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps). Ten steps over
+ * a range that spans several internal blocks, gradients of both signs and scales. */
+static void test_adamw_against_naive(void **state)
+{
+    (void)state;
+    enum { M = 2100, STEPS = 10 };
+    static float w[M], m[M], v[M], t[M], g[M];
+    static double rw[M], rm[M], rv[M];
+    float *slots[3] = {m, v, t};
+    optimizer_params p;
+    optimizer_params_default(&p, OPTIMIZER_ADAMW);
+    p.learning_rate = 0.01f;
+    p.weight_decay = 0.1f;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.99f;
+    p.epsilon = 1e-6f;
+    char err[128];
+    assert_int_equal(optimizer_validate(&p, err, sizeof(err)), 0);
+    assert_int_equal(optimizer_slot_count(OPTIMIZER_ADAMW), 3);
+    for (int i = 0; i < M; i++)
+        w[i] = (float)(rw[i] = (double)((i % 23) - 11) * 0.125);
+    memset(rm, 0, sizeof(rm));
+    memset(rv, 0, sizeof(rv));
+    memset(m, 0xff, sizeof(m)); /* garbage: init_slots must overwrite */
+    optimizer_init_slots(&p, slots, M);
+    const double lr = p.learning_rate, wd = p.weight_decay, b1 = p.beta1, b2 = p.beta2,
+                 eps = p.epsilon;
+    for (int step = 1; step <= STEPS; step++) {
+        for (int i = 0; i < M; i++)
+            g[i] =
+                (float)((double)(((i + 1) * (step + 3) * 7919) % 201 - 100) * 0.01 * (1 + i % 3));
+        optimizer_apply(&p, w, g, slots, M);
+        for (int i = 0; i < M; i++) {
+            rw[i] *= 1.0 - lr * wd;
+            rm[i] = b1 * rm[i] + (1.0 - b1) * g[i];
+            rv[i] = b2 * rv[i] + (1.0 - b2) * g[i] * g[i];
+            double mhat = rm[i] / (1.0 - pow(b1, step)), vhat = rv[i] / (1.0 - pow(b2, step));
+            rw[i] -= lr * mhat / (sqrt(vhat) + eps);
+        }
+        for (int i = 0; i < M; i++) {
+            if (!(fabs(w[i] - rw[i]) <= 1e-5 * fmax(fabs(rw[i]), 1.0))) {
+                print_error("step %d: w[%d] = %.9g, naive %.9g\n", step, i, w[i], rw[i]);
+                fail();
+            }
+        }
+    }
+    assert_true(t[0] == (float)STEPS && t[M - 1] == (float)STEPS);
+}
+
+/* AdamW with weight_decay 0 is Adam, bit for bit. */
+static void test_adamw_zero_decay_is_adam(void **state)
+{
+    (void)state;
+    enum { M = 300 };
+    float w[M], rw[M], g[M], s[3][M], rs[3][M];
+    float *slots[3] = {s[0], s[1], s[2]}, *rslots[3] = {rs[0], rs[1], rs[2]};
+    optimizer_params pw, pa;
+    optimizer_params_default(&pw, OPTIMIZER_ADAMW);
+    optimizer_params_default(&pa, OPTIMIZER_ADAM);
+    pw.weight_decay = 0.0f;
+    for (int i = 0; i < M; i++) {
+        w[i] = rw[i] = (float)i * 0.01f - 1.0f;
+        g[i] = (float)((i * 31) % 17 - 8) * 0.1f;
+    }
+    optimizer_init_slots(&pw, slots, M);
+    optimizer_init_slots(&pa, rslots, M);
+    for (int k = 0; k < 3; k++) {
+        optimizer_apply(&pw, w, g, slots, M);
+        optimizer_apply(&pa, rw, g, rslots, M);
+    }
+    assert_memory_equal(w, rw, sizeof(w));
+    assert_memory_equal(s, rs, sizeof(s));
 }
 
 /* The gradient read from a buffer at an odd address gives the same bits. */
@@ -284,11 +360,15 @@ static void test_defaults(void **state)
     (void)state;
     optimizer_params p;
     optimizer_params_default(&p, OPTIMIZER_ADAM);
-    assert_true(p.lr == 0.001f && p.beta1 == 0.9f && p.beta2 == 0.999f && p.epsilon == 1e-8f);
+    assert_true(p.learning_rate == 0.001f && p.beta1 == 0.9f && p.beta2 == 0.999f &&
+                p.epsilon == 1e-8f);
     optimizer_params_default(&p, OPTIMIZER_ADAGRAD);
-    assert_true(p.lr == 0.01f && p.epsilon == 1e-7f && p.initial_accumulator == 0.1f);
+    assert_true(p.learning_rate == 0.01f && p.epsilon == 1e-7f && p.initial_accumulator == 0.1f);
     optimizer_params_default(&p, OPTIMIZER_MOMENTUM);
-    assert_true(p.lr == 0.01f && p.momentum == 0.9f && !p.nesterov);
+    assert_true(p.learning_rate == 0.01f && p.momentum == 0.9f && !p.nesterov);
+    optimizer_params_default(&p, OPTIMIZER_ADAMW);
+    assert_true(p.learning_rate == 0.001f && p.beta1 == 0.9f && p.beta2 == 0.999f &&
+                p.epsilon == 1e-8f && p.weight_decay == 0.01f);
     for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
         optimizer_params_default(&p, (optimizer_kind)k);
         assert_int_equal(optimizer_validate(&p, NULL, 0), 0);
@@ -315,12 +395,12 @@ static void test_validate(void **state)
     for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
         for (size_t i = 0; i < sizeof(bad_lr) / sizeof(bad_lr[0]); i++) {
             optimizer_params_default(&p, (optimizer_kind)k);
-            p.lr = bad_lr[i];
-            expect_invalid(&p, "lr");
+            p.learning_rate = bad_lr[i];
+            expect_invalid(&p, "learning_rate");
         }
     }
     optimizer_params_default(&p, OPTIMIZER_SGD);
-    p.lr = -0.5f;
+    p.learning_rate = -0.5f;
     char err[256];
     assert_int_equal(optimizer_validate(&p, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "-0.5")); /* the value is in the message */
@@ -337,6 +417,22 @@ static void test_validate(void **state)
         p.beta2 = bad_unit[i];
         expect_invalid(&p, "beta2");
     }
+    const float bad_wd[] = {-0.01f, NAN, INFINITY, 2000.0f /* lr * wd > 1 */};
+    for (size_t i = 0; i < sizeof(bad_wd) / sizeof(bad_wd[0]); i++) {
+        optimizer_params_default(&p, OPTIMIZER_ADAMW);
+        p.weight_decay = bad_wd[i];
+        expect_invalid(&p, "weight_decay");
+        optimizer_params_default(&p, OPTIMIZER_ADAMW);
+        p.beta1 = bad_unit[i % (sizeof(bad_unit) / sizeof(bad_unit[0]))];
+        expect_invalid(&p, "beta1"); /* AdamW checks Adam's fields too */
+    }
+    optimizer_params_default(&p, OPTIMIZER_ADAMW);
+    p.weight_decay = 0.0f; /* Adam */
+    assert_int_equal(optimizer_validate(&p, NULL, 0), 0);
+    optimizer_params_default(&p, OPTIMIZER_ADAM);
+    p.weight_decay = -5.0f; /* not Adam's: ignored */
+    assert_int_equal(optimizer_validate(&p, NULL, 0), 0);
+
     optimizer_params_default(&p, OPTIMIZER_MOMENTUM);
     p.momentum = 0.0f; /* plain SGD through the momentum path: allowed */
     assert_int_equal(optimizer_validate(&p, NULL, 0), 0);
@@ -372,7 +468,7 @@ static void test_validate(void **state)
     /* tiny buffer: truncated, still NUL-terminated */
     char small[4] = {'x', 'x', 'x', 'x'};
     optimizer_params_default(&p, OPTIMIZER_SGD);
-    p.lr = 0.0f;
+    p.learning_rate = 0.0f;
     assert_int_equal(optimizer_validate(&p, small, sizeof(small)), -1);
     assert_int_equal(small[3], '\0');
 }
@@ -380,7 +476,7 @@ static void test_validate(void **state)
 static void test_names(void **state)
 {
     (void)state;
-    const char *names[] = {"sgd", "momentum", "adagrad", "adam"};
+    const char *names[] = {"sgd", "momentum", "adagrad", "adam", "adamw"};
     for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
         optimizer_kind out = OPTIMIZER_SGD;
         assert_string_equal(optimizer_name((optimizer_kind)k), names[k]);
@@ -391,14 +487,14 @@ static void test_names(void **state)
     assert_int_equal(optimizer_parse("Adam", &out), 0);
     assert_int_equal(out, OPTIMIZER_ADAM);
     out = OPTIMIZER_MOMENTUM;
-    assert_int_equal(optimizer_parse("adamw", &out), -1);
+    assert_int_equal(optimizer_parse("adamx", &out), -1);
     assert_int_equal(optimizer_parse("ada", &out), -1);
     assert_int_equal(optimizer_parse("", &out), -1);
     assert_int_equal(optimizer_parse(NULL, &out), -1);
     assert_int_equal(optimizer_parse("sgd", NULL), -1);
     assert_int_equal(out, OPTIMIZER_MOMENTUM); /* untouched on failure */
     assert_string_equal(optimizer_name((optimizer_kind)-1), "unknown");
-    assert_string_equal(optimizer_name((optimizer_kind)4), "unknown");
+    assert_string_equal(optimizer_name((optimizer_kind)OPTIMIZER_KIND_COUNT), "unknown");
     assert_int_equal(optimizer_slot_count((optimizer_kind)9), 0);
 }
 
@@ -438,6 +534,8 @@ int main(void)
         cmocka_unit_test(test_adam),
         cmocka_unit_test(test_adam_per_element_t),
         cmocka_unit_test(test_adam_mixed_t_blocks),
+        cmocka_unit_test(test_adamw_against_naive),
+        cmocka_unit_test(test_adamw_zero_decay_is_adam),
         cmocka_unit_test(test_unaligned_grad),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_validate),

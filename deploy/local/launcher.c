@@ -4,6 +4,11 @@
  *   ps-local [--ps N] [--workers N] [--chief] [--base-port P] [--timeout S] [--grace-ms MS]
  *            [--server PATH] [--worker PATH] [--server-arg ARG]... [--] [WORKER ARGS...]
  *
+ * Its settings are rows of the project's option table (common/options_table.def, scope
+ * OPT_SCOPE_LAUNCHER: flags, PS_LOCAL_* environment variables, --config file, --help). The
+ * first argument that is not one of them (or everything after --) goes to every ps-worker,
+ * after --progress=<--worker-progress> (off: the workers share the terminal).
+ *
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
  * by binding (or taken from --base-port up). The children share a process group of their own
  * and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if it is killed.
@@ -30,6 +35,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "options.h"
 
 #define MAX_TASKS 256
 
@@ -58,37 +65,11 @@ static void say(const char *fmt, ...)
     fflush(stderr);
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: ps-local [options] [--] [ps-worker options...]\n"
-               "Runs a local cluster on loopback: N ps-server and M ps-worker processes.\n"
-               "  --ps N            parameter servers (default 1)\n"
-               "  --workers N       workers (default 2)\n"
-               "  --chief           run worker 0 as the chief task (TF_CONFIG type \"chief\")\n"
-               "  --host H          address to use (default 127.0.0.1)\n"
-               "  --base-port P     use ports P, P+1, ... instead of probing for free ones\n"
-               "  --timeout S       stop everything after S seconds, exit 124 (default: none)\n"
-               "  --grace-ms MS     time between SIGTERM and SIGKILL when stopping (default 5000)\n"
-               "  --server PATH     ps-server executable (default: beside ps-local, or in PATH)\n"
-               "  --worker PATH     ps-worker executable (default: beside ps-local, or in PATH)\n"
-               "  --server-arg ARG  extra argument for every ps-server (repeatable)\n"
-               "  --print-ports N   print N free ports of --host and exit (for scripts)\n"
-               "Arguments after the options (or after --) go to every ps-worker.\n"
-               "Exit code: 0 when every worker succeeded, else the failing process's code.\n");
-}
-
-static bool parse_int(const char *s, long min, long max, long *out)
-{
-    if (s == NULL || *s == '\0')
-        return false;
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*end != '\0' || errno != 0 || v < min || v > max)
-        return false;
-    *out = v;
-    return true;
-}
+static const char usage_line[] =
+    "[OPTIONS] [--] [ps-worker options...]\n"
+    "Runs a local cluster on loopback: N ps-server and M ps-worker processes.\n"
+    "Arguments after the options (or after --) go to every ps-worker.\n"
+    "Exit code: 0 when every worker succeeded, else the failing process's code.";
 
 static bool is_executable(const char *p)
 {
@@ -96,8 +77,8 @@ static bool is_executable(const char *p)
     return stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0;
 }
 
-/* Finds `name` beside this executable, in ../server or ../worker of it (the build tree), or
- * returns the bare name for execvp's PATH search. */
+/* Finds `name` beside this executable, or in ../../SUBDIR of it (the build tree, where
+ * ps-local is deploy/local/ps-local), or returns the bare name for execvp's PATH search. */
 static void find_program(const char *name, const char *subdir, char *out, size_t cap)
 {
     char self[PATH_MAX];
@@ -110,7 +91,7 @@ static void find_program(const char *name, const char *subdir, char *out, size_t
             int w = snprintf(out, cap, "%s/%s", self, name);
             if (w > 0 && (size_t)w < cap && is_executable(out))
                 return;
-            w = snprintf(out, cap, "%s/../%s/%s", self, subdir, name);
+            w = snprintf(out, cap, "%s/../../%s/%s", self, subdir, name);
             if (w > 0 && (size_t)w < cap && is_executable(out))
                 return;
         }
@@ -201,8 +182,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static pid_t spawn(const char *path, char *const argv[], const char *tf_config, bool worker,
-                   pid_t *pgid, pid_t launcher)
+static pid_t spawn(const char *path, char *const argv[], const char *tf_config, pid_t *pgid,
+                   pid_t launcher)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -221,9 +202,6 @@ static pid_t spawn(const char *path, char *const argv[], const char *tf_config, 
         signal(SIGHUP, SIG_DFL);
         signal(SIGCHLD, SIG_DFL);
         setenv("TF_CONFIG", tf_config, 1);
-        /* Several workers share this terminal: progress bars would overwrite each other. */
-        if (worker && getenv("PS_PROGRESS") == NULL)
-            setenv("PS_PROGRESS", "off", 1);
         execvp(path, argv);
         fprintf(stderr, "ps-local: cannot run %s: %s\n", path, strerror(errno));
         _exit(127);
@@ -317,82 +295,93 @@ static void stop_all(child *kids, int n, pid_t pgid, double grace_s, const sigse
     }
 }
 
+/* The launcher's settings, from the option table. */
+typedef struct launch_config {
+    options *opts;
+    const char **rest; /* worker arguments: argc entries */
+    int nrest;
+} launch_config;
+
+/* Loads the settings; returns -1 to go on, else the exit code (0 after --help, 2 for a bad
+ * setting, 1 without memory). */
+static int load_config(launch_config *lc, int argc, char **argv)
+{
+    char err[512];
+    if (options_create(&lc->opts, OPT_SCOPE_LAUNCHER) != 0 ||
+        (lc->rest = calloc((size_t)argc + 1, sizeof(*lc->rest))) == NULL) {
+        say("out of memory");
+        return 1;
+    }
+    int rc = options_load_ex(lc->opts, argc, argv, OPTIONS_LOAD_REST_POSITIONAL, lc->rest,
+                             &lc->nrest, err, sizeof(err));
+    if (rc == OPTIONS_HELP) {
+        options_print_help(stdout, "ps-local", usage_line, OPT_SCOPE_LAUNCHER);
+        return 0;
+    }
+    if (rc != 0) {
+        say("%s (see --help)", err);
+        return 2;
+    }
+    return -1;
+}
+
+static void free_config(launch_config *lc)
+{
+    options_destroy(lc->opts);
+    free(lc->rest);
+}
+
+/* --print-ports N: prints N free ports of host. */
+static int print_ports(const char *host, int n)
+{
+    int ports[MAX_TASKS];
+    if (probe_ports(host, n, ports) != 0) {
+        say("--print-ports: cannot find free ports");
+        return 1;
+    }
+    for (int k = 0; k < n; k++)
+        printf("%d\n", ports[k]);
+    return 0;
+}
+
+static int run(const launch_config *lc);
+
 int main(int argc, char **argv)
 {
-    long n_ps = 1, n_workers = 2, base_port = 0, timeout_s = 0, grace_ms = 5000;
-    bool chief = false;
-    const char *host = "127.0.0.1";
-    char server_path[PATH_MAX], worker_path[PATH_MAX];
-    server_path[0] = worker_path[0] = '\0';
-    const char *server_args[64];
-    int n_server_args = 0;
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true;
-        if (strcmp(a, "--") == 0) {
-            i++;
-            break;
-        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--ps") == 0) {
-            ok = parse_int(v, 1, 64, &n_ps);
-            i++;
-        } else if (strcmp(a, "--workers") == 0) {
-            ok = parse_int(v, 1, 128, &n_workers);
-            i++;
-        } else if (strcmp(a, "--print-ports") == 0) {
-            long n;
-            int ports[MAX_TASKS];
-            if (!parse_int(v, 1, MAX_TASKS, &n) || probe_ports(host, (int)n, ports) != 0) {
-                say("--print-ports: cannot find free ports");
-                return 1;
-            }
-            for (long k = 0; k < n; k++)
-                printf("%d\n", ports[k]);
-            return 0;
-        } else if (strcmp(a, "--chief") == 0) {
-            chief = true;
-        } else if (strcmp(a, "--host") == 0) {
-            ok = v != NULL;
-            host = v;
-            i++;
-        } else if (strcmp(a, "--base-port") == 0) {
-            ok = parse_int(v, 1, 65535, &base_port);
-            i++;
-        } else if (strcmp(a, "--timeout") == 0) {
-            ok = parse_int(v, 1, 86400 * 30, &timeout_s);
-            i++;
-        } else if (strcmp(a, "--grace-ms") == 0) {
-            ok = parse_int(v, 0, 3600000, &grace_ms);
-            i++;
-        } else if (strcmp(a, "--server") == 0) {
-            ok = v != NULL && strlen(v) < sizeof(server_path);
-            if (ok)
-                snprintf(server_path, sizeof(server_path), "%s", v);
-            i++;
-        } else if (strcmp(a, "--worker") == 0) {
-            ok = v != NULL && strlen(v) < sizeof(worker_path);
-            if (ok)
-                snprintf(worker_path, sizeof(worker_path), "%s", v);
-            i++;
-        } else if (strcmp(a, "--server-arg") == 0) {
-            ok = v != NULL && n_server_args < 60;
-            if (ok)
-                server_args[n_server_args++] = v;
-            i++;
-        } else {
-            break; /* the first worker argument */
-        }
-        if (!ok) {
-            say("bad value for %s: '%s' (see --help)", a, v ? v : "(missing)");
-            return 2;
-        }
+    launch_config lc = {0};
+    int rc = load_config(&lc, argc, argv);
+    if (rc < 0)
+        rc = run(&lc);
+    free_config(&lc);
+    return rc;
+}
+
+static int run(const launch_config *lc)
+{
+    const options *o = lc->opts;
+    long n_ps = (long)opt_int(o, OPT_LOCAL_PS), n_workers = (long)opt_int(o, OPT_LOCAL_WORKERS);
+    long base_port = (long)opt_int(o, OPT_LOCAL_BASE_PORT);
+    long timeout_s = (long)opt_int(o, OPT_LOCAL_TIMEOUT);
+    long grace_ms = (long)opt_int(o, OPT_LOCAL_GRACE_MS);
+    bool chief = opt_bool(o, OPT_LOCAL_CHIEF);
+    const char *host = opt_str(o, OPT_LOCAL_HOST);
+    char server_path[PATH_MAX], worker_path[PATH_MAX], progress[64];
+    const char *const *server_args = NULL;
+    int n_server_args = (int)opt_list(o, OPT_LOCAL_SERVER_ARG, &server_args);
+    if (opt_int(o, OPT_LOCAL_PRINT_PORTS) > 0)
+        return print_ports(host, (int)opt_int(o, OPT_LOCAL_PRINT_PORTS));
+    if (strlen(opt_str(o, OPT_LOCAL_SERVER)) >= sizeof(server_path) ||
+        strlen(opt_str(o, OPT_LOCAL_WORKER)) >= sizeof(worker_path)) {
+        say("--server or --worker: path longer than %d bytes", PATH_MAX - 1);
+        return 2;
     }
-    int first_worker_arg = i;
-    int n_worker_args = argc - first_worker_arg;
+    snprintf(server_path, sizeof(server_path), "%s", opt_str(o, OPT_LOCAL_SERVER));
+    snprintf(worker_path, sizeof(worker_path), "%s", opt_str(o, OPT_LOCAL_WORKER));
+    /* Several workers share this terminal: progress bars would overwrite each other, so the
+     * workers get --progress=off unless told otherwise (their own --progress comes later and
+     * wins). */
+    snprintf(progress, sizeof(progress), "--progress=%s", opt_enum(o, OPT_LOCAL_WORKER_PROGRESS));
+    int n_worker_args = lc->nrest;
     int n_tasks = (int)(n_ps + n_workers);
     if (n_worker_args > 1000) {
         say("too many worker arguments");
@@ -466,7 +455,7 @@ int main(int argc, char **argv)
     int n_kids = 0;
     pid_t pgid = 0, self = getpid();
     char tf[16384 + 128];
-    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 2), sizeof(char *));
+    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 3), sizeof(char *));
     if (cargv == NULL) {
         say("out of memory");
         return 1;
@@ -494,11 +483,13 @@ int main(int argc, char **argv)
         if (role == ROLE_PS)
             for (int j = 0; j < n_server_args; j++)
                 cargv[na++] = (char *)server_args[j];
-        else
+        else {
+            cargv[na++] = progress;
             for (int j = 0; j < n_worker_args; j++)
-                cargv[na++] = argv[first_worker_arg + j];
+                cargv[na++] = (char *)lc->rest[j];
+        }
         cargv[na] = NULL;
-        pid_t pid = spawn(path, cargv, tf, role != ROLE_PS, &pgid, self);
+        pid_t pid = spawn(path, cargv, tf, &pgid, self);
         if (pid < 0) {
             say("cannot start %s: %s", path, strerror(errno));
             exit_code = 1;
