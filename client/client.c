@@ -136,6 +136,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     c->call.deadline_ms = (uint32_t)opt_int(o, OPT_DEADLINE_MS);
     c->call.retries = (int)opt_int(o, OPT_RETRIES);
     c->call.backoff_ms = (uint32_t)opt_int(o, OPT_RETRY_BACKOFF_MS);
+    c->call.max_backoff_ms = (uint32_t)opt_int(o, OPT_RETRY_MAX_BACKOFF_MS);
     c->chunk_elems = (uint64_t)opt_int(o, OPT_CHUNK_BYTES) / sizeof(float);
     if (c->chunk_elems == 0)
         c->chunk_elems = 1;
@@ -159,8 +160,21 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         ps_client_close(c);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
+    c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
+    bool heartbeats = c->worker_id >= 0 && c->heartbeat_ms > 0;
+    if (heartbeats) {
+        c->hb_conns = calloc(cl.n_ps, sizeof(*c->hb_conns));
+        c->hb = calloc(cl.n_ps, sizeof(*c->hb));
+        if (c->hb_conns == NULL || c->hb == NULL) {
+            cluster_fini(&cl);
+            ps_config_destroy(own);
+            ps_client_close(c);
+            return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+        }
+    }
     for (size_t i = 0; i < cl.n_ps; i++) {
-        char url[300];
+        char url[300], label[32];
+        snprintf(label, sizeof(label), "ps %zu", i);
         if (cluster_url(cl.ps[i], url, sizeof(url)) != 0) {
             cluster_fini(&cl);
             ps_config_destroy(own);
@@ -172,6 +186,8 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             .connections = (int)opt_int(o, OPT_CONNECTIONS),
             .resend_ms = (uint32_t)opt_int(o, OPT_RESEND_MS),
             .max_message = c->max_message,
+            .label = label,
+            .watch = 1,
         };
         if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
             cluster_fini(&cl);
@@ -179,13 +195,29 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             ps_client_close(c);
             return client_fail(PS_UNAVAILABLE, "ps %zu: %s", i, err);
         }
+        if (heartbeats) {
+            rc.connections = 1;
+            rc.watch = 0; /* the data calls' wait is what a user needs to hear about */
+            c->hb[i].c = c;
+            c->hb[i].server = (int)i;
+            if (rpc_conn_open(&c->hb_conns[i], &rc, err, sizeof(err)) != 0) {
+                cluster_fini(&cl);
+                ps_config_destroy(own);
+                ps_client_close(c);
+                return client_fail(PS_UNAVAILABLE, "ps %zu (heartbeats): %s", i, err);
+            }
+        }
     }
     cluster_fini(&cl);
-    c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
     ps_config_destroy(own);
-    if (c->worker_id >= 0 && c->heartbeat_ms > 0) {
-        if (pthread_create(&c->heartbeat, NULL, heartbeat_main, c) == 0)
-            c->heartbeat_running = true;
+    if (heartbeats) {
+        int rv = pthread_create(&c->heartbeat, NULL, heartbeat_main, c);
+        if (rv != 0) {
+            ps_client_close(c);
+            return client_fail(PS_RESOURCE_EXHAUSTED, "cannot start the heartbeat thread: %s",
+                               strerror(rv));
+        }
+        c->heartbeat_running = true;
     }
     *out = c;
     return PS_OK;
@@ -202,7 +234,11 @@ void ps_client_close(ps_client *c)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->heartbeat, NULL);
     }
-    for (int i = 0; i < c->nservers; i++)
+    for (int i = 0; c->hb_conns && i < c->nservers; i++)
+        rpc_conn_close(c->hb_conns[i]);
+    free(c->hb_conns);
+    free(c->hb);
+    for (int i = 0; c->servers && i < c->nservers; i++)
         rpc_conn_close(c->servers[i]);
     free(c->servers);
     for (size_t i = 0; i < c->nvars; i++) {
@@ -322,8 +358,7 @@ int client_unary_opts(ps_client *c, const rpc_call_opts *opts, const int *server
         pthread_mutex_lock(&u.lock);
         u.pending++;
         pthread_mutex_unlock(&u.lock);
-        int rc =
-            rpc_conn_call(c->servers[servers[i]], &c->call, unary_build, unary_done, &parts[i]);
+        int rc = rpc_conn_call(c->servers[servers[i]], opts, unary_build, unary_done, &parts[i]);
         if (rc != 0) {
             parts[i].status = rc;
             snprintf(parts[i].message, sizeof(parts[i].message), "cannot start the call");
@@ -413,20 +448,35 @@ int ps_clock(ps_client *c, int64_t *clock_out)
     return rc;
 }
 
-/* Background heartbeats: a CLOCK carrying the current clock (the servers never lower it), with
- * a short deadline and no retries so that closing never waits long. */
+/* Background heartbeats: every heartbeat-ms a CLOCK carrying the current clock (the servers
+ * never lower it) to each server whose previous heartbeat has completed, on the heartbeat
+ * connections, with a short deadline and no retries; nothing waits for the replies. */
+static int hb_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    client_hb *h = arg;
+    envelope env;
+    client_envelope(h->c, &env, PSD__V1__METHOD__CLOCK, deadline_ms);
+    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
+    return client_build(&env, &req.base, NULL, 0, out);
+}
+
+static void hb_done(void *arg, int status, const char *message, const frame *reply)
+{
+    (void)status;
+    (void)message;
+    (void)reply;
+    client_hb *h = arg;
+    atomic_store(&h->busy, false);
+}
+
 static void *heartbeat_main(void *arg)
 {
     ps_client *c = arg;
     rpc_call_opts o = {.deadline_ms = c->heartbeat_ms > 1000 ? c->heartbeat_ms : 1000,
                        .retries = 0,
                        .backoff_ms = 1};
-    int *servers;
-    if (client_all_servers(c, &servers) != PS_OK)
-        return NULL;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
     pthread_mutex_lock(&c->lock);
-    while (!c->closing && replies) {
+    while (!c->closing) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->heartbeat_ms * 1000000u;
@@ -436,16 +486,16 @@ static void *heartbeat_main(void *arg)
         if (c->closing)
             break;
         pthread_mutex_unlock(&c->lock);
-        Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
-        memset(replies, 0, (size_t)c->nservers * sizeof(*replies));
-        (void)client_unary_opts(c, &o, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
-                                &psd__v1__clock_reply__descriptor, replies);
-        client_free_replies(replies, c->nservers);
+        for (int i = 0; i < c->nservers; i++) {
+            client_hb *h = &c->hb[i];
+            if (atomic_exchange(&h->busy, true))
+                continue; /* the last one is still waiting for this server */
+            if (rpc_conn_call(c->hb_conns[i], &o, hb_build, hb_done, h) != 0)
+                atomic_store(&h->busy, false);
+        }
         pthread_mutex_lock(&c->lock);
     }
     pthread_mutex_unlock(&c->lock);
-    free(replies);
-    free(servers);
     return NULL;
 }
 
@@ -483,6 +533,28 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
     }
     client_free_replies(&reply, 1);
     return rc;
+}
+
+int ps_cluster_workers_live(ps_client *c, int n, unsigned char *live)
+{
+    clear_error();
+    if (c == NULL || live == NULL || n < 0)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_cluster_workers_live: bad argument");
+    memset(live, 0, (size_t)n);
+    for (int s = 0; s < c->nservers; s++) {
+        Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+        ProtobufCMessage *reply = NULL;
+        int rc = client_unary(c, &s, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                              &psd__v1__server_status_reply__descriptor, &reply);
+        if (rc != PS_OK)
+            return rc;
+        const Psd__V1__ServerStatusReply *r = (const void *)reply;
+        for (size_t i = 0; i < r->n_workers; i++)
+            if (r->workers[i]->live && r->workers[i]->id >= 0 && r->workers[i]->id < n)
+                live[r->workers[i]->id] = 1;
+        client_free_replies(&reply, 1);
+    }
+    return PS_OK;
 }
 
 void client_add_staleness(ps_staleness_stats *out, const Psd__V1__StalenessStats *s)

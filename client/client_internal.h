@@ -19,6 +19,14 @@ struct ps_var {
     uint32_t owner;    /* when not split */
 };
 
+/* One server's heartbeat: at most one in flight, so a server that does not answer never
+ * holds back the heartbeats to the others. */
+typedef struct client_hb {
+    struct ps_client *c;
+    int server;
+    atomic_bool busy;
+} client_hb;
+
 struct ps_client {
     int nservers;
     rpc_conn **servers;
@@ -34,8 +42,12 @@ struct ps_client {
     pthread_mutex_t lock; /* guards vars and the heartbeat state */
     ps_var **vars;
     size_t nvars, capvars;
-    /* Heartbeats of a worker client (worker_id >= 0, heartbeat-ms > 0). */
+    /* Heartbeats of a worker client (worker_id >= 0, heartbeat-ms > 0), on connections of
+     * their own (hb_conns[i]: one socket to server i), so that data calls blocked on one
+     * server, or a large tensor in a socket's queue, never delay them. */
     uint32_t heartbeat_ms;
+    rpc_conn **hb_conns;
+    client_hb *hb;
     pthread_t heartbeat;
     bool heartbeat_running, closing;
     pthread_cond_t heartbeat_cond;

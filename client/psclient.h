@@ -300,8 +300,14 @@ typedef struct ps_server_stats {
 /* Asks server `server` (0..num_servers-1) for its counters. Blocks. */
 int ps_server_status(ps_client *c, int server, ps_server_stats *out);
 
-/* Asks every server to checkpoint its shard now. PS_UNIMPLEMENTED until durability is
- * configured on the servers. Blocks. */
+/* Which workers the servers count as live: live[i] (i < n) is set to 1 when worker i is live
+ * (heard from within the liveness timeout, not evicted) on at least one server, else 0. Asks
+ * every server. Blocks. */
+int ps_cluster_workers_live(ps_client *c, int n, unsigned char *live);
+
+/* Asks every server to checkpoint its shard now; returns once every checkpoint is durable on
+ * its server's disk. PS_FAILED_PRECONDITION when a server has no checkpoint-dir setting
+ * (checkpoints off). Blocks. */
 int ps_checkpoint(ps_client *c);
 
 /* Asks every server to shut down cleanly (admin). Blocks until each has acknowledged. */

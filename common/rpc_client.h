@@ -1,6 +1,13 @@
 /* RPC client: a pool of REQ sockets (TCP connections) to one server, with many requests in
- * flight at once, a deadline on every call and retries with exponential backoff when the server
- * answers UNAVAILABLE.
+ * flight at once, a deadline on every call and retries with exponential backoff and jitter:
+ * up to opts.retries after UNAVAILABLE replies (a server shutting down), and until the
+ * deadline when the server cannot be reached (refused, reset or closed connection, nng's
+ * "Incorrect state"): a server that restarts within a call's deadline is not seen by the
+ * caller. nng redials a lost connection on its own
+ * (NNG_OPT_RECONNMINT/MAXT) and resends a request whose connection was lost.
+ *
+ * A call without a reply for about 2 s is logged (common/log.h) with the server's label,
+ * address and the time left of its deadline, and again every 5 s while it waits.
  *
  * A request is described by a build function rather than a message, so that a retry rebuilds
  * it from the caller's buffers instead of keeping a copy of a possibly large tensor. */
@@ -19,12 +26,16 @@ typedef struct rpc_conn_config {
     int connections;    /* REQ sockets to open (each one TCP connection) */
     uint32_t resend_ms; /* nng REQ resend interval: the transport is at-least-once */
     size_t max_message; /* largest reply accepted */
+    const char *label;  /* names the server in messages, e.g. "ps 0"; NULL: the URL alone */
+    int watch;          /* non-zero: log calls waiting long for a reply (see above) */
 } rpc_conn_config;
 
 typedef struct rpc_call_opts {
     uint32_t deadline_ms; /* whole call, retries included */
-    int retries;          /* extra attempts after an UNAVAILABLE reply */
-    uint32_t backoff_ms;  /* first backoff; doubles each retry */
+    int retries; /* retries after UNAVAILABLE replies; 0: no retry at all, not even of a lost
+                    connection (which is otherwise retried until the deadline) */
+    uint32_t backoff_ms;     /* first backoff; doubles each retry, jittered */
+    uint32_t max_backoff_ms; /* cap of one backoff; 0 means 1000 */
 } rpc_call_opts;
 
 /* Builds the request for one attempt. deadline_ms is the time left, to be put in the
@@ -52,5 +63,10 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
 
 /* The URL this connection dials. */
 const char *rpc_conn_url(const rpc_conn *c);
+
+/* Backoff before retry number `attempt` (0-based): backoff_ms doubled per attempt, capped at
+ * max_ms, plus a random jitter of up to half of it (random state *rng), so that clients
+ * waiting for one server do not retry in step. */
+uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint64_t *rng);
 
 #endif

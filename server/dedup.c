@@ -151,3 +151,40 @@ uint64_t dedup_clients(dedup *d)
     pthread_mutex_unlock(&d->lock);
     return n;
 }
+
+uint64_t *dedup_export(dedup *d, uint64_t *nclients, uint32_t *words)
+{
+    pthread_mutex_lock(&d->lock);
+    size_t per = 2 + (size_t)d->words;
+    uint64_t *out = malloc((d->nclients ? (size_t)d->nclients : 1) * per * sizeof(uint64_t));
+    uint64_t k = 0;
+    if (out) {
+        for (uint32_t i = 0; i < d->nbuckets; i++) {
+            for (client_window *w = d->buckets[i]; w; w = w->next) {
+                uint64_t *e = out + k * per;
+                e[0] = w->client;
+                e[1] = w->highest;
+                memcpy(e + 2, w->bits, d->words * sizeof(uint64_t));
+                k++;
+            }
+        }
+    }
+    *words = d->words;
+    pthread_mutex_unlock(&d->lock);
+    *nclients = k;
+    return out;
+}
+
+int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words)
+{
+    pthread_mutex_lock(&d->lock);
+    client_window *w = find(d, client, true);
+    if (w != NULL) {
+        uint32_t n = words < d->words ? words : d->words;
+        memset(w->bits, 0, d->words * sizeof(uint64_t));
+        memcpy(w->bits, bits, n * sizeof(uint64_t));
+        w->highest = highest;
+    }
+    pthread_mutex_unlock(&d->lock);
+    return w ? 0 : -1;
+}

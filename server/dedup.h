@@ -32,4 +32,14 @@ void dedup_unmark(dedup *d, uint64_t client, uint64_t seq);
 /* Number of clients tracked. */
 uint64_t dedup_clients(dedup *d);
 
+/* Checkpoints. dedup_export copies every client's window, under the table's lock, into one
+ * malloc'd array of *nclients entries of (2 + *words) words each: client id, highest seq,
+ * then the bitmap (bit i of the bitmap: seq highest - i applied). Returns NULL on allocation
+ * failure (*nclients is then 0 and nothing is wrong if the table is empty: check it). */
+uint64_t *dedup_export(dedup *d, uint64_t *nclients, uint32_t *words);
+
+/* Sets one client's window from an export (bitmap of `words` words; a window of another size
+ * keeps the common part). Returns 0, or -1 when memory can't be had. */
+int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words);
+
 #endif

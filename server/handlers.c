@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "placement.h"
 #include "server.h"
 #include "status.h"
@@ -243,8 +244,12 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     size_t seglen;
     const uint8_t *grad = rpc_call_segment(call, &seglen);
     Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+    /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
+     * a push either marked and applied, or neither. */
+    store_update_begin(st->vars);
     dedup_result d = dedup_begin(st->dedup, env->client_id, env->seq);
     if (d == DEDUP_TOO_OLD) {
+        store_update_end(st->vars);
         rpc_reply_error(call, STATUS_ABORTED,
                         "push seq %llu of client %016llx is older than the dedup window: "
                         "refused, it may or may not have been applied",
@@ -263,6 +268,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
         if (dst == NULL) {
             if (d == DEDUP_NEW)
                 dedup_unmark(st->dedup, env->client_id, env->seq);
+            store_update_end(st->vars);
             return;
         }
     }
@@ -273,6 +279,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
         /* BSP: summed now, applied once every live worker is past this clock. */
         if (sync_aggregate(st, v, env->worker_id, grad, first, cnt) != 0) {
             dedup_unmark(st->dedup, env->client_id, env->seq);
+            store_update_end(st->vars);
             rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
                             "out of memory for the BSP aggregate of \"%s\"", v->name);
             return;
@@ -291,6 +298,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     if (dst)
         memcpy(dst, v->params + first, (size_t)cnt * sizeof(float));
     pthread_mutex_unlock(&v->lock);
+    store_update_end(st->vars);
     if (d == DEDUP_NEW)
         atomic_fetch_add(&st->updates_applied, 1);
     (void)seglen;
@@ -380,9 +388,14 @@ static void handle_status(rpc_call *call, void *arg)
 
 static void handle_checkpoint(rpc_call *call, void *arg)
 {
-    (void)arg;
-    rpc_reply_error(call, STATUS_UNIMPLEMENTED,
-                    "checkpoints are not available on this server version");
+    server_state *st = arg;
+    checkpointer *ck = checkpointer_of(st);
+    if (ck == NULL) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "checkpoints are off: set checkpoint-dir");
+        return;
+    }
+    checkpointer_request(ck, call); /* answered once the file is durable */
 }
 
 static void handle_shutdown(rpc_call *call, void *arg)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
 #include "program.h"
@@ -63,6 +64,56 @@ int main(int argc, char **argv)
         log_error("out of memory");
         return 1;
     }
+    /* Checkpoints: restore the newest valid one before serving, then keep writing them. */
+    checkpoint_config ck_cfg = {
+        .dir = opt_str(prog.opts, OPT_CHECKPOINT_DIR),
+        .keep = (int)opt_int(prog.opts, OPT_CHECKPOINT_KEEP),
+        .interval_s = opt_int(prog.opts, OPT_CHECKPOINT_INTERVAL_S),
+        .interval_updates = opt_int(prog.opts, OPT_CHECKPOINT_INTERVAL_UPDATES),
+        .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
+        .failpoint = opt_str(prog.opts, OPT_TEST_FAILPOINT),
+    };
+    checkpointer *ck = NULL;
+    char err[1536];
+    if (ck_cfg.dir && ck_cfg.dir[0]) {
+        checkpoint_info ri;
+        uint64_t max_seq;
+        int r = checkpoint_restore(&st, &ck_cfg, &ri, &max_seq, err, sizeof(err));
+        int fail = 0;
+        if (r == CKPT_REFUSED || r == CKPT_FAILED) {
+            log_error("%s", err);
+            fail = r == CKPT_REFUSED ? PROGRAM_EXIT_CONFIG : 1;
+        }
+        if (r == CKPT_RESTORED) {
+            sync_resume(&st);
+            log_info("restored %s: checkpoint %llu, %u variables, %llu bytes in %llu ms", ri.path,
+                     (unsigned long long)ri.seq, ri.variables, (unsigned long long)ri.bytes,
+                     (unsigned long long)ri.ms);
+        } else if (r == CKPT_NONE) {
+            log_info("no checkpoint of ps %u in %s: starting empty", st.task_index, ck_cfg.dir);
+        }
+        if (fail == 0) {
+            ck = checkpointer_create(&st, &ck_cfg, max_seq + 1, err, sizeof(err));
+            if (ck == NULL) {
+                log_error("%s", err);
+                fail = PROGRAM_EXIT_CONFIG;
+            } else if (checkpointer_start(ck, err, sizeof(err)) != 0) {
+                log_error("%s", err);
+                fail = 1;
+            }
+        }
+        if (fail != 0) {
+            checkpointer_destroy(ck);
+            store_destroy(st.vars);
+            dedup_destroy(st.dedup);
+            sync_destroy(st.sync);
+            program_end(&prog);
+            return fail;
+        }
+    } else if (ck_cfg.interval_s > 0 || ck_cfg.interval_updates > 0) {
+        log_warn("checkpoint-interval-s/-updates are set but checkpoint-dir is empty: "
+                 "checkpoints are off");
+    }
     rpc_server_config rc_cfg = {
         .url = url,
         .contexts = (int)opt_int(prog.opts, OPT_RPC_CONTEXTS),
@@ -75,9 +126,9 @@ int main(int argc, char **argv)
         .n_methods = server_methods_len,
         .handler_arg = &st,
     };
-    char err[512];
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
+        checkpointer_destroy(ck);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
         program_end(&prog);
@@ -104,7 +155,17 @@ int main(int argc, char **argv)
     }
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
+    checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     rpc_server_stop(st.rpc);
+    int exit_code = 0;
+    if (ck) {
+        checkpoint_info fi;
+        if (checkpoint_write(ck, &fi, err, sizeof(err)) != 0) {
+            log_error("final checkpoint failed: %s", err);
+            exit_code = 1;
+        }
+        checkpointer_destroy(ck);
+    }
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));
@@ -112,5 +173,5 @@ int main(int argc, char **argv)
     dedup_destroy(st.dedup);
     sync_destroy(st.sync);
     program_end(&prog);
-    return 0;
+    return exit_code;
 }

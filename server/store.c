@@ -1,6 +1,7 @@
 #include "store.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 
 struct store {
     pthread_rwlock_t lock;
+    /* Held in read mode by every update (dedup mark through apply), in write mode while a
+     * checkpoint copies the state; writers are preferred so that a snapshot is not starved. */
+    pthread_rwlock_t snap;
     variable *buckets[STORE_BUCKETS];
     size_t n;
     uint64_t bytes;
@@ -22,8 +26,14 @@ struct store {
 store *store_create(void)
 {
     store *s = calloc(1, sizeof(*s));
-    if (s)
+    if (s) {
         pthread_rwlock_init(&s->lock, NULL);
+        pthread_rwlockattr_t attr;
+        pthread_rwlockattr_init(&attr);
+        pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+        pthread_rwlock_init(&s->snap, &attr);
+        pthread_rwlockattr_destroy(&attr);
+    }
     return s;
 }
 
@@ -40,7 +50,28 @@ void store_destroy(store *s)
         }
     }
     pthread_rwlock_destroy(&s->lock);
+    pthread_rwlock_destroy(&s->snap);
     free(s);
+}
+
+void store_update_begin(store *s)
+{
+    pthread_rwlock_rdlock(&s->snap);
+}
+
+void store_update_end(store *s)
+{
+    pthread_rwlock_unlock(&s->snap);
+}
+
+void store_freeze(store *s)
+{
+    pthread_rwlock_wrlock(&s->snap);
+}
+
+void store_thaw(store *s)
+{
+    pthread_rwlock_unlock(&s->snap);
 }
 
 static Psd__V1__VariableSpec *spec_copy(const Psd__V1__VariableSpec *spec)
@@ -101,8 +132,8 @@ static int to_initializer(const Psd__V1__VariableSpec *s, initializer_params *p)
     return 0;
 }
 
-variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
-                          uint64_t count, char *err, size_t errlen)
+static variable *make_variable(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
+                               uint64_t count, bool fill, char *err, size_t errlen)
 {
     optimizer_params opt;
     initializer_params init;
@@ -141,14 +172,28 @@ variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uin
         if (v->slots[i] == NULL)
             goto oom;
     }
-    initializer_fill(&init, spec->shape, spec->n_shape, offset, v->params, (size_t)count);
-    optimizer_init_slots(&opt, v->slots, (size_t)count);
+    if (fill) {
+        initializer_fill(&init, spec->shape, spec->n_shape, offset, v->params, (size_t)count);
+        optimizer_init_slots(&opt, v->slots, (size_t)count);
+    }
     return v;
 oom:
     errf(err, errlen, "out of memory for %llu elements of variable \"%s\"",
          (unsigned long long)count, spec->name);
     variable_destroy(v);
     return NULL;
+}
+
+variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
+                          uint64_t count, char *err, size_t errlen)
+{
+    return make_variable(spec, numel, offset, count, true, err, errlen);
+}
+
+variable *variable_create_unfilled(const Psd__V1__VariableSpec *spec, uint64_t numel,
+                                   uint64_t offset, uint64_t count, char *err, size_t errlen)
+{
+    return make_variable(spec, numel, offset, count, false, err, errlen);
 }
 
 void variable_destroy(variable *v)

@@ -45,6 +45,9 @@ void store_destroy(store *s); /* frees every variable; NULL is a no-op */
  * memory can't be had or the spec is invalid for the optimizer/initializer. */
 variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
                           uint64_t count, char *err, size_t errlen);
+/* The same with parameters and slots allocated but not initialised (a restore fills them). */
+variable *variable_create_unfilled(const Psd__V1__VariableSpec *spec, uint64_t numel,
+                                   uint64_t offset, uint64_t count, char *err, size_t errlen);
 void variable_destroy(variable *v);
 
 /* Inserts v unless a variable of that name exists: then returns the existing one and leaves v
@@ -55,6 +58,15 @@ variable *store_find(store *s, const char *name);
 size_t store_list(store *s, variable ***out);
 /* Bytes of parameters and optimizer state held. */
 uint64_t store_bytes(store *s);
+
+/* Snapshot consistency. Every update holds update_begin..update_end (a shared lock) from its
+ * exactly-once mark through the change of parameters/aggregate, so that a snapshot, taken
+ * between store_freeze and store_thaw (the exclusive side), never sees a push marked as
+ * applied without its update. Not recursive: an updating thread takes it once. */
+void store_update_begin(store *s);
+void store_update_end(store *s);
+void store_freeze(store *s);
+void store_thaw(store *s);
 
 /* Compares two specs field by field (shape, the fields of common/spec_fields.h, then the
  * placement); returns NULL if equal or the name of the first field that differs, and writes

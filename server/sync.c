@@ -189,6 +189,7 @@ static void reply_pull(rpc_call *call, variable *v, uint64_t offset, uint64_t co
 static void bsp_apply(server_state *st, variable *v)
 {
     sync_state *s = st->sync;
+    store_update_begin(st->vars); /* checkpoint consistency (store.h) */
     pthread_mutex_lock(&v->lock);
     if (v->agg_count > 0) {
         if (s->mean && v->agg_count > 1) {
@@ -207,6 +208,7 @@ static void bsp_apply(server_state *st, variable *v)
         atomic_fetch_add(&st->updates_applied, 1);
     }
     pthread_mutex_unlock(&v->lock);
+    store_update_end(st->vars);
 }
 
 int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, uint64_t first,
@@ -525,4 +527,50 @@ void sync_status_free(Psd__V1__ServerStatusReply *rep)
         free(rep->workers[0]);
         free(rep->workers);
     }
+}
+
+sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    size_t k = 0;
+    for (int i = 0; i < s->max_workers; i++)
+        k += s->workers[i].known;
+    sync_worker_rec *out = k ? malloc(k * sizeof(*out)) : NULL;
+    size_t j = 0;
+    for (int i = 0; out && i < s->max_workers; i++) {
+        const worker_entry *e = &s->workers[i];
+        if (!e->known)
+            continue;
+        out[j++] = (sync_worker_rec){.id = i, .clock = e->clock, .known = true, .live = e->live};
+    }
+    *applied_min = s->applied_min;
+    pthread_mutex_unlock(&s->lock);
+    *n = out ? j : 0;
+    return out;
+}
+
+void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    uint64_t now = time_now_ns();
+    for (int i = 0; i < s->max_workers; i++)
+        s->workers[i] = (worker_entry){0};
+    for (size_t i = 0; i < n; i++) {
+        if (w[i].id < 0 || w[i].id >= s->max_workers)
+            continue;
+        worker_entry *e = &s->workers[w[i].id];
+        e->clock = w[i].clock;
+        e->known = w[i].known;
+        e->live = w[i].live;
+        e->last_ns = now;
+    }
+    s->applied_min = applied_min;
+    pthread_mutex_unlock(&s->lock);
+}
+
+void sync_resume(server_state *st)
+{
+    advance(st);
 }

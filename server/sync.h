@@ -71,4 +71,21 @@ void sync_status_free(Psd__V1__ServerStatusReply *rep);
 /* Copies a variable's observed staleness into a StalenessStats (hist: STALENESS_BUCKETS). */
 void sync_variable_stats(const variable *v, Psd__V1__StalenessStats *out, uint64_t *hist);
 
+/* Checkpoints: one worker's entry of the clock table. */
+typedef struct sync_worker_rec {
+    int32_t id;
+    int64_t clock;
+    bool known, live;
+} sync_worker_rec;
+
+/* Copies the known workers' entries (malloc'd array, *n of them) and the clock up to which BSP
+ * updates are applied. Returns NULL with *n 0 on allocation failure or when none is known. */
+sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min);
+
+/* Replaces the clock table with a checkpoint's (ids beyond the table are ignored; workers not
+ * in it become unknown). A restored live worker counts as heard now. Call before serving;
+ * then sync_resume applies what the restored clocks allow. */
+void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min);
+void sync_resume(server_state *st);
+
 #endif

@@ -258,28 +258,62 @@ static int evaluate(trainer *t, const dataset *test, double *loss, double *acc)
     return 0;
 }
 
-/* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. */
+/* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. A worker
+ * the servers evicted (dead, or silent for --worker-timeout-ms) is not waited for: the
+ * servers' liveness is asked every LIVE_POLL_MS while some worker has not finished. */
+#define LIVE_POLL_MS 500
 static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_result *res)
 {
     const train_config *cfg = t->cfg;
     int n = cfg->shard_count;
     uint64_t deadline = time_now_ns() + (uint64_t)cfg->done_wait_ms * 1000000u;
     float *done = calloc((size_t)n, sizeof(float));
-    if (done == NULL) {
+    unsigned char *live = malloc((size_t)n);
+    unsigned char *told = calloc((size_t)n, 1);
+    if (done == NULL || live == NULL || told == NULL) {
         log_error("out of memory");
+        free(done);
+        free(live);
+        free(told);
         return TRAIN_EXIT_FAILED;
     }
+    memset(live, 1, (size_t)n);
     bool logged = false;
+    uint64_t next_poll = 0;
+    int exit_code = TRAIN_EXIT_OK;
     for (;;) {
         if (read_done(t, done) != PS_OK) {
-            free(done);
-            return TRAIN_EXIT_FAILED;
+            exit_code = TRAIN_EXIT_FAILED;
+            break;
         }
-        int finished = 0;
+        int finished = 0, waiting = 0;
         for (int i = 0; i < n; i++)
             finished += done[i] >= done[cfg->shard_index];
-        if (finished == n)
+        if (finished < n && time_now_ns() >= next_poll) {
+            next_poll = time_now_ns() + LIVE_POLL_MS * 1000000ull;
+            int rc = ps_cluster_workers_live(t->client, n, live);
+            if (rc != PS_OK) {
+                log_warn("cannot ask the servers which workers are live: %s: %s", ps_strerror(rc),
+                         ps_last_error());
+                memset(live, 1, (size_t)n);
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            if (done[i] >= done[cfg->shard_index])
+                continue;
+            if (live[i]) {
+                waiting++;
+            } else if (!told[i]) {
+                told[i] = 1;
+                log_warn("worker %d died or was evicted before finishing: not waiting for it", i);
+            }
+        }
+        if (waiting == 0) {
+            if (finished < n)
+                log_warn("%d of %d workers finished; evaluating without the %d that died", finished,
+                         n, n - finished);
             break;
+        }
         if (time_now_ns() >= deadline) {
             log_warn("%d of %d workers finished after %.1f s (--done-wait-ms): evaluating the "
                      "model as it is",
@@ -287,14 +321,20 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
             break;
         }
         if (train_stop_signal) {
-            free(done);
-            return TRAIN_EXIT_FAILED;
+            exit_code = TRAIN_EXIT_FAILED;
+            break;
         }
         if (!logged) {
             log_info("waiting for the other workers to finish (%d of %d done)", finished, n);
             logged = true;
         }
         sleep_ms(50);
+    }
+    free(live);
+    free(told);
+    if (exit_code != TRAIN_EXIT_OK) {
+        free(done);
+        return exit_code;
     }
     free(done);
     int rc = pull_all(t);
@@ -557,6 +597,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             fflush(stdout);
         }
     } else {
+        /* Nobody else evaluates: say so if the evaluator is gone. */
+        unsigned char *live = malloc((size_t)cfg->shard_count);
+        if (live && ps_cluster_workers_live(client, cfg->shard_count, live) == PS_OK && !live[0])
+            log_warn("worker 0, which evaluates the model, is not live (died or evicted): no "
+                     "test accuracy will be reported unless it is restarted");
+        free(live);
         exit_code = TRAIN_EXIT_OK;
     }
 out:

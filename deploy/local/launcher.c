@@ -16,8 +16,11 @@
  * Lifecycle: when every worker has exited 0 the servers are stopped (SIGTERM) and ps-local
  * exits 0. When any child fails (non-zero exit, signal, or a server exiting early), or on
  * SIGINT/SIGTERM/SIGHUP, or after --timeout, everything is stopped: SIGTERM, then SIGKILL to
- * the group after --grace-ms. Exit code: 0 success; the failed child's exit code (128+N if it
- * died of signal N); 128+N when ps-local itself got signal N; 124 on timeout; 2 for bad usage.
+ * the group after --grace-ms. With --restart on-failure a failed child (not one that exited 2,
+ * a configuration error) is started again with the same task, up to --max-restarts times
+ * each; each restart is logged with the exit status or signal. Exit code: 0 success; the
+ * failed child's exit code (128+N if it died of signal N); 128+N when ps-local itself got
+ * signal N; 124 on timeout; 2 for bad usage.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -48,6 +51,7 @@ typedef struct child {
     pid_t pid;
     bool running;
     int status; /* wait status once exited */
+    int restarts;
 } child;
 
 static const char *role_names[] = {"ps", "chief", "worker"};
@@ -346,6 +350,48 @@ static int print_ports(const char *host, int n)
 
 static int run(const launch_config *lc);
 
+/* What starting (or restarting) one task needs. */
+typedef struct task_args {
+    const char *cluster, *server_path, *worker_path;
+    char *progress;
+    const char *const *server_args;
+    int n_server_args;
+    const char **worker_args;
+    int n_worker_args;
+    char **cargv; /* room for every argument */
+    char *tf;
+    size_t tf_cap;
+} task_args;
+
+/* Starts the task of kid (role, index) with its TF_CONFIG and arguments. Returns 0, or -1
+ * (said why). */
+static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
+{
+    snprintf(ta->tf, ta->tf_cap, "{\"cluster\":%s,\"task\":{\"type\":\"%s\",\"index\":%d}}",
+             ta->cluster, role_names[kid->role], kid->index);
+    int na = 0;
+    const char *path = kid->role == ROLE_PS ? ta->server_path : ta->worker_path;
+    ta->cargv[na++] = (char *)path;
+    if (kid->role == ROLE_PS) {
+        for (int j = 0; j < ta->n_server_args; j++)
+            ta->cargv[na++] = (char *)ta->server_args[j];
+    } else {
+        ta->cargv[na++] = ta->progress;
+        for (int j = 0; j < ta->n_worker_args; j++)
+            ta->cargv[na++] = (char *)ta->worker_args[j];
+    }
+    ta->cargv[na] = NULL;
+    pid_t pid = spawn(path, ta->cargv, ta->tf, pgid, self);
+    if (pid < 0) {
+        say("cannot start %s: %s", path, strerror(errno));
+        return -1;
+    }
+    kid->pid = pid;
+    kid->running = true;
+    say("started %s %d (pid %d)", role_names[kid->role], kid->index, (int)pid);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     launch_config lc = {0};
@@ -462,6 +508,17 @@ static int run(const launch_config *lc)
     }
     int exit_code = 0;
     bool failed = false;
+    task_args ta = {.cluster = cluster,
+                    .server_path = server_path,
+                    .worker_path = worker_path,
+                    .progress = progress,
+                    .server_args = server_args,
+                    .n_server_args = n_server_args,
+                    .worker_args = lc->rest,
+                    .n_worker_args = n_worker_args,
+                    .cargv = cargv,
+                    .tf = tf,
+                    .tf_cap = sizeof(tf)};
     for (int k = 0; k < n_tasks && !failed; k++) {
         role_kind role;
         int index;
@@ -475,33 +532,18 @@ static int run(const launch_config *lc)
             role = ROLE_WORKER;
             index = k - (int)n_ps - n_chief;
         }
-        snprintf(tf, sizeof(tf), "{\"cluster\":%s,\"task\":{\"type\":\"%s\",\"index\":%d}}",
-                 cluster, role_names[role], index);
-        int na = 0;
-        const char *path = role == ROLE_PS ? server_path : worker_path;
-        cargv[na++] = (char *)path;
-        if (role == ROLE_PS)
-            for (int j = 0; j < n_server_args; j++)
-                cargv[na++] = (char *)server_args[j];
-        else {
-            cargv[na++] = progress;
-            for (int j = 0; j < n_worker_args; j++)
-                cargv[na++] = (char *)lc->rest[j];
-        }
-        cargv[na] = NULL;
-        pid_t pid = spawn(path, cargv, tf, &pgid, self);
-        if (pid < 0) {
-            say("cannot start %s: %s", path, strerror(errno));
+        kids[n_kids] = (child){.role = role, .index = index};
+        if (start_task(&ta, &kids[n_kids], &pgid, self) != 0) {
             exit_code = 1;
             failed = true;
             break;
         }
-        kids[n_kids++] = (child){.role = role, .index = index, .pid = pid, .running = true};
-        say("started %s %d (pid %d)", role_names[role], index, (int)pid);
+        n_kids++;
     }
-    free(cargv);
 
     double start = now_s();
+    const bool restart = strcmp(opt_enum(o, OPT_LOCAL_RESTART), "on-failure") == 0;
+    const int max_restarts = (int)opt_int(o, OPT_LOCAL_MAX_RESTARTS);
     while (!failed) {
         reap(kids, n_kids);
         /* Any failure, or a server ending before the workers, stops the cluster. */
@@ -516,7 +558,27 @@ static int run(const launch_config *lc)
             if (!ok_exit || c->role == ROLE_PS) {
                 char what[256];
                 describe(c, what, sizeof(what));
+                /* Exit code 2 is a configuration error: running it again cannot help. */
+                bool config = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2;
+                if (restart && !config && !got_signal && c->restarts < max_restarts) {
+                    child *r = &kids[k];
+                    r->restarts++;
+                    say("%s; restarting it (restart %d of %d)", what, r->restarts, max_restarts);
+                    if (start_task(&ta, r, &pgid, self) == 0) {
+                        if (r->role != ROLE_PS)
+                            workers_left++;
+                        continue;
+                    }
+                    exit_code = 1;
+                    failed = true;
+                    continue;
+                }
+                if (restart && !config && c->restarts >= max_restarts)
+                    say("%s; it was restarted %d time(s) already (--max-restarts)", what,
+                        c->restarts);
                 say("%s; stopping the cluster", what);
+                if (c->role != ROLE_PS && c->index == 0)
+                    say("worker 0, the evaluator, died: no evaluation of the model was made");
                 exit_code = ok_exit ? 1 : exit_code_of(c->status);
                 failed = true;
             }
@@ -562,6 +624,7 @@ static int run(const launch_config *lc)
             }
         }
     }
+    free(cargv);
     say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed", exit_code);
     return exit_code;
 }

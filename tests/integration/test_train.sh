@@ -9,6 +9,11 @@
 #   test_train.sh launcher PS_SERVER PS_WORKER PS_LOCAL
 #       ps-local: a short successful run (exit 0), a failing worker stops everything (its exit
 #       code), and SIGINT stops everything (130); no process survives any of them.
+#   test_train.sh failures PS_SERVER PS_WORKER PS_LOCAL
+#       Workers that die: SIGKILL of worker 1 under ASP, and under BSP with a restarted worker 1
+#       that rejoins; worker 0 finishes and reports a test accuracy soon after the eviction
+#       (--worker-timeout-ms 2000), not after --done-wait-ms. ps-local reports a killed worker
+#       0, and with --restart on-failure restarts a killed worker and the run completes.
 #
 # Exit 77 (skipped) when Fashion-MNIST is not installed. Everything started here is killed on
 # exit.
@@ -214,8 +219,120 @@ run_launcher() {
     echo "PASS"
 }
 
+# ---------------------------------------------------------------------------------------------
+wait_log() { # file pattern seconds
+    for _ in $(seq $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# kill_worker_run NAME STALENESS RESTART(0|1): 1 ps, 2 workers; worker 1 is SIGKILLed mid-run
+# (and started again when RESTART is 1); worker 0 must finish with an accuracy.
+kill_worker_run() {
+    local name=$1 staleness=$2 restart=$3
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 3)
+    [ "${#ports[@]}" -eq 3 ] || fail "no free ports"
+    cluster="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
+    tf() { echo "{\"cluster\":$cluster,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
+    TF_CONFIG=$(tf ps 0) "$PS_SERVER" --log-format json --worker-timeout-ms 2000 \
+        >"$tmp/$name-ps.log" 2>&1 &
+    local server=$!
+    pids+=("$server")
+    local common=(--layers "784,32,10" --batch-size 64 --log-every 20 --log-format json
+        --data-dir "$DATA_DIR" --model-name "$name" --staleness "$staleness"
+        --heartbeat-ms 200 --slow-worker 0 --slow-delay-ms 10)
+    TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --steps 400 \
+        >"$tmp/$name-w0.out" 2>"$tmp/$name-w0.log" &
+    local w0=$!
+    pids+=("$w0")
+    TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --steps 100000 \
+        >"$tmp/$name-w1.out" 2>"$tmp/$name-w1.log" &
+    local w1=$!
+    pids+=("$w1")
+    wait_log "$tmp/$name-w1.log" '"step"' 20 || fail "$name: worker 1 never logged a step"
+    kill -KILL "$w1"
+    wait "$w1" 2>/dev/null
+    local killed
+    killed=$(date +%s.%N)
+    local w1b=""
+    if [ "$restart" = 1 ]; then
+        wait_log "$tmp/$name-ps.log" "evicted" 10 || fail "$name: worker 1 was not evicted"
+        TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --steps 60 \
+            >"$tmp/$name-w1b.out" 2>"$tmp/$name-w1b.log" &
+        w1b=$!
+        pids+=("$w1b")
+    fi
+    wait_for "$w0" 40
+    local rc0=$?
+    local end
+    end=$(date +%s.%N)
+    if [ -n "$w1b" ]; then
+        wait_for "$w1b" 20
+        rc=$?
+        [ "$rc" -eq 0 ] || fail "$name: restarted worker 1 exited $rc"
+        grep -q "re-registered" "$tmp/$name-ps.log" || fail "$name: worker 1 did not re-register"
+    fi
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc0" -eq 0 ] || fail "$name: worker 0 exited $rc0"
+    [ -n "$(accuracy_of "$tmp/$name-w0.out")" ] || fail "$name: worker 0 printed no accuracy"
+    grep -q "evicted" "$tmp/$name-ps.log" || fail "$name: the server did not evict worker 1"
+    if [ "$restart" = 0 ]; then
+        grep -q "died or was evicted before finishing" "$tmp/$name-w0.log" ||
+            fail "$name: worker 0 did not say it stopped waiting for worker 1"
+    fi
+    local dt
+    dt=$(awk -v a="$killed" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+    echo "$name: worker 0 reported test_accuracy=$(accuracy_of "$tmp/$name-w0.out") $dt s after worker 1 was killed"
+    awk -v d="$dt" 'BEGIN { exit !(d < 30) }' || fail "$name: worker 0 took $dt s"
+}
+
+run_failures() {
+    kill_worker_run asp_kill -1 0
+    kill_worker_run bsp_rejoin 0 1
+
+    local small=(--layers "784,32,10" --batch-size 64 --log-format json --data-dir "$DATA_DIR"
+        --heartbeat-ms 200 --slow-delay-ms 10)
+    # Worker 0 (the evaluator) killed: ps-local says so and fails with the signal's code.
+    "$PS_LOCAL" --workers 2 --timeout 40 -- "${small[@]}" --slow-worker 0 --steps 100000 --model-name lf_w0 \
+        >"$tmp/w0kill.out" 2>"$tmp/w0kill.log" &
+    local l=$!
+    pids+=("$l")
+    wait_log "$tmp/w0kill.log" "started worker 1" 10 || fail "ps-local started no workers"
+    local w0pid
+    w0pid=$(sed -n 's/.*started worker 0 (pid \([0-9]*\)).*/\1/p' "$tmp/w0kill.log")
+    sleep 2
+    kill -KILL "$w0pid"
+    wait_for "$l" 20
+    rc=$?
+    [ "$rc" -eq 137 ] || fail "ps-local with worker 0 killed exited $rc, expected 137"
+    grep -q "worker 0, the evaluator, died" "$tmp/w0kill.log" || fail "ps-local did not report worker 0"
+
+    # --restart on-failure: a killed worker is restarted and the run completes.
+    "$PS_LOCAL" --workers 2 --timeout 40 --restart on-failure --server-arg=--worker-timeout-ms=2000 \
+        -- "${small[@]}" --slow-worker 1 --steps 300 --model-name lf_restart \
+        >"$tmp/restart.out" 2>"$tmp/restart.log" &
+    l=$!
+    pids+=("$l")
+    wait_log "$tmp/restart.log" "started worker 1" 10 || fail "ps-local started no workers"
+    local w1pid
+    w1pid=$(sed -n 's/.*started worker 1 (pid \([0-9]*\)).*/\1/p' "$tmp/restart.log" | head -n 1)
+    sleep 1.5
+    kill -KILL "$w1pid"
+    wait_for "$l" 40
+    rc=$?
+    [ "$rc" -eq 0 ] || fail "ps-local --restart on-failure exited $rc, expected 0"
+    grep -q "killed by signal 9.*restarting it (restart 1 of 3)" "$tmp/restart.log" ||
+        fail "ps-local did not log the restart"
+    [ -n "$(accuracy_of "$tmp/restart.out")" ] || fail "restarted run printed no accuracy"
+    echo "PASS"
+}
+
 case "$mode" in
 train) run_train ;;
+failures) run_failures ;;
 launcher) run_launcher ;;
 *)
     echo "unknown mode $mode" >&2

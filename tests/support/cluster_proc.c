@@ -1,6 +1,7 @@
 #include "cluster_proc.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -131,4 +132,118 @@ int test_cluster_stop(test_cluster *tc)
         tc->pids[i] = 0;
     }
     return bad ? -1 : 0;
+}
+
+int test_cluster_respawn(test_cluster *tc, const char *server_bin, int i, const char *const *extra)
+{
+    if (i < 0 || i >= tc->n)
+        return -1;
+    if (tc->pids[i] > 0) {
+        int st;
+        waitpid(tc->pids[i], &st, 0);
+        tc->pids[i] = 0;
+    }
+    char tf[1200];
+    test_cluster_tf_config(tc, "ps", i, tf, sizeof(tf));
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        setenv("TF_CONFIG", tf, 1);
+        const char *argv[32] = {server_bin, "--log-level", "warn"};
+        int k = 3;
+        for (int j = 0; extra && extra[j] && k < 31; j++)
+            argv[k++] = extra[j];
+        argv[k] = NULL;
+        execv(server_bin, (char *const *)argv);
+        perror("execv ps-server");
+        _exit(127);
+    }
+    tc->pids[i] = pid;
+    for (int waited = 0; !port_open(tc->ports[i]); waited++) {
+        if (waited > 1000) {
+            fprintf(stderr, "restarted ps %d did not listen on %d\n", i, tc->ports[i]);
+            return -1;
+        }
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+pid_t test_server_spawn(const char *server_bin, const char *spec, int index,
+                        const char *const *extra, const char *log_path)
+{
+    char tf[1200];
+    snprintf(tf, sizeof(tf), "{\"cluster\":%s,\"task\":{\"type\":\"ps\",\"index\":%d}}", spec,
+             index);
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setenv("TF_CONFIG", tf, 1);
+    if (log_path) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+    }
+    const char *argv[32] = {server_bin, "--log-level", "info"};
+    int k = 3;
+    for (int j = 0; extra && extra[j] && k < 31; j++)
+        argv[k++] = extra[j];
+    argv[k] = NULL;
+    execv(server_bin, (char *const *)argv);
+    perror("execv ps-server");
+    _exit(127);
+}
+
+int test_wait_port(int port, int ms)
+{
+    for (int waited = 0; !port_open(port); waited += 10) {
+        if (waited >= ms)
+            return -1;
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+int test_wait_exit(pid_t pid, int ms)
+{
+    for (int waited = 0;; waited += 10) {
+        int st = 0;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0)
+            return -1;
+        if (waited >= ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+bool test_file_contains(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return false;
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    bool found = false;
+    if (buf) {
+        n = fread(buf, 1, cap, f);
+        buf[n] = '\0';
+        found = strstr(buf, text) != NULL;
+        free(buf);
+    }
+    fclose(f);
+    return found;
 }

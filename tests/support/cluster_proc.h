@@ -38,4 +38,24 @@ int test_cluster_stop(test_cluster *tc);
 void test_cluster_tf_config(const test_cluster *tc, const char *type, int index, char *buf,
                             size_t cap);
 
+/* Starts server i again on its port after it died (it is reaped first if it was killed), with
+ * the flags `extra` (may be NULL), and waits until it listens (at most 10 s). Returns 0 or -1. */
+int test_cluster_respawn(test_cluster *tc, const char *server_bin, int i, const char *const *extra);
+
+/* One ps-server for restart tests: task `index` of the cluster spec `spec` ({"ps":[...]}),
+ * log level info, stderr appended to log_path (NULL: inherited), extra flags (may be NULL).
+ * Does not wait; returns the pid or -1. The child dies with the test process. */
+pid_t test_server_spawn(const char *server_bin, const char *spec, int index,
+                        const char *const *extra, const char *log_path);
+
+/* Waits until something listens on the loopback port (at most ms). Returns 0 or -1. */
+int test_wait_port(int port, int ms);
+
+/* Waits for pid to exit (at most ms, then SIGKILLs it). Returns its exit status, 128 + the
+ * signal if a signal ended it, or -1 if it had to be killed. */
+int test_wait_exit(pid_t pid, int ms);
+
+/* Whether the file at path contains text. */
+bool test_file_contains(const char *path, const char *text);
+
 #endif

@@ -1,0 +1,1250 @@
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "log.h"
+#include "status.h"
+#include "timeutil.h"
+#include "util.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "the checkpoint format is written in host order: little-endian hosts only");
+
+#define AGG_WORDS ((SERVER_MAX_WORKERS + 63) / 64)
+#define META_MAX (1u << 20) /* a variable record's meta part (spec included) */
+#define WBUF_SIZE (1u << 20)
+#define IO_CHUNK ((size_t)64 << 20)
+/* Large arrays are checksummed and written in pieces of this size (cache-sized). */
+#define PUT_PIECE ((size_t)1 << 20)
+/* Write-back of the file is started every this many bytes (sync_file_range). */
+#define WRITE_BEHIND ((uint64_t)32 << 20)
+
+/* ---- snapshot: a copy of the state taken while updates are held off ---- */
+
+typedef struct snap_var {
+    variable *src; /* identity only: not dereferenced after the copy */
+    uint8_t *spec;
+    size_t spec_len;
+    uint64_t numel, offset, count, version;
+    int32_t staleness;
+    uint32_t nslots, has_agg;
+    int32_t agg_count;
+    float *data;     /* params, slots, then the aggregate if has_agg */
+    size_t data_cap; /* floats allocated */
+    uint64_t agg_workers[AGG_WORDS];
+} snap_var;
+
+typedef struct snapshot {
+    snap_var *vars;
+    size_t nvars, cap;
+    uint64_t *dedup;
+    uint64_t dedup_clients;
+    uint32_t dedup_words;
+    sync_worker_rec *workers;
+    size_t nworkers;
+    int64_t applied_min;
+} snapshot;
+
+struct checkpointer {
+    server_state *st;
+    char *dir;
+    int keep;
+    int64_t interval_s, interval_updates;
+    uint64_t cluster_hash;
+    bool crash_mid_write;
+    uint64_t next_seq;
+    pthread_mutex_t write_lock; /* one checkpoint at a time */
+    pthread_mutex_t lock;       /* the fields below */
+    pthread_cond_t cond;
+    rpc_call **queue;
+    size_t nqueue, qcap;
+    bool stop, running;
+    pthread_t thread;
+    uint64_t last_updates, last_ns;
+    size_t last_nvars;
+};
+
+static _Atomic(checkpointer *) active_ck;
+static const server_state *_Atomic active_st;
+
+uint64_t checkpoint_cluster_hash(char *const *ps, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        if (i) {
+            h ^= (uint8_t)',';
+            h *= 0x100000001b3ull;
+        }
+        for (const char *p = ps[i]; *p; p++) {
+            h ^= (uint8_t)*p;
+            h *= 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
+static void snapshot_free(snapshot *s)
+{
+    for (size_t i = 0; i < s->nvars; i++) {
+        free(s->vars[i].spec);
+        free(s->vars[i].data);
+    }
+    free(s->vars);
+    free(s->dedup);
+    free(s->workers);
+    memset(s, 0, sizeof(*s));
+}
+
+static size_t var_floats(const variable *v, bool agg)
+{
+    return (size_t)v->count * (1 + v->nslots + (agg ? 1 : 0));
+}
+
+/* Allocates (and touches, so that the copy under the lock does not fault) room for v. */
+static int snap_reserve(snap_var *sv, const variable *v)
+{
+    size_t need = var_floats(v, v->staleness == 0 || v->agg != NULL);
+    if (need == 0)
+        need = 1;
+    if (sv->data_cap >= need)
+        return 0;
+    free(sv->data);
+    sv->data = malloc(need * sizeof(float));
+    if (sv->data == NULL) {
+        sv->data_cap = 0;
+        return -1;
+    }
+    memset(sv->data, 0, need * sizeof(float));
+    sv->data_cap = need;
+    return 0;
+}
+
+/* Copies v into sv; called with the store frozen. Returns -1 if memory can't be had. */
+static int snap_copy(snap_var *sv, variable *v)
+{
+    pthread_mutex_lock(&v->lock);
+    uint32_t has_agg = v->agg != NULL;
+    size_t need = var_floats(v, has_agg);
+    if (sv->data_cap < need || sv->data == NULL) {
+        free(sv->data);
+        sv->data = malloc((need ? need : 1) * sizeof(float));
+        sv->data_cap = sv->data ? need : 0;
+    }
+    if (sv->data == NULL) {
+        pthread_mutex_unlock(&v->lock);
+        return -1;
+    }
+    size_t n = (size_t)v->count;
+    memcpy(sv->data, v->params, n * sizeof(float));
+    for (size_t i = 0; i < v->nslots; i++)
+        memcpy(sv->data + (1 + i) * n, v->slots[i], n * sizeof(float));
+    if (has_agg) {
+        memcpy(sv->data + (1 + v->nslots) * n, v->agg, n * sizeof(float));
+        memcpy(sv->agg_workers, v->agg_workers, sizeof(sv->agg_workers));
+    }
+    sv->src = v;
+    sv->numel = v->numel;
+    sv->offset = v->offset;
+    sv->count = v->count;
+    sv->version = atomic_load(&v->version);
+    sv->staleness = v->staleness;
+    sv->nslots = (uint32_t)v->nslots;
+    sv->has_agg = has_agg;
+    sv->agg_count = v->agg_count;
+    pthread_mutex_unlock(&v->lock);
+    return 0;
+}
+
+/* Takes the snapshot: buffers are made beforehand, the copy runs with updates held off.
+ * *pause_ns: how long they were. */
+static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char *err,
+                         size_t errlen)
+{
+    memset(s, 0, sizeof(*s));
+    variable **pre;
+    size_t npre = store_list(st->vars, &pre);
+    if (pre == NULL)
+        return errf(err, errlen, "out of memory listing variables");
+    s->cap = npre + 16;
+    s->vars = calloc(s->cap, sizeof(*s->vars));
+    if (s->vars == NULL) {
+        free(pre);
+        return errf(err, errlen, "out of memory for the snapshot's table");
+    }
+    for (size_t i = 0; i < npre; i++) {
+        snap_var *sv = &s->vars[i];
+        sv->src = pre[i];
+        size_t n = psd__v1__variable_spec__get_packed_size(pre[i]->spec);
+        sv->spec = malloc(n ? n : 1);
+        if (sv->spec == NULL || snap_reserve(sv, pre[i]) != 0) {
+            errf(err, errlen, "out of memory copying variable \"%s\" (%" PRIu64 " elements)",
+                 pre[i]->name, pre[i]->count);
+            s->nvars = i + 1;
+            free(pre);
+            snapshot_free(s);
+            return -1;
+        }
+        sv->spec_len = psd__v1__variable_spec__pack(pre[i]->spec, sv->spec);
+    }
+    s->nvars = npre;
+    free(pre);
+
+    uint64_t t0 = time_now_ns();
+    store_freeze(st->vars);
+    variable **now;
+    size_t nnow = store_list(st->vars, &now);
+    int rc = now ? 0 : errf(err, errlen, "out of memory listing variables");
+    for (size_t i = 0; rc == 0 && i < nnow; i++) {
+        snap_var *sv = NULL;
+        for (size_t j = 0; j < s->nvars; j++) {
+            size_t k = (i + j) % s->nvars;
+            if (s->vars[k].src == now[i]) {
+                sv = &s->vars[k];
+                break;
+            }
+        }
+        if (sv == NULL) { /* created since the list above */
+            if (s->nvars == s->cap) {
+                snap_var *nv = realloc(s->vars, 2 * s->cap * sizeof(*nv));
+                if (nv == NULL) {
+                    rc = errf(err, errlen, "out of memory for the snapshot's table");
+                    break;
+                }
+                memset(nv + s->cap, 0, s->cap * sizeof(*nv));
+                s->vars = nv;
+                s->cap *= 2;
+            }
+            sv = &s->vars[s->nvars++];
+            size_t n = psd__v1__variable_spec__get_packed_size(now[i]->spec);
+            sv->spec = malloc(n ? n : 1);
+            if (sv->spec == NULL) {
+                rc = errf(err, errlen, "out of memory copying a spec");
+                break;
+            }
+            sv->spec_len = psd__v1__variable_spec__pack(now[i]->spec, sv->spec);
+        }
+        if (snap_copy(sv, now[i]) != 0)
+            rc = errf(err, errlen, "out of memory copying variable \"%s\"", now[i]->name);
+    }
+    if (rc == 0) {
+        s->dedup = dedup_export(st->dedup, &s->dedup_clients, &s->dedup_words);
+        if (s->dedup == NULL)
+            rc = errf(err, errlen, "out of memory copying the dedup table");
+    }
+    if (rc == 0) {
+        s->workers = sync_export(st, &s->nworkers, &s->applied_min);
+    }
+    store_thaw(st->vars);
+    *pause_ns = time_now_ns() - t0;
+    free(now);
+    if (rc != 0) {
+        snapshot_free(s);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- writing ---- */
+
+typedef struct writer {
+    int fd;
+    const char *path;
+    uint8_t *buf;
+    size_t used;
+    uint64_t written;  /* bytes handed to write() */
+    uint64_t started;  /* bytes whose write-back has been started (sync_file_range) */
+    uint64_t crash_at; /* failpoint: _exit(1) once this many are written (0: never) */
+    uLong crc;
+    char *err;
+    size_t errlen;
+    int failed;
+} writer;
+
+static int w_raw(writer *w, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        size_t k = n < IO_CHUNK ? n : IO_CHUNK;
+        if (w->crash_at && w->crash_at - w->written < k)
+            k = (size_t)(w->crash_at - w->written); /* stop at the failpoint's byte */
+        ssize_t r = write(w->fd, b, k);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            w->failed = 1;
+            return errf(w->err, w->errlen, "writing %s: %s", w->path, strerror(errno));
+        }
+        b += r;
+        n -= (size_t)r;
+        w->written += (uint64_t)r;
+        if (w->written - w->started >= WRITE_BEHIND) {
+            /* Start the disk on what is written so far, so that it works while the rest is
+             * checksummed and copied and the final fsync has little left to wait for. */
+            (void)sync_file_range(w->fd, (off_t)w->started, (off_t)(w->written - w->started),
+                                  SYNC_FILE_RANGE_WRITE);
+            w->started = w->written;
+        }
+        if (w->crash_at && w->written >= w->crash_at) {
+            /* Failpoint checkpoint-crash-mid-write (tests only, see test-failpoint): die as a
+             * crash would, with the temporary file half written. */
+            log_error("failpoint checkpoint-crash-mid-write: exiting after %" PRIu64 " bytes of %s",
+                      w->written, w->path);
+            _exit(1);
+        }
+    }
+    return 0;
+}
+
+static int w_flush(writer *w)
+{
+    if (w->failed)
+        return -1;
+    int rc = w->used ? w_raw(w, w->buf, w->used) : 0;
+    w->used = 0;
+    return rc;
+}
+
+/* Appends bytes (CRC'd) to the file. */
+static int w_put(writer *w, const void *p, size_t n)
+{
+    if (w->failed)
+        return -1;
+    const uint8_t *b = p;
+    if (n >= WBUF_SIZE / 2) {
+        /* Large arrays: checksum and write piece by piece, so each piece is still in the cache
+         * when it is written. */
+        if (w_flush(w) != 0)
+            return -1;
+        for (size_t left = n; left > 0;) {
+            size_t k = left < PUT_PIECE ? left : PUT_PIECE;
+            w->crc = crc32(w->crc, b, (uInt)k);
+            if (w_raw(w, b, k) != 0)
+                return -1;
+            b += k;
+            left -= k;
+        }
+        return 0;
+    }
+    w->crc = crc32(w->crc, b, (uInt)n);
+    if (w->used + n > WBUF_SIZE && w_flush(w) != 0)
+        return -1;
+    memcpy(w->buf + w->used, p, n);
+    w->used += n;
+    return 0;
+}
+
+static int w_u32(writer *w, uint32_t x)
+{
+    return w_put(w, &x, 4);
+}
+static int w_u64(writer *w, uint64_t x)
+{
+    return w_put(w, &x, 8);
+}
+
+static int w_rec_begin(writer *w, uint32_t type, uint64_t len)
+{
+    w->crc = crc32(0L, Z_NULL, 0);
+    if (w_u32(w, type) || w_u32(w, 0) || w_u64(w, len))
+        return -1;
+    return 0;
+}
+
+static int w_rec_end(writer *w)
+{
+    uint32_t c = (uint32_t)w->crc;
+    return w_put(w, &c, 4);
+}
+
+static uint64_t var_meta_len(const snap_var *sv)
+{
+    return 8 * 4 + 4 * 6 + sv->spec_len;
+}
+
+static uint64_t var_payload_len(const snap_var *sv)
+{
+    uint64_t n = 4 + var_meta_len(sv);
+    n += sv->count * 4 * (1 + sv->nslots + sv->has_agg);
+    if (sv->has_agg)
+        n += AGG_WORDS * 8;
+    return n;
+}
+
+static int write_var(writer *w, const snap_var *sv)
+{
+    uint64_t len = var_payload_len(sv);
+    if (w_rec_begin(w, CKPT_REC_VARIABLE, len))
+        return -1;
+    uint32_t meta = (uint32_t)var_meta_len(sv);
+    int rc = w_u32(w, meta) || w_u64(w, sv->numel) || w_u64(w, sv->offset) || w_u64(w, sv->count) ||
+             w_u64(w, sv->version) || w_u32(w, (uint32_t)sv->staleness) || w_u32(w, sv->nslots) ||
+             w_u32(w, sv->has_agg) || w_u32(w, (uint32_t)sv->agg_count) ||
+             w_u32(w, sv->has_agg ? AGG_WORDS : 0) || w_u32(w, (uint32_t)sv->spec_len) ||
+             w_put(w, sv->spec, sv->spec_len) ||
+             w_put(w, sv->data, (size_t)sv->count * 4 * (1 + sv->nslots + sv->has_agg));
+    if (rc == 0 && sv->has_agg)
+        rc = w_put(w, sv->agg_workers, AGG_WORDS * 8);
+    if (rc == 0)
+        rc = w_rec_end(w);
+    return rc ? -1 : 0;
+}
+
+static uint64_t snapshot_file_size(const snapshot *s)
+{
+    uint64_t n = CKPT_HEADER_SIZE;
+    for (size_t i = 0; i < s->nvars; i++)
+        n += 20 + var_payload_len(&s->vars[i]);
+    n += 20 + 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
+    n += 20 + 16 + s->nworkers * 16;
+    n += 20 + 16;
+    return n;
+}
+
+static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t seq)
+{
+    uint8_t hdr[CKPT_HEADER_SIZE] = {0};
+    memcpy(hdr, CKPT_MAGIC, 8);
+    uint32_t u32;
+    uint64_t u64;
+    u32 = CKPT_FORMAT_VERSION;
+    memcpy(hdr + 8, &u32, 4);
+    u32 = CKPT_HEADER_SIZE;
+    memcpy(hdr + 12, &u32, 4);
+    memcpy(hdr + 16, &ck->st->num_servers, 4);
+    memcpy(hdr + 20, &ck->st->task_index, 4);
+    memcpy(hdr + 24, &ck->cluster_hash, 8);
+    memcpy(hdr + 32, &seq, 8);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    u64 = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    memcpy(hdr + 40, &u64, 8);
+    u32 = (uint32_t)crc32(0L, hdr, 60);
+    memcpy(hdr + 60, &u32, 4);
+    if (w_put(w, hdr, sizeof(hdr)))
+        return -1;
+    uint64_t nrec = 0, total = 0;
+    for (size_t i = 0; i < s->nvars; i++) {
+        if (write_var(w, &s->vars[i]))
+            return -1;
+        nrec++;
+        total += var_payload_len(&s->vars[i]);
+    }
+    uint64_t dlen = 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
+    if (w_rec_begin(w, CKPT_REC_DEDUP, dlen) || w_u32(w, s->dedup_words) || w_u32(w, 0) ||
+        w_put(w, s->dedup, (size_t)(s->dedup_clients * (2 + s->dedup_words) * 8)) || w_rec_end(w))
+        return -1;
+    nrec++;
+    total += dlen;
+    uint64_t slen = 16 + s->nworkers * 16;
+    if (w_rec_begin(w, CKPT_REC_SYNC, slen) || w_u64(w, (uint64_t)s->applied_min) ||
+        w_u64(w, s->nworkers))
+        return -1;
+    for (size_t i = 0; i < s->nworkers; i++) {
+        const sync_worker_rec *r = &s->workers[i];
+        if (w_u32(w, (uint32_t)r->id) ||
+            w_u32(w, (uint32_t)(r->known ? 1 : 0) | (uint32_t)(r->live ? 2 : 0)) ||
+            w_u64(w, (uint64_t)r->clock))
+            return -1;
+    }
+    if (w_rec_end(w))
+        return -1;
+    nrec++;
+    total += slen;
+    if (w_rec_begin(w, CKPT_REC_END, 16) || w_u64(w, nrec) || w_u64(w, total) || w_rec_end(w))
+        return -1;
+    return w_flush(w);
+}
+
+static int fsync_dir(const char *dir, char *err, size_t errlen)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return errf(err, errlen, "opening directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0)
+        return errf(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+    return 0;
+}
+
+/* ---- the directory ---- */
+
+typedef struct ckpt_file {
+    uint64_t seq;
+    char name[64];
+} ckpt_file;
+
+static int cmp_seq_desc(const void *a, const void *b)
+{
+    const ckpt_file *x = a, *y = b;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
+/* Checkpoint files of task in dir, newest first. With remove_tmp, deletes the task's leftover
+ * temporary files. Returns the count (*out malloc'd), or -1 with a message. */
+static long list_files(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
+                       size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return errf(err, errlen, "cannot read checkpoint directory %s: %s", dir, strerror(errno));
+    size_t n = 0, cap = 16;
+    ckpt_file *f = malloc(cap * sizeof(*f));
+    struct dirent *e;
+    while (f && (e = readdir(d)) != NULL) {
+        unsigned t;
+        unsigned long long seq;
+        int end = 0;
+        char tmpname[300];
+        if (sscanf(e->d_name, "ckpt-%u-%llu.psc%n", &t, &seq, &end) == 2 &&
+            e->d_name[end] == '\0' && t == task && strlen(e->d_name) < sizeof(f->name)) {
+            if (n == cap) {
+                ckpt_file *nf = realloc(f, 2 * cap * sizeof(*nf));
+                if (nf == NULL) {
+                    free(f);
+                    f = NULL;
+                    break;
+                }
+                f = nf;
+                cap *= 2;
+            }
+            f[n].seq = seq;
+            snprintf(f[n].name, sizeof(f[n].name), "%s", e->d_name);
+            n++;
+        } else if (remove_tmp &&
+                   sscanf(e->d_name, ".ckpt-%u-%llu.psc.tmp%n", &t, &seq, &end) == 2 &&
+                   e->d_name[end] == '\0' && t == task &&
+                   (size_t)snprintf(tmpname, sizeof(tmpname), "%s/%s", dir, e->d_name) <
+                       sizeof(tmpname)) {
+            if (unlink(tmpname) == 0)
+                log_warn("removed %s, an unfinished checkpoint (the server stopped while writing "
+                         "it)",
+                         tmpname);
+        }
+    }
+    closedir(d);
+    if (f == NULL)
+        return errf(err, errlen, "out of memory listing %s", dir);
+    qsort(f, n, sizeof(*f), cmp_seq_desc);
+    *out = f;
+    return (long)n;
+}
+
+static void prune(checkpointer *ck)
+{
+    ckpt_file *f;
+    char err[512];
+    long n = list_files(ck->dir, ck->st->task_index, false, &f, err, sizeof(err));
+    if (n < 0) {
+        log_warn("not deleting old checkpoints: %s", err);
+        return;
+    }
+    for (long i = ck->keep; i < n; i++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", ck->dir, f[i].name);
+        if (unlink(path) != 0)
+            log_warn("cannot delete old checkpoint %s: %s", path, strerror(errno));
+    }
+    free(f);
+}
+
+static int mkdir_p(const char *dir, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof(buf), "%s", dir) >= (int)sizeof(buf))
+        return errf(err, errlen, "checkpoint-dir is too long (%zu bytes)", strlen(dir));
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return errf(err, errlen, "cannot create checkpoint directory %s: %s", buf,
+                            strerror(errno));
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return errf(err, errlen, "checkpoint-dir %s is not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return errf(err, errlen, "checkpoint-dir %s is not writable: %s", dir, strerror(errno));
+    return 0;
+}
+
+/* ---- checkpointer ---- */
+
+checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg, uint64_t next_seq,
+                                  char *err, size_t errlen)
+{
+    if (cfg->dir == NULL || cfg->dir[0] == '\0') {
+        errf(err, errlen, "checkpoints are off: set checkpoint-dir");
+        return NULL;
+    }
+    if (mkdir_p(cfg->dir, err, errlen) != 0)
+        return NULL;
+    checkpointer *ck = calloc(1, sizeof(*ck));
+    if (ck == NULL || (ck->dir = strdup(cfg->dir)) == NULL) {
+        free(ck);
+        errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    ck->st = st;
+    ck->keep = cfg->keep < 1 ? 1 : cfg->keep;
+    ck->interval_s = cfg->interval_s;
+    ck->interval_updates = cfg->interval_updates;
+    ck->cluster_hash = cfg->cluster_hash;
+    ck->crash_mid_write =
+        cfg->failpoint && strcmp(cfg->failpoint, "checkpoint-crash-mid-write") == 0;
+    ck->next_seq = next_seq ? next_seq : 1;
+    ck->last_ns = time_now_ns();
+    ck->last_updates = atomic_load(&st->updates_applied);
+    pthread_mutex_init(&ck->write_lock, NULL);
+    pthread_mutex_init(&ck->lock, NULL);
+    pthread_cond_init(&ck->cond, NULL);
+    return ck;
+}
+
+int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t errlen)
+{
+    uint64_t t0 = time_now_ns();
+    pthread_mutex_lock(&ck->write_lock);
+    memset(info, 0, sizeof(*info));
+    uint64_t seq = ck->next_seq;
+    uint64_t updates = atomic_load(&ck->st->updates_applied);
+    snapshot s;
+    uint64_t pause_ns = 0;
+    if (snapshot_take(ck->st, &s, &pause_ns, err, errlen) != 0) {
+        pthread_mutex_unlock(&ck->write_lock);
+        return -1;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s/.ckpt-%u-%" PRIu64 ".psc.tmp", ck->dir, ck->st->task_index, seq);
+    int n = snprintf(info->path, sizeof(info->path), "%s/ckpt-%u-%" PRIu64 ".psc", ck->dir,
+                     ck->st->task_index, seq);
+    int rc = -1;
+    writer w = {.fd = -1, .path = tmp, .err = err, .errlen = errlen};
+    if (n >= (int)sizeof(info->path)) {
+        errf(err, errlen, "checkpoint path in %s is too long", ck->dir);
+        goto out;
+    }
+    uint64_t size = snapshot_file_size(&s);
+    if (ck->crash_mid_write)
+        w.crash_at = size / 2 ? size / 2 : 1;
+    w.buf = malloc(WBUF_SIZE);
+    if (w.buf == NULL) {
+        errf(err, errlen, "out of memory for the write buffer");
+        goto out;
+    }
+    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.fd < 0) {
+        errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (write_file(ck, &s, &w, seq) != 0)
+        goto out;
+    if (w.written != size) {
+        errf(err, errlen, "internal error: wrote %" PRIu64 " bytes to %s, expected %" PRIu64,
+             w.written, tmp, size);
+        goto out;
+    }
+    if (fsync(w.fd) != 0) {
+        errf(err, errlen, "fsync of %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (close(w.fd) != 0) {
+        w.fd = -1;
+        errf(err, errlen, "closing %s: %s", tmp, strerror(errno));
+        goto out;
+    }
+    w.fd = -1;
+    if (rename(tmp, info->path) != 0) {
+        errf(err, errlen, "renaming %s to %s: %s", tmp, info->path, strerror(errno));
+        goto out;
+    }
+    if (fsync_dir(ck->dir, err, errlen) != 0)
+        goto out;
+    rc = 0;
+    ck->next_seq = seq + 1;
+    info->seq = seq;
+    info->bytes = size;
+    info->variables = (uint32_t)s.nvars;
+    info->pause_us = pause_ns / 1000u;
+    info->ms = (time_now_ns() - t0) / 1000000u;
+    pthread_mutex_lock(&ck->lock);
+    ck->last_updates = updates;
+    ck->last_ns = time_now_ns();
+    ck->last_nvars = s.nvars;
+    pthread_mutex_unlock(&ck->lock);
+    log_info("checkpoint %s: %u variables, %" PRIu64 " bytes in %" PRIu64
+             " ms; updates paused %.3f ms",
+             info->path, info->variables, info->bytes, info->ms, (double)pause_ns / 1e6);
+    prune(ck);
+out:
+    if (w.fd >= 0)
+        close(w.fd);
+    if (rc != 0)
+        unlink(tmp);
+    free(w.buf);
+    snapshot_free(&s);
+    pthread_mutex_unlock(&ck->write_lock);
+    return rc;
+}
+
+static void reply_batch(rpc_call **calls, size_t n, int rc, const checkpoint_info *info,
+                        const char *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (rc == 0) {
+            Psd__V1__CheckpointReply rep = PSD__V1__CHECKPOINT_REPLY__INIT;
+            rep.path = (char *)info->path;
+            rep.version = info->seq;
+            rep.bytes = info->bytes;
+            rep.variables = info->variables;
+            rep.pause_us = info->pause_us;
+            rep.write_ms = info->ms;
+            rpc_reply_ok(calls[i], &rep.base);
+        } else {
+            rpc_reply_error(calls[i], STATUS_INTERNAL, "checkpoint failed: %s", err);
+        }
+        rpc_call_resume(calls[i]);
+    }
+}
+
+static void *ck_thread(void *arg)
+{
+    checkpointer *ck = arg;
+    pthread_mutex_lock(&ck->lock);
+    for (;;) {
+        bool due = false;
+        uint64_t now = time_now_ns();
+        uint64_t updates = atomic_load(&ck->st->updates_applied);
+        if (ck->interval_s > 0 && now - ck->last_ns >= (uint64_t)ck->interval_s * 1000000000ull) {
+            variable **vars;
+            size_t nv = store_list(ck->st->vars, &vars);
+            free(vars);
+            if (updates != ck->last_updates || nv != ck->last_nvars)
+                due = true;
+            else
+                ck->last_ns = now; /* nothing changed: wait another interval */
+        }
+        if (ck->interval_updates > 0 &&
+            updates - ck->last_updates >= (uint64_t)ck->interval_updates)
+            due = true;
+        if (ck->nqueue == 0 && !due) {
+            if (ck->stop)
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&ck->cond, &ck->lock, &ts);
+            continue;
+        }
+        rpc_call **batch = ck->queue;
+        size_t nb = ck->nqueue;
+        ck->queue = NULL;
+        ck->nqueue = ck->qcap = 0;
+        pthread_mutex_unlock(&ck->lock);
+        checkpoint_info info;
+        char err[1024];
+        int rc = checkpoint_write(ck, &info, err, sizeof(err));
+        if (rc != 0) {
+            log_error("checkpoint failed: %s", err);
+            pthread_mutex_lock(&ck->lock);
+            ck->last_ns = time_now_ns(); /* retry at the next interval, not at once */
+            ck->last_updates = atomic_load(&ck->st->updates_applied);
+            pthread_mutex_unlock(&ck->lock);
+        }
+        reply_batch(batch, nb, rc, &info, err);
+        free(batch);
+        pthread_mutex_lock(&ck->lock);
+    }
+    pthread_mutex_unlock(&ck->lock);
+    return NULL;
+}
+
+int checkpointer_start(checkpointer *ck, char *err, size_t errlen)
+{
+    int e = pthread_create(&ck->thread, NULL, ck_thread, ck);
+    if (e != 0)
+        return errf(err, errlen, "cannot start the checkpoint thread: %s", strerror(e));
+    ck->running = true;
+    atomic_store(&active_st, ck->st);
+    atomic_store(&active_ck, ck);
+    return 0;
+}
+
+checkpointer *checkpointer_of(const server_state *st)
+{
+    return atomic_load(&active_st) == st ? atomic_load(&active_ck) : NULL;
+}
+
+void checkpointer_request(checkpointer *ck, rpc_call *call)
+{
+    pthread_mutex_lock(&ck->lock);
+    if (ck->stop || !ck->running) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_UNAVAILABLE, "server is shutting down");
+        return;
+    }
+    if (ck->nqueue == ck->qcap) {
+        size_t nc = ck->qcap ? 2 * ck->qcap : 8;
+        rpc_call **nq = realloc(ck->queue, nc * sizeof(*nq));
+        if (nq == NULL) {
+            pthread_mutex_unlock(&ck->lock);
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory queueing a checkpoint");
+            return;
+        }
+        ck->queue = nq;
+        ck->qcap = nc;
+    }
+    if (rpc_call_defer(call) != 0) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "too many calls waiting on this server to queue a checkpoint");
+        return;
+    }
+    ck->queue[ck->nqueue++] = call;
+    pthread_cond_signal(&ck->cond);
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_stop(checkpointer *ck)
+{
+    if (ck == NULL || !ck->running)
+        return;
+    pthread_mutex_lock(&ck->lock);
+    ck->stop = true;
+    pthread_cond_signal(&ck->cond);
+    pthread_mutex_unlock(&ck->lock);
+    pthread_join(ck->thread, NULL); /* answers what is queued first */
+    checkpointer *expect = ck;
+    atomic_compare_exchange_strong(&active_ck, &expect, NULL);
+    pthread_mutex_lock(&ck->lock);
+    ck->running = false;
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_destroy(checkpointer *ck)
+{
+    if (ck == NULL)
+        return;
+    checkpointer_stop(ck);
+    free(ck->queue);
+    free(ck->dir);
+    pthread_mutex_destroy(&ck->write_lock);
+    pthread_mutex_destroy(&ck->lock);
+    pthread_cond_destroy(&ck->cond);
+    free(ck);
+}
+
+/* ---- reading ---- */
+
+typedef struct reader {
+    FILE *f;
+    const char *path;
+    uLong crc;
+    uint64_t pos;
+    char *err;
+    size_t errlen;
+} reader;
+
+static int r_get(reader *r, void *p, size_t n, const char *what)
+{
+    uint8_t *b = p;
+    size_t left = n;
+    while (left > 0) {
+        size_t k = left < IO_CHUNK ? left : IO_CHUNK;
+        size_t got = fread(b, 1, k, r->f);
+        r->crc = crc32(r->crc, b, (uInt)got);
+        r->pos += got;
+        if (got < k) {
+            if (ferror(r->f))
+                return errf(r->err, r->errlen, "read error at byte %" PRIu64 " (%s): %s", r->pos,
+                            what, strerror(errno));
+            return errf(r->err, r->errlen, "truncated: file ends at byte %" PRIu64 " inside %s",
+                        r->pos, what);
+        }
+        b += got;
+        left -= got;
+    }
+    return 0;
+}
+
+static int r_u32(reader *r, uint32_t *x, const char *what)
+{
+    return r_get(r, x, 4, what);
+}
+static int r_u64(reader *r, uint64_t *x, const char *what)
+{
+    return r_get(r, x, 8, what);
+}
+
+static int r_rec_end(reader *r, uint32_t type)
+{
+    uint32_t want = (uint32_t)r->crc, got;
+    if (r_get(r, &got, 4, "a record's CRC"))
+        return -1;
+    if (got != want)
+        return errf(r->err, r->errlen,
+                    "bad CRC of record type %u ending at byte %" PRIu64
+                    " (stored %08x, computed %08x)",
+                    type, r->pos, got, want);
+    return 0;
+}
+
+/* What a file restores, before it is applied. */
+typedef struct loaded {
+    variable **vars;
+    size_t nvars, cap;
+    uint64_t *dedup;
+    uint64_t dedup_clients;
+    uint32_t dedup_words;
+    sync_worker_rec *workers;
+    size_t nworkers;
+    int64_t applied_min;
+    bool have_sync;
+    uint64_t bytes;
+} loaded;
+
+static void loaded_free(loaded *l)
+{
+    for (size_t i = 0; i < l->nvars; i++)
+        variable_destroy(l->vars[i]);
+    free(l->vars);
+    free(l->dedup);
+    free(l->workers);
+    memset(l, 0, sizeof(*l));
+}
+
+static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
+{
+    uint32_t meta;
+    if (r_u32(r, &meta, "a variable record") != 0)
+        return -1;
+    if (meta < 56 || meta > META_MAX || meta > len - 4)
+        return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": bad meta size %u",
+                    r->pos, meta);
+    uint8_t *m = malloc(meta);
+    if (m == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    if (r_get(r, m, meta, "a variable record") != 0) {
+        free(m);
+        return -1;
+    }
+    uint64_t numel, offset, count, version;
+    uint32_t stal, nslots, has_agg, agg_count, agg_words, spec_len;
+    memcpy(&numel, m, 8);
+    memcpy(&offset, m + 8, 8);
+    memcpy(&count, m + 16, 8);
+    memcpy(&version, m + 24, 8);
+    memcpy(&stal, m + 32, 4);
+    memcpy(&nslots, m + 36, 4);
+    memcpy(&has_agg, m + 40, 4);
+    memcpy(&agg_count, m + 44, 4);
+    memcpy(&agg_words, m + 48, 4);
+    memcpy(&spec_len, m + 52, 4);
+    if (spec_len != meta - 56 || nslots > OPTIMIZER_MAX_SLOTS || has_agg > 1 ||
+        (has_agg && agg_words != AGG_WORDS) || offset > numel || count > numel - offset ||
+        len != 4 + (uint64_t)meta + count * 4 * (1 + nslots + has_agg) +
+                   (has_agg ? (uint64_t)agg_words * 8 : 0)) {
+        free(m);
+        return errf(r->err, r->errlen,
+                    "variable record ending at byte %" PRIu64 ": inconsistent sizes", r->pos);
+    }
+    Psd__V1__VariableSpec *spec = psd__v1__variable_spec__unpack(NULL, spec_len, m + 56);
+    free(m);
+    if (spec == NULL)
+        return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": bad spec", r->pos);
+    char verr[512];
+    variable *v = variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
+    int rc = 0;
+    if (v == NULL)
+        rc = errf(r->err, r->errlen, "variable \"%s\": %s", spec->name, verr);
+    else if (v->nslots != nslots)
+        rc = errf(r->err, r->errlen, "variable \"%s\": %u optimizer slots stored, %zu expected",
+                  spec->name, nslots, v->nslots);
+    else if (spec->num_servers != st->num_servers)
+        rc = errf(r->err, r->errlen, "variable \"%s\": placed for %u servers, this cluster has %u",
+                  spec->name, spec->num_servers, st->num_servers);
+    psd__v1__variable_spec__free_unpacked(spec, NULL);
+    if (rc != 0) {
+        variable_destroy(v);
+        return -1;
+    }
+    if (l->nvars == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 16;
+        variable **nv = realloc(l->vars, nc * sizeof(*nv));
+        if (nv == NULL) {
+            variable_destroy(v);
+            return errf(r->err, r->errlen, "out of memory");
+        }
+        l->vars = nv;
+        l->cap = nc;
+    }
+    l->vars[l->nvars++] = v; /* freed with l from here on */
+    atomic_store(&v->version, version);
+    v->staleness = (int32_t)stal;
+    if (r_get(r, v->params, (size_t)count * 4, "parameters"))
+        return -1;
+    for (size_t i = 0; i < nslots; i++)
+        if (r_get(r, v->slots[i], (size_t)count * 4, "optimizer slots"))
+            return -1;
+    if (has_agg) {
+        v->agg = malloc((count ? (size_t)count : 1) * sizeof(float));
+        v->agg_workers = calloc(AGG_WORDS, sizeof(uint64_t));
+        if (v->agg == NULL || v->agg_workers == NULL)
+            return errf(r->err, r->errlen, "out of memory for a BSP aggregate");
+        v->agg_count = (int)agg_count;
+        if (r_get(r, v->agg, (size_t)count * 4, "a BSP aggregate") ||
+            r_get(r, v->agg_workers, AGG_WORDS * 8, "a BSP aggregate"))
+            return -1;
+    }
+    return 0;
+}
+
+/* Reads a whole file into l. Returns 0, -1 (damaged: err says why) or CKPT_REFUSED. */
+static int read_file_ckpt(const char *path, const server_state *st, uint64_t cluster_hash,
+                          uint64_t name_seq, loaded *l, uint64_t *seq_out, char *err, size_t errlen)
+{
+    memset(l, 0, sizeof(*l));
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return errf(err, errlen, "cannot open: %s", strerror(errno));
+    setvbuf(f, NULL, _IOFBF, 1 << 20);
+    reader r = {.f = f, .path = path, .err = err, .errlen = errlen};
+    uint8_t hdr[CKPT_HEADER_SIZE];
+    int rc = -1;
+    if (r_get(&r, hdr, sizeof(hdr), "the header"))
+        goto out;
+    if (memcmp(hdr, CKPT_MAGIC, 8) != 0) {
+        errf(err, errlen, "bad magic (not a psd checkpoint)");
+        goto out;
+    }
+    uint32_t ver, hsize, nserv, task, hcrc;
+    uint64_t hash, seq;
+    memcpy(&ver, hdr + 8, 4);
+    memcpy(&hsize, hdr + 12, 4);
+    memcpy(&nserv, hdr + 16, 4);
+    memcpy(&task, hdr + 20, 4);
+    memcpy(&hash, hdr + 24, 8);
+    memcpy(&seq, hdr + 32, 8);
+    memcpy(&hcrc, hdr + 60, 4);
+    if (hcrc != (uint32_t)crc32(0L, hdr, 60)) {
+        errf(err, errlen, "bad header CRC");
+        goto out;
+    }
+    if (ver != CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
+        errf(err, errlen, "format version %u (header %u bytes); this server reads version %u", ver,
+             hsize, CKPT_FORMAT_VERSION);
+        goto out;
+    }
+    if (nserv != st->num_servers || task != st->task_index) {
+        errf(err, errlen,
+             "made for ps %u of a cluster of %u ps tasks, but this server is ps %u of %u: "
+             "refusing to restore it (move it away or fix the cluster spec)",
+             task, nserv, st->task_index, st->num_servers);
+        rc = CKPT_REFUSED;
+        goto out;
+    }
+    if (seq != name_seq) {
+        errf(err, errlen, "header says sequence %" PRIu64 ", the file name %" PRIu64, seq,
+             name_seq);
+        goto out;
+    }
+    if (hash != cluster_hash)
+        log_warn("%s was made with other ps addresses (same number of tasks): restoring it", path);
+    uint64_t nrec = 0, total = 0;
+    for (;;) {
+        uint32_t type, flags;
+        uint64_t len;
+        r.crc = crc32(0L, Z_NULL, 0);
+        if (r_u32(&r, &type, "a record header") || r_u32(&r, &flags, "a record header") ||
+            r_u64(&r, &len, "a record header"))
+            goto out;
+        if (type == CKPT_REC_VARIABLE) {
+            if (read_var(&r, st, len, l))
+                goto out;
+        } else if (type == CKPT_REC_DEDUP) {
+            uint32_t words, pad;
+            if (len < 8 || r_u32(&r, &words, "the dedup table") ||
+                r_u32(&r, &pad, "the dedup table"))
+                goto out;
+            uint64_t per = (2 + (uint64_t)words) * 8;
+            if (words == 0 || words > (1u << 20) || (len - 8) % per != 0) {
+                errf(err, errlen, "dedup record at byte %" PRIu64 ": bad sizes", r.pos);
+                goto out;
+            }
+            l->dedup_clients = (len - 8) / per;
+            l->dedup_words = words;
+            free(l->dedup);
+            l->dedup = malloc(len - 8 ? (size_t)(len - 8) : 1);
+            if (l->dedup == NULL) {
+                errf(err, errlen, "out of memory for the dedup table");
+                goto out;
+            }
+            if (r_get(&r, l->dedup, (size_t)(len - 8), "the dedup table"))
+                goto out;
+        } else if (type == CKPT_REC_SYNC) {
+            uint64_t amin, nw;
+            if (len < 16 || r_u64(&r, &amin, "the clock table") ||
+                r_u64(&r, &nw, "the clock table"))
+                goto out;
+            if (nw > SERVER_MAX_WORKERS || len != 16 + nw * 16) {
+                errf(err, errlen, "clock record at byte %" PRIu64 ": bad sizes", r.pos);
+                goto out;
+            }
+            free(l->workers);
+            l->workers = calloc(nw ? nw : 1, sizeof(*l->workers));
+            if (l->workers == NULL) {
+                errf(err, errlen, "out of memory");
+                goto out;
+            }
+            for (uint64_t i = 0; i < nw; i++) {
+                uint32_t id, fl;
+                uint64_t clock;
+                if (r_u32(&r, &id, "the clock table") || r_u32(&r, &fl, "the clock table") ||
+                    r_u64(&r, &clock, "the clock table"))
+                    goto out;
+                l->workers[i] = (sync_worker_rec){.id = (int32_t)id,
+                                                  .clock = (int64_t)clock,
+                                                  .known = fl & 1,
+                                                  .live = (fl & 2) != 0};
+            }
+            l->nworkers = (size_t)nw;
+            l->applied_min = (int64_t)amin;
+            l->have_sync = true;
+        } else if (type == CKPT_REC_END) {
+            uint64_t en, et;
+            if (len != 16 || r_u64(&r, &en, "the end record") || r_u64(&r, &et, "the end record"))
+                goto out;
+            if (r_rec_end(&r, type))
+                goto out;
+            if (en != nrec || et != total) {
+                errf(err, errlen,
+                     "end record counts %" PRIu64 " records of %" PRIu64 " bytes, file has %" PRIu64
+                     " of %" PRIu64,
+                     en, et, nrec, total);
+                goto out;
+            }
+            break;
+        } else {
+            errf(err, errlen, "unknown record type %u at byte %" PRIu64, type, r.pos);
+            goto out;
+        }
+        if (r_rec_end(&r, type))
+            goto out;
+        nrec++;
+        total += len;
+    }
+    int extra = fgetc(f);
+    if (extra != EOF) {
+        errf(err, errlen, "data after the end record at byte %" PRIu64, r.pos);
+        goto out;
+    }
+    l->bytes = r.pos;
+    *seq_out = seq;
+    rc = 0;
+out:
+    fclose(f);
+    if (rc != 0)
+        loaded_free(l);
+    return rc;
+}
+
+static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < l->nvars; i++) {
+        variable *v = l->vars[i];
+        if (store_insert(st->vars, v) != v)
+            return errf(err, errlen, "variable \"%s\" appears twice", v->name);
+        l->vars[i] = NULL; /* the store owns it */
+    }
+    size_t per = 2 + (size_t)l->dedup_words;
+    for (uint64_t i = 0; i < l->dedup_clients; i++) {
+        const uint64_t *e = l->dedup + i * per;
+        if (dedup_import(st->dedup, e[0], e[1], e + 2, l->dedup_words) != 0)
+            return errf(err, errlen, "out of memory restoring the dedup table");
+    }
+    if (l->have_sync)
+        sync_import(st, l->workers, l->nworkers, l->applied_min);
+    return 0;
+}
+
+int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
+                       uint64_t *max_seq, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof(*info));
+    *max_seq = 0;
+    struct stat sb;
+    if (stat(cfg->dir, &sb) != 0 && errno == ENOENT)
+        return CKPT_NONE;
+    ckpt_file *files;
+    long n = list_files(cfg->dir, st->task_index, true, &files, err, errlen);
+    if (n < 0)
+        return CKPT_FAILED;
+    if (n == 0) {
+        free(files);
+        return CKPT_NONE;
+    }
+    *max_seq = files[0].seq;
+    int rc = CKPT_FAILED;
+    size_t off = 0;
+    off += (size_t)snprintf(err, errlen, "no valid checkpoint of ps %u in %s:", st->task_index,
+                            cfg->dir);
+    for (long i = 0; i < n; i++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[i].name);
+        uint64_t t0 = time_now_ns();
+        loaded l;
+        uint64_t seq = 0;
+        char why[1024];
+        int r =
+            read_file_ckpt(path, st, cfg->cluster_hash, files[i].seq, &l, &seq, why, sizeof(why));
+        if (r == CKPT_REFUSED) {
+            errf(err, errlen, "checkpoint %s: %s", path, why);
+            rc = CKPT_REFUSED;
+            break;
+        }
+        if (r != 0) {
+            log_warn("checkpoint %s is unusable (%s)%s", path, why,
+                     i + 1 < n ? ": trying the previous one" : "");
+            if (off < errlen)
+                off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[i].name, why);
+            continue;
+        }
+        if (apply_loaded(st, &l, why, sizeof(why)) != 0) {
+            loaded_free(&l);
+            errf(err, errlen, "restoring %s: %s", path, why);
+            rc = CKPT_FAILED;
+            break;
+        }
+        snprintf(info->path, sizeof(info->path), "%s", path);
+        info->seq = seq;
+        info->bytes = l.bytes;
+        info->variables = (uint32_t)l.nvars;
+        info->ms = (time_now_ns() - t0) / 1000000u;
+        loaded_free(&l);
+        rc = CKPT_RESTORED;
+        break;
+    }
+    free(files);
+    return rc;
+}

@@ -1,0 +1,98 @@
+/* Durable checkpoints of one server's shard, and their restore at start.
+ *
+ * A checkpoint holds every variable this server holds (its packed VariableSpec, range,
+ * parameters, optimizer slots, version, staleness bound, BSP aggregate), the clock table and
+ * the exactly-once dedup windows, so that a push resent after a restore is still dropped.
+ *
+ * File `ckpt-<task>-<seq>.psc` in the checkpoint directory, little-endian:
+ *   header (64 bytes): magic "PSDCKPT\0", u32 format version (1), u32 header size (64),
+ *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
+ *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
+ *   records: u32 type, u32 flags (0), u64 payload length, payload, u32 CRC-32 of type, flags,
+ *     length and payload. Types: 1 variable, 2 dedup table, 3 clock table, 4 end (payload:
+ *     u64 records before it, u64 sum of their payload lengths). A file without its end
+ *     record is truncated.
+ * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
+ * the last `checkpoint-keep` are kept.
+ *
+ * Consistency: the state is copied between store_freeze and store_thaw (store.h), which every
+ * update excludes from its dedup mark through its apply; the file is then written from the
+ * copy while updates go on. */
+#ifndef PSD_SERVER_CHECKPOINT_H
+#define PSD_SERVER_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc_server.h"
+#include "server.h"
+
+#define CKPT_MAGIC "PSDCKPT"
+#define CKPT_FORMAT_VERSION 1u
+#define CKPT_HEADER_SIZE 64u
+
+enum { CKPT_REC_VARIABLE = 1, CKPT_REC_DEDUP = 2, CKPT_REC_SYNC = 3, CKPT_REC_END = 4 };
+
+typedef struct checkpoint_config {
+    const char *dir;          /* "" or NULL: checkpoints off */
+    int keep;                 /* files of this task kept (>= 1) */
+    int64_t interval_s;       /* periodic checkpoints (0: none) */
+    int64_t interval_updates; /* after this many updates (0: off) */
+    uint64_t cluster_hash;    /* checkpoint_cluster_hash of the ps addresses */
+    const char *failpoint;    /* tests only: "checkpoint-crash-mid-write" */
+} checkpoint_config;
+
+typedef struct checkpoint_info {
+    char path[4200];
+    uint64_t seq;
+    uint64_t bytes;
+    uint32_t variables;
+    uint64_t pause_us; /* checkpoint: time updates were held off */
+    uint64_t ms;       /* checkpoint: request to durable; restore: time to read */
+} checkpoint_info;
+
+typedef struct checkpointer checkpointer;
+
+/* FNV-1a hash of the ps addresses joined by ','. */
+uint64_t checkpoint_cluster_hash(char *const *ps, size_t n);
+
+/* Result of checkpoint_restore. */
+enum {
+    CKPT_RESTORED = 0,
+    CKPT_NONE = 1,     /* no checkpoint of this task in the directory: start empty */
+    CKPT_REFUSED = -2, /* made for another cluster shape or task (configuration error) */
+    CKPT_FAILED = -1,  /* unreadable directory, or no valid checkpoint among those found */
+};
+
+/* Restores the newest valid checkpoint of st's task from cfg->dir into st (whose store,
+ * dedup table and clock table are new and empty). A corrupt or truncated one is skipped with a
+ * warning naming the file and the reason, and the previous one is tried. Fills *info for a
+ * restore and *max_seq with the highest sequence number found (0 if none), for the next
+ * checkpoint. Leftover temporary files of the task are removed. Returns a CKPT_* value, with a
+ * message in err for the negative ones. */
+int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
+                       uint64_t *max_seq, char *err, size_t errlen);
+
+/* A checkpointer for st writing into cfg->dir (made if missing) from sequence number
+ * next_seq. No thread yet. Returns NULL with a message in err. */
+checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg, uint64_t next_seq,
+                                  char *err, size_t errlen);
+/* Starts the background thread: periodic checkpoints and the Checkpoint RPC's requests.
+ * Returns 0, or -1 with a message. */
+int checkpointer_start(checkpointer *ck, char *err, size_t errlen);
+/* Writes a checkpoint now (serialised with the thread's). Returns 0 with *info filled, or -1
+ * with a message naming the file and the failing step. */
+int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t errlen);
+/* Parks a Checkpoint RPC and has the thread answer it once a checkpoint begun after it is
+ * durable. Replies at once when it can't be parked. */
+void checkpointer_request(checkpointer *ck, rpc_call *call);
+/* Answers parked requests and stops and joins the thread (call before the RPC server
+ * stops); checkpoint_write still works afterwards. NULL is a no-op. */
+void checkpointer_stop(checkpointer *ck);
+/* Stops the thread if running and frees ck. NULL is a no-op. */
+void checkpointer_destroy(checkpointer *ck);
+
+/* The checkpointer serving st's RPCs (set by checkpointer_start), or NULL: checkpoints off. */
+checkpointer *checkpointer_of(const server_state *st);
+
+#endif
