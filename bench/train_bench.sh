@@ -39,11 +39,9 @@ while [ $# -gt 0 ]; do
 done
 extra=("$@")
 
-local_bin="$build/deploy/local/ps-local"
-if [ ! -x "$local_bin" ]; then
-    echo "train_bench: $local_bin not built (meson compile -C $build)" >&2
-    exit 2
-fi
+# shellcheck source=lib.sh
+. "$root/bench/lib.sh"
+bench_local train_bench
 pin=()
 if [ -n "$cpus" ]; then
     pin=(taskset -c "$cpus")
@@ -54,26 +52,10 @@ trap 'rm -rf "$tmp"' EXIT
 # One run; prints "aggregate_sps comm_ms compute_ms".
 run_once() {
     local workers=$1 log="$tmp/run.log"
-    if ! "${pin[@]}" "$local_bin" --workers "$workers" -- --steps "$steps" --log-format json \
-        --log-every 1000000 --eval-every 1000000000 --model-name "bench_w$workers" "${extra[@]}" \
-        >"$tmp/run.out" 2>"$log"; then
-        echo "train_bench: run with $workers worker(s) failed:" >&2
-        tail -n 20 "$log" >&2
-        exit 1
-    fi
-    grep '"msg":"trained ' "$log" | awk '
-        {
-            match($0, /"samples":[0-9]+/); s = substr($0, RSTART + 10, RLENGTH - 10)
-            match($0, /"wall_s":[0-9.]+/); w = substr($0, RSTART + 9, RLENGTH - 9)
-            match($0, /"comm_ms_per_step":[0-9.]+/); c = substr($0, RSTART + 19, RLENGTH - 19)
-            match($0, /"compute_ms_per_step":[0-9.]+/); k = substr($0, RSTART + 22, RLENGTH - 22)
-            samples += s; if (w > wall) wall = w; comm += c; comp += k; n++
-        }
-        END { printf "%.1f %.3f %.3f\n", samples / wall, comm / n, comp / n }'
-}
-
-median() {
-    sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
+    bench_run train_bench "run with $workers worker(s)" "$tmp/run.out" "$log" \
+        "${pin[@]}" "$local_bin" --workers "$workers" -- --steps "$steps" --log-format json \
+        --log-every 1000000 --eval-every 1000000000 --model-name "bench_w$workers" "${extra[@]}"
+    bench_trained "$log" | awk '{ print $1, $3, $4 }'
 }
 
 echo "| workers | aggregate samples/s (median of $repeat) | per worker | comm ms/step | compute ms/step | speed-up |"

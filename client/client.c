@@ -11,6 +11,7 @@
 
 #include "client_internal.h"
 #include "cluster.h"
+#include "log.h"
 #include "placement.h"
 #include "status.h"
 #include "timeutil.h"
@@ -124,6 +125,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->ack_lock, NULL);
     pthread_cond_init(&c->heartbeat_cond, NULL);
     cluster_spec cl;
     memset(&cl, 0, sizeof(cl));
@@ -243,10 +245,12 @@ void ps_client_close(ps_client *c)
     free(c->servers);
     for (size_t i = 0; i < c->nvars; i++) {
         free(c->vars[i]->name);
+        free(c->vars[i]->ack);
         free(c->vars[i]);
     }
     free(c->vars);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->ack_lock);
     pthread_cond_destroy(&c->heartbeat_cond);
     free(c);
 }
@@ -259,6 +263,45 @@ int ps_client_num_servers(const ps_client *c)
 int64_t ps_client_clock(const ps_client *c)
 {
     return c ? atomic_load(&c->clock) : 0;
+}
+
+uint64_t ps_client_lost_updates(const ps_client *c)
+{
+    return c ? atomic_load(&((ps_client *)c)->lost_updates) : 0;
+}
+
+/* ---- server restarts seen in push replies ------------------------------------------------- */
+
+void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, uint64_t version,
+                      uint64_t restored_version)
+{
+    if (instance == 0 || server < 0 || server >= c->nservers)
+        return; /* a server that does not say which process it is */
+    uint64_t lost = 0, acked = 0;
+    pthread_mutex_lock(&c->ack_lock);
+    if (v->ack == NULL)
+        v->ack = calloc((size_t)c->nservers, sizeof(*v->ack));
+    var_ack *a = v->ack ? &v->ack[server] : NULL;
+    if (a && instance != a->prev_instance) { /* else: a late reply of the process before */
+        if (a->instance != 0 && instance != a->instance) {
+            acked = a->acked;
+            lost = acked > restored_version ? acked - restored_version : 0;
+            a->prev_instance = a->instance;
+            a->acked = 0;
+        }
+        a->instance = instance;
+        if (version > a->acked)
+            a->acked = version;
+    }
+    pthread_mutex_unlock(&c->ack_lock);
+    if (lost > 0) {
+        atomic_fetch_add(&c->lost_updates, lost);
+        log_warn("ps %d restarted (checkpoint version %llu): %llu acknowledged updates to \"%s\" "
+                 "since it are lost (a lower bound: this client saw up to version %llu "
+                 "acknowledged)",
+                 server, (unsigned long long)restored_version, (unsigned long long)lost, v->name,
+                 (unsigned long long)acked);
+    }
 }
 
 /* ---- message building -------------------------------------------------------------------- */

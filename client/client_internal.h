@@ -10,6 +10,14 @@
 #include "psclient.h"
 #include "rpc_client.h"
 
+/* What one server acknowledged of one variable's pushes: the updates a restart of that server
+ * lost are those acknowledged above the version it restored. */
+typedef struct var_ack {
+    uint64_t instance;      /* Envelope.server_instance of the latest push reply; 0: none yet */
+    uint64_t prev_instance; /* the one before (its late replies are ignored) */
+    uint64_t acked;         /* highest version acknowledged by `instance` */
+} var_ack;
+
 struct ps_var {
     char *name;
     ps_var_spec spec; /* spec.name points at name */
@@ -17,6 +25,7 @@ struct ps_var {
     bool split;
     uint32_t nservers; /* cluster size the placement was computed for */
     uint32_t owner;    /* when not split */
+    var_ack *ack;      /* per server of the client, made at the first push reply; ack_lock */
 };
 
 /* One server's heartbeat: at most one in flight, so a server that does not answer never
@@ -51,6 +60,9 @@ struct ps_client {
     pthread_t heartbeat;
     bool heartbeat_running, closing;
     pthread_cond_t heartbeat_cond;
+    /* Restarts seen in push replies (client_note_push). */
+    pthread_mutex_t ack_lock;
+    atomic_uint_fast64_t lost_updates;
 };
 
 /* Sets this thread's ps_last_error and returns status. */
@@ -75,6 +87,13 @@ int client_unary_opts(ps_client *c, const rpc_call_opts *opts, const int *server
                       const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **replies);
 void client_free_replies(ProtobufCMessage **replies, int n);
 int client_all_servers(ps_client *c, int **out);
+
+/* Records a push reply of `server` for v (its Envelope.server_instance and PushReply version
+ * and restored_version). When the server's instance changed since the last reply, logs once
+ * how many updates acknowledged by the previous instance were lost and adds them to the
+ * client's lost_updates. Thread-safe, does not block on the network. */
+void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, uint64_t version,
+                      uint64_t restored_version);
 
 /* Adds a server's staleness statistics into out (max of maxima, sums of the rest). */
 void client_add_staleness(ps_staleness_stats *out, const Psd__V1__StalenessStats *s);

@@ -84,6 +84,16 @@ static void part_done(void *arg, int status, const char *message, const frame *r
 {
     op_part *p = arg;
     ps_op *op = p->op;
+    if (status == STATUS_OK && op->kind != OP_PULL && reply != NULL) {
+        /* Acknowledged: remember the version, and notice a server that restarted. */
+        Psd__V1__PushReply *r =
+            psd__v1__push_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        if (r) {
+            client_note_push(op->c, op->var, p->server, reply->env->server_instance, r->version,
+                             r->restored_version);
+            psd__v1__push_reply__free_unpacked(r, NULL);
+        }
+    }
     if (status == STATUS_OK && op->dst) {
         /* Pull and push-pull: the reply must carry exactly the range asked for. */
         if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||

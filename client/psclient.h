@@ -281,6 +281,17 @@ int ps_clock(ps_client *c, int64_t *clock_out);
 /* This client's current clock. Does not block. */
 int64_t ps_client_clock(const ps_client *c);
 
+/* Updates lost to server restarts, as far as this client can tell: a server that is killed
+ * (SIGKILL, a crash) comes back from its newest checkpoint, and the pushes it had applied and
+ * acknowledged after that checkpoint are gone. The client notices the restart in the next push
+ * reply of that server (each server process has a random instance id) and counts, per variable
+ * and server, the versions it had seen acknowledged above the restored one; it logs each such
+ * loss once (log level warn: "ps N restarted (checkpoint version V): K acknowledged updates to
+ * VAR since it are lost"). The sum over every restart seen so far; a lower bound of what the
+ * cluster lost, since other clients may have had later updates acknowledged. 0 after a clean
+ * restart (SIGTERM, Shutdown), which loses nothing. Does not block. */
+uint64_t ps_client_lost_updates(const ps_client *c);
+
 typedef struct ps_server_stats {
     uint32_t task_index;
     uint64_t uptime_ms;

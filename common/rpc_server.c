@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nng/protocol/reqrep0/rep.h>
 
@@ -29,7 +31,7 @@ struct rpc_call {
     uint64_t deadline_ns;
     nng_msg *reply;
     bool validated;
-    bool parked; /* deferred: left the receive loop, replied to later */
+    bool parked;    /* deferred: left the receive loop, replied to later */
     rpc_call *next; /* work queue link or idle list */
 };
 
@@ -38,8 +40,8 @@ struct rpc_server {
     nng_socket sock;
     rpc_call **calls; /* every call object made, to free at stop */
     int ncalls, capcalls;
-    int nreceiving;  /* calls in the receive loop (not parked), guarded by qlock */
-    rpc_call *idle;  /* calls out of the loop, reusable for the next deferral */
+    int nreceiving; /* calls in the receive loop (not parked), guarded by qlock */
+    rpc_call *idle; /* calls out of the loop, reusable for the next deferral */
     pthread_t *threads;
     int nthreads;
     pthread_mutex_t qlock;
@@ -49,7 +51,23 @@ struct rpc_server {
     atomic_bool draining;
     atomic_int busy; /* requests received and not yet replied to */
     rpc_stats stats;
+    uint64_t instance; /* Envelope.server_instance of every reply */
+    /* Fault injection (tests only): a counter hashed into random numbers, and what it did. */
+    atomic_uint_fast64_t fault_rng;
+    atomic_uint_fast64_t dropped, duplicated;
 };
+
+/* True with probability percent/100 (splitmix64 over a shared counter: thread-safe). */
+static bool fault_chance(rpc_server *s, int percent)
+{
+    if (percent <= 0)
+        return false;
+    uint64_t z = atomic_fetch_add(&s->fault_rng, 0x9e3779b97f4a7c15ull) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return z % 100 < (uint64_t)percent;
+}
 
 static const rpc_method *find_method(const rpc_server *s, int method)
 {
@@ -70,6 +88,7 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
         env.request_id = c->f.env->request_id;
     }
     env.is_reply = true;
+    env.server_instance = c->srv->instance;
     env.status = status;
     env.message = (char *)(message ? message : "");
     if (body) {
@@ -174,6 +193,11 @@ uint64_t rpc_call_deadline_ns(const rpc_call *c)
 const rpc_stats *rpc_server_stats(const rpc_server *s)
 {
     return &s->stats;
+}
+
+uint64_t rpc_server_instance(const rpc_server *s)
+{
+    return s->instance;
 }
 
 /* Logs a bad request with a short hex sample of its first bytes, as Redis does. */
@@ -285,11 +309,25 @@ static _Thread_local rpc_call *deferred_now; /* set by rpc_call_defer on the han
 
 static void call_handle(rpc_call *c)
 {
+    bool twice = fault_chance(c->srv, c->srv->cfg.dup_percent);
     c->method->handler(c, c->srv->cfg.handler_arg);
     if (deferred_now == c) {
         /* Parked: another thread may already be replying; c is not ours to touch. */
         deferred_now = NULL;
         return;
+    }
+    if (twice) {
+        /* Fault injection: the request arrives again and the first reply is lost. */
+        atomic_fetch_add(&c->srv->duplicated, 1);
+        if (c->reply) {
+            nng_msg_free(c->reply);
+            c->reply = NULL;
+        }
+        c->method->handler(c, c->srv->cfg.handler_arg);
+        if (deferred_now == c) {
+            deferred_now = NULL;
+            return;
+        }
     }
     if (c->reply == NULL)
         rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
@@ -380,6 +418,15 @@ static void call_cb(void *arg)
             return;
         }
         c->req = nng_aio_get_msg(c->aio);
+        if (fault_chance(s, s->cfg.drop_percent)) {
+            /* Fault injection: lost on the way in; the client's REQ socket resends it. */
+            atomic_fetch_add(&s->dropped, 1);
+            nng_msg_free(c->req);
+            c->req = NULL;
+            if (!atomic_load(&s->stopping))
+                nng_ctx_recv(c->ctx, c->aio);
+            return;
+        }
         c->recv_ns = time_now_ns();
         atomic_fetch_add(&s->stats.requests, 1);
         atomic_fetch_add(&s->busy, 1);
@@ -484,6 +531,14 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         return -1;
     }
     s->cfg = *cfg;
+    if (getrandom(&s->instance, sizeof(s->instance), 0) != sizeof(s->instance))
+        s->instance = time_now_ns() ^ ((uint64_t)getpid() << 40);
+    if (s->instance == 0)
+        s->instance = 1; /* 0 reads as "no instance" (a reply from an older server) */
+    atomic_store(&s->fault_rng, s->instance);
+    if (cfg->drop_percent > 0 || cfg->dup_percent > 0)
+        log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice",
+                 cfg->drop_percent, cfg->dup_percent);
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     int rv = nng_rep0_open(&s->sock);
@@ -548,6 +603,11 @@ void rpc_server_stop(rpc_server *s)
 {
     if (s == NULL)
         return;
+    if (s->cfg.drop_percent > 0 || s->cfg.dup_percent > 0)
+        log_info("fault injection: %llu requests dropped, %llu handled twice, of %llu received",
+                 (unsigned long long)atomic_load(&s->dropped),
+                 (unsigned long long)atomic_load(&s->duplicated),
+                 (unsigned long long)(atomic_load(&s->stats.requests) + atomic_load(&s->dropped)));
     atomic_store(&s->stopping, true);
     nng_close(s->sock);
     pthread_mutex_lock(&s->qlock);

@@ -51,6 +51,12 @@ typedef struct rpc_server_config {
     const rpc_method *methods;
     size_t n_methods;
     void *handler_arg;
+    /* Tests only (fault injection, like ps-lite's PS_DROP_MSG): the percentage of requests
+     * dropped on receipt with no reply (the client's REQ socket resends them after its
+     * resend-ms), and of valid requests handled twice (the first reply is discarded, the
+     * second sent: a duplicated request whose first answer was lost). 0: off. */
+    int drop_percent;
+    int dup_percent;
 } rpc_server_config;
 
 typedef struct rpc_stats {
@@ -74,6 +80,10 @@ void rpc_server_stop(rpc_server *s);
 
 /* Counters, updated atomically. Valid until rpc_server_stop. */
 const rpc_stats *rpc_server_stats(const rpc_server *s);
+
+/* A random 64-bit number drawn when the server started, sent in every reply
+ * (Envelope.server_instance): a client that sees it change knows the server restarted. */
+uint64_t rpc_server_instance(const rpc_server *s);
 
 /* ---- inside a handler ---- */
 

@@ -8,6 +8,8 @@ packages=(
   libnng-dev libmbedtls-dev libprotobuf-c-dev protobuf-c-compiler
   libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev
   dataset-fashion-mnist
+  iproute2 iptables
+  python3-numpy python3-pytest python3-venv
 )
 
 missing=()

@@ -1,5 +1,7 @@
 /* RPC handlers of ps-server. The RPC layer has already checked the frame, the method, the
  * presence of a tensor range/segment, the body's type and the deadline. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,9 +221,64 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
     return v;
 }
 
+/* The version of every variable when this process began serving (restored from a checkpoint),
+ * taken once, by the first pull, push or clock: nothing changes a version before one of those
+ * has run. Push replies carry it (PushReply.restored_version) so that a client that sees the
+ * server's instance change can count the updates acknowledged to it that the restart lost.
+ * Sorted by variable pointer (variables are never removed); kept for the process's life. */
+typedef struct restored_entry {
+    const variable *v;
+    uint64_t version;
+} restored_entry;
+
+static pthread_mutex_t restored_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool restored_taken;
+static restored_entry *restored;
+static size_t nrestored;
+
+static int restored_cmp(const void *a, const void *b)
+{
+    const restored_entry *x = a, *y = b;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
+static void restored_snapshot(server_state *st)
+{
+    if (atomic_load_explicit(&restored_taken, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&restored_lock);
+    if (!atomic_load_explicit(&restored_taken, memory_order_relaxed)) {
+        variable **vars;
+        size_t n = store_list(st->vars, &vars);
+        restored = vars && n ? malloc(n * sizeof(*restored)) : NULL;
+        if (restored) {
+            for (size_t i = 0; i < n; i++) {
+                restored[i].v = vars[i];
+                restored[i].version = atomic_load(&vars[i]->version);
+            }
+            nrestored = n;
+            qsort(restored, n, sizeof(*restored), restored_cmp);
+        }
+        /* Out of memory: every restored version reads 0, so clients overstate a loss once
+         * rather than miss it. */
+        free(vars);
+        atomic_store_explicit(&restored_taken, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&restored_lock);
+}
+
+static uint64_t restored_version(const variable *v)
+{
+    restored_entry key = {.v = v};
+    const restored_entry *e =
+        nrestored ? bsearch(&key, restored, nrestored, sizeof(*restored), restored_cmp) : NULL;
+    return e ? e->version : 0; /* created since the start */
+}
+
 static void handle_pull(rpc_call *call, void *arg)
 {
     server_state *st = arg;
+    restored_snapshot(st);
     const Psd__V1__PullRequest *req = (const void *)rpc_call_body(call);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
@@ -236,6 +293,7 @@ static void handle_pull(rpc_call *call, void *arg)
 static void push_common(rpc_call *call, server_state *st, bool reply_params)
 {
     const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
+    restored_snapshot(st);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
         return;
@@ -244,6 +302,7 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     size_t seglen;
     const uint8_t *grad = rpc_call_segment(call, &seglen);
     Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+    rep.restored_version = restored_version(v);
     /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
      * a push either marked and applied, or neither. */
     store_update_begin(st->vars);
@@ -319,6 +378,7 @@ static void handle_push_pull(rpc_call *call, void *arg)
 static void handle_clock(rpc_call *call, void *arg)
 {
     server_state *st = arg;
+    restored_snapshot(st);
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",

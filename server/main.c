@@ -1,9 +1,11 @@
 /* ps-server: holds a shard of the model's variables and applies updates as they arrive. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "jemalloc_conf.h"
@@ -11,6 +13,47 @@
 #include "program.h"
 #include "server.h"
 #include "timeutil.h"
+
+/* The "running" marker: <checkpoint-dir>/.running-<task> exists from the start of serving
+ * until the final checkpoint of a clean shutdown, so that a restart can tell whether the
+ * previous process crashed (and lost the updates it applied after its newest checkpoint) or
+ * stopped cleanly (and lost nothing). */
+static int marker_path(char *buf, size_t cap, const char *dir, uint32_t task)
+{
+    return (size_t)snprintf(buf, cap, "%s/.running-%u", dir, task) < cap ? 0 : -1;
+}
+
+static bool marker_exists(const char *dir, uint32_t task)
+{
+    char p[4200];
+    return marker_path(p, sizeof(p), dir, task) == 0 && access(p, F_OK) == 0;
+}
+
+static void marker_set(const char *dir, uint32_t task)
+{
+    char p[4200];
+    if (marker_path(p, sizeof(p), dir, task) != 0)
+        return;
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        log_warn("cannot create %s (a restart after a crash will not say that updates were "
+                 "lost): %s",
+                 p, strerror(errno));
+        return;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+    if (write(fd, pid, (size_t)n) != n)
+        log_warn("cannot write %s: %s", p, strerror(errno));
+    close(fd);
+}
+
+static void marker_clear(const char *dir, uint32_t task)
+{
+    char p[4200];
+    if (marker_path(p, sizeof(p), dir, task) == 0 && unlink(p) != 0 && errno != ENOENT)
+        log_warn("cannot remove %s: %s", p, strerror(errno));
+}
 
 static const char usage[] =
     "usage: ps-server [options]\n"
@@ -78,6 +121,7 @@ int main(int argc, char **argv)
     if (ck_cfg.dir && ck_cfg.dir[0]) {
         checkpoint_info ri;
         uint64_t max_seq;
+        bool crashed = marker_exists(ck_cfg.dir, st.task_index);
         int r = checkpoint_restore(&st, &ck_cfg, &ri, &max_seq, err, sizeof(err));
         int fail = 0;
         if (r == CKPT_REFUSED || r == CKPT_FAILED) {
@@ -89,8 +133,21 @@ int main(int argc, char **argv)
             log_info("restored %s: checkpoint %llu, %u variables, %llu bytes in %llu ms", ri.path,
                      (unsigned long long)ri.seq, ri.variables, (unsigned long long)ri.bytes,
                      (unsigned long long)ri.ms);
+            if (crashed)
+                log_warn("ps %u did not shut down cleanly: the updates it applied after "
+                         "checkpoint %llu are lost (clients that had them acknowledged log how "
+                         "many)",
+                         st.task_index, (unsigned long long)ri.seq);
+            else
+                log_info("ps %u shut down cleanly after writing checkpoint %llu: nothing was lost",
+                         st.task_index, (unsigned long long)ri.seq);
         } else if (r == CKPT_NONE) {
-            log_info("no checkpoint of ps %u in %s: starting empty", st.task_index, ck_cfg.dir);
+            if (crashed)
+                log_warn("no checkpoint of ps %u in %s: starting empty; the previous ps %u did "
+                         "not shut down cleanly and every update it applied is lost",
+                         st.task_index, ck_cfg.dir, st.task_index);
+            else
+                log_info("no checkpoint of ps %u in %s: starting empty", st.task_index, ck_cfg.dir);
         }
         if (fail == 0) {
             ck = checkpointer_create(&st, &ck_cfg, max_seq + 1, err, sizeof(err));
@@ -110,7 +167,7 @@ int main(int argc, char **argv)
             program_end(&prog);
             return fail;
         }
-    } else if (ck_cfg.interval_s > 0 || ck_cfg.interval_updates > 0) {
+    } else if (opt_is_set(prog.opts, OPT_CHECKPOINT_INTERVAL_S) || ck_cfg.interval_updates > 0) {
         log_warn("checkpoint-interval-s/-updates are set but checkpoint-dir is empty: "
                  "checkpoints are off");
     }
@@ -125,6 +182,8 @@ int main(int argc, char **argv)
         .methods = server_methods,
         .n_methods = server_methods_len,
         .handler_arg = &st,
+        .drop_percent = (int)opt_int(prog.opts, OPT_TEST_DROP_PERCENT),
+        .dup_percent = (int)opt_int(prog.opts, OPT_TEST_DUP_PERCENT),
     };
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
@@ -134,8 +193,11 @@ int main(int argc, char **argv)
         program_end(&prog);
         return 1;
     }
-    log_info("ps %u of %u serving on %s (version %s), expecting %d worker(s)", st.task_index,
-             st.num_servers, url, PSD_VERSION, n_workers);
+    if (ck)
+        marker_set(ck_cfg.dir, st.task_index);
+    log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s)",
+             st.task_index, st.num_servers, url, PSD_VERSION,
+             (unsigned long long)rpc_server_instance(st.rpc), n_workers);
 
     int sig = 0;
     while (!atomic_load(&st.shutdown_requested)) {
@@ -163,6 +225,8 @@ int main(int argc, char **argv)
         if (checkpoint_write(ck, &fi, err, sizeof(err)) != 0) {
             log_error("final checkpoint failed: %s", err);
             exit_code = 1;
+        } else {
+            marker_clear(ck_cfg.dir, st.task_index); /* everything applied is in it */
         }
         checkpointer_destroy(ck);
     }

@@ -297,6 +297,7 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
         strcmp(progress, "on") == 0 || (strcmp(progress, "auto") == 0 && isatty(STDERR_FILENO));
     tc.save_model = opt_str(o, OPT_SAVE_MODEL);
     tc.done_wait_ms = opt_int(o, OPT_DONE_WAIT_MS);
+    tc.progress_every = opt_int(o, OPT_PROGRESS_EVERY);
     if (strlen(tc.model_name) == 0 || strlen(tc.model_name) > 40) {
         log_error("--model-name must be 1 to 40 characters");
         return TRAIN_EXIT_CONFIG;

@@ -23,6 +23,11 @@ typedef struct trainer {
     model *m;
     ps_var *vars[2 * MODEL_MAX_LAYERS];
     ps_var *done_var;
+    /* progress record (train.h): the slot's value once every push started has applied */
+    ps_var *progress_var; /* NULL when cfg->progress_every is 0 */
+    ps_op *progress_op;   /* the push in flight, if any */
+    float progress_delta; /* its gradient: stays valid until it completes */
+    int64_t recorded;
     ps_op *ops[2 * MODEL_MAX_LAYERS];
     bool fused; /* push-pull: the reply carries the next step's parameters */
     int failed_param;
@@ -136,7 +141,67 @@ static int create_variables(trainer *t)
         log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
         return client_failure(rc);
     }
+    if (cfg->progress_every <= 0)
+        return TRAIN_EXIT_OK;
+    /* Progress slots, one per worker, updated like the completion counters (train.h). */
+    snprintf(name, sizeof(name), "%s/progress_of_%d", cfg->model_name, cfg->shard_count);
+    spec.name = name;
+    rc = ps_var_create(t->client, &spec, &t->progress_var);
+    if (rc != PS_OK) {
+        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
+        return client_failure(rc);
+    }
     return TRAIN_EXIT_OK;
+}
+
+/* Steps a float slot counts exactly (2^24). */
+#define PROGRESS_MAX_STEPS 16777216
+
+/* Reads this worker's progress slot into t->recorded. */
+static int progress_read(trainer *t)
+{
+    float v = 0.0f;
+    int rc = ps_pull_range(t->client, t->progress_var, (uint64_t)t->cfg->shard_index, 1, &v);
+    if (rc != PS_OK) {
+        log_error("pull %s: %s: %s", ps_var_name(t->progress_var), ps_strerror(rc),
+                  ps_last_error());
+        return rc;
+    }
+    t->recorded = isfinite(v) && v > 0.0f ? (int64_t)llroundf(v) : 0;
+    return PS_OK;
+}
+
+/* Waits for the progress push in flight, if any (after progress_every steps it is long done). */
+static int progress_wait(trainer *t)
+{
+    if (t->progress_op == NULL)
+        return PS_OK;
+    int rc = ps_op_wait(t->progress_op);
+    if (rc != PS_OK)
+        log_error("push %s: %s: %s", ps_var_name(t->progress_var), ps_strerror(rc),
+                  ps_op_message(t->progress_op));
+    ps_op_destroy(t->progress_op);
+    t->progress_op = NULL;
+    return rc;
+}
+
+/* Sets this worker's slot to `steps`: asynchronously, or blocking when `wait`. SGD with rate 1
+ * subtracts the gradient, so the gradient is the recorded value minus the new one. */
+static int progress_set(trainer *t, int64_t steps, bool wait)
+{
+    int rc = progress_wait(t);
+    if (rc != PS_OK || steps == t->recorded)
+        return rc;
+    t->progress_delta = (float)(t->recorded - steps);
+    rc = ps_push_async(t->client, t->progress_var, (uint64_t)t->cfg->shard_index, 1,
+                       &t->progress_delta, NULL, NULL, &t->progress_op);
+    if (rc != PS_OK) {
+        log_error("push %s: %s: %s", ps_var_name(t->progress_var), ps_strerror(rc),
+                  ps_last_error());
+        return rc;
+    }
+    t->recorded = steps;
+    return wait ? progress_wait(t) : PS_OK;
 }
 
 /* Pulls every parameter (all at once, asynchronously) into the host copies. */
@@ -349,7 +414,7 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
         return TRAIN_EXIT_FAILED;
     res->test_accuracy = acc;
     res->test_loss = loss;
-    log_eval(res->steps, epochs, loss, acc, true);
+    log_eval(res->first_step + res->steps, epochs, loss, acc, true);
     if (cfg->save_model != NULL && cfg->save_model[0] != '\0') {
         char err[512];
         if (model_save(t->m, cfg->save_model, err, sizeof(err)) != 0) {
@@ -409,6 +474,32 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         exit_code = rc;
         goto out;
     }
+    int64_t first = 0;
+    if (t.progress_var != NULL && total > PROGRESS_MAX_STEPS) {
+        log_warn("%" PRId64 " steps are more than a progress record counts exactly (%d): "
+                 "progress is neither recorded nor resumed",
+                 total, PROGRESS_MAX_STEPS);
+        t.progress_var = NULL;
+    }
+    if (t.progress_var != NULL) {
+        if ((rc = progress_read(&t)) != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
+        if (t.recorded > total) {
+            log_warn("the cluster recorded step %" PRId64
+                     " for worker %d, beyond this run's %" PRId64
+                     " steps (other --steps, --epochs or --batch-size?): starting at step 0",
+                     t.recorded, cfg->shard_index, total);
+        } else if (t.recorded > 0) {
+            first = t.recorded;
+            log_info("resuming at step %" PRId64 " of %" PRId64 " (epoch %" PRId64
+                     ") as recorded by the cluster",
+                     first, total,
+                     first < total ? first / steps_per_epoch + 1 : (int64_t)epochs_shown);
+        }
+    }
+    res->first_step = first;
     /* The bound the servers enforce (the spec may have asked for their default). Without one,
      * the parameters a push-pull returns are as good as a pull's, one round trip earlier. */
     int bound = ps_var_staleness_bound(t.vars[0]);
@@ -434,7 +525,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     int64_t win_steps = 0;
     uint64_t win_samples = 0;
     double last_loss = 0.0, last_sps = 0.0, bar_loss = 0.0;
-    int64_t step = 0;
+    int64_t step = first;
+    int shuffled = -1; /* epochs shuffled so far: a resumed run replays them (data.h) */
     for (; step < total; step++) {
         if (train_stop_signal) {
             bar_clear(&t);
@@ -443,8 +535,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         }
         int64_t in_epoch = step % steps_per_epoch;
         int epoch = (int)(step / steps_per_epoch);
-        if (in_epoch == 0)
-            data_shard_shuffle(&shard, (uint64_t)epoch);
+        while (shuffled < epoch)
+            data_shard_shuffle(&shard, (uint64_t)++shuffled);
         data_gather(train, shard.index + (size_t)in_epoch * (size_t)batch, (size_t)batch, xb, yb);
 
         uint64_t c0 = time_now_ns();
@@ -477,6 +569,13 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             exit_code = client_failure(rc);
             goto out;
         }
+        int64_t done_steps = step + 1;
+        /* This step's pushes are acknowledged and clocked: record it, without waiting. */
+        if (t.progress_var != NULL && done_steps % cfg->progress_every == 0 && done_steps < total &&
+            (rc = progress_set(&t, done_steps, false)) != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
         uint64_t c3 = time_now_ns();
         if (cfg->slow_worker == cfg->shard_index && cfg->slow_delay_ms > 0) {
             struct timespec ts = {(time_t)(cfg->slow_delay_ms / 1000),
@@ -496,7 +595,6 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         win_samples += (uint64_t)batch;
         res->samples += (uint64_t)batch;
 
-        int64_t done_steps = step + 1;
         uint64_t now = time_now_ns();
         if (done_steps % cfg->log_every == 0 || done_steps == total) {
             double dt = secs(now - win_start);
@@ -533,7 +631,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         }
         if (cfg->progress_bar) {
             /* The bar shows a moving average of the loss and the rate since the start. */
-            bar_loss = done_steps == 1 ? st.loss : 0.98 * bar_loss + 0.02 * st.loss;
+            bar_loss = done_steps == first + 1 ? st.loss : 0.98 * bar_loss + 0.02 * st.loss;
             double el = secs(now - t_start);
             bar_draw(&t, done_steps, total, epoch + 1, epochs_shown, bar_loss,
                      el > 0 ? (double)res->samples / el : 0.0, done_steps == total);
@@ -558,28 +656,40 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         }
     }
     bar_clear(&t);
-    res->steps = step;
+    res->steps = step - first;
     res->wall_s = secs(time_now_ns() - t_start);
     res->samples_per_s = res->wall_s > 0 ? (double)res->samples / res->wall_s : 0.0;
-    res->comm_ms_per_step = step > 0 ? (double)comm_ns / 1e6 / (double)step : 0.0;
+    res->comm_ms_per_step = res->steps > 0 ? (double)comm_ns / 1e6 / (double)res->steps : 0.0;
     res->compute_ms_per_step =
-        step > 0 ? res->wall_s * 1e3 / (double)step - res->comm_ms_per_step : 0.0;
+        res->steps > 0 ? res->wall_s * 1e3 / (double)res->steps - res->comm_ms_per_step : 0.0;
     res->final_loss = last_loss;
     {
         char fields[384];
         snprintf(fields, sizeof(fields),
                  "\"steps\":%" PRId64 ",\"samples\":%" PRIu64 ",\"wall_s\":%.3f,"
                  "\"samples_per_s\":%.1f,\"comm_ms_per_step\":%.3f,\"compute_ms_per_step\":%.3f,"
-                 "\"loss\":%.5f",
+                 "\"loss\":%.5f,\"first_step\":%" PRId64,
                  res->steps, res->samples, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
-                 res->compute_ms_per_step, res->final_loss);
+                 res->compute_ms_per_step, res->final_loss, res->first_step);
         log_fields(LOG_INFO, fields,
                    "trained %" PRId64 " steps in %.2f s: %.0f samples/s, %.3f ms/step in "
-                   "communication, %.3f ms/step computing",
+                   "communication, %.3f ms/step computing%s",
                    res->steps, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
-                   res->compute_ms_per_step);
+                   res->compute_ms_per_step, res->first_step > 0 ? " (resumed)" : "");
     }
+    uint64_t lost = ps_client_lost_updates(t.client);
+    if (lost > 0)
+        log_warn("updates lost to server restarts (this worker's acknowledged pushes, counted in "
+                 "chunks): %" PRIu64,
+                 lost);
 
+    /* Done: a later run with this model name on these servers starts at 0 (train.h). A crash
+     * between this and mark_done makes a restarted worker run its steps again, as it would
+     * without a record. */
+    if (t.progress_var != NULL && (rc = progress_set(&t, 0, true)) != PS_OK) {
+        exit_code = client_failure(rc);
+        goto out;
+    }
     /* Tell worker 0 this worker is done. */
     rc = mark_done(&t);
     if (rc != PS_OK) {
@@ -609,6 +719,7 @@ out:
     bar_clear(&t);
     for (int i = 0; i < 2 * MODEL_MAX_LAYERS; i++)
         ps_op_destroy(t.ops[i]);
+    ps_op_destroy(t.progress_op);
     backend_host_free(be, xb);
     backend_host_free(be, yb);
     data_shard_free(&shard);

@@ -40,6 +40,7 @@ typedef struct train_config {
     bool progress_bar;
     const char *save_model; /* NULL or "" = none */
     int64_t done_wait_ms;
+    int64_t progress_every; /* steps between progress records; 0 = no record, no resume */
     int slow_worker;        /* shard index that sleeps slow_delay_ms per step, -1 none */
     int64_t slow_delay_ms;  /* a straggler, for staleness experiments */
     double target_accuracy; /* > 0: report when evaluation first reaches it */
@@ -50,7 +51,8 @@ typedef struct train_config {
 
 /* Summary of a run. */
 typedef struct train_result {
-    int64_t steps;
+    int64_t first_step; /* > 0: resumed there, as recorded by the cluster */
+    int64_t steps;      /* run by this process (from first_step) */
     uint64_t samples;
     double wall_s;              /* training loop only */
     double samples_per_s;       /* this worker */
@@ -65,6 +67,14 @@ typedef struct train_result {
 
 /* Set asynchronously (signal handler) to stop the loop after the current step. */
 extern volatile int train_stop_signal;
+
+/* Progress: every progress_every steps each worker records the steps it has done (their
+ * pushes acknowledged and clocked) in its own slot of "<model_name>/progress_of_<count>", a
+ * float variable updated by SGD with rate 1 (a push of recorded - done sets the slot to done),
+ * with an asynchronous push: no round trip is waited for per step. The servers checkpoint it
+ * like any variable. At start a worker reads its slot and resumes there (same epoch, same
+ * position in the epoch's deterministic order); when it finishes it sets the slot back to 0,
+ * so that a later run with the same model name on the same servers starts at 0. */
 
 /* Creates the variables (idempotent), trains, and on shard 0 waits for the
  * other workers, evaluates on `test` and prints the final line

@@ -28,33 +28,16 @@
 
 #include "cluster_proc.h"
 #include "frame.h"
+#include "ps_proc.h"
 #include "psclient.h"
 
 #define N 1000
 
 static const char *server_bin;
 
-typedef struct one_ps {
-    int port;
-    pid_t pid;
-    char spec[128];
-    char dir[256];
-    char log[300];
-} one_ps;
-
-static void ps_init(one_ps *p)
-{
-    memset(p, 0, sizeof(*p));
-    p->port = test_free_port();
-    snprintf(p->spec, sizeof(p->spec), "{\"ps\":[\"127.0.0.1:%d\"]}", p->port);
-    snprintf(p->dir, sizeof(p->dir), "/tmp/psd-ckpt-XXXXXX");
-    assert_non_null(mkdtemp(p->dir));
-    snprintf(p->log, sizeof(p->log), "%s/server.log", p->dir);
-}
-
 /* Starts the server with --checkpoint-dir dir (none when dir is NULL) and up to 4 more
  * arguments (NULL-terminated, may be NULL). */
-static void ps_start_args(one_ps *p, const char *dir, const char *const *more)
+static void ps_start_args(test_ps *p, const char *dir, const char *const *more)
 {
     const char *extra[8] = {NULL};
     int n = 0;
@@ -64,165 +47,29 @@ static void ps_start_args(one_ps *p, const char *dir, const char *const *more)
     }
     for (int i = 0; more && more[i] && n < 6; i++)
         extra[n++] = more[i];
-    p->pid = test_server_spawn(server_bin, p->spec, 0, n ? extra : NULL, p->log);
-    assert_true(p->pid > 0);
-    if (test_wait_port(p->port, 10000) != 0) {
-        fprintf(stderr, "server did not start; its log %s:\n", p->log);
-        char cmd[400];
-        snprintf(cmd, sizeof(cmd), "cat %s >&2", p->log);
-        assert_int_equal(system(cmd), 0);
-        fail();
-    }
+    test_ps_start(p, n ? extra : NULL);
 }
 
-static void ps_start_dir(one_ps *p, const char *dir)
+static void ps_start_dir(test_ps *p, const char *dir)
 {
     ps_start_args(p, dir, NULL);
 }
 
-static void ps_start(one_ps *p)
+static void ps_start(test_ps *p)
 {
     ps_start_dir(p, p->dir);
 }
 
-static void ps_signal_wait(one_ps *p, int sig, int expect)
-{
-    kill(p->pid, sig);
-    int st = test_wait_exit(p->pid, 20000);
-    p->pid = 0;
-    assert_int_equal(st, expect);
-}
-
-static void ps_cleanup(one_ps *p)
-{
-    if (p->pid > 0)
-        ps_signal_wait(p, SIGKILL, 128 + SIGKILL);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", p->dir);
-    assert_int_equal(system(cmd), 0);
-}
-
-static ps_client *open_client(const one_ps *p)
-{
-    ps_config *cfg;
-    ps_client *c = NULL;
-    char tf[300];
-    snprintf(tf, sizeof(tf), "{\"cluster\":%s}", p->spec);
-    if (ps_config_create(&cfg) != PS_OK)
-        return NULL;
-    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
-        ps_config_set(cfg, "deadline-ms", "20000") != PS_OK)
-        fprintf(stderr, "config: %s\n", ps_last_error());
-    else if (ps_client_open(&c, cfg) != PS_OK)
-        fprintf(stderr, "open: %s\n", ps_last_error());
-    ps_config_destroy(cfg);
-    return c;
-}
-
-static ps_var *make_var(ps_client *c, const char *name, uint64_t n)
-{
-    ps_var_spec s;
-    ps_var_spec_init(&s, name);
-    s.ndims = 1;
-    s.dims[0] = n;
-    s.learning_rate = 1.0; /* SGD from zeros: params = -(sum of gradients) */
-    ps_var *v;
-    if (ps_var_create(c, &s, &v) != PS_OK) {
-        fprintf(stderr, "create %s: %s\n", name, ps_last_error());
-        return NULL;
-    }
-    return v;
-}
-
-static ps_var *find_var(ps_client *c, const char *name)
-{
-    ps_var *v;
-    if (ps_var_lookup(c, name, &v) != PS_OK) {
-        fprintf(stderr, "lookup %s: %s\n", name, ps_last_error());
-        return NULL;
-    }
-    return v;
-}
-
-/* Pushes a constant gradient to every element. */
-static void push_const(ps_client *c, ps_var *v, size_t n, float g)
-{
-    float *buf = malloc(n * sizeof(float));
-    assert_non_null(buf);
-    for (size_t i = 0; i < n; i++)
-        buf[i] = g;
-    assert_int_equal(ps_push(c, v, buf), PS_OK);
-    free(buf);
-}
-
-/* Every element of the variable equals want. */
-static void expect_all(ps_client *c, const char *name, size_t n, float want)
-{
-    ps_var *v = find_var(c, name);
-    assert_non_null(v);
-    float *buf = malloc(n * sizeof(float));
-    assert_non_null(buf);
-    assert_int_equal(ps_pull(c, v, buf), PS_OK);
-    size_t wrong = 0;
-    for (size_t i = 0; i < n; i++)
-        if (buf[i] != want && wrong++ < 3)
-            fprintf(stderr, "%s[%zu] = %g, expected %g\n", name, i, buf[i], want);
-    free(buf);
-    assert_int_equal(wrong, 0);
-}
-
-/* One raw request: returns the reply's status, and the frame (caller: frame_fini + msg free)
- * in *f / *m if OK. */
-static int raw_call(int port, envelope *env, const void *seg, size_t seglen, frame *f, nng_msg **m)
-{
-    nng_socket s;
-    char url[64];
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
-    assert_int_equal(nng_req0_open(&s), 0);
-    nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 15000);
-    assert_int_equal(nng_dial(s, url, NULL, 0), 0);
-    nng_msg *req;
-    assert_int_equal(frame_build(&req, env, seg, seglen, NULL), 0);
-    assert_int_equal(nng_sendmsg(s, req, 0), 0);
-    int rc = nng_recvmsg(s, m, 0);
-    nng_close(s);
-    if (rc != 0)
-        return -1000 - rc; /* no reply (e.g. the server died) */
-    char err[256];
-    assert_int_equal(frame_parse(*m, f, err, sizeof(err)), 0);
-    return (int)f->env->status;
-}
-
-/* Push of one float to element 0 of `name` as client `client` with sequence number seq. */
+/* Push of one float to element 0 of `name` as client `client` with sequence number seq, on a
+ * connection of its own; the reply must be OK. */
 static void raw_push(int port, const char *name, uint64_t client, uint64_t seq, float value,
                      bool *duplicate)
 {
-    Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
-    req.name = (char *)name;
-    uint8_t body[128];
-    size_t blen = psd__v1__push_request__pack(&req, body);
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__PUSH;
-    env.request_id = seq;
-    env.client_id = client;
-    env.seq = seq;
-    env.worker_id = -1;
-    env.body.data = body;
-    env.body.len = blen;
-    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = PSD__V1__DTYPE__FLOAT32;
-    t.count = 1;
-    env.tensor = &t;
-    frame f;
-    nng_msg *m;
-    int st = raw_call(port, &env, &value, sizeof(value), &f, &m);
+    nng_socket s = test_raw_dial(port, 15000);
+    int st;
+    test_raw_push(s, name, -1, client, seq, value, &st, duplicate);
+    nng_close(s);
     assert_int_equal(st, 0);
-    Psd__V1__PushReply *r = psd__v1__push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
-    assert_non_null(r);
-    *duplicate = r->duplicate;
-    psd__v1__push_reply__free_unpacked(r, NULL);
-    frame_fini(&f);
-    nng_msg_free(m);
 }
 
 /* Checkpoint RPC: returns the status; on OK fills path and version. */
@@ -239,7 +86,7 @@ static int raw_checkpoint(int port, char *path, size_t cap, uint64_t *version, c
     env.body.len = blen;
     frame f;
     nng_msg *m;
-    int st = raw_call(port, &env, NULL, 0, &f, &m);
+    int st = test_raw_call(port, &env, NULL, 0, &f, &m);
     if (st < -999)
         return st;
     if (msg)
@@ -260,7 +107,7 @@ static int raw_checkpoint(int port, char *path, size_t cap, uint64_t *version, c
     return st;
 }
 
-static void checkpoint_ok(const one_ps *p, uint64_t want_version)
+static void checkpoint_ok(const test_ps *p, uint64_t want_version)
 {
     char path[4200];
     uint64_t version = 0;
@@ -282,14 +129,14 @@ static float grad_of(int round, size_t i)
 static void test_sigterm_restart_exact(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     ps_start(&p);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    ps_var *a = make_var(c, "ck/a", N);
+    ps_var *a = test_make_var(c, "ck/a", N);
     assert_non_null(a);
-    assert_non_null(make_var(c, "ck/replay", 1));
+    assert_non_null(test_make_var(c, "ck/replay", 1));
     float g[N];
     for (int r = 1; r <= 5; r++) {
         for (size_t i = 0; i < N; i++)
@@ -301,15 +148,15 @@ static void test_sigterm_restart_exact(void **state)
     assert_false(dup);
     ps_client_close(c);
 
-    ps_signal_wait(&p, SIGTERM, 0); /* checkpoints on the way out */
+    test_ps_signal_wait(&p, SIGTERM, 0); /* checkpoints on the way out */
     char file[400];
     snprintf(file, sizeof(file), "%s/ckpt-0-1.psc", p.dir);
     assert_int_equal(access(file, R_OK), 0);
     ps_start(&p);
     assert_true(test_file_contains(p.log, "restored"));
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    ps_var *a2 = find_var(c, "ck/a");
+    ps_var *a2 = test_find_var(c, "ck/a");
     assert_non_null(a2);
     float w[N];
     assert_int_equal(ps_pull(c, a2, w), PS_OK);
@@ -319,71 +166,71 @@ static void test_sigterm_restart_exact(void **state)
             want -= grad_of(r, i);
         assert_true(w[i] == want);
     }
-    expect_all(c, "ck/replay", 1, -2.0f);
+    test_expect_all(c, "ck/replay", 1, -2.0f);
     raw_push(p.port, "ck/replay", 0x5eed, 5, 2.0f, &dup); /* resent after the restart */
     assert_true(dup);
     raw_push(p.port, "ck/replay", 0x5eed, 6, 1.0f, &dup); /* a new one still applies */
     assert_false(dup);
-    expect_all(c, "ck/replay", 1, -3.0f);
+    test_expect_all(c, "ck/replay", 1, -3.0f);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
-    ps_cleanup(&p);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
 }
 
 static void test_rpc_then_sigkill(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     ps_start(&p);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    ps_var *v = make_var(c, "ck/b", N);
+    ps_var *v = test_make_var(c, "ck/b", N);
     assert_non_null(v);
     for (int r = 0; r < 3; r++)
-        push_const(c, v, N, 1.0f);
+        test_push_const(c, v, N, 1.0f);
     checkpoint_ok(&p, 1);
     for (int r = 0; r < 2; r++) /* after the checkpoint: lost with the SIGKILL */
-        push_const(c, v, N, 1.0f);
-    expect_all(c, "ck/b", N, -5.0f);
+        test_push_const(c, v, N, 1.0f);
+    test_expect_all(c, "ck/b", N, -5.0f);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     ps_start(&p);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/b", N, -3.0f);
+    test_expect_all(c, "ck/b", N, -3.0f);
     fprintf(stderr, "restart after SIGKILL: state of checkpoint 1, the 2 pushes after it lost\n");
     /* The sequence goes on after the restored checkpoint. */
     checkpoint_ok(&p, 2);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
-    ps_cleanup(&p);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
 }
 
 static void test_crash_mid_write(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     ps_start(&p);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     size_t big = 1u << 20; /* 4 MiB: the crash comes inside the parameters */
-    ps_var *v = make_var(c, "ck/c", big);
+    ps_var *v = test_make_var(c, "ck/c", big);
     assert_non_null(v);
-    push_const(c, v, big, 1.0f);
+    test_push_const(c, v, big, 1.0f);
     checkpoint_ok(&p, 1);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     setenv("PS_TEST_FAILPOINT", "checkpoint-crash-mid-write", 1);
     ps_start(&p);
     unsetenv("PS_TEST_FAILPOINT");
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    v = find_var(c, "ck/c");
+    v = test_find_var(c, "ck/c");
     assert_non_null(v);
-    push_const(c, v, big, 1.0f);
+    test_push_const(c, v, big, 1.0f);
     ps_client_close(c);
     char path[4200];
     uint64_t version;
@@ -403,14 +250,14 @@ static void test_crash_mid_write(void **state)
     assert_true(sb.st_size > sb1.st_size / 4 && sb.st_size < sb1.st_size * 3 / 4); /* halfway */
 
     ps_start(&p);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/c", big, -1.0f);
+    test_expect_all(c, "ck/c", big, -1.0f);
     assert_true(test_file_contains(p.log, "an unfinished checkpoint"));
     assert_int_equal(access(tmp, F_OK), -1);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
-    ps_cleanup(&p);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
 }
 
 static void corrupt_byte(const char *path)
@@ -429,54 +276,54 @@ static void corrupt_byte(const char *path)
 static void test_corrupt_newest_falls_back(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     ps_start(&p);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    ps_var *v = make_var(c, "ck/d", N);
+    ps_var *v = test_make_var(c, "ck/d", N);
     assert_non_null(v);
-    push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
     checkpoint_ok(&p, 1);
-    push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
     checkpoint_ok(&p, 2);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     char f2[400], f3[400];
     snprintf(f2, sizeof(f2), "%s/ckpt-0-2.psc", p.dir);
     snprintf(f3, sizeof(f3), "%s/ckpt-0-3.psc", p.dir);
     corrupt_byte(f2);
     ps_start(&p);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/d", N, -1.0f);
+    test_expect_all(c, "ck/d", N, -1.0f);
     assert_true(test_file_contains(p.log, "ckpt-0-2.psc is unusable (bad CRC"));
 
     /* A truncated newest one (3) falls back past the corrupt 2 to 1. */
-    v = find_var(c, "ck/d");
-    push_const(c, v, N, 5.0f);
+    v = test_find_var(c, "ck/d");
+    test_push_const(c, v, N, 5.0f);
     checkpoint_ok(&p, 3);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     struct stat sb;
     assert_int_equal(stat(f3, &sb), 0);
     assert_int_equal(truncate(f3, sb.st_size - 30), 0);
     ps_start(&p);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/d", N, -1.0f);
+    test_expect_all(c, "ck/d", N, -1.0f);
     assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable (truncated"));
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
-    ps_cleanup(&p);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
 }
 
 static void test_other_shape_refused(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     /* Without checkpoint-dir the RPC says how to turn checkpoints on. */
     ps_start_dir(&p, NULL);
     char path[4200], msg[512];
@@ -484,14 +331,14 @@ static void test_other_shape_refused(void **state)
     assert_int_equal(raw_checkpoint(p.port, path, sizeof(path), &version, msg, sizeof(msg)),
                      PS_FAILED_PRECONDITION);
     assert_non_null(strstr(msg, "checkpoints are off: set checkpoint-dir"));
-    ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_signal_wait(&p, SIGTERM, 0);
 
     ps_start(&p);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    assert_non_null(make_var(c, "ck/e", 10));
+    assert_non_null(test_make_var(c, "ck/e", 10));
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_signal_wait(&p, SIGTERM, 0);
 
     /* The same task index in a cluster of 2 ps tasks. */
     int port2 = test_free_port();
@@ -510,7 +357,7 @@ static void test_other_shape_refused(void **state)
     pid = test_server_spawn(server_bin, spec2, 1, extra, p.log);
     assert_int_equal(test_wait_exit(pid, 20000), 2);
     assert_true(test_file_contains(p.log, "but this server is ps 1 of 2"));
-    ps_cleanup(&p);
+    test_ps_cleanup(&p);
 }
 
 /* Waits up to ms for a checkpoint file ckpt-0-<seq>.psc in dir; returns whether it appeared. */
@@ -531,40 +378,40 @@ static bool wait_checkpoint_file(const char *dir, int seq, int ms)
 static void test_periodic_triggers(void **state)
 {
     (void)state;
-    one_ps p;
-    ps_init(&p);
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
     const char *by_updates[] = {"--checkpoint-interval-updates", "3", NULL};
     ps_start_args(&p, p.dir, by_updates);
-    ps_client *c = open_client(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    ps_var *v = make_var(c, "ck/periodic", N);
+    ps_var *v = test_make_var(c, "ck/periodic", N);
     assert_non_null(v);
-    push_const(c, v, N, 1.0f);
-    push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
     assert_false(wait_checkpoint_file(p.dir, 1, 300)); /* 2 updates: not yet */
-    push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
     assert_true(wait_checkpoint_file(p.dir, 1, 5000)); /* the 3rd update triggers it */
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     const char *by_time[] = {"--checkpoint-interval-s", "1", NULL};
     ps_start_args(&p, p.dir, by_time);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/periodic", N, -3.0f); /* restored from the update-triggered checkpoint */
-    v = find_var(c, "ck/periodic");
+    test_expect_all(c, "ck/periodic", N, -3.0f); /* restored from the update-triggered checkpoint */
+    v = test_find_var(c, "ck/periodic");
     assert_non_null(v);
-    push_const(c, v, N, 1.0f);
+    test_push_const(c, v, N, 1.0f);
     assert_true(wait_checkpoint_file(p.dir, 2, 5000)); /* within about a second */
     ps_client_close(c);
-    ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     ps_start(&p);
-    c = open_client(&p);
+    c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    expect_all(c, "ck/periodic", N, -4.0f);
+    test_expect_all(c, "ck/periodic", N, -4.0f);
     ps_client_close(c);
-    ps_signal_wait(&p, SIGTERM, 0);
-    ps_cleanup(&p);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
 }
 
 int main(int argc, char **argv)

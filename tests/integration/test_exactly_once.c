@@ -12,14 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
-#include <nng/protocol/reqrep0/req.h>
 
 #include "cluster_proc.h"
-#include "frame.h"
+#include "ps_proc.h"
 #include "psclient.h"
 
 #define NCLIENTS 3
@@ -78,8 +76,9 @@ static float big_grad(int client, int round, size_t i)
 }
 
 /* Body of one client process: returns the exit code. */
-static int client_main(int id)
+static int client_main(int id, const void *arg)
 {
+    (void)arg;
     ps_client *c = open_client(id == 0 ? "10" : NULL, id == 2 ? "1M" : "64K");
     if (c == NULL)
         return 10;
@@ -123,19 +122,7 @@ static int client_main(int id)
 static void test_concurrent_exact_sums(void **state)
 {
     (void)state;
-    pid_t kids[NCLIENTS];
-    for (int k = 0; k < NCLIENTS; k++) {
-        kids[k] = fork();
-        assert_true(kids[k] >= 0);
-        if (kids[k] == 0)
-            _exit(client_main(k));
-    }
-    for (int k = 0; k < NCLIENTS; k++) {
-        int st;
-        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
-        assert_true(WIFEXITED(st));
-        assert_int_equal(WEXITSTATUS(st), 0);
-    }
+    test_fork_clients(NCLIENTS, client_main, NULL);
     ps_client *c = open_client(NULL, "1M");
     assert_non_null(c);
     ps_var *big, *small;
@@ -174,46 +161,6 @@ static void test_concurrent_exact_sums(void **state)
     ps_client_close(c);
 }
 
-/* A raw push frame from a fixed client id and sequence number, sent twice. */
-static void raw_push(nng_socket s, uint64_t client, uint64_t seq, float value, int *status,
-                     bool *duplicate)
-{
-    Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
-    req.name = "it/replay";
-    uint8_t body[64];
-    size_t blen = psd__v1__push_request__pack(&req, body);
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__PUSH;
-    env.request_id = seq;
-    env.client_id = client;
-    env.seq = seq;
-    env.worker_id = 0;
-    env.body.data = body;
-    env.body.len = blen;
-    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = PSD__V1__DTYPE__FLOAT32;
-    t.count = 1;
-    env.tensor = &t;
-    nng_msg *m;
-    assert_int_equal(frame_build(&m, &env, &value, sizeof(value), NULL), 0);
-    assert_int_equal(nng_sendmsg(s, m, 0), 0);
-    assert_int_equal(nng_recvmsg(s, &m, 0), 0);
-    frame f;
-    char err[256];
-    assert_int_equal(frame_parse(m, &f, err, sizeof(err)), 0);
-    *status = f.env->status;
-    *duplicate = false;
-    if (f.env->status == 0) {
-        Psd__V1__PushReply *r =
-            psd__v1__push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
-        assert_non_null(r);
-        *duplicate = r->duplicate;
-        psd__v1__push_reply__free_unpacked(r, NULL);
-    }
-    frame_fini(&f);
-    nng_msg_free(m);
-}
-
 static void test_replayed_push_is_dropped(void **state)
 {
     (void)state;
@@ -229,18 +176,13 @@ static void test_replayed_push_is_dropped(void **state)
     /* Talk to the servers directly with REQ sockets, as a client with a fixed id would. */
     int owner = -1;
     nng_socket sock[2];
-    for (int i = 0; i < 2; i++) {
-        char url[64];
-        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tc.ports[i]);
-        assert_int_equal(nng_req0_open(&sock[i]), 0);
-        nng_socket_set_ms(sock[i], NNG_OPT_RECVTIMEO, 5000);
-        assert_int_equal(nng_dial(sock[i], url, NULL, 0), 0);
-    }
+    for (int i = 0; i < 2; i++)
+        sock[i] = test_raw_dial(tc.ports[i], 5000);
     /* The owner answers OK, the other NOT_FOUND. */
     int st;
     bool dup;
     for (int i = 0; i < 2; i++) {
-        raw_push(sock[i], 0xabcdef, 7, 3.0f, &st, &dup);
+        test_raw_push(sock[i], "it/replay", 0, 0xabcdef, 7, 3.0f, &st, &dup);
         if (st == 0)
             owner = i;
         else
@@ -248,15 +190,18 @@ static void test_replayed_push_is_dropped(void **state)
     }
     assert_true(owner >= 0);
     assert_false(dup);
-    raw_push(sock[owner], 0xabcdef, 7, 3.0f, &st, &dup); /* replay: dropped */
+    test_raw_push(sock[owner], "it/replay", 0, 0xabcdef, 7, 3.0f, &st, &dup); /* replay: dropped */
     assert_int_equal(st, PS_OK);
     assert_true(dup);
-    raw_push(sock[owner], 0xabcdef, 6, 1.0f, &st, &dup); /* older, never seen: applied */
+    test_raw_push(sock[owner], "it/replay", 0, 0xabcdef, 6, 1.0f, &st,
+                  &dup); /* older, never seen: applied */
     assert_int_equal(st, PS_OK);
     assert_false(dup);
-    raw_push(sock[owner], 0xabcdef, 100000, 1.0f, &st, &dup); /* far ahead: applied */
+    test_raw_push(sock[owner], "it/replay", 0, 0xabcdef, 100000, 1.0f, &st,
+                  &dup); /* far ahead: applied */
     assert_int_equal(st, PS_OK);
-    raw_push(sock[owner], 0xabcdef, 8, 1.0f, &st, &dup); /* behind the window: refused */
+    test_raw_push(sock[owner], "it/replay", 0, 0xabcdef, 8, 1.0f, &st,
+                  &dup); /* behind the window: refused */
     assert_int_equal(st, PS_ABORTED);
     float val;
     assert_int_equal(ps_pull(c, v, &val), PS_OK);

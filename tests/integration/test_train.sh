@@ -10,10 +10,20 @@
 #       ps-local: a short successful run (exit 0), a failing worker stops everything (its exit
 #       code), and SIGINT stops everything (130); no process survives any of them.
 #   test_train.sh failures PS_SERVER PS_WORKER PS_LOCAL
-#       Workers that die: SIGKILL of worker 1 under ASP, and under BSP with a restarted worker 1
+#       Workers that die: SIGKILL of worker 1 under ASP and SSP, and under BSP with a restarted worker 1
 #       that rejoins; worker 0 finishes and reports a test accuracy soon after the eviction
 #       (--worker-timeout-ms 2000), not after --done-wait-ms. ps-local reports a killed worker
 #       0, and with --restart on-failure restarts a killed worker and the run completes.
+#   test_train.sh worker-resume PS_SERVER PS_WORKER PS_LOCAL
+#       ps-local --restart on-failure with worker 1 SIGKILLed mid-run: the restarted worker
+#       resumes at the step the cluster recorded (S > 0, in the epoch it was killed in) and its
+#       two lives run its planned steps (within the --progress-every granularity).
+#   test_train.sh ps-crash PS_SERVER PS_WORKER PS_LOCAL
+#       1 ps-server with checkpoints every second, 2 ps-workers: (a) the server is SIGKILLed
+#       mid-training and restarted on the same address and directory: both workers finish,
+#       worker 0's accuracy is >= 0.75, a worker logs the acknowledged updates that were lost and
+#       the server says it restored after a crash; (b) the same with SIGTERM: the restarted
+#       server says nothing was lost, and no worker says otherwise.
 #
 # Exit 77 (skipped) when Fashion-MNIST is not installed. Everything started here is killed on
 # exit.
@@ -23,6 +33,8 @@ PS_SERVER=${2:?ps-server}
 PS_WORKER=${3:?ps-worker}
 PS_LOCAL=${4:?ps-local}
 DATA_DIR=${PS_TEST_FASHION_DIR:-/usr/share/datasets/fashion-mnist}
+# shellcheck source=../support/procs.sh
+. "$(cd "$(dirname "$0")" && pwd)/../support/procs.sh"
 
 if [ ! -r "$DATA_DIR/train-images-idx3-ubyte.gz" ] && [ ! -r "$DATA_DIR/train-images-idx3-ubyte" ]; then
     echo "SKIP: Fashion-MNIST not found in $DATA_DIR (apt-get install dataset-fashion-mnist)"
@@ -30,41 +42,7 @@ if [ ! -r "$DATA_DIR/train-images-idx3-ubyte.gz" ] && [ ! -r "$DATA_DIR/train-im
 fi
 
 tmp=$(mktemp -d /tmp/ps-test-train-XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    wait 2>/dev/null
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-fail() {
-    echo "FAIL: $*" >&2
-    for f in "$tmp"/*.log; do
-        [ -f "$f" ] || continue
-        echo "---- $f (last 20 lines)" >&2
-        tail -n 20 "$f" >&2
-    done
-    exit 1
-}
-
-# Waits for pid up to $2 seconds; returns its exit code, or 124 on timeout (pid killed).
-wait_for() {
-    local pid=$1 limit=$2 i=0
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ "$i" -ge $((limit * 10)) ]; then
-            kill -KILL "$pid" 2>/dev/null
-            wait "$pid" 2>/dev/null
-            return 124
-        fi
-        sleep 0.1
-        i=$((i + 1))
-    done
-    wait "$pid"
-}
+procs_on_exit
 
 # True if no process of the given pids is alive.
 all_gone() {
@@ -78,10 +56,6 @@ all_gone() {
         fi
     done
     return 0
-}
-
-accuracy_of() {
-    sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$1" | tail -n 1
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -220,14 +194,6 @@ run_launcher() {
 }
 
 # ---------------------------------------------------------------------------------------------
-wait_log() { # file pattern seconds
-    for _ in $(seq $(($3 * 10))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
-
 # kill_worker_run NAME STALENESS RESTART(0|1): 1 ps, 2 workers; worker 1 is SIGKILLed mid-run
 # (and started again when RESTART is 1); worker 0 must finish with an accuracy.
 kill_worker_run() {
@@ -291,6 +257,7 @@ kill_worker_run() {
 
 run_failures() {
     kill_worker_run asp_kill -1 0
+    kill_worker_run ssp_kill 2 0
     kill_worker_run bsp_rejoin 0 1
 
     local small=(--layers "784,32,10" --batch-size 64 --log-format json --data-dir "$DATA_DIR"
@@ -330,8 +297,170 @@ run_failures() {
     echo "PASS"
 }
 
+# ---------------------------------------------------------------------------------------------
+# worker-resume: under ps-local --restart on-failure, worker 1 is SIGKILLed in its second epoch;
+# the restarted worker 1 must resume at the step the cluster recorded (--progress-every), not
+# at 0, and the steps of its two lives must add up to its planned total (within the records'
+# granularity).
+run_worker_resume() {
+    local steps=150 every=5 killat=70
+    local args=(--layers "784,32,10" --batch-size 512 --log-format json --data-dir "$DATA_DIR"
+        --heartbeat-ms 200 --log-every 1 --progress-every "$every" --steps "$steps"
+        --slow-worker 1 --slow-delay-ms 20 --model-name wresume)
+    "$PS_LOCAL" --workers 2 --timeout 40 --restart on-failure \
+        --server-arg=--worker-timeout-ms=4000 -- "${args[@]}" \
+        >"$tmp/resume.out" 2>"$tmp/resume.log" &
+    local l=$!
+    pids+=("$l")
+    wait_log "$tmp/resume.log" "\"task\":1,.*\"step\":$killat," 25 ||
+        fail "worker 1 never logged step $killat"
+    local w1pid
+    w1pid=$(sed -n 's/.*started worker 1 (pid \([0-9]*\)).*/\1/p' "$tmp/resume.log" | head -n 1)
+    kill -KILL "$w1pid"
+    wait_for "$l" 35
+    rc=$?
+    [ "$rc" -eq 0 ] || fail "ps-local --restart on-failure exited $rc, expected 0"
+    grep -q "worker 1 (pid $w1pid) was killed by signal 9.*restarting it" "$tmp/resume.log" ||
+        fail "ps-local did not log the restart of worker 1"
+    [ -n "$(accuracy_of "$tmp/resume.out")" ] || fail "the resumed run printed no accuracy"
+
+    # Worker 1's step lines, split at the restart: its first life, then its second.
+    local w1steps="$tmp/resume-w1.steps"
+    awk '/restarting it/ { life++ }
+         /"role":"worker","task":1,/ && /"step":[0-9]+,"epoch"/ {
+             match($0, /"step":[0-9]+/); print life + 1, substr($0, RSTART + 7, RLENGTH - 7)
+         }' "$tmp/resume.log" >"$w1steps"
+    local before first after last
+    before=$(awk '$1 == 1 { n = $2 } END { print n + 0 }' "$w1steps")
+    first=$(awk '$1 == 2 { print $2; exit }' "$w1steps")
+    after=$(awk '$1 == 2 { n++ } END { print n + 0 }' "$w1steps")
+    last=$(awk '$1 == 2 { n = $2 } END { print n + 0 }' "$w1steps")
+    local line s
+    line=$(grep '"task":1,' "$tmp/resume.log" | grep -o 'resuming at step [0-9]* of [0-9]* (epoch [0-9]*) as recorded by the cluster')
+    [ -n "$line" ] || fail "the restarted worker 1 did not log that it resumed"
+    s=$(echo "$line" | sed 's/resuming at step \([0-9]*\) .*/\1/')
+    echo "worker 1: killed after step $before, $line; ran $after more steps"
+    [ "$s" -gt 0 ] || fail "resumed at step $s"
+    echo "$line" | grep -q "of $steps (epoch 2)" || fail "expected a resume in epoch 2 of $steps steps: $line"
+    # The record lags the last step done by less than two records (one push may be in flight).
+    [ "$s" -le "$before" ] && [ $((before - s)) -lt $((2 * every)) ] ||
+        fail "resumed at $s after $before steps done (records every $every)"
+    [ "$first" = $((s + 1)) ] || fail "the second life's first step is $first, expected $((s + 1))"
+    [ "$last" = "$steps" ] || fail "the second life ended at step $last, expected $steps"
+    [ $((s + after)) -eq "$steps" ] || fail "resumed at $s and ran $after steps, not $steps in all"
+    local total=$((before + after))
+    [ "$total" -ge "$steps" ] && [ "$total" -lt $((steps + 2 * every)) ] ||
+        fail "worker 1 ran $total steps in its two lives for $steps planned"
+    grep '"task":1,' "$tmp/resume.log" | grep -q "trained $after steps.*(resumed)" ||
+        fail "worker 1's summary does not count its $after resumed steps"
+    echo "worker 1 ran $before + $after = $total steps for $steps planned"
+
+    grep '"task":0,' "$tmp/resume.log" | grep -q "resuming" && fail "worker 0 resumed"
+
+    # A finished worker clears its record: a second run of the same model on the same server
+    # starts at step 0 (and --progress-every 0 neither records nor resumes).
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 2)
+    [ "${#ports[@]}" -eq 2 ] || fail "no free ports"
+    local cl="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\"]}"
+    TF_CONFIG="{\"cluster\":$cl,\"task\":{\"type\":\"ps\",\"index\":0}}" "$PS_SERVER" \
+        --log-format json >"$tmp/rerun-ps.log" 2>&1 &
+    local server=$!
+    pids+=("$server")
+    local k
+    for k in 1 2; do
+        TF_CONFIG="{\"cluster\":$cl,\"task\":{\"type\":\"worker\",\"index\":0}}" \
+            "$PS_WORKER" --layers "784,16,10" --batch-size 256 --log-format json --steps 12 \
+            --progress-every 5 --data-dir "$DATA_DIR" --model-name wrerun \
+            >"$tmp/rerun$k.out" 2>"$tmp/rerun$k.log" || fail "run $k on a kept server exited $?"
+        grep -q "resuming" "$tmp/rerun$k.log" && fail "run $k on a kept server resumed"
+    done
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    echo "PASS"
+}
+
+# ---------------------------------------------------------------------------------------------
+# ps_restart_run NAME SIGNAL: 1 ps-server (checkpoints every second), 2 workers; once worker 1 has
+# trained a while the server gets SIGNAL and is started again on the same address and checkpoint
+# directory. Both workers must finish (exit 0); worker 0 prints its accuracy.
+ps_restart_run() {
+    local name=$1 sig=$2
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 3)
+    [ "${#ports[@]}" -eq 3 ] || fail "no free ports"
+    local cl="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
+    tfc() { echo "{\"cluster\":$cl,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
+    local sargs=(--log-format json --checkpoint-dir "$tmp/$name-ckpt" --checkpoint-interval-s 1)
+    TF_CONFIG=$(tfc ps 0) "$PS_SERVER" "${sargs[@]}" >"$tmp/$name-ps.log" 2>&1 &
+    local server=$!
+    pids+=("$server")
+    # 3 epochs (about 6 s of training on 2 cores): the server is stopped about 2 s in.
+    local common=(--layers "784,128,10" --epochs 3 --batch-size 64 --optimizer adam --seed 3
+        --log-every 100 --log-format json --data-dir "$DATA_DIR" --model-name "$name")
+    TF_CONFIG=$(tfc worker 0) "$PS_WORKER" "${common[@]}" >"$tmp/$name-w0.out" \
+        2>"$tmp/$name-w0.log" &
+    local w0=$!
+    pids+=("$w0")
+    TF_CONFIG=$(tfc worker 1) "$PS_WORKER" "${common[@]}" >"$tmp/$name-w1.out" \
+        2>"$tmp/$name-w1.log" &
+    local w1=$!
+    pids+=("$w1")
+    wait_log "$tmp/$name-w1.log" '"step"' 20 || fail "$name: worker 1 never logged a step"
+    wait_log "$tmp/$name-ps.log" 'checkpoint .*ckpt-0-' 10 || fail "$name: no periodic checkpoint"
+    sleep 1.5
+    kill -"$sig" "$server"
+    wait_for "$server" 15
+    local rcs=$?
+    if [ "$sig" = KILL ]; then
+        [ "$rcs" -eq 137 ] || fail "$name: the SIGKILLed server exited $rcs"
+    else
+        [ "$rcs" -eq 0 ] || fail "$name: the server exited $rcs after SIGTERM, expected 0"
+    fi
+    kill -0 "$w0" 2>/dev/null && kill -0 "$w1" 2>/dev/null ||
+        fail "$name: a worker ended before the server was stopped: make the run longer"
+    sleep 0.5
+    TF_CONFIG=$(tfc ps 0) "$PS_SERVER" "${sargs[@]}" >"$tmp/$name-ps2.log" 2>&1 &
+    server=$!
+    pids+=("$server")
+    wait_for "$w1" 40
+    local rc1=$?
+    wait_for "$w0" 20
+    local rc0=$?
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc0" -eq 0 ] || fail "$name: worker 0 exited $rc0"
+    [ "$rc1" -eq 0 ] || fail "$name: worker 1 exited $rc1"
+    grep -q "restored .*ckpt-0-" "$tmp/$name-ps2.log" ||
+        fail "$name: the restarted server restored no checkpoint"
+    acc=$(accuracy_of "$tmp/$name-w0.out")
+    [ -n "$acc" ] || fail "$name: worker 0 printed no test_accuracy= line"
+}
+
+run_ps_crash() {
+    # (a) SIGKILL: the updates since the last checkpoint are lost, and the workers say how many.
+    ps_restart_run pskill KILL
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "pskill: test accuracy $acc < 0.75"
+    grep -q "did not shut down cleanly: the updates it applied after checkpoint" \
+        "$tmp/pskill-ps2.log" || fail "pskill: the restarted server did not say updates were lost"
+    local lost
+    lost=$(cat "$tmp/pskill-w0.log" "$tmp/pskill-w1.log" |
+        sed -n 's/.*): \([0-9]*\) acknowledged updates to .* since it are lost.*/\1/p' |
+        awk '{ s += $1 } END { print s + 0 }')
+    [ "$lost" -gt 0 ] || fail "pskill: no worker logged the acknowledged updates that were lost"
+    echo "pskill: test_accuracy=$acc; the workers counted $lost lost updates (shard versions)"
+    # (b) SIGTERM: the final checkpoint has everything; nothing is lost and nobody says so.
+    ps_restart_run psterm TERM
+    grep -q "shut down cleanly after writing checkpoint .*: nothing was lost" \
+        "$tmp/psterm-ps2.log" || fail "psterm: the restarted server did not say nothing was lost"
+    grep -q "acknowledged updates to" "$tmp/psterm-w0.log" "$tmp/psterm-w1.log" &&
+        fail "psterm: a worker reported lost updates after a clean restart"
+    echo "psterm: test_accuracy=$acc, nothing lost"
+    echo "PASS"
+}
+
 case "$mode" in
+ps-crash) run_ps_crash ;;
 train) run_train ;;
+worker-resume) run_worker_resume ;;
 failures) run_failures ;;
 launcher) run_launcher ;;
 *)

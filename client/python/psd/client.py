@@ -1,0 +1,643 @@
+"""The client: connection, variables, pull and push (blocking and asynchronous), clock,
+server status. A thin layer over libpsclient; see client/psclient.h for every contract."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import sys
+import threading
+from concurrent.futures import Future
+from ctypes import byref, c_char_p, c_int, c_int64, c_size_t, c_ubyte, c_void_p
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _native
+from ._buffers import resolve
+from .errors import InvalidArgumentError, PsError, error_for
+
+STALENESS_ASYNC = _native.PS_STALENESS_ASYNC
+STALENESS_BSP = _native.PS_STALENESS_BSP
+STALENESS_DEFAULT = _native.PS_STALENESS_DEFAULT
+
+ClusterSpec = Union[str, Mapping[str, Any]]
+
+
+def _text(b: Optional[bytes]) -> str:
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def _raise(rc: int) -> None:
+    """Raises the exception for a failed call made by this thread."""
+    raise error_for(rc, _text(_native.lib().ps_last_error()))
+
+
+def version() -> str:
+    """The version of the loaded libpsclient ("MAJOR.MINOR.PATCH")."""
+    return _text(_native.lib().ps_version())
+
+
+def optimizer_parse(name: str) -> int:
+    """The number of the optimizer called `name` (case-insensitive), as ps_optimizer_parse.
+
+    Raises InvalidArgumentError (whose message lists the known names) for an unknown name."""
+    out = c_int(-1)
+    rc = _native.lib().ps_optimizer_parse(name.encode(), byref(out))
+    if rc != 0:
+        _raise(rc)
+    return out.value
+
+
+def optimizer_name(optimizer: int) -> str:
+    """The canonical name of optimizer number `optimizer`, or "unknown"."""
+    return _text(_native.lib().ps_optimizer_name(optimizer))
+
+
+# ---- asynchronous completion --------------------------------------------------------------
+#
+# One C callback for the whole process (a ctypes callback must outlive every call into it);
+# the `arg` of each operation is a token naming its entry in _pending, which holds the Future,
+# the caller's buffers and the result until the operation completes. The callback runs on a
+# library thread: it only records the outcome and completes the Future. ps_op_destroy cannot
+# be called from inside the callback (it waits for the callback to return), so completed op
+# handles go to _finished and are freed by the next call that starts an operation, by
+# Client.close, or at exit.
+
+
+class _Pending:
+    __slots__ = ("future", "result", "keep")
+
+    def __init__(self, future: "Future[Any]", result: Any, keep: Tuple[Any, ...]) -> None:
+        self.future = future
+        self.result = result
+        self.keep = keep
+
+
+_pending: Dict[int, _Pending] = {}
+_finished: List[int] = []
+_tokens = itertools.count(1)
+
+
+def _on_done(op: int, arg: int) -> None:
+    try:
+        entry = _pending.pop(arg, None)
+        if entry is None:
+            return
+        L = _native.lib()
+        rc = L.ps_op_status(op)
+        if rc == 0:
+            entry.future.set_result(entry.result)
+        else:
+            entry.future.set_exception(error_for(rc, _text(L.ps_op_message(op))))
+        entry.keep = ()
+        _finished.append(op)
+    except BaseException as e:  # nothing may propagate into C
+        print(f"psd: error in completion callback: {e!r}", file=sys.stderr)
+
+
+_ON_DONE = _native.DONE_FN(_on_done)
+
+
+def _reap() -> None:
+    L = None
+    while _finished:
+        try:
+            op = _finished.pop()
+        except IndexError:
+            break
+        if L is None:
+            L = _native.lib()
+        L.ps_op_destroy(op)
+
+
+# ---- status --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StalenessStats:
+    """Observed staleness of pulls by workers (ps_staleness_stats)."""
+
+    max: int
+    pulls: int
+    waits: int
+    wait_ms: int
+    timeouts: int
+    histogram: Tuple[int, ...]
+
+    @classmethod
+    def _from_c(cls, s: _native.StalenessStats) -> "StalenessStats":
+        return cls(s.max, s.pulls, s.waits, s.wait_ms, s.timeouts, tuple(s.histogram))
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """Counters of one server (ps_server_stats)."""
+
+    task_index: int
+    uptime_ms: int
+    requests: int
+    errors: int
+    updates_applied: int
+    duplicates_dropped: int
+    bytes_in: int
+    bytes_out: int
+    bytes_held: int
+    num_variables: int
+    min_clock: int
+    live_workers: int
+    evictions: int
+    staleness: StalenessStats
+
+    @classmethod
+    def _from_c(cls, s: _native.ServerStats) -> "ServerStatus":
+        kw = {f.name: getattr(s, f.name) for f in fields(cls) if f.name != "staleness"}
+        return cls(staleness=StalenessStats._from_c(s.staleness), **kw)
+
+
+# ---- variables -----------------------------------------------------------------------------
+
+
+class Variable:
+    """A variable on the servers (a handle owned by its Client, valid until it closes).
+
+    Data methods take float32 memory used in place, never copied: a NumPy array, a PyTorch
+    CPU tensor or any object with the buffer protocol (format 'f'), C-contiguous, and writable
+    for the destinations of pulls. The number of elements is what counts (a (784, 256) array
+    and a flat one of 200704 elements are the same to a pull). `offset` selects a range of the
+    flattened variable; its length is that of the buffer given.
+    """
+
+    __slots__ = ("_client", "_h", "name", "shape", "size", "__weakref__")
+
+    def __init__(self, client: "Client", handle: int) -> None:
+        L = _native.lib()
+        self._client = client
+        self._h = handle
+        self.name: str = _text(L.ps_var_name(handle))
+        self.shape: Tuple[int, ...] = tuple(L.ps_var_dim(handle, i)
+                                            for i in range(L.ps_var_ndims(handle)))
+        self.size: int = L.ps_var_numel(handle)
+
+    def __repr__(self) -> str:
+        return f"<psd.Variable {self.name!r} shape={self.shape} shards={self.num_shards}>"
+
+    @property
+    def client(self) -> "Client":
+        return self._client
+
+    @property
+    def num_shards(self) -> int:
+        """Number of servers the variable is split over (1 for one held whole)."""
+        return _native.lib().ps_var_num_shards(self._h)
+
+    @property
+    def staleness_bound(self) -> int:
+        """The staleness bound the servers enforce: -1 (async), 0 (BSP) or s > 0."""
+        return _native.lib().ps_var_staleness_bound(self._h)
+
+    def staleness(self) -> StalenessStats:
+        """Observed staleness of this variable's pulls, summed over its servers. Blocks."""
+        out = _native.StalenessStats()
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_var_staleness(c, self._h, byref(out))
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        return StalenessStats._from_c(out)
+
+    # -- helpers --
+
+    def _what(self, op: str, role: str) -> str:
+        return f"{op} of {self.name!r}: {role}"
+
+    def _dest(self, out: Any, offset: int, count: Optional[int], op: str) -> Tuple[Any, int, int, Any]:
+        if offset < 0:
+            raise ValueError(f"{op} of {self.name!r}: offset {offset} is negative")
+        if out is None:
+            try:
+                import numpy as np
+            except ImportError:
+                raise TypeError(f"{op} of {self.name!r}: pass out= (NumPy, which would "
+                                f"allocate the result, is not installed)") from None
+            if count is None:
+                count = max(self.size - offset, 0)
+            shape = self.shape if (offset == 0 and count == self.size) else (count,)
+            out = np.empty(shape, dtype=np.float32)
+        addr, n, keep = resolve(out, writable=True, what=self._what(op, "destination"))
+        if count is not None and n != count:
+            raise ValueError(f"{op} of {self.name!r}: the destination has {n} float32 "
+                             f"elements, count is {count}")
+        return out, addr, n, keep
+
+    def _src(self, grad: Any, op: str) -> Tuple[int, int, Any]:
+        return resolve(grad, writable=False, what=self._what(op, "gradient"))
+
+    # -- blocking --
+
+    def pull(self, out: Any = None, *, offset: int = 0, count: Optional[int] = None) -> Any:
+        """Copies the variable (or elements [offset, offset + count)) into `out` and returns
+        it. Without `out`, a new NumPy array of the variable's shape (or of `count`, default
+        the rest of the variable from `offset`) is allocated. Blocks."""
+        out, addr, n, keep = self._dest(out, offset, count, "pull")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_pull_range(c, self._h, offset, n, addr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep
+        return out
+
+    def push(self, grad: Any, *, offset: int = 0) -> None:
+        """Sends a gradient for the whole variable (or for elements [offset, offset +
+        len(grad))); the servers apply the optimizer, exactly once. Blocks."""
+        if offset < 0:
+            raise ValueError(f"push of {self.name!r}: offset {offset} is negative")
+        addr, n, keep = self._src(grad, "push")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_push_range(c, self._h, offset, n, addr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep
+
+    def push_pull(self, grad: Any, out: Any = None, *, offset: int = 0) -> Any:
+        """Pushes `grad` and returns in `out` (allocated if None) the parameters just after
+        that update. `grad` and `out` have the same number of elements. Blocks."""
+        gaddr, n, gkeep = self._src(grad, "push_pull")
+        out, addr, _, keep = self._dest(out, offset, n, "push_pull")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_push_pull_range(c, self._h, offset, n, gaddr, addr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep, gkeep
+        return out
+
+    # -- asynchronous --
+
+    def _start(self, fn_name: str, args: Tuple[Any, ...], result: Any,
+               keep: Tuple[Any, ...]) -> "Future[Any]":
+        _reap()
+        fut: Future[Any] = Future()
+        fut.set_running_or_notify_cancel()  # the transfer cannot be called back: no cancel()
+        token = next(_tokens)
+        _pending[token] = _Pending(fut, result, keep)
+        op = c_void_p()
+        c = self._client._enter()
+        try:
+            rc = getattr(_native.lib(), fn_name)(c, self._h, *args, _ON_DONE, token, byref(op))
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _pending.pop(token, None)
+            _raise(rc)
+        return fut
+
+    def pull_async(self, out: Any = None, *, offset: int = 0,
+                   count: Optional[int] = None) -> "Future[Any]":
+        """Starts a pull into `out` (allocated if None) and returns a Future whose result is
+        `out`. Do not touch `out` until the Future is done; the Future keeps it alive. A
+        failure of the transfer is the Future's exception (a PsError)."""
+        out, addr, n, keep = self._dest(out, offset, count, "pull_async")
+        return self._start("ps_pull_async", (offset, n, addr), out, (keep,))
+
+    def push_async(self, grad: Any, *, offset: int = 0) -> "Future[None]":
+        """Starts a push of `grad` and returns a Future (result None). `grad` must not be
+        modified until the Future is done; the Future keeps it alive."""
+        if offset < 0:
+            raise ValueError(f"push_async of {self.name!r}: offset {offset} is negative")
+        addr, n, keep = self._src(grad, "push_async")
+        return self._start("ps_push_async", (offset, n, addr), None, (keep,))
+
+    def push_pull_async(self, grad: Any, out: Any = None, *,
+                        offset: int = 0) -> "Future[Any]":
+        """Starts a push of `grad` returning the updated parameters in `out` (allocated if
+        None); the Future's result is `out`."""
+        gaddr, n, gkeep = self._src(grad, "push_pull_async")
+        out, addr, _, keep = self._dest(out, offset, n, "push_pull_async")
+        return self._start("ps_push_pull_async", (offset, n, gaddr, addr), out, (keep, gkeep))
+
+
+# ---- client --------------------------------------------------------------------------------
+
+
+def _setting_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return str(v)
+
+
+class Client:
+    """A connection to a cluster of ps-server processes.
+
+    Args:
+        cluster: the cluster spec: a dict or JSON text, either a bare cluster
+            (``{"ps": ["host:port", ...], "worker": [...]}``) or the TF_CONFIG form
+            (``{"cluster": {...}, "task": {"type": "worker", "index": 0}}``), or ``"@path"``
+            of a JSON file. None: from the environment (``TF_CONFIG`` or ``PS_CLUSTER``).
+        use_env: read the client settings from the environment first (PS_* variables and
+            TF_CONFIG), as every program of the project does.
+        **settings: client settings by name, with ``_`` for ``-`` (``deadline_ms=5000``,
+            ``connections=4``, ``chunk_bytes="1M"``, ``task="worker:0"``); they take
+            precedence over the environment. An unknown name or a bad value raises
+            InvalidArgumentError naming it.
+
+    Connections are made in the background: the constructor does not wait for the servers
+    (the first call does, within its deadline). Use it as a context manager, or call close().
+    All methods are thread-safe.
+    """
+
+    def __init__(self, cluster: Optional[ClusterSpec] = None, *, use_env: bool = True,
+                 **settings: Any) -> None:
+        self._handle: Optional[int] = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._active = 0
+        self._closing = False
+        self._vars: Dict[int, Variable] = {}
+        L = _native.lib()
+        cfg = c_void_p()
+        rc = L.ps_config_create(byref(cfg))
+        if rc != 0:
+            _raise(rc)
+        try:
+            if use_env:
+                rc = L.ps_config_load_env(cfg)
+                if rc != 0:
+                    _raise(rc)
+            items: List[Tuple[str, str]] = []
+            if cluster is not None:
+                items.append(("cluster", cluster if isinstance(cluster, str)
+                              else json.dumps(cluster)))
+            items += [(k.replace("_", "-"), _setting_value(v)) for k, v in settings.items()]
+            for name, value in items:
+                rc = L.ps_config_set(cfg, name.encode(), value.encode())
+                if rc != 0:
+                    _raise(rc)
+            h = c_void_p()
+            rc = L.ps_client_open(byref(h), cfg)
+            if rc != 0:
+                _raise(rc)
+            self._handle = h.value
+        finally:
+            L.ps_config_destroy(cfg)
+
+    # -- lifetime --
+
+    def _enter(self) -> int:
+        with self._lock:
+            if self._handle is None or self._closing:
+                raise ValueError("the psd.Client is closed")
+            self._active += 1
+            return self._handle
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and self._closing:
+                self._idle.notify_all()
+
+    def close(self) -> None:
+        """Closes every connection. Waits for calls in progress on other threads to return;
+        asynchronous operations still in flight fail with CancelledError. Variables of this
+        client cannot be used afterwards. Idempotent."""
+        with self._lock:
+            if self._handle is None or self._closing:
+                return
+            self._closing = True
+            while self._active:
+                self._idle.wait()
+            h = self._handle
+        _native.lib().ps_client_close(h)
+        with self._lock:
+            self._handle = None
+            self._vars.clear()
+        _reap()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        if self._handle is None:
+            return "<psd.Client closed>"
+        return f"<psd.Client servers={self.num_servers}>"
+
+    # -- cluster --
+
+    @property
+    def num_servers(self) -> int:
+        """Number of ps tasks in the cluster spec."""
+        c = self._enter()
+        try:
+            return _native.lib().ps_client_num_servers(c)
+        finally:
+            self._leave()
+
+    def clock(self) -> int:
+        """Advances this client's clock by one, reports it to every server and returns it.
+        Call it after the pushes of the clock have completed. Blocks."""
+        out = c_int64()
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_clock(c, byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return out.value
+
+    @property
+    def current_clock(self) -> int:
+        """This client's current clock (no network)."""
+        c = self._enter()
+        try:
+            return _native.lib().ps_client_clock(c)
+        finally:
+            self._leave()
+
+    def server_status(self, server: int = 0) -> ServerStatus:
+        """Counters of server `server` (0 .. num_servers - 1). Blocks."""
+        out = _native.ServerStats()
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_server_status(c, server, byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return ServerStatus._from_c(out)
+
+    def workers_live(self, n: int) -> List[bool]:
+        """Which of workers 0 .. n-1 the servers count as live. Blocks."""
+        buf = (c_ubyte * max(n, 1))()
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_cluster_workers_live(c, n, buf)
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return [bool(buf[i]) for i in range(n)]
+
+    def checkpoint(self) -> None:
+        """Asks every server to checkpoint now; returns once all are durable. Raises
+        FailedPreconditionError when checkpoints are off. Blocks."""
+        self._simple("ps_checkpoint")
+
+    def shutdown_cluster(self) -> None:
+        """Asks every server to shut down cleanly. Blocks until each has acknowledged."""
+        self._simple("ps_shutdown_cluster")
+
+    def _simple(self, fn: str) -> None:
+        c = self._enter()
+        try:
+            rc = getattr(_native.lib(), fn)(c)
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+
+    # -- variables --
+
+    def _wrap(self, handle: int) -> Variable:
+        with self._lock:
+            v = self._vars.get(handle)
+            if v is None:
+                v = self._vars[handle] = Variable(self, handle)
+            return v
+
+    def create_variable(self, name: str, shape: Sequence[int] = (), *,
+                        dtype: Any = "float32",
+                        initializer: str = "zeros",
+                        init_a: float = 0.0,
+                        init_b: float = 0.0,
+                        seed: int = 0,
+                        optimizer: Union[str, int] = "sgd",
+                        learning_rate: Optional[float] = None,
+                        momentum: Optional[float] = None,
+                        nesterov: Optional[bool] = None,
+                        beta1: Optional[float] = None,
+                        beta2: Optional[float] = None,
+                        epsilon: Optional[float] = None,
+                        initial_accumulator: Optional[float] = None,
+                        weight_decay: Optional[float] = None,
+                        staleness: int = STALENESS_DEFAULT) -> Variable:
+        """Creates a variable on its server(s), or finds it if one with the same name and spec
+        exists (idempotent: every worker may call it). Another spec under the same name raises
+        AlreadyExistsError naming the differing field.
+
+        Args:
+            shape: up to 8 dimensions (() is a scalar).
+            dtype: only float32.
+            initializer: "zeros", "constant" (value init_a), "uniform" ([init_a, init_b)),
+                "normal" (mean init_a, stddev init_b) or "glorot_uniform"; seeded by `seed`.
+            optimizer: a name ("sgd", "momentum", "adagrad", "adam", "adamw"; see
+                ps_optimizer_parse) or its number.
+            learning_rate, momentum, nesterov, beta1, beta2, epsilon, initial_accumulator,
+                weight_decay: hyper-parameters; None keeps the library's default.
+            staleness: the bound: STALENESS_ASYNC (-1), STALENESS_BSP (0), s > 0, or
+                STALENESS_DEFAULT (the servers' default-staleness).
+        Blocks.
+        """
+        dname = getattr(dtype, "name", dtype)
+        if dname not in ("float32", "f4", "<f4", "f"):
+            raise TypeError(f"variable {name!r}: dtype {dtype!r} is not supported; only "
+                            f"float32")
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > _native.PS_MAX_DIMS:
+            raise ValueError(f"variable {name!r}: {len(shape)} dimensions, at most "
+                             f"{_native.PS_MAX_DIMS}")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"variable {name!r}: negative dimension in shape {shape}")
+        init = _native.INITIALIZERS.get(initializer.lower() if isinstance(initializer, str)
+                                        else initializer)
+        if init is None:
+            raise ValueError(f"variable {name!r}: unknown initializer {initializer!r}; one of "
+                             f"{', '.join(_native.INITIALIZERS)}")
+        opt = optimizer_parse(optimizer) if isinstance(optimizer, str) else int(optimizer)
+        L = _native.lib()
+        spec = _native.VarSpec()
+        bname = name.encode()
+        L.ps_var_spec_init_sized(byref(spec), ctypes.sizeof(spec), bname)
+        spec.ndims = len(shape)
+        for i, d in enumerate(shape):
+            spec.dims[i] = d
+        spec.initializer = init
+        spec.init_a = init_a
+        spec.init_b = init_b
+        spec.seed = seed
+        spec.optimizer = opt
+        for field, value in (("learning_rate", learning_rate), ("momentum", momentum),
+                             ("nesterov", nesterov), ("beta1", beta1), ("beta2", beta2),
+                             ("epsilon", epsilon), ("initial_accumulator", initial_accumulator),
+                             ("weight_decay", weight_decay)):
+            if value is not None:
+                setattr(spec, field, value)
+        spec.staleness = staleness
+        out = c_void_p()
+        c = self._enter()
+        try:
+            rc = L.ps_var_create(c, byref(spec), byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return self._wrap(out.value)
+
+    def variable(self, name: str) -> Variable:
+        """Finds an existing variable by name; NotFoundError if no server has it. Blocks."""
+        out = c_void_p()
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_var_lookup(c, name.encode(), byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return self._wrap(out.value)
+
+    def list_variables(self) -> List[str]:
+        """The names of all variables in the cluster. Blocks."""
+        names = ctypes.POINTER(c_char_p)()
+        count = c_size_t()
+        L = _native.lib()
+        c = self._enter()
+        try:
+            rc = L.ps_var_list(c, byref(names), byref(count))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        try:
+            return [_text(names[i]) for i in range(count.value)]
+        finally:
+            L.ps_names_free(names, count)
+
+
+__all__ = ["Client", "Variable", "ServerStatus", "StalenessStats", "version", "optimizer_parse",
+           "optimizer_name", "STALENESS_ASYNC", "STALENESS_BSP", "STALENESS_DEFAULT",
+           "PsError", "InvalidArgumentError"]

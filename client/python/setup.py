@@ -1,0 +1,27 @@
+"""Build step for bundling libpsclient: with PSD_BUNDLE_LIBRARY=/path/to/libpsclient.so set,
+`pip install client/python` copies that file into the package (as psd/libpsclient.so.0), where
+psd finds it before pkg-config and the system loader. Without it the package is pure Python
+and finds the library at run time (PSD_LIBRARY, pkg-config, the system loader)."""
+
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyBundling(build_py):
+    def run(self) -> None:
+        super().run()
+        src = os.environ.get("PSD_BUNDLE_LIBRARY")
+        if not src:
+            return
+        if not os.path.isfile(src):
+            raise SystemExit(f"PSD_BUNDLE_LIBRARY={src}: no such file")
+        dst_dir = os.path.join(self.build_lib, "psd")
+        os.makedirs(dst_dir, exist_ok=True)
+        # copy the file itself (a symlink such as build/client/libpsclient.so is followed)
+        shutil.copyfile(src, os.path.join(dst_dir, "libpsclient.so.0"))
+
+
+setup(cmdclass={"build_py": BuildPyBundling})

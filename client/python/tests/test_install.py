@@ -1,0 +1,66 @@
+"""How psd finds libpsclient: PSD_LIBRARY, a copy bundled into the package, and a pip
+install of client/python that bundles it (each in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def lib_path() -> str:
+    path = os.environ.get("PSD_LIBRARY")
+    if not path:
+        raise RuntimeError("PSD_LIBRARY is not set (meson test python sets it)")
+    return path
+
+
+def run_py(code: str, cwd: str, env_changes: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PSD_LIBRARY", "PYTHONPATH")}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_psd_library_that_does_not_exist_is_an_error(tmp_path) -> None:
+    r = run_py("import psd; psd.library_path()", PKG_ROOT,
+               {"PSD_LIBRARY": str(tmp_path / "nope.so")})
+    assert r.returncode != 0
+    assert "LibraryNotFoundError" in r.stderr and "nope.so: no such file" in r.stderr
+
+
+def test_bundled_copy_is_found(tmp_path) -> None:
+    shutil.copytree(os.path.join(PKG_ROOT, "psd"), tmp_path / "psd",
+                    ignore=shutil.ignore_patterns("__pycache__", "libpsclient.so*"))
+    shutil.copyfile(lib_path(), tmp_path / "psd" / "libpsclient.so.0")
+    r = run_py("import psd; print(psd.library_path()); print(psd.version())", str(tmp_path), {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == str(tmp_path / "psd" / "libpsclient.so.0")
+
+
+def test_pip_install_bundles_the_library(tmp_path) -> None:
+    for mod in ("pip", "setuptools", "wheel"):
+        if subprocess.run([sys.executable, "-c", f"import {mod}"],
+                          capture_output=True).returncode != 0:
+            pytest.skip(f"{mod} is not installed for {sys.executable}")
+    src = tmp_path / "src"
+    shutil.copytree(PKG_ROOT, src, ignore=shutil.ignore_patterns(
+        "__pycache__", "build", "*.egg-info", "libpsclient.so*", ".pytest_cache"))
+    site = tmp_path / "site"
+    env = dict(os.environ, PSD_BUNDLE_LIBRARY=lib_path(), PIP_NO_INDEX="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation",
+                        "--no-deps", "--no-index", "--target", str(site), str(src)],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (site / "psd" / "libpsclient.so.0").is_file()
+    assert (site / "psd" / "py.typed").is_file()
+    r = run_py("import psd; print(psd.library_path())", str(tmp_path),
+               {"PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(site / "psd" / "libpsclient.so.0")

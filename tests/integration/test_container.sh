@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The container image end to end (opt-in: meson setup -Dcontainer_tests=true, or run this
+# script directly):
+#
+#   test_container.sh SRC_DIR
+#
+# deploy/container.sh base (offline Debian base image, kept) and build (the image, kept as a
+# cache for reruns), then checks the image: it runs as a non-root user, holds ps-server,
+# ps-worker, ps-local, libpsclient with psclient.h and psclient.pc, and the Fashion-MNIST
+# data; the entrypoint refuses to start without a task (exit 2) and ps-server reports a bad
+# TF_CONFIG with exit 2. Then deploy/container.sh run-example: 1 ps and 2 workers as
+# containers (host network, one TF_CONFIG each) train a small MLP for one epoch (the
+# configuration of test_train.sh's "train" mode); worker 0's test accuracy must be >= 0.75,
+# both workers exit 0 and the ps exits 0 on SIGTERM (the signal reaches the exec'd server).
+# No container is left behind.
+#
+# Exit 77 (skipped) unless run as root with podman and debootstrap installed
+# (apt-get install podman debootstrap runc).
+set -u
+SRC=${1:?source dir}
+IMAGE=${PSD_IMAGE:-localhost/psd:latest}
+export PSD_IMAGE=$IMAGE
+
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (debootstrap, rootful podman with host networking)"; exit 77; }
+for t in podman debootstrap; do
+    command -v "$t" >/dev/null 2>&1 ||
+        { echo "SKIP: $t not installed (apt-get install podman debootstrap runc)"; exit 77; }
+done
+
+tmp=$(mktemp -d /tmp/ps-test-container-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+CS="$SRC/deploy/container.sh"
+pm() { "$CS" podman "$@"; } # podman with the runtime container.sh uses
+# podman's default rlimits (taken from its own process) may exceed what this host lets a
+# container set: give them explicitly, as deploy/container.sh does.
+prun() { pm run --rm --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 "$@"; }
+
+"$CS" base || fail "container.sh base"
+start=$SECONDS
+"$CS" build >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build.log" >&2; fail "container.sh build"; }
+echo "image built in $((SECONDS - start)) s (cached layers are reused on reruns)"
+size=$(pm image inspect --format '{{.Size}}' "$IMAGE") || fail "no image $IMAGE"
+echo "image $IMAGE: $size bytes ($((size / 1048576)) MiB)"
+
+# What is in the image, and as whom it runs.
+uid=$(prun --entrypoint id "$IMAGE" -u) || fail "cannot run the image"
+[ "$uid" = 10001 ] || fail "the image runs as uid $uid, not psd (10001, the uid of the Kubernetes manifests)"
+prun --entrypoint sh "$IMAGE" -c '
+    set -e
+    for p in ps-server ps-worker ps-local container-entrypoint.sh; do command -v $p; done
+    ls /usr/local/include/psclient.h
+    ls /usr/local/lib/*/libpsclient.so.0 /usr/local/lib/*/pkgconfig/psclient.pc
+    ls /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte*
+    ps-server --help >/dev/null
+    ps-worker --help >/dev/null
+    ps-local --help >/dev/null
+    ! ls /usr/bin/cc /usr/bin/gcc /usr/bin/meson 2>/dev/null' >"$tmp/contents.log" 2>&1 ||
+    { cat "$tmp/contents.log" >&2; fail "the image lacks a program, the library, the data or has compilers"; }
+# Without a task the entrypoint starts nothing (exit 2); a bad spec is the server's exit 2.
+prun "$IMAGE" >"$tmp/notask.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "no task" "$tmp/notask.log" || { cat "$tmp/notask.log" >&2; fail "no TF_CONFIG: exit $rc, expected 2"; }
+prun -e 'TF_CONFIG={"cluster":{"ps":["nohostport"]},"task":{"type":"ps","index":0}}' \
+    "$IMAGE" >"$tmp/badspec.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q 'cluster.ps\[0\]' "$tmp/badspec.log" ||
+    { cat "$tmp/badspec.log" >&2; fail "bad TF_CONFIG: exit $rc, expected 2 naming cluster.ps[0]"; }
+
+# The example: 1 ps, 2 workers, one epoch of a small MLP.
+start=$SECONDS
+PSD_EXAMPLE_TIMEOUT=300 "$CS" run-example --layers 784,128,10 --epochs 1 --batch-size 64 \
+    --optimizer adam --seed 3 --log-every 100 --model-name ct_mlp >"$tmp/run.out" 2>"$tmp/run.log"
+rc=$?
+cat "$tmp/run.log" "$tmp/run.out"
+[ "$rc" -eq 0 ] || fail "run-example exited $rc"
+acc=$(sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$tmp/run.out" | tail -n 1)
+[ -n "$acc" ] || fail "no test_accuracy= line from worker 0"
+echo "test accuracy $acc after 1 epoch, 1 ps and 2 workers in containers ($((SECONDS - start)) s)"
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "test accuracy $acc < 0.75"
+grep -q "ps 0 exited 0 after SIGTERM" "$tmp/run.log" || fail "ps-server did not exit 0 on SIGTERM"
+left=$(pm ps -a --format '{{.Names}}' | grep -c '^psd-example-' || true)
+[ "$left" -eq 0 ] || fail "$left example containers left behind"
+echo "PASS"

@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# Offline checks of the deployment manifests (deploy/compose.yaml, deploy/k8s/*.yaml,
+# deploy/systemd/*.service):
+#
+#   test_manifests.sh SRC_DIR BUILD_DIR PS_SERVER PS_WORKER
+#
+# 1. Every Kubernetes object of deploy/k8s validates against the Kubernetes JSON schemas
+#    (kubernetes-validate, pinned, --strict: unknown fields are errors) for the oldest and the
+#    newest Kubernetes version checked; the TFJob (a custom resource, no schema there) is
+#    checked through its replicas' pod templates, validated as PodTemplate objects, plus what
+#    the training operator needs (container "tensorflow", port 2222). A broken manifest must
+#    fail the validator (so this check can fail).
+# 2. Consistency: StatefulSet replicas = ps addresses and each address is
+#    <statefulset>-<i>.<headless service>:<containerPort>; Job completions = worker addresses,
+#    each <job>-<i>.<subdomain>:port with a headless Service of that name; --checkpoint-dir
+#    is where the checkpoint volume is mounted (StatefulSet, TFJob, compose); in compose every
+#    service has its own task and all share one cluster.
+# 3. Every TF_CONFIG: those written in the manifests, those the image's entrypoint
+#    (deploy/container-entrypoint.sh --print-tf-config) builds for the StatefulSet's ordinals
+#    and the indexed Job's JOB_COMPLETION_INDEX 0..N-1, and those Kubeflow's operator would
+#    set for the TFJob's replicas, are parsed by our own programs: ps tasks by ps-server
+#    (starts, serves on a loopback port, stops on SIGTERM with exit 0), worker tasks by
+#    ps-worker (exit 2 naming the missing data directory given on purpose, not a bad spec).
+#    Bad specs must be refused with exit 2 (negative controls).
+# 4. systemd units: systemd-analyze verify (when systemd-analyze exists), no warning about
+#    our units.
+#
+# Needs python3 with venv and network access to PyPI the first time (the venv is kept under
+# BUILD_DIR/manifests-venv); otherwise exit 77 (skipped) saying why.
+set -u
+SRC=${1:?source dir}
+BUILD=${2:?build dir}
+PS_SERVER=${3:?ps-server}
+PS_WORKER=${4:?ps-worker}
+PS_SERVER=$(realpath "$PS_SERVER")
+PS_WORKER=$(realpath "$PS_WORKER")
+KV_VERSION=1.34.1           # kubernetes-validate on PyPI
+K8S_VERSIONS="1.30.0 1.34.0" # Kubernetes versions validated against
+
+ENTRY="$SRC/deploy/container-entrypoint.sh"
+tmp=$(mktemp -d /tmp/ps-test-manifests-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+skip() {
+    echo "SKIP: $*"
+    exit 77
+}
+
+# ---- the validator, in a venv of its own ------------------------------------------------------
+venv="$BUILD/manifests-venv"
+if [ ! -x "$venv/bin/kubernetes-validate" ] ||
+    ! "$venv/bin/pip" show kubernetes-validate 2>/dev/null | grep -qx "Version: $KV_VERSION"; then
+    command -v python3 >/dev/null || skip "python3 not found (needed for kubernetes-validate)"
+    rm -rf "$venv"
+    python3 -m venv "$venv" >"$tmp/venv.log" 2>&1 ||
+        skip "python3 -m venv failed (apt-get install python3-venv): $(tail -n 1 "$tmp/venv.log")"
+    if ! timeout 300 "$venv/bin/pip" install --disable-pip-version-check -q \
+        "kubernetes-validate==$KV_VERSION" >"$tmp/pip.log" 2>&1; then
+        rm -rf "$venv"
+        skip "pip install kubernetes-validate==$KV_VERSION failed (no network access to PyPI?): $(tail -n 1 "$tmp/pip.log")"
+    fi
+fi
+PY="$venv/bin/python"
+KV="$venv/bin/kubernetes-validate"
+
+# ---- 1. schemas -------------------------------------------------------------------------------
+# The TFJob's pod templates as PodTemplate objects (and the operator's requirements).
+"$PY" - "$SRC/deploy/k8s/tfjob.yaml" "$tmp/tfjob-pods.yaml" <<'EOF' || fail "tfjob.yaml"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+jobs = [d for d in docs if d.get("kind") == "TFJob"]
+assert len(jobs) == 1, "expected one TFJob"
+job = jobs[0]
+assert job["apiVersion"] == "kubeflow.org/v1", job["apiVersion"]
+out = []
+for rtype, spec in job["spec"]["tfReplicaSpecs"].items():
+    assert rtype in ("PS", "Worker", "Chief", "Evaluator", "Master"), rtype
+    assert spec.get("restartPolicy") in ("Always", "OnFailure", "Never", "ExitCode"), rtype
+    cs = spec["template"]["spec"]["containers"]
+    names = [c["name"] for c in cs]
+    assert "tensorflow" in names, f"{rtype}: no container named tensorflow ({names})"
+    tf = cs[names.index("tensorflow")]
+    ports = [(p.get("name"), p["containerPort"]) for p in tf.get("ports", [])]
+    assert ("tfjob-port", 2222) in ports, f"{rtype}: no port tfjob-port 2222 ({ports})"
+    assert "command" not in tf, f"{rtype}: the image's entrypoint must run unmodified"
+    out.append({"apiVersion": "v1", "kind": "PodTemplate",
+                "metadata": {"name": f"{job['metadata']['name']}-{rtype.lower()}"},
+                "template": spec["template"]})
+yaml.safe_dump_all(out, open(sys.argv[2], "w"))
+print(f"tfjob.yaml: {len(out)} replica types, container tensorflow with port 2222")
+EOF
+manifests=("$SRC"/deploy/k8s/*.yaml "$tmp/tfjob-pods.yaml")
+for v in $K8S_VERSIONS; do
+    "$KV" --strict --quiet -k "$v" "${manifests[@]}" >"$tmp/kv.log" 2>&1
+    rc=$?
+    grep -v "Couldn't find schema for kind TFJob" "$tmp/kv.log" | grep -E "ERROR|WARN" && rc=1
+    [ "$rc" -eq 0 ] || { cat "$tmp/kv.log" >&2; fail "kubernetes-validate -k $v rejected a manifest"; }
+done
+n=$("$KV" --strict -k "${K8S_VERSIONS##* }" "${manifests[@]}" 2>&1 | grep -c "passed for resource")
+[ "$n" -ge 7 ] || fail "only $n Kubernetes objects validated, expected at least 7"
+echo "kubernetes-validate $KV_VERSION --strict: $n objects pass against Kubernetes $K8S_VERSIONS"
+# Negative control: a typo and a wrong type must be rejected.
+sed -e 's/^  replicas: 2/  replicas: two/' -e 's/podManagementPolicy:/podManagementPolicee:/' \
+    "$SRC/deploy/k8s/ps.yaml" >"$tmp/broken.yaml"
+"$KV" --strict --quiet -k "${K8S_VERSIONS##* }" "$tmp/broken.yaml" >/dev/null 2>&1 &&
+    fail "kubernetes-validate accepted a broken StatefulSet"
+
+# ---- 2. consistency, and the TF_CONFIGs to check ------------------------------------------
+# Writes lines "label<TAB>TF_CONFIG" or "label<TAB>@gen<TAB>TYPE<TAB>CLUSTER_JSON<TAB>N<TAB>how".
+"$PY" - "$SRC" "$tmp/configs.tsv" <<'EOF' || fail "manifest consistency"
+import json, os, re, sys, yaml
+src, out_path = sys.argv[1], sys.argv[2]
+out = []
+def load(p):
+    return [d for d in yaml.safe_load_all(open(os.path.join(src, p))) if d]
+def env_of(c):
+    return {e["name"]: e.get("value") for e in c.get("env", [])}
+def arg_after(args, flag):
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+# -- Kubernetes: StatefulSet + headless Service (ps), indexed Job + headless Service (workers)
+k8s = load("deploy/k8s/ps.yaml") + load("deploy/k8s/workers.yaml")
+svcs = {d["metadata"]["name"]: d for d in k8s if d["kind"] == "Service"}
+sts = [d for d in k8s if d["kind"] == "StatefulSet"]
+jobs = [d for d in k8s if d["kind"] == "Job"]
+assert len(sts) == 1 and len(jobs) == 1, "expected one StatefulSet and one Job"
+sts, job = sts[0], jobs[0]
+sc = sts["spec"]["template"]["spec"]["containers"][0]
+jc = job["spec"]["template"]["spec"]["containers"][0]
+clusters = {env_of(c).get("PSD_CLUSTER_JSON") for c in (sc, jc)}
+assert len(clusters) == 1 and None not in clusters, "ps and workers must share PSD_CLUSTER_JSON"
+cluster_json = clusters.pop()
+cluster = json.loads(cluster_json)
+svc = svcs[sts["spec"]["serviceName"]]
+assert svc["spec"].get("clusterIP") == "None", "the ps Service must be headless"
+sel = svc["spec"]["selector"]
+labels = sts["spec"]["template"]["metadata"]["labels"]
+assert all(labels.get(k) == v for k, v in sel.items()), "the ps Service does not select the ps pods"
+port = sc["ports"][0]["containerPort"]
+assert sts["spec"]["replicas"] == len(cluster["ps"]), "StatefulSet replicas != ps addresses"
+for i, a in enumerate(cluster["ps"]):
+    want = f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}:{port}"
+    assert a == want, f"ps address {i} is {a}, the pod's DNS name is {want}"
+assert env_of(sc).get("PSD_TASK_TYPE") == "ps"
+listen = env_of(sc).get("PS_LISTEN")
+assert listen in (None, f"tcp://0.0.0.0:{port}"), f"PS_LISTEN {listen} is not the container port"
+ckpt = arg_after(sc.get("args", []), "--checkpoint-dir")
+vct = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
+mounts = {m["mountPath"]: m["name"] for m in sc.get("volumeMounts", [])}
+assert ckpt in mounts and mounts[ckpt] in vct, \
+    f"--checkpoint-dir {ckpt} is not a volumeClaimTemplate mount ({mounts})"
+for p in ("readinessProbe", "livenessProbe"):
+    cmd = " ".join(sc[p]["exec"]["command"])
+    assert f"/dev/tcp/127.0.0.1/{port}" in cmd, f"{p} does not check port {port}"
+assert sc.get("resources", {}).get("requests"), "ps without resource requests"
+# Workers: indexed Job, one completion per worker address, pod DNS names via the subdomain.
+js = job["spec"]
+assert js.get("completionMode") == "Indexed", "the worker Job must be Indexed"
+assert js["completions"] == len(cluster["worker"]) == js.get("parallelism", 1), \
+    "Job completions/parallelism != worker addresses"
+sub = js["template"]["spec"].get("subdomain")
+assert sub in svcs and svcs[sub]["spec"].get("clusterIP") == "None", "no headless Service for the subdomain"
+for i, a in enumerate(cluster["worker"]):
+    host = a.rsplit(":", 1)[0]
+    assert host == f"{job['metadata']['name']}-{i}.{sub}", f"worker address {i} is {a}"
+assert env_of(jc).get("PSD_TASK_TYPE") == "worker"
+assert jc.get("resources", {}).get("requests"), "workers without resource requests"
+out.append(f"k8s StatefulSet ps\t@gen\tps\t{cluster_json}\t{len(cluster['ps'])}\thostname")
+out.append(f"k8s indexed Job\t@gen\tworker\t{cluster_json}\t{len(cluster['worker'])}\tjob-index")
+
+# -- TFJob: what the training operator sets (its TF_CONFIG form for replicas of a TFJob)
+tj = [d for d in load("deploy/k8s/tfjob.yaml") if d["kind"] == "TFJob"][0]
+name, rs = tj["metadata"]["name"], tj["spec"]["tfReplicaSpecs"]
+tcl = {t.lower(): [f"{name}-{t.lower()}-{i}.default.svc:2222" for i in range(s["replicas"])]
+       for t, s in rs.items()}
+for t, s in rs.items():
+    c = s["template"]["spec"]["containers"][0]
+    if t == "PS":
+        ck = arg_after(c.get("args", []), "--checkpoint-dir")
+        ms = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        assert ck in ms, f"TFJob PS --checkpoint-dir {ck} is not a mounted volume"
+    for i in range(s["replicas"]):
+        out.append(f"TFJob {t} {i}\t" + json.dumps(
+            {"cluster": tcl, "task": {"type": t.lower(), "index": i}, "environment": "cloud"},
+            separators=(",", ":")))
+
+# -- compose: one task per service, one cluster, the checkpoint volume at --checkpoint-dir
+comp = load("deploy/compose.yaml")[0]
+vols = set((comp.get("volumes") or {}).keys())
+seen_cluster, tasks = None, set()
+for sname, s in comp["services"].items():
+    tfc = s["environment"]["TF_CONFIG"]
+    tc = json.loads(tfc)
+    if seen_cluster is None:
+        seen_cluster = tc["cluster"]
+    assert tc["cluster"] == seen_cluster, f"compose {sname}: another cluster"
+    task = (tc["task"]["type"], tc["task"]["index"])
+    assert task not in tasks, f"compose {sname}: task {task} twice"
+    tasks.add(task)
+    addr = seen_cluster[task[0]][task[1]]
+    assert addr.split(":")[0] == sname, f"compose {sname}: its address is {addr}"
+    if task[0] == "ps":
+        ck = arg_after(s.get("command", []), "--checkpoint-dir")
+        mounted = {v.split(":")[1]: v.split(":")[0] for v in s.get("volumes", [])}
+        assert ck in mounted and mounted[ck] in vols, \
+            f"compose {sname}: --checkpoint-dir {ck} is not on a named volume ({mounted})"
+    out.append(f"compose {sname}\t{tfc}")
+want = {(t, i) for t, l in seen_cluster.items() for i in range(len(l))}
+assert tasks == want, f"compose: tasks {sorted(tasks)} != cluster {sorted(want)}"
+with open(out_path, "w") as f:
+    f.write("\n".join(out) + "\n")
+print("manifests consistent: k8s ps/worker DNS names, replicas, volumes; TFJob; compose "
+      f"({len(comp['services'])} services)")
+EOF
+
+# ---- 3. every TF_CONFIG through our own parser -------------------------------------------------
+# check_tf LABEL TF_CONFIG [expect: ok|bad]
+checked=0
+check_tf() {
+    local label=$1 tf=$2 expect=${3:-ok} type rc
+    type=$(printf '%s' "$tf" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["task"]["type"])' 2>/dev/null)
+    case "$type" in
+    ps)
+        TF_CONFIG=$tf timeout --preserve-status -s TERM 1 "$PS_SERVER" --log-format text \
+            --listen tcp://127.0.0.1:0 >"$tmp/check.log" 2>&1
+        rc=$?
+        if [ "$expect" = ok ]; then
+            [ "$rc" -eq 0 ] && grep -q "serving on" "$tmp/check.log" ||
+                { cat "$tmp/check.log" >&2; fail "$label: ps-server did not serve with $tf (exit $rc)"; }
+        else
+            [ "$rc" -eq 2 ] && grep -q "bad cluster spec" "$tmp/check.log" ||
+                { cat "$tmp/check.log" >&2; fail "$label: ps-server accepted the bad spec $tf (exit $rc)"; }
+        fi
+        ;;
+    *)
+        TF_CONFIG=$tf "$PS_WORKER" --log-format text --device cpu --data-dir "$tmp/no-data" \
+            >"$tmp/check.log" 2>&1
+        rc=$?
+        [ "$rc" -eq 2 ] || { cat "$tmp/check.log" >&2; fail "$label: ps-worker exited $rc, expected 2"; }
+        if [ "$expect" = ok ]; then
+            grep -q "$tmp/no-data" "$tmp/check.log" && ! grep -q "bad cluster spec" "$tmp/check.log" ||
+                { cat "$tmp/check.log" >&2; fail "$label: ps-worker refused $tf"; }
+        else
+            grep -q "bad cluster spec" "$tmp/check.log" ||
+                { cat "$tmp/check.log" >&2; fail "$label: ps-worker accepted the bad spec $tf"; }
+        fi
+        ;;
+    esac
+    checked=$((checked + 1))
+}
+
+while IFS=$'\t' read -r label tf type cl n how; do
+    [ -n "$label" ] || continue
+    if [ "$tf" != "@gen" ]; then
+        check_tf "$label" "$tf"
+        continue
+    fi
+    # The entrypoint builds TF_CONFIG from PSD_CLUSTER_JSON and the pod's index.
+    for ((i = 0; i < n; i++)); do
+        if [ "$how" = hostname ]; then
+            gen=$(env -u TF_CONFIG -u JOB_COMPLETION_INDEX -u PSD_TASK_INDEX PSD_CLUSTER_JSON="$cl" \
+                PSD_TASK_TYPE="$type" HOSTNAME="psd-ps-$i" sh "$ENTRY" --print-tf-config) ||
+                fail "$label: the entrypoint built no TF_CONFIG for pod psd-ps-$i"
+        else
+            gen=$(env -u TF_CONFIG -u PSD_TASK_INDEX PSD_CLUSTER_JSON="$cl" PSD_TASK_TYPE="$type" \
+                JOB_COMPLETION_INDEX="$i" HOSTNAME="psd-worker-$i-x7k2q" sh "$ENTRY" --print-tf-config) ||
+                fail "$label: the entrypoint built no TF_CONFIG for index $i"
+        fi
+        printf '%s' "$gen" | grep -q "\"task\":{\"type\":\"$type\",\"index\":$i}" ||
+            fail "$label: index $i gave $gen"
+        check_tf "$label $i" "$gen"
+    done
+done <"$tmp/configs.tsv"
+[ "$checked" -ge 12 ] || fail "only $checked TF_CONFIGs checked"
+# Negative controls: what the entrypoint and the programs must refuse.
+env -u TF_CONFIG -u JOB_COMPLETION_INDEX PSD_CLUSTER_JSON='{"ps":["a:1"]}' PSD_TASK_TYPE=ps \
+    HOSTNAME=nohostindex sh "$ENTRY" --print-tf-config >/dev/null 2>&1 &&
+    fail "the entrypoint made a TF_CONFIG without a pod index"
+check_tf "bad address" '{"cluster":{"ps":["psd-ps-0.psd-ps"]},"task":{"type":"ps","index":0}}' bad
+check_tf "bad index" '{"cluster":{"ps":["a:1"],"worker":["b:2"]},"task":{"type":"worker","index":2}}' bad
+check_tf "bad json" '{"cluster":{"ps":["a:1"],"worker":["b:2"]},"task":{"type":"worker","index":0}' bad
+echo "$checked TF_CONFIGs parsed by ps-server/ps-worker (manifests, entrypoint for each index, TFJob); bad ones refused with exit 2"
+
+# ---- 4. systemd units -----------------------------------------------------------------------
+if command -v systemd-analyze >/dev/null 2>&1; then
+    # Instances of the templates, with the executables of this build in place of the installed
+    # ones (verify checks that they exist).
+    for u in ps-server ps-worker; do
+        sed -e "s#/usr/local/bin/ps-server#$PS_SERVER#" -e "s#/usr/local/bin/ps-worker#$PS_WORKER#" \
+            "$SRC/deploy/systemd/$u@.service" >"$tmp/$u@test.service"
+    done
+    (cd "$tmp" && systemd-analyze verify ./ps-server@test.service ./ps-worker@test.service) \
+        >"$tmp/verify.log" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] || grep -q "ps-\(server\|worker\)@" "$tmp/verify.log"; then
+        cat "$tmp/verify.log" >&2
+        fail "systemd-analyze verify: exit $rc or warnings about the units"
+    fi
+    for want in "RestartPreventExitStatus=2" "Restart=on-failure" "DynamicUser=yes" \
+        "ProtectSystem=strict" "NoNewPrivileges=yes" "EnvironmentFile=/etc/psd/%i.env"; do
+        grep -qx "$want" "$SRC/deploy/systemd/ps-server@.service" ||
+            fail "ps-server@.service lacks $want"
+        grep -qx "$want" "$SRC/deploy/systemd/ps-worker@.service" ||
+            fail "ps-worker@.service lacks $want"
+    done
+    # Negative control: a bad directive is reported.
+    sed 's/^Restart=on-failure/Restart=sometimes/' "$tmp/ps-server@test.service" >"$tmp/ps-server@bad.service"
+    (cd "$tmp" && systemd-analyze verify ./ps-server@bad.service) 2>&1 | grep -q "ps-server@bad" ||
+        fail "systemd-analyze verify did not report a bad directive"
+    echo "systemd-analyze verify: ps-server@.service and ps-worker@.service clean"
+else
+    echo "systemd-analyze not found: the systemd units were not verified"
+fi
+echo "PASS"

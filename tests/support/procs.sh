@@ -1,0 +1,73 @@
+# shellcheck shell=bash
+# Processes started by a test or bench script, and the helpers to wait for them and read their
+# logs (source this file; for tests/integration/test_train.sh, tests/integration/test_netns.sh
+# and bench/netns_bench.sh). The script sets $tmp (a directory of its own) and appends every
+# background pid it starts to $pids.
+#
+#   procs_on_exit [HOOK]     on exit: SIGKILL every pid in $pids, run HOOK (e.g. netns_destroy),
+#                            reap the children and remove $tmp; SIGINT/SIGTERM exit 130
+#   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log, exit 1
+#   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed)
+#   wait_log FILE PATTERN SECONDS   waits until FILE has a line matching PATTERN (grep): 0, or 1
+#   accuracy_of FILE         the test_accuracy= value of the last line of FILE that has one
+#   field_of FILE NAME       the numeric value of NAME= on that (worker 0's final) line
+
+pids=()
+procs_hook=
+
+procs_cleanup() {
+    local p
+    for p in "${pids[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    [ -z "$procs_hook" ] || "$procs_hook"
+    wait 2>/dev/null
+    rm -rf "$tmp"
+}
+
+procs_on_exit() {
+    procs_hook=${1:-}
+    trap procs_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$tmp"/*.log; do
+        [ -f "$f" ] || continue
+        echo "---- $f (last 20 lines)" >&2
+        tail -n 20 "$f" >&2
+    done
+    exit 1
+}
+
+wait_for() {
+    local pid=$1 limit=$2 i=0
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$i" -ge $((limit * 10)) ]; then
+            kill -KILL "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 0.1
+        i=$((i + 1))
+    done
+    wait "$pid"
+}
+
+wait_log() {
+    local _
+    for _ in $(seq $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+accuracy_of() {
+    sed -n 's/.*test_accuracy=\([0-9.]*\).*/\1/p' "$1" | tail -n 1
+}
+
+field_of() {
+    sed -n "s/.*test_accuracy=.* $2=\([0-9.]*\).*/\1/p" "$1" | tail -n 1
+}

@@ -1,0 +1,77 @@
+/* Test support for cmocka integration tests: one real ps-server process with a log file and a
+ * directory of its own, clients of it, and raw envelope requests over a REQ socket. Failures
+ * fail the running cmocka test. */
+#ifndef PSD_TESTS_PS_PROC_H
+#define PSD_TESTS_PS_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <nng/nng.h>
+
+#include "frame.h"
+#include "psclient.h"
+
+typedef struct test_ps {
+    const char *server_bin;
+    int port;
+    pid_t pid;
+    char spec[128]; /* {"ps":["127.0.0.1:port"]} */
+    char dir[256];  /* a fresh directory under /tmp, removed by test_ps_cleanup */
+    char log[300];  /* dir/server.log: the server's stderr */
+} test_ps;
+
+/* A free port, its cluster spec, and a fresh directory /tmp/<prefix>-XXXXXX. */
+void test_ps_init(test_ps *p, const char *server_bin, const char *prefix);
+
+/* Starts the server (flags `extra`, NULL-terminated, may be NULL) with its stderr appended to
+ * p->log and waits until it listens (at most 10 s); otherwise prints the log and fails. */
+void test_ps_start(test_ps *p, const char *const *extra);
+
+/* Sends sig to the server and asserts that it exits with `expect` (test_wait_exit). */
+void test_ps_signal_wait(test_ps *p, int sig, int expect);
+
+/* SIGKILLs the server if it still runs, and removes its directory. */
+void test_ps_cleanup(test_ps *p);
+
+/* A client of the server (deadline 20 s), with resend-ms and chunk-bytes when not NULL; NULL
+ * (and a line on stderr) if it cannot be opened. */
+ps_client *test_ps_open_client(const test_ps *p, const char *resend_ms, const char *chunk);
+
+/* Creates a 1-D float variable of n elements with SGD learning rate 1 (from zeros, its values
+ * are minus the sum of the gradients pushed); NULL (and a line on stderr) on failure. */
+ps_var *test_make_var(ps_client *c, const char *name, uint64_t n);
+
+/* Looks up a variable; NULL (and a line on stderr) on failure. */
+ps_var *test_find_var(ps_client *c, const char *name);
+
+/* Pushes the gradient g to every one of the n elements. */
+void test_push_const(ps_client *c, ps_var *v, size_t n, float g);
+
+/* Asserts that every one of the n elements of the variable equals want. */
+void test_expect_all(ps_client *c, const char *name, size_t n, float want);
+
+/* Forks n processes that each _exit(body(id, arg)) (id 0..n-1) and asserts they all exit 0. */
+void test_fork_clients(int n, int (*body)(int id, const void *arg), const void *arg);
+
+/* A REQ socket dialled to the loopback port, with a receive timeout of recv_timeout_ms. */
+nng_socket test_raw_dial(int port, int recv_timeout_ms);
+
+/* One raw request on s: returns the reply's status and the parsed frame in *f / *m (caller:
+ * frame_fini and nng_msg_free), or -1000 - the nng error if no reply came (e.g. the server
+ * died; *f and *m are then unset). */
+int test_raw_request(nng_socket s, envelope *env, const void *seg, size_t seglen, frame *f,
+                     nng_msg **m);
+
+/* The same on a fresh connection to the loopback port (receive timeout 15 s). */
+int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame *f, nng_msg **m);
+
+/* A raw push of one float to element 0 of `name` as client `client` with sequence number seq
+ * (also the request id) and worker id worker_id: the reply's status in *status, and whether it
+ * was dropped as a duplicate in *duplicate (false unless the status is OK). */
+void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t client, uint64_t seq,
+                   float value, int *status, bool *duplicate);
+
+#endif

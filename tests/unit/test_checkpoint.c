@@ -1,0 +1,289 @@
+/* Unit tests for server/checkpoint.c: a shard written and restored into a fresh server state
+ * is the same shard (parameters, Adam slots, versions, placement, exactly-once windows); a
+ * byte flipped anywhere in the newest file, or the file cut anywhere, makes the restore fall
+ * back to the previous checkpoint; a file of another task or cluster size is refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "log.h"
+#include "server.h"
+
+#define NEL 1000
+
+static char dir[64];
+
+static void state_init(server_state *st, uint32_t task, uint32_t nservers)
+{
+    memset(st, 0, sizeof(*st));
+    st->task_index = task;
+    st->num_servers = nservers;
+    st->vars = store_create();
+    st->dedup = dedup_create(1024);
+    st->sync = sync_create(0, 10000, true, 64);
+    assert_non_null(st->vars);
+    assert_non_null(st->dedup);
+    assert_non_null(st->sync);
+}
+
+static void state_fini(server_state *st)
+{
+    store_destroy(st->vars);
+    dedup_destroy(st->dedup);
+    sync_destroy(st->sync);
+}
+
+/* A variable of NEL elements with the optimizer named, values i * scale. */
+static variable *add_var(server_state *st, const char *name, Psd__V1__Optimizer opt, float scale)
+{
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {NEL};
+    spec.name = (char *)name;
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = opt;
+    spec.learning_rate = 0.01;
+    spec.beta1 = 0.9;
+    spec.beta2 = 0.999;
+    spec.epsilon = 1e-8;
+    spec.weight_decay = 0.01;
+    spec.staleness = -1;
+    spec.num_servers = st->num_servers;
+    char err[256];
+    variable *v = variable_create(&spec, NEL, 0, NEL, err, sizeof(err));
+    if (v == NULL)
+        fail_msg("variable_create: %s", err);
+    for (size_t i = 0; i < NEL; i++) {
+        v->params[i] = (float)i * scale;
+        for (size_t s = 0; s < v->nslots; s++)
+            v->slots[s][i] = (float)(i + s) * 0.5f * scale;
+    }
+    atomic_store(&v->version, (uint64_t)(scale * 10));
+    assert_ptr_equal(store_insert(st->vars, v), v);
+    return v;
+}
+
+static checkpoint_config config(void)
+{
+    checkpoint_config c = {.dir = dir, .keep = 5, .cluster_hash = 42};
+    return c;
+}
+
+static void write_one(server_state *st, uint64_t seq, checkpoint_info *info)
+{
+    checkpoint_config cfg = config();
+    char err[512];
+    checkpointer *ck = checkpointer_create(st, &cfg, seq, err, sizeof(err));
+    if (ck == NULL)
+        fail_msg("checkpointer_create: %s", err);
+    if (checkpoint_write(ck, info, err, sizeof(err)) != 0)
+        fail_msg("checkpoint_write: %s", err);
+    checkpointer_destroy(ck);
+}
+
+/* Restores into a fresh state; returns the CKPT_* result. */
+static int restore(server_state *out, uint32_t task, uint32_t nservers, checkpoint_info *info)
+{
+    state_init(out, task, nservers);
+    checkpoint_config cfg = config();
+    uint64_t max_seq = 0;
+    char err[512] = "";
+    return checkpoint_restore(out, &cfg, info, &max_seq, err, sizeof(err));
+}
+
+static void expect_same_var(server_state *a, server_state *b, const char *name)
+{
+    variable *x = store_find(a->vars, name), *y = store_find(b->vars, name);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(x->count, y->count);
+    assert_int_equal(x->offset, y->offset);
+    assert_int_equal(x->nslots, y->nslots);
+    assert_int_equal(atomic_load(&x->version), atomic_load(&y->version));
+    assert_null(spec_diff(x->spec, y->spec, NULL, 0));
+    assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+    for (size_t s = 0; s < x->nslots; s++)
+        assert_memory_equal(x->slots[s], y->slots[s], NEL * sizeof(float));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    log_init("test", -1, LOG_ERROR, LOG_FORMAT_TEXT); /* the fallbacks' warnings stay quiet */
+    snprintf(dir, sizeof(dir), "/tmp/psd-ckunit-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void clear_dir(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd), "rm -f %s/ckpt-* %s/.ckpt-*", dir, dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    add_var(&st, "a/adam", PSD__V1__OPTIMIZER__OPT_ADAM, 1.0f);
+    add_var(&st, "a/sgd", PSD__V1__OPTIMIZER__OPT_SGD, 2.0f);
+    add_var(&st, "a/adamw", PSD__V1__OPTIMIZER__OPT_ADAMW, 3.0f);
+    /* exactly-once windows of two clients: seq 1..5 of one, 7 and 100 of the other */
+    for (uint64_t s = 1; s <= 5; s++)
+        assert_int_equal(dedup_begin(st.dedup, 0x1111, s), DEDUP_NEW);
+    assert_int_equal(dedup_begin(st.dedup, 0x2222, 7), DEDUP_NEW);
+    assert_int_equal(dedup_begin(st.dedup, 0x2222, 100), DEDUP_NEW);
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    assert_int_equal(info.seq, 1);
+    assert_int_equal(info.variables, 3);
+    assert_true(info.bytes > 3 * NEL * sizeof(float));
+
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.seq, 1);
+    expect_same_var(&st, &back, "a/adam");
+    expect_same_var(&st, &back, "a/sgd");
+    expect_same_var(&st, &back, "a/adamw");
+    /* the windows came back: replays are duplicates, new numbers are new */
+    assert_int_equal(dedup_begin(back.dedup, 0x1111, 3), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(back.dedup, 0x2222, 100), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(back.dedup, 0x2222, 7), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(back.dedup, 0x2222, 8), DEDUP_NEW);
+    assert_int_equal(dedup_begin(back.dedup, 0x1111, 6), DEDUP_NEW);
+    state_fini(&back);
+
+    /* another task or cluster size is refused */
+    assert_int_equal(restore(&back, 1, 2, &rinfo), CKPT_NONE); /* task 1 has no files */
+    state_fini(&back);
+    assert_int_equal(restore(&back, 0, 2, &rinfo), CKPT_REFUSED);
+    state_fini(&back);
+    state_fini(&st);
+}
+
+static long file_size(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (long)sb.st_size;
+}
+
+/* Copies the file from to the file to. */
+static void copy_file(const char *from, const char *to)
+{
+    size_t len = 0;
+    FILE *in = fopen(from, "rb");
+    assert_non_null(in);
+    FILE *out = fopen(to, "wb");
+    assert_non_null(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+        len += n;
+    }
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    assert_true(len > 0);
+}
+
+static void flip_byte(const char *path, long off)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* Two checkpoints (values differ); every corruption of the newest one falls back to the
+ * first: bytes flipped across the header, a record header, the parameters and the end record,
+ * and cuts at several lengths. */
+static void test_corruption_falls_back(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    variable *v = add_var(&st, "c/v", PSD__V1__OPTIMIZER__OPT_ADAM, 1.0f);
+    checkpoint_info first, second;
+    write_one(&st, 1, &first);
+    v->params[0] = 12345.0f;
+    atomic_store(&v->version, 99);
+    write_one(&st, 2, &second);
+    char saved[4300];
+    snprintf(saved, sizeof(saved), "%s.orig", second.path);
+    copy_file(second.path, saved);
+    long size = file_size(second.path);
+    const long offsets[] = {0, 8, 20, 59, 64, 70, 80, 200, size / 2, size - 30, size - 5, size - 1};
+    for (size_t k = 0; k < sizeof(offsets) / sizeof(offsets[0]); k++) {
+        copy_file(saved, second.path);
+        flip_byte(second.path, offsets[k]);
+        server_state back;
+        checkpoint_info rinfo;
+        int rc = restore(&back, 0, 1, &rinfo);
+        if (rc != CKPT_RESTORED || rinfo.seq != 1)
+            fail_msg("byte %ld flipped: restore gave %d, checkpoint %llu (want the first)",
+                     offsets[k], rc, (unsigned long long)rinfo.seq);
+        variable *r = store_find(back.vars, "c/v");
+        assert_non_null(r);
+        assert_true(r->params[0] == 0.0f);
+        assert_int_equal(atomic_load(&r->version), 10);
+        state_fini(&back);
+    }
+    const long cuts[] = {0, 10, 64, 100, size / 2, size - 1};
+    for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++) {
+        copy_file(saved, second.path);
+        assert_int_equal(truncate(second.path, cuts[k]), 0);
+        server_state back;
+        checkpoint_info rinfo;
+        int rc = restore(&back, 0, 1, &rinfo);
+        if (rc != CKPT_RESTORED || rinfo.seq != 1)
+            fail_msg("cut at %ld of %ld: restore gave %d, checkpoint %llu (want the first)",
+                     cuts[k], size, rc, (unsigned long long)rinfo.seq);
+        state_fini(&back);
+    }
+    /* intact, the newest wins */
+    copy_file(saved, second.path);
+    assert_int_equal(unlink(saved), 0);
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.seq, 2);
+    expect_same_var(&st, &back, "c/v");
+    state_fini(&back);
+    state_fini(&st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_corruption_falls_back),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
