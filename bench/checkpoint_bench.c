@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cluster_proc.h"
+#include "program.h"
 #include "psclient.h"
 
 static double now_s(void)
@@ -31,8 +32,12 @@ static void show_lines(const char *log, const char *what)
 
 int main(int argc, char **argv)
 {
+    if (program_wants_version(argc, argv)) {
+        program_print_version(stdout, "ps-checkpoint-bench");
+        return 0;
+    }
     if (argc < 4) {
-        fprintf(stderr, "usage: %s PATH-TO-ps-server DIR SIZE-MiB\n", argv[0]);
+        fprintf(stderr, "usage: %s PATH-TO-ps-server DIR SIZE-MiB\n", program_name(argv[0]));
         return 2;
     }
     const char *bin = argv[1], *dir = argv[2];

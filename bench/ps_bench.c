@@ -28,6 +28,7 @@
 
 #include "bench.h"
 #include "options.h"
+#include "program.h"
 
 /* jemalloc 5.3's own defaults for what jemalloc_conf.h changes (read with mallctl from a
  * program without malloc_conf: opt.oversize_threshold 8388608, opt.dirty_decay_ms 10000,
@@ -920,6 +921,10 @@ static int add_assignments(const options *opts, opt_list_id id, const char **nam
 static int parse_args(bench_opts *o, int argc, char **argv)
 {
     char err[512];
+    if (program_wants_version(argc, argv)) {
+        program_print_version(stdout, "ps-bench");
+        exit(0);
+    }
     ssize_t n = readlink("/proc/self/exe", o->self, sizeof(o->self) - 1);
     if (n <= 0) {
         fprintf(stderr, "ps-bench: cannot read /proc/self/exe\n");

@@ -23,6 +23,7 @@
 
 #include "backend.h"
 #include "model.h"
+#include "program.h"
 
 typedef struct bench_cfg {
     const char *device;
@@ -84,9 +85,18 @@ static int parse_args(int argc, char **argv, bench_cfg *c)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             exit(0);
+        } else if (strcmp(a, "--version") == 0) {
+            program_print_version(stdout, "ps-step-bench");
+            exit(0);
         } else if (strcmp(a, "--tf32") == 0) {
             c->tf32 = true;
             continue;
+        }
+        if (strcmp(a, "--device") != 0 && strcmp(a, "--layers") != 0 && strcmp(a, "--gpu") != 0 &&
+            strcmp(a, "--batch") != 0 && strcmp(a, "--trials") != 0 &&
+            strcmp(a, "--seconds") != 0) {
+            fprintf(stderr, "ps-step-bench: unknown option '%s' (see --help)\n", a);
+            return -1;
         }
         if (v == NULL) {
             fprintf(stderr, "ps-step-bench: %s needs a value (see --help)\n", a);

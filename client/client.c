@@ -144,6 +144,9 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         c->chunk_elems = 1;
     c->split_threshold = (uint64_t)opt_int(o, OPT_SPLIT_THRESHOLD_BYTES);
     c->max_message = (size_t)opt_int(o, OPT_MAX_MESSAGE_BYTES);
+    /* A chunk and its envelope must fit in a message (servers refuse larger pulls). */
+    if (c->chunk_elems * sizeof(float) + 1024 > c->max_message)
+        c->chunk_elems = (c->max_message - 1024) / sizeof(float);
     int64_t wid = opt_int(o, OPT_WORKER_ID);
     if (wid < 0 && (strcmp(cl.task_type, "worker") == 0 || strcmp(cl.task_type, "chief") == 0)) {
         /* The chief is worker 0 when there is one; workers follow it. */
@@ -152,6 +155,20 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             wid += (int64_t)cl.n_chief;
     }
     c->worker_id = (int32_t)wid;
+    const char *token_file = opt_str(o, OPT_ADMIN_TOKEN_FILE);
+    if (token_file && token_file[0] &&
+        rpc_read_token(token_file, c->admin_token, sizeof(c->admin_token), err, sizeof(err)) != 0) {
+        cluster_fini(&cl);
+        ps_config_destroy(own);
+        ps_client_close(c);
+        return client_fail(PS_INVALID_ARGUMENT, "%s", err);
+    }
+    rpc_tls tls = {
+        .ca = opt_str(o, OPT_TLS_CA),
+        .cert = opt_str(o, OPT_TLS_CERT),
+        .key = opt_str(o, OPT_TLS_KEY),
+        .server_name = opt_str(o, OPT_TLS_SERVER_NAME),
+    };
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
     c->nservers = (int)cl.n_ps;
@@ -175,9 +192,19 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         }
     }
     for (size_t i = 0; i < cl.n_ps; i++) {
-        char url[300], label[32];
+        char plain[300], url[310], label[32];
         snprintf(label, sizeof(label), "ps %zu", i);
-        if (cluster_url(cl.ps[i], url, sizeof(url)) != 0) {
+        if (cluster_is_ipc(cl.ps[i]) && rpc_tls_on(&tls)) {
+            cluster_fini(&cl);
+            ps_config_destroy(own);
+            ps_client_close(c);
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps %zu: ipc:// addresses are local-only and cannot use TLS; unset "
+                               "the TLS settings or use host:port",
+                               i);
+        }
+        if (cluster_url(cl.ps[i], plain, sizeof(plain)) != 0 ||
+            rpc_tls_url(plain, rpc_tls_on(&tls), url, sizeof(url)) != 0) {
             cluster_fini(&cl);
             ps_config_destroy(own);
             ps_client_close(c);
@@ -190,6 +217,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             .max_message = c->max_message,
             .label = label,
             .watch = 1,
+            .tls = tls,
         };
         if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
             cluster_fini(&cl);
@@ -315,6 +343,10 @@ void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_
     env->worker_id = c->worker_id;
     env->client_id = c->client_id;
     env->clock = atomic_load(&c->clock);
+    if (c->admin_token[0]) {
+        env->auth_token.data = (uint8_t *)c->admin_token;
+        env->auth_token.len = strlen(c->admin_token);
+    }
 }
 
 int client_build(envelope *env, const ProtobufCMessage *body, const void *segment,
@@ -566,7 +598,7 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
         out->bytes_in = r->bytes_in;
         out->bytes_out = r->bytes_out;
         out->bytes_held = r->bytes_held;
-        out->num_variables = (uint32_t)r->n_variables;
+        out->num_variables = (uint32_t)(r->num_variables ? r->num_variables : r->n_variables);
         out->min_clock = r->min_clock;
         out->evictions = r->evictions;
         for (size_t i = 0; i < r->n_workers; i++)

@@ -45,6 +45,7 @@ struct ps_client {
     size_t max_message;
     int32_t worker_id;
     uint64_t client_id;
+    char admin_token[256]; /* admin-token-file's token, sent in every request; "" if none */
     atomic_uint_fast64_t next_request;
     atomic_uint_fast64_t next_seq;
     atomic_int_fast64_t clock;

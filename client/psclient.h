@@ -60,6 +60,31 @@ const char *ps_last_error(void);
 /* Library version as "MAJOR.MINOR.PATCH"; static storage. */
 const char *ps_version(void);
 
+/* ---- logging ---------------------------------------------------------------------------- */
+
+/* Log levels passed to a ps_log_fn (the log-level setting names them). */
+#define PS_LOG_DEBUG 0
+#define PS_LOG_INFO 1
+#define PS_LOG_WARN 2
+#define PS_LOG_ERROR 3
+
+/* Receives the library's log lines. level is one of PS_LOG_*; line is one complete line as the
+ * library would write it to stderr, without the trailing newline: a JSON object
+ * ({"ts":...,"level":"warn","role":...,"task":...,"msg":"..."}) or, with the log-format setting
+ * text (or auto with stderr a terminal), "TS LEVEL role/task: msg". line is valid only during
+ * the call. Only lines at or above the minimum log level reach it. Thread-safety: it is called
+ * from library threads (background connection and I/O threads) as well as the calling thread;
+ * calls are serialized (never two at once) and hold the library's log lock, so the handler must
+ * not block long (every thread that logs waits for it), and must not call ps_ functions or
+ * ps_set_log_handler. */
+typedef void (*ps_log_fn)(int level, const char *line, void *arg);
+
+/* Sends every log line of the library (process-wide, all clients) to fn(level, line, arg)
+ * instead of stderr. NULL restores the default, writing to stderr. Once it returns, the
+ * previous handler is no longer called. Thread-safe; does not block (beyond a handler call in
+ * progress). */
+void ps_set_log_handler(ps_log_fn fn, void *arg);
+
 typedef struct ps_client ps_client;
 typedef struct ps_config ps_config;
 typedef struct ps_var ps_var;
@@ -191,6 +216,16 @@ int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out);
 /* Finds an existing variable by name. PS_NOT_FOUND if no server has it. *out as for create.
  * Blocks (unless the handle is cached). */
 int ps_var_lookup(ps_client *c, const char *name, ps_var **out);
+
+/* Deletes the variable from every server that holds it (each shard of a split one); admin
+ * (see docs/operations.md "Security": a loopback peer, or the admin token). Pulls waiting on it
+ * for the staleness bound are answered PS_NOT_FOUND. PS_NOT_FOUND if no server has it. The
+ * client's cached handle for the name is dropped from its name cache (not freed: it stays
+ * valid memory until ps_client_close), so a later create/lookup makes a fresh handle; calls on
+ * a handle still held afterwards reach the servers by name and get PS_NOT_FOUND, or, once the
+ * name is created again, act on the new variable. The name may be created again at once, with
+ * fresh values. Blocks. */
+int ps_var_delete(ps_client *c, const char *name);
 
 /* Lists the names of all variables in the cluster. *names is an array of *count strings;
  * free it with ps_names_free. Blocks. */

@@ -34,7 +34,7 @@ int ps_optimizer_parse(const char *name, ps_optimizer *out)
         return client_fail(PS_INVALID_ARGUMENT, "ps_optimizer_parse: NULL argument");
     if (enum_parse(ENUM_NAMES(optimizer_names), name, &k) != 0)
         return client_fail(PS_INVALID_ARGUMENT, "unknown optimizer \"%s\" (known: %s)",
-                           name ? name : "(null)", PS_OPTIMIZER_CHOICES + 1);
+                           name ? name : "(null)", &(PS_OPTIMIZER_CHOICES)[1]);
     *out = (ps_optimizer)k;
     return PS_OK;
 }
@@ -131,12 +131,20 @@ static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1
     w->num_servers = nservers;
 }
 
+/* The client's table (c->vars) holds every handle it made, freed by ps_client_close. A handle
+ * whose variable this client deleted (ps_var_delete) stays in it, but out of the name cache:
+ * its spec.name, which nothing else reads, is NULL from then on. */
+static bool in_cache(const ps_var *v, const char *name)
+{
+    return v->spec.name != NULL && strcmp(v->name, name) == 0;
+}
+
 /* Adds a handle to the client's table, or returns the one already there. */
 static ps_var *remember(ps_client *c, ps_var *v)
 {
     pthread_mutex_lock(&c->lock);
     for (size_t i = 0; i < c->nvars; i++) {
-        if (strcmp(c->vars[i]->name, v->name) == 0) {
+        if (in_cache(c->vars[i], v->name)) {
             ps_var *old = c->vars[i];
             pthread_mutex_unlock(&c->lock);
             free(v->name);
@@ -166,7 +174,7 @@ static ps_var *cached(ps_client *c, const char *name)
     ps_var *found = NULL;
     pthread_mutex_lock(&c->lock);
     for (size_t i = 0; i < c->nvars && !found; i++)
-        if (strcmp(c->vars[i]->name, name) == 0)
+        if (in_cache(c->vars[i], name))
             found = c->vars[i];
     pthread_mutex_unlock(&c->lock);
     return found;
@@ -310,47 +318,111 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
     return PS_OK;
 }
 
+/* Drops the cached handle of name, if any, from the name cache (it stays allocated). */
+static void forget(ps_client *c, const char *name)
+{
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nvars; i++)
+        if (in_cache(c->vars[i], name))
+            c->vars[i]->spec.name = NULL;
+    pthread_mutex_unlock(&c->lock);
+}
+
+int ps_var_delete(ps_client *c, const char *name)
+{
+    if (c == NULL || name == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_var_delete: NULL argument");
+    if (strlen(name) == 0 || strlen(name) > PS_MAX_NAME)
+        return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes", PS_MAX_NAME);
+    /* Every server: a variable held whole is on its hash owner, a split one has a shard on
+     * each, and this client need not know which (no handle, or a stale one). One server at a
+     * time, so that each one's answer is known: NOT_FOUND from a server that holds no shard is
+     * expected. */
+    Psd__V1__DeleteVariableRequest req = PSD__V1__DELETE_VARIABLE_REQUEST__INIT;
+    req.name = (char *)name;
+    int deleted = 0, rc = PS_OK;
+    for (int i = 0; i < c->nservers; i++) {
+        ProtobufCMessage *reply = NULL;
+        int r = client_unary(c, &i, 1, PSD__V1__METHOD__DELETE_VARIABLE, &req.base,
+                             &psd__v1__delete_variable_reply__descriptor, &reply);
+        if (r == PS_OK && ((const Psd__V1__DeleteVariableReply *)reply)->deleted)
+            deleted++;
+        client_free_replies(&reply, 1);
+        if (r != PS_OK && r != PS_NOT_FOUND && rc == PS_OK)
+            rc = r; /* ps_last_error names this server; the others are still asked */
+    }
+    if (deleted > 0)
+        forget(c, name);
+    if (rc != PS_OK) {
+        if (rc == PS_PERMISSION_DENIED || deleted == 0)
+            return rc;
+        return client_fail(rc, "variable \"%s\" deleted on %d server(s), but not on all: %s", name,
+                           deleted, ps_last_error());
+    }
+    if (deleted == 0)
+        return client_fail(PS_NOT_FOUND, "variable \"%s\" not found on any of %d server(s)", name,
+                           c->nservers);
+    return PS_OK;
+}
+
+/* Appends name to out (n entries, capacity *cap) unless present; split variables are listed by
+ * every shard. Returns -1 when memory can't be had. */
+static int add_name(char ***out, size_t *n, size_t *cap, const char *name)
+{
+    for (size_t k = 0; k < *n; k++)
+        if (strcmp((*out)[k], name) == 0)
+            return 0;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        char **grown = realloc(*out, nc * sizeof(char *));
+        if (grown == NULL)
+            return -1;
+        *out = grown;
+        *cap = nc;
+    }
+    if (((*out)[*n] = strdup(name)) == NULL)
+        return -1;
+    (*n)++;
+    return 0;
+}
+
 int ps_var_list(ps_client *c, char ***names, size_t *count)
 {
     if (c == NULL || names == NULL || count == NULL)
         return client_fail(PS_INVALID_ARGUMENT, "ps_var_list: NULL argument");
-    int *servers;
-    int rc = client_all_servers(c, &servers);
-    if (rc != PS_OK)
-        return rc;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
-    if (replies == NULL) {
-        free(servers);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    char **out = NULL;
+    size_t n = 0, cap = 0;
+    int rc = PS_OK;
+    /* Server by server, page by page (ListVariablesReply.next_page_token). */
+    for (int s = 0; rc == PS_OK && s < c->nservers; s++) {
+        char *token = NULL;
+        do {
+            Psd__V1__ListVariablesRequest req = PSD__V1__LIST_VARIABLES_REQUEST__INIT;
+            req.page_token = token ? token : (char *)"";
+            ProtobufCMessage *reply = NULL;
+            rc = client_unary(c, &s, 1, PSD__V1__METHOD__LIST_VARIABLES, &req.base,
+                              &psd__v1__list_variables_reply__descriptor, &reply);
+            free(token);
+            token = NULL;
+            if (rc != PS_OK)
+                break;
+            const Psd__V1__ListVariablesReply *r = (const void *)reply;
+            for (size_t j = 0; rc == PS_OK && j < r->n_variables; j++)
+                if (add_name(&out, &n, &cap, r->variables[j]->name) != 0)
+                    rc = client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+            if (rc == PS_OK && r->next_page_token && r->next_page_token[0] && r->n_variables > 0 &&
+                (token = strdup(r->next_page_token)) == NULL)
+                rc = client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+            client_free_replies(&reply, 1);
+        } while (rc == PS_OK && token != NULL);
+        free(token);
     }
-    Psd__V1__ListVariablesRequest req = PSD__V1__LIST_VARIABLES_REQUEST__INIT;
-    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__LIST_VARIABLES, &req.base,
-                      &psd__v1__list_variables_reply__descriptor, replies);
-    free(servers);
-    size_t total = 0;
-    for (int i = 0; rc == PS_OK && i < c->nservers; i++)
-        total += ((const Psd__V1__ListVariablesReply *)replies[i])->n_variables;
-    char **out = rc == PS_OK ? calloc(total ? total : 1, sizeof(char *)) : NULL;
-    size_t n = 0;
-    if (rc == PS_OK && out == NULL)
-        rc = client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    for (int i = 0; rc == PS_OK && i < c->nservers; i++) {
-        const Psd__V1__ListVariablesReply *r = (const void *)replies[i];
-        for (size_t j = 0; j < r->n_variables; j++) {
-            const char *nm = r->variables[j]->name;
-            bool dup = false;
-            for (size_t k = 0; k < n && !dup; k++)
-                dup = strcmp(out[k], nm) == 0; /* split variables are listed by every shard */
-            if (!dup && (out[n] = strdup(nm)) != NULL)
-                n++;
-        }
-    }
-    client_free_replies(replies, c->nservers);
-    free(replies);
     if (rc != PS_OK) {
-        free(out);
+        ps_names_free(out, n);
         return rc;
     }
+    if (out == NULL && (out = calloc(1, sizeof(char *))) == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     *names = out;
     *count = n;
     return PS_OK;
@@ -382,6 +454,7 @@ int ps_var_staleness(ps_client *c, ps_var *v, ps_staleness_stats *out)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    req.variable = v->name; /* only its entry, however many variables the servers hold */
     rc = client_unary(c, servers, n, PSD__V1__METHOD__SERVER_STATUS, &req.base,
                       &psd__v1__server_status_reply__descriptor, replies);
     memset(out, 0, sizeof(*out));

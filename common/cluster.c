@@ -13,7 +13,7 @@
 
 #include "util.h"
 
-#define CLUSTER_ADDR_MAX 320 /* [IPv6%zone] or a 253-byte name, plus :port */
+#define CLUSTER_ADDR_MAX 320 /* [IPv6%zone] or a 253-byte name, plus :port; ipc:// fits */
 #define CLUSTER_FILE_MAX (1024 * 1024)
 #define CLUSTER_QUOTE_MAX 80
 
@@ -113,16 +113,50 @@ static int cluster_check_dns_name(const char *h, size_t len)
     return 0;
 }
 
-/* Checks "host:port"; on error writes why into buf and returns -1. */
-static int cluster_check_address(const char *a, char *why, size_t whylen)
+bool cluster_is_ipc(const char *addr)
+{
+    return addr != NULL && strncmp(addr, CLUSTER_IPC_PREFIX, strlen(CLUSTER_IPC_PREFIX)) == 0;
+}
+
+/* Checks "ipc://PATH": a non-empty path that fits a Unix socket address (sun_path). */
+static int cluster_check_ipc(const char *a, char *why, size_t whylen)
+{
+    const char *path = a + strlen(CLUSTER_IPC_PREFIX);
+    size_t len = strlen(path);
+
+    if (len == 0) {
+        errf(why, whylen, "empty ipc:// path");
+        return -1;
+    }
+    if (len > CLUSTER_IPC_PATH_MAX) {
+        errf(why, whylen, "ipc:// path longer than %d bytes (a Unix socket path's limit)",
+             CLUSTER_IPC_PATH_MAX);
+        return -1;
+    }
+    return 0;
+}
+
+/* Checks "host:port" or "ipc://PATH"; on error writes why into buf and returns -1, with
+ * *scheme set when the address has a URL scheme other than ipc://. */
+static int cluster_check_address(const char *a, char *why, size_t whylen, bool *scheme)
 {
     char host[CLUSTER_ADDR_MAX];
-    const char *port, *colon;
+    const char *port, *colon, *sep;
     size_t hlen;
     long p = 0;
 
+    *scheme = false;
     if (a[0] == '\0') {
         errf(why, whylen, "empty address");
+        return -1;
+    }
+    if (cluster_is_ipc(a))
+        return cluster_check_ipc(a, why, whylen);
+    sep = strstr(a, "://");
+    if (sep != NULL) {
+        *scheme = true;
+        errf(why, whylen, "unsupported scheme \"%.*s://\": use host:port (TCP) or ipc:///path",
+             (int)(sep - a < 16 ? sep - a : 16), a);
         return -1;
     }
     if (strlen(a) >= CLUSTER_ADDR_MAX) {
@@ -213,6 +247,7 @@ static int cluster_parse_job(struct json_object *cl, int job, cluster_spec *c, c
     char why[128], q[CLUSTER_QUOTE_MAX + 16];
     char **list;
     size_t n, *np;
+    bool scheme;
 
     if (!json_object_object_get_ex(cl, name, &arr))
         return 0;
@@ -242,9 +277,13 @@ static int cluster_parse_job(struct json_object *cl, int job, cluster_spec *c, c
             errf(err, errlen, "cluster.%s[%zu]: address contains a NUL character", name, i);
             return -1;
         }
-        if (cluster_check_address(s, why, sizeof why) != 0) {
-            errf(err, errlen, "cluster.%s[%zu]: %s is not host:port (%s)", name, i,
-                 cluster_quote(q, sizeof q, s), why);
+        if (cluster_check_address(s, why, sizeof why, &scheme) != 0) {
+            if (scheme || cluster_is_ipc(s))
+                errf(err, errlen, "cluster.%s[%zu]: %s: %s", name, i, cluster_quote(q, sizeof q, s),
+                     why);
+            else
+                errf(err, errlen, "cluster.%s[%zu]: %s is not host:port (%s)", name, i,
+                     cluster_quote(q, sizeof q, s), why);
             return -1;
         }
         list[i] = strdup(s);
@@ -579,7 +618,8 @@ int cluster_url(const char *hostport, char *buf, size_t cap)
     buf[0] = '\0';
     if (hostport == NULL || hostport[0] == '\0')
         return -1;
-    n = snprintf(buf, cap, "tcp://%s", hostport);
+    n = cluster_is_ipc(hostport) ? snprintf(buf, cap, "%s", hostport)
+                                 : snprintf(buf, cap, "tcp://%s", hostport);
     if (n < 0 || (size_t)n >= cap) {
         buf[0] = '\0';
         return -1;

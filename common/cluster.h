@@ -7,17 +7,26 @@
  * "rpc_layer") and other job names under "cluster" (e.g. "evaluator") are
  * ignored. A bare cluster object {"ps": [...], "worker": [...]} is accepted
  * too. Addresses are "host:port": host is a DNS name, an IPv4 address or a
- * bracketed IPv6 address ("[::1]:2222"), port is 1..65535.
+ * bracketed IPv6 address ("[::1]:2222"), port is 1..65535. An address may
+ * instead be an nng IPC URL "ipc://PATH" (e.g. "ipc:///run/psd/ps-0.sock",
+ * a Unix domain socket for co-located processes; PATH non-empty, at most
+ * CLUSTER_IPC_PATH_MAX bytes); other schemes ("tls+tcp://...", ...) are
+ * rejected. ipc is local-only and never TLS: ps-server and the client refuse
+ * TLS settings together with an ipc:// ps address (a configuration error).
  */
 #ifndef PS_COMMON_CLUSTER_H
 #define PS_COMMON_CLUSTER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "options.h"
 
+#define CLUSTER_IPC_PREFIX "ipc://"
+#define CLUSTER_IPC_PATH_MAX 107 /* sizeof(sun_path) - 1 on Linux */
+
 typedef struct cluster_spec {
-    char **ps; /* "host:port" strings, owned; n_ps >= 1 after a parse */
+    char **ps; /* "host:port" or "ipc://PATH" strings, owned; n_ps >= 1 after a parse */
     size_t n_ps;
     char **worker; /* may be empty */
     size_t n_worker;
@@ -54,9 +63,12 @@ int cluster_from_options(const options *o, cluster_spec *out, char *err, size_t 
  * struct, on a finished one, and on NULL. */
 void cluster_fini(cluster_spec *c);
 
+/* True if addr is an "ipc://PATH" address (false for NULL). */
+bool cluster_is_ipc(const char *addr);
+
 /* Writes the nng URL "tcp://host:port" for hostport into buf (cap bytes);
- * IPv6 hosts keep their brackets. Returns 0, or -1 (buf then holds "" if
- * cap > 0) if hostport is NULL or empty or the URL does not fit. */
+ * IPv6 hosts keep their brackets; an "ipc://PATH" address is copied as is. Returns 0, or -1 (buf
+ * then holds "" if cap > 0) if hostport is NULL or empty or the URL does not fit. */
 int cluster_url(const char *hostport, char *buf, size_t cap);
 
 /* The address of c's own task ("host:port", owned by c), or NULL if c has no

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "status.h"
+#include "util.h"
 
 size_t frame_segment_offset(size_t env_len)
 {
@@ -133,4 +134,90 @@ void frame_fini(frame *f)
     if (f->env)
         psd__v1__envelope__free_unpacked(f->env, NULL);
     memset(f, 0, sizeof(*f));
+}
+
+/* Reads a base-128 varint at *pos; false when truncated or longer than 10 bytes. */
+static bool read_varint(const uint8_t *d, size_t len, size_t *pos, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 70; shift += 7) {
+        if (*pos >= len)
+            return false;
+        uint8_t b = d[(*pos)++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *d, size_t len,
+                         int depth, char *err, size_t errlen)
+{
+    if (depth > 32)
+        return STATUS_OK; /* the unpacker judges such nesting */
+    size_t pos = 0;
+    while (pos < len) {
+        uint64_t key, n;
+        if (!read_varint(d, len, &pos, &key))
+            return STATUS_OK;
+        unsigned wt = (unsigned)(key & 7);
+        uint64_t num = key >> 3;
+        switch (wt) {
+        case 0:
+            if (!read_varint(d, len, &pos, &n))
+                return STATUS_OK;
+            continue;
+        case 1:
+            if (len - pos < 8)
+                return STATUS_OK;
+            pos += 8;
+            continue;
+        case 5:
+            if (len - pos < 4)
+                return STATUS_OK;
+            pos += 4;
+            continue;
+        case 2:
+            break;
+        default:
+            return STATUS_OK; /* groups or garbage: the unpacker refuses them */
+        }
+        if (!read_varint(d, len, &pos, &n) || n > len - pos)
+            return STATUS_OK;
+        const uint8_t *val = d + pos;
+        pos += (size_t)n;
+        const ProtobufCFieldDescriptor *f =
+            num <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(desc, (unsigned)num) : NULL;
+        if (f == NULL)
+            continue;
+        if (f->type == PROTOBUF_C_TYPE_STRING) {
+            size_t bad;
+            if (!utf8_text_ok(val, (size_t)n, &bad)) {
+                if (val[bad] == 0)
+                    snprintf(err, errlen, "field %s.%s holds a NUL byte at offset %zu of %llu",
+                             desc->short_name, f->name, bad, (unsigned long long)n);
+                else
+                    snprintf(err, errlen,
+                             "field %s.%s is not valid UTF-8: byte \\x%02x at offset %zu of %llu",
+                             desc->short_name, f->name, val[bad], bad, (unsigned long long)n);
+                return STATUS_INVALID_ARGUMENT;
+            }
+        } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            int st = check_strings(f->descriptor, val, (size_t)n, depth + 1, err, errlen);
+            if (st != STATUS_OK)
+                return st;
+        }
+    }
+    return STATUS_OK;
+}
+
+int frame_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                        char *err, size_t errlen)
+{
+    if (desc == NULL || (data == NULL && len > 0))
+        return STATUS_OK;
+    return check_strings(desc, data, len, 0, err, errlen);
 }

@@ -57,6 +57,15 @@ int frame_build(nng_msg **out, const envelope *env, const void *segment, size_t 
  * wrong into err. Never reads outside the message. */
 int frame_parse(nng_msg *msg, frame *f, char *err, size_t errlen);
 
+/* Input rules for text: checks, on the wire bytes of a packed message of type desc (before
+ * protobuf-c unpacks it, which would cut a string at an embedded NUL without a trace), that
+ * every string field, in nested messages too, is valid UTF-8 without NUL bytes. Returns
+ * STATUS_OK, or INVALID_ARGUMENT with a message naming the field and the offending byte's
+ * offset (never the bytes themselves). Malformed wire data is left to the unpacker: it is not
+ * an error here. */
+int frame_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
+                        char *err, size_t errlen);
+
 /* Frees what frame_parse allocated; safe on a zeroed or already-finished frame. */
 void frame_fini(frame *f);
 

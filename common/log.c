@@ -24,6 +24,8 @@ static char log_role[LOG_ROLE_MAX] = "?";
 static int log_task = -1;
 static log_format log_fmt = LOG_FORMAT_AUTO;
 static atomic_int log_min_level = LOG_INFO;
+static log_sink_fn log_sink; /* guarded by log_mutex; NULL: stderr */
+static void *log_sink_arg;   /* guarded by log_mutex */
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error"};
 static const char *const log_level_upper[] = {"DEBUG", "INFO", "WARN", "ERROR"};
@@ -374,6 +376,10 @@ static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_lis
         log_buf fb = {fieldtext, 0, sizeof fieldtext - 1, 0};
         fieldtext[0] = '\0';
         snprintf(head, sizeof head, "%s %s %s/%d: ", ts, log_level_upper[lvl], role, task);
+        /* The message is the human rendition of the line: the fields (for programs reading
+         * JSON) would repeat its values, so the text form shows them only without one. */
+        if (fields != NULL && msg[0] != '\0')
+            fields = NULL;
         if (fields != NULL && log_fields_to_text(&fb, fields) != 0)
             fields_dropped = 1;
         tail_len = 1 + (fields_dropped ? strlen(LOG_FIELDS_TRUNCATED_TEXT) : fb.len);
@@ -407,7 +413,20 @@ static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_lis
         line[b.len - 1] = '\n';
 
     pthread_mutex_lock(&log_mutex);
-    log_write_all(line, b.len);
+    if (log_sink != NULL) {
+        line[b.len - 1] = '\0'; /* the sink gets the line without its newline */
+        log_sink((int)lvl, line, log_sink_arg);
+    } else {
+        log_write_all(line, b.len);
+    }
+    pthread_mutex_unlock(&log_mutex);
+}
+
+void log_set_sink(log_sink_fn fn, void *arg)
+{
+    pthread_mutex_lock(&log_mutex);
+    log_sink = fn;
+    log_sink_arg = fn != NULL ? arg : NULL;
     pthread_mutex_unlock(&log_mutex);
 }
 

@@ -7,8 +7,8 @@
  *
  * JSON form (one object per line):
  *   {"ts":"2026-11-22T10:00:00.123Z","level":"info","role":"ps","task":0,"msg":"..."}
- * Text form:
- *   2026-11-22T10:00:00.123Z INFO ps/0: msg key=value
+ * Text form (fields as key=value only when the message is empty):
+ *   2026-11-22T10:00:00.123Z INFO ps/0: msg
  */
 #ifndef PS_COMMON_LOG_H
 #define PS_COMMON_LOG_H
@@ -57,11 +57,23 @@ void log_msg(log_level lvl, const char *fmt, ...) __attribute__((format(printf, 
 /* Like log_msg, with extra structured fields. fields_json is a JSON object
  * body fragment such as "\"step\":3,\"loss\":0.5" that the caller guarantees is
  * valid JSON once wrapped in braces; it is written verbatim after "msg" in the
- * JSON form, and as key=value pairs in the text form. NULL or "" means no
+ * JSON form. The text form is for people and prints the message, which says the
+ * same as the fields; it prints the fields as key=value pairs only when the
+ * message is empty. NULL or "" means no
  * fields. If the fragment does not fit in the line it is dropped and the line
  * carries "fields_truncated":true instead, so the line stays valid JSON. */
 void log_fields(log_level lvl, const char *fields_json, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* A process-wide sink for finished lines. When one is set, every line that
+ * passes the minimum level is handed to fn(level, line, arg) instead of being
+ * written to stderr: line is the whole line in the configured format, without
+ * the trailing newline, valid only during the call. Calls are serialized
+ * (under the logger's lock), so fn must not log or call log_set_sink itself.
+ * NULL restores writing to stderr. Once log_set_sink returns, the previous
+ * sink is no longer called. Thread-safe. */
+typedef void (*log_sink_fn)(int level, const char *line, void *arg);
+void log_set_sink(log_sink_fn fn, void *arg);
 
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "options.h"
+#include "program.h"
 #include "util.h"
 
 #define DOC_FILE_MAX (4 * 1024 * 1024)
@@ -132,6 +133,10 @@ int main(int argc, char **argv)
     char err[256];
     size_t len = 0;
 
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        program_print_version(stdout, "ps-options-doc");
+        return 0;
+    }
     if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         usage(stdout);
         return 0;
@@ -147,6 +152,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc != 3 || (strcmp(argv[1], "--print") != 0 && strcmp(argv[1], "--update") != 0)) {
+        if (argc >= 2 && argv[1][0] == '-' && strcmp(argv[1], "--print") != 0 &&
+            strcmp(argv[1], "--update") != 0)
+            fprintf(stderr, "ps-options-doc: unknown option '%s'\n", argv[1]);
         usage(stderr);
         return 2;
     }

@@ -3,28 +3,64 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "frame.h"
 #include "log.h"
+
+#ifndef PSD_FEATURES
+#define PSD_FEATURES "unknown"
+#endif
+
+const char *program_name(const char *argv0)
+{
+    if (argv0 == NULL || argv0[0] == '\0')
+        return "?";
+    const char *slash = strrchr(argv0, '/');
+    return slash != NULL && slash[1] != '\0' ? slash + 1 : argv0;
+}
+
+void program_print_version(FILE *out, const char *name)
+{
+    fprintf(out, "%s %s\nprotocol %d.%d\nfeatures: %s\n", name, PSD_VERSION, FRAME_VERSION_MAJOR,
+            FRAME_VERSION_MINOR, PSD_FEATURES);
+    fflush(out);
+}
+
+bool program_wants_version(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            return false;
+        if (strcmp(argv[i], "--version") == 0)
+            return true;
+    }
+    return false;
+}
 
 int program_start(program *p, int argc, char **argv, unsigned scope, const char *role,
                   const char *usage, bool need_cluster, bool *exit_now)
 {
     char err[512];
+    const char *name = program_name(argv[0]);
     memset(p, 0, sizeof(*p));
     *exit_now = true;
+    if (program_wants_version(argc, argv)) {
+        program_print_version(stdout, name);
+        return 0;
+    }
     if (options_create(&p->opts, scope) != 0) {
-        fprintf(stderr, "%s: out of memory\n", argv[0]);
+        fprintf(stderr, "%s: out of memory\n", name);
         return 1;
     }
     p->npositional = 0;
     int rc = options_load(p->opts, argc, argv, argc <= 64 ? p->positional : NULL,
                           argc <= 64 ? &p->npositional : NULL, err, sizeof(err));
     if (rc == OPTIONS_HELP) {
-        options_print_help(stdout, argv[0], usage, scope);
+        options_print_help(stdout, name, usage, scope);
         program_end(p);
         return 0;
     }
     if (rc != 0) {
-        fprintf(stderr, "%s: %s (see --help)\n", argv[0], err);
+        fprintf(stderr, "%s: %s (see --help)\n", name, err);
         program_end(p);
         return PROGRAM_EXIT_CONFIG;
     }

@@ -1,5 +1,6 @@
 #include "rpc_client.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -18,6 +19,15 @@
 #define WATCH_FIRST_NS 2000000000ull
 #define WATCH_REPEAT_NS 5000000000ull
 #define WATCH_TICK_MS 250
+/* TLS: a connection the server closes within this of its handshake counts as a refusal of
+ * our certificate; after each one in a row the dialer waits up to twice as long before the
+ * next try (nng picks a random wait below RECONNMINT), from TLS_REDIAL_MIN_MS up to
+ * TLS_REDIAL_MAX_MS. */
+#define TLS_REFUSED_NS 500000000ull
+#define TLS_REDIAL_MIN_MS 100
+#define TLS_REDIAL_MAX_MS 3200
+/* How long rpc_conn_close waits for nng_close (see there). */
+#define CLOSE_WAIT_MS 2000
 
 enum req_state { REQ_IDLE, REQ_SEND, REQ_RECV, REQ_BACKOFF };
 
@@ -48,6 +58,12 @@ struct rpc_conn {
     atomic_uint next_sock;
     pthread_mutex_t lock;
     pthread_cond_t idle;
+    /* Context operations are started under io_lock (shared) and only while !io_closed;
+     * rpc_conn_close sets io_closed (exclusive) before nng_close. nng 1.5.2 panics
+     * ("pthread_mutex_lock: Invalid argument") when a context operation starts on a socket
+     * that nng_close is tearing down. */
+    pthread_rwlock_t io_lock;
+    bool io_closed;
     rpc_req *free_list;
     rpc_req **all; /* every request object ever made, to free at close */
     size_t nall, capall;
@@ -57,7 +73,19 @@ struct rpc_conn {
     pthread_t watcher;
     pthread_cond_t watch_cond;
     uint64_t logged_ns; /* last "waiting for" line of the current episode, 0 if none */
+    bool tls;
+    atomic_uint pipes_added, pipes_removed; /* TLS connections made and lost (hint below) */
+    struct dial_state *dials;               /* TLS: one per socket, the argument of conn_pipe_cb */
+    bool socks_closed; /* nng_close returned for every socket (lock; rpc_conn_close) */
 };
+
+/* TLS: the dialer of one socket and its refusals in a row (conn_pipe_cb). */
+typedef struct dial_state {
+    rpc_conn *conn;
+    nng_dialer dialer;
+    _Atomic uint64_t added_ns; /* when its connection was made */
+    atomic_uint refusals;
+} dial_state;
 
 /* "ps 0 (tcp://host:port)" or the URL alone. */
 static void conn_name(const rpc_conn *c, char *buf, size_t cap)
@@ -92,6 +120,166 @@ uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint6
 const char *rpc_conn_url(const rpc_conn *c)
 {
     return c->url;
+}
+
+/* Reads a whole (small) file into a NUL-terminated buffer; NULL with err set on failure. */
+static char *read_pem(const char *what, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "cannot read %s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1 || cap > (1u << 20))
+            break;
+        char *b = realloc(buf, cap * 2);
+        if (b == NULL) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = b;
+        cap *= 2;
+    }
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    if (buf == NULL || bad) {
+        snprintf(err, errlen, "cannot read %s %s: %s", what, path,
+                 buf ? "read error" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+int rpc_tls_config(nng_tls_config **out, const rpc_tls *t, bool server, char *err, size_t errlen)
+{
+    nng_tls_config *cfg = NULL;
+    char *cert = NULL, *key = NULL;
+    int rv = nng_tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot set up TLS: %s (is nng built with TLS support?)",
+                 nng_strerror(rv));
+        return -1;
+    }
+    if ((rv = nng_tls_config_ca_file(cfg, t->ca)) != 0) {
+        snprintf(err, errlen, "tls-ca %s: cannot load a PEM CA certificate from it: %s", t->ca,
+                 nng_strerror(rv));
+        goto fail;
+    }
+    bool has_cert = t->cert && t->cert[0], has_key = t->key && t->key[0];
+    if (has_cert != has_key || (server && !has_cert)) {
+        snprintf(err, errlen, "tls-ca is set but %s: set both tls-cert and tls-key%s",
+                 !has_cert ? "tls-cert is not" : "tls-key is not",
+                 server ? " (ps-server needs its own certificate)" : "");
+        goto fail;
+    }
+    if (has_cert) {
+        if ((cert = read_pem("tls-cert", t->cert, err, errlen)) == NULL ||
+            (key = read_pem("tls-key", t->key, err, errlen)) == NULL)
+            goto fail;
+        if ((rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) {
+            snprintf(err, errlen,
+                     "tls-cert %s / tls-key %s: not a PEM certificate and its unencrypted key: %s",
+                     t->cert, t->key, nng_strerror(rv));
+            goto fail;
+        }
+    }
+    if (!server && t->server_name && t->server_name[0] &&
+        (rv = nng_tls_config_server_name(cfg, t->server_name)) != 0) {
+        snprintf(err, errlen, "tls-server-name %s: %s", t->server_name, nng_strerror(rv));
+        goto fail;
+    }
+    /* A server verifies but accepts first, so that rpc_server can log and close a connection
+     * without a valid certificate (nng reports nothing about a refused handshake). */
+    rv = nng_tls_config_auth_mode(cfg,
+                                  server ? NNG_TLS_AUTH_MODE_OPTIONAL : NNG_TLS_AUTH_MODE_REQUIRED);
+    if (rv != 0) {
+        snprintf(err, errlen, "cannot set the TLS authentication mode: %s", nng_strerror(rv));
+        goto fail;
+    }
+    free(cert);
+    free(key);
+    *out = cfg;
+    return 0;
+fail:
+    free(cert);
+    free(key);
+    nng_tls_config_free(cfg);
+    return -1;
+}
+
+int rpc_tls_url(const char *url, bool tls, char *buf, size_t cap)
+{
+    int n;
+    if (tls && strncmp(url, "tcp://", 6) == 0)
+        n = snprintf(buf, cap, "tls+%s", url);
+    else
+        n = snprintf(buf, cap, "%s", url);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+int rpc_read_token(const char *path, char *buf, size_t cap, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "admin-token-file %s: %s", path, strerror(errno));
+        return -1;
+    }
+    bool got = fgets(buf, (int)cap, f) != NULL;
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    if (bad || !got) {
+        snprintf(err, errlen, "admin-token-file %s: %s", path, bad ? "read error" : "empty file");
+        return -1;
+    }
+    size_t n = strcspn(buf, "\r\n");
+    if (buf[n] == '\0' && n == cap - 1) {
+        snprintf(err, errlen, "admin-token-file %s: token longer than %zu bytes", path, cap - 2);
+        return -1;
+    }
+    buf[n] = '\0';
+    if (n == 0) {
+        snprintf(err, errlen, "admin-token-file %s: the first line (the token) is empty", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* TLS: counts connections made and lost, and backs the dialer off while the server closes
+ * each connection right after the handshake (it refuses our certificate): without that the
+ * dialer redials at once after every connection made, tens of times a second, each costing
+ * the server a handshake and a log line. */
+static void conn_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    dial_state *d = arg;
+    rpc_conn *c = d->conn;
+    if (ev == NNG_PIPE_EV_ADD_POST) {
+        atomic_fetch_add(&c->pipes_added, 1);
+        atomic_store(&d->added_ns, time_now_ns());
+        return;
+    }
+    if (ev != NNG_PIPE_EV_REM_POST)
+        return;
+    atomic_fetch_add(&c->pipes_removed, 1);
+    uint64_t added = atomic_load(&d->added_ns);
+    unsigned n = 0;
+    if (added != 0 && time_now_ns() - added < TLS_REFUSED_NS)
+        n = atomic_fetch_add(&d->refusals, 1) + 1;
+    else if (atomic_exchange(&d->refusals, 0) == 0)
+        return; /* no refusal before: the wait is as it was */
+    int ms = TLS_REDIAL_MIN_MS;
+    for (unsigned i = 0; i < n && ms < TLS_REDIAL_MAX_MS; i++)
+        ms *= 2;
+    if (ms > TLS_REDIAL_MAX_MS)
+        ms = TLS_REDIAL_MAX_MS;
+    nng_dialer_set_ms(d->dialer, NNG_OPT_RECONNMINT, ms); /* fails once closed: no matter */
 }
 
 static uint32_t ms_left(const rpc_req *r)
@@ -129,13 +317,31 @@ static void req_finish(rpc_req *r, int status, const char *msg, const frame *rep
 
 static void req_fail_nng(rpc_req *r, int rv)
 {
-    char msg[700], name[340];
+    char msg[1000], name[340];
     conn_name(r->conn, name, sizeof(name));
     int st = status_from_nng(rv);
+    char hint[300] = "";
+    if (rv == NNG_ETIMEDOUT && r->conn->tls) {
+        unsigned added = atomic_load(&r->conn->pipes_added);
+        unsigned lost = atomic_load(&r->conn->pipes_removed);
+        if (added == 0)
+            snprintf(hint, sizeof(hint),
+                     "; TLS: no connection completed its handshake: server down, or is its "
+                     "certificate not signed by our tls-ca or not issued to its name?");
+        else if (lost > 0)
+            snprintf(hint, sizeof(hint),
+                     "; TLS: the server closed %u of %u connection(s) right after the "
+                     "handshake: it refused this client's certificate (none, another CA's or "
+                     "expired? see the server's log)",
+                     lost, added);
+    }
     if (rv == NNG_ETIMEDOUT)
-        snprintf(msg, sizeof(msg), "no reply from %s within the deadline of %u ms (%s)", name,
+        snprintf(msg, sizeof(msg), "no reply from %s within the deadline of %u ms (%s%s)", name,
                  r->opts.deadline_ms,
-                 r->last_err[0] ? r->last_err : "server down, stopped or overloaded?");
+                 r->last_err[0] ? r->last_err
+                 : hint[0]      ? "no connection"
+                                : "server down, stopped or overloaded?",
+                 hint);
     else
         snprintf(msg, sizeof(msg), "transport error talking to %s: %s", name, nng_strerror(rv));
     req_finish(r, st, msg, NULL);
@@ -195,6 +401,23 @@ static void req_retry(rpc_req *r, int status, const char *why)
     nng_sleep_aio((nng_duration)b, r->aio);
 }
 
+/* Brackets the start of a context operation (see rpc_conn.io_lock). False: the connection
+ * is closing and nothing may be started. */
+static bool req_io_begin(rpc_req *r)
+{
+    pthread_rwlock_rdlock(&r->conn->io_lock);
+    if (r->conn->io_closed) {
+        pthread_rwlock_unlock(&r->conn->io_lock);
+        return false;
+    }
+    return true;
+}
+
+static void req_io_end(rpc_req *r)
+{
+    pthread_rwlock_unlock(&r->conn->io_lock);
+}
+
 static void req_attempt(rpc_req *r)
 {
     uint32_t left = ms_left(r);
@@ -214,7 +437,14 @@ static void req_attempt(rpc_req *r)
     r->state = REQ_SEND;
     nng_aio_set_msg(r->aio, m);
     nng_aio_set_timeout(r->aio, (nng_duration)left);
+    if (!req_io_begin(r)) {
+        nng_aio_set_msg(r->aio, NULL);
+        nng_msg_free(m);
+        req_fail_nng(r, NNG_ECLOSED);
+        return;
+    }
     nng_ctx_send(r->ctx, r->aio);
+    req_io_end(r);
 }
 
 static void req_cb(void *arg)
@@ -234,7 +464,12 @@ static void req_cb(void *arg)
         }
         r->state = REQ_RECV;
         nng_aio_set_timeout(r->aio, (nng_duration)(ms_left(r) ? ms_left(r) : 1));
+        if (!req_io_begin(r)) {
+            req_fail_nng(r, NNG_ECLOSED);
+            return;
+        }
         nng_ctx_recv(r->ctx, r->aio);
+        req_io_end(r);
         return;
     case REQ_RECV: {
         if (rv != 0) {
@@ -353,10 +588,19 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     snprintf(c->label, sizeof(c->label), "%s", cfg->label ? cfg->label : "");
     c->max_message = cfg->max_message;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_rwlock_init(&c->io_lock, NULL);
     pthread_cond_init(&c->idle, NULL);
     pthread_cond_init(&c->watch_cond, NULL);
+    nng_tls_config *tls = NULL;
     c->socks = calloc((size_t)cfg->connections, sizeof(nng_socket));
     if (c->socks == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    c->tls = rpc_tls_on(&cfg->tls);
+    if (c->tls && rpc_tls_config(&tls, &cfg->tls, false, err, errlen) != 0)
+        goto fail;
+    if (c->tls && (c->dials = calloc((size_t)cfg->connections, sizeof(*c->dials))) == NULL) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -370,14 +614,30 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
         c->socks[c->nsocks++] = s;
         nng_socket_set_ms(s, NNG_OPT_REQ_RESENDTIME, (nng_duration)cfg->resend_ms);
         nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, cfg->max_message);
-        nng_socket_set_ms(s, NNG_OPT_RECONNMINT, 20);
+        /* TLS: a server that refuses the certificate closes each connection after its
+         * handshake; redial less eagerly than plain TCP (each try costs a handshake). */
+        nng_socket_set_ms(s, NNG_OPT_RECONNMINT, tls ? TLS_REDIAL_MIN_MS : 20);
         nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 1000);
-        rv = nng_dial(s, cfg->url, NULL, NNG_FLAG_NONBLOCK);
+        nng_dialer d;
+        rv = nng_dialer_create(&d, s, cfg->url);
+        if (rv == 0 && tls) {
+            dial_state *ds = &c->dials[i];
+            ds->conn = c;
+            ds->dialer = d;
+            nng_pipe_notify(s, NNG_PIPE_EV_ADD_POST, conn_pipe_cb, ds);
+            nng_pipe_notify(s, NNG_PIPE_EV_REM_POST, conn_pipe_cb, ds);
+            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls);
+        }
+        if (rv == 0)
+            rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
         if (rv != 0) {
             snprintf(err, errlen, "cannot dial %s: %s", cfg->url, nng_strerror(rv));
             goto fail;
         }
     }
+    if (tls)
+        nng_tls_config_free(tls); /* the dialers hold it */
+    tls = NULL;
     if (cfg->watch) {
         int rv = pthread_create(&c->watcher, NULL, watch_main, c);
         if (rv != 0) {
@@ -390,8 +650,55 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     *out = c;
     return 0;
 fail:
+    if (tls)
+        nng_tls_config_free(tls);
     rpc_conn_close(c);
     return -1;
+}
+
+static void *close_main(void *arg)
+{
+    rpc_conn *c = arg;
+    for (int i = 0; i < c->nsocks; i++)
+        nng_close(c->socks[i]);
+    pthread_mutex_lock(&c->lock);
+    c->socks_closed = true;
+    pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* Closes the sockets, waiting at most CLOSE_WAIT_MS under TLS: nng 1.5.2's nng_close can
+ * wait forever on its reaper when a connection is made or lost meanwhile (seen while the
+ * server refused every connection of a client without a certificate, which redials all the
+ * time). False when that happened: the sockets, and c, are then left as they are. */
+static bool close_socks_bounded(rpc_conn *c)
+{
+    pthread_t t;
+    if (!c->tls || c->nsocks == 0 || pthread_create(&t, NULL, close_main, c) != 0) {
+        close_main(c);
+        return true;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += CLOSE_WAIT_MS / 1000;
+    until.tv_nsec += (long)(CLOSE_WAIT_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->lock);
+    while (!c->socks_closed) {
+        if (pthread_cond_timedwait(&c->idle, &c->lock, &until) == ETIMEDOUT)
+            break;
+    }
+    bool closed = c->socks_closed;
+    pthread_mutex_unlock(&c->lock);
+    if (closed)
+        pthread_join(t, NULL);
+    else
+        pthread_detach(t);
+    return closed;
 }
 
 void rpc_conn_close(rpc_conn *c)
@@ -404,8 +711,18 @@ void rpc_conn_close(rpc_conn *c)
     pthread_mutex_unlock(&c->lock);
     if (c->watching)
         pthread_join(c->watcher, NULL);
-    for (int i = 0; i < c->nsocks; i++)
-        nng_close(c->socks[i]);
+    pthread_rwlock_wrlock(&c->io_lock);
+    c->io_closed = true;
+    pthread_rwlock_unlock(&c->io_lock);
+    if (!close_socks_bounded(c)) {
+        char name[340];
+        conn_name(c, name, sizeof(name));
+        log_warn("closing the connection to %s: nng_close did not return within %d ms (nng 1.5 "
+                 "can hang while connections come and go, as when the server refuses our TLS "
+                 "certificate); leaving it open",
+                 name, CLOSE_WAIT_MS);
+        return; /* c stays allocated: nng may still call back into it */
+    }
     pthread_mutex_lock(&c->lock);
     while (c->inflight > 0)
         pthread_cond_wait(&c->idle, &c->lock);
@@ -417,7 +734,9 @@ void rpc_conn_close(rpc_conn *c)
     }
     free(c->all);
     free(c->socks);
+    free(c->dials);
     pthread_mutex_destroy(&c->lock);
+    pthread_rwlock_destroy(&c->io_lock);
     pthread_cond_destroy(&c->idle);
     pthread_cond_destroy(&c->watch_cond);
     free(c);

@@ -14,12 +14,42 @@
 #ifndef PSD_COMMON_RPC_CLIENT_H
 #define PSD_COMMON_RPC_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include "frame.h"
 
 typedef struct rpc_conn rpc_conn;
+
+/* Mutual TLS settings of one end (docs/operations.md, Security). TLS is on when ca is set. */
+typedef struct rpc_tls {
+    const char *ca;          /* PEM CA file: peers' certificates must be signed by it */
+    const char *cert, *key;  /* PEM files of this end's certificate and unencrypted key */
+    const char *server_name; /* clients: name the server's certificate must carry; NULL or
+                                "": the host of the URL */
+} rpc_tls;
+
+static inline bool rpc_tls_on(const rpc_tls *t)
+{
+    return t && t->ca && t->ca[0];
+}
+
+/* Makes the nng TLS configuration of a server (authentication OPTIONAL: rpc_server refuses
+ * unverified peers itself, to log them) or a client (REQUIRED). Returns 0, or -1 with a
+ * message naming the file or setting at fault in err. */
+int rpc_tls_config(nng_tls_config **out, const rpc_tls *t, bool server, char *err, size_t errlen);
+
+/* Copies url to buf with the scheme tcp:// turned into tls+tcp:// when tls is set. Returns 0,
+ * or -1 if it does not fit. */
+int rpc_tls_url(const char *url, bool tls, char *buf, size_t cap);
+
+/* Reads the admin token: the first line of path, without its line end. Returns 0, or -1
+ * with a message in err (unreadable file, empty token, longer than cap - 1). */
+int rpc_read_token(const char *path, char *buf, size_t cap, char *err, size_t errlen);
 
 typedef struct rpc_conn_config {
     const char *url;    /* nng dial URL */
@@ -28,6 +58,7 @@ typedef struct rpc_conn_config {
     size_t max_message; /* largest reply accepted */
     const char *label;  /* names the server in messages, e.g. "ps 0"; NULL: the URL alone */
     int watch;          /* non-zero: log calls waiting long for a reply (see above) */
+    rpc_tls tls;        /* mutual TLS (url must then be tls+tcp://); zero: plain */
 } rpc_conn_config;
 
 typedef struct rpc_call_opts {

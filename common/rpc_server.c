@@ -1,5 +1,6 @@
 #include "rpc_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -13,10 +14,22 @@
 #include <nng/protocol/reqrep0/rep.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "status.h"
 #include "timeutil.h"
+#include "util.h"
 
 enum call_state { CALL_RECV, CALL_WORK, CALL_SEND };
+
+#define CONN_BUCKETS 256
+#define REFUSAL_SLOTS 32
+#define REFUSAL_LOG_INTERVAL_NS 1000000000u
+
+typedef struct conn_entry {
+    uint32_t pipe;
+    int inflight;
+    struct conn_entry *next;
+} conn_entry;
 
 struct rpc_call {
     rpc_server *srv;
@@ -30,8 +43,11 @@ struct rpc_call {
     uint64_t recv_ns;
     uint64_t deadline_ns;
     nng_msg *reply;
+    int status; /* of the reply set, for the metrics */
     bool validated;
     bool parked;    /* deferred: left the receive loop, replied to later */
+    bool counted;   /* counted in its connection's requests in progress */
+    uint32_t pipe;  /* id of the connection it came on */
     rpc_call *next; /* work queue link or idle list */
 };
 
@@ -48,6 +64,10 @@ struct rpc_server {
     pthread_cond_t qcond;
     rpc_call *qhead, *qtail;
     atomic_bool stopping;
+    /* Context operations start under io_lock (shared) and only while !stopping; stop sets
+     * stopping under it (exclusive) before nng_close: nng 1.5.2 panics when a context
+     * operation starts on a socket nng_close is tearing down. */
+    pthread_rwlock_t io_lock;
     atomic_bool draining;
     atomic_int busy; /* requests received and not yet replied to */
     rpc_stats stats;
@@ -55,7 +75,74 @@ struct rpc_server {
     /* Fault injection (tests only): a counter hashed into random numbers, and what it did. */
     atomic_uint_fast64_t fault_rng;
     atomic_uint_fast64_t dropped, duplicated;
+    atomic_uint_fast64_t tls_refused; /* connections closed for want of a verified certificate */
+    /* The last "refused TLS connection" line per peer address, under connlock. */
+    struct refusal_log {
+        char addr[INET6_ADDRSTRLEN + 16];
+        uint64_t logged_ns;  /* 0: slot unused */
+        uint64_t suppressed; /* refusals from addr not logged since then */
+    } refusals[REFUSAL_SLOTS];
+    /* Connections and their requests in progress (max_connections, max_per_connection). */
+    pthread_mutex_t connlock;
+    struct conn_entry *conns[CONN_BUCKETS];
+    int nconns;
+    struct method_metrics *mm; /* per method, and one more for requests of no known method */
 };
+
+/* Metrics of one method, looked up once (metrics.h): requests by status, latency, bytes. */
+struct method_metrics {
+    const char *name;
+    metric *latency, *bytes_in, *bytes_out;
+    _Atomic(metric *) by_status[STATUS_COUNT];
+};
+
+static metric_family *fam_requests;
+
+static void metrics_init(rpc_server *s)
+{
+    fam_requests = metrics_family(METRIC_COUNTER, "psd_rpc_requests_total",
+                                  "RPC requests answered, by method and reply status.",
+                                  "method,status", NULL, 0);
+    metric_family *lat =
+        metrics_family(METRIC_HISTOGRAM, "psd_rpc_request_duration_seconds",
+                       "Time from receiving an RPC request to sending its reply, by method.",
+                       "method", metrics_latency_buckets, metrics_latency_buckets_len);
+    metric_family *in =
+        metrics_family(METRIC_COUNTER, "psd_rpc_received_bytes_total",
+                       "Bytes of RPC requests received, by method.", "method", NULL, 0);
+    metric_family *out = metrics_family(METRIC_COUNTER, "psd_rpc_sent_bytes_total",
+                                        "Bytes of RPC replies sent, by method.", "method", NULL, 0);
+    s->mm = calloc(s->cfg.n_methods + 1, sizeof(*s->mm));
+    if (s->mm == NULL)
+        return;
+    for (size_t i = 0; i <= s->cfg.n_methods; i++) {
+        struct method_metrics *m = &s->mm[i];
+        m->name = i < s->cfg.n_methods ? s->cfg.methods[i].name : "invalid";
+        m->latency = metrics_series1(lat, m->name);
+        m->bytes_in = metrics_series1(in, m->name);
+        m->bytes_out = metrics_series1(out, m->name);
+    }
+}
+
+/* The one metrics hook: a reply (or, when none could be built, the request) is done. */
+static void metrics_record(rpc_call *c, size_t reply_len)
+{
+    rpc_server *s = c->srv;
+    if (s->mm == NULL)
+        return;
+    size_t i = c->method ? (size_t)(c->method - s->cfg.methods) : s->cfg.n_methods;
+    struct method_metrics *m = &s->mm[i];
+    int st = c->status >= 0 && c->status < STATUS_COUNT ? c->status : STATUS_UNKNOWN;
+    metric *req = atomic_load_explicit(&m->by_status[st], memory_order_acquire);
+    if (req == NULL) { /* first reply of this method with this status: make its series */
+        req = metrics_series2(fam_requests, m->name, status_name(st));
+        atomic_store_explicit(&m->by_status[st], req, memory_order_release);
+    }
+    metric_inc(req);
+    metric_observe(m->latency, (double)(time_now_ns() - c->recv_ns) * 1e-9);
+    metric_add(m->bytes_in, c->req ? nng_msg_len(c->req) : 0);
+    metric_add(m->bytes_out, reply_len);
+}
 
 /* True with probability percent/100 (splitmix64 over a shared counter: thread-safe). */
 static bool fault_chance(rpc_server *s, int percent)
@@ -90,7 +177,14 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
     env.is_reply = true;
     env.server_instance = c->srv->instance;
     env.status = status;
-    env.message = (char *)(message ? message : "");
+    /* Messages may quote what a client sent: make sure the string field is valid UTF-8 so that
+     * every conforming protobuf decoder accepts the reply. */
+    char clean[1100];
+    message = message ? message : "";
+    if (!utf8_text_ok(message, strlen(message), NULL))
+        message = utf8_sanitize(clean, sizeof(clean), message);
+    env.message = (char *)message;
+    c->status = status;
     if (body) {
         size_t n = protobuf_c_message_get_packed_size(body);
         bodybuf = n <= sizeof(stackbuf) ? stackbuf : malloc(n);
@@ -109,6 +203,24 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
         env.tensor = (Psd__V1__TensorMeta *)tensor;
         seg_len = (size_t)tensor->count * frame_dtype_size(tensor->dtype);
     }
+    size_t total = frame_segment_offset(protobuf_c_message_get_packed_size(&env.base)) + seg_len;
+    if (status == STATUS_OK && total > c->srv->cfg.max_message) {
+        /* The limit holds both ways: a reply that outgrew it is refused, not sent. */
+        snprintf(clean, sizeof(clean),
+                 "reply of %zu bytes would exceed max-message-bytes (%zu): ask for less (smaller "
+                 "ranges, pages)",
+                 total, c->srv->cfg.max_message);
+        status = STATUS_RESOURCE_EXHAUSTED;
+        env.status = status;
+        env.message = clean;
+        env.tensor = NULL;
+        env.body.len = 0;
+        env.body.data = NULL;
+        seg_len = 0;
+        if (segment_out)
+            *segment_out = NULL;
+        segment_out = NULL;
+    }
     if (c->reply) {
         nng_msg_free(c->reply);
         c->reply = NULL;
@@ -126,6 +238,7 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
         if (segment_out)
             *segment_out = NULL;
         status = STATUS_RESOURCE_EXHAUSTED;
+        c->status = status;
     }
     if (rv != 0)
         c->reply = NULL; /* the send step turns this into a bare error */
@@ -180,6 +293,11 @@ const uint8_t *rpc_call_segment(const rpc_call *c, size_t *len)
     return c->f.segment;
 }
 
+size_t rpc_call_max_message(const rpc_call *c)
+{
+    return c->srv->cfg.max_message;
+}
+
 const rpc_method *rpc_call_method(const rpc_call *c)
 {
     return c->method;
@@ -211,6 +329,244 @@ static void log_bad_request(const rpc_call *c, int status, const char *why)
     log_warn("bad request (%zu bytes, first: %s): %s: %s", n, hex, status_name(status), why);
 }
 
+/* The peer address of a pipe as text ("10.0.0.7:51234"), "unknown" if not available. */
+static void pipe_peer(nng_pipe p, char *buf, size_t cap, bool *loopback)
+{
+    nng_sockaddr sa;
+    char ip[INET6_ADDRSTRLEN] = "";
+    *loopback = false;
+    snprintf(buf, cap, "unknown peer");
+    if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+        return;
+    switch (sa.s_family) {
+    case NNG_AF_INET:
+        inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip));
+        snprintf(buf, cap, "%s:%u", ip, ntohs(sa.s_in.sa_port));
+        *loopback = (ntohl(sa.s_in.sa_addr) >> 24) == 127;
+        break;
+    case NNG_AF_INET6: {
+        static const uint8_t lo6[16] = {[15] = 1};
+        inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip));
+        snprintf(buf, cap, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
+        *loopback = memcmp(sa.s_in6.sa_addr, lo6, 16) == 0;
+        break;
+    }
+    case NNG_AF_IPC:
+    case NNG_AF_INPROC:
+    case NNG_AF_ABSTRACT:
+        snprintf(buf, cap, "local (%s)", sa.s_family == NNG_AF_INPROC ? "inproc" : "ipc");
+        *loopback = true; /* same host, guarded by the file system or the process */
+        break;
+    default:
+        break;
+    }
+}
+
+/* Constant-time comparison of the sent token with the server's. */
+static bool token_equal(const uint8_t *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    unsigned diff = alen != blen;
+    for (size_t i = 0; i < blen; i++)
+        diff |= (unsigned)(b[i] ^ (i < alen ? a[i] : 0));
+    return diff == 0;
+}
+
+/* The admin role of an RPC_ADMIN method (rpc_server_config.admin_token). */
+static bool check_admin(rpc_call *c)
+{
+    const envelope *env = c->f.env;
+    const char *tok = c->srv->cfg.admin_token;
+    const char *name = c->method->name;
+    char peer[96];
+    bool loopback;
+    pipe_peer(nng_msg_get_pipe(c->req), peer, sizeof(peer), &loopback);
+    if (tok && tok[0]) {
+        if (env->auth_token.len == 0) {
+            log_warn("refused %s from %s: no admin token", name, peer);
+            rpc_reply_error(c, STATUS_UNAUTHENTICATED,
+                            "%s is an admin method and the request carries no admin token "
+                            "(set admin-token-file on the client)",
+                            name);
+            return false;
+        }
+        if (!token_equal(env->auth_token.data, env->auth_token.len, tok)) {
+            log_warn("refused %s from %s: wrong admin token", name, peer);
+            rpc_reply_error(c, STATUS_PERMISSION_DENIED,
+                            "%s is an admin method and the admin token sent does not match the "
+                            "server's admin-token-file",
+                            name);
+            return false;
+        }
+        return true;
+    }
+    if (!loopback) {
+        log_warn("refused %s from %s: admin methods are allowed from loopback only without an "
+                 "admin-token-file",
+                 name, peer);
+        rpc_reply_error(c, STATUS_PERMISSION_DENIED,
+                        "%s is an admin method, allowed only from loopback peers (this is %s) "
+                        "while the server has no admin-token-file: set one on the server and "
+                        "the client",
+                        name, peer);
+        return false;
+    }
+    return true;
+}
+
+/* ---- connections: counted through nng's pipe notifications ---- */
+
+static conn_entry **conn_slot(rpc_server *s, uint32_t pipe)
+{
+    conn_entry **p = &s->conns[(pipe * 2654435761u) % CONN_BUCKETS];
+    while (*p && (*p)->pipe != pipe)
+        p = &(*p)->next;
+    return p;
+}
+
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    rpc_server *s = arg;
+    uint32_t id = (uint32_t)nng_pipe_id(p);
+    pthread_mutex_lock(&s->connlock);
+    conn_entry **slot = conn_slot(s, id);
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        if (s->cfg.max_connections > 0 && s->nconns >= s->cfg.max_connections) {
+            int n = s->nconns;
+            pthread_mutex_unlock(&s->connlock);
+            log_warn("connection refused: %d connections open (max-connections)", n);
+            nng_pipe_close(p);
+            return;
+        }
+        conn_entry *e = *slot == NULL ? calloc(1, sizeof(*e)) : NULL;
+        if (e) {
+            e->pipe = id;
+            *slot = e;
+            s->nconns++;
+        }
+    } else if (ev == NNG_PIPE_EV_REM_POST && *slot) {
+        conn_entry *e = *slot;
+        *slot = e->next;
+        free(e);
+        s->nconns--;
+    }
+    pthread_mutex_unlock(&s->connlock);
+}
+
+/* Under TLS: closes a connection whose peer certificate was not verified, before it reaches
+ * the socket (the listener's authentication is OPTIONAL so that this can log it; with
+ * REQUIRED, mbed TLS refuses the handshake and nng 1.5 reports nothing at all). Replaces
+ * pipe_cb for ADD_PRE and calls it for the connections it lets through. */
+/* Rate limit of the refusal lines (a refused client redials many times a second): true when
+ * a refusal from peer ("address:port") is to be logged now, at most once a second per
+ * address; *suppressed then gets how many refusals from that address were not logged since
+ * its last line, over *since_s seconds. REFUSAL_SLOTS addresses are remembered, the least
+ * recently logged one giving way to a new one (its count not logged is lost). */
+static bool refusal_log_due(rpc_server *s, const char *peer, uint64_t *suppressed, double *since_s)
+{
+    char addr[sizeof(s->refusals[0].addr)];
+    const char *colon = strrchr(peer, ':');
+    size_t n = colon != NULL && colon != peer ? (size_t)(colon - peer) : strlen(peer);
+    if (n >= sizeof(addr))
+        n = sizeof(addr) - 1;
+    memcpy(addr, peer, n);
+    addr[n] = '\0';
+    uint64_t now = time_now_ns();
+    bool due = true;
+    *suppressed = 0;
+    *since_s = 0;
+    pthread_mutex_lock(&s->connlock);
+    struct refusal_log *e = NULL, *oldest = &s->refusals[0];
+    for (int i = 0; i < REFUSAL_SLOTS && e == NULL; i++) {
+        struct refusal_log *r = &s->refusals[i];
+        if (r->logged_ns != 0 && strcmp(r->addr, addr) == 0)
+            e = r;
+        else if (r->logged_ns < oldest->logged_ns)
+            oldest = r;
+    }
+    if (e == NULL) {
+        e = oldest;
+        memcpy(e->addr, addr, n + 1);
+        e->logged_ns = now;
+        e->suppressed = 0;
+    } else if (now - e->logged_ns >= REFUSAL_LOG_INTERVAL_NS) {
+        *suppressed = e->suppressed;
+        *since_s = (double)(now - e->logged_ns) / 1e9;
+        e->logged_ns = now;
+        e->suppressed = 0;
+    } else {
+        e->suppressed++;
+        due = false;
+    }
+    pthread_mutex_unlock(&s->connlock);
+    return due;
+}
+
+static void tls_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    rpc_server *s = arg;
+    bool verified = false;
+    int rv = nng_pipe_get_bool(p, NNG_OPT_TLS_VERIFIED, &verified);
+    if (ev != NNG_PIPE_EV_ADD_PRE || (rv == 0 && verified)) {
+        pipe_cb(p, ev, arg); /* one callback per event and socket: chain the connection count */
+        return;
+    }
+    char peer[96];
+    bool loopback;
+    pipe_peer(p, peer, sizeof(peer), &loopback);
+    atomic_fetch_add(&s->tls_refused, 1);
+    uint64_t suppressed;
+    double since_s;
+    if (!refusal_log_due(s, peer, &suppressed, &since_s)) {
+        nng_pipe_close(p);
+        return;
+    }
+    char more[96] = "";
+    if (suppressed > 0)
+        snprintf(more, sizeof(more),
+                 " (and %llu more from this address in the last %.1f s, "
+                 "not logged)",
+                 (unsigned long long)suppressed, since_s);
+    if (rv != 0)
+        log_warn("refused TLS connection from %s: cannot tell whether its certificate was "
+                 "verified: %s%s",
+                 peer, nng_strerror(rv), more);
+    else
+        log_warn("refused TLS connection from %s: no client certificate, or one not verified "
+                 "by tls-ca %s (signed by another CA, expired or not yet valid; nng 1.5 does "
+                 "not say which)%s",
+                 peer, s->cfg.tls.ca, more);
+    nng_pipe_close(p);
+}
+
+/* Counts c in its connection's requests in progress; false when that is at the limit. A
+ * connection unknown here (closed meanwhile) is not limited: its reply goes nowhere. */
+static bool conn_admit(rpc_call *c)
+{
+    rpc_server *s = c->srv;
+    c->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
+    pthread_mutex_lock(&s->connlock);
+    conn_entry *e = *conn_slot(s, c->pipe);
+    bool ok = e == NULL || e->inflight < s->cfg.max_per_connection;
+    if (e && ok) {
+        e->inflight++;
+        c->counted = true;
+    }
+    pthread_mutex_unlock(&s->connlock);
+    return ok;
+}
+
+static void conn_release(rpc_call *c)
+{
+    rpc_server *s = c->srv;
+    pthread_mutex_lock(&s->connlock);
+    conn_entry *e = *conn_slot(s, c->pipe);
+    if (e && e->inflight > 0)
+        e->inflight--;
+    c->counted = false;
+    pthread_mutex_unlock(&s->connlock);
+}
+
 /* Validation every request passes before its handler (Redis' processCommand). */
 static bool validate(rpc_call *c)
 {
@@ -232,6 +588,8 @@ static bool validate(rpc_call *c)
     }
     const envelope *env = c->f.env;
     uint32_t dl = env->deadline_ms ? env->deadline_ms : s->cfg.default_deadline_ms;
+    if (s->cfg.max_deadline_ms && dl > s->cfg.max_deadline_ms)
+        dl = s->cfg.max_deadline_ms; /* max-deadline-ms: no request holds resources longer */
     c->deadline_ns = c->recv_ns + (uint64_t)dl * 1000000u;
     if (env->is_reply) {
         rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "a reply was sent as a request");
@@ -241,6 +599,13 @@ static bool validate(rpc_call *c)
     if (c->method == NULL) {
         rpc_reply_error(c, STATUS_UNIMPLEMENTED, "unknown method %d", (int)env->method);
         log_bad_request(c, STATUS_UNIMPLEMENTED, "unknown method");
+        return false;
+    }
+    if (s->cfg.max_per_connection > 0 && !conn_admit(c)) {
+        rpc_reply_error(c, STATUS_RESOURCE_EXHAUSTED,
+                        "more than %d requests in progress on this connection "
+                        "(max-requests-per-connection)",
+                        s->cfg.max_per_connection);
         return false;
     }
     unsigned fl = c->method->flags;
@@ -259,6 +624,30 @@ static bool validate(rpc_call *c)
         rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "%s takes no tensor segment", c->method->name);
         return false;
     }
+    if ((fl & RPC_ADMIN) && !check_admin(c))
+        return false;
+    if ((fl & RPC_REPLY_RANGE) && env->tensor) {
+        /* The reply's segment is the range: refuse before any work what could not be sent. */
+        size_t esz = frame_dtype_size(env->tensor->dtype);
+        uint64_t seg =
+            esz && env->tensor->count <= UINT64_MAX / esz ? env->tensor->count * esz : UINT64_MAX;
+        if (seg > s->cfg.max_message || seg + 256 > s->cfg.max_message) {
+            rpc_reply_error(c, STATUS_RESOURCE_EXHAUSTED,
+                            "%s of %llu elements: reply would exceed max-message-bytes (%zu); "
+                            "pull smaller ranges (the client library splits large pulls into "
+                            "chunks of chunk-bytes)",
+                            c->method->name, (unsigned long long)env->tensor->count,
+                            s->cfg.max_message);
+            return false;
+        }
+    }
+    char serr[256];
+    int sst =
+        frame_check_strings(c->method->request, env->body.data, env->body.len, serr, sizeof(serr));
+    if (sst != STATUS_OK) {
+        rpc_reply_error(c, sst, "body of %s: %s", c->method->name, serr);
+        return false;
+    }
     c->body = protobuf_c_message_unpack(c->method->request, NULL, env->body.len, env->body.data);
     if (c->body == NULL) {
         rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "body of %s does not decode as %s",
@@ -273,8 +662,32 @@ static bool validate(rpc_call *c)
     return true;
 }
 
+/* Starts a receive on a context unless the server is stopping (see rpc_server.io_lock). */
+static void srv_recv(rpc_server *s, nng_ctx ctx, nng_aio *aio)
+{
+    pthread_rwlock_rdlock(&s->io_lock);
+    if (!atomic_load(&s->stopping))
+        nng_ctx_recv(ctx, aio);
+    pthread_rwlock_unlock(&s->io_lock);
+}
+
+/* Sends the aio's message on a context, or frees it when the server is stopping. */
+static void srv_send(rpc_server *s, nng_ctx ctx, nng_aio *aio)
+{
+    pthread_rwlock_rdlock(&s->io_lock);
+    if (!atomic_load(&s->stopping)) {
+        nng_ctx_send(ctx, aio);
+    } else {
+        nng_msg_free(nng_aio_get_msg(aio));
+        nng_aio_set_msg(aio, NULL);
+    }
+    pthread_rwlock_unlock(&s->io_lock);
+}
+
 static void call_send(rpc_call *c)
 {
+    if (c->counted)
+        conn_release(c);
     if (c->reply == NULL) {
         /* Last resort: the reply could not even be built (out of memory). */
         if (nng_msg_alloc(&c->reply, 0) != 0) {
@@ -285,6 +698,7 @@ static void call_send(rpc_call *c)
         protobuf_c_message_free_unpacked(c->body, NULL);
         c->body = NULL;
     }
+    metrics_record(c, c->reply ? nng_msg_len(c->reply) : 0);
     frame_fini(&c->f);
     nng_msg_free(c->req);
     c->req = NULL;
@@ -292,8 +706,7 @@ static void call_send(rpc_call *c)
         /* Nothing to send: drop the request, the client's deadline tells it. */
         atomic_fetch_sub(&c->srv->busy, 1);
         c->state = CALL_RECV;
-        if (!atomic_load(&c->srv->stopping))
-            nng_ctx_recv(c->ctx, c->aio);
+        srv_recv(c->srv, c->ctx, c->aio);
         return;
     }
     atomic_fetch_add(&c->srv->stats.bytes_out, nng_msg_len(c->reply));
@@ -301,7 +714,7 @@ static void call_send(rpc_call *c)
     nng_aio_set_msg(c->aio, c->reply);
     c->reply = NULL;
     c->state = CALL_SEND;
-    nng_ctx_send(c->ctx, c->aio);
+    srv_send(c->srv, c->ctx, c->aio);
 }
 
 /* Runs the handler of a validated call and sends its reply. */
@@ -412,9 +825,9 @@ static void call_cb(void *arg)
     switch (c->state) {
     case CALL_RECV:
         if (rv != 0) {
-            if (rv == NNG_ECLOSED || atomic_load(&s->stopping))
+            if (rv == NNG_ECLOSED)
                 return;
-            nng_ctx_recv(c->ctx, c->aio);
+            srv_recv(s, c->ctx, c->aio);
             return;
         }
         c->req = nng_aio_get_msg(c->aio);
@@ -423,8 +836,7 @@ static void call_cb(void *arg)
             atomic_fetch_add(&s->dropped, 1);
             nng_msg_free(c->req);
             c->req = NULL;
-            if (!atomic_load(&s->stopping))
-                nng_ctx_recv(c->ctx, c->aio);
+            srv_recv(s, c->ctx, c->aio);
             return;
         }
         c->recv_ns = time_now_ns();
@@ -433,6 +845,8 @@ static void call_cb(void *arg)
         atomic_fetch_add(&s->stats.bytes_in, nng_msg_len(c->req));
         c->state = CALL_WORK;
         c->validated = false;
+        c->method = NULL;
+        c->status = STATUS_OK;
         if (nng_msg_len(c->req) <= s->cfg.inline_max)
             call_work(c, false);
         else
@@ -456,8 +870,7 @@ static void call_cb(void *arg)
             if (!rejoin)
                 return;
         }
-        if (!atomic_load(&s->stopping))
-            nng_ctx_recv(c->ctx, c->aio);
+        srv_recv(s, c->ctx, c->aio);
         return;
     case CALL_WORK:
         return;
@@ -511,8 +924,7 @@ int rpc_call_defer(rpc_call *c)
     n->state = CALL_RECV;
     pthread_mutex_unlock(&s->qlock);
     deferred_now = c;
-    if (!atomic_load(&s->stopping))
-        nng_ctx_recv(n->ctx, n->aio);
+    srv_recv(s, n->ctx, n->aio);
     return 0;
 }
 
@@ -536,11 +948,14 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
     if (s->instance == 0)
         s->instance = 1; /* 0 reads as "no instance" (a reply from an older server) */
     atomic_store(&s->fault_rng, s->instance);
+    metrics_init(s);
     if (cfg->drop_percent > 0 || cfg->dup_percent > 0)
         log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice",
                  cfg->drop_percent, cfg->dup_percent);
+    pthread_rwlock_init(&s->io_lock, NULL);
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
+    pthread_mutex_init(&s->connlock, NULL);
     int rv = nng_rep0_open(&s->sock);
     if (rv != 0) {
         snprintf(err, errlen, "cannot open REP socket: %s", nng_strerror(rv));
@@ -550,6 +965,8 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
      * get a RESOURCE_EXHAUSTED reply; beyond that nng closes the connection. */
     size_t transport_max = cfg->max_message > SIZE_MAX / 2 ? SIZE_MAX : cfg->max_message * 2;
     nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, transport_max);
+    nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, s);
+    nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s);
     for (int i = 0; i < cfg->contexts; i++) {
         if (call_new(s) == NULL) {
             snprintf(err, errlen, "cannot create %d contexts", cfg->contexts);
@@ -557,7 +974,25 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         }
     }
     s->nreceiving = cfg->contexts;
-    if ((rv = nng_listen(s->sock, cfg->url, NULL, 0)) != 0) {
+    nng_listener l;
+    if ((rv = nng_listener_create(&l, s->sock, cfg->url)) != 0) {
+        snprintf(err, errlen, "cannot listen on %s: %s", cfg->url, nng_strerror(rv));
+        goto fail_close;
+    }
+    if (rpc_tls_on(&cfg->tls)) {
+        nng_tls_config *tls;
+        if (rpc_tls_config(&tls, &cfg->tls, true, err, errlen) != 0)
+            goto fail_close;
+        rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, tls);
+        nng_tls_config_free(tls); /* the listener holds it */
+        if (rv != 0) {
+            snprintf(err, errlen, "cannot use TLS on %s (the URL must be tls+tcp://): %s", cfg->url,
+                     nng_strerror(rv));
+            goto fail_close;
+        }
+        nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, tls_pipe_cb, s);
+    }
+    if ((rv = nng_listener_start(l, 0)) != 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", cfg->url, nng_strerror(rv));
         goto fail_close;
     }
@@ -575,7 +1010,7 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
     }
     for (int i = 0; i < s->ncalls; i++) {
         s->calls[i]->state = CALL_RECV;
-        nng_ctx_recv(s->calls[i]->ctx, s->calls[i]->aio);
+        srv_recv(s, s->calls[i]->ctx, s->calls[i]->aio);
     }
     *out = s;
     return 0;
@@ -583,7 +1018,10 @@ fail_close:
     rpc_server_stop(s);
     return -1;
 fail_sock:
+    free(s->mm);
+    pthread_mutex_destroy(&s->connlock);
     pthread_mutex_destroy(&s->qlock);
+    pthread_rwlock_destroy(&s->io_lock);
     pthread_cond_destroy(&s->qcond);
     free(s);
     return -1;
@@ -608,7 +1046,9 @@ void rpc_server_stop(rpc_server *s)
                  (unsigned long long)atomic_load(&s->dropped),
                  (unsigned long long)atomic_load(&s->duplicated),
                  (unsigned long long)(atomic_load(&s->stats.requests) + atomic_load(&s->dropped)));
+    pthread_rwlock_wrlock(&s->io_lock);
     atomic_store(&s->stopping, true);
+    pthread_rwlock_unlock(&s->io_lock);
     nng_close(s->sock);
     pthread_mutex_lock(&s->qlock);
     pthread_cond_broadcast(&s->qcond);
@@ -634,7 +1074,114 @@ void rpc_server_stop(rpc_server *s)
         }
         free(s->calls);
     }
+    for (int i = 0; i < CONN_BUCKETS; i++) {
+        while (s->conns[i]) {
+            conn_entry *e = s->conns[i];
+            s->conns[i] = e->next;
+            free(e);
+        }
+    }
+    pthread_mutex_destroy(&s->connlock);
     pthread_mutex_destroy(&s->qlock);
+    pthread_rwlock_destroy(&s->io_lock);
     pthread_cond_destroy(&s->qcond);
+    free(s->mm);
+    free(s);
+}
+
+/* ---- tests and fuzzing only: requests in memory, no socket (rpc_server.h) ---- */
+
+rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
+{
+    rpc_server *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->cfg = *cfg;
+    /* No contexts and no room to park: rpc_call_defer never opens a context on the (absent)
+     * socket, it refuses and the handler replies at once. */
+    s->cfg.url = NULL;
+    s->cfg.contexts = 0;
+    s->cfg.max_parked = 0;
+    s->cfg.threads = 0;
+    s->cfg.max_connections = 0;
+    s->cfg.max_per_connection = 0;
+    s->cfg.drop_percent = 0;
+    memset(&s->cfg.tls, 0, sizeof(s->cfg.tls));
+    if (getrandom(&s->instance, sizeof(s->instance), 0) != sizeof(s->instance))
+        s->instance = time_now_ns() ^ ((uint64_t)getpid() << 40);
+    if (s->instance == 0)
+        s->instance = 1;
+    atomic_store(&s->fault_rng, s->instance);
+    metrics_init(s);
+    pthread_rwlock_init(&s->io_lock, NULL);
+    pthread_mutex_init(&s->qlock, NULL);
+    pthread_cond_init(&s->qcond, NULL);
+    pthread_mutex_init(&s->connlock, NULL);
+    return s;
+}
+
+int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **reply,
+                            size_t *reply_len)
+{
+    *reply = NULL;
+    *reply_len = 0;
+    rpc_call c;
+    memset(&c, 0, sizeof(c));
+    c.srv = s;
+    c.state = CALL_WORK;
+    c.status = STATUS_OK;
+    if (nng_msg_alloc(&c.req, len) != 0)
+        return -1;
+    if (len)
+        memcpy(nng_msg_body(c.req), req, len);
+    c.recv_ns = time_now_ns();
+    atomic_fetch_add(&s->stats.requests, 1);
+    atomic_fetch_add(&s->stats.bytes_in, len);
+    if (validate(&c)) {
+        c.validated = true;
+        bool twice = fault_chance(s, s->cfg.dup_percent);
+        c.method->handler(&c, s->cfg.handler_arg);
+        if (twice) {
+            atomic_fetch_add(&s->duplicated, 1);
+            if (c.reply) {
+                nng_msg_free(c.reply);
+                c.reply = NULL;
+            }
+            c.method->handler(&c, s->cfg.handler_arg);
+        }
+        if (c.reply == NULL)
+            rpc_reply_error(&c, STATUS_INTERNAL, "%s produced no reply", c.method->name);
+    }
+    /* What call_send does, with the reply kept here instead of sent. */
+    if (c.body)
+        protobuf_c_message_free_unpacked(c.body, NULL);
+    metrics_record(&c, c.reply ? nng_msg_len(c.reply) : 0);
+    frame_fini(&c.f);
+    nng_msg_free(c.req);
+    if (c.reply == NULL)
+        return -1; /* not even an error reply could be built: out of memory */
+    size_t n = nng_msg_len(c.reply);
+    void *out = malloc(n ? n : 1);
+    if (out == NULL) {
+        nng_msg_free(c.reply);
+        return -1;
+    }
+    memcpy(out, nng_msg_body(c.reply), n);
+    atomic_fetch_add(&s->stats.bytes_out, n);
+    nng_msg_free(c.reply);
+    *reply = out;
+    *reply_len = n;
+    return 0;
+}
+
+void rpc_server_close_local(rpc_server *s)
+{
+    if (s == NULL)
+        return;
+    pthread_mutex_destroy(&s->connlock);
+    pthread_mutex_destroy(&s->qlock);
+    pthread_rwlock_destroy(&s->io_lock);
+    pthread_cond_destroy(&s->qcond);
+    free(s->mm);
     free(s);
 }

@@ -16,6 +16,7 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "frame.h"
+#include "rpc_client.h" /* rpc_tls */
 
 typedef struct rpc_server rpc_server;
 typedef struct rpc_call rpc_call;
@@ -30,6 +31,7 @@ enum rpc_method_flags {
     RPC_SEGMENT = 1u << 1, /* a raw segment is required (implies RPC_RANGE) */
     RPC_ADMIN = 1u << 2,   /* administrative method */
     RPC_POOL = 1u << 3,    /* always run on a pool thread (may do heavy work, e.g. BSP updates) */
+    RPC_REPLY_RANGE = 1u << 4, /* the reply carries Envelope.tensor's range as its segment */
 };
 
 typedef struct rpc_method {
@@ -48,6 +50,12 @@ typedef struct rpc_server_config {
     size_t max_message;
     size_t inline_max; /* requests up to this size run on the callback thread */
     uint32_t default_deadline_ms;
+    /* Limits (0: none). Deadlines longer than max_deadline_ms are cut to it; connections beyond
+     * max_connections are closed as they arrive; a connection's requests in progress beyond
+     * max_per_connection get RESOURCE_EXHAUSTED. */
+    uint32_t max_deadline_ms;
+    int max_connections;
+    int max_per_connection;
     const rpc_method *methods;
     size_t n_methods;
     void *handler_arg;
@@ -57,6 +65,13 @@ typedef struct rpc_server_config {
      * second sent: a duplicated request whose first answer was lost). 0: off. */
     int drop_percent;
     int dup_percent;
+    /* Mutual TLS (url then tls+tcp://): connections without a certificate verified against
+     * tls.ca are logged (peer address, reason) and closed before any request is read. */
+    rpc_tls tls;
+    /* Admin role, checked for RPC_ADMIN methods before their handler: with a token, a request
+     * must carry it (Envelope.auth_token; none: UNAUTHENTICATED, another: PERMISSION_DENIED);
+     * without one (NULL or ""), only loopback peers may call them (else PERMISSION_DENIED). */
+    const char *admin_token;
 } rpc_server_config;
 
 typedef struct rpc_stats {
@@ -103,6 +118,9 @@ uint64_t rpc_call_deadline_ns(const rpc_call *c);
 int rpc_call_defer(rpc_call *c);
 /* Sends the reply of a parked call (INTERNAL if none was set). Any thread, once. */
 void rpc_call_resume(rpc_call *c);
+/* The server's max-message-bytes: replies larger than this are refused (handlers that build
+ * replies of variable size, e.g. listings, fill them up to a budget below it). */
+size_t rpc_call_max_message(const rpc_call *c);
 /* Method of a call (its table entry), e.g. for messages. */
 const rpc_method *rpc_call_method(const rpc_call *c);
 
@@ -116,5 +134,25 @@ void rpc_reply_ok(rpc_call *c, const ProtobufCMessage *body);
  * the reply can't be allocated; an error reply is then in place. */
 uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_t offset,
                               uint64_t count);
+
+/* ---- tests and fuzzing only: requests in memory, no socket ----
+ * A server object with no socket, listener, contexts or threads, so it exposes nothing on the
+ * network: tests and fuzz harnesses (tests/fuzz/fuzz_dispatch.c) feed it request bytes with
+ * rpc_server_handle_bytes. Of cfg, only max_message, default/max_deadline_ms, methods,
+ * n_methods, handler_arg and admin_token are used (dup_percent too); rpc_call_defer is always
+ * refused, so handlers reply at once (as when max_parked calls are parked). Returns NULL when
+ * out of memory. rpc_server_stats and rpc_server_instance work on it. */
+rpc_server *rpc_server_open_local(const rpc_server_config *cfg);
+
+/* Runs one request message (len bytes at req) through the same generic checks as a request
+ * received on the socket (size, frame, method table flags, admin role, body) and, if they
+ * pass, its method's handler, on the calling thread. The admin role has no loopback peer here:
+ * admin methods need cfg->admin_token. Returns 0 with the reply message's bytes in *reply
+ * (malloc'd, the caller frees it) and *reply_len, or -1 when out of memory. */
+int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **reply,
+                            size_t *reply_len);
+
+/* Frees a server made by rpc_server_open_local. NULL is a no-op. */
+void rpc_server_close_local(rpc_server *s);
 
 #endif

@@ -61,6 +61,80 @@ char *read_file(const char *path, size_t max, size_t *len, char *err, size_t err
     return buf;
 }
 
+size_t utf8_seq_len(const unsigned char *p, size_t n)
+{
+    if (n == 0)
+        return 0;
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t k;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+        k = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        k = 3;
+        if (c == 0xE0)
+            lo = 0xA0; /* overlong */
+        else if (c == 0xED)
+            hi = 0x9F; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        k = 4;
+        if (c == 0xF0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xF4)
+            hi = 0x8F; /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < k || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < k; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return k;
+}
+
+bool utf8_text_ok(const void *p, size_t n, size_t *bad_at)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n;) {
+        size_t k = b[i] == 0 ? 0 : utf8_seq_len(b + i, n - i);
+        if (k == 0) {
+            if (bad_at)
+                *bad_at = i;
+            return false;
+        }
+        i += k;
+    }
+    return true;
+}
+
+const char *utf8_sanitize(char *buf, size_t cap, const char *s)
+{
+    if (cap == 0)
+        return buf;
+    size_t o = 0, n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_seq_len((const unsigned char *)s + i, n - i);
+        if (k == 0) {
+            if (o + 5 > cap)
+                break;
+            snprintf(buf + o, cap - o, "\\x%02x", (unsigned char)s[i]);
+            o += 4;
+            i++;
+        } else {
+            if (o + k + 1 > cap)
+                break;
+            memcpy(buf + o, s + i, k);
+            o += k;
+            i += k;
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 const char *quote_text(char *buf, size_t cap, const char *s, size_t max)
 {
     size_t o = 0;
@@ -84,6 +158,15 @@ const char *quote_text(char *buf, size_t cap, const char *s, size_t max)
             buf[o++] = (char)c;
         } else if (c < 0x20 || c == 0x7F) {
             o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+        } else if (c >= 0x80) {
+            size_t k = utf8_seq_len((const unsigned char *)s, strnlen(s, 4));
+            if (k == 0 || o + k + 8 >= cap) {
+                o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+            } else {
+                memcpy(buf + o, s, k);
+                o += k;
+                s += k - 1;
+            }
         } else {
             buf[o++] = (char)c;
         }

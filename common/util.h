@@ -45,9 +45,25 @@ int enum_parse(enum_names e, const char *s, int *out);
 const char *enum_list(enum_names e, const char *sep, char *buf, size_t cap);
 
 /* Writes s into buf (capacity cap) as a double-quoted string for a message: '"' and '\\'
- * escaped, control bytes as \xNN, cut with "..." after about max bytes (or when buf is full);
- * NULL is written as "(null)". Returns buf. cap should be at least max + 16. */
+ * escaped, control bytes and bytes that are not valid UTF-8 as \xNN (valid UTF-8 is kept), cut with
+ * "..." after about max bytes (or when buf is full); NULL is written as "(null)". Returns buf. cap
+ * should be at least max + 16. */
 const char *quote_text(char *buf, size_t cap, const char *s, size_t max);
+
+/* Length of the valid UTF-8 sequence (1 to 4 bytes: no overlong forms, surrogates or code
+ * points above U+10FFFF) that starts at p, of at most n bytes; 0 when the bytes there are not
+ * valid UTF-8 (or n is 0). */
+size_t utf8_seq_len(const unsigned char *p, size_t n);
+
+/* True when the n bytes at p are valid UTF-8 with no NUL byte; otherwise *bad_at (may be NULL)
+ * receives the offset of the first offending byte. */
+bool utf8_text_ok(const void *p, size_t n, size_t *bad_at);
+
+/* Copies the NUL-terminated s into buf (capacity cap, always NUL-terminated when cap > 0, cut
+ * at a character boundary when full) with every byte that is not part of valid UTF-8 written
+ * as \xNN, so that the result is valid UTF-8 whatever s holds (for proto3 string fields).
+ * Returns buf. */
+const char *utf8_sanitize(char *buf, size_t cap, const char *s);
 
 /* ASCII case-insensitive equality of two NUL-terminated strings (locale-independent). */
 bool ascii_ieq(const char *a, const char *b);

@@ -60,25 +60,37 @@ fi
 
 for tool in meson ninja; do
     if ! command -v "$tool" >/dev/null; then
-        echo "run-main: $tool not found: run 'sudo deploy/setup.sh' first" >&2
+        echo "run-main: $tool not found: run 'deploy/setup.sh' first" >&2
         exit 2
     fi
 done
+
+# Its own lines: text on a terminal, else JSON lines like every other line on stderr.
+note() {
+    if [ -t 2 ]; then
+        echo "run-main: $1" >&2
+    else
+        local m=${1//\\/\\\\}
+        m=${m//\"/\\\"}
+        printf '{"ts":"%s","level":"%s","role":"run-main","task":-1,"msg":"%s"}\n' \
+            "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "${2:-info}" "$m" >&2
+    fi
+}
 
 # Quiet unless something fails.
 quiet() {
     local out
     if ! out=$("$@" 2>&1); then
         printf '%s\n' "$out" >&2
-        echo "run-main: failed: $*" >&2
+        note "failed: $*" error
         exit 1
     fi
 }
 if [ ! -f "$build/build.ninja" ]; then
-    echo "run-main: configuring $build" >&2
+    note "configuring $build"
     quiet meson setup "$build" "$root"
 fi
-echo "run-main: building ps-server, ps-worker, ps-local" >&2
+note "building ps-server, ps-worker, ps-local"
 quiet meson compile -C "$build" ps-server ps-worker ps-local
 
 exec "$build/deploy/local/ps-local" "${launcher_args[@]}" -- "$@"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building, testing and running the project needs, from Debian's packages.
-# Run as root (or through sudo) on Debian 12. Does nothing when everything is there already.
+# Run it as yourself or as root on Debian 12: it does nothing when everything is there already,
+# and otherwise installs the missing packages with apt-get, as root directly, else through sudo
+# (which asks for your password), else it says exactly what to run as root.
 set -euo pipefail
 
 packages=(
@@ -8,7 +10,7 @@ packages=(
   libnng-dev libmbedtls-dev libprotobuf-c-dev protobuf-c-compiler
   libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev
   dataset-fashion-mnist
-  iproute2 iptables
+  iproute2 iptables openssl
   python3-numpy python3-pytest python3-venv
 )
 
@@ -19,11 +21,19 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: missing packages: ${missing[*]}" >&2
-  echo "setup: run as root (sudo $0) to install them" >&2
+
+echo "setup: installing ${missing[*]}" >&2
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=(env)
+elif command -v sudo >/dev/null 2>&1; then
+  echo "setup: installing packages needs root: asking sudo" >&2
+  as_root=(sudo)
+else
+  echo "setup: installing packages needs root, and sudo is not installed; run as root:" >&2
+  echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  echo "setup: then run this command again" >&2
   exit 1
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+"${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  "${missing[@]}"

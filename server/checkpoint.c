@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "status.h"
 #include "timeutil.h"
 #include "util.h"
@@ -179,7 +180,7 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     s->cap = npre + 16;
     s->vars = calloc(s->cap, sizeof(*s->vars));
     if (s->vars == NULL) {
-        free(pre);
+        store_list_release(pre, npre);
         return errf(err, errlen, "out of memory for the snapshot's table");
     }
     for (size_t i = 0; i < npre; i++) {
@@ -191,14 +192,15 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
             errf(err, errlen, "out of memory copying variable \"%s\" (%" PRIu64 " elements)",
                  pre[i]->name, pre[i]->count);
             s->nvars = i + 1;
-            free(pre);
+            store_list_release(pre, npre);
             snapshot_free(s);
             return -1;
         }
         sv->spec_len = psd__v1__variable_spec__pack(pre[i]->spec, sv->spec);
     }
     s->nvars = npre;
-    free(pre);
+    /* pre's references are kept until the copy below is matched against them: a variable
+     * deleted meanwhile stays allocated, so no new one can take its address (sv->src). */
 
     uint64_t t0 = time_now_ns();
     store_freeze(st->vars);
@@ -247,7 +249,19 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     }
     store_thaw(st->vars);
     *pause_ns = time_now_ns() - t0;
-    free(now);
+    store_list_release(now, nnow);
+    store_list_release(pre, npre);
+    /* Variables deleted between the two lists were never copied (numel stays 0): drop them. */
+    size_t kept = 0;
+    for (size_t i = 0; i < s->nvars; i++) {
+        if (s->vars[i].numel == 0) {
+            free(s->vars[i].spec);
+            free(s->vars[i].data);
+        } else {
+            s->vars[kept++] = s->vars[i];
+        }
+    }
+    s->nvars = kept;
     if (rc != 0) {
         snapshot_free(s);
         return -1;
@@ -618,6 +632,24 @@ checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg
     return ck;
 }
 
+/* Metrics of a checkpoint written (metrics.h); the age is the server's collector's. */
+static void checkpoint_metrics(const checkpoint_info *info, double seconds)
+{
+    static const double buckets[] = {0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+    metric_inc(metrics_counter("psd_checkpoints_total", "Checkpoints written."));
+    metric_observe(metrics_histogram("psd_checkpoint_duration_seconds",
+                                     "Time to write a checkpoint, snapshot to durable file.",
+                                     buckets, sizeof(buckets) / sizeof(buckets[0])),
+                   seconds);
+    metric_set(metrics_gauge("psd_checkpoint_bytes", "Size of the newest checkpoint."),
+               (double)info->bytes);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    metric_set(metrics_gauge("psd_checkpoint_last_success_timestamp_seconds",
+                             "Wall-clock time the newest checkpoint became durable."),
+               (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
+}
+
 int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t errlen)
 {
     uint64_t t0 = time_now_ns();
@@ -689,6 +721,7 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     ck->last_ns = time_now_ns();
     ck->last_nvars = s.nvars;
     pthread_mutex_unlock(&ck->lock);
+    checkpoint_metrics(info, (double)(time_now_ns() - t0) * 1e-9);
     log_info("checkpoint %s: %u variables, %" PRIu64 " bytes in %" PRIu64
              " ms; updates paused %.3f ms",
              info->path, info->variables, info->bytes, info->ms, (double)pause_ns / 1e6);
@@ -735,7 +768,7 @@ static void *ck_thread(void *arg)
         if (ck->interval_s > 0 && now - ck->last_ns >= (uint64_t)ck->interval_s * 1000000000ull) {
             variable **vars;
             size_t nv = store_list(ck->st->vars, &vars);
-            free(vars);
+            store_list_release(vars, nv);
             if (updates != ck->last_updates || nv != ck->last_nvars)
                 due = true;
             else
@@ -1173,7 +1206,9 @@ static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
 {
     for (size_t i = 0; i < l->nvars; i++) {
         variable *v = l->vars[i];
-        if (store_insert(st->vars, v) != v)
+        variable *in = store_insert(st->vars, v);
+        variable_release(in); /* the store keeps its own reference */
+        if (in != v)
             return errf(err, errlen, "variable \"%s\" appears twice", v->name);
         l->vars[i] = NULL; /* the store owns it */
     }

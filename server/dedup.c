@@ -5,12 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "timeutil.h"
+
 typedef struct client_window {
     uint64_t client;
-    uint64_t highest; /* highest seq marked; bit 0 of the window is `highest` */
-    uint64_t *bits;   /* bit i set: seq (highest - i) applied */
+    uint64_t highest;    /* highest seq marked; bit 0 of the window is `highest` */
+    uint64_t *bits;      /* bit i set: seq (highest - i) applied */
+    uint64_t last_ns;    /* when last heard from */
+    uint64_t tomb_floor; /* evicted once: seqs up to this may have been applied */
     struct client_window *next;
+    struct client_window *lru_prev, *lru_next; /* most recently heard first */
 } client_window;
+
+typedef struct tombstone {
+    uint64_t client;
+    uint64_t highest; /* 0: empty slot */
+} tombstone;
 
 struct dedup {
     pthread_mutex_t lock;
@@ -18,7 +28,93 @@ struct dedup {
     uint32_t nbuckets;
     uint64_t nclients;
     client_window **buckets;
+    client_window *lru_head, *lru_tail;
+    uint64_t max_clients, idle_ns, evicted;
+    tombstone *tombs;
+    size_t ntombs;
 };
+
+static uint32_t bucket_of(const dedup *d, uint64_t client)
+{
+    return (uint32_t)((client * 0x9e3779b97f4a7c15ull) >> 56) % d->nbuckets;
+}
+
+static void lru_unlink(dedup *d, client_window *w)
+{
+    if (w->lru_prev)
+        w->lru_prev->lru_next = w->lru_next;
+    else
+        d->lru_head = w->lru_next;
+    if (w->lru_next)
+        w->lru_next->lru_prev = w->lru_prev;
+    else
+        d->lru_tail = w->lru_prev;
+    w->lru_prev = w->lru_next = NULL;
+}
+
+static void lru_push_front(dedup *d, client_window *w)
+{
+    w->lru_prev = NULL;
+    w->lru_next = d->lru_head;
+    if (d->lru_head)
+        d->lru_head->lru_prev = w;
+    d->lru_head = w;
+    if (d->lru_tail == NULL)
+        d->lru_tail = w;
+}
+
+static tombstone *tomb_slot(dedup *d, uint64_t client)
+{
+    return d->tombs ? &d->tombs[((client * 0xbf58476d1ce4e5b9ull) >> 17) % d->ntombs] : NULL;
+}
+
+/* Removes w from the table, leaving its tombstone. */
+static void evict(dedup *d, client_window *w)
+{
+    client_window **p = &d->buckets[bucket_of(d, w->client)];
+    while (*p != w)
+        p = &(*p)->next;
+    *p = w->next;
+    lru_unlink(d, w);
+    tombstone *t = tomb_slot(d, w->client);
+    if (t && w->highest) {
+        t->client = w->client;
+        t->highest = w->highest;
+    }
+    free(w->bits);
+    free(w);
+    d->nclients--;
+    d->evicted++;
+}
+
+int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms)
+{
+    pthread_mutex_lock(&d->lock);
+    free(d->tombs);
+    d->tombs = NULL;
+    d->ntombs = 0;
+    int rc = 0;
+    if (max_clients) {
+        d->ntombs = (size_t)max_clients * 4;
+        d->tombs = calloc(d->ntombs, sizeof(*d->tombs));
+        if (d->tombs == NULL) {
+            d->ntombs = 0;
+            rc = -1;
+        }
+    }
+    d->max_clients = max_clients;
+    d->idle_ns = idle_ms * 1000000u;
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+uint64_t dedup_evicted(dedup *d)
+{
+    pthread_mutex_lock(&d->lock);
+    uint64_t n = d->evicted;
+    pthread_mutex_unlock(&d->lock);
+    return n;
+}
 
 dedup *dedup_create(uint32_t window)
 {
@@ -52,18 +148,32 @@ void dedup_destroy(dedup *d)
         }
     }
     free(d->buckets);
+    free(d->tombs);
     pthread_mutex_destroy(&d->lock);
     free(d);
 }
 
 static client_window *find(dedup *d, uint64_t client, bool create)
 {
-    uint32_t b = (uint32_t)((client * 0x9e3779b97f4a7c15ull) >> 56) % d->nbuckets;
-    for (client_window *w = d->buckets[b]; w; w = w->next)
-        if (w->client == client)
+    uint32_t b = bucket_of(d, client);
+    uint64_t now = time_now_ns();
+    for (client_window *w = d->buckets[b]; w; w = w->next) {
+        if (w->client == client) {
+            if (create) {
+                w->last_ns = now;
+                lru_unlink(d, w);
+                lru_push_front(d, w);
+            }
             return w;
+        }
+    }
     if (!create)
         return NULL;
+    /* Make room: the idle, then the least recently heard beyond max_clients. */
+    while (d->lru_tail && d->idle_ns && now - d->lru_tail->last_ns > d->idle_ns)
+        evict(d, d->lru_tail);
+    while (d->max_clients && d->nclients >= d->max_clients && d->lru_tail)
+        evict(d, d->lru_tail);
     client_window *w = calloc(1, sizeof(*w));
     if (w == NULL)
         return NULL;
@@ -73,8 +183,17 @@ static client_window *find(dedup *d, uint64_t client, bool create)
         return NULL;
     }
     w->client = client;
+    w->last_ns = now;
+    tombstone *t = tomb_slot(d, client);
+    if (t && t->client == client && t->highest) {
+        /* Evicted before: everything up to its highest counts as possibly applied. */
+        w->highest = t->highest;
+        t->highest = 0;
+        w->tomb_floor = w->highest;
+    }
     w->next = d->buckets[b];
     d->buckets[b] = w;
+    lru_push_front(d, w);
     d->nclients++;
     return w;
 }
@@ -109,7 +228,7 @@ dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
     dedup_result res;
     pthread_mutex_lock(&d->lock);
     client_window *w = find(d, client, true);
-    if (w == NULL) {
+    if (w == NULL || seq <= w->tomb_floor) {
         res = DEDUP_TOO_OLD;
     } else if (seq > w->highest) {
         advance(w, d->words, seq);

@@ -22,6 +22,18 @@ typedef enum dedup_result {
 dedup *dedup_create(uint32_t window);
 void dedup_destroy(dedup *d);
 
+/* Bounds the clients remembered (0: no bound): when a new client would make more than
+ * max_clients, the least recently heard one is evicted, and so is any client not heard from
+ * for idle_ms (0: never). An evicted client leaves a tombstone (its id and highest seq, 16
+ * bytes, in a table of 4 * max_clients slots indexed by a hash of the id, where a colliding
+ * eviction overwrites an older one): a push of it at or below that seq is DEDUP_TOO_OLD
+ * (refused, ABORTED: it may have been applied), one above starts a fresh window. Only a
+ * client whose tombstone was overwritten as well can have a resent push applied twice. */
+int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms);
+
+/* Clients evicted so far. */
+uint64_t dedup_evicted(dedup *d);
+
 /* Checks and marks (client, seq) atomically. seq 0 is never deduplicated (returns NEW
  * without marking). Returns DEDUP_TOO_OLD also when memory for a new client can't be had. */
 dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq);

@@ -5,14 +5,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
+#include "log.h"
 #include "placement.h"
 #include "server.h"
 #include "status.h"
 #include "timeutil.h"
+#include "util.h"
 
 #define MAX_NUMEL (1ull << 40)
+/* ServerStatus lists at most this many variables unless the request asks for fewer. */
+#define STATUS_DEFAULT_VARIABLES 1000
+/* Room kept in a reply for the envelope and the fields other than a listing. */
+#define REPLY_RESERVE 4096
+
+/* name, quoted for a message: escaped, cut after 64 bytes (never raw client bytes). */
+#define QUOTED(buf, name) quote_text((buf), sizeof(buf), (name), 64)
 
 static bool name_ok(const char *name)
 {
@@ -36,9 +46,9 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
         return STATUS_INVALID_ARGUMENT;
     }
     if (!name_ok(spec->name)) {
-        snprintf(err, errlen,
-                 "invalid variable name \"%.64s\": 1 to 255 characters of [A-Za-z0-9_./:-]",
-                 spec->name);
+        char q[96];
+        snprintf(err, errlen, "invalid variable name %s: 1 to 255 characters of [A-Za-z0-9_./:-]",
+                 QUOTED(q, spec->name));
         return STATUS_INVALID_ARGUMENT;
     }
     if (spec->dtype != PSD__V1__DTYPE__FLOAT32) {
@@ -97,6 +107,22 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
     return STATUS_OK;
 }
 
+int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
+                      uint64_t dedup_max_clients, uint64_t dedup_idle_ms)
+{
+    if (max_bytes == 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0)
+            max_bytes = (uint64_t)pages / 4 * 3 * (uint64_t)page;
+    }
+    store_set_limits(st->vars, max_bytes, max_vars);
+    log_info("limits: max-server-bytes %llu, max-variables %llu, dedup-max-clients %llu, "
+             "dedup-idle-ms %llu",
+             (unsigned long long)max_bytes, (unsigned long long)max_vars,
+             (unsigned long long)dedup_max_clients, (unsigned long long)dedup_idle_ms);
+    return dedup_set_limits(st->dedup, dedup_max_clients, dedup_idle_ms);
+}
+
 static void fill_shard(const server_state *st, const variable *v, Psd__V1__Shard *sh)
 {
     sh->server = st->task_index;
@@ -125,8 +151,18 @@ static void handle_create(rpc_call *call, void *arg)
         uint64_t off = 0, cnt = numel;
         if (req->spec->split)
             placement_range(numel, st->num_servers, st->task_index, &off, &cnt);
+        /* max-server-bytes, max-variables: refused before anything is allocated. */
+        int kind = (int)req->spec->optimizer;
+        size_t nslots = optimizer_kind_valid(kind) ? optimizer_slot_count((optimizer_kind)kind) : 0;
+        uint64_t bytes = store_shard_bytes(cnt, nslots);
+        rc = store_reserve(st->vars, bytes, err, sizeof(err));
+        if (rc != STATUS_OK) {
+            rpc_reply_error(call, rc, "cannot create variable \"%s\": %s", req->spec->name, err);
+            return;
+        }
         variable *nv = variable_create(req->spec, numel, off, cnt, err, sizeof(err));
         if (nv == NULL) {
+            store_unreserve(st->vars, bytes);
             rpc_reply_error(call,
                             strncmp(err, "out of memory", 13) == 0 ? STATUS_RESOURCE_EXHAUSTED
                                                                    : STATUS_INVALID_ARGUMENT,
@@ -134,6 +170,7 @@ static void handle_create(rpc_call *call, void *arg)
             return;
         }
         v = store_insert(st->vars, nv);
+        store_unreserve(st->vars, bytes);
         if (v != nv)
             variable_destroy(nv); /* another client created it meanwhile */
         else
@@ -146,11 +183,12 @@ static void handle_create(rpc_call *call, void *arg)
                         "variable \"%s\" exists with another spec (field %s differs, existing vs "
                         "requested: %s)",
                         v->name, diff, detail);
-        return;
+    } else {
+        fill_shard(st, v, &shard);
+        rep.staleness = v->staleness;
+        rpc_reply_ok(call, &rep.base);
     }
-    fill_shard(st, v, &shard);
-    rep.staleness = v->staleness;
-    rpc_reply_ok(call, &rep.base);
+    variable_release(v);
 }
 
 static void handle_lookup(rpc_call *call, void *arg)
@@ -159,45 +197,100 @@ static void handle_lookup(rpc_call *call, void *arg)
     const Psd__V1__LookupVariableRequest *req = (const void *)rpc_call_body(call);
     variable *v = store_find(st->vars, req->name);
     if (v == NULL) {
-        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u", req->name,
-                        st->task_index);
+        char q[96];
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable %s not found on ps %u",
+                        QUOTED(q, req->name), st->task_index);
         return;
     }
     Psd__V1__LookupVariableReply rep = PSD__V1__LOOKUP_VARIABLE_REPLY__INIT;
     rep.spec = v->spec;
     rpc_reply_ok(call, &rep.base);
+    variable_release(v);
 }
 
+static int var_name_cmp(const void *a, const void *b)
+{
+    const variable *x = *(const variable *const *)a, *y = *(const variable *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* All variables sorted by name (bytewise), or NULL when memory can't be had; each referenced
+ * (store_list_release). */
+static variable **sorted_vars(server_state *st, size_t *n)
+{
+    variable **vars;
+    *n = store_list(st->vars, &vars);
+    if (vars && *n > 1)
+        qsort(vars, *n, sizeof(*vars), var_name_cmp);
+    return vars;
+}
+
+/* Index of the first variable whose name sorts after `after` ("" : 0). */
+static size_t first_after(variable **vars, size_t n, const char *after)
+{
+    size_t lo = 0, hi = n;
+    if (after == NULL || after[0] == '\0')
+        return 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(vars[mid]->name, after) <= 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Bytes a repeated message field entry of packed size n adds: tag, length, body. */
+static size_t entry_bytes(size_t n)
+{
+    return 1 + 10 + n;
+}
+
+/* Pages in name order: page_size entries at most (0: no count limit) and never more than fit
+ * in a reply of max-message-bytes; next_page_token is the last name listed while more follow. */
 static void handle_list(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    variable **vars;
-    size_t n = store_list(st->vars, &vars);
+    const Psd__V1__ListVariablesRequest *req = (const void *)rpc_call_body(call);
+    size_t n;
+    variable **vars = sorted_vars(st, &n);
     Psd__V1__ListVariablesReply rep = PSD__V1__LIST_VARIABLES_REPLY__INIT;
     Psd__V1__VariableSpec **specs = malloc((n ? n : 1) * sizeof(*specs));
     if (vars == NULL || specs == NULL) {
-        free(vars);
+        store_list_release(vars, n);
         free(specs);
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory listing variables");
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        specs[i] = vars[i]->spec;
-    rep.n_variables = n;
+    size_t max = rpc_call_max_message(call);
+    size_t budget = max > 2 * REPLY_RESERVE ? max - REPLY_RESERVE : max / 2;
+    size_t used = 0, k = 0, i = first_after(vars, n, req->page_token);
+    for (; i < n && (req->page_size == 0 || k < req->page_size); i++) {
+        size_t b = entry_bytes(psd__v1__variable_spec__get_packed_size(vars[i]->spec));
+        if (k > 0 && used + b > budget)
+            break;
+        used += b;
+        specs[k++] = vars[i]->spec;
+    }
+    rep.n_variables = k;
     rep.variables = specs;
+    if (i < n && k > 0)
+        rep.next_page_token = vars[i - 1]->name;
     rpc_reply_ok(call, &rep.base);
     free(specs);
-    free(vars);
+    store_list_release(vars, n);
 }
 
-/* Finds the variable and checks that the request's range lies in this server's shard.
- * Replies with the error and returns NULL otherwise. */
+/* Finds the variable (referenced: the caller releases it) and checks that the request's range
+ * lies in this server's shard. Replies with the error and returns NULL otherwise. */
 static variable *resolve_range(server_state *st, rpc_call *call, const char *name)
 {
     const envelope *env = rpc_call_envelope(call);
     variable *v = store_find(st->vars, name);
     if (v == NULL) {
-        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%.255s\" not found on ps %u", name,
+        char q[96];
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable %s not found on ps %u", QUOTED(q, name),
                         st->task_index);
         return NULL;
     }
@@ -207,6 +300,7 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
                         "range [%llu, %llu+%llu) is outside variable \"%s\" of %llu elements",
                         (unsigned long long)off, (unsigned long long)off, (unsigned long long)cnt,
                         v->name, (unsigned long long)v->numel);
+        variable_release(v);
         return NULL;
     }
     if (off < v->offset || off + cnt > v->offset + v->count) {
@@ -216,6 +310,7 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
                         (unsigned long long)off, (unsigned long long)(off + cnt), v->name,
                         st->task_index, (unsigned long long)v->offset,
                         (unsigned long long)(v->offset + v->count));
+        variable_release(v);
         return NULL;
     }
     return v;
@@ -225,22 +320,10 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
  * taken once, by the first pull, push or clock: nothing changes a version before one of those
  * has run. Push replies carry it (PushReply.restored_version) so that a client that sees the
  * server's instance change can count the updates acknowledged to it that the restart lost.
- * Sorted by variable pointer (variables are never removed); kept for the process's life. */
-typedef struct restored_entry {
-    const variable *v;
-    uint64_t version;
-} restored_entry;
-
+ * Kept in the variable itself (variable.restored_version, 0 for one created since), so that a
+ * deleted variable's entry goes with it and a name created again starts from 0. */
 static pthread_mutex_t restored_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool restored_taken;
-static restored_entry *restored;
-static size_t nrestored;
-
-static int restored_cmp(const void *a, const void *b)
-{
-    const restored_entry *x = a, *y = b;
-    return (x->v > y->v) - (x->v < y->v);
-}
 
 static void restored_snapshot(server_state *st)
 {
@@ -250,29 +333,14 @@ static void restored_snapshot(server_state *st)
     if (!atomic_load_explicit(&restored_taken, memory_order_relaxed)) {
         variable **vars;
         size_t n = store_list(st->vars, &vars);
-        restored = vars && n ? malloc(n * sizeof(*restored)) : NULL;
-        if (restored) {
-            for (size_t i = 0; i < n; i++) {
-                restored[i].v = vars[i];
-                restored[i].version = atomic_load(&vars[i]->version);
-            }
-            nrestored = n;
-            qsort(restored, n, sizeof(*restored), restored_cmp);
-        }
         /* Out of memory: every restored version reads 0, so clients overstate a loss once
          * rather than miss it. */
-        free(vars);
+        for (size_t i = 0; vars && i < n; i++)
+            vars[i]->restored_version = atomic_load(&vars[i]->version);
+        store_list_release(vars, n);
         atomic_store_explicit(&restored_taken, true, memory_order_release);
     }
     pthread_mutex_unlock(&restored_lock);
-}
-
-static uint64_t restored_version(const variable *v)
-{
-    restored_entry key = {.v = v};
-    const restored_entry *e =
-        nrestored ? bsearch(&key, restored, nrestored, sizeof(*restored), restored_cmp) : NULL;
-    return e ? e->version : 0; /* created since the start */
 }
 
 static void handle_pull(rpc_call *call, void *arg)
@@ -285,24 +353,21 @@ static void handle_pull(rpc_call *call, void *arg)
         return;
     const envelope *env = rpc_call_envelope(call);
     sync_pull(st, call, v, env->worker_id, env->clock, env->tensor->offset, env->tensor->count);
+    variable_release(v);
 }
 
 /* Push and push-pull: dedup by (client, seq), apply the optimizer reading the gradient in
  * place from the request, and for push-pull copy the result back in the same critical
- * section. */
-static void push_common(rpc_call *call, server_state *st, bool reply_params)
+ * section. A push that found v before a DeleteVariable unlinked it applies to the unlinked
+ * shard (it is ordered before the delete); one that looks after gets NOT_FOUND. */
+static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params)
 {
-    const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
-    restored_snapshot(st);
-    variable *v = resolve_range(st, call, req->name);
-    if (v == NULL)
-        return;
     const envelope *env = rpc_call_envelope(call);
     uint64_t off = env->tensor->offset, cnt = env->tensor->count;
     size_t seglen;
     const uint8_t *grad = rpc_call_segment(call, &seglen);
     Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
-    rep.restored_version = restored_version(v);
+    rep.restored_version = v->restored_version;
     /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
      * a push either marked and applied, or neither. */
     store_update_begin(st->vars);
@@ -310,8 +375,9 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
     if (d == DEDUP_TOO_OLD) {
         store_update_end(st->vars);
         rpc_reply_error(call, STATUS_ABORTED,
-                        "push seq %llu of client %016llx is older than the dedup window: "
-                        "refused, it may or may not have been applied",
+                        "push seq %llu of client %016llx is older than the dedup window, or the "
+                        "client was evicted from the dedup table (dedup-max-clients, "
+                        "dedup-idle-ms): refused, it may or may not have been applied",
                         (unsigned long long)env->seq, (unsigned long long)env->client_id);
         return;
     }
@@ -365,6 +431,17 @@ static void push_common(rpc_call *call, server_state *st, bool reply_params)
         rpc_reply_ok(call, &rep.base);
 }
 
+static void push_common(rpc_call *call, server_state *st, bool reply_params)
+{
+    const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
+    restored_snapshot(st);
+    variable *v = resolve_range(st, call, req->name);
+    if (v == NULL)
+        return;
+    push_apply(call, st, v, reply_params);
+    variable_release(v);
+}
+
 static void handle_push(rpc_call *call, void *arg)
 {
     push_common(call, arg, false);
@@ -392,9 +469,13 @@ static void handle_clock(rpc_call *call, void *arg)
     rpc_reply_ok(call, &rep.base);
 }
 
+/* Counters, the workers and per-variable entries: only the variable asked for by name, or at
+ * most max_variables (default STATUS_DEFAULT_VARIABLES) in name order and never more than fit
+ * in a reply of max-message-bytes; num_variables always counts them all. */
 static void handle_status(rpc_call *call, void *arg)
 {
     server_state *st = arg;
+    const Psd__V1__ServerStatusRequest *req = (const void *)rpc_call_body(call);
     const rpc_stats *rs = rpc_server_stats(st->rpc);
     Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
     rep.task_index = st->task_index;
@@ -408,14 +489,28 @@ static void handle_status(rpc_call *call, void *arg)
     rep.duplicates_dropped = atomic_load(&st->duplicates_dropped);
     rep.bytes_held = store_bytes(st->vars);
     rep.version = PSD_VERSION;
-    variable **vars;
-    size_t n = store_list(st->vars, &vars);
-    Psd__V1__VariableStatus *vs = calloc(n ? n : 1, sizeof(*vs));
-    Psd__V1__VariableStatus **vsp = calloc(n ? n : 1, sizeof(*vsp));
-    Psd__V1__StalenessStats *obs = calloc(n ? n : 1, sizeof(*obs));
-    uint64_t *hist = calloc((n ? n : 1) * STALENESS_BUCKETS, sizeof(uint64_t));
+    size_t n;
+    variable **vars = sorted_vars(st, &n);
+    rep.num_variables = n;
+    size_t want = req->max_variables ? req->max_variables : STATUS_DEFAULT_VARIABLES;
+    if (req->variable && req->variable[0]) {
+        variable *one = store_find(st->vars, req->variable);
+        for (size_t i = 0; vars && i < n; i++)
+            variable_release(vars[i]);
+        n = 0;
+        if (vars && one)
+            vars[n++] = one;
+        else
+            variable_release(one);
+        want = 1;
+    }
+    size_t cap = n < want ? n : want;
+    Psd__V1__VariableStatus *vs = calloc(cap ? cap : 1, sizeof(*vs));
+    Psd__V1__VariableStatus **vsp = calloc(cap ? cap : 1, sizeof(*vsp));
+    Psd__V1__StalenessStats *obs = calloc(cap ? cap : 1, sizeof(*obs));
+    uint64_t *hist = calloc((cap ? cap : 1) * STALENESS_BUCKETS, sizeof(uint64_t));
     if (vars == NULL || vs == NULL || vsp == NULL || obs == NULL || hist == NULL) {
-        free(vars);
+        store_list_release(vars, n);
         free(vs);
         free(vsp);
         free(obs);
@@ -423,19 +518,28 @@ static void handle_status(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory building status");
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        psd__v1__variable_status__init(&vs[i]);
-        vs[i].name = vars[i]->name;
-        vs[i].offset = vars[i]->offset;
-        vs[i].count = vars[i]->count;
-        vs[i].version = atomic_load(&vars[i]->version);
-        vs[i].staleness = vars[i]->staleness;
-        sync_variable_stats(vars[i], &obs[i], hist + i * STALENESS_BUCKETS);
-        vs[i].observed = &obs[i];
-        vsp[i] = &vs[i];
+    size_t max = rpc_call_max_message(call);
+    size_t budget = max > 4 * REPLY_RESERVE ? max / 2 : max / 4;
+    size_t used = 0, k = 0;
+    for (size_t i = 0; i < cap; i++) {
+        psd__v1__variable_status__init(&vs[k]);
+        vs[k].name = vars[i]->name;
+        vs[k].offset = vars[i]->offset;
+        vs[k].count = vars[i]->count;
+        vs[k].version = atomic_load(&vars[i]->version);
+        vs[k].staleness = vars[i]->staleness;
+        sync_variable_stats(vars[i], &obs[k], hist + k * STALENESS_BUCKETS);
+        vs[k].observed = &obs[k];
+        size_t b = entry_bytes(psd__v1__variable_status__get_packed_size(&vs[k]));
+        if (k > 0 && used + b > budget)
+            break;
+        used += b;
+        vsp[k] = &vs[k];
+        k++;
     }
-    rep.n_variables = n;
+    rep.n_variables = k;
     rep.variables = vsp;
+    rep.variables_truncated = k < n;
     sync_status(st, &rep);
     rpc_reply_ok(call, &rep.base);
     sync_status_free(&rep);
@@ -443,7 +547,7 @@ static void handle_status(rpc_call *call, void *arg)
     free(hist);
     free(vsp);
     free(vs);
-    free(vars);
+    store_list_release(vars, n);
 }
 
 static void handle_checkpoint(rpc_call *call, void *arg)
@@ -456,6 +560,34 @@ static void handle_checkpoint(rpc_call *call, void *arg)
         return;
     }
     checkpointer_request(ck, call); /* answered once the file is durable */
+}
+
+/* Admin. Unlinks the variable (this server's shard), answers the pulls parked on it with
+ * NOT_FOUND and drops the store's reference: the shard is freed, and its bytes leave
+ * bytes_held, once the last call still using it is done. The name may be created again at
+ * once, with fresh values. Held against a checkpoint's copy like an update (store.h), so that a
+ * snapshot sees the variable whole or not at all. */
+static void handle_delete(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__DeleteVariableRequest *req = (const void *)rpc_call_body(call);
+    char q[96];
+    store_update_begin(st->vars);
+    variable *v = store_remove(st->vars, req->name);
+    store_update_end(st->vars);
+    if (v == NULL) {
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable %s not found on ps %u",
+                        QUOTED(q, req->name), st->task_index);
+        return;
+    }
+    char why[160];
+    snprintf(why, sizeof(why), "variable %s was deleted", QUOTED(q, v->name));
+    sync_delete(st, v, why);
+    log_info("variable %s deleted (%llu elements of this shard)", q, (unsigned long long)v->count);
+    variable_release(v);
+    Psd__V1__DeleteVariableReply rep = PSD__V1__DELETE_VARIABLE_REPLY__INIT;
+    rep.deleted = true;
+    rpc_reply_ok(call, &rep.base);
 }
 
 static void handle_shutdown(rpc_call *call, void *arg)
@@ -473,11 +605,12 @@ const rpc_method server_methods[] = {
      &psd__v1__lookup_variable_request__descriptor, handle_lookup, 0},
     {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables", &psd__v1__list_variables_request__descriptor,
      handle_list, 0},
-    {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_pull, RPC_RANGE},
+    {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_pull,
+     RPC_RANGE | RPC_REPLY_RANGE},
     {PSD__V1__METHOD__PUSH, "Push", &psd__v1__push_request__descriptor, handle_push,
      RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
-     RPC_RANGE | RPC_SEGMENT},
+     RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
@@ -485,5 +618,7 @@ const rpc_method server_methods[] = {
      handle_checkpoint, RPC_ADMIN},
     {PSD__V1__METHOD__SHUTDOWN, "Shutdown", &psd__v1__shutdown_request__descriptor, handle_shutdown,
      RPC_ADMIN},
+    {PSD__V1__METHOD__DELETE_VARIABLE, "DeleteVariable",
+     &psd__v1__delete_variable_request__descriptor, handle_delete, RPC_ADMIN},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

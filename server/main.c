@@ -3,13 +3,20 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
+#include "metrics.h"
 #include "program.h"
 #include "server.h"
 #include "timeutil.h"
@@ -55,6 +62,129 @@ static void marker_clear(const char *dir, uint32_t task)
         log_warn("cannot remove %s: %s", p, strerror(errno));
 }
 
+/* /metrics of the state that lives in the server's structures (metrics.h collector). */
+static void server_collect(metrics_out *out, void *arg)
+{
+    server_state *st = arg;
+    char num[32];
+    metrics_emit_one(out, "psd_server_uptime_seconds", METRIC_GAUGE, "Seconds since start.",
+                     (double)(time_now_ns() - st->start_ns) * 1e-9);
+    metrics_emit_one(out, "psd_server_updates_applied_total", METRIC_COUNTER,
+                     "Updates (pushes) applied to variables.",
+                     (double)atomic_load(&st->updates_applied));
+    metrics_emit_one(out, "psd_server_duplicates_dropped_total", METRIC_COUNTER,
+                     "Retried pushes recognised and not applied again.",
+                     (double)atomic_load(&st->duplicates_dropped));
+    metrics_emit_one(out, "psd_server_memory_bytes", METRIC_GAUGE,
+                     "Bytes held by every variable (parameters, optimizer slots).",
+                     (double)store_bytes(st->vars));
+    metric *ck_ts = metrics_gauge("psd_checkpoint_last_success_timestamp_seconds",
+                                  "Wall-clock time the newest checkpoint became durable.");
+    if (metric_value(ck_ts) > 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        metrics_emit_one(out, "psd_checkpoint_age_seconds", METRIC_GAUGE,
+                         "Seconds since the newest checkpoint became durable.",
+                         (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - metric_value(ck_ts));
+    }
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    static const struct {
+        const char *name, *help;
+        metric_type type;
+    } vm[] = {
+        {"psd_variable_memory_bytes", "Bytes of a variable's parameters and optimizer slots.",
+         METRIC_GAUGE},
+        {"psd_variable_version", "Updates applied to a variable.", METRIC_GAUGE},
+        {"psd_variable_staleness_max_clocks", "Largest staleness a pull of a variable observed.",
+         METRIC_GAUGE},
+        {"psd_variable_pulls_total", "Pulls of a variable by workers.", METRIC_COUNTER},
+        {"psd_variable_pull_waits_total", "Pulls of a variable that waited for the bound.",
+         METRIC_COUNTER},
+        {"psd_variable_pull_timeouts_total", "Pulls of a variable whose wait timed out.",
+         METRIC_COUNTER},
+    };
+    Psd__V1__StalenessStats *obs = calloc(n ? n : 1, sizeof(*obs));
+    uint64_t *hist = calloc((n ? n : 1) * STALENESS_BUCKETS, sizeof(uint64_t));
+    for (size_t i = 0; obs && hist && i < n; i++)
+        sync_variable_stats(vars[i], &obs[i], hist + i * STALENESS_BUCKETS);
+    for (size_t k = 0; vars && obs && hist && n > 0 && k < sizeof(vm) / sizeof(vm[0]); k++) {
+        metrics_emit_header(out, vm[k].name, vm[k].type, vm[k].help);
+        for (size_t i = 0; i < n; i++) {
+            const variable *v = vars[i];
+            const char *labels[] = {"variable", v->name, NULL};
+            double x = k == 0   ? (double)v->count * sizeof(float) * (double)(1 + v->nslots)
+                       : k == 1 ? (double)atomic_load(&v->version)
+                       : k == 2 ? (double)obs[i].max
+                       : k == 3 ? (double)obs[i].pulls
+                       : k == 4 ? (double)obs[i].waits
+                                : (double)obs[i].timeouts;
+            metrics_emit(out, vm[k].name, labels, x);
+        }
+    }
+    free(obs);
+    free(hist);
+    store_list_release(vars, n);
+    metrics_emit_one(out, "psd_server_variables", METRIC_GAUGE, "Variables held.", (double)n);
+    Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
+    sync_status(st, &rep);
+    metrics_emit_one(out, "psd_server_workers_evicted_total", METRIC_COUNTER,
+                     "Workers evicted for silence.", (double)rep.evictions);
+    metrics_emit_one(out, "psd_server_min_clock", METRIC_GAUGE,
+                     "Clock of the slowest live worker (-1: none).", (double)rep.min_clock);
+    if (rep.n_workers > 0) {
+        metrics_emit_header(out, "psd_server_worker_clock", METRIC_GAUGE,
+                            "Clock (steps finished) of each worker this server knows.");
+        for (size_t i = 0; i < rep.n_workers; i++) {
+            snprintf(num, sizeof(num), "%d", (int)rep.workers[i]->id);
+            const char *labels[] = {"worker", num, NULL};
+            metrics_emit(out, "psd_server_worker_clock", labels, (double)rep.workers[i]->clock);
+        }
+        metrics_emit_header(out, "psd_server_worker_live", METRIC_GAUGE,
+                            "1 while a worker is live, 0 once evicted.");
+        for (size_t i = 0; i < rep.n_workers; i++) {
+            snprintf(num, sizeof(num), "%d", (int)rep.workers[i]->id);
+            const char *labels[] = {"worker", num, NULL};
+            metrics_emit(out, "psd_server_worker_live", labels, rep.workers[i]->live ? 1 : 0);
+        }
+    }
+    sync_status_free(&rep);
+}
+
+/* An ipc:// socket file left by a dead server makes nng's listener fail with EADDRINUSE:
+ * removes path if it is a socket that no live socket is bound to. Liveness is read from
+ * /proc/net/unix (Linux) rather than by connecting: a bare connect() that closes without the
+ * SP handshake was seen to stop a live nng IPC listener from serving. A live listener, a file
+ * that is not a socket, or an unreadable /proc/net/unix leaves the file alone (the listen then
+ * fails and says so). Returns 0, or -1 (logged) when a stale socket cannot be removed. */
+static int server_remove_stale_ipc(const char *path)
+{
+    struct stat stt;
+    if (lstat(path, &stt) != 0 || !S_ISSOCK(stt.st_mode))
+        return 0;
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (f == NULL)
+        return 0;
+    char line[4200];
+    bool live = false;
+    size_t plen = strlen(path);
+    while (!live && fgets(line, sizeof(line), f) != NULL) {
+        size_t n = strcspn(line, "\n");
+        line[n] = '\0';
+        /* The path is the last field: " ... Inode /the/path". */
+        live = n > plen && strcmp(line + n - plen, path) == 0 && line[n - plen - 1] == ' ';
+    }
+    fclose(f);
+    if (live)
+        return 0;
+    if (unlink(path) != 0 && errno != ENOENT) {
+        log_error("cannot remove stale ipc socket %s: %s", path, strerror(errno));
+        return -1;
+    }
+    log_info("removed stale ipc socket %s (no server was listening on it)", path);
+    return 0;
+}
+
 static const char usage[] =
     "usage: ps-server [options]\n"
     "Serves one parameter-server task of the cluster given by TF_CONFIG or --cluster/--task.";
@@ -73,14 +203,56 @@ int main(int argc, char **argv)
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
-    char url[300];
+    char plain[300], url[310];
     const char *listen = opt_str(prog.opts, OPT_LISTEN);
+    rpc_tls tls = {
+        .ca = opt_str(prog.opts, OPT_TLS_CA),
+        .cert = opt_str(prog.opts, OPT_TLS_CERT),
+        .key = opt_str(prog.opts, OPT_TLS_KEY),
+    };
     if (listen && listen[0]) {
-        snprintf(url, sizeof(url), "%s", listen);
-    } else if (cluster_url(cl->ps[cl->task_index], url, sizeof(url)) != 0) {
+        snprintf(plain, sizeof(plain), "%s", listen);
+    } else if (cluster_url(cl->ps[cl->task_index], plain, sizeof(plain)) != 0) {
         log_error("cluster address \"%s\" is too long", cl->ps[cl->task_index]);
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
+    }
+    if (cluster_is_ipc(plain) && rpc_tls_on(&tls)) {
+        log_error("listen address \"%s\": ipc:// is local-only and cannot use TLS; unset "
+                  "tls-ca/tls-cert/tls-key or use a host:port (TCP) address",
+                  plain);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    if (cluster_is_ipc(plain) && server_remove_stale_ipc(plain + strlen(CLUSTER_IPC_PREFIX)) != 0) {
+        program_end(&prog);
+        return 1;
+    }
+    if (rpc_tls_url(plain, rpc_tls_on(&tls), url, sizeof(url)) != 0) {
+        log_error("listen address \"%s\" is too long", plain);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    if (rpc_tls_on(&tls)) { /* a configuration error exits 2 before anything starts */
+        nng_tls_config *check;
+        char terr[700];
+        if (rpc_tls_config(&check, &tls, true, terr, sizeof(terr)) != 0) {
+            log_error("%s", terr);
+            program_end(&prog);
+            return PROGRAM_EXIT_CONFIG;
+        }
+        nng_tls_config_free(check);
+    }
+    /* Admin role: a token from a file (never on the command line), else loopback only. */
+    static char admin_token[256];
+    const char *token_file = opt_str(prog.opts, OPT_ADMIN_TOKEN_FILE);
+    if (token_file && token_file[0]) {
+        char terr[512];
+        if (rpc_read_token(token_file, admin_token, sizeof(admin_token), terr, sizeof(terr)) != 0) {
+            log_error("%s", terr);
+            program_end(&prog);
+            return PROGRAM_EXIT_CONFIG;
+        }
     }
 
     /* Signals are taken synchronously by the main thread only. */
@@ -103,9 +275,27 @@ int main(int argc, char **argv)
     st.sync = sync_create(n_workers, (uint32_t)opt_int(prog.opts, OPT_WORKER_TIMEOUT_MS),
                           strcmp(opt_enum(prog.opts, OPT_BSP_AGGREGATION), "mean") == 0,
                           SERVER_MAX_WORKERS);
-    if (st.vars == NULL || st.dedup == NULL || st.sync == NULL) {
+    if (st.vars == NULL || st.dedup == NULL || st.sync == NULL ||
+        server_set_limits(&st, (uint64_t)opt_int(prog.opts, OPT_MAX_SERVER_BYTES),
+                          (uint64_t)opt_int(prog.opts, OPT_MAX_VARIABLES),
+                          (uint64_t)opt_int(prog.opts, OPT_DEDUP_MAX_CLIENTS),
+                          (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS)) != 0) {
         log_error("out of memory");
         return 1;
+    }
+    /* /metrics, /livez, /readyz: up from the start, ready once restored and listening. */
+    http_endpoint *http = NULL;
+    const char *http_addr = opt_str(prog.opts, OPT_HTTP_LISTEN);
+    if (http_addr && http_addr[0]) {
+        char herr[512];
+        if (http_endpoint_start(&http, http_addr, herr, sizeof(herr)) != 0) {
+            log_error("%s", herr);
+            program_end(&prog);
+            return 1;
+        }
+        http_endpoint_set_ready(http, false, "restoring checkpoint");
+        metrics_add_collector(server_collect, &st);
+        log_info("metrics on http://%s/metrics (port %d)", http_addr, http_endpoint_port(http));
     }
     /* Checkpoints: restore the newest valid one before serving, then keep writing them. */
     checkpoint_config ck_cfg = {
@@ -160,6 +350,8 @@ int main(int argc, char **argv)
             }
         }
         if (fail != 0) {
+            metrics_remove_collector(server_collect, &st);
+            http_endpoint_stop(http);
             checkpointer_destroy(ck);
             store_destroy(st.vars);
             dedup_destroy(st.dedup);
@@ -178,15 +370,22 @@ int main(int argc, char **argv)
         .max_message = (size_t)opt_int(prog.opts, OPT_MAX_MESSAGE_BYTES),
         .inline_max = (size_t)opt_int(prog.opts, OPT_INLINE_MAX_BYTES),
         .default_deadline_ms = (uint32_t)opt_int(prog.opts, OPT_DEFAULT_DEADLINE_MS),
+        .max_deadline_ms = (uint32_t)opt_int(prog.opts, OPT_MAX_DEADLINE_MS),
+        .max_connections = (int)opt_int(prog.opts, OPT_MAX_CONNECTIONS),
+        .max_per_connection = (int)opt_int(prog.opts, OPT_MAX_REQUESTS_PER_CONNECTION),
         .max_parked = (int)opt_int(prog.opts, OPT_MAX_WAITING),
         .methods = server_methods,
         .n_methods = server_methods_len,
         .handler_arg = &st,
         .drop_percent = (int)opt_int(prog.opts, OPT_TEST_DROP_PERCENT),
         .dup_percent = (int)opt_int(prog.opts, OPT_TEST_DUP_PERCENT),
+        .tls = tls,
+        .admin_token = admin_token,
     };
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
+        metrics_remove_collector(server_collect, &st);
+        http_endpoint_stop(http);
         checkpointer_destroy(ck);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
@@ -195,9 +394,16 @@ int main(int argc, char **argv)
     }
     if (ck)
         marker_set(ck_cfg.dir, st.task_index);
+    http_endpoint_set_ready(http, true, NULL);
     log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s)",
              st.task_index, st.num_servers, url, PSD_VERSION,
              (unsigned long long)rpc_server_instance(st.rpc), n_workers);
+    log_info("security: %s; admin methods (Shutdown, Checkpoint) %s",
+             rpc_tls_on(&tls)
+                 ? "mutual TLS (peers need a certificate signed by tls-ca)"
+                 : "plain TCP, no TLS (set tls-ca, tls-cert and tls-key to turn it on)",
+             admin_token[0] ? "need the admin token of admin-token-file"
+                            : "allowed from loopback peers only (no admin-token-file)");
 
     int sig = 0;
     while (!atomic_load(&st.shutdown_requested)) {
@@ -215,6 +421,7 @@ int main(int argc, char **argv)
         struct timespec ts = {0, 200 * 1000000};
         nanosleep(&ts, NULL);
     }
+    http_endpoint_set_ready(http, false, "shutting down");
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
@@ -230,6 +437,8 @@ int main(int argc, char **argv)
         }
         checkpointer_destroy(ck);
     }
+    metrics_remove_collector(server_collect, &st);
+    http_endpoint_stop(http);
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));

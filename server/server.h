@@ -32,6 +32,11 @@ typedef struct server_state {
 extern const rpc_method server_methods[];
 extern const size_t server_methods_len;
 
+/* Sets the limits of st's store and dedup table: max_bytes 0 means 75% of physical memory
+ * (max-server-bytes). Logs them. Returns 0, or -1 when memory can't be had. */
+int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
+                      uint64_t dedup_max_clients, uint64_t dedup_idle_ms);
+
 /* Checks a variable spec sent by a client: name, dtype, shape, placement against this
  * server's cluster. Returns 0 and the element count, or a status with a message in err. */
 int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,

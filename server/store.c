@@ -9,6 +9,7 @@
 #include "initializer.h"
 #include "placement.h"
 #include "spec_fields.h"
+#include "status.h"
 #include "util.h"
 
 #define STORE_BUCKETS 1024
@@ -21,6 +22,9 @@ struct store {
     variable *buckets[STORE_BUCKETS];
     size_t n;
     uint64_t bytes;
+    /* Limits (0: none) and the room reserved by creates in progress, guarded by lock. */
+    uint64_t max_bytes, max_vars;
+    uint64_t pending_bytes, pending_vars;
 };
 
 store *store_create(void)
@@ -161,6 +165,8 @@ static variable *make_variable(const Psd__V1__VariableSpec *spec, uint64_t numel
     v->nslots = optimizer_slot_count(opt.kind);
     v->staleness = spec->staleness;
     pthread_mutex_init(&v->lock, NULL);
+    atomic_init(&v->refs, 1);
+    atomic_init(&v->deleted, false);
     if (v->name == NULL || v->spec == NULL)
         goto oom;
     size_t n = count ? (size_t)count : 1;
@@ -212,6 +218,27 @@ void variable_destroy(variable *v)
     free(v);
 }
 
+void variable_retain(variable *v)
+{
+    atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
+}
+
+void variable_release(variable *v)
+{
+    if (v == NULL)
+        return;
+    if (atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    store *s = v->owner;
+    if (s) {
+        uint64_t b = store_shard_bytes(v->count, v->nslots);
+        pthread_rwlock_wrlock(&s->lock);
+        s->bytes -= b < s->bytes ? b : s->bytes;
+        pthread_rwlock_unlock(&s->lock);
+    }
+    variable_destroy(v);
+}
+
 static size_t bucket_of(const char *name)
 {
     return (size_t)(placement_hash(name) % STORE_BUCKETS);
@@ -225,6 +252,52 @@ static variable *find_locked(store *s, const char *name)
     return NULL;
 }
 
+void store_set_limits(store *s, uint64_t max_bytes, uint64_t max_vars)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    s->max_bytes = max_bytes;
+    s->max_vars = max_vars;
+    pthread_rwlock_unlock(&s->lock);
+}
+
+uint64_t store_shard_bytes(uint64_t count, size_t nslots)
+{
+    uint64_t per = (uint64_t)sizeof(float) * (1 + nslots);
+    return count > UINT64_MAX / per ? UINT64_MAX : count * per;
+}
+
+int store_reserve(store *s, uint64_t bytes, char *err, size_t errlen)
+{
+    int rc = STATUS_OK;
+    pthread_rwlock_wrlock(&s->lock);
+    uint64_t held = s->bytes + s->pending_bytes;
+    if (s->max_vars && s->n + s->pending_vars >= s->max_vars) {
+        errf(err, errlen, "server holds %zu variables, the most allowed (max-variables %llu)", s->n,
+             (unsigned long long)s->max_vars);
+        rc = STATUS_RESOURCE_EXHAUSTED;
+    } else if (s->max_bytes && (bytes > s->max_bytes || held > s->max_bytes - bytes)) {
+        errf(err, errlen,
+             "shard of %llu bytes (parameters and optimizer state) would exceed "
+             "max-server-bytes %llu (%llu held)",
+             (unsigned long long)bytes, (unsigned long long)s->max_bytes, (unsigned long long)held);
+        rc = STATUS_RESOURCE_EXHAUSTED;
+    } else {
+        s->pending_bytes += bytes;
+        s->pending_vars++;
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return rc;
+}
+
+void store_unreserve(store *s, uint64_t bytes)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    s->pending_bytes -= bytes < s->pending_bytes ? bytes : s->pending_bytes;
+    if (s->pending_vars)
+        s->pending_vars--;
+    pthread_rwlock_unlock(&s->lock);
+}
+
 variable *store_insert(store *s, variable *v)
 {
     pthread_rwlock_wrlock(&s->lock);
@@ -234,18 +307,48 @@ variable *store_insert(store *s, variable *v)
         v->next = s->buckets[b];
         s->buckets[b] = v;
         s->n++;
-        s->bytes += v->count * sizeof(float) * (1 + v->nslots);
+        s->bytes += store_shard_bytes(v->count, v->nslots);
+        v->owner = s;
+        old = v; /* the creator's reference is the store's now; one more for the caller */
     }
+    variable_retain(old);
     pthread_rwlock_unlock(&s->lock);
-    return old ? old : v;
+    return old;
 }
 
 variable *store_find(store *s, const char *name)
 {
     pthread_rwlock_rdlock(&s->lock);
     variable *v = find_locked(s, name);
+    /* Under the lock: a linked variable holds the store's reference, so refs > 0 here. */
+    if (v)
+        variable_retain(v);
     pthread_rwlock_unlock(&s->lock);
     return v;
+}
+
+variable *store_remove(store *s, const char *name)
+{
+    pthread_rwlock_wrlock(&s->lock);
+    variable **pp = &s->buckets[bucket_of(name)];
+    while (*pp && strcmp((*pp)->name, name) != 0)
+        pp = &(*pp)->next;
+    variable *v = *pp;
+    if (v) {
+        *pp = v->next;
+        v->next = NULL;
+        s->n--;
+        atomic_store(&v->deleted, true);
+    }
+    pthread_rwlock_unlock(&s->lock);
+    return v;
+}
+
+void store_list_release(variable **vars, size_t n)
+{
+    for (size_t i = 0; vars && i < n; i++)
+        variable_release(vars[i]);
+    free(vars);
 }
 
 size_t store_list(store *s, variable ***out)
@@ -255,8 +358,10 @@ size_t store_list(store *s, variable ***out)
     size_t k = 0;
     if (arr) {
         for (size_t i = 0; i < STORE_BUCKETS; i++)
-            for (variable *v = s->buckets[i]; v; v = v->next)
+            for (variable *v = s->buckets[i]; v; v = v->next) {
+                variable_retain(v);
                 arr[k++] = v;
+            }
     }
     pthread_rwlock_unlock(&s->lock);
     *out = arr;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "server.h"
 #include "status.h"
 #include "timeutil.h"
@@ -19,7 +20,7 @@ typedef struct worker_entry {
 
 typedef struct waiter {
     rpc_call *call;
-    variable *v;
+    variable *v; /* referenced while parked */
     int32_t worker;
     int64_t clock, need;
     uint64_t offset, count;
@@ -45,8 +46,22 @@ struct sync_state {
 _Static_assert(STALENESS_BUCKETS == sizeof(((variable *)0)->st_hist) / sizeof(uint64_t),
                "variable histogram size");
 
+/* Metrics (metrics.h): pulls parked on the staleness bound now, and how long they waited. */
+static metric *m_waiting, *m_wait_seconds, *m_staleness;
+
 sync_state *sync_create(int n_expected, uint32_t timeout_ms, bool mean, int max_workers)
 {
+    m_waiting = metrics_gauge("psd_pulls_waiting",
+                              "Pulls parked until the staleness bound lets them read.");
+    m_wait_seconds = metrics_histogram("psd_pull_wait_seconds",
+                                       "Time pulls waited for the staleness bound (every wait, "
+                                       "answered or timed out).",
+                                       metrics_latency_buckets, metrics_latency_buckets_len);
+    static const double gaps[] = {0, 1, 2, 4, 8, 16, 32, 64};
+    m_staleness = metrics_histogram("psd_pull_staleness_clocks",
+                                    "Staleness workers' pulls observed: the reader's clock minus "
+                                    "the slowest live worker's.",
+                                    gaps, sizeof(gaps) / sizeof(gaps[0]));
     sync_state *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
@@ -74,6 +89,8 @@ void sync_destroy(sync_state *s)
 {
     if (s == NULL)
         return;
+    /* sync_cancel_all has answered (and released) every wait by now; a waiter left over is
+     * freed without a release, since the store (and so its variables) may be gone already. */
     while (s->waiters) {
         waiter *w = s->waiters;
         s->waiters = w->next;
@@ -154,6 +171,7 @@ static void record_staleness(server_state *st, variable *v, int64_t gap, bool wa
     if (gap < 0)
         gap = 0;
     int b = sync_bucket(gap);
+    metric_observe(m_staleness, (double)gap);
     atomic_fetch_add(&s->st_hist[b], 1);
     atomic_fetch_add(&v->st_hist[b], 1);
     atomic_fetch_add(&s->st_pulls, 1);
@@ -166,6 +184,7 @@ static void record_staleness(server_state *st, variable *v, int64_t gap, bool wa
     }
     if (waited) {
         uint64_t ms = wait_ns / 1000000u;
+        metric_observe(m_wait_seconds, (double)wait_ns * 1e-9);
         atomic_fetch_add(&s->st_waits, 1);
         atomic_fetch_add(&v->st_waits, 1);
         atomic_fetch_add(&s->st_wait_ms, ms);
@@ -267,7 +286,7 @@ static void advance(server_state *st)
         for (size_t i = 0; vars && i < n; i++)
             if (vars[i]->staleness == 0)
                 bsp_apply(st, vars[i]);
-        free(vars);
+        store_list_release(vars, n);
     }
     waiter *ready = NULL;
     pthread_mutex_lock(&s->lock);
@@ -290,6 +309,8 @@ static void advance(server_state *st)
         record_staleness(st, w->v, m == INT64_MAX ? 0 : w->clock - m, true, now - w->start_ns);
         reply_pull(w->call, w->v, w->offset, w->count);
         rpc_call_resume(w->call);
+        metric_gauge_add(m_waiting, -1);
+        variable_release(w->v);
         free(w);
     }
     pthread_mutex_unlock(&s->advance);
@@ -298,6 +319,12 @@ static void advance(server_state *st)
 int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock)
 {
     sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers) {
+        /* Not a worker this state tracks (callers check SERVER_MAX_WORKERS; a state may be
+         * made for fewer): nothing to record, as in sync_heard and sync_pull. */
+        *min_clock = sync_min_clock(st);
+        return clock;
+    }
     pthread_mutex_lock(&s->lock);
     heard_locked(s, worker);
     worker_entry *w = &s->workers[worker];
@@ -336,6 +363,13 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
         reply_pull(call, v, offset, count);
         return;
     }
+    /* Checked under the lock that sync_delete sweeps under: a pull either parks before the
+     * sweep (and is answered by it) or sees the mark here. */
+    if (atomic_load(&v->deleted)) {
+        pthread_mutex_unlock(&s->lock);
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%s\" was deleted", v->name);
+        return;
+    }
     waiter *w = calloc(1, sizeof(*w));
     if (w == NULL || rpc_call_defer(call) != 0) {
         pthread_mutex_unlock(&s->lock);
@@ -345,6 +379,7 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
         return;
     }
     w->call = call;
+    variable_retain(v);
     w->v = v;
     w->worker = worker;
     w->clock = clock;
@@ -360,6 +395,7 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
     w->deadline_ns = dl - margin;
     w->next = s->waiters;
     s->waiters = w;
+    metric_gauge_add(m_waiting, 1);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -424,11 +460,42 @@ void sync_sweep(server_state *st)
         expired = w->next;
         atomic_fetch_add(&s->st_timeouts, 1);
         atomic_fetch_add(&w->v->st_timeouts, 1);
+        metric_observe(m_wait_seconds, (double)(time_now_ns() - w->start_ns) * 1e-9);
         rpc_call_resume(w->call);
+        metric_gauge_add(m_waiting, -1);
+        variable_release(w->v);
         free(w);
     }
     if (evicted)
         advance(st);
+}
+
+void sync_delete(server_state *st, variable *v, const char *why)
+{
+    sync_state *s = st->sync;
+    waiter *gone = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (waiter **pp = &s->waiters; *pp;) {
+        waiter *w = *pp;
+        if (w->v == v) {
+            *pp = w->next;
+            w->next = gone;
+            gone = w;
+        } else {
+            pp = &w->next;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    while (gone) {
+        waiter *w = gone;
+        gone = w->next;
+        rpc_reply_error(w->call, STATUS_NOT_FOUND, "%s", why);
+        metric_observe(m_wait_seconds, (double)(time_now_ns() - w->start_ns) * 1e-9);
+        rpc_call_resume(w->call);
+        metric_gauge_add(m_waiting, -1);
+        variable_release(w->v);
+        free(w);
+    }
 }
 
 void sync_cancel_all(server_state *st, const char *why)
@@ -443,6 +510,8 @@ void sync_cancel_all(server_state *st, const char *why)
         all = w->next;
         rpc_reply_error(w->call, STATUS_UNAVAILABLE, "%s", why);
         rpc_call_resume(w->call);
+        metric_gauge_add(m_waiting, -1);
+        variable_release(w->v);
         free(w);
     }
 }

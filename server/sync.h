@@ -41,7 +41,8 @@ void sync_heard(server_state *st, int32_t worker);
 int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock);
 
 /* PULL of [offset, offset+count) of v by worker at clock: replies now, or parks the call
- * until the bound allows. */
+ * until the bound allows (the parked pull holds its own reference on v; the caller keeps and
+ * releases its own). A pull of a deleted variable that would park is answered NOT_FOUND. */
 void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
                uint64_t offset, uint64_t count);
 
@@ -56,6 +57,10 @@ int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *gr
 
 /* Evicts silent workers and ends expired waits. Call periodically (every ~50 ms). */
 void sync_sweep(server_state *st);
+
+/* DeleteVariable: answers the pulls parked on v (already unlinked by store_remove) with
+ * NOT_FOUND and `why`, and drops their references. */
+void sync_delete(server_state *st, variable *v, const char *why);
 
 /* Ends every wait with UNAVAILABLE (shutdown). */
 void sync_cancel_all(server_state *st, const char *why);

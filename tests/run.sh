@@ -24,3 +24,9 @@ fi
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+
+# Fuzzing (tests/fuzz/run.sh): each libFuzzer harness 60 s in its own clang build (build-fuzz),
+# when clang is installed.
+if command -v clang >/dev/null 2>&1; then
+  tests/fuzz/run.sh 60 build-fuzz
+fi

@@ -12,8 +12,10 @@
 
 #include "backend.h"
 #include "data.h"
+#include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "program.h"
 #include "train.h"
@@ -350,6 +352,16 @@ static void maybe_reexec_for_blas(char **argv)
     unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with the slow kernels */
 }
 
+/* /readyz of a worker: ready once its first call to the cluster succeeded (train.c). */
+static bool worker_ready(void *arg, char *why, size_t cap)
+{
+    if (metric_value(metrics_gauge("psd_worker_connected",
+                                   "1 once the worker's first call to the cluster succeeded.")) > 0)
+        return true;
+    snprintf(why, cap, "not connected to the cluster yet");
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     maybe_reexec_for_blas(argv);
@@ -363,6 +375,18 @@ int main(int argc, char **argv)
         log_error("unexpected argument '%s' (see --help)", prog.positional[0]);
         program_end(&prog);
         return TRAIN_EXIT_CONFIG;
+    }
+    http_endpoint *http = NULL;
+    const char *http_addr = opt_str(prog.opts, OPT_HTTP_LISTEN);
+    if (http_addr && http_addr[0]) {
+        char herr[512];
+        if (http_endpoint_start(&http, http_addr, herr, sizeof(herr)) != 0) {
+            log_error("%s", herr);
+            program_end(&prog);
+            return TRAIN_EXIT_CONFIG;
+        }
+        http_endpoint_set_ready_fn(http, worker_ready, NULL);
+        log_info("metrics on http://%s/metrics (port %d)", http_addr, http_endpoint_port(http));
     }
     bool eval_mode = opt_str(prog.opts, OPT_EVAL)[0] != '\0';
     static identity id;
@@ -381,6 +405,7 @@ int main(int argc, char **argv)
             rc = run_training(&prog, &id, be, &mc);
     }
     backend_close(be);
+    http_endpoint_stop(http);
     program_end(&prog);
     if (train_stop_signal != 0)
         return 128 + train_stop_signal;

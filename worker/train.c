@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "optimizers.h"
 #include "timeutil.h"
 
@@ -303,8 +304,43 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+/* Metrics of training (metrics.h), looked up once per run. */
+static struct {
+    metric *connected, *steps, *samples, *step_s, *pull_s, *compute_s, *push_s, *loss, *acc, *sps,
+        *clock, *test_loss, *test_acc;
+} wm;
+
+static void worker_metrics_init(void)
+{
+    metric_family *phase = metrics_family(
+        METRIC_HISTOGRAM, "psd_worker_step_phase_seconds",
+        "Time of one training step's phases: pull (parameters), compute (forward, backward), "
+        "push (gradients acknowledged, clock).",
+        "phase", metrics_latency_buckets, metrics_latency_buckets_len);
+    wm.connected = metrics_gauge("psd_worker_connected",
+                                 "1 once the worker's first call to the cluster succeeded.");
+    wm.steps = metrics_counter("psd_worker_steps_total", "Training steps finished.");
+    wm.samples = metrics_counter("psd_worker_samples_total", "Training examples processed.");
+    wm.step_s = metrics_histogram("psd_worker_step_seconds", "Time of one training step.",
+                                  metrics_latency_buckets, metrics_latency_buckets_len);
+    wm.pull_s = metrics_series1(phase, "pull");
+    wm.compute_s = metrics_series1(phase, "compute");
+    wm.push_s = metrics_series1(phase, "push");
+    wm.loss = metrics_gauge("psd_worker_loss", "Training loss of the latest step.");
+    wm.acc =
+        metrics_gauge("psd_worker_train_accuracy", "Training accuracy of the latest step's batch.");
+    wm.sps = metrics_gauge("psd_worker_samples_per_second",
+                           "Examples per second over the latest log window (log-every steps).");
+    wm.clock = metrics_gauge("psd_worker_clock", "Steps finished and clocked (the SSP clock).");
+    wm.test_loss = metrics_gauge("psd_worker_test_loss", "Test loss at the latest evaluation.");
+    wm.test_acc =
+        metrics_gauge("psd_worker_test_accuracy", "Test accuracy at the latest evaluation.");
+}
+
 static void log_eval(int64_t step, int epoch, double loss, double acc, bool final)
 {
+    metric_set(wm.test_loss, loss);
+    metric_set(wm.test_acc, acc);
     char fields[256];
     snprintf(fields, sizeof(fields),
              "\"step\":%" PRId64 ",\"epoch\":%d,\"test_loss\":%.5f,\"test_accuracy\":%.4f,"
@@ -469,11 +505,13 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     int64_t total = cfg->steps > 0 ? cfg->steps : steps_per_epoch * cfg->epochs;
     int epochs_shown = (int)((total + steps_per_epoch - 1) / steps_per_epoch);
 
+    worker_metrics_init();
     int rc = create_variables(&t);
     if (rc != TRAIN_EXIT_OK) {
         exit_code = rc;
         goto out;
     }
+    metric_set(wm.connected, 1); /* /readyz: the cluster answered */
     int64_t first = 0;
     if (t.progress_var != NULL && total > PROGRESS_MAX_STEPS) {
         log_warn("%" PRId64 " steps are more than a progress record counts exactly (%d): "
@@ -582,6 +620,15 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                                   (long)(cfg->slow_delay_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
         }
+        metric_observe(wm.pull_s, (double)(c1 - c0) * 1e-9);
+        metric_observe(wm.compute_s, (double)(c2 - c1) * 1e-9);
+        metric_observe(wm.push_s, (double)(c3 - c2) * 1e-9);
+        metric_observe(wm.step_s, (double)(c3 - c0) * 1e-9);
+        metric_inc(wm.steps);
+        metric_add(wm.samples, (uint64_t)batch);
+        metric_set(wm.loss, st.loss);
+        metric_set(wm.acc, batch > 0 ? st.correct / (double)batch : 0.0);
+        metric_set(wm.clock, (double)done_steps);
         uint64_t step_comm = (c1 - c0) + (c3 - c2);
         comm_ns += step_comm;
         win_comm_ns += step_comm;
@@ -600,6 +647,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             double dt = secs(now - win_start);
             last_loss = win_loss / (double)win_steps;
             last_sps = dt > 0 ? (double)win_samples / dt : 0.0;
+            metric_set(wm.sps, last_sps);
             double comm_ms = (double)win_comm_ns / 1e6 / (double)win_steps;
             double step_ms = dt * 1e3 / (double)win_steps;
             /* Staleness the servers observed for this model's pulls (first variable). */

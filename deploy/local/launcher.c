@@ -10,8 +10,11 @@
  * after --progress=<--worker-progress> (off: the workers share the terminal).
  *
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
- * by binding (or taken from --base-port up). The children share a process group of their own
- * and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if it is killed.
+ * by binding (or taken from --base-port up). With --transport ipc (auto without
+ * --base-port) the ps tasks listen on ipc:// sockets in a private directory under $TMPDIR
+ * (or /tmp), removed at exit; the workers' entries stay host:port. The children share a process
+ * group of their own and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if
+ * it is killed.
  *
  * Lifecycle: when every worker has exited 0 the servers are stopped (SIGTERM) and ps-local
  * exits 0. When any child fails (non-zero exit, signal, or a server exiting early), or on
@@ -25,13 +28,16 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -39,11 +45,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
+#include "log.h"
 #include "options.h"
+#include "program.h"
 
 #define MAX_TASKS 256
 
 typedef enum { ROLE_PS, ROLE_CHIEF, ROLE_WORKER } role_kind;
+
+/* Size of the buffer that collects one child's stderr line; a longer line is passed on in
+ * pieces. */
+#define LINE_CAP (LOG_LINE_MAX + 64)
 
 typedef struct child {
     role_kind role;
@@ -52,21 +66,117 @@ typedef struct child {
     bool running;
     int status; /* wait status once exited */
     int restarts;
+    int err_fd; /* read end of its stderr pipe, -1 once closed */
+    char line[LINE_CAP];
+    size_t line_len;
+    /* Its latest step log line (workers). */
+    bool has_step;
+    long long step, total_steps;
+    int epoch;
+    double loss, samples_per_s;
+    /* Its end-of-training line ("trained N steps ..."). */
+    bool has_result;
+    long long result_steps;
+    double result_wall_s, result_samples_per_s, result_loss;
 } child;
 
 static const char *role_names[] = {"ps", "chief", "worker"};
+
+/* Human mode (stderr is a terminal): a live progress line, text lines. Otherwise every line on
+ * stderr is a JSON line (README, "Log lines"). */
+static bool human;
+static bool bar_shown;
+static double bar_last;
+
+static void bar_clear(void)
+{
+    if (bar_shown) {
+        fputs("\r\033[K", stderr);
+        bar_shown = false;
+    }
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* One JSON log line of the launcher (role "ps-local", task -1) or, for a child's line that is
+ * not JSON, in that child's name; fields is a JSON object body fragment or NULL. */
+static void emit_json(const char *level, const char *role, int task, const char *msg,
+                      const char *fields)
+{
+    char ts[96], esc[LOG_LINE_MAX / 2], line[LOG_LINE_MAX + 256];
+    struct timespec now;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             (int)(now.tv_nsec / 1000000L) % 1000);
+    log_json_escape(esc, sizeof(esc), msg);
+    int n = snprintf(
+        line, sizeof(line),
+        "{\"ts\":\"%s\",\"level\":\"%s\",\"role\":\"%s\",\"task\":%d,\"msg\":\"%s\"%s%s}\n", ts,
+        level, role, task, esc, fields != NULL ? "," : "", fields != NULL ? fields : "");
+    if (n > 0)
+        write_all(STDERR_FILENO, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+}
+
+static void vsay(const char *level, const char *fields, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+static void vsay(const char *level, const char *fields, const char *fmt, va_list ap)
+{
+    char line[1024];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    if (human) {
+        bar_clear();
+        fprintf(stderr, "ps-local: %s\n", line);
+        fflush(stderr);
+    } else {
+        emit_json(level, "ps-local", -1, line, fields);
+    }
+}
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static void say(const char *fmt, ...)
 {
-    char line[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
+    vsay("info", NULL, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ps-local: %s\n", line);
-    fflush(stderr);
+}
+
+/* A line about a failure: level "error" in JSON. */
+static void say_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static void say_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay("error", NULL, fmt, ap);
+    va_end(ap);
+}
+
+static void say_fields(const char *fields, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void say_fields(const char *fields, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay("info", fields, fmt, ap);
+    va_end(ap);
 }
 
 static const char usage_line[] =
@@ -153,17 +263,57 @@ static bool append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     return true;
 }
 
+/* Private directory of the ps tasks' ipc:// sockets ("" with tcp), and how many sockets
+ * (ps-0.sock ...) it may hold; removed by remove_ipc_dir at exit. */
+static char ipc_dir[PATH_MAX];
+static int ipc_count;
+
+/* Creates ipc_dir under $TMPDIR (or /tmp when that is unset or too long for socket paths).
+ * Returns 0, or -1 with errno set. */
+static int make_ipc_dir(int count)
+{
+    const char *tmp = getenv("TMPDIR");
+    /* "DIR/ps-local.XXXXXX/ps-NNN.sock" must fit sun_path (107 bytes + NUL). */
+    if (tmp == NULL || tmp[0] != '/' || strlen(tmp) > 107 - 30)
+        tmp = "/tmp";
+    snprintf(ipc_dir, sizeof(ipc_dir), "%s/ps-local.XXXXXX", tmp);
+    if (mkdtemp(ipc_dir) == NULL) {
+        ipc_dir[0] = '\0';
+        return -1;
+    }
+    ipc_count = count;
+    return 0;
+}
+
+static void remove_ipc_dir(void)
+{
+    char path[PATH_MAX + 32];
+    if (ipc_dir[0] == '\0')
+        return;
+    for (int i = 0; i < ipc_count; i++) {
+        snprintf(path, sizeof(path), "%s/ps-%d.sock", ipc_dir, i);
+        unlink(path);
+    }
+    if (rmdir(ipc_dir) != 0)
+        say_error("cannot remove %s: %s", ipc_dir, strerror(errno));
+    ipc_dir[0] = '\0';
+}
+
+/* Adds "key":[...] of host:port addresses, or of ipc://ipc_dir/ps-N.sock when ipc is set. */
 static bool add_list(char *buf, size_t cap, size_t *len, const char *key, const char *host,
-                     const int *ports, int count, bool *first)
+                     const int *ports, int count, bool ipc, bool *first)
 {
     if (count == 0)
         return true;
     if (!append(buf, cap, len, "%s\"%s\":[", *first ? "" : ",", key))
         return false;
     *first = false;
-    for (int i = 0; i < count; i++)
-        if (!append(buf, cap, len, "%s\"%s:%d\"", i ? "," : "", host, ports[i]))
+    for (int i = 0; i < count; i++) {
+        bool ok = ipc ? append(buf, cap, len, "%s\"ipc://%s/ps-%d.sock\"", i ? "," : "", ipc_dir, i)
+                      : append(buf, cap, len, "%s\"%s:%d\"", i ? "," : "", host, ports[i]);
+        if (!ok)
             return false;
+    }
     return append(buf, cap, len, "]");
 }
 
@@ -187,7 +337,7 @@ static double now_s(void)
 }
 
 static pid_t spawn(const char *path, char *const argv[], const char *tf_config, pid_t *pgid,
-                   pid_t launcher)
+                   pid_t launcher, int err_w)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -206,6 +356,8 @@ static pid_t spawn(const char *path, char *const argv[], const char *tf_config, 
         signal(SIGHUP, SIG_DFL);
         signal(SIGCHLD, SIG_DFL);
         setenv("TF_CONFIG", tf_config, 1);
+        if (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0)
+            _exit(127);
         execvp(path, argv);
         fprintf(stderr, "ps-local: cannot run %s: %s\n", path, strerror(errno));
         _exit(127);
@@ -265,38 +417,246 @@ static int count_running(const child *kids, int n)
     return r;
 }
 
-/* Waits up to `seconds` for SIGCHLD while children run. */
-static void wait_children(const sigset_t *set, double seconds)
+static double training_start;
+
+static double json_num(json_object *o, const char *key, bool *ok)
 {
-    if (seconds <= 0)
+    json_object *v;
+    if (!json_object_object_get_ex(o, key, &v) ||
+        !(json_object_is_type(v, json_type_double) || json_object_is_type(v, json_type_int))) {
+        *ok = false;
+        return 0.0;
+    }
+    return json_object_get_double(v);
+}
+
+static void format_duration(char *buf, size_t cap, double s)
+{
+    long t = s < 0 ? 0 : (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* The live progress line: all workers together. */
+static void bar_draw(const child *kids, int n, bool force)
+{
+    double now = now_s();
+    if (!human || (!force && now - bar_last < 0.1))
         return;
+    long long step = 0, total = 0;
+    int workers = 0, epoch = 0;
+    double loss = 0.0, sps = 0.0;
+    for (int i = 0; i < n; i++) {
+        const child *c = &kids[i];
+        if (c->role == ROLE_PS || !c->has_step)
+            continue;
+        workers++;
+        step += c->step;
+        total += c->total_steps;
+        loss += c->loss;
+        if (c->running)
+            sps += c->samples_per_s;
+        if (c->epoch > epoch)
+            epoch = c->epoch;
+    }
+    if (workers == 0)
+        return;
+    bar_last = now;
+    double frac = total > 0 ? (double)step / (double)total : 0.0;
+    if (frac > 1.0)
+        frac = 1.0;
+    enum { WIDTH = 20 };
+    char bar[WIDTH + 1], el[32], eta[32], line[512];
+    int fill = (int)(frac * WIDTH);
+    for (int i = 0; i < WIDTH; i++)
+        bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
+    bar[WIDTH] = '\0';
+    double elapsed = now - training_start;
+    format_duration(el, sizeof(el), elapsed);
+    if (frac > 0)
+        format_duration(eta, sizeof(eta), elapsed * (1.0 - frac) / frac);
+    else
+        snprintf(eta, sizeof(eta), "?");
+    int len = snprintf(line, sizeof(line),
+                       "[%s] %3.0f%% epoch %d step %lld/%lld loss %.4f %.0f samples/s %s ETA %s",
+                       bar, frac * 100.0, epoch, step, total, loss / workers, sps, el, eta);
+    struct winsize ws;
+    if (len > 0 && ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 &&
+        len >= (int)ws.ws_col)
+        line[ws.ws_col - 1] = '\0';
+    fprintf(stderr, "\r\033[K%s", line);
+    fflush(stderr);
+    bar_shown = true;
+}
+
+/* One line of a child's stderr (without its newline). Without a terminal it is passed on as
+ * it is when it is JSON, else wrapped in a JSON line; on a terminal step lines feed the
+ * progress line and the others are printed as text. Either way the statistics are taken. */
+static void child_line(child *c, char *line, size_t len)
+{
+    line[len] = '\0';
+    json_object *o = len > 0 && line[0] == '{' ? json_tokener_parse(line) : NULL;
+    if (o != NULL && !json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        o = NULL;
+    }
+    bool step_line = false;
+    const char *msg = line, *level = "info";
+    if (o != NULL) {
+        json_object *v;
+        if (json_object_object_get_ex(o, "msg", &v) && json_object_is_type(v, json_type_string))
+            msg = json_object_get_string(v);
+        if (json_object_object_get_ex(o, "level", &v) && json_object_is_type(v, json_type_string))
+            level = json_object_get_string(v);
+        bool ok = true;
+        long long s = 0, t = 0;
+        double step = json_num(o, "step", &ok), loss = json_num(o, "loss", &ok);
+        double sps = json_num(o, "samples_per_s", &ok), epoch = json_num(o, "epoch", &ok);
+        if (ok && c->role != ROLE_PS && sscanf(msg, "step %lld/%lld", &s, &t) == 2) {
+            step_line = true;
+            c->has_step = true;
+            c->step = (long long)step;
+            c->total_steps = t;
+            c->loss = loss;
+            c->samples_per_s = sps;
+            c->epoch = (int)epoch;
+        }
+        ok = true;
+        double steps = json_num(o, "steps", &ok), wall = json_num(o, "wall_s", &ok);
+        double rsps = json_num(o, "samples_per_s", &ok);
+        double rloss = json_num(o, "loss", &ok);
+        if (ok && c->role != ROLE_PS) {
+            c->has_result = true;
+            c->result_steps = (long long)steps;
+            c->result_wall_s = wall;
+            c->result_samples_per_s = rsps;
+            c->result_loss = rloss;
+            if (c->has_step)
+                c->step = c->total_steps;
+        }
+    }
+    if (!human) {
+        if (o != NULL) {
+            line[len] = '\n';
+            write_all(STDERR_FILENO, line, len + 1);
+        } else {
+            emit_json("info", role_names[c->role], c->index, line, NULL);
+        }
+    } else if (!step_line) {
+        bar_clear();
+        if (strcmp(level, "info") == 0 || o == NULL)
+            fprintf(stderr, "%s %d: %s\n", role_names[c->role], c->index, msg);
+        else
+            fprintf(stderr, "%s %d: %s: %s\n", role_names[c->role], c->index, level, msg);
+        fflush(stderr);
+    }
+    if (o != NULL)
+        json_object_put(o);
+}
+
+/* Reads what child c has written; at EOF closes its pipe. */
+static void child_read(child *c)
+{
+    for (;;) {
+        if (c->line_len == LINE_CAP - 1) { /* a line too long: pass on what there is */
+            child_line(c, c->line, c->line_len);
+            c->line_len = 0;
+        }
+        ssize_t r = read(c->err_fd, c->line + c->line_len, LINE_CAP - 1 - c->line_len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return; /* EAGAIN */
+        if (r == 0) {
+            if (c->line_len > 0)
+                child_line(c, c->line, c->line_len);
+            c->line_len = 0;
+            close(c->err_fd);
+            c->err_fd = -1;
+            return;
+        }
+        size_t have = c->line_len + (size_t)r, from = 0;
+        for (size_t i = c->line_len; i < have; i++) {
+            if (c->line[i] == '\n') {
+                child_line(c, c->line + from, i - from);
+                from = i + 1;
+            }
+        }
+        memmove(c->line, c->line + from, have - from);
+        c->line_len = have - from;
+    }
+}
+
+/* Waits up to `seconds` for output of a child, a signal or SIGCHLD, and takes the output. */
+static void wait_events(child *kids, int n, double seconds)
+{
+    struct pollfd fds[MAX_TASKS];
+    int map[MAX_TASKS], nfds = 0;
+    for (int i = 0; i < n; i++) {
+        if (kids[i].err_fd >= 0) {
+            fds[nfds] = (struct pollfd){.fd = kids[i].err_fd, .events = POLLIN};
+            map[nfds++] = i;
+        }
+    }
+    if (seconds < 0)
+        seconds = 0;
     struct timespec ts;
     ts.tv_sec = (time_t)seconds;
     ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    sigtimedwait(set, NULL, &ts);
+    sigset_t none;
+    sigemptyset(&none);
+    int r = ppoll(fds, (nfds_t)nfds, &ts, &none);
+    for (int k = 0; r > 0 && k < nfds; k++)
+        if (fds[k].revents != 0)
+            child_read(&kids[map[k]]);
+    bar_draw(kids, n, false);
 }
 
-/* SIGTERM to every running child, then SIGKILL to the whole group after the grace period. */
-static void stop_all(child *kids, int n, pid_t pgid, double grace_s, const sigset_t *set)
+/* Takes whatever the children left in their pipes once they are gone. */
+static void drain_all(child *kids, int n)
 {
     for (int i = 0; i < n; i++)
-        if (kids[i].running)
-            kill(kids[i].pid, SIGTERM);
+        if (kids[i].err_fd >= 0 && !kids[i].running)
+            child_read(&kids[i]);
+}
+
+static int count_running_role(const child *kids, int n, bool ps)
+{
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        r += kids[i].running && (kids[i].role == ROLE_PS) == ps;
+    return r;
+}
+
+/* SIGTERM to the workers, and once they are gone (they may be in calls to the servers) to the
+ * servers; SIGKILL to the whole group for what is left after the grace period. */
+static void stop_all(child *kids, int n, pid_t pgid, double grace_s)
+{
     double deadline = now_s() + grace_s;
-    reap(kids, n);
-    while (count_running(kids, n) > 0 && now_s() < deadline) {
-        wait_children(set, deadline - now_s() < 0.1 ? deadline - now_s() : 0.1);
+    for (int pass = 0; pass < 2; pass++) {
+        bool ps = pass == 1;
+        for (int i = 0; i < n; i++)
+            if (kids[i].running && (kids[i].role == ROLE_PS) == ps)
+                kill(kids[i].pid, SIGTERM);
         reap(kids, n);
+        while (count_running_role(kids, n, ps) > 0 && now_s() < deadline) {
+            wait_events(kids, n, deadline - now_s() < 0.1 ? deadline - now_s() : 0.1);
+            reap(kids, n);
+        }
     }
-    if (count_running(kids, n) > 0)
-        say("%d process(es) still running after %.1f s: killing them", count_running(kids, n),
-            grace_s);
+    if (count_running(kids, n) > 0) {
+        say_error("%d process(es) still running after %.1f s: killing them (SIGKILL)",
+                  count_running(kids, n), grace_s);
+    }
     if (pgid > 0)
         killpg(pgid, SIGKILL); /* also whatever the children started */
     while (count_running(kids, n) > 0) {
-        wait_children(set, 0.1);
+        wait_events(kids, n, 0.1);
         reap(kids, n);
     }
+    drain_all(kids, n);
 }
 
 /* The launcher's settings, from the option table. */
@@ -313,7 +673,7 @@ static int load_config(launch_config *lc, int argc, char **argv)
     char err[512];
     if (options_create(&lc->opts, OPT_SCOPE_LAUNCHER) != 0 ||
         (lc->rest = calloc((size_t)argc + 1, sizeof(*lc->rest))) == NULL) {
-        say("out of memory");
+        say_error("out of memory");
         return 1;
     }
     int rc = options_load_ex(lc->opts, argc, argv, OPTIONS_LOAD_REST_POSITIONAL, lc->rest,
@@ -323,8 +683,19 @@ static int load_config(launch_config *lc, int argc, char **argv)
         return 0;
     }
     if (rc != 0) {
-        say("%s (see --help)", err);
+        say_error("%s (see --help)", err);
         return 2;
+    }
+    /* A flag that is not ps-local's, before any "--", is a mistake rather than the start of
+     * the worker arguments: say so before anything starts. */
+    if (lc->nrest > 0 && lc->rest[0][0] == '-') {
+        for (int j = 1; j < argc; j++) {
+            if (argv[j] == lc->rest[0] && strcmp(argv[j - 1], "--") != 0) {
+                say_error("unknown option '%s' (ps-worker options go after --; see --help)",
+                          argv[j]);
+                return 2;
+            }
+        }
     }
     return -1;
 }
@@ -340,7 +711,7 @@ static int print_ports(const char *host, int n)
 {
     int ports[MAX_TASKS];
     if (probe_ports(host, n, ports) != 0) {
-        say("--print-ports: cannot find free ports");
+        say_error("--print-ports: cannot find free ports");
         return 1;
     }
     for (int k = 0; k < n; k++)
@@ -381,23 +752,77 @@ static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
             ta->cargv[na++] = (char *)ta->worker_args[j];
     }
     ta->cargv[na] = NULL;
-    pid_t pid = spawn(path, ta->cargv, ta->tf, pgid, self);
-    if (pid < 0) {
-        say("cannot start %s: %s", path, strerror(errno));
+    /* Its stderr comes through a pipe (child_line). A restarted task gets a new one. */
+    if (kid->err_fd >= 0) {
+        child_read(kid);
+        if (kid->err_fd >= 0)
+            close(kid->err_fd);
+        kid->err_fd = -1;
+    }
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0) {
+        say_error("cannot make a pipe: %s", strerror(errno));
         return -1;
     }
+    fcntl(pfd[0], F_SETFL, fcntl(pfd[0], F_GETFL) | O_NONBLOCK);
+    pid_t pid = spawn(path, ta->cargv, ta->tf, pgid, self, pfd[1]);
+    int saved = errno;
+    close(pfd[1]);
+    if (pid < 0) {
+        close(pfd[0]);
+        say_error("cannot start %s: %s", path, strerror(saved));
+        return -1;
+    }
+    kid->err_fd = pfd[0];
+    kid->line_len = 0;
     kid->pid = pid;
     kid->running = true;
     say("started %s %d (pid %d)", role_names[kid->role], kid->index, (int)pid);
     return 0;
 }
 
+/* The end of a run: what each worker did, in one line each and one for the cluster. */
+static void summarize(const child *kids, int n, double wall_s)
+{
+    long long steps = 0;
+    double sps = 0.0, loss = 0.0;
+    int workers = 0;
+    for (int i = 0; i < n; i++) {
+        const child *c = &kids[i];
+        if (c->role == ROLE_PS)
+            continue;
+        if (c->has_result) {
+            workers++;
+            steps += c->result_steps;
+            sps += c->result_samples_per_s;
+            loss += c->result_loss;
+        } else if (c->has_step) {
+            steps += c->step;
+        }
+    }
+    char fields[256];
+    snprintf(fields, sizeof(fields),
+             "\"summary\":true,\"workers_finished\":%d,\"steps\":%lld,\"wall_s\":%.3f,"
+             "\"samples_per_s\":%.1f,\"loss\":%.5f",
+             workers, steps, wall_s, sps, workers > 0 ? loss / workers : 0.0);
+    say_fields(fields,
+               "summary: %d worker(s) finished, %lld steps in total, %.1f s, %.0f samples/s, "
+               "final loss %.4f",
+               workers, steps, wall_s, sps, workers > 0 ? loss / workers : 0.0);
+}
+
 int main(int argc, char **argv)
 {
+    human = isatty(STDERR_FILENO);
+    if (program_wants_version(argc, argv)) {
+        program_print_version(stdout, "ps-local");
+        return 0;
+    }
     launch_config lc = {0};
     int rc = load_config(&lc, argc, argv);
     if (rc < 0)
         rc = run(&lc);
+    remove_ipc_dir();
     free_config(&lc);
     return rc;
 }
@@ -418,7 +843,7 @@ static int run(const launch_config *lc)
         return print_ports(host, (int)opt_int(o, OPT_LOCAL_PRINT_PORTS));
     if (strlen(opt_str(o, OPT_LOCAL_SERVER)) >= sizeof(server_path) ||
         strlen(opt_str(o, OPT_LOCAL_WORKER)) >= sizeof(worker_path)) {
-        say("--server or --worker: path longer than %d bytes", PATH_MAX - 1);
+        say_error("--server or --worker: path longer than %d bytes", PATH_MAX - 1);
         return 2;
     }
     snprintf(server_path, sizeof(server_path), "%s", opt_str(o, OPT_LOCAL_SERVER));
@@ -430,16 +855,16 @@ static int run(const launch_config *lc)
     int n_worker_args = lc->nrest;
     int n_tasks = (int)(n_ps + n_workers);
     if (n_worker_args > 1000) {
-        say("too many worker arguments");
+        say_error("too many worker arguments");
         return 2;
     }
     struct in_addr probe_addr;
     if (base_port == 0 && inet_pton(AF_INET, host, &probe_addr) != 1) {
-        say("--host %s: probing ports needs an IPv4 address; give --base-port", host);
+        say_error("--host %s: probing ports needs an IPv4 address; give --base-port", host);
         return 2;
     }
     if (base_port != 0 && base_port + n_tasks - 1 > 65535) {
-        say("--base-port %ld: not enough ports below 65536 for %d tasks", base_port, n_tasks);
+        say_error("--base-port %ld: not enough ports below 65536 for %d tasks", base_port, n_tasks);
         return 2;
     }
     if (server_path[0] == '\0')
@@ -452,7 +877,7 @@ static int run(const launch_config *lc)
         for (int k = 0; k < n_tasks; k++)
             ports[k] = (int)base_port + k;
     } else if (probe_ports(host, n_tasks, ports) != 0) {
-        say("cannot find %d free ports on %s: %s", n_tasks, host, strerror(errno));
+        say_error("cannot find %d free ports on %s: %s", n_tasks, host, strerror(errno));
         return 1;
     }
     const int *ps_ports = ports;
@@ -465,15 +890,22 @@ static int run(const launch_config *lc)
     size_t len = 0;
     bool first = true;
     bool fits = append(cluster, sizeof(cluster), &len, "{");
-    fits =
-        fits && add_list(cluster, sizeof(cluster), &len, "ps", host, ps_ports, (int)n_ps, &first);
+    /* Workers never listen: their entries stay host:port whatever the transport. */
+    const char *transport = opt_enum(o, OPT_LOCAL_TRANSPORT);
+    bool ipc = strcmp(transport, "ipc") == 0 || (strcmp(transport, "auto") == 0 && base_port == 0);
+    if (ipc && make_ipc_dir((int)n_ps) != 0) {
+        say_error("cannot create a directory for the ipc sockets: %s", strerror(errno));
+        return 1;
+    }
     fits = fits &&
-           add_list(cluster, sizeof(cluster), &len, "chief", host, chief_ports, n_chief, &first);
+           add_list(cluster, sizeof(cluster), &len, "ps", host, ps_ports, (int)n_ps, ipc, &first);
+    fits = fits && add_list(cluster, sizeof(cluster), &len, "chief", host, chief_ports, n_chief,
+                            false, &first);
     fits = fits && add_list(cluster, sizeof(cluster), &len, "worker", host, worker_ports,
-                            n_plain_workers, &first);
+                            n_plain_workers, false, &first);
     fits = fits && append(cluster, sizeof(cluster), &len, "}");
     if (!fits) {
-        say("cluster spec too long");
+        say_error("cluster spec too long");
         return 2;
     }
 
@@ -503,7 +935,7 @@ static int run(const launch_config *lc)
     char tf[16384 + 128];
     char **cargv = calloc((size_t)(n_worker_args + n_server_args + 3), sizeof(char *));
     if (cargv == NULL) {
-        say("out of memory");
+        say_error("out of memory");
         return 1;
     }
     int exit_code = 0;
@@ -532,7 +964,7 @@ static int run(const launch_config *lc)
             role = ROLE_WORKER;
             index = k - (int)n_ps - n_chief;
         }
-        kids[n_kids] = (child){.role = role, .index = index};
+        kids[n_kids] = (child){.role = role, .index = index, .err_fd = -1};
         if (start_task(&ta, &kids[n_kids], &pgid, self) != 0) {
             exit_code = 1;
             failed = true;
@@ -542,10 +974,12 @@ static int run(const launch_config *lc)
     }
 
     double start = now_s();
+    training_start = start;
     const bool restart = strcmp(opt_enum(o, OPT_LOCAL_RESTART), "on-failure") == 0;
     const int max_restarts = (int)opt_int(o, OPT_LOCAL_MAX_RESTARTS);
     while (!failed) {
         reap(kids, n_kids);
+        drain_all(kids, n_kids); /* an exited child's last lines come before what follows */
         /* Any failure, or a server ending before the workers, stops the cluster. */
         int workers_left = 0;
         for (int k = 0; k < n_kids; k++) {
@@ -576,9 +1010,9 @@ static int run(const launch_config *lc)
                 if (restart && !config && c->restarts >= max_restarts)
                     say("%s; it was restarted %d time(s) already (--max-restarts)", what,
                         c->restarts);
-                say("%s; stopping the cluster", what);
+                say_error("%s; stopping the cluster", what);
                 if (c->role != ROLE_PS && c->index == 0)
-                    say("worker 0, the evaluator, died: no evaluation of the model was made");
+                    say_error("worker 0, the evaluator, died: no evaluation of the model was made");
                 exit_code = ok_exit ? 1 : exit_code_of(c->status);
                 failed = true;
             }
@@ -597,18 +1031,14 @@ static int run(const launch_config *lc)
             break;
         }
         if (timeout_s > 0 && now_s() - start >= (double)timeout_s) {
-            say("timed out after %ld s; stopping the cluster", timeout_s);
+            say_error("timed out after %ld s; stopping the cluster", timeout_s);
             exit_code = 124;
             failed = true;
             break;
         }
-        int sig = 0;
-        struct timespec ts = {0, 200000000};
-        sig = sigtimedwait(&set, NULL, &ts);
-        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
-            got_signal = sig;
+        wait_events(kids, n_kids, 0.2);
     }
-    stop_all(kids, n_kids, pgid, (double)grace_ms / 1000.0, &set);
+    stop_all(kids, n_kids, pgid, (double)grace_ms / 1000.0);
     if (!failed) {
         /* Servers stopped on our SIGTERM: exit codes 0 or 128+15 are the expected ones. */
         for (int k = 0; k < n_kids; k++) {
@@ -620,11 +1050,12 @@ static int run(const launch_config *lc)
             if (!expected) {
                 char what[256];
                 describe(c, what, sizeof(what));
-                say("%s while stopping", what);
+                say_error("%s while stopping", what);
             }
         }
     }
     free(cargv);
+    summarize(kids, n_kids, now_s() - start);
     say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed", exit_code);
     return exit_code;
 }

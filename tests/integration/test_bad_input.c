@@ -17,6 +17,7 @@
 #include "cluster_proc.h"
 #include "frame.h"
 #include "psclient.h"
+#include "util.h"
 
 static const char *server_bin;
 static test_cluster tc;
@@ -218,6 +219,70 @@ static void test_tensor_errors(void **state)
     still_serving();
 }
 
+/* A CreateVariable body whose spec name is the n raw bytes at name (packed by hand: protobuf-c
+ * would stop at a NUL). */
+static size_t create_body_raw(uint8_t *buf, const char *name, size_t n)
+{
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t dims[1] = {4};
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = dims;
+    spec.num_servers = 1;
+    uint8_t rest[128];
+    size_t rlen = psd__v1__variable_spec__pack(&spec, rest); /* name empty: not packed */
+    uint8_t specbuf[256];
+    size_t k = 0;
+    specbuf[k++] = 0x0a; /* VariableSpec.name, length-delimited */
+    specbuf[k++] = (uint8_t)n;
+    memcpy(specbuf + k, name, n);
+    k += n;
+    memcpy(specbuf + k, rest, rlen);
+    k += rlen;
+    size_t o = 0;
+    buf[o++] = 0x0a; /* CreateVariableRequest.spec */
+    buf[o++] = (uint8_t)k;
+    memcpy(buf + o, specbuf, k);
+    return o + k;
+}
+
+static void test_names_as_bytes(void **state)
+{
+    (void)state;
+    uint8_t body[512], buf[1024];
+    char msg[512];
+    /* "a\0x": protobuf-c would cut it to "a" (and "a\0y" would collide with it). */
+    size_t bl = create_body_raw(body, "a\0x", 3);
+    size_t n =
+        make_frame(buf, sizeof(buf), PSD__V1__METHOD__CREATE_VARIABLE, body, bl, NULL, NULL, 0);
+    assert_int_equal(send_raw(buf, n, msg, sizeof(msg)), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "NUL byte"));
+    assert_non_null(strstr(msg, "name"));
+    assert_true(utf8_text_ok(msg, strlen(msg), NULL));
+    /* Not UTF-8: refused, and the message says so without echoing the bytes raw. */
+    bl = create_body_raw(body, "bad\xff\xfe", 5);
+    n = make_frame(buf, sizeof(buf), PSD__V1__METHOD__CREATE_VARIABLE, body, bl, NULL, NULL, 0);
+    assert_int_equal(send_raw(buf, n, msg, sizeof(msg)), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "UTF-8"));
+    assert_true(utf8_text_ok(msg, strlen(msg), NULL));
+    /* The same in a pull's name (the reply must decode with any protobuf: valid UTF-8). */
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 1;
+    uint8_t pb[16] = {0x0a, 4, 'v', 0xc3, 0x28, 'z'};
+    n = make_frame(buf, sizeof(buf), PSD__V1__METHOD__PULL, pb, 6, &t, NULL, 0);
+    assert_int_equal(send_raw(buf, n, msg, sizeof(msg)), PS_INVALID_ARGUMENT);
+    assert_true(utf8_text_ok(msg, strlen(msg), NULL));
+    /* Valid UTF-8 outside the name alphabet: refused with the name quoted, still UTF-8. */
+    bl = create_body_raw(body, "caf\xc3\xa9\n", 6);
+    n = make_frame(buf, sizeof(buf), PSD__V1__METHOD__CREATE_VARIABLE, body, bl, NULL, NULL, 0);
+    assert_int_equal(send_raw(buf, n, msg, sizeof(msg)), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "invalid variable name"));
+    assert_non_null(strstr(msg, "\\x0a"));
+    assert_true(utf8_text_ok(msg, strlen(msg), NULL));
+    still_serving();
+}
+
 static void test_oversized(void **state)
 {
     (void)state;
@@ -238,10 +303,9 @@ int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_garbage_and_truncation),
-        cmocka_unit_test(test_version_and_method),
-        cmocka_unit_test(test_tensor_errors),
-        cmocka_unit_test(test_oversized),
+        cmocka_unit_test(test_garbage_and_truncation), cmocka_unit_test(test_version_and_method),
+        cmocka_unit_test(test_tensor_errors),          cmocka_unit_test(test_oversized),
+        cmocka_unit_test(test_names_as_bytes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -233,6 +234,47 @@ static void test_ride_through_restart(void **state)
     assert_int_equal(test_cluster_stop(&tc), 0);
 }
 
+/* True when /proc reports the thread at path stopped (state T or t). */
+static bool thread_stopped(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true; /* gone: it cannot answer either */
+    char buf[512] = "";
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the state follows the command name */
+    return p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+/* Waits up to ms until every thread of pid is stopped: SIGSTOP takes effect asynchronously,
+ * thread by thread. */
+static bool wait_stopped(pid_t pid, int ms)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    for (int waited = 0; waited <= ms; waited += 5) {
+        DIR *d = opendir(dir);
+        if (d == NULL)
+            return false;
+        bool all = true;
+        struct dirent *e;
+        while (all && (e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            char path[330];
+            snprintf(path, sizeof(path), "%s/%s/stat", dir, e->d_name);
+            all = thread_stopped(path);
+        }
+        closedir(d);
+        if (all)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
 static void test_stopped_past_deadline(void **state)
 {
     (void)state;
@@ -243,6 +285,9 @@ static void test_stopped_past_deadline(void **state)
     float g[64] = {0};
     assert_int_equal(ps_push(c, v, g), PS_OK);
     assert_int_equal(kill(tc.pids[0], SIGSTOP), 0);
+    /* SIGSTOP takes effect asynchronously: wait until the kernel reports the process stopped,
+     * or a server thread still running could answer the next push. */
+    assert_true(wait_stopped(tc.pids[0], 5000));
     uint64_t t0 = time_now_ns();
     int rc = ps_push(c, v, g);
     uint64_t ms = ms_since(t0);

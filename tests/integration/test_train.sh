@@ -18,12 +18,22 @@
 #       ps-local --restart on-failure with worker 1 SIGKILLed mid-run: the restarted worker
 #       resumes at the step the cluster recorded (S > 0, in the epoch it was killed in) and its
 #       two lives run its planned steps (within the --progress-every granularity).
+#   test_train.sh interrupt PS_SERVER PS_WORKER PS_LOCAL
+#       SIGINT to ps-local mid-training: exit 130 within 2 s, no SIGKILL, no process left, and
+#       every line on its stderr is JSON (no terminal).
 #   test_train.sh ps-crash PS_SERVER PS_WORKER PS_LOCAL
 #       1 ps-server with checkpoints every second, 2 ps-workers: (a) the server is SIGKILLed
 #       mid-training and restarted on the same address and directory: both workers finish,
 #       worker 0's accuracy is >= 0.75, a worker logs the acknowledged updates that were lost and
 #       the server says it restored after a crash; (b) the same with SIGTERM: the restarted
 #       server says nothing was lost, and no worker says otherwise.
+#   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
+#       ps-local trains 1 epoch (1 ps, 2 workers) with its default transport (ipc:// sockets in
+#       a private directory, removed at exit) and again with --transport tcp: both reach
+#       test accuracy >= 0.75; prints both runs' samples/s. Also: ps-server removes a stale
+#       socket file left by a dead server, refuses a path a live server listens on, refuses
+#       TLS with ipc:// (exit 2), and a cluster entry with another scheme is an exit-2 error
+#       naming cluster.ps[1].
 #
 # Exit 77 (skipped) when Fashion-MNIST is not installed. Everything started here is killed on
 # exit.
@@ -45,17 +55,30 @@ tmp=$(mktemp -d /tmp/ps-test-train-XXXXXX)
 procs_on_exit
 
 # True if no process of the given pids is alive.
+# True once none of the pids runs, waiting up to 5 s: a killed process with many threads
+# takes a moment to exit on a loaded machine (its cmdline is already gone meanwhile).
 all_gone() {
-    for p in "$@"; do
-        if kill -0 "$p" 2>/dev/null; then
-            # A zombie (exited, waiting for its new parent to reap it) is not running.
-            state=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$p/stat" 2>/dev/null)
-            [ "$state" = "Z" ] && continue
-            echo "pid $p still alive: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" >&2
+    local tries=0 p state left
+    while :; do
+        left=""
+        for p in "$@"; do
+            if kill -0 "$p" 2>/dev/null; then
+                # A zombie (exited, waiting for its new parent to reap it) is not running.
+                state=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$p/stat" 2>/dev/null)
+                [ "$state" = "Z" ] && continue
+                left="$left $p"
+            fi
+        done
+        [ -z "$left" ] && return 0
+        tries=$((tries + 1))
+        if [ "$tries" -ge 50 ]; then
+            for p in $left; do
+                echo "pid $p still alive after 5 s: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" >&2
+            done
             return 1
         fi
+        sleep 0.1
     done
-    return 0
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -457,12 +480,127 @@ run_ps_crash() {
     echo "PASS"
 }
 
+# SIGINT (Ctrl-C) to ps-local mid-training: the whole cluster stops within 2 s, exit 130,
+# without SIGKILL (workers stop first, then servers), nothing left running; without a terminal
+# every line ps-local writes on stderr (its own and the children's) is a JSON object.
+run_interrupt() {
+    local small=(--layers "784,32,10" --batch-size 128 --data-dir "$DATA_DIR")
+    "$PS_LOCAL" --ps 2 --workers 2 -- "${small[@]}" --epochs 50 --log-every 5 \
+        --model-name it_int >"$tmp/it.out" 2>"$tmp/it.log" &
+    local l=$!
+    pids+=("$l")
+    for _ in $(seq 150); do
+        grep -q '"step"' "$tmp/it.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    grep -q '"step"' "$tmp/it.log" || fail "interrupt: no step logged"
+    mapfile -t kids < <(launcher_pids "$tmp/it.log")
+    [ "${#kids[@]}" -eq 4 ] || fail "interrupt: expected 4 children, log shows ${#kids[@]}"
+    local t0 t1 rc
+    t0=$(date +%s%N)
+    kill -INT "$l"
+    wait "$l"
+    rc=$?
+    t1=$(date +%s%N)
+    local ms=$(((t1 - t0) / 1000000))
+    [ "$rc" -eq 130 ] || fail "interrupt: ps-local exited $rc, expected 130"
+    [ "$ms" -le 2000 ] || fail "interrupt: ps-local took $ms ms to stop, expected <= 2000"
+    all_gone "${kids[@]}" || fail "interrupt: processes left"
+    if grep -q SIGKILL "$tmp/it.log"; then
+        cat "$tmp/it.log" >&2
+        fail "interrupt: ps-local had to SIGKILL"
+    fi
+    python3 - "$tmp/it.log" <<'PY' || fail "interrupt: a stderr line is not JSON"
+import json, sys
+for n, line in enumerate(open(sys.argv[1], encoding="utf-8"), 1):
+    o = json.loads(line)
+    assert isinstance(o, dict) and {"ts", "level", "role", "task", "msg"} <= o.keys(), (n, line)
+PY
+    grep -q '"summary":true' "$tmp/it.log" || fail "interrupt: no summary line"
+    echo "interrupt: stopped in $ms ms"
+    echo "PASS"
+}
+
+# ---------------------------------------------------------------------------------------------
+run_ipc() {
+    local common=(--layers "784,128,10" --epochs 1 --batch-size 64 --optimizer adam --seed 3
+        --log-format json --data-dir "$DATA_DIR")
+    local sps_ipc sps_tcp
+    for transport in auto tcp; do
+        TMPDIR="$tmp" "$PS_LOCAL" --ps 1 --workers 2 --timeout 55 --transport "$transport" \
+            -- "${common[@]}" --model-name "ipc_$transport" \
+            >"$tmp/$transport.out" 2>"$tmp/$transport.log" &
+        local l=$!
+        pids+=("$l")
+        wait_for "$l" 58
+        rc=$?
+        [ "$rc" -eq 0 ] || { tail -n 20 "$tmp/$transport.log" >&2; fail "ps-local --transport $transport exited $rc"; }
+        acc=$(accuracy_of "$tmp/$transport.out")
+        [ -n "$acc" ] || fail "$transport: no test_accuracy= line"
+        awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "$transport: test accuracy $acc < 0.75"
+        sps=$(sed -n 's/.*test_accuracy=.* samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/$transport.out" | tail -n 1)
+        if [ "$transport" = auto ]; then
+            # (the spec is logged as a JSON string: its quotes are escaped)
+            grep -Eq 'ps\\":\[\\"ipc://'"$tmp"'/ps-local\.[^/]*/ps-0\.sock\\"' "$tmp/auto.log" ||
+                fail "auto: the cluster spec has no ipc:// ps address"
+            grep -qF 'worker\":[\"127.0.0.1:' "$tmp/auto.log" || fail "auto: worker entries changed"
+            compgen -G "$tmp/ps-local.*" >/dev/null && fail "auto: the socket directory was not removed"
+            sps_ipc=$sps
+        else
+            grep -qF 'ps\":[\"127.0.0.1:' "$tmp/tcp.log" || fail "tcp: the ps address is not host:port"
+            sps_tcp=$sps
+        fi
+        echo "$transport: test accuracy $acc, worker 0 at $sps samples/s"
+    done
+    echo "samples/s ipc $sps_ipc tcp $sps_tcp"
+
+    # A socket file left by a dead server is removed; a live server's is not taken over.
+    local sock="$tmp/stale.sock"
+    python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$sock" ||
+        fail "cannot make a stale socket"
+    [ -S "$sock" ] || fail "no stale socket file"
+    local tfc='{"cluster":{"ps":["ipc://'"$sock"'"]},"task":{"type":"ps","index":0}}'
+    TF_CONFIG=$tfc "$PS_SERVER" --log-format json >"$tmp/stale0.out" 2>"$tmp/stale0.log" &
+    local s0=$!
+    pids+=("$s0")
+    for _ in $(seq 100); do
+        grep -q 'serving on ipc://' "$tmp/stale0.log" 2>/dev/null && break
+        kill -0 "$s0" 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -0 "$s0" 2>/dev/null || { cat "$tmp/stale0.log" >&2; fail "ps-server did not start on a stale socket"; }
+    grep -q "removed stale ipc socket" "$tmp/stale0.log" || fail "ps-server did not say it removed the stale socket"
+    TF_CONFIG=$tfc timeout 10 "$PS_SERVER" --log-format json >/dev/null 2>"$tmp/stale1.log"
+    rc=$?
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "a second ps-server on a live socket exited $rc"
+    kill -0 "$s0" 2>/dev/null || fail "the first server died when a second one tried its socket"
+    [ -S "$sock" ] || fail "the live server's socket file was removed"
+    grep -q "serving on" "$tmp/stale1.log" && fail "a second ps-server served on a live socket"
+    kill -TERM "$s0"
+    wait_for "$s0" 10
+
+    # TLS over ipc:// is refused; a scheme other than ipc:// is a config error naming the entry.
+    TF_CONFIG=$tfc "$PS_SERVER" --tls-ca /nonexistent --tls-cert /nonexistent \
+        --tls-key /nonexistent >/dev/null 2>"$tmp/tls.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "ps-server with TLS on ipc:// exited $rc, expected 2"
+    grep -q "cannot use TLS" "$tmp/tls.log" || fail "TLS on ipc://: no clear message"
+    TF_CONFIG='{"cluster":{"ps":["ipc:///tmp/a.sock","udp://h:1"]},"task":{"type":"ps","index":0}}' \
+        "$PS_SERVER" >/dev/null 2>"$tmp/scheme.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "ps-server with a udp:// entry exited $rc, expected 2"
+    grep -q 'cluster.ps\[1\]' "$tmp/scheme.log" || fail "bad scheme: message does not name cluster.ps[1]"
+    echo "PASS"
+}
+
 case "$mode" in
 ps-crash) run_ps_crash ;;
 train) run_train ;;
 worker-resume) run_worker_resume ;;
 failures) run_failures ;;
 launcher) run_launcher ;;
+interrupt) run_interrupt ;;
+ipc) run_ipc ;;
 *)
     echo "unknown mode $mode" >&2
     exit 2

@@ -257,6 +257,60 @@ static void test_url(void **state)
     assert_int_equal(cluster_url("h:1", NULL, 0), -1);
 }
 
+static void test_ipc(void **state)
+{
+    cluster_spec c;
+    char err[256], url[160];
+    char path[200];
+
+    (void)state;
+    assert_int_equal(cluster_parse("{\"cluster\":{\"ps\":[\"ipc:///run/psd/ps-0.sock\",\"h:2\"],"
+                                   "\"worker\":[\"w:1\"]},\"task\":{\"type\":\"ps\",\"index\":0}}",
+                                   &c, err, sizeof err),
+                     0);
+    assert_int_equal(c.n_ps, 2);
+    assert_string_equal(cluster_task_address(&c), "ipc:///run/psd/ps-0.sock");
+    assert_true(cluster_is_ipc(c.ps[0]));
+    assert_false(cluster_is_ipc(c.ps[1]));
+    assert_false(cluster_is_ipc(NULL));
+    assert_int_equal(cluster_url(c.ps[0], url, sizeof url), 0);
+    assert_string_equal(url, "ipc:///run/psd/ps-0.sock");
+    assert_int_equal(cluster_url(c.ps[1], url, sizeof url), 0);
+    assert_string_equal(url, "tcp://h:2");
+    assert_int_equal(cluster_url(c.ps[0], url, 10), -1); /* does not fit */
+    assert_string_equal(url, "");
+    cluster_fini(&c);
+
+    /* A relative path is nng's too; the longest path a Unix socket takes is accepted. */
+    memset(path, 'p', CLUSTER_IPC_PATH_MAX);
+    path[CLUSTER_IPC_PATH_MAX] = '\0';
+    char json[400];
+    snprintf(json, sizeof json, "{\"ps\":[\"ipc://%s\",\"ipc://rel.sock\"]}", path);
+    assert_int_equal(cluster_parse(json, &c, err, sizeof err), 0);
+    assert_int_equal(c.n_ps, 2);
+    cluster_fini(&c);
+
+    static const bad_case cases[] = {
+        {"{\"ps\":[\"a:1\",\"tls+tcp://a:2\"]}",
+         "cluster.ps[1]: \"tls+tcp://a:2\": unsupported scheme \"tls+tcp://\""},
+        {"{\"ps\":[\"tcp://a:2\"]}", "cluster.ps[0]: \"tcp://a:2\": unsupported scheme"},
+        {"{\"ps\":[\"a:1\"],\"worker\":[\"abstract://x\"]}", "cluster.worker[0]"},
+        {"{\"ps\":[\"ipc://\"]}", "cluster.ps[0]: \"ipc://\": empty ipc:// path"},
+        {"{\"ps\":[\"ipc:///a.sock\",\"ipc:///a.sock\"]}",
+         "cluster.ps[1]: address \"ipc:///a.sock\" duplicates cluster.ps[0]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = '\0';
+        assert_int_equal(cluster_parse(cases[i].json, &c, err, sizeof err), -1);
+        if (strstr(err, cases[i].message) == NULL)
+            fail_msg("case %zu: error \"%s\" lacks \"%s\"", i, err, cases[i].message);
+    }
+    snprintf(json, sizeof json, "{\"ps\":[\"ipc://%sx\"]}", path); /* one byte too long */
+    assert_int_equal(cluster_parse(json, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cluster.ps[0]"));
+    assert_non_null(strstr(err, "longer than 107 bytes"));
+}
+
 static void test_from_options(void **state)
 {
     options *o = NULL;
@@ -360,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_evaluator_task),
         cmocka_unit_test(test_set_task),
         cmocka_unit_test(test_url),
+        cmocka_unit_test(test_ipc),
         cmocka_unit_test(test_from_options),
     };
     return cmocka_run_group_tests_name("cluster", tests, NULL, NULL);

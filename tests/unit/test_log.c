@@ -249,10 +249,13 @@ static void test_text_format(void **state)
     log_init("worker", 1, LOG_INFO, LOG_FORMAT_TEXT);
     capture_begin();
     log_fields(LOG_INFO, "\"step\":3,\"name\":\"x y\"", "pushed %d", 2);
+    log_fields(LOG_INFO, "\"step\":3,\"name\":\"x y\"", "%s", "");
     log_error("two\nlines");
     out = capture_end();
-    assert_int_equal(count_lines(out), 2);
-    assert_contains(out, "Z INFO worker/1: pushed 2 step=3 name=\"x y\"\n");
+    assert_int_equal(count_lines(out), 3);
+    /* The message says what the fields say: they are not printed twice. */
+    assert_contains(out, "Z INFO worker/1: pushed 2\n");
+    assert_contains(out, "Z INFO worker/1:  step=3 name=\"x y\"\n");
     assert_contains(out, "Z ERROR worker/1: two\\nlines\n");
     assert_int_equal(out[4], '-'); /* starts with the timestamp */
     free(out);

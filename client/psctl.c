@@ -1,0 +1,577 @@
+/* psctl: operator's command line for a running cluster (status, variables, dumps, checkpoints,
+ * shutdown, a live `top`), through libpsclient. Settings are the client's (OPT_SCOPE_CLIENT):
+ * the cluster from TF_CONFIG or --cluster, deadline-ms, TLS, ... as every program takes them.
+ * Exit status: 0 done, 1 a call to the cluster failed, 2 usage or configuration. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+#include "program.h"
+#include "psclient.h"
+
+#define EXIT_RUNTIME 1
+
+static const char usage_text[] =
+    "[--json] COMMAND [ARGS]\n"
+    "Commands:\n"
+    "  status             counters of every server, the slowest worker, staleness\n"
+    "  vars [NAME]        list the variables, or describe one (shape, shards, staleness bound)\n"
+    "  dump VAR FILE      pull VAR into FILE: raw little-endian float32, or NumPy .npy if FILE\n"
+    "                     ends in .npy\n"
+    "  checkpoint         checkpoint every server now\n"
+    "  shutdown           shut every server down cleanly\n"
+    "  top [--iterations N]  rates per server, refreshed every second (q or Ctrl-C quits)\n"
+    "Flags of psctl itself: --json (one JSON object per command, one line per top refresh),\n"
+    "--iterations N (top: stop after N refreshes).";
+
+static bool json_out;
+static long top_iterations; /* 0: until q / Ctrl-C */
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static int fail(const char *what, int st)
+{
+    fprintf(stderr, "psctl: %s: %s: %s\n", what, ps_strerror(st), ps_last_error());
+    return EXIT_RUNTIME;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Prints s as a JSON string (variable names and paths; escapes what JSON requires). */
+static void json_str(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(out, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(out, "\\u%04x", *p);
+        else
+            fputc(*p, out);
+    }
+    fputc('"', out);
+}
+
+/* ---- status ---------------------------------------------------------------------------- */
+
+static int get_all_status(ps_client *c, int n, ps_server_stats *st)
+{
+    for (int i = 0; i < n; i++) {
+        int rc = ps_server_status(c, i, &st[i]);
+        if (rc != PS_OK) {
+            char what[64];
+            snprintf(what, sizeof(what), "status of ps %d", i);
+            return fail(what, rc);
+        }
+    }
+    return 0;
+}
+
+static int cmd_status(ps_client *c)
+{
+    int n = ps_client_num_servers(c);
+    ps_server_stats *st = calloc((size_t)n, sizeof(*st));
+    if (st == NULL)
+        return fail("status", PS_RESOURCE_EXHAUSTED);
+    int rc = get_all_status(c, n, st);
+    if (rc != 0) {
+        free(st);
+        return rc;
+    }
+    /* The slowest live worker: the lowest min_clock over the servers; it trails the readers by
+     * up to the largest staleness gap observed. */
+    int slow = -1;
+    int64_t stale_max = 0;
+    for (int i = 0; i < n; i++) {
+        if (st[i].min_clock >= 0 && (slow < 0 || st[i].min_clock < st[slow].min_clock))
+            slow = i;
+        if (st[i].staleness.max > stale_max)
+            stale_max = st[i].staleness.max;
+    }
+    int64_t fastest_min = -1;
+    for (int i = 0; i < n; i++)
+        if (st[i].min_clock > fastest_min)
+            fastest_min = st[i].min_clock;
+    if (json_out) {
+        printf("{\"servers\":[");
+        for (int i = 0; i < n; i++) {
+            const ps_server_stats *s = &st[i];
+            printf("%s{\"task\":%" PRIu32 ",\"uptime_ms\":%" PRIu64 ",\"requests\":%" PRIu64
+                   ",\"errors\":%" PRIu64 ",\"updates_applied\":%" PRIu64
+                   ",\"duplicates_dropped\":%" PRIu64 ",\"bytes_in\":%" PRIu64
+                   ",\"bytes_out\":%" PRIu64 ",\"variables\":%" PRIu32 ",\"bytes_held\":%" PRIu64
+                   ",\"min_clock\":%" PRId64 ",\"live_workers\":%" PRIu32 ",\"evictions\":%" PRIu64
+                   ",\"staleness_max\":%" PRId64 "}",
+                   i ? "," : "", s->task_index, s->uptime_ms, s->requests, s->errors,
+                   s->updates_applied, s->duplicates_dropped, s->bytes_in, s->bytes_out,
+                   s->num_variables, s->bytes_held, s->min_clock, s->live_workers, s->evictions,
+                   s->staleness.max);
+        }
+        printf("],\"slowest_worker\":");
+        if (slow < 0)
+            printf("null");
+        else
+            printf("{\"server\":%d,\"clock\":%" PRId64 ",\"behind_clocks\":%" PRId64 "}", slow,
+                   st[slow].min_clock, fastest_min - st[slow].min_clock);
+        printf(",\"staleness_max\":%" PRId64 "}\n", stale_max);
+    } else {
+        printf("%-4s %10s %10s %7s %10s %6s %12s %9s %5s %7s\n", "ps", "uptime_s", "requests",
+               "errors", "updates", "vars", "bytes_held", "min_clock", "live", "evicted");
+        for (int i = 0; i < n; i++) {
+            const ps_server_stats *s = &st[i];
+            printf("%-4" PRIu32 " %10.1f %10" PRIu64 " %7" PRIu64 " %10" PRIu64 " %6" PRIu32
+                   " %12" PRIu64 " %9" PRId64 " %5" PRIu32 " %7" PRIu64 "\n",
+                   s->task_index, (double)s->uptime_ms / 1000.0, s->requests, s->errors,
+                   s->updates_applied, s->num_variables, s->bytes_held, s->min_clock,
+                   s->live_workers, s->evictions);
+        }
+        if (slow < 0)
+            printf("slowest worker: none live\n");
+        else
+            printf("slowest worker: clock %" PRId64 " (on ps %d), %" PRId64
+                   " clocks behind the most advanced server's slowest\n",
+                   st[slow].min_clock, slow, fastest_min - st[slow].min_clock);
+        printf("staleness max: %" PRId64 " clocks\n", stale_max);
+    }
+    free(st);
+    return 0;
+}
+
+/* ---- vars ------------------------------------------------------------------------------ */
+
+static int cmd_vars_list(ps_client *c)
+{
+    char **names = NULL;
+    size_t count = 0;
+    int rc = ps_var_list(c, &names, &count);
+    if (rc != PS_OK)
+        return fail("list variables", rc);
+    if (json_out) {
+        printf("{\"count\":%zu,\"variables\":[", count);
+        for (size_t i = 0; i < count; i++) {
+            if (i)
+                putchar(',');
+            json_str(stdout, names[i]);
+        }
+        printf("]}\n");
+    } else {
+        for (size_t i = 0; i < count; i++)
+            printf("%s\n", names[i]);
+    }
+    ps_names_free(names, count);
+    return 0;
+}
+
+static void print_shape(const ps_var *v, bool json)
+{
+    int nd = ps_var_ndims(v);
+    putchar(json ? '[' : '(');
+    for (int i = 0; i < nd; i++)
+        printf("%s%" PRIu64, i ? (json ? "," : ", ") : "", ps_var_dim(v, i));
+    if (!json && nd == 1)
+        putchar(',');
+    putchar(json ? ']' : ')');
+}
+
+static int cmd_vars_one(ps_client *c, const char *name)
+{
+    ps_var *v = NULL;
+    int rc = ps_var_lookup(c, name, &v);
+    if (rc != PS_OK) {
+        char what[300];
+        snprintf(what, sizeof(what), "look up variable %s", name);
+        return fail(what, rc);
+    }
+    if (json_out) {
+        printf("{\"name\":");
+        json_str(stdout, ps_var_name(v));
+        printf(",\"shape\":");
+        print_shape(v, true);
+        printf(",\"numel\":%" PRIu64 ",\"shards\":%d,\"staleness_bound\":%d}\n", ps_var_numel(v),
+               ps_var_num_shards(v), ps_var_staleness_bound(v));
+    } else {
+        int b = ps_var_staleness_bound(v);
+        printf("name:            %s\nshape:           ", ps_var_name(v));
+        print_shape(v, false);
+        printf("\nnumel:           %" PRIu64 "\nshards:          %d\nstaleness bound: %d%s\n",
+               ps_var_numel(v), ps_var_num_shards(v), b,
+               b < 0    ? " (asynchronous)"
+               : b == 0 ? " (synchronous)"
+                        : "");
+    }
+    return 0;
+}
+
+/* ---- dump ------------------------------------------------------------------------------ */
+
+static bool host_little_endian(void)
+{
+    const uint16_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* The NPY format 1.0 header for a little-endian float32 array of v's shape, C order: magic,
+ * version, a 2-byte little-endian header length, then the dict padded with spaces and ended by
+ * '\n' so that the data starts at a multiple of 64 bytes. Returns its length (0 if too long). */
+static size_t npy_header(const ps_var *v, unsigned char *buf, size_t cap)
+{
+    char dict[512];
+    int nd = ps_var_ndims(v);
+    size_t n = (size_t)snprintf(dict, sizeof(dict),
+                                "{'descr': '<f4', 'fortran_order': False, "
+                                "'shape': (");
+    for (int i = 0; i < nd && n < sizeof(dict); i++)
+        n += (size_t)snprintf(dict + n, sizeof(dict) - n, "%s%" PRIu64, i ? ", " : "",
+                              ps_var_dim(v, i));
+    if (n < sizeof(dict))
+        n += (size_t)snprintf(dict + n, sizeof(dict) - n, "%s), }", nd == 1 ? "," : "");
+    if (n >= sizeof(dict))
+        return 0;
+    size_t total = 10 + n + 1; /* magic 6, version 2, length 2, dict, '\n' */
+    total = (total + 63) / 64 * 64;
+    if (total > cap || total - 10 > 0xffff)
+        return 0;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    size_t hlen = total - 10;
+    buf[8] = (unsigned char)(hlen & 0xff);
+    buf[9] = (unsigned char)(hlen >> 8);
+    memcpy(buf + 10, dict, n);
+    memset(buf + 10 + n, ' ', total - 10 - n - 1);
+    buf[total - 1] = '\n';
+    return total;
+}
+
+static int cmd_dump(ps_client *c, const char *name, const char *path)
+{
+    ps_var *v = NULL;
+    char what[600];
+    int rc = ps_var_lookup(c, name, &v);
+    if (rc != PS_OK) {
+        snprintf(what, sizeof(what), "look up variable %s", name);
+        return fail(what, rc);
+    }
+    uint64_t numel = ps_var_numel(v);
+    if (numel > SIZE_MAX / sizeof(float)) {
+        fprintf(stderr, "psctl: dump %s: %" PRIu64 " elements do not fit in memory\n", name, numel);
+        return EXIT_RUNTIME;
+    }
+    float *data = malloc(numel ? (size_t)numel * sizeof(float) : 1);
+    if (data == NULL) {
+        fprintf(stderr, "psctl: dump %s: out of memory for %" PRIu64 " floats\n", name, numel);
+        return EXIT_RUNTIME;
+    }
+    rc = ps_pull(c, v, data);
+    if (rc != PS_OK) {
+        free(data);
+        snprintf(what, sizeof(what), "pull %s", name);
+        return fail(what, rc);
+    }
+    if (!host_little_endian()) {
+        for (uint64_t i = 0; i < numel; i++) {
+            unsigned char *b = (unsigned char *)&data[i], t;
+            t = b[0], b[0] = b[3], b[3] = t;
+            t = b[1], b[1] = b[2], b[2] = t;
+        }
+    }
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) {
+        fprintf(stderr, "psctl: dump %s: open %s: %s\n", name, path, strerror(errno));
+        free(data);
+        return EXIT_RUNTIME;
+    }
+    bool ok = true;
+    if (ends_with(path, ".npy")) {
+        unsigned char hdr[640];
+        size_t h = npy_header(v, hdr, sizeof(hdr));
+        ok = h > 0 && fwrite(hdr, 1, h, f) == h;
+    }
+    ok = ok && fwrite(data, sizeof(float), (size_t)numel, f) == (size_t)numel;
+    int err = errno;
+    if (fclose(f) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
+    free(data);
+    if (!ok) {
+        fprintf(stderr, "psctl: dump %s: write %s: %s\n", name, path, strerror(err));
+        return EXIT_RUNTIME;
+    }
+    if (json_out) {
+        printf("{\"variable\":");
+        json_str(stdout, name);
+        printf(",\"file\":");
+        json_str(stdout, path);
+        printf(",\"numel\":%" PRIu64 ",\"format\":\"%s\"}\n", numel,
+               ends_with(path, ".npy") ? "npy" : "raw-f32le");
+    } else {
+        printf("wrote %" PRIu64 " floats of %s to %s\n", numel, name, path);
+    }
+    return 0;
+}
+
+/* ---- checkpoint, shutdown -------------------------------------------------------------- */
+
+static int cmd_simple(ps_client *c, const char *cmd)
+{
+    bool ck = strcmp(cmd, "checkpoint") == 0;
+    int rc = ck ? ps_checkpoint(c) : ps_shutdown_cluster(c);
+    if (rc != PS_OK)
+        return fail(cmd, rc);
+    if (json_out)
+        printf("{\"command\":\"%s\",\"ok\":true,\"servers\":%d}\n", cmd, ps_client_num_servers(c));
+    else
+        printf("%s: done on %d server(s)\n", ck ? "checkpoint" : "shutdown",
+               ps_client_num_servers(c));
+    return 0;
+}
+
+/* ---- top ------------------------------------------------------------------------------- */
+
+/* Waits up to ms for q on a terminal stdin (or a signal). True when the user asked to stop. */
+static bool wait_or_quit(int ms, bool tty)
+{
+    double end = now_s() + ms / 1000.0;
+    for (;;) {
+        if (stop_requested)
+            return true;
+        double left = end - now_s();
+        if (left <= 0)
+            return false;
+        struct pollfd pfd = {.fd = STDIN_FILENO, .events = POLLIN};
+        int r = poll(tty ? &pfd : NULL, tty ? 1 : 0, (int)(left * 1000) + 1);
+        if (r > 0 && (pfd.revents & POLLIN)) {
+            char ch;
+            ssize_t got = read(STDIN_FILENO, &ch, 1);
+            if (got <= 0 || ch == 'q' || ch == 'Q')
+                return true;
+        }
+    }
+}
+
+static int cmd_top(ps_client *c)
+{
+    int n = ps_client_num_servers(c);
+    ps_server_stats *prev = calloc((size_t)n, sizeof(*prev));
+    ps_server_stats *cur = calloc((size_t)n, sizeof(*cur));
+    if (prev == NULL || cur == NULL) {
+        free(prev);
+        free(cur);
+        return fail("top", PS_RESOURCE_EXHAUSTED);
+    }
+    bool tty = isatty(STDIN_FILENO) != 0;
+    struct termios saved;
+    bool raw = false;
+    if (tty && tcgetattr(STDIN_FILENO, &saved) == 0) {
+        struct termios t = saved;
+        t.c_lflag &= (tcflag_t) ~(ICANON | ECHO);
+        t.c_cc[VMIN] = 1;
+        t.c_cc[VTIME] = 0;
+        raw = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    bool clear = !json_out && isatty(STDOUT_FILENO);
+
+    int rc = get_all_status(c, n, prev);
+    double t_prev = now_s();
+    for (long it = 0; rc == 0 && (top_iterations == 0 || it < top_iterations); it++) {
+        if (wait_or_quit(1000, tty))
+            break;
+        rc = get_all_status(c, n, cur);
+        if (rc != 0)
+            break;
+        double t = now_s(), dt = t - t_prev;
+        if (dt <= 0)
+            dt = 1e-9;
+        if (json_out) {
+            printf("{\"interval_s\":%.3f,\"servers\":[", dt);
+        } else {
+            if (clear)
+                printf("\033[H\033[2J");
+            printf("psctl top: %d server(s), every 1 s (q or Ctrl-C quits)\n", n);
+            printf("%-4s %12s %14s %12s %5s %9s\n", "ps", "requests/s", "bytes_io/s", "updates/s",
+                   "live", "min_clock");
+        }
+        for (int i = 0; i < n; i++) {
+            const ps_server_stats *a = &prev[i], *b = &cur[i];
+            /* A restarted server's counters start again: count from zero then. */
+#define RATE(f) ((b->f >= a->f ? (double)(b->f - a->f) : (double)b->f) / dt)
+            double rq = RATE(requests), io = RATE(bytes_in) + RATE(bytes_out),
+                   up = RATE(updates_applied);
+#undef RATE
+            if (json_out)
+                printf("%s{\"task\":%" PRIu32 ",\"requests_per_s\":%.2f,\"bytes_per_s\":%.1f,"
+                       "\"updates_per_s\":%.2f,\"live_workers\":%" PRIu32 ",\"min_clock\":%" PRId64
+                       "}",
+                       i ? "," : "", b->task_index, rq, io, up, b->live_workers, b->min_clock);
+            else
+                printf("%-4" PRIu32 " %12.1f %14.0f %12.1f %5" PRIu32 " %9" PRId64 "\n",
+                       b->task_index, rq, io, up, b->live_workers, b->min_clock);
+        }
+        if (json_out)
+            printf("]}\n");
+        fflush(stdout);
+        ps_server_stats *tmp = prev;
+        prev = cur;
+        cur = tmp;
+        t_prev = t;
+    }
+    if (raw)
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    free(prev);
+    free(cur);
+    return rc;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+/* Passes every client setting given to psctl (file, environment, flags) to the library. */
+static int client_open(const options *o, ps_client **out)
+{
+    ps_config *pc = NULL;
+    if (ps_config_create(&pc) != PS_OK) {
+        fprintf(stderr, "psctl: client configuration: %s\n", ps_last_error());
+        return EXIT_RUNTIME;
+    }
+    for (unsigned row = 0; row < OPTION_ROW_COUNT; row++) {
+        const option_def *d = &options_table[row];
+        if (!(d->scope & OPT_SCOPE_CLIENT) || row == OPT_ROW(OPT_CONFIG) ||
+            !options_is_set_row(o, row))
+            continue;
+        if (ps_config_set(pc, d->name, options_text_row(o, row)) != PS_OK) {
+            fprintf(stderr, "psctl: --%s: %s\n", d->name, ps_last_error());
+            ps_config_destroy(pc);
+            return PROGRAM_EXIT_CONFIG;
+        }
+    }
+    int st = ps_client_open(out, pc);
+    ps_config_destroy(pc);
+    if (st != PS_OK) {
+        fprintf(stderr, "psctl: connect: %s: %s\n", ps_strerror(st), ps_last_error());
+        return st == PS_INVALID_ARGUMENT ? PROGRAM_EXIT_CONFIG : EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+static int usage_error(const char *msg)
+{
+    fprintf(stderr, "psctl: %s (see --help)\n", msg);
+    return PROGRAM_EXIT_CONFIG;
+}
+
+int main(int argc, char **argv)
+{
+    /* psctl's own flags (--json, --iterations) are taken out before the option table sees the
+     * rest; "--" ends them as it ends the table's. */
+    char **args = calloc((size_t)argc + 1, sizeof(char *));
+    if (args == NULL)
+        return EXIT_RUNTIME;
+    int nargs = 0;
+    bool rest = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (i > 0 && !rest && strcmp(a, "--") == 0)
+            rest = true;
+        if (i == 0 || rest) {
+            args[nargs++] = argv[i];
+        } else if (strcmp(a, "--json") == 0) {
+            json_out = true;
+        } else if (strcmp(a, "--iterations") == 0 || strncmp(a, "--iterations=", 13) == 0) {
+            const char *val = a[12] == '=' ? a + 13 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end = NULL;
+            errno = 0;
+            long nv = val ? strtol(val, &end, 10) : 0;
+            if (val == NULL || *val == '\0' || *end != '\0' || errno != 0 || nv < 1) {
+                free(args);
+                return usage_error("--iterations needs a whole number >= 1");
+            }
+            top_iterations = nv;
+        } else {
+            args[nargs++] = argv[i];
+        }
+    }
+    args[nargs] = NULL;
+
+    program p;
+    bool exit_now = false;
+    int rc = program_start(&p, nargs, args, OPT_SCOPE_CLIENT, "psctl", usage_text, true, &exit_now);
+    if (exit_now) {
+        free(args);
+        return rc;
+    }
+    rc = 0;
+    const char *cmd = p.npositional > 0 ? p.positional[0] : NULL;
+    int nargs_cmd = p.npositional - 1;
+    if (cmd == NULL)
+        rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top)");
+    else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "checkpoint") == 0 ||
+             strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0) {
+        if (nargs_cmd != 0)
+            rc = usage_error("this command takes no arguments");
+    } else if (strcmp(cmd, "vars") == 0) {
+        if (nargs_cmd > 1)
+            rc = usage_error("vars takes at most one variable name");
+    } else if (strcmp(cmd, "dump") == 0) {
+        if (nargs_cmd != 2)
+            rc = usage_error("dump needs VAR FILE");
+    } else {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "unknown command \"%s\"", cmd);
+        rc = usage_error(msg);
+    }
+    if (rc == 0 && top_iterations > 0 && strcmp(cmd, "top") != 0)
+        rc = usage_error("--iterations applies to top only");
+
+    ps_client *c = NULL;
+    if (rc == 0)
+        rc = client_open(p.opts, &c);
+    if (rc == 0) {
+        if (strcmp(cmd, "status") == 0)
+            rc = cmd_status(c);
+        else if (strcmp(cmd, "vars") == 0)
+            rc = nargs_cmd == 1 ? cmd_vars_one(c, p.positional[1]) : cmd_vars_list(c);
+        else if (strcmp(cmd, "dump") == 0)
+            rc = cmd_dump(c, p.positional[1], p.positional[2]);
+        else if (strcmp(cmd, "top") == 0)
+            rc = cmd_top(c);
+        else
+            rc = cmd_simple(c, cmd);
+        fflush(stdout);
+    }
+    if (c != NULL)
+        ps_client_close(c);
+    program_end(&p);
+    free(args);
+    return rc;
+}

@@ -1,0 +1,204 @@
+/* Writes the seed corpora of the fuzz harnesses, run from the repository root (tests/fuzz/run.sh
+ * builds it as tests/fuzz_gen_corpus):
+ *   tests/fuzz/corpus/fuzz_frame/     one valid request per method kind;
+ *   tests/fuzz/corpus/fuzz_dispatch/  valid requests of every ps-server method on the
+ *                                     variables fuzz_dispatch.c creates, as frames and in its
+ *                                     structured mode (method byte, flags, fields, body). */
+#include <stdio.h>
+#include <string.h>
+#include "frame.h"
+static const char *dir = "tests/fuzz/corpus/fuzz_frame";
+static void write_file(const char *name, const void *p, size_t n)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) {
+        perror(path);
+        return;
+    }
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+static void put(const char *name, const envelope *env, const void *seg, size_t n)
+{
+    nng_msg *m;
+    if (frame_build(&m, env, seg, n, NULL) != 0)
+        return;
+    write_file(name, nng_msg_body(m), nng_msg_len(m));
+    nng_msg_free(m);
+}
+/* fuzz_dispatch's structured mode: byte 0 the index in server_methods, byte 1 its flags
+ * (fuzz_dispatch.c), bytes 2..7 offset, count, worker, clock, seq, client; then the body. */
+static void put_structured(const char *name, uint8_t method_index, uint8_t flags,
+                           const uint8_t fields[6], const uint8_t *body, size_t n)
+{
+    uint8_t b[512];
+    b[0] = method_index;
+    b[1] = flags;
+    memcpy(b + 2, fields, 6);
+    if (n)
+        memcpy(b + 8, body, n);
+    write_file(name, b, 8 + n);
+}
+static void dispatch_corpus(void)
+{
+    dir = "tests/fuzz/corpus/fuzz_dispatch";
+    uint8_t body[256];
+    size_t n;
+    float g[4] = {0.5f, -1, 2, 0.25f};
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.request_id = 7;
+    env.worker_id = -1;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.offset = 4;
+    t.count = 4;
+    /* CreateVariable: a new one, and one that exists with another spec. */
+    Psd__V1__CreateVariableRequest cr = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
+    Psd__V1__VariableSpec sp = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t dims[2] = {2, 8};
+    sp.name = "new/b";
+    sp.dtype = PSD__V1__DTYPE__FLOAT32;
+    sp.n_shape = 2;
+    sp.shape = dims;
+    sp.optimizer = PSD__V1__OPTIMIZER__OPT_ADAMW;
+    sp.learning_rate = 0.01;
+    sp.beta1 = 0.9;
+    sp.beta2 = 0.999;
+    sp.epsilon = 1e-8;
+    sp.weight_decay = 0.01;
+    sp.initializer = PSD__V1__INITIALIZER__INIT_ZEROS;
+    sp.staleness = -2;
+    sp.num_servers = 1;
+    cr.spec = &sp;
+    env.method = PSD__V1__METHOD__CREATE_VARIABLE;
+    env.body.data = body;
+    env.body.len = n = psd__v1__create_variable_request__pack(&cr, body);
+    put("create", &env, NULL, 0);
+    put_structured("s-create", 0, 0, (const uint8_t[6]){0}, body, n);
+    sp.name = "layer1/w"; /* exists with 12 elements and SGD */
+    env.body.len = psd__v1__create_variable_request__pack(&cr, body);
+    put("create-exists", &env, NULL, 0);
+    /* LookupVariable, ListVariables. */
+    Psd__V1__LookupVariableRequest lk = PSD__V1__LOOKUP_VARIABLE_REQUEST__INIT;
+    lk.name = "adam/w";
+    env.method = PSD__V1__METHOD__LOOKUP_VARIABLE;
+    env.body.len = n = psd__v1__lookup_variable_request__pack(&lk, body);
+    put("lookup", &env, NULL, 0);
+    put_structured("s-lookup", 1, 0, (const uint8_t[6]){0}, body, n);
+    Psd__V1__ListVariablesRequest lr = PSD__V1__LIST_VARIABLES_REQUEST__INIT;
+    lr.page_token = "bsp/w";
+    lr.page_size = 2;
+    env.method = PSD__V1__METHOD__LIST_VARIABLES;
+    env.body.len = n = psd__v1__list_variables_request__pack(&lr, body);
+    put("list", &env, NULL, 0);
+    put_structured("s-list", 2, 0, (const uint8_t[6]){0}, body, n);
+    /* Pull, Push, PushPull on the async variable, then as worker 1 on the BSP and SSP ones. */
+    Psd__V1__PullRequest pr = PSD__V1__PULL_REQUEST__INIT;
+    pr.name = "layer1/w";
+    env.method = PSD__V1__METHOD__PULL;
+    env.tensor = &t;
+    env.body.len = n = psd__v1__pull_request__pack(&pr, body);
+    put("pull", &env, NULL, 0);
+    put_structured("s-pull", 3, 0x01, (const uint8_t[6]){4, 4, 0, 0, 0, 0}, body, n);
+    Psd__V1__PushRequest ps = PSD__V1__PUSH_REQUEST__INIT;
+    ps.name = "layer1/w";
+    env.method = PSD__V1__METHOD__PUSH;
+    env.client_id = 0x1001;
+    env.seq = 1;
+    env.body.len = n = psd__v1__push_request__pack(&ps, body);
+    put("push", &env, g, sizeof(g));
+    put_structured("s-push", 4, 0x03, (const uint8_t[6]){4, 4, 0, 0, 1, 1}, body, n);
+    env.method = PSD__V1__METHOD__PUSH_PULL;
+    env.seq = 2;
+    put("pushpull", &env, g, sizeof(g));
+    put_structured("s-pushpull", 5, 0x03, (const uint8_t[6]){0, 4, 0, 0, 2, 1}, body, n);
+    ps.name = "bsp/w";
+    env.method = PSD__V1__METHOD__PUSH;
+    env.worker_id = 1;
+    env.clock = 0;
+    env.seq = 3;
+    env.body.len = n = psd__v1__push_request__pack(&ps, body);
+    put("push-bsp", &env, g, sizeof(g));
+    put_structured("s-push-bsp", 4, 0x13, (const uint8_t[6]){0, 4, 1, 0, 3, 2}, body, n);
+    pr.name = "ssp/w";
+    env.method = PSD__V1__METHOD__PULL;
+    env.clock = 3;
+    env.seq = 0;
+    env.body.len = n = psd__v1__pull_request__pack(&pr, body);
+    put("pull-ssp", &env, NULL, 0);
+    put_structured("s-pull-ssp", 3, 0x11, (const uint8_t[6]){0, 16, 1, 3, 0, 0}, body, n);
+    /* Clock (no body), ServerStatus, and the admin methods with the harness's token. */
+    env.method = PSD__V1__METHOD__CLOCK;
+    env.tensor = NULL;
+    env.clock = 1;
+    env.body.len = 0;
+    put("clock", &env, NULL, 0);
+    put_structured("s-clock", 6, 0x10, (const uint8_t[6]){0, 0, 1, 1, 0, 0}, NULL, 0);
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    sr.max_variables = 3;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.worker_id = -1;
+    env.body.len = n = psd__v1__server_status_request__pack(&sr, body);
+    put("status", &env, NULL, 0);
+    put_structured("s-status", 7, 0, (const uint8_t[6]){0}, body, n);
+    sr.variable = "adam/w";
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    put("status-one", &env, NULL, 0);
+    env.method = PSD__V1__METHOD__CHECKPOINT;
+    env.body.len = 0;
+    env.auth_token.data = (uint8_t *)"fuzz-admin-token";
+    env.auth_token.len = strlen("fuzz-admin-token");
+    put("checkpoint", &env, NULL, 0);
+    put_structured("s-checkpoint", 8, 0x04, (const uint8_t[6]){0}, NULL, 0);
+}
+int main(void)
+{
+    uint8_t body[256];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__PullRequest pr = PSD__V1__PULL_REQUEST__INIT;
+    pr.name = "layer1/w";
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = 1;
+    t.count = 4;
+    env.method = PSD__V1__METHOD__PULL;
+    env.request_id = 1;
+    env.tensor = &t;
+    env.body.data = body;
+    env.body.len = psd__v1__pull_request__pack(&pr, body);
+    put("pull", &env, NULL, 0);
+    float g[4] = {1, 2, 3, 4};
+    env.method = PSD__V1__METHOD__PUSH;
+    env.seq = 3;
+    env.client_id = 42;
+    put("push", &env, g, sizeof(g));
+    Psd__V1__CreateVariableRequest cr = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
+    Psd__V1__VariableSpec sp = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t dims[2] = {3, 4};
+    sp.name = "caf\xc3\xa9";
+    sp.dtype = 1;
+    sp.n_shape = 2;
+    sp.shape = dims;
+    sp.num_servers = 1;
+    cr.spec = &sp;
+    env.method = PSD__V1__METHOD__CREATE_VARIABLE;
+    env.tensor = NULL;
+    env.seq = 0;
+    env.body.len = psd__v1__create_variable_request__pack(&cr, body);
+    put("create", &env, NULL, 0);
+    Psd__V1__ListVariablesRequest lr = PSD__V1__LIST_VARIABLES_REQUEST__INIT;
+    lr.page_token = "a/b";
+    lr.page_size = 10;
+    env.method = PSD__V1__METHOD__LIST_VARIABLES;
+    env.body.len = psd__v1__list_variables_request__pack(&lr, body);
+    put("list", &env, NULL, 0);
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    sr.variable = "x";
+    sr.max_variables = 5;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    put("status", &env, NULL, 0);
+    dispatch_corpus();
+    return 0;
+}
