@@ -64,10 +64,6 @@ struct rpc_server {
     pthread_cond_t qcond;
     rpc_call *qhead, *qtail;
     atomic_bool stopping;
-    /* Context operations start under io_lock (shared) and only while !stopping; stop sets
-     * stopping under it (exclusive) before nng_close: nng 1.5.2 panics when a context
-     * operation starts on a socket nng_close is tearing down. */
-    pthread_rwlock_t io_lock;
     atomic_bool draining;
     atomic_int busy; /* requests received and not yet replied to */
     rpc_stats stats;
@@ -662,26 +658,22 @@ static bool validate(rpc_call *c)
     return true;
 }
 
-/* Starts a receive on a context unless the server is stopping (see rpc_server.io_lock). */
+/* Starts a receive on a context unless the server is stopping. */
 static void srv_recv(rpc_server *s, nng_ctx ctx, nng_aio *aio)
 {
-    pthread_rwlock_rdlock(&s->io_lock);
     if (!atomic_load(&s->stopping))
         nng_ctx_recv(ctx, aio);
-    pthread_rwlock_unlock(&s->io_lock);
 }
 
 /* Sends the aio's message on a context, or frees it when the server is stopping. */
 static void srv_send(rpc_server *s, nng_ctx ctx, nng_aio *aio)
 {
-    pthread_rwlock_rdlock(&s->io_lock);
     if (!atomic_load(&s->stopping)) {
         nng_ctx_send(ctx, aio);
     } else {
         nng_msg_free(nng_aio_get_msg(aio));
         nng_aio_set_msg(aio, NULL);
     }
-    pthread_rwlock_unlock(&s->io_lock);
 }
 
 static void call_send(rpc_call *c)
@@ -952,7 +944,6 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
     if (cfg->drop_percent > 0 || cfg->dup_percent > 0)
         log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice",
                  cfg->drop_percent, cfg->dup_percent);
-    pthread_rwlock_init(&s->io_lock, NULL);
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     pthread_mutex_init(&s->connlock, NULL);
@@ -1021,7 +1012,6 @@ fail_sock:
     free(s->mm);
     pthread_mutex_destroy(&s->connlock);
     pthread_mutex_destroy(&s->qlock);
-    pthread_rwlock_destroy(&s->io_lock);
     pthread_cond_destroy(&s->qcond);
     free(s);
     return -1;
@@ -1046,9 +1036,14 @@ void rpc_server_stop(rpc_server *s)
                  (unsigned long long)atomic_load(&s->dropped),
                  (unsigned long long)atomic_load(&s->duplicated),
                  (unsigned long long)(atomic_load(&s->stats.requests) + atomic_load(&s->dropped)));
-    pthread_rwlock_wrlock(&s->io_lock);
     atomic_store(&s->stopping, true);
-    pthread_rwlock_unlock(&s->io_lock);
+    /* Stop every context's aio first (cancels its pending receive or send and waits for a
+     * callback in progress; with stopping set, callbacks start nothing new), then close: with
+     * operations still pending, nng 1.5.2's nng_close could wait forever for a context. */
+    for (int i = 0; s->calls && i < s->ncalls; i++) {
+        if (s->calls[i]->aio)
+            nng_aio_stop(s->calls[i]->aio);
+    }
     nng_close(s->sock);
     pthread_mutex_lock(&s->qlock);
     pthread_cond_broadcast(&s->qcond);
@@ -1083,7 +1078,6 @@ void rpc_server_stop(rpc_server *s)
     }
     pthread_mutex_destroy(&s->connlock);
     pthread_mutex_destroy(&s->qlock);
-    pthread_rwlock_destroy(&s->io_lock);
     pthread_cond_destroy(&s->qcond);
     free(s->mm);
     free(s);
@@ -1113,7 +1107,6 @@ rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
         s->instance = 1;
     atomic_store(&s->fault_rng, s->instance);
     metrics_init(s);
-    pthread_rwlock_init(&s->io_lock, NULL);
     pthread_mutex_init(&s->qlock, NULL);
     pthread_cond_init(&s->qcond, NULL);
     pthread_mutex_init(&s->connlock, NULL);
@@ -1180,7 +1173,6 @@ void rpc_server_close_local(rpc_server *s)
         return;
     pthread_mutex_destroy(&s->connlock);
     pthread_mutex_destroy(&s->qlock);
-    pthread_rwlock_destroy(&s->io_lock);
     pthread_cond_destroy(&s->qcond);
     free(s->mm);
     free(s);
