@@ -668,14 +668,15 @@ static void *close_main(void *arg)
     return NULL;
 }
 
-/* Closes the sockets, waiting at most CLOSE_WAIT_MS under TLS: nng 1.5.2's nng_close can
- * wait forever on its reaper when a connection is made or lost meanwhile (seen while the
- * server refused every connection of a client without a certificate, which redials all the
- * time). False when that happened: the sockets, and c, are then left as they are. */
+/* Closes the sockets, waiting at most CLOSE_WAIT_MS: nng 1.5.2's nng_close can wait forever
+ * on its reaper when a connection is made or lost meanwhile (seen while the server refused
+ * every connection of a client without a certificate, which redials all the time, and about
+ * 1 close in 5 with 16 calls in flight). False when that happened: the sockets, and c, are
+ * then left as they are (every request's aio is stopped before, so none calls back). */
 static bool close_socks_bounded(rpc_conn *c)
 {
     pthread_t t;
-    if (!c->tls || c->nsocks == 0 || pthread_create(&t, NULL, close_main, c) != 0) {
+    if (c->nsocks == 0 || pthread_create(&t, NULL, close_main, c) != 0) {
         close_main(c);
         return true;
     }
@@ -714,12 +715,20 @@ void rpc_conn_close(rpc_conn *c)
     pthread_rwlock_wrlock(&c->io_lock);
     c->io_closed = true;
     pthread_rwlock_unlock(&c->io_lock);
+    /* Cancel every request's pending operation and wait for its callback (which fails the
+     * call: nothing new starts once io_closed is set) before closing the sockets: with
+     * operations pending, nng 1.5.2's nng_close could wait forever. No new request objects
+     * appear once closing is set. */
+    for (size_t i = 0; i < c->nall; i++) {
+        nng_aio_stop(c->all[i]->aio);
+        nng_ctx_close(c->all[i]->ctx); /* each context explicitly, before its socket */
+    }
     if (!close_socks_bounded(c)) {
         char name[340];
         conn_name(c, name, sizeof(name));
         log_warn("closing the connection to %s: nng_close did not return within %d ms (nng 1.5 "
-                 "can hang while connections come and go, as when the server refuses our TLS "
-                 "certificate); leaving it open",
+                 "can hang while connections come and go, e.g. when the server refuses our TLS "
+                 "certificate or calls were in flight); leaving it open",
                  name, CLOSE_WAIT_MS);
         return; /* c stays allocated: nng may still call back into it */
     }
