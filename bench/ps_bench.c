@@ -5,17 +5,23 @@
  *   ps-bench [--server-bin PATH] [--seconds S] [--sizes 4K,64K,1M,16M,64M] [--servers 1,2] ...
  *   ps-bench --quick      smoke test: tiny sizes, every pulled value checked, exit 0 iff all ok
  *   ps-bench --sweep      client settings (connections x chunk-bytes) at 1 MiB and 16 MiB
+ *   ps-bench --transport both     every cell over loopback TCP and over ipc://, side by side
+ *   ps-bench --clients 1,8        push-mc: 1, then 8 clients (threads) pushing at once
  *   ps-bench --help
  *
- * The bench starts every process it talks to (servers on free loopback ports, the raw baseline
- * server, allocator variants) as children that die with it. */
+ * The bench starts every process it talks to (servers on free loopback ports or ipc:// sockets,
+ * the raw baseline server, allocator variants) as children that die with it. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/un.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,6 +47,12 @@
 #define MAX_LIST 16
 #define MAX_OPTS 32
 #define MAX_SERVERS 8
+#define MAX_CLIENT_COUNTS 8 /* entries of --clients */
+#define MAX_CLIENTS 64      /* clients of one push-mc cell */
+
+/* How the client reaches the servers (--transport). */
+enum transport { TR_TCP, TR_IPC, TR_COUNT };
+static const char *const transport_names[TR_COUNT] = {"tcp", "ipc"};
 
 typedef struct variant {
     char label[80];
@@ -57,6 +69,9 @@ typedef struct bench_opts {
     int servers[MAX_LIST];
     int nservers;
     bool kinds[OPK_COUNT]; /* operations to time */
+    bool push_mc;          /* and push-mc, at every count of clients[] */
+    int clients[MAX_CLIENT_COUNTS], nclients;
+    int transports[TR_COUNT], ntransports; /* tcp, ipc or both (tcp first) */
     bool no_raw;
     const char *client_opts[MAX_OPTS]; /* name=value */
     int nclient_opts;
@@ -82,7 +97,8 @@ static const char usage_line[] =
     "[OPTIONS]\n"
     "Measures pull, push and push-pull throughput (GB/s of tensor payload, 1 GB = 1e9 bytes)\n"
     "and latency (p50, p99) against ps-server processes it starts itself, beside a raw nng\n"
-    "baseline, and compares the project's jemalloc settings with jemalloc's defaults.";
+    "baseline, and compares the project's jemalloc settings with jemalloc's defaults; push-mc\n"
+    "times several clients pushing at once (--clients), --transport tcp, ipc or both.";
 
 /* ---- small parsers ------------------------------------------------------------------------ */
 
@@ -213,13 +229,158 @@ static void malloc_describe(char *buf, size_t cap)
 #endif
 }
 
+/* ---- ipc:// sockets ----------------------------------------------------------------------- */
+
+/* The private directory of the ipc:// sockets of the servers and of the raw baseline, made at
+ * the first need ("" until then), and the socket paths in it in use. ipc_cleanup() unlinks them
+ * and removes the directory on every way out: the end of main, exit() (atexit) and the fatal
+ * signals (a handler in front of the one of children_install_guard). */
+#define MAX_IPC_PATHS 64
+static char ipc_dir[PATH_MAX];
+static char ipc_paths[MAX_IPC_PATHS][sizeof(((struct sockaddr_un *)0)->sun_path)];
+static volatile sig_atomic_t ipc_used[MAX_IPC_PATHS];
+static int ipc_seq;
+static const int ipc_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGALRM};
+static struct sigaction ipc_old_actions[sizeof(ipc_signals) / sizeof(ipc_signals[0])];
+
+/* Async-signal-safe. */
+static void ipc_cleanup(void)
+{
+    if (ipc_dir[0] == '\0')
+        return;
+    for (int i = 0; i < MAX_IPC_PATHS; i++) {
+        if (ipc_used[i]) {
+            unlink(ipc_paths[i]);
+            ipc_used[i] = 0;
+        }
+    }
+    rmdir(ipc_dir);
+    ipc_dir[0] = '\0';
+}
+
+static void ipc_on_signal(int sig)
+{
+    ipc_cleanup();
+    for (size_t i = 0; i < sizeof(ipc_signals) / sizeof(ipc_signals[0]); i++) {
+        if (ipc_signals[i] != sig)
+            continue;
+        void (*h)(int) = ipc_old_actions[i].sa_handler;
+        if (h != SIG_DFL && h != SIG_IGN && !(ipc_old_actions[i].sa_flags & SA_SIGINFO))
+            h(sig);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Makes ipc_dir under $TMPDIR (or /tmp when that is unset, too long for socket paths or not
+ * plain enough for a JSON string). Returns 0, or -1 with a message. */
+static int ipc_dir_make(void)
+{
+    if (ipc_dir[0] != '\0')
+        return 0;
+    const char *tmp = getenv("TMPDIR");
+    /* "DIR/ps-bench.XXXXXX/raw-NNNN.sock" must fit sun_path (107 bytes + NUL). */
+    if (tmp == NULL || tmp[0] != '/' || strlen(tmp) > 107 - 32 || strpbrk(tmp, "\"\\") != NULL)
+        tmp = "/tmp";
+    snprintf(ipc_dir, sizeof(ipc_dir), "%s/ps-bench.XXXXXX", tmp);
+    if (mkdtemp(ipc_dir) == NULL) {
+        fprintf(stderr, "ps-bench: cannot create a directory for the ipc sockets (%s): %s\n",
+                ipc_dir, strerror(errno));
+        ipc_dir[0] = '\0';
+        return -1;
+    }
+    atexit(ipc_cleanup);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = ipc_on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof(ipc_signals) / sizeof(ipc_signals[0]); i++)
+        sigaction(ipc_signals[i], &sa, &ipc_old_actions[i]);
+    return 0;
+}
+
+/* A fresh socket path "ipc_dir/PREFIX-N.sock", its URL (ipc://PATH) in url. Returns its slot
+ * (for ipc_path_release), or -1 with a message. */
+static int ipc_path_new(const char *prefix, char *url, size_t cap)
+{
+    int slot = 0;
+    while (slot < MAX_IPC_PATHS && ipc_used[slot])
+        slot++;
+    if (ipc_dir_make() != 0)
+        return -1;
+    int n = slot < MAX_IPC_PATHS ? snprintf(ipc_paths[slot], sizeof(ipc_paths[slot]),
+                                            "%s/%s-%d.sock", ipc_dir, prefix, ipc_seq++)
+                                 : -1;
+    if (n < 0 || (size_t)n >= sizeof(ipc_paths[slot]) ||
+        (size_t)snprintf(url, cap, "ipc://%s", ipc_paths[slot]) >= cap) {
+        fprintf(stderr, "ps-bench: no room for another ipc socket path\n");
+        return -1;
+    }
+    ipc_used[slot] = 1;
+    return slot;
+}
+
+static void ipc_path_release(int slot)
+{
+    if (slot < 0 || !ipc_used[slot])
+        return;
+    unlink(ipc_paths[slot]);
+    ipc_used[slot] = 0;
+}
+
+/* Whether a socket bound to path listens, read from /proc/net/unix (Linux): not by connecting,
+ * since a bare connect() that closes without the SP handshake was seen to stop a live nng IPC
+ * listener from serving (server/main.c, server_remove_stale_ipc). */
+static bool ipc_listening(const char *path)
+{
+    FILE *f = fopen("/proc/net/unix", "r");
+    if (f == NULL)
+        return false;
+    char line[4200];
+    bool live = false;
+    size_t plen = strlen(path);
+    while (!live && fgets(line, sizeof(line), f) != NULL) {
+        size_t n = strcspn(line, "\n");
+        line[n] = '\0';
+        /* "Num: RefCount Protocol Flags Type St Inode Path"; Flags 00010000: accepting. */
+        unsigned long flags = 0;
+        live = n > plen && strcmp(line + n - plen, path) == 0 && line[n - plen - 1] == ' ' &&
+               sscanf(line, "%*s %*s %*s %lx", &flags) == 1 && (flags & 0x10000) != 0;
+    }
+    fclose(f);
+    return live;
+}
+
+/* Waits until a socket listens at path, or the child exits (left to be reaped by child_stop),
+ * or timeout_ms passes. Returns 0 when it listens. */
+static int wait_ipc(const char *path, pid_t child, int timeout_ms)
+{
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        if (ipc_listening(path))
+            return 0;
+        siginfo_t si;
+        memset(&si, 0, sizeof(si));
+        if (waitid(P_PID, (id_t)child, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            si.si_pid == child) {
+            fprintf(stderr, "ps-bench: child %d exited before listening on %s\n", (int)child, path);
+            return -1;
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "ps-bench: nothing listens on %s after %d ms\n", path, timeout_ms);
+    return -1;
+}
+
 /* ---- clusters of ps-server children ------------------------------------------------------- */
 
 typedef struct cluster {
     int n;
+    int transport;
     pid_t pids[MAX_SERVERS];
-    int ports[MAX_SERVERS];
-    char json[64 * MAX_SERVERS]; /* {"cluster":{"ps":[...]}} for the client */
+    int ports[MAX_SERVERS];       /* tcp */
+    int ipc_slots[MAX_SERVERS];   /* ipc (-1: none) */
+    char json[144 * MAX_SERVERS]; /* {"cluster":{"ps":[...]}} for the client */
 } cluster;
 
 static void cluster_stop(cluster *cl)
@@ -228,21 +389,35 @@ static void cluster_stop(cluster *cl)
         if (cl->pids[i] > 0)
             child_stop(cl->pids[i], 3000);
         cl->pids[i] = 0;
+        ipc_path_release(cl->ipc_slots[i]);
+        cl->ipc_slots[i] = -1;
     }
 }
 
-static int cluster_start(const bench_opts *o, int n, cluster *cl)
+static int cluster_start(const bench_opts *o, int n, int transport, cluster *cl)
 {
     memset(cl, 0, sizeof(*cl));
     cl->n = n;
-    char ps[48 * MAX_SERVERS] = "";
+    cl->transport = transport;
+    for (int i = 0; i < n; i++)
+        cl->ipc_slots[i] = -1;
+    char ps[136 * MAX_SERVERS] = "";
     for (int i = 0; i < n; i++) {
-        if ((cl->ports[i] = free_port()) < 0) {
-            fprintf(stderr, "ps-bench: no free port\n");
-            return -1;
+        char addr[128];
+        if (transport == TR_IPC) {
+            if ((cl->ipc_slots[i] = ipc_path_new("ps", addr, sizeof(addr))) < 0) {
+                cluster_stop(cl);
+                return -1;
+            }
+        } else {
+            if ((cl->ports[i] = free_port()) < 0) {
+                fprintf(stderr, "ps-bench: no free port\n");
+                return -1;
+            }
+            snprintf(addr, sizeof(addr), "127.0.0.1:%d", cl->ports[i]);
         }
         size_t len = strlen(ps);
-        snprintf(ps + len, sizeof(ps) - len, "%s\"127.0.0.1:%d\"", i ? "," : "", cl->ports[i]);
+        snprintf(ps + len, sizeof(ps) - len, "%s\"%s\"", i ? "," : "", addr);
     }
     snprintf(cl->json, sizeof(cl->json), "{\"cluster\":{\"ps\":[%s]}}", ps);
     for (int i = 0; i < n; i++) {
@@ -264,12 +439,18 @@ static int cluster_start(const bench_opts *o, int n, cluster *cl)
         argv[k] = NULL;
         cl->pids[i] = child_start(argv, env, NULL);
         if (cl->pids[i] < 0) {
+            cl->pids[i] = 0;
             cluster_stop(cl);
             return -1;
         }
     }
     for (int i = 0; i < n; i++) {
-        if (wait_port(cl->ports[i], cl->pids[i], 10000) != 0) {
+        if (transport == TR_IPC) {
+            if (wait_ipc(ipc_paths[cl->ipc_slots[i]], cl->pids[i], 10000) != 0) {
+                cluster_stop(cl);
+                return -1;
+            }
+        } else if (wait_port(cl->ports[i], cl->pids[i], 10000) != 0) {
             cl->pids[i] = 0;
             cluster_stop(cl);
             return -1;
@@ -341,95 +522,399 @@ static ps_client *client_open(const bench_opts *o, const cluster *cl, const char
 
 /* ---- the measurements --------------------------------------------------------------------- */
 
+/* push-mc at one count of clients. */
+typedef struct mc_result {
+    int clients;
+    cell_result agg; /* gbps and ops of all the clients; p50: the median of the clients' p50s;
+                        p99: the worst client's; CPU per push */
+    double pushes_s; /* of all the clients */
+    double p50_min_us, p50_max_us;
+    double server_busy; /* CPU seconds of the servers per second of the trial */
+} mc_result;
+
 typedef struct row {
     size_t bytes;
     cell_result raw;
     cell_result ps[OPK_COUNT];
+    mc_result mc[MAX_CLIENT_COUNTS];
     int nshards;
 } row;
 
-/* The raw baseline's server, started once per run (a child of the bench binary). */
+/* The raw baseline's server, started once per run and transport (a child of the bench
+ * binary). */
 typedef struct raw_server {
     pid_t pid;
-    char url[64];
+    int ipc_slot;
+    char url[160];
 } raw_server;
-
-static int raw_server_start(const bench_opts *o, raw_server *rs)
-{
-    int port = free_port();
-    snprintf(rs->url, sizeof(rs->url), "tcp://127.0.0.1:%d", port);
-    char *argv[] = {(char *)o->self, "--raw-server", rs->url, NULL};
-    rs->pid = port > 0 ? child_start(argv, NULL, NULL) : -1;
-    if (rs->pid < 0 || wait_port(port, rs->pid, 10000) != 0) {
-        rs->pid = 0;
-        return -1;
-    }
-    return 0;
-}
 
 static void raw_server_stop(raw_server *rs)
 {
     if (rs->pid > 0)
         child_stop(rs->pid, 2000);
     rs->pid = 0;
+    ipc_path_release(rs->ipc_slot);
+    rs->ipc_slot = -1;
 }
 
-static int measure_raw(const bench_opts *o, const raw_server *rs, size_t bytes, cell_result *out)
+static int raw_server_start(const bench_opts *o, int transport, raw_server *rs)
 {
+    memset(rs, 0, sizeof(*rs));
+    rs->ipc_slot = -1;
+    int port = -1;
+    if (transport == TR_IPC) {
+        if ((rs->ipc_slot = ipc_path_new("raw", rs->url, sizeof(rs->url))) < 0)
+            return -1;
+    } else {
+        if ((port = free_port()) < 0)
+            return -1;
+        snprintf(rs->url, sizeof(rs->url), "tcp://127.0.0.1:%d", port);
+    }
+    char *argv[] = {(char *)o->self, "--raw-server", rs->url, NULL};
+    rs->pid = child_start(argv, NULL, NULL);
+    if (rs->pid < 0) {
+        rs->pid = 0;
+        raw_server_stop(rs);
+        return -1;
+    }
+    if (transport == TR_IPC ? wait_ipc(ipc_paths[rs->ipc_slot], rs->pid, 10000) != 0
+                            : wait_port(port, rs->pid, 10000) != 0) {
+        if (transport == TR_TCP)
+            rs->pid = 0; /* reaped by wait_port if it exited; else children_kill_all's */
+        raw_server_stop(rs);
+        return -1;
+    }
+    return 0;
+}
+
+/* "push" with one transport of tcp alone; "push/ipc" when ipc is in the run. */
+static const char *cell_label(const bench_opts *o, const char *what, int transport, char *buf,
+                              size_t cap)
+{
+    if (o->ntransports == 1 && transport == TR_TCP)
+        snprintf(buf, cap, "%s", what);
+    else
+        snprintf(buf, cap, "%s/%s", what, transport_names[transport]);
+    return buf;
+}
+
+static int measure_raw(const bench_opts *o, const raw_server *rs, int transport, size_t bytes,
+                       cell_result *out)
+{
+    char label[32];
     faults_watch(&rs->pid, 1);
     *out = raw_cell(rs->url, bytes, o->seconds, o->warmup);
-    cell_print("raw", 1, bytes, out);
+    cell_print(cell_label(o, "raw", transport, label, sizeof(label)), 1, bytes, out);
     faults_watch(NULL, 0);
     return out->errors ? -1 : 0;
 }
 
-/* One pass over the sizes with a cluster of nservers: for each size the raw baseline (when rs
- * is not NULL) and then the PS operations in kinds, one right after the other, so that the
- * figures compared were taken under the same conditions. */
-static int run_pass(const bench_opts *o, int nservers, const raw_server *rs, const size_t *sizes,
-                    int nsizes, const bool *kinds, row *rows)
+/* ---- push-mc: several clients pushing at once ---------------------------------------------- */
+
+/* What the clients of a push-mc cell share with the thread that times them. Every phase (the
+ * warm-up, then each trial) starts and ends at the barrier; deadline_ns and stop are written
+ * before the start, the clients' figures read after the end. */
+typedef struct mc_shared {
+    pthread_barrier_t barrier; /* the clients and the timing thread */
+    uint64_t deadline_ns;
+    uint64_t min_ops; /* per client */
+    bool stop;
+} mc_shared;
+
+/* One client: a thread with its own ps_client (as separate worker processes have) and its own
+ * variable "bench/<tag>/<bytes>". */
+typedef struct mc_client {
+    mc_shared *sh;
+    const bench_opts *o;
+    const cluster *cl;
+    char tag[80];
+    size_t bytes;
+    pthread_t thread;
+    ps_client *c;
+    bench_var bv;
+    bool open;
+    int errors;
+    uint64_t ops, end_ns;
+    samples s;
+} mc_client;
+
+static void *mc_client_main(void *arg)
 {
-    cluster cl;
-    if (cluster_start(o, nservers, &cl) != 0)
-        return -1;
-    ps_client *c = client_open(o, &cl, NULL, 0);
-    if (c == NULL) {
-        cluster_stop(&cl);
+    mc_client *m = arg;
+    m->c = client_open(m->o, m->cl, NULL, 0);
+    if (m->c != NULL && bench_var_open(m->c, &m->bv, m->tag, m->bytes) == 0)
+        m->open = true;
+    else
+        m->errors++;
+    pthread_barrier_wait(&m->sh->barrier); /* ready */
+    for (;;) {
+        pthread_barrier_wait(&m->sh->barrier); /* a phase starts, or stop */
+        if (m->sh->stop)
+            break;
+        m->ops = 0;
+        m->s.n = 0;
+        uint64_t now = bench_now_ns();
+        while (m->errors == 0 && (m->ops < m->sh->min_ops || now < m->sh->deadline_ns)) {
+            uint64_t a = now;
+            int rc = ps_push(m->c, m->bv.var, m->bv.grad);
+            if (rc != PS_OK) {
+                fprintf(stderr, "ps-bench: push-mc %s: %s: %s\n", ps_var_name(m->bv.var),
+                        ps_strerror(rc), ps_last_error());
+                m->errors++;
+                break;
+            }
+            m->bv.pushes++;
+            now = bench_now_ns();
+            samples_add(&m->s, (double)(now - a));
+            m->ops++;
+        }
+        m->end_ns = now;
+        pthread_barrier_wait(&m->sh->barrier); /* the phase ends */
+    }
+    /* Every push must have landed once: the variable is -pushes * BENCH_GRAD everywhere. */
+    if (m->open && m->errors == 0 && bench_var_verify(m->c, &m->bv) != 0)
+        m->errors++;
+    if (m->open)
+        bench_var_close(&m->bv);
+    ps_client_close(m->c);
+    samples_free(&m->s);
+    return NULL;
+}
+
+/* CPU seconds (utime + stime) of a process, from /proc/PID/stat; 0 if unreadable. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long long ut, st;
+    if (p == NULL ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* As the other cells do (cells.c): wait up to idle_wait_s for the machine to be 90% idle. */
+static void mc_wait_idle(void)
+{
+    uint64_t start = bench_now_ns();
+    while ((double)(bench_now_ns() - start) / 1e9 < idle_wait_s) {
+        double b0, t0, b1, t1;
+        machine_cpu(&b0, &t0);
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+        machine_cpu(&b1, &t1);
+        if (t1 <= t0 || (b1 - b0) / (t1 - t0) < 0.10)
+            return;
+    }
+}
+
+static int cmp_double_asc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One push-mc cell: nclients threads, each with its own client and variable of `bytes`,
+ * pushing to the cluster at once: a warm-up, then cell_trials trials of o->seconds, the one
+ * with the highest aggregate throughput reported (as every cell does). Aggregate GB/s: the
+ * bytes of every client's pushes over the time from the common start to the last client's
+ * last push. Returns 0, or -1 if a push failed or a variable came back wrong. */
+static int mc_cell(const bench_opts *o, const cluster *cl, const char *tag, int nclients,
+                   size_t bytes, mc_result *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->clients = nclients;
+    mc_shared sh;
+    memset(&sh, 0, sizeof(sh));
+    mc_client *m = calloc((size_t)nclients, sizeof(*m));
+    if (m == NULL || pthread_barrier_init(&sh.barrier, NULL, (unsigned)nclients + 1) != 0) {
+        fprintf(stderr, "ps-bench: out of memory\n");
+        free(m);
+        out->agg.errors = 1;
         return -1;
     }
-    int failed = 0;
-    char tag[32];
+    for (int i = 0; i < nclients; i++) {
+        m[i].sh = &sh;
+        m[i].o = o;
+        m[i].cl = cl;
+        m[i].bytes = bytes;
+        snprintf(m[i].tag, sizeof(m[i].tag), "%s-c%d-mc%d", tag, nclients, i);
+        if (pthread_create(&m[i].thread, NULL, mc_client_main, &m[i]) != 0) {
+            /* The barrier counts on every client: no way to go on without this one. */
+            fprintf(stderr, "ps-bench: cannot start client thread %d\n", i);
+            exit(1);
+        }
+    }
+    pthread_barrier_wait(&sh.barrier); /* every client open */
+    int errors = 0;
+    for (int i = 0; i < nclients; i++)
+        errors += m[i].errors;
+    if (errors == 0)
+        mc_wait_idle();
+    double p50s[MAX_CLIENTS];
+    for (int phase = 0; phase <= cell_trials && errors == 0; phase++) {
+        double cpu0 = self_cpu_s(), srv0 = 0, busy0, total0;
+        for (int i = 0; i < cl->n; i++)
+            srv0 += proc_cpu_s(cl->pids[i]);
+        machine_cpu(&busy0, &total0);
+        uint64_t t0 = bench_now_ns();
+        sh.min_ops = phase == 0 ? 2 : 3;
+        sh.deadline_ns = t0 + (uint64_t)((phase == 0 ? o->warmup : o->seconds) * 1e9);
+        pthread_barrier_wait(&sh.barrier); /* start */
+        pthread_barrier_wait(&sh.barrier); /* end */
+        uint64_t t1 = t0, ops = 0;
+        for (int i = 0; i < nclients; i++) {
+            errors += m[i].errors;
+            ops += m[i].ops;
+            if (m[i].end_ns > t1)
+                t1 = m[i].end_ns;
+        }
+        if (phase == 0 || errors)
+            continue;
+        double cpu1 = self_cpu_s(), srv1 = 0, busy1, total1;
+        for (int i = 0; i < cl->n; i++)
+            srv1 += proc_cpu_s(cl->pids[i]);
+        machine_cpu(&busy1, &total1);
+        mc_result r;
+        memset(&r, 0, sizeof(r));
+        r.clients = nclients;
+        r.agg.ran = true;
+        r.agg.ops = ops;
+        r.agg.seconds = (double)(t1 - t0) / 1e9;
+        r.agg.gbps = (double)bytes * (double)ops / r.agg.seconds / 1e9;
+        r.pushes_s = (double)ops / r.agg.seconds;
+        for (int i = 0; i < nclients; i++) {
+            p50s[i] = samples_pct_us(&m[i].s, 50);
+            double p99 = samples_pct_us(&m[i].s, 99);
+            if (p99 > r.agg.p99_us)
+                r.agg.p99_us = p99;
+        }
+        qsort(p50s, (size_t)nclients, sizeof(double), cmp_double_asc);
+        r.p50_min_us = p50s[0];
+        r.p50_max_us = p50s[nclients - 1];
+        r.agg.p50_us =
+            nclients % 2 ? p50s[nclients / 2] : (p50s[nclients / 2 - 1] + p50s[nclients / 2]) / 2;
+        r.agg.client_cpu_us = (cpu1 - cpu0) * 1e6 / (double)ops;
+        r.agg.server_cpu_us = (srv1 - srv0) * 1e6 / (double)ops;
+        r.server_busy = (srv1 - srv0) / r.agg.seconds;
+        double total = total1 - total0, busy = busy1 - busy0, ours = cpu1 - cpu0 + srv1 - srv0;
+        r.agg.other_cpu = total > 0 && busy > ours ? (busy - ours) / total : 0;
+        if (!out->agg.ran || r.agg.gbps > out->agg.gbps)
+            *out = r;
+    }
+    sh.stop = true;
+    pthread_barrier_wait(&sh.barrier); /* stop: the clients verify and close */
+    for (int i = 0; i < nclients; i++) {
+        pthread_join(m[i].thread, NULL);
+        errors += m[i].errors;
+    }
+    pthread_barrier_destroy(&sh.barrier);
+    free(m);
+    if (errors) {
+        out->agg.ran = false;
+        out->agg.errors = errors;
+    }
+    return errors ? -1 : 0;
+}
+
+static void mc_print(const char *label, int nservers, size_t bytes, const mc_result *r)
+{
+    if (r->agg.errors) {
+        printf("cell %-9s servers=%d size=%-9zu clients=%-2d FAILED (%d errors)\n", label, nservers,
+               bytes, r->clients, r->agg.errors);
+    } else {
+        printf("cell %-9s servers=%d size=%-9zu clients=%-2d ops=%-7llu %6.3f s %6.3f GB/s %9.0f "
+               "pushes/s  per-client p50 %8.1f us (min %.1f, max %.1f)  p99 %8.1f us  per push: "
+               "CPU %.0f + %.0f us  server CPU %.0f%%  others' CPU %.0f%%\n",
+               label, nservers, bytes, r->clients, (unsigned long long)r->agg.ops, r->agg.seconds,
+               r->agg.gbps, r->pushes_s, r->agg.p50_us, r->p50_min_us, r->p50_max_us, r->agg.p99_us,
+               r->agg.client_cpu_us, r->agg.server_cpu_us, 100 * r->server_busy,
+               100 * r->agg.other_cpu);
+    }
+    fflush(stdout);
+}
+
+/* ---- a pass over the sizes ----------------------------------------------------------------- */
+
+/* One pass over the sizes with, for each transport tr[t], a cluster of nservers: for each size
+ * and transport the raw baseline (when rs is not NULL: rs[t]), then the PS operations in kinds
+ * and push-mc at every count of clients (when push_mc), one right after the other, so that the
+ * figures compared were taken under the same conditions. Results go to rows[t][i]. */
+static int run_pass(const bench_opts *o, int nservers, const int *tr, int ntr, const raw_server *rs,
+                    const size_t *sizes, int nsizes, const bool *kinds, bool push_mc,
+                    row *const *rows)
+{
+    cluster cl[TR_COUNT];
+    ps_client *c[TR_COUNT] = {NULL};
+    int started = 0, failed = 0;
+    for (; started < ntr; started++) {
+        if (cluster_start(o, nservers, tr[started], &cl[started]) != 0)
+            break;
+        if ((c[started] = client_open(o, &cl[started], NULL, 0)) == NULL) {
+            cluster_stop(&cl[started]);
+            break;
+        }
+    }
+    if (started < ntr)
+        failed++;
+    char tag[32], label[32];
     snprintf(tag, sizeof(tag), "s%d", nservers);
     for (int i = 0; i < nsizes && !failed; i++) {
-        bench_var bv;
-        rows[i].bytes = sizes[i];
-        if (rs && measure_raw(o, rs, sizes[i], &rows[i].raw) != 0) {
-            failed++;
-            break;
-        }
-        if (bench_var_open(c, &bv, tag, sizes[i]) != 0) {
-            failed++;
-            break;
-        }
-        rows[i].nshards = ps_var_num_shards(bv.var);
-        faults_watch(cl.pids, cl.n);
-        for (int k = 0; k < OPK_COUNT; k++) {
-            if (!kinds[k])
-                continue;
-            rows[i].ps[k] = ps_cell(c, &bv, (enum ps_op_kind)k, o->seconds, o->warmup, o->check);
-            cell_print(op_kind_names[k], nservers, sizes[i], &rows[i].ps[k]);
-            if (rows[i].ps[k].errors) {
+        for (int t = 0; t < ntr && !failed; t++) {
+            bench_var bv;
+            row *r = &rows[t][i];
+            r->bytes = sizes[i];
+            if (rs && measure_raw(o, &rs[t], tr[t], sizes[i], &r->raw) != 0) {
                 failed++;
                 break;
             }
+            if (bench_var_open(c[t], &bv, tag, sizes[i]) != 0) {
+                failed++;
+                break;
+            }
+            r->nshards = ps_var_num_shards(bv.var);
+            faults_watch(cl[t].pids, cl[t].n);
+            for (int k = 0; k < OPK_COUNT; k++) {
+                if (!kinds[k])
+                    continue;
+                r->ps[k] = ps_cell(c[t], &bv, (enum ps_op_kind)k, o->seconds, o->warmup, o->check);
+                cell_print(cell_label(o, op_kind_names[k], tr[t], label, sizeof(label)), nservers,
+                           sizes[i], &r->ps[k]);
+                if (r->ps[k].errors) {
+                    failed++;
+                    break;
+                }
+            }
+            faults_watch(NULL, 0);
+            if (!failed && bench_var_verify(c[t], &bv) != 0)
+                failed++;
+            bench_var_close(&bv);
+            for (int n = 0; push_mc && n < o->nclients && !failed; n++) {
+                failed += mc_cell(o, &cl[t], tag, o->clients[n], sizes[i], &r->mc[n]) != 0;
+                mc_print(cell_label(o, "push-mc", tr[t], label, sizeof(label)), nservers, sizes[i],
+                         &r->mc[n]);
+            }
         }
-        faults_watch(NULL, 0);
-        if (!failed && bench_var_verify(c, &bv) != 0)
-            failed++;
-        bench_var_close(&bv);
     }
-    ps_client_close(c);
-    cluster_stop(&cl);
+    for (int t = 0; t < started; t++) {
+        ps_client_close(c[t]);
+        cluster_stop(&cl[t]);
+    }
     return failed ? -1 : 0;
 }
 
@@ -447,6 +932,8 @@ static void print_table(int nservers, const row *rows, int n)
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const row *r = &rows[i];
+        if (r->bytes == 0)
+            continue; /* not reached: the run failed before */
         printf("| %s | %d | %.2f | %.0f |", size_label(r->bytes, sz, sizeof(sz)), r->nshards,
                r->raw.gbps, r->raw.p50_us);
         for (int k = 0; k < OPK_COUNT; k++) {
@@ -507,6 +994,108 @@ static void print_targets(const row *rows, int n)
     }
 }
 
+/* push-mc at every count of clients, by size. */
+static void print_mc_table(const bench_opts *o, int nservers, const row *rows, int n)
+{
+    char sz[32];
+    printf("\n| size | clients | shards | push-mc GB/s | pushes/s | pushes/s per client | "
+           "per-client p50 µs | p50 min–max µs | worst p99 µs | GB/s vs 1 client | CPU µs/push "
+           "client + server | server CPU | others' CPU |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const row *r = &rows[i];
+        if (r->bytes == 0)
+            continue;
+        const mc_result *one = NULL;
+        for (int j = 0; j < o->nclients; j++)
+            if (r->mc[j].clients == 1 && r->mc[j].agg.ran)
+                one = &r->mc[j];
+        for (int j = 0; j < o->nclients; j++) {
+            const mc_result *m = &r->mc[j];
+            printf("| %s | %d | %d |", size_label(r->bytes, sz, sizeof(sz)), o->clients[j],
+                   r->nshards);
+            if (!m->agg.ran) {
+                printf(" - | - | - | - | - | - | - | - | - | - |\n");
+                continue;
+            }
+            char vs1[16] = "-";
+            if (one && one->agg.gbps > 0)
+                snprintf(vs1, sizeof(vs1), "%.2f", m->agg.gbps / one->agg.gbps);
+            printf(" %.2f | %.0f | %.0f | %.0f | %.0f–%.0f | %.0f | %s | %.0f + %.0f | %.0f%% | "
+                   "%.0f%% |\n",
+                   m->agg.gbps, m->pushes_s, m->pushes_s / m->clients, m->agg.p50_us, m->p50_min_us,
+                   m->p50_max_us, m->agg.p99_us, vs1, m->agg.client_cpu_us, m->agg.server_cpu_us,
+                   100 * m->server_busy, 100 * m->agg.other_cpu);
+        }
+    }
+    printf("\n(push-mc: N client threads in this process, each with its own ps_client and its own "
+           "variable, pushing to the %d server%s at once; GB/s and pushes/s of all of them; "
+           "per-client p50: the median of the clients' p50 latencies; server CPU: CPU seconds of "
+           "the servers per second, 100%% = one core)\n",
+           nservers, nservers == 1 ? "" : "s");
+}
+
+static double q_or_zero(double a, double b)
+{
+    return a > 0 && b > 0 ? a / b : 0;
+}
+
+static void print_pair(const char *sz, const char *op, const cell_result *a, const cell_result *b)
+{
+    if (!a->ran || !b->ran)
+        return;
+    printf("| %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.2f |\n", sz, op, a->gbps, b->gbps,
+           q_or_zero(b->gbps, a->gbps), a->p50_us, b->p50_us, q_or_zero(b->p50_us, a->p50_us));
+}
+
+/* tcp (rows[TR_TCP]) and ipc (rows[TR_IPC]) side by side, every cell measured. */
+static void print_transport_table(const bench_opts *o, int nservers, const row *tcp, const row *ipc,
+                                  int n)
+{
+    char sz[32], op[48];
+    printf("\n| size | op | tcp GB/s | ipc GB/s | ipc/tcp GB/s | tcp p50 µs | ipc p50 µs | "
+           "ipc/tcp p50 |\n");
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n; i++) {
+        if (tcp[i].bytes == 0 || ipc[i].bytes == 0)
+            continue;
+        size_label(tcp[i].bytes, sz, sizeof(sz));
+        print_pair(sz, "raw", &tcp[i].raw, &ipc[i].raw);
+        for (int k = 0; k < OPK_COUNT; k++)
+            print_pair(sz, op_kind_names[k], &tcp[i].ps[k], &ipc[i].ps[k]);
+        for (int j = 0; j < o->nclients; j++) {
+            snprintf(op, sizeof(op), "push-mc, %d client%s", o->clients[j],
+                     o->clients[j] == 1 ? "" : "s");
+            print_pair(sz, op, &tcp[i].mc[j].agg, &ipc[i].mc[j].agg);
+        }
+    }
+    printf("\n(%d server%s; ipc/tcp above 1 in GB/s, below 1 in p50: ipc is faster; push-mc p50: "
+           "the median client's)\n",
+           nservers, nservers == 1 ? "" : "s");
+    /* The cells the wire targets name. */
+    const row *k4t = find_row(tcp, n, 4096), *k4i = find_row(ipc, n, 4096);
+    bool any = false;
+    const size_t big[2] = {1u << 20, 16u << 20};
+    for (int j = 0; j < 2; j++) {
+        const row *t = find_row(tcp, n, big[j]), *p = find_row(ipc, n, big[j]);
+        for (int k = 0; t && p && k < 2; k++) {
+            const cell_result *a = &t->ps[k == 0 ? OPK_PUSH : OPK_PULL];
+            const cell_result *b = &p->ps[k == 0 ? OPK_PUSH : OPK_PULL];
+            if (!a->ran || !b->ran)
+                continue;
+            printf("%s  %-4s %-6s tcp %.2f GB/s, ipc %.2f GB/s: ipc/tcp %.2f\n",
+                   any ? "" : "ipc against tcp:\n", k == 0 ? "push" : "pull",
+                   size_label(big[j], sz, sizeof(sz)), a->gbps, b->gbps,
+                   q_or_zero(b->gbps, a->gbps));
+            any = true;
+        }
+    }
+    if (k4t && k4i && k4t->ps[OPK_PUSH].ran && k4i->ps[OPK_PUSH].ran)
+        printf("%s  push 4 KiB p50 tcp %.0f us, ipc %.0f us: ipc/tcp %.2f\n",
+               any ? "" : "ipc against tcp:\n", k4t->ps[OPK_PUSH].p50_us, k4i->ps[OPK_PUSH].p50_us,
+               q_or_zero(k4i->ps[OPK_PUSH].p50_us, k4t->ps[OPK_PUSH].p50_us));
+}
+
 /* ---- allocator variants ------------------------------------------------------------------- */
 
 typedef struct variant_result {
@@ -534,10 +1123,11 @@ static int variant_child_main(const bench_opts *o)
     row rows[MAX_LIST];
     memset(rows, 0, sizeof(rows));
     raw_server rs;
-    int rc = raw_server_start(o, &rs);
+    int tr = o->transports[0];
+    int rc = raw_server_start(o, tr, &rs);
     for (int i = 0; i < o->nsizes && rc == 0; i++) {
         rows[i].bytes = o->sizes[i];
-        rc = measure_raw(o, &rs, o->sizes[i], &rows[i].raw);
+        rc = measure_raw(o, &rs, tr, o->sizes[i], &rows[i].raw);
     }
     raw_server_stop(&rs);
     for (int i = 0; i < o->nsizes; i++)
@@ -545,7 +1135,8 @@ static int variant_child_main(const bench_opts *o)
     row ps;
     memset(&ps, 0, sizeof(ps));
     const bool kinds[OPK_COUNT] = {true, true, false};
-    if (run_pass(o, 1, NULL, &o->compare_size, 1, kinds, &ps) != 0)
+    row *psrows[1] = {&ps};
+    if (run_pass(o, 1, &tr, 1, NULL, &o->compare_size, 1, kinds, false, psrows) != 0)
         rc = -1;
     emit("push", o->compare_size, &ps.ps[OPK_PUSH]);
     emit("pull", o->compare_size, &ps.ps[OPK_PULL]);
@@ -580,7 +1171,7 @@ static int run_variant(const bench_opts *o, const variant *v, variant_result *vr
     char a_server[PATH_MAX + 16], a_split[64];
     snprintf(a_server, sizeof(a_server), "--server-bin=%s", v->server_bin);
     snprintf(a_split, sizeof(a_split), "--split-threshold=%s", o->split_threshold);
-    char *argv[16 + 2 * MAX_OPTS];
+    char *argv[16 + 4 * MAX_OPTS];
     int k = 0;
     argv[k++] = (char *)v->bench_bin;
     argv[k++] = "--variant-child";
@@ -596,6 +1187,11 @@ static int run_variant(const bench_opts *o, const variant *v, variant_result *vr
     char a_trials[32];
     snprintf(a_trials, sizeof(a_trials), "--trials=%d", cell_trials);
     argv[k++] = a_trials;
+    /* The first transport of the run (tcp with both); push-mc is not part of this comparison. */
+    char a_transport[32];
+    snprintf(a_transport, sizeof(a_transport), "--transport=%s", transport_names[o->transports[0]]);
+    argv[k++] = a_transport;
+    argv[k++] = "--ops=push,pull";
     for (int i = 0; i < o->nclient_opts; i++) {
         argv[k++] = "--client-opt";
         argv[k++] = (char *)o->client_opts[i];
@@ -696,7 +1292,7 @@ static void print_variants(const bench_opts *o, const variant_result *vr, int nv
 static int run_sweep(const bench_opts *o)
 {
     cluster cl;
-    if (cluster_start(o, 1, &cl) != 0)
+    if (cluster_start(o, 1, o->transports[0], &cl) != 0)
         return -1;
     int failed = 0;
     ps_client *c0 = client_open(o, &cl, NULL, 0);
@@ -853,8 +1449,11 @@ static void print_header(const bench_opts *o, const char *malloc_desc)
     printf("ps-bench %s (libpsclient %s), %s\n", PSD_VERSION, ps_version(), date);
     double load[3] = {0, 0, 0};
     getloadavg(load, 3);
-    printf("machine: %ld online CPUs (nproc), %s, Linux %s, loopback TCP; load average %.2f\n",
-           sysconf(_SC_NPROCESSORS_ONLN), cpu, u.release, load[0]);
+    const char *how = o->ntransports == 2          ? "loopback TCP and Unix sockets (ipc://)"
+                      : o->transports[0] == TR_IPC ? "Unix sockets (ipc://)"
+                                                   : "loopback TCP";
+    printf("machine: %ld online CPUs (nproc), %s, Linux %s, %s; load average %.2f\n",
+           sysconf(_SC_NPROCESSORS_ONLN), cpu, u.release, how, load[0]);
     printf("allocator: %s\n", malloc_desc);
     options *opts;
     if (options_create(&opts, OPT_SCOPE_CLIENT) == 0) {
@@ -976,6 +1575,23 @@ static int parse_args(bench_opts *o, int argc, char **argv)
     PARSE_LIST_OPT(OPT_BENCH_SWEEP_SIZES, parse_size_list(opt_str(opts, OPT_BENCH_SWEEP_SIZES),
                                                           o->sweep_sizes, &o->nsweep_sizes));
     {
+        int clients[MAX_LIST], nc = 0;
+        bool ok =
+            parse_int_list(opt_str(opts, OPT_BENCH_CLIENTS), clients, &nc, 1, MAX_CLIENTS) == 0 &&
+            nc <= MAX_CLIENT_COUNTS;
+        PARSE_LIST_OPT(OPT_BENCH_CLIENTS, ok ? 0 : -1);
+        memcpy(o->clients, clients, (size_t)nc * sizeof(int));
+        o->nclients = nc;
+    }
+    {
+        const char *tr = opt_enum(opts, OPT_BENCH_TRANSPORT);
+        o->ntransports = 0;
+        if (strcmp(tr, "ipc") != 0)
+            o->transports[o->ntransports++] = TR_TCP;
+        if (strcmp(tr, "tcp") != 0)
+            o->transports[o->ntransports++] = TR_IPC;
+    }
+    {
         char buf[128];
         bool bad = false;
         snprintf(buf, sizeof(buf), "%s", opt_str(opts, OPT_BENCH_OPS));
@@ -985,11 +1601,24 @@ static int parse_args(bench_opts *o, int argc, char **argv)
             int k = 0;
             while (k < OPK_COUNT && strcmp(tok, op_kind_names[k]) != 0)
                 k++;
-            bad = k == OPK_COUNT;
-            if (!bad)
+            if (k < OPK_COUNT)
                 o->kinds[k] = true;
+            else if (strcmp(tok, "push-mc") == 0)
+                o->push_mc = true;
+            else
+                bad = true;
         }
         PARSE_LIST_OPT(OPT_BENCH_OPS, bad ? -1 : 0);
+        /* --clients alone: push-mc alone. */
+        if (opt_is_set(opts, OPT_BENCH_CLIENTS) && !opt_is_set(opts, OPT_BENCH_OPS)) {
+            memset(o->kinds, 0, sizeof(o->kinds));
+            o->push_mc = true;
+        }
+        if (opt_is_set(opts, OPT_BENCH_CLIENTS) && !o->push_mc) {
+            fprintf(stderr, "ps-bench: --clients is the number of clients of push-mc: add push-mc "
+                            "to --ops\n");
+            return -1;
+        }
     }
     if (opt_str(opts, OPT_BENCH_WINDOW)[0] != '\0') {
         const char *val = opt_str(opts, OPT_BENCH_WINDOW);
@@ -1081,6 +1710,10 @@ static int parse_args(bench_opts *o, int argc, char **argv)
             snprintf(o->variants[v].server_bin, sizeof(o->variants[v].server_bin), "%s",
                      o->server_bin);
     }
+    if (o->sweep && o->ntransports > 1) {
+        fprintf(stderr, "ps-bench: --sweep takes one --transport (tcp or ipc)\n");
+        return -1;
+    }
     if (access(o->server_bin, X_OK) != 0) {
         fprintf(stderr, "ps-bench: server binary %s: %s (use --server-bin)\n", o->server_bin,
                 strerror(errno));
@@ -1109,18 +1742,27 @@ int main(int argc, char **argv)
         failed = run_sweep(&o) != 0;
         printf("\n%s\n", failed ? "FAILED" : "ok");
         children_kill_all();
+        ipc_cleanup();
         return failed ? 1 : 0;
     }
 
-    static row rows[MAX_LIST][MAX_LIST];
-    raw_server rs = {0};
-    if (!o.no_raw && raw_server_start(&o, &rs) != 0)
-        failed++;
-    for (int s = 0; s < o.nservers && !failed; s++)
-        if (run_pass(&o, o.servers[s], o.no_raw ? NULL : &rs, o.sizes, o.nsizes, o.kinds,
-                     rows[s]) != 0)
+    /* rows[transport index][cluster size][tensor size] */
+    static row rows[TR_COUNT][MAX_LIST][MAX_LIST];
+    raw_server rs[TR_COUNT];
+    int nrs = 0;
+    for (; !o.no_raw && nrs < o.ntransports; nrs++)
+        if (raw_server_start(&o, o.transports[nrs], &rs[nrs]) != 0) {
             failed++;
-    raw_server_stop(&rs);
+            break;
+        }
+    for (int s = 0; s < o.nservers && !failed; s++) {
+        row *r[TR_COUNT] = {rows[0][s], rows[1][s]};
+        if (run_pass(&o, o.servers[s], o.transports, o.ntransports, o.no_raw ? NULL : rs, o.sizes,
+                     o.nsizes, o.kinds, o.push_mc, r) != 0)
+            failed++;
+    }
+    for (int t = 0; t < nrs; t++)
+        raw_server_stop(&rs[t]);
 
     variant_result vr[MAX_LIST];
     int nv = o.no_variants ? 0 : o.nvariants;
@@ -1128,11 +1770,30 @@ int main(int argc, char **argv)
         if (run_variant(&o, &o.variants[v], &vr[v]) != 0)
             failed++;
 
+    bool any_kind = !o.no_raw;
+    for (int k = 0; k < OPK_COUNT; k++)
+        any_kind |= o.kinds[k];
     for (int s = 0; s < o.nservers; s++) {
-        printf("\n### %d server%s\n", o.servers[s], o.servers[s] == 1 ? "" : "s");
-        print_table(o.servers[s], rows[s], o.nsizes);
-        if (o.servers[s] == 1)
-            print_targets(rows[s], o.nsizes);
+        for (int t = 0; t < o.ntransports; t++) {
+            const char *tname = transport_names[o.transports[t]];
+            const row *r = rows[t][s];
+            if (o.ntransports == 1 && o.transports[0] == TR_TCP)
+                printf("\n### %d server%s\n", o.servers[s], o.servers[s] == 1 ? "" : "s");
+            else
+                printf("\n### %d server%s, %s\n", o.servers[s], o.servers[s] == 1 ? "" : "s",
+                       tname);
+            if (any_kind) {
+                print_table(o.servers[s], r, o.nsizes);
+                if (o.servers[s] == 1 && (o.kinds[OPK_PUSH] || o.kinds[OPK_PULL]))
+                    print_targets(r, o.nsizes);
+            }
+            if (o.push_mc)
+                print_mc_table(&o, o.servers[s], r, o.nsizes);
+        }
+        if (o.ntransports == 2) {
+            printf("\n### %d server%s, tcp and ipc\n", o.servers[s], o.servers[s] == 1 ? "" : "s");
+            print_transport_table(&o, o.servers[s], rows[0][s], rows[1][s], o.nsizes);
+        }
     }
     if (nv > 0) {
         printf("\n### Allocator\n");
@@ -1144,5 +1805,6 @@ int main(int argc, char **argv)
     printf("\n%s\n", failed ? "FAILED: some operation failed or returned wrong values"
                             : "ok: every operation succeeded and every value checked is right");
     children_kill_all();
+    ipc_cleanup();
     return failed ? 1 : 0;
 }

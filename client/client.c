@@ -142,6 +142,8 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     c->chunk_elems = (uint64_t)opt_int(o, OPT_CHUNK_BYTES) / sizeof(float);
     if (c->chunk_elems == 0)
         c->chunk_elems = 1;
+    c->wire_dtype = strcmp(opt_enum(o, OPT_WIRE_DTYPE), "bfloat16") == 0 ? PSD__V1__DTYPE__BFLOAT16
+                                                                         : PSD__V1__DTYPE__FLOAT32;
     c->split_threshold = (uint64_t)opt_int(o, OPT_SPLIT_THRESHOLD_BYTES);
     c->max_message = (size_t)opt_int(o, OPT_MAX_MESSAGE_BYTES);
     /* A chunk and its envelope must fit in a message (servers refuse larger pulls). */
@@ -352,6 +354,16 @@ void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_
 int client_build(envelope *env, const ProtobufCMessage *body, const void *segment,
                  size_t segment_len, nng_msg **out)
 {
+    uint8_t *seg;
+    int rv = client_build_segment(env, body, segment_len, &seg, out);
+    if (rv == 0 && segment_len > 0)
+        memcpy(seg, segment, segment_len);
+    return rv;
+}
+
+int client_build_segment(envelope *env, const ProtobufCMessage *body, size_t segment_len,
+                         uint8_t **segment, nng_msg **out)
+{
     uint8_t stackbuf[1024];
     uint8_t *buf = stackbuf;
     if (body) {
@@ -362,7 +374,8 @@ int client_build(envelope *env, const ProtobufCMessage *body, const void *segmen
         env->body.data = buf;
         env->body.len = n;
     }
-    int rv = frame_build(out, env, segment, segment_len, NULL);
+    *segment = NULL;
+    int rv = frame_build(out, env, NULL, segment_len, segment);
     if (buf != stackbuf)
         free(buf);
     return rv;

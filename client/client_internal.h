@@ -43,6 +43,7 @@ struct ps_client {
     uint64_t chunk_elems;
     uint64_t split_threshold;
     size_t max_message;
+    int wire_dtype; /* Psd__V1__DType of tensor segments: FLOAT32, or BFLOAT16 (wire-dtype) */
     int32_t worker_id;
     uint64_t client_id;
     char admin_token[256]; /* admin-token-file's token, sent in every request; "" if none */
@@ -75,6 +76,27 @@ void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_
 /* Packs body into env and builds the frame with the segment copied in. */
 int client_build(envelope *env, const ProtobufCMessage *body, const void *segment,
                  size_t segment_len, nng_msg **out);
+
+/* Like client_build, with room for segment_len bytes of segment left for the caller to fill
+ * (*segment points at it). */
+int client_build_segment(envelope *env, const ProtobufCMessage *body, size_t segment_len,
+                         uint8_t **segment, nng_msg **out);
+
+/* Operations (ops.c), shared by pulls, pushes and steps (step.c). An op completes when its
+ * pending count reaches 0: client_op_new starts it at 1 (the starter's hold, dropped with a
+ * client_op_release once every part is started); each part adds one with client_op_hold and
+ * drops it with client_op_release, which records the first error (prefixed "ps N: " when
+ * server >= 0) and, on the last release, runs the completion (waiters, callback). extra bytes
+ * follow the op struct, zeroed. */
+ps_op *client_op_new(ps_client *c, size_t extra, ps_done_fn cb, void *arg);
+/* ext: state freed by ext_free when the op is destroyed; ext_complete(ext, status) runs once
+ * when the op completes, before its waiters wake and its callback runs. */
+void client_op_set_ext(ps_op *op, void *ext, void (*ext_free)(void *ext),
+                       void (*ext_complete)(void *ext, int status));
+void client_op_hold(ps_op *op, int n);
+void client_op_release(ps_op *op, int server, int status, const char *message);
+/* The first error recorded so far (STATUS_OK if none). */
+int client_op_status(ps_op *op);
 
 /* Sends `request` to each of servers[0..n) at once and waits for all. replies[i] receives the
  * unpacked reply of servers[i] (NULL on error); free with client_free_replies. Returns PS_OK or

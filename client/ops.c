@@ -22,6 +22,9 @@ struct ps_op {
     ps_client *c;
     ps_var *var;
     enum op_kind kind;
+    void *ext; /* a step's state (step.c), freed with ext_free by ps_op_destroy */
+    void (*ext_free)(void *ext);
+    void (*ext_complete)(void *ext, int status); /* runs before the waiters wake */
     uint64_t offset, count;
     float *dst;
     const float *grad;
@@ -48,7 +51,7 @@ static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     client_envelope(op->c, &env, op_method[op->kind], deadline_ms);
     env.seq = p->seq;
     Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.dtype = (Psd__V1__DType)op->c->wire_dtype;
     t.offset = p->offset;
     t.count = p->count;
     env.tensor = &t;
@@ -59,13 +62,21 @@ static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     }
     Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
     req.name = op->var->name;
-    return client_build(&env, &req.base, op->grad + (p->offset - op->offset),
-                        (size_t)p->count * sizeof(float), out);
+    const float *grad = op->grad + (p->offset - op->offset);
+    if (op->c->wire_dtype == PSD__V1__DTYPE__FLOAT32)
+        return client_build(&env, &req.base, grad, (size_t)p->count * sizeof(float), out);
+    uint8_t *seg;
+    int rv = client_build_segment(&env, &req.base, (size_t)p->count * 2, &seg, out);
+    if (rv == 0)
+        frame_put_floats(seg, grad, (size_t)p->count, op->c->wire_dtype);
+    return rv;
 }
 
 static void op_complete(ps_op *op)
 {
     ps_done_fn cb = op->cb;
+    if (op->ext_complete)
+        op->ext_complete(op->ext, op->status);
     pthread_mutex_lock(&op->lock);
     op->done = true;
     pthread_cond_broadcast(&op->cond);
@@ -97,22 +108,69 @@ static void part_done(void *arg, int status, const char *message, const frame *r
     if (status == STATUS_OK && op->dst) {
         /* Pull and push-pull: the reply must carry exactly the range asked for. */
         if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||
-            reply->env->tensor->offset != p->offset || reply->env->tensor->count != p->count) {
+            reply->env->tensor->offset != p->offset || reply->env->tensor->count != p->count ||
+            (int)reply->env->tensor->dtype != op->c->wire_dtype) {
             status = STATUS_INTERNAL;
             message = "reply does not carry the requested range";
         } else {
-            memcpy(op->dst + (p->offset - op->offset), reply->segment, reply->segment_len);
+            frame_get_floats(op->dst + (p->offset - op->offset), reply->segment, (size_t)p->count,
+                             op->c->wire_dtype);
         }
     }
+    client_op_release(op, p->server, status, message);
+}
+
+ps_op *client_op_new(ps_client *c, size_t extra, ps_done_fn cb, void *arg)
+{
+    ps_op *op = calloc(1, sizeof(*op) + extra);
+    if (op == NULL)
+        return NULL;
+    op->c = c;
+    op->cb = cb;
+    op->cb_arg = arg;
+    op->pending = 1;
+    pthread_mutex_init(&op->lock, NULL);
+    pthread_cond_init(&op->cond, NULL);
+    return op;
+}
+
+void client_op_set_ext(ps_op *op, void *ext, void (*ext_free)(void *ext),
+                       void (*ext_complete)(void *ext, int status))
+{
+    op->ext = ext;
+    op->ext_free = ext_free;
+    op->ext_complete = ext_complete;
+}
+
+void client_op_hold(ps_op *op, int n)
+{
+    pthread_mutex_lock(&op->lock);
+    op->pending += n;
+    pthread_mutex_unlock(&op->lock);
+}
+
+void client_op_release(ps_op *op, int server, int status, const char *message)
+{
     pthread_mutex_lock(&op->lock);
     if (status != STATUS_OK && op->status == STATUS_OK) {
         op->status = status;
-        snprintf(op->message, sizeof(op->message), "ps %d: %s", p->server, message);
+        if (server >= 0)
+            snprintf(op->message, sizeof(op->message), "ps %d: %s", server, message);
+        else
+            snprintf(op->message, sizeof(op->message), "%s", message);
     }
     bool last = --op->pending == 0;
     pthread_mutex_unlock(&op->lock);
     if (last)
         op_complete(op);
+}
+
+int client_op_status(ps_op *op)
+{
+    pthread_mutex_lock(&op->lock);
+    int st = op->status;
+    pthread_mutex_unlock(&op->lock);
+    return st;
 }
 
 /* Counts the parts of [offset, offset+count) on one server's range [lo, hi). */
@@ -162,21 +220,16 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
     } else {
         nparts = parts_in(offset, count, 0, v->numel, chunk);
     }
-    ps_op *op = calloc(1, sizeof(*op) + nparts * sizeof(op_part));
+    ps_op *op = client_op_new(c, nparts * sizeof(op_part), cb, arg);
     if (op == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    op->c = c;
     op->var = v;
     op->kind = kind;
     op->offset = offset;
     op->count = count;
     op->dst = kind == OP_PUSH ? NULL : dst;
     op->grad = grad;
-    op->cb = cb;
-    op->cb_arg = arg;
     op->nparts = nparts;
-    pthread_mutex_init(&op->lock, NULL);
-    pthread_cond_init(&op->cond, NULL);
     size_t k = 0;
     if (v->split) {
         for (uint32_t s = 0; s < v->nservers; s++) {
@@ -188,20 +241,16 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
         k = add_parts(op, k, (int)v->owner, 0, v->numel, chunk);
     }
     *out = op;
-    /* pending counts the parts plus one for this function, so that the operation can't
-     * complete (and be freed by a callback) before every part is started. */
-    op->pending = (int)nparts + 1;
+    /* pending counts the parts plus one for this function (client_op_new's), so that the
+     * operation can't complete (and be freed by a callback) before every part is started. */
+    client_op_hold(op, (int)nparts);
     for (size_t i = 0; i < nparts; i++) {
         int rc = rpc_conn_call(c->servers[op->parts[i].server], &c->call, part_build, part_done,
                                &op->parts[i]);
         if (rc != 0)
             part_done(&op->parts[i], rc, "cannot start the request", NULL);
     }
-    pthread_mutex_lock(&op->lock);
-    bool last = --op->pending == 0;
-    pthread_mutex_unlock(&op->lock);
-    if (last)
-        op_complete(op);
+    client_op_release(op, -1, STATUS_OK, "");
     return PS_OK;
 }
 
@@ -265,6 +314,8 @@ void ps_op_destroy(ps_op *op)
     pthread_mutex_unlock(&op->lock);
     pthread_mutex_destroy(&op->lock);
     pthread_cond_destroy(&op->cond);
+    if (op->ext_free)
+        op->ext_free(op->ext);
     free(op);
 }
 

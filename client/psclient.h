@@ -305,6 +305,40 @@ const char *ps_op_message(const ps_op *op);
 /* Frees a handle. If the operation is still running it is waited for first (blocks). */
 void ps_op_destroy(ps_op *op);
 
+/* ---- one request per server per step --------------------------------------------------- */
+
+/* One variable's part of a step: the range [offset, offset + count) of var, with count gradient
+ * values to push (grad, or NULL: none) and/or room for count parameter values to pull (dst, or
+ * NULL: none). At least one of grad and dst is set. */
+typedef struct ps_step_item {
+    ps_var *var;
+    uint64_t offset, count;
+    const float *grad;
+    float *dst;
+} ps_step_item;
+
+/* ps_step flags. PS_STEP_CLOCK: advance this client's clock after the pushes, as ps_clock
+ * does, and pull at the new clock (needs a worker id). */
+#define PS_STEP_CLOCK 1u
+
+/* A training step in one round trip per server: pushes every item's gradient, then (with
+ * PS_STEP_CLOCK) advances the clock on every server, then pulls every item's parameters at
+ * the new clock, waiting like ps_pull for each variable's staleness bound; the parameters
+ * pulled include this step's pushes (and, under BSP, the aggregate of every worker's). Equal
+ * in effect to ps_push of each item, ps_clock, then ps_pull of each item, with the same
+ * exactly-once and staleness guarantees, but each server gets one message each way carrying
+ * all of its variables (more only when its share exceeds chunk-bytes: then its pushes go
+ * first, in messages of chunk-bytes, and its pulls and clock after them). Items may name the
+ * same variable or overlap only if they do not both pull and push the same elements. grad
+ * buffers are read, and dst written, until the call returns. Blocks. On an error, pushes the
+ * servers acknowledged stay applied (a failed step may be retried with a new ps_step: its
+ * pushes are new updates). */
+int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags);
+/* The same, asynchronous: items is copied, but the grad and dst buffers must stay valid and
+ * untouched until the operation completes; cb, out_op as for ps_push_async. */
+int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
+                  void *arg, ps_op **out_op);
+
 /* ---- clock and cluster ------------------------------------------------------------------ */
 
 /* Advances this client's clock by one and reports it to every server. Call it after the

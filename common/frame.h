@@ -72,4 +72,11 @@ void frame_fini(frame *f);
 /* Bytes of one element of a wire dtype, 0 for an unknown dtype. */
 size_t frame_dtype_size(int dtype);
 
+/* Wire dtypes of float data: FLOAT32 as is, BFLOAT16 as the upper half of each float32 rounded
+ * to nearest even (NaN stays NaN), little-endian, no alignment needed on the wire side.
+ * frame_put_floats writes n values of src in dtype to dst (n * frame_dtype_size bytes);
+ * frame_get_floats reads n values in dtype from src into dst. dtype must be one of the two. */
+void frame_put_floats(uint8_t *dst, const float *src, size_t n, int dtype);
+void frame_get_floats(float *dst, const uint8_t *src, size_t n, int dtype);
+
 #endif

@@ -262,8 +262,14 @@ void rpc_reply_ok(rpc_call *c, const ProtobufCMessage *body)
 uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_t offset,
                               uint64_t count)
 {
+    return rpc_reply_ok_tensor(c, body, PSD__V1__DTYPE__FLOAT32, offset, count);
+}
+
+uint8_t *rpc_reply_ok_tensor(rpc_call *c, const ProtobufCMessage *body, int dtype, uint64_t offset,
+                             uint64_t count)
+{
     Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.dtype = (Psd__V1__DType)dtype;
     t.offset = offset;
     t.count = count;
     uint8_t *seg = NULL;
@@ -616,7 +622,7 @@ static bool validate(rpc_call *c)
                         c->method->name, (unsigned long long)env->tensor->count);
         return false;
     }
-    if (!(fl & RPC_SEGMENT) && c->f.has_segment) {
+    if (!(fl & (RPC_SEGMENT | RPC_MAY_SEGMENT)) && c->f.has_segment) {
         rpc_reply_error(c, STATUS_INVALID_ARGUMENT, "%s takes no tensor segment", c->method->name);
         return false;
     }

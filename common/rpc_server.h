@@ -32,6 +32,7 @@ enum rpc_method_flags {
     RPC_ADMIN = 1u << 2,   /* administrative method */
     RPC_POOL = 1u << 3,    /* always run on a pool thread (may do heavy work, e.g. BSP updates) */
     RPC_REPLY_RANGE = 1u << 4, /* the reply carries Envelope.tensor's range as its segment */
+    RPC_MAY_SEGMENT = 1u << 5, /* a raw segment may follow (described by Envelope.tensor) */
 };
 
 typedef struct rpc_method {
@@ -134,6 +135,10 @@ void rpc_reply_ok(rpc_call *c, const ProtobufCMessage *body);
  * the reply can't be allocated; an error reply is then in place. */
 uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_t offset,
                               uint64_t count);
+/* The same with the segment's element type (a wire dtype: FLOAT32 or BFLOAT16); the area is
+ * count * frame_dtype_size(dtype) bytes. */
+uint8_t *rpc_reply_ok_tensor(rpc_call *c, const ProtobufCMessage *body, int dtype, uint64_t offset,
+                             uint64_t count);
 
 /* ---- tests and fuzzing only: requests in memory, no socket ----
  * A server object with no socket, listener, contexts or threads, so it exposes nothing on the

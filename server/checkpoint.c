@@ -23,6 +23,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "the checkpoint format is written in host order: little-endian hosts only");
 
 #define AGG_WORDS ((SERVER_MAX_WORKERS + 63) / 64)
+_Static_assert(AGG_WORDS <= VARIABLE_AGG_MIN_WORDS, "variable_agg_ensure makes too few words");
 #define META_MAX (1u << 20) /* a variable record's meta part (spec included) */
 #define WBUF_SIZE (1u << 20)
 #define IO_CHUNK ((size_t)64 << 20)
@@ -115,7 +116,9 @@ static size_t var_floats(const variable *v, bool agg)
 /* Allocates (and touches, so that the copy under the lock does not fault) room for v. */
 static int snap_reserve(snap_var *sv, const variable *v)
 {
-    size_t need = var_floats(v, v->staleness == 0 || v->agg != NULL);
+    /* Outside the variable's locks: agg_ready, not agg, may be read (a hint: snap_copy grows
+     * the buffer if the aggregate was made meanwhile). */
+    size_t need = var_floats(v, v->staleness == 0 || atomic_load(&v->agg_ready));
     if (need == 0)
         need = 1;
     if (sv->data_cap >= need)
@@ -134,7 +137,7 @@ static int snap_reserve(snap_var *sv, const variable *v)
 /* Copies v into sv; called with the store frozen. Returns -1 if memory can't be had. */
 static int snap_copy(snap_var *sv, variable *v)
 {
-    pthread_mutex_lock(&v->lock);
+    variable_lock_all(v);
     uint32_t has_agg = v->agg != NULL;
     size_t need = var_floats(v, has_agg);
     if (sv->data_cap < need || sv->data == NULL) {
@@ -143,7 +146,7 @@ static int snap_copy(snap_var *sv, variable *v)
         sv->data_cap = sv->data ? need : 0;
     }
     if (sv->data == NULL) {
-        pthread_mutex_unlock(&v->lock);
+        variable_unlock_all(v);
         return -1;
     }
     size_t n = (size_t)v->count;
@@ -152,7 +155,10 @@ static int snap_copy(snap_var *sv, variable *v)
         memcpy(sv->data + (1 + i) * n, v->slots[i], n * sizeof(float));
     if (has_agg) {
         memcpy(sv->data + (1 + v->nslots) * n, v->agg, n * sizeof(float));
-        memcpy(sv->agg_workers, v->agg_workers, sizeof(sv->agg_workers));
+        /* agg_words 0: made by code that does not record it, with SERVER_MAX_WORKERS bits. */
+        size_t words = v->agg_words && v->agg_words < AGG_WORDS ? v->agg_words : AGG_WORDS;
+        memset(sv->agg_workers, 0, sizeof(sv->agg_workers));
+        memcpy(sv->agg_workers, v->agg_workers, words * sizeof(uint64_t));
     }
     sv->src = v;
     sv->numel = v->numel;
@@ -163,7 +169,7 @@ static int snap_copy(snap_var *sv, variable *v)
     sv->nslots = (uint32_t)v->nslots;
     sv->has_agg = has_agg;
     sv->agg_count = v->agg_count;
-    pthread_mutex_unlock(&v->lock);
+    variable_unlock_all(v);
     return 0;
 }
 
@@ -1045,10 +1051,12 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
         v->agg_workers = calloc(AGG_WORDS, sizeof(uint64_t));
         if (v->agg == NULL || v->agg_workers == NULL)
             return errf(r->err, r->errlen, "out of memory for a BSP aggregate");
+        v->agg_words = AGG_WORDS;
         v->agg_count = (int)agg_count;
         if (r_get(r, v->agg, (size_t)count * 4, "a BSP aggregate") ||
             r_get(r, v->agg_workers, AGG_WORDS * 8, "a BSP aggregate"))
             return -1;
+        atomic_store(&v->agg_ready, true); /* not yet shared: variable_agg_ensure has no work */
     }
     return 0;
 }

@@ -282,37 +282,59 @@ static void handle_list(rpc_call *call, void *arg)
     store_list_release(vars, n);
 }
 
-/* Finds the variable (referenced: the caller releases it) and checks that the request's range
- * lies in this server's shard. Replies with the error and returns NULL otherwise. */
-static variable *resolve_range(server_state *st, rpc_call *call, const char *name)
+/* Checks that [off, off+cnt) lies in v and in this server's shard of it. Returns STATUS_OK, or
+ * the status with a message in err. */
+static int check_range(const server_state *st, const variable *v, uint64_t off, uint64_t cnt,
+                       char *err, size_t errlen)
 {
-    const envelope *env = rpc_call_envelope(call);
+    if (off > v->numel || cnt > v->numel - off) {
+        snprintf(err, errlen, "range [%llu, %llu+%llu) is outside variable \"%s\" of %llu elements",
+                 (unsigned long long)off, (unsigned long long)off, (unsigned long long)cnt, v->name,
+                 (unsigned long long)v->numel);
+        return STATUS_OUT_OF_RANGE;
+    }
+    if (off < v->offset || off + cnt > v->offset + v->count) {
+        snprintf(err, errlen,
+                 "range [%llu, %llu) of \"%s\" is not held by ps %u, which holds [%llu, %llu)",
+                 (unsigned long long)off, (unsigned long long)(off + cnt), v->name, st->task_index,
+                 (unsigned long long)v->offset, (unsigned long long)(v->offset + v->count));
+        return STATUS_FAILED_PRECONDITION;
+    }
+    return STATUS_OK;
+}
+
+/* Finds the variable (referenced: the caller releases it) and checks that the range
+ * [off, off+cnt) lies in this server's shard. Returns NULL with the status and a message in
+ * err otherwise. */
+static variable *find_range(server_state *st, const char *name, uint64_t off, uint64_t cnt,
+                            int *status, char *err, size_t errlen)
+{
     variable *v = store_find(st->vars, name);
     if (v == NULL) {
         char q[96];
-        rpc_reply_error(call, STATUS_NOT_FOUND, "variable %s not found on ps %u", QUOTED(q, name),
-                        st->task_index);
+        snprintf(err, errlen, "variable %s not found on ps %u", QUOTED(q, name), st->task_index);
+        *status = STATUS_NOT_FOUND;
         return NULL;
     }
-    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
-    if (off > v->numel || cnt > v->numel - off) {
-        rpc_reply_error(call, STATUS_OUT_OF_RANGE,
-                        "range [%llu, %llu+%llu) is outside variable \"%s\" of %llu elements",
-                        (unsigned long long)off, (unsigned long long)off, (unsigned long long)cnt,
-                        v->name, (unsigned long long)v->numel);
+    *status = check_range(st, v, off, cnt, err, errlen);
+    if (*status != STATUS_OK) {
         variable_release(v);
         return NULL;
     }
-    if (off < v->offset || off + cnt > v->offset + v->count) {
-        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                        "range [%llu, %llu) of \"%s\" is not held by ps %u, which holds [%llu, "
-                        "%llu)",
-                        (unsigned long long)off, (unsigned long long)(off + cnt), v->name,
-                        st->task_index, (unsigned long long)v->offset,
-                        (unsigned long long)(v->offset + v->count));
-        variable_release(v);
-        return NULL;
-    }
+    return v;
+}
+
+/* find_range for a Pull/Push/PushPull request's range (Envelope.tensor); replies with the
+ * error and returns NULL when it fails. */
+static variable *resolve_range(server_state *st, rpc_call *call, const char *name)
+{
+    const envelope *env = rpc_call_envelope(call);
+    char err[512];
+    int status;
+    variable *v =
+        find_range(st, name, env->tensor->offset, env->tensor->count, &status, err, sizeof(err));
+    if (v == NULL)
+        rpc_reply_error(call, status, "%s", err);
     return v;
 }
 
@@ -356,79 +378,164 @@ static void handle_pull(rpc_call *call, void *arg)
     variable_release(v);
 }
 
-/* Push and push-pull: dedup by (client, seq), apply the optimizer reading the gradient in
- * place from the request, and for push-pull copy the result back in the same critical
- * section. A push that found v before a DeleteVariable unlinked it applies to the unlinked
- * shard (it is ordered before the delete); one that looks after gets NOT_FOUND. */
-static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params)
+/* Applies a gradient of `dtype` (FLOAT32: read in place from the request; BFLOAT16: widened a
+ * block at a time) to elements [first, first+cnt) of v's shard, with that range locked. */
+static void apply_grad(variable *v, uint64_t first, const uint8_t *grad, int dtype, uint64_t cnt)
 {
-    const envelope *env = rpc_call_envelope(call);
-    uint64_t off = env->tensor->offset, cnt = env->tensor->count;
-    size_t seglen;
-    const uint8_t *grad = rpc_call_segment(call, &seglen);
-    Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
-    rep.restored_version = v->restored_version;
-    /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
-     * a push either marked and applied, or neither. */
-    store_update_begin(st->vars);
-    dedup_result d = dedup_begin(st->dedup, env->client_id, env->seq);
-    if (d == DEDUP_TOO_OLD) {
-        store_update_end(st->vars);
-        rpc_reply_error(call, STATUS_ABORTED,
-                        "push seq %llu of client %016llx is older than the dedup window, or the "
-                        "client was evicted from the dedup table (dedup-max-clients, "
-                        "dedup-idle-ms): refused, it may or may not have been applied",
-                        (unsigned long long)env->seq, (unsigned long long)env->client_id);
-        return;
-    }
-    uint8_t *dst = NULL;
-    if (d == DEDUP_DUPLICATE) {
-        atomic_fetch_add(&st->duplicates_dropped, 1);
-        rep.duplicate = true;
-    }
-    rep.version = atomic_load(&v->version) + (d == DEDUP_NEW);
-    if (reply_params) {
-        sync_record_read(st, v, env->worker_id, env->clock);
-        dst = rpc_reply_ok_segment(call, &rep.base, off, cnt);
-        if (dst == NULL) {
-            if (d == DEDUP_NEW)
-                dedup_unmark(st->dedup, env->client_id, env->seq);
-            store_update_end(st->vars);
-            return;
-        }
-    }
-    size_t first = (size_t)(off - v->offset);
-    if (env->worker_id >= 0)
-        sync_heard(st, env->worker_id);
-    if (d == DEDUP_NEW && v->staleness == 0 && env->worker_id >= 0) {
-        /* BSP: summed now, applied once every live worker is past this clock. */
-        if (sync_aggregate(st, v, env->worker_id, grad, first, cnt) != 0) {
-            dedup_unmark(st->dedup, env->client_id, env->seq);
-            store_update_end(st->vars);
-            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
-                            "out of memory for the BSP aggregate of \"%s\"", v->name);
-            return;
-        }
-        d = DEDUP_DUPLICATE; /* nothing more to apply below */
-        rep.version = atomic_load(&v->version);
-    }
-    pthread_mutex_lock(&v->lock);
-    if (d == DEDUP_NEW) {
-        float *slots[OPTIMIZER_MAX_SLOTS];
+    float *slots[OPTIMIZER_MAX_SLOTS];
+    if (dtype == PSD__V1__DTYPE__FLOAT32) {
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i] + first;
         optimizer_apply(&v->opt, v->params + first, grad, slots, (size_t)cnt);
-        atomic_fetch_add(&v->version, 1);
+        return;
+    }
+    enum { BLOCK = 2048 };
+    float block[BLOCK];
+    size_t esize = frame_dtype_size(dtype);
+    for (uint64_t k = 0; k < cnt; k += BLOCK) {
+        size_t n = cnt - k < BLOCK ? (size_t)(cnt - k) : BLOCK;
+        frame_get_floats(block, grad + esize * k, n, dtype);
+        for (size_t i = 0; i < v->nslots; i++)
+            slots[i] = v->slots[i] + first + k;
+        optimizer_apply(&v->opt, v->params + first + k, block, slots, n);
+    }
+}
+
+/* One push: Push, PushPull or an item of Step. */
+typedef struct push_in {
+    uint64_t client, seq;
+    int32_t worker;
+    const uint8_t *grad; /* cnt values of dtype; may be unaligned */
+    int dtype;
+    uint64_t off, cnt; /* in the variable's index space, checked against the shard */
+} push_in;
+
+/* Where a push-pull's reply goes, once the push is marked: `reply` allocates the reply (with
+ * the push's outcome) and returns its segment area, or NULL with an error reply in place. */
+typedef uint8_t *(*push_reply_fn)(void *arg, bool duplicate, uint64_t version);
+
+/* Dedups by (client, seq), then applies the optimizer (or adds to the BSP aggregate),
+ * reading the gradient in place from the request. With `reply`, copies the parameters just
+ * after the update, in out_dtype, into the area it returns, in the same critical section.
+ * Returns STATUS_OK with *duplicate and *version set, -1 when `reply` failed (its error reply
+ * is in place), or an error status with a message in err. A push that found v before a
+ * DeleteVariable unlinked it applies to the unlinked shard (it is ordered before the delete).
+ */
+static int push_one(server_state *st, variable *v, const push_in *in, push_reply_fn reply,
+                    void *reply_arg, int out_dtype, bool *duplicate, uint64_t *version, char *err,
+                    size_t errlen)
+{
+    uint64_t first = in->off - v->offset;
+    /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
+     * a push either marked and applied, or neither. */
+    store_update_begin(st->vars);
+    dedup_result d = dedup_begin(st->dedup, in->client, in->seq);
+    if (d == DEDUP_TOO_OLD) {
+        store_update_end(st->vars);
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx is older than the dedup window, or the client "
+                 "was evicted from the dedup table (dedup-max-clients, dedup-idle-ms): refused, "
+                 "it may or may not have been applied",
+                 (unsigned long long)in->seq, (unsigned long long)in->client);
+        return STATUS_ABORTED;
+    }
+    if (d == DEDUP_DUPLICATE)
+        atomic_fetch_add(&st->duplicates_dropped, 1);
+    *duplicate = d == DEDUP_DUPLICATE;
+    *version = atomic_load(&v->version) + (d == DEDUP_NEW);
+    if (in->worker >= 0)
+        sync_heard(st, in->worker);
+    if (d == DEDUP_NEW && v->staleness == 0 && in->worker >= 0) {
+        /* BSP: summed now, applied once every live worker is past this clock. */
+        if (sync_aggregate(st, v, in->worker, in->grad, in->dtype, first, in->cnt) != 0) {
+            dedup_unmark(st->dedup, in->client, in->seq);
+            store_update_end(st->vars);
+            snprintf(err, errlen, "out of memory for the BSP aggregate of \"%s\"", v->name);
+            return STATUS_RESOURCE_EXHAUSTED;
+        }
+        d = DEDUP_DUPLICATE; /* nothing more to apply below */
+        *version = atomic_load(&v->version);
+    }
+    uint8_t *dst = NULL;
+    if (reply) {
+        dst = reply(reply_arg, *duplicate, *version);
+        if (dst == NULL) {
+            if (d == DEDUP_NEW)
+                dedup_unmark(st->dedup, in->client, in->seq);
+            store_update_end(st->vars);
+            return -1;
+        }
+    }
+    variable_lock_range(v, first, in->cnt);
+    if (d == DEDUP_NEW) {
+        apply_grad(v, first, in->grad, in->dtype, in->cnt);
+        /* Disjoint ranges of v apply at once: the version this update made is the one its
+         * increment returns. A push-pull's reply was packed before (with the version read
+         * then: equal to a concurrent push's at worst, which only makes a client's count of
+         * acknowledged updates lower, never higher). */
+        uint64_t made = atomic_fetch_add(&v->version, 1) + 1;
+        if (!reply)
+            *version = made;
     }
     if (dst)
-        memcpy(dst, v->params + first, (size_t)cnt * sizeof(float));
-    pthread_mutex_unlock(&v->lock);
+        frame_put_floats(dst, v->params + first, (size_t)in->cnt, out_dtype);
+    variable_unlock_range(v, first, in->cnt);
     store_update_end(st->vars);
     if (d == DEDUP_NEW)
         atomic_fetch_add(&st->updates_applied, 1);
-    (void)seglen;
-    if (!reply_params)
+    return STATUS_OK;
+}
+
+typedef struct push_pull_reply {
+    rpc_call *call;
+    server_state *st;
+    variable *v;
+} push_pull_reply;
+
+static uint8_t *push_pull_reply_alloc(void *arg, bool duplicate, uint64_t version)
+{
+    push_pull_reply *r = arg;
+    const envelope *env = rpc_call_envelope(r->call);
+    Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+    rep.restored_version = r->v->restored_version;
+    rep.duplicate = duplicate;
+    rep.version = version;
+    sync_record_read(r->st, r->v, env->worker_id, env->clock);
+    return rpc_reply_ok_tensor(r->call, &rep.base, env->tensor->dtype, env->tensor->offset,
+                               env->tensor->count);
+}
+
+/* Push and push-pull: push_one, and the reply. */
+static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params)
+{
+    const envelope *env = rpc_call_envelope(call);
+    size_t seglen;
+    push_in in = {.client = env->client_id,
+                  .seq = env->seq,
+                  .worker = env->worker_id,
+                  .grad = rpc_call_segment(call, &seglen),
+                  .dtype = env->tensor->dtype,
+                  .off = env->tensor->offset,
+                  .cnt = env->tensor->count};
+    push_pull_reply r = {call, st, v};
+    bool dup;
+    uint64_t version;
+    char err[512];
+    int rc = push_one(st, v, &in, reply_params ? push_pull_reply_alloc : NULL, &r,
+                      env->tensor->dtype, &dup, &version, err, sizeof(err));
+    if (rc == -1)
+        return; /* the reply could not be made: its error is in place */
+    if (rc != STATUS_OK) {
+        rpc_reply_error(call, rc, "%s", err);
+        return;
+    }
+    if (!reply_params) {
+        Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+        rep.restored_version = v->restored_version;
+        rep.duplicate = dup;
+        rep.version = version;
         rpc_reply_ok(call, &rep.base);
+    }
 }
 
 static void push_common(rpc_call *call, server_state *st, bool reply_params)
@@ -450,6 +557,236 @@ static void handle_push(rpc_call *call, void *arg)
 static void handle_push_pull(rpc_call *call, void *arg)
 {
     push_common(call, arg, true);
+}
+
+/* ---- Step: a training step's pushes, clock and pulls with this server, in one message ---- */
+
+/* Items of one Step request at most. */
+#define STEP_MAX_ITEMS 65536
+
+typedef struct step_ctx {
+    Psd__V1__StepRequest *req; /* the call's body (lives as long as the call) */
+    size_t n;
+    variable **vars; /* per item, referenced */
+    Psd__V1__StepResult *res;
+    Psd__V1__StepResult **resp;
+    int dtype; /* of both segments */
+    uint64_t pull_total;
+    int64_t clock, min_clock;
+} step_ctx;
+
+static void step_free(step_ctx *k)
+{
+    for (size_t i = 0; k->vars && i < k->n; i++)
+        variable_release(k->vars[i]);
+    free(k->vars);
+    free(k->res);
+    free(k->resp);
+    free(k);
+}
+
+static void step_drop(void *arg, bool timed_out)
+{
+    (void)timed_out;
+    step_free(arg);
+}
+
+/* The pulls, once the bound allows: every pulled range in item order, each copied under its
+ * variable's lock (one consistent range per item, like a Pull). */
+static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min_clock,
+                        uint64_t wait_ns)
+{
+    step_ctx *k = arg;
+    const envelope *env = rpc_call_envelope(call);
+    for (size_t i = 0; i < k->n; i++) {
+        const Psd__V1__StepItem *it = k->req->items[i];
+        if (!it->pull)
+            continue;
+        if (atomic_load(&k->vars[i]->deleted)) {
+            rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%s\" was deleted",
+                            k->vars[i]->name);
+            step_free(k);
+            return;
+        }
+        if (env->worker_id >= 0)
+            sync_record(st, k->vars[i], k->clock, min_clock, wait_ns);
+        k->res[i].version = atomic_load(&k->vars[i]->version);
+    }
+    Psd__V1__StepReply rep = PSD__V1__STEP_REPLY__INIT;
+    rep.n_results = k->n;
+    rep.results = k->resp;
+    rep.clock = k->clock;
+    rep.min_clock = k->min_clock;
+    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, k->dtype, 0, k->pull_total);
+    if (dst != NULL) {
+        size_t esize = frame_dtype_size(k->dtype);
+        for (size_t i = 0; i < k->n; i++) {
+            const Psd__V1__StepItem *it = k->req->items[i];
+            if (!it->pull)
+                continue;
+            variable *v = k->vars[i];
+            uint64_t first = it->offset - v->offset;
+            variable_lock_range(v, first, it->count);
+            frame_put_floats(dst, v->params + first, (size_t)it->count, k->dtype);
+            variable_unlock_range(v, first, it->count);
+            dst += esize * it->count;
+        }
+    }
+    step_free(k);
+}
+
+/* Checks every item before anything is applied: a valid name found here, a range this server
+ * holds, push or pull set, and segment sizes that add up. Replies with the error and returns
+ * false otherwise. */
+static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
+{
+    const envelope *env = rpc_call_envelope(call);
+    size_t seglen;
+    (void)rpc_call_segment(call, &seglen);
+    const Psd__V1__StepRequest *req = k->req;
+    if (req->n_items > STEP_MAX_ITEMS) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "step of %zu items: at most %d",
+                        req->n_items, STEP_MAX_ITEMS);
+        return false;
+    }
+    if (req->advance_clock && (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS)) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "step with advance_clock needs a worker id in [0, %d), got %d",
+                        SERVER_MAX_WORKERS, (int)env->worker_id);
+        return false;
+    }
+    uint64_t push_total = 0;
+    for (size_t i = 0; i < req->n_items; i++) {
+        const Psd__V1__StepItem *it = req->items[i];
+        char err[512];
+        if (!it->push && !it->pull) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "step item %zu (%s) neither pushes nor pulls", i,
+                            QUOTED(err, it->name));
+            return false;
+        }
+        int status;
+        k->vars[i] = find_range(st, it->name, it->offset, it->count, &status, err, sizeof(err));
+        if (k->vars[i] == NULL) {
+            rpc_reply_error(call, status, "step item %zu: %s", i, err);
+            return false;
+        }
+        /* Ranges are within a shard (< 2^40 elements each): the sums can't overflow. */
+        if (it->push)
+            push_total += it->count;
+        if (it->pull)
+            k->pull_total += it->count;
+    }
+    uint64_t described = env->tensor ? env->tensor->count : 0;
+    if (push_total != described || (env->tensor && env->tensor->offset != 0) ||
+        (push_total > 0) != (seglen > 0)) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "step pushes %llu elements but Envelope.tensor describes %llu at offset "
+                        "%llu with %zu segment bytes (it must describe exactly the pushed items' "
+                        "gradients, offset 0)",
+                        (unsigned long long)push_total, (unsigned long long)described,
+                        (unsigned long long)(env->tensor ? env->tensor->offset : 0), seglen);
+        return false;
+    }
+    size_t esize = frame_dtype_size(k->dtype);
+    size_t max = rpc_call_max_message(call);
+    if (k->pull_total > (max > 4096 ? max - 4096 : 0) / esize) {
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "step pulls %llu elements: the reply would exceed max-message-bytes "
+                        "(%zu); pull less per step (the client library splits a step into "
+                        "messages of chunk-bytes)",
+                        (unsigned long long)k->pull_total, max);
+        return false;
+    }
+    return true;
+}
+
+static void handle_step(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    restored_snapshot(st);
+    const envelope *env = rpc_call_envelope(call);
+    step_ctx *k = calloc(1, sizeof(*k));
+    Psd__V1__StepRequest *req = (void *)rpc_call_body(call);
+    size_t n = req->n_items;
+    if (k == NULL || (k->vars = calloc(n ? n : 1, sizeof(*k->vars))) == NULL ||
+        (k->res = calloc(n ? n : 1, sizeof(*k->res))) == NULL ||
+        (k->resp = calloc(n ? n : 1, sizeof(*k->resp))) == NULL) {
+        if (k)
+            step_free(k);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for a step of %zu items",
+                        n);
+        return;
+    }
+    k->req = req;
+    k->n = n;
+    k->dtype = env->tensor ? (int)env->tensor->dtype : PSD__V1__DTYPE__FLOAT32;
+    if (!step_check(st, call, k)) {
+        step_free(k);
+        return;
+    }
+    /* Pushes, in item order. */
+    size_t seglen;
+    const uint8_t *seg = rpc_call_segment(call, &seglen);
+    size_t esize = frame_dtype_size(k->dtype);
+    for (size_t i = 0; i < n; i++) {
+        const Psd__V1__StepItem *it = req->items[i];
+        psd__v1__step_result__init(&k->res[i]);
+        k->resp[i] = &k->res[i];
+        k->res[i].restored_version = k->vars[i]->restored_version;
+        if (!it->push)
+            continue;
+        push_in in = {.client = env->client_id,
+                      .seq = it->seq,
+                      .worker = env->worker_id,
+                      .grad = seg,
+                      .dtype = k->dtype,
+                      .off = it->offset,
+                      .cnt = it->count};
+        seg += esize * it->count;
+        char err[512];
+        bool dup;
+        int rc = push_one(st, k->vars[i], &in, NULL, NULL, 0, &dup, &k->res[i].version, err,
+                          sizeof(err));
+        k->res[i].duplicate = dup;
+        if (rc != STATUS_OK) {
+            rpc_reply_error(call, rc, "step item %zu: %s", i, err);
+            step_free(k);
+            return;
+        }
+    }
+    /* The clock, after every push of it. */
+    k->clock = env->clock;
+    if (req->advance_clock) {
+        int64_t min;
+        k->clock = sync_clock(st, env->worker_id, env->clock + 1, &min);
+        k->min_clock = min == INT64_MAX ? k->clock : min;
+    } else {
+        int64_t min = sync_min_clock(st);
+        k->min_clock = min == INT64_MAX ? k->clock : min;
+    }
+    /* The pulls, at the clock now recorded: the strictest bound among them decides the wait. */
+    int64_t need = INT64_MIN;
+    size_t first_pull = n, pulls = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!req->items[i]->pull)
+            continue;
+        pulls++;
+        if (first_pull == n)
+            first_pull = i;
+        int32_t s = k->vars[i]->staleness;
+        if (s >= 0 && k->clock - s > need)
+            need = k->clock - s;
+    }
+    if (pulls == 0 || need == INT64_MIN) {
+        step_answer(st, call, k, sync_min_clock(st), 0);
+        return;
+    }
+    char what[160];
+    snprintf(what, sizeof(what), "step pull of \"%.64s\"%s at clock %lld (bound: clock %lld)",
+             k->vars[first_pull]->name, pulls > 1 ? " and others" : "", (long long)k->clock,
+             (long long)need);
+    sync_wait(st, call, env->worker_id, k->clock, need, what, step_answer, step_drop, k);
 }
 
 static void handle_clock(rpc_call *call, void *arg)
@@ -612,6 +949,8 @@ const rpc_method server_methods[] = {
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
+    {PSD__V1__METHOD__STEP, "Step", &psd__v1__step_request__descriptor, handle_step,
+     RPC_MAY_SEGMENT},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
     {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,

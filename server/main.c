@@ -185,6 +185,19 @@ static int server_remove_stale_ipc(const char *path)
     return 0;
 }
 
+/* The pool's size: `threads`, or for 0 one thread per online core (at least 2, so that one
+ * long update does not hold up the rest; at most the setting's bound) - large updates of
+ * different variables or ranges then apply in parallel on every core. */
+static int pool_threads(int64_t setting)
+{
+    if (setting > 0)
+        return (int)setting;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 2)
+        return 2;
+    return cores > 256 ? 256 : (int)cores;
+}
+
 static const char usage[] =
     "usage: ps-server [options]\n"
     "Serves one parameter-server task of the cluster given by TF_CONFIG or --cluster/--task.";
@@ -366,7 +379,7 @@ int main(int argc, char **argv)
     rpc_server_config rc_cfg = {
         .url = url,
         .contexts = (int)opt_int(prog.opts, OPT_RPC_CONTEXTS),
-        .threads = (int)opt_int(prog.opts, OPT_THREADS),
+        .threads = pool_threads(opt_int(prog.opts, OPT_THREADS)),
         .max_message = (size_t)opt_int(prog.opts, OPT_MAX_MESSAGE_BYTES),
         .inline_max = (size_t)opt_int(prog.opts, OPT_INLINE_MAX_BYTES),
         .default_deadline_ms = (uint32_t)opt_int(prog.opts, OPT_DEFAULT_DEADLINE_MS),
@@ -395,9 +408,10 @@ int main(int argc, char **argv)
     if (ck)
         marker_set(ck_cfg.dir, st.task_index);
     http_endpoint_set_ready(http, true, NULL);
-    log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s)",
+    log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s), "
+             "%d pool threads",
              st.task_index, st.num_servers, url, PSD_VERSION,
-             (unsigned long long)rpc_server_instance(st.rpc), n_workers);
+             (unsigned long long)rpc_server_instance(st.rpc), n_workers, rc_cfg.threads);
     log_info("security: %s; admin methods (Shutdown, Checkpoint) %s",
              rpc_tls_on(&tls)
                  ? "mutual TLS (peers need a certificate signed by tls-ca)"

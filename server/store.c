@@ -1,6 +1,7 @@
 #include "store.h"
 
 #include <inttypes.h>
+#include <stdalign.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,12 @@
 #include "util.h"
 
 #define STORE_BUCKETS 1024
+
+/* One range lock, alone on its cache line: threads spinning on neighbouring stripes must not
+ * bounce each other's lines. */
+struct variable_stripe {
+    alignas(64) pthread_mutex_t m;
+};
 
 struct store {
     pthread_rwlock_t lock;
@@ -136,6 +143,119 @@ static int to_initializer(const Psd__V1__VariableSpec *s, initializer_params *p)
     return 0;
 }
 
+/* Sizes and makes v's stripes for its count elements (see store.h). */
+static int stripes_init(variable *v)
+{
+    uint32_t shift = 16;
+    _Static_assert(VARIABLE_STRIPE_ELEMS == 1u << 16, "stripe_shift starts at log2 of it");
+    while (v->count && shift < 63 && ((v->count - 1) >> shift) + 1 > VARIABLE_MAX_STRIPES)
+        shift++;
+    uint64_t n = v->count ? ((v->count - 1) >> shift) + 1 : 1;
+    struct variable_stripe *st = aligned_alloc(alignof(struct variable_stripe), n * sizeof(*st));
+    if (st == NULL)
+        return -1;
+    for (uint64_t i = 0; i < n; i++)
+        pthread_mutex_init(&st[i].m, NULL);
+    v->stripes = st;
+    v->nstripes = (uint32_t)n;
+    v->stripe_shift = shift;
+    return 0;
+}
+
+uint32_t variable_stripe_of(const variable *v, uint64_t first)
+{
+    uint64_t i = first >> v->stripe_shift;
+    return i < v->nstripes ? (uint32_t)i : v->nstripes - 1;
+}
+
+uint64_t variable_stripe_elems(const variable *v)
+{
+    return 1ull << v->stripe_shift;
+}
+
+/* The stripes [*lo, *hi] covering [first, first+count); count 0: first's stripe alone. */
+static void stripe_span(const variable *v, uint64_t first, uint64_t count, uint32_t *lo,
+                        uint32_t *hi)
+{
+    uint64_t last = count ? first + (count - 1) : first;
+    if (last < first) /* wrapped: through the end */
+        last = UINT64_MAX;
+    *lo = variable_stripe_of(v, first);
+    *hi = variable_stripe_of(v, last);
+}
+
+void variable_lock_range(variable *v, uint64_t first, uint64_t count)
+{
+    uint32_t lo, hi;
+    stripe_span(v, first, count, &lo, &hi);
+    for (uint32_t i = lo; i <= hi; i++)
+        pthread_mutex_lock(&v->stripes[i].m);
+}
+
+void variable_unlock_range(variable *v, uint64_t first, uint64_t count)
+{
+    uint32_t lo, hi;
+    stripe_span(v, first, count, &lo, &hi);
+    for (uint32_t i = hi + 1; i-- > lo;)
+        pthread_mutex_unlock(&v->stripes[i].m);
+}
+
+void variable_lock_all(variable *v)
+{
+    for (uint32_t i = 0; i < v->nstripes; i++)
+        pthread_mutex_lock(&v->stripes[i].m);
+}
+
+void variable_unlock_all(variable *v)
+{
+    for (uint32_t i = v->nstripes; i-- > 0;)
+        pthread_mutex_unlock(&v->stripes[i].m);
+}
+
+int variable_agg_ensure(variable *v, int max_workers)
+{
+    if (atomic_load_explicit(&v->agg_ready, memory_order_acquire))
+        return 0;
+    /* First use: every stripe, so that no range holder or whole-shard reader (a BSP apply, a
+     * checkpoint) sees the pointers change; a restored variable may come with them made. */
+    int rc = 0;
+    variable_lock_all(v);
+    if (v->agg == NULL) {
+        size_t words = max_workers > 0 ? ((size_t)max_workers + 63) / 64 : 1;
+        if (words < VARIABLE_AGG_MIN_WORDS)
+            words = VARIABLE_AGG_MIN_WORDS;
+        float *agg = calloc(v->count ? (size_t)v->count : 1, sizeof(float));
+        uint64_t *workers = calloc(words, sizeof(uint64_t));
+        if (agg == NULL || workers == NULL) {
+            free(agg);
+            free(workers);
+            rc = -1;
+        } else {
+            v->agg = agg;
+            v->agg_workers = workers;
+            v->agg_words = words;
+            v->agg_count = 0;
+        }
+    }
+    if (rc == 0)
+        atomic_store_explicit(&v->agg_ready, true, memory_order_release);
+    variable_unlock_all(v);
+    return rc;
+}
+
+void variable_agg_mark(variable *v, int32_t worker, int max_workers)
+{
+    if (worker < 0 || worker >= max_workers || (uint64_t)worker / 64 >= v->agg_words)
+        return;
+    uint64_t bit = 1ull << (worker % 64);
+    pthread_mutex_lock(&v->agg_lock);
+    if (!(v->agg_workers[worker / 64] & bit)) {
+        v->agg_workers[worker / 64] |= bit;
+        v->agg_count++;
+    }
+    pthread_mutex_unlock(&v->agg_lock);
+}
+
 static variable *make_variable(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
                                uint64_t count, bool fill, char *err, size_t errlen)
 {
@@ -164,10 +284,11 @@ static variable *make_variable(const Psd__V1__VariableSpec *spec, uint64_t numel
     v->opt = opt;
     v->nslots = optimizer_slot_count(opt.kind);
     v->staleness = spec->staleness;
-    pthread_mutex_init(&v->lock, NULL);
+    pthread_mutex_init(&v->agg_lock, NULL);
+    atomic_init(&v->agg_ready, false);
     atomic_init(&v->refs, 1);
     atomic_init(&v->deleted, false);
-    if (v->name == NULL || v->spec == NULL)
+    if (v->name == NULL || v->spec == NULL || stripes_init(v) != 0)
         goto oom;
     size_t n = count ? (size_t)count : 1;
     v->params = malloc(n * sizeof(float));
@@ -214,7 +335,10 @@ void variable_destroy(variable *v)
     free(v->agg_workers);
     for (size_t i = 0; i < OPTIMIZER_MAX_SLOTS; i++)
         free(v->slots[i]);
-    pthread_mutex_destroy(&v->lock);
+    pthread_mutex_destroy(&v->agg_lock);
+    for (uint32_t i = 0; v->stripes && i < v->nstripes; i++)
+        pthread_mutex_destroy(&v->stripes[i].m);
+    free(v->stripes);
     free(v);
 }
 

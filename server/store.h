@@ -27,13 +27,22 @@ typedef struct variable {
     float *params;
     float *slots[OPTIMIZER_MAX_SLOTS];
     size_t nslots;
-    pthread_mutex_t lock;         /* guards params, slots and the BSP aggregate */
+    /* Range locks: stripe i guards elements [i << stripe_shift, (i + 1) << stripe_shift) of
+     * params, every slot and agg, so that pushes to disjoint chunks apply in parallel. */
+    struct variable_stripe *stripes;
+    uint32_t nstripes;            /* 1 .. VARIABLE_MAX_STRIPES */
+    uint32_t stripe_shift;        /* log2 of the elements per stripe */
     atomic_uint_fast64_t version; /* updates applied to this shard */
     int32_t staleness;            /* -1 async, 0 BSP, > 0 SSP */
-    /* BSP: gradients summed for the open clock, and which workers contributed. */
+    /* BSP: gradients summed for the open clock, and which workers contributed. agg's
+     * elements are guarded by the stripes; agg_workers and agg_count by all stripes or by one
+     * stripe plus agg_lock (variable_agg_mark). Made once by variable_agg_ensure. */
     float *agg;
     uint64_t *agg_workers; /* bitmap over worker ids */
+    size_t agg_words;      /* words of agg_workers */
     int agg_count;         /* distinct workers in agg_workers */
+    pthread_mutex_t agg_lock;
+    atomic_bool agg_ready; /* agg and agg_workers exist (set once, by variable_agg_ensure) */
     /* Observed staleness of pulls by workers (histogram buckets: see sync.h). */
     atomic_int_fast64_t st_max;
     atomic_uint_fast64_t st_hist[13];
@@ -63,6 +72,54 @@ variable *variable_create_unfilled(const Psd__V1__VariableSpec *spec, uint64_t n
 /* Frees a variable that was never inserted (a create returns it with one reference, the
  * caller's). Inserted variables are freed by their last variable_release instead. */
 void variable_destroy(variable *v);
+/* Range locks. A shard's elements are grouped into stripes of a power of two of elements,
+ * VARIABLE_STRIPE_ELEMS (a 1 MiB chunk of floats is 4 whole stripes) or, for a shard of more
+ * than VARIABLE_MAX_STRIPES such stripes, the smallest doubling of it that makes at most
+ * VARIABLE_MAX_STRIPES; a shard of up to VARIABLE_STRIPE_ELEMS elements has one stripe.
+ * Clients cut a tensor into chunks from the shard's first element, so chunk-sized pushes of
+ * one shard take disjoint stripes and apply in parallel; ranges that share a stripe (smaller
+ * pieces, or 1 MiB chunks of a shard over 16 Mi floats, whose stripes are wider) take turns,
+ * still with up to 64 applying at once. The bound keeps variable_lock_all at 64 uncontended
+ * mutexes and a variable's locks within 4 KiB.
+ * Stripes are taken in ascending order by every function here, so any number of threads may
+ * lock ranges at once without deadlock. A thread holds at most one range (or all) of one
+ * variable at a time: the mutexes are not recursive. Lock order: store_update_begin (or
+ * store_freeze), then a variable's stripes, then its agg_lock. */
+#define VARIABLE_STRIPE_ELEMS 65536u
+#define VARIABLE_MAX_STRIPES 64u
+
+/* Locks the stripes covering elements [first, first+count) of v's shard; `first` is relative
+ * to the shard's start (an index into v->params, i.e. a global offset minus v->offset). An
+ * empty range (count 0) locks the one stripe holding `first`, so that every range lock, even
+ * of nothing, excludes variable_lock_all. Indexes past the shard's end are clamped to its
+ * last stripe. Unlock with variable_unlock_range and the same first and count. */
+void variable_lock_range(variable *v, uint64_t first, uint64_t count);
+void variable_unlock_range(variable *v, uint64_t first, uint64_t count);
+/* Locks (unlocks) every stripe of v, ascending: for whole-shard work such as a BSP apply or a
+ * checkpoint's copy. */
+void variable_lock_all(variable *v);
+void variable_unlock_all(variable *v);
+/* Stripe index of element `first` (clamped to the last stripe) and the number of elements a
+ * stripe covers; for tests and metrics. */
+uint32_t variable_stripe_of(const variable *v, uint64_t first);
+uint64_t variable_stripe_elems(const variable *v);
+
+/* Words of agg_workers made at the least: a checkpoint copies that many (SERVER_MAX_WORKERS
+ * bits, checked in checkpoint.c), whatever max_workers the sync state was made with. */
+#define VARIABLE_AGG_MIN_WORDS 64u
+
+/* Makes v's BSP aggregate, once: agg (count zeroed floats) and agg_workers (words for
+ * max_workers bits, at least VARIABLE_AGG_MIN_WORDS), sets agg_words and agg_ready.
+ * Thread safe: concurrent callers allocate once; the first call takes variable_lock_all, so
+ * call it holding none of v's stripes. Cheap (one atomic load) once made. Returns 0, or -1
+ * when memory can't be had (nothing is allocated then, and a later call tries again). */
+int variable_agg_ensure(variable *v, int max_workers);
+/* Records that `worker` (0 <= worker < max_workers, else ignored) contributed to the open
+ * aggregate, counting it in agg_count once. Call with a range of v locked (any range), after
+ * adding the worker's gradient to agg, so that a variable_lock_all holder sees both or
+ * neither; safe against other range holders marking at the same time. */
+void variable_agg_mark(variable *v, int32_t worker, int max_workers);
+
 /* Takes one more reference on a variable the caller already holds a reference to. */
 void variable_retain(variable *v);
 /* Gives one reference back; the last frees the variable and, if it was inserted, subtracts its

@@ -11,20 +11,28 @@
 #include "status.h"
 #include "timeutil.h"
 
+/* clock and known change under sync_state.lock; live and last_ns are atomic as well, so that
+ * a request from a worker already live notes its time without the lock (sync_heard). */
 typedef struct worker_entry {
     int64_t clock;
-    uint64_t last_ns;
+    _Atomic uint64_t last_ns;
     bool known; /* expected from the spec or heard from */
-    bool live;
+    atomic_bool live;
 } worker_entry;
 
+/* A parked read: a pull of one range (v, offset, count), or a generic one (answer != NULL,
+ * e.g. a Step's pulls) that its owner answers and frees through answer/drop. */
 typedef struct waiter {
     rpc_call *call;
-    variable *v; /* referenced while parked */
+    variable *v; /* pull: referenced while parked */
     int32_t worker;
     int64_t clock, need;
     uint64_t offset, count;
     uint64_t start_ns, deadline_ns;
+    sync_answer_fn answer;
+    sync_drop_fn drop;
+    void *arg;
+    char what[160]; /* generic: what waits, for the timeout message */
     struct waiter *next;
 } waiter;
 
@@ -34,6 +42,9 @@ struct sync_state {
     worker_entry *workers;
     int max_workers;
     int64_t applied_min; /* waits are decided against this: BSP updates below it are applied */
+    /* The slowest live worker's clock as of the last change under the lock, for readers that
+     * do not take it (sync_min_clock: every push-pull and step reply). */
+    atomic_int_fast64_t min_clock;
     waiter *waiters;
     uint64_t timeout_ns;
     bool mean;
@@ -80,6 +91,7 @@ sync_state *sync_create(int n_expected, uint32_t timeout_ms, bool mean, int max_
         s->workers[i].last_ns = now;
     }
     s->applied_min = n_expected > 0 ? 0 : INT64_MAX;
+    atomic_init(&s->min_clock, n_expected > 0 ? 0 : INT64_MAX);
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->advance, NULL);
     return s;
@@ -94,6 +106,8 @@ void sync_destroy(sync_state *s)
     while (s->waiters) {
         waiter *w = s->waiters;
         s->waiters = w->next;
+        if (w->answer)
+            w->drop(w->arg, false);
         free(w);
     }
     pthread_mutex_destroy(&s->lock);
@@ -126,13 +140,15 @@ static int64_t min_live_locked(const sync_state *s)
     return m;
 }
 
+/* After a change of clocks or liveness, with the lock held. */
+static void publish_min_locked(sync_state *s)
+{
+    atomic_store(&s->min_clock, min_live_locked(s));
+}
+
 int64_t sync_min_clock(server_state *st)
 {
-    sync_state *s = st->sync;
-    pthread_mutex_lock(&s->lock);
-    int64_t m = min_live_locked(s);
-    pthread_mutex_unlock(&s->lock);
-    return m;
+    return atomic_load(&st->sync->min_clock);
 }
 
 /* Registers or refreshes a worker; called with the lock held. */
@@ -153,12 +169,23 @@ static void heard_locked(sync_state *s, int32_t worker)
         w->clock = m;
     if (s->applied_min == INT64_MAX || s->applied_min > w->clock)
         s->applied_min = w->clock; /* it was the only one: its bound applies again */
+    publish_min_locked(s);
     log_info("worker %d %s at clock %lld", worker, rejoin ? "re-registered" : "registered",
              (long long)w->clock);
 }
 
 void sync_heard(server_state *st, int32_t worker)
 {
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers)
+        return;
+    /* The common case, a live worker: its time, without the lock that every worker's requests
+     * would otherwise queue on. */
+    worker_entry *w = &s->workers[worker];
+    if (atomic_load(&w->live)) {
+        atomic_store_explicit(&w->last_ns, time_now_ns(), memory_order_relaxed);
+        return;
+    }
     pthread_mutex_lock(&st->sync->lock);
     heard_locked(st->sync, worker);
     pthread_mutex_unlock(&st->sync->lock);
@@ -196,12 +223,22 @@ static void reply_pull(rpc_call *call, variable *v, uint64_t offset, uint64_t co
 {
     Psd__V1__PullReply rep = PSD__V1__PULL_REPLY__INIT;
     rep.version = atomic_load(&v->version);
-    uint8_t *dst = rpc_reply_ok_segment(call, &rep.base, offset, count);
+    /* The reply's dtype is the request's (RPC_RANGE: the request has a tensor). */
+    int dtype = rpc_call_envelope(call)->tensor->dtype;
+    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, dtype, offset, count);
     if (dst == NULL)
         return;
-    pthread_mutex_lock(&v->lock);
-    memcpy(dst, v->params + (offset - v->offset), (size_t)count * sizeof(float));
-    pthread_mutex_unlock(&v->lock);
+    uint64_t first = offset - v->offset;
+    variable_lock_range(v, first, count);
+    frame_put_floats(dst, v->params + first, (size_t)count, dtype);
+    variable_unlock_range(v, first, count);
+}
+
+static void waiter_free(waiter *w)
+{
+    if (w->answer == NULL)
+        variable_release(w->v);
+    free(w);
 }
 
 /* Applies a BSP variable's aggregate, if any, as one optimizer step. */
@@ -209,7 +246,7 @@ static void bsp_apply(server_state *st, variable *v)
 {
     sync_state *s = st->sync;
     store_update_begin(st->vars); /* checkpoint consistency (store.h) */
-    pthread_mutex_lock(&v->lock);
+    variable_lock_all(v);
     if (v->agg_count > 0) {
         if (s->mean && v->agg_count > 1) {
             float scale = 1.0f / (float)v->agg_count;
@@ -221,47 +258,35 @@ static void bsp_apply(server_state *st, variable *v)
             slots[i] = v->slots[i];
         optimizer_apply(&v->opt, v->params, v->agg, slots, (size_t)v->count);
         memset(v->agg, 0, (size_t)v->count * sizeof(float));
-        memset(v->agg_workers, 0, (size_t)(s->max_workers + 63) / 64 * sizeof(uint64_t));
+        memset(v->agg_workers, 0, v->agg_words * sizeof(uint64_t));
         v->agg_count = 0;
         atomic_fetch_add(&v->version, 1);
         atomic_fetch_add(&st->updates_applied, 1);
     }
-    pthread_mutex_unlock(&v->lock);
+    variable_unlock_all(v);
     store_update_end(st->vars);
 }
 
-int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, uint64_t first,
-                   uint64_t count)
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, int dtype,
+                   uint64_t first, uint64_t count)
 {
     sync_state *s = st->sync;
-    pthread_mutex_lock(&v->lock);
-    if (v->agg == NULL) {
-        v->agg = calloc(v->count ? (size_t)v->count : 1, sizeof(float));
-        v->agg_workers = calloc((size_t)(s->max_workers + 63) / 64, sizeof(uint64_t));
-        if (v->agg == NULL || v->agg_workers == NULL) {
-            free(v->agg);
-            free(v->agg_workers);
-            v->agg = NULL;
-            v->agg_workers = NULL;
-            pthread_mutex_unlock(&v->lock);
-            return -1;
-        }
-    }
+    /* Made once (all stripes, briefly); then only this push's range is locked. */
+    if (variable_agg_ensure(v, s->max_workers) != 0)
+        return -1;
+    variable_lock_range(v, first, count);
     const uint8_t *g = grad;
     float *a = v->agg + first;
-    for (uint64_t i = 0; i < count; i++) {
-        float x;
-        memcpy(&x, g + 4 * i, sizeof(x));
-        a[i] += x;
+    size_t esize = frame_dtype_size(dtype);
+    float block[1024];
+    for (uint64_t i = 0; i < count; i += 1024) {
+        size_t n = count - i < 1024 ? (size_t)(count - i) : 1024;
+        frame_get_floats(block, g + esize * i, n, dtype);
+        for (size_t j = 0; j < n; j++)
+            a[i + j] += block[j];
     }
-    if (worker >= 0 && worker < s->max_workers) {
-        uint64_t bit = 1ull << (worker % 64);
-        if (!(v->agg_workers[worker / 64] & bit)) {
-            v->agg_workers[worker / 64] |= bit;
-            v->agg_count++;
-        }
-    }
-    pthread_mutex_unlock(&v->lock);
+    variable_agg_mark(v, worker, s->max_workers);
+    variable_unlock_range(v, first, count);
     return 0;
 }
 
@@ -306,12 +331,16 @@ static void advance(server_state *st)
     while (ready) {
         waiter *w = ready;
         ready = w->next;
-        record_staleness(st, w->v, m == INT64_MAX ? 0 : w->clock - m, true, now - w->start_ns);
-        reply_pull(w->call, w->v, w->offset, w->count);
+        if (w->answer) {
+            metric_observe(m_wait_seconds, (double)(now - w->start_ns) * 1e-9);
+            w->answer(st, w->call, w->arg, m, now - w->start_ns);
+        } else {
+            record_staleness(st, w->v, m == INT64_MAX ? 0 : w->clock - m, true, now - w->start_ns);
+            reply_pull(w->call, w->v, w->offset, w->count);
+        }
         rpc_call_resume(w->call);
         metric_gauge_add(m_waiting, -1);
-        variable_release(w->v);
-        free(w);
+        waiter_free(w);
     }
     pthread_mutex_unlock(&s->advance);
 }
@@ -331,6 +360,7 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
     if (clock > w->clock)
         w->clock = clock;
     int64_t rec = w->clock;
+    publish_min_locked(s);
     pthread_mutex_unlock(&s->lock);
     advance(st);
     *min_clock = sync_min_clock(st);
@@ -343,6 +373,62 @@ void sync_record_read(server_state *st, variable *v, int32_t worker, int64_t clo
         return;
     int64_t m = sync_min_clock(st);
     record_staleness(st, v, m == INT64_MAX ? 0 : clock - m, false, 0);
+}
+
+void sync_record(server_state *st, variable *v, int64_t clock, int64_t min_clock, uint64_t wait_ns)
+{
+    record_staleness(st, v, min_clock == INT64_MAX ? 0 : clock - min_clock, wait_ns > 0, wait_ns);
+}
+
+/* Deadline of a parked read: a little before the caller gives up, so that it hears which
+ * worker it waited for rather than a bare transport timeout. */
+static uint64_t wait_deadline(rpc_call *call, uint64_t start_ns)
+{
+    uint64_t dl = rpc_call_deadline_ns(call);
+    uint64_t budget = dl > start_ns ? dl - start_ns : 0;
+    uint64_t margin = budget / 4 < 100000000u ? budget / 4 : 100000000u;
+    return dl - margin;
+}
+
+void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, int64_t need,
+               const char *what, sync_answer_fn answer, sync_drop_fn drop, void *arg)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers) {
+        answer(st, call, arg, sync_min_clock(st), 0); /* not a worker: never waits */
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    heard_locked(s, worker);
+    int64_t m = min_live_locked(s);
+    if (need <= s->applied_min) {
+        pthread_mutex_unlock(&s->lock);
+        answer(st, call, arg, m, 0);
+        return;
+    }
+    waiter *w = calloc(1, sizeof(*w));
+    if (w == NULL || rpc_call_defer(call) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        free(w);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "too many pulls waiting for the staleness bound on this server");
+        drop(arg, false);
+        return;
+    }
+    w->call = call;
+    w->worker = worker;
+    w->clock = clock;
+    w->need = need;
+    w->answer = answer;
+    w->drop = drop;
+    w->arg = arg;
+    snprintf(w->what, sizeof(w->what), "%s", what);
+    w->start_ns = time_now_ns();
+    w->deadline_ns = wait_deadline(call, w->start_ns);
+    w->next = s->waiters;
+    s->waiters = w;
+    metric_gauge_add(m_waiting, 1);
+    pthread_mutex_unlock(&s->lock);
 }
 
 void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
@@ -387,12 +473,7 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
     w->offset = offset;
     w->count = count;
     w->start_ns = time_now_ns();
-    /* End the wait a little before the caller gives up, so that it hears which worker it
-     * waited for rather than a bare transport timeout. */
-    uint64_t dl = rpc_call_deadline_ns(call);
-    uint64_t budget = dl > w->start_ns ? dl - w->start_ns : 0;
-    uint64_t margin = budget / 4 < 100000000u ? budget / 4 : 100000000u;
-    w->deadline_ns = dl - margin;
+    w->deadline_ns = wait_deadline(call, w->start_ns);
     w->next = s->waiters;
     s->waiters = w;
     metric_gauge_add(m_waiting, 1);
@@ -431,6 +512,7 @@ void sync_sweep(server_state *st)
         if (e->live && now > e->last_ns && now - e->last_ns > s->timeout_ns) {
             e->live = false;
             evicted = true;
+            publish_min_locked(s);
             atomic_fetch_add(&s->evictions, 1);
             log_warn("worker %d evicted: nothing heard for %llu ms (clock %lld); waits on it "
                      "resume",
@@ -443,11 +525,16 @@ void sync_sweep(server_state *st)
             *pp = w->next;
             char who[768];
             describe_blockers(s, w, now, who, sizeof(who));
-            rpc_reply_error(w->call, STATUS_DEADLINE_EXCEEDED,
-                            "pull of \"%s\" at clock %lld (staleness bound %d) waited %llu ms "
-                            "and timed out waiting for %s",
-                            w->v->name, (long long)w->clock, (int)w->v->staleness,
-                            (unsigned long long)((now - w->start_ns) / 1000000u), who);
+            if (w->answer)
+                rpc_reply_error(w->call, STATUS_DEADLINE_EXCEEDED,
+                                "%s waited %llu ms and timed out waiting for %s", w->what,
+                                (unsigned long long)((now - w->start_ns) / 1000000u), who);
+            else
+                rpc_reply_error(w->call, STATUS_DEADLINE_EXCEEDED,
+                                "pull of \"%s\" at clock %lld (staleness bound %d) waited %llu "
+                                "ms and timed out waiting for %s",
+                                w->v->name, (long long)w->clock, (int)w->v->staleness,
+                                (unsigned long long)((now - w->start_ns) / 1000000u), who);
             w->next = expired;
             expired = w;
         } else {
@@ -459,12 +546,14 @@ void sync_sweep(server_state *st)
         waiter *w = expired;
         expired = w->next;
         atomic_fetch_add(&s->st_timeouts, 1);
-        atomic_fetch_add(&w->v->st_timeouts, 1);
+        if (w->answer)
+            w->drop(w->arg, true);
+        else
+            atomic_fetch_add(&w->v->st_timeouts, 1);
         metric_observe(m_wait_seconds, (double)(time_now_ns() - w->start_ns) * 1e-9);
         rpc_call_resume(w->call);
         metric_gauge_add(m_waiting, -1);
-        variable_release(w->v);
-        free(w);
+        waiter_free(w);
     }
     if (evicted)
         advance(st);
@@ -477,7 +566,7 @@ void sync_delete(server_state *st, variable *v, const char *why)
     pthread_mutex_lock(&s->lock);
     for (waiter **pp = &s->waiters; *pp;) {
         waiter *w = *pp;
-        if (w->v == v) {
+        if (w->answer == NULL && w->v == v) {
             *pp = w->next;
             w->next = gone;
             gone = w;
@@ -493,8 +582,7 @@ void sync_delete(server_state *st, variable *v, const char *why)
         metric_observe(m_wait_seconds, (double)(time_now_ns() - w->start_ns) * 1e-9);
         rpc_call_resume(w->call);
         metric_gauge_add(m_waiting, -1);
-        variable_release(w->v);
-        free(w);
+        waiter_free(w);
     }
 }
 
@@ -509,10 +597,11 @@ void sync_cancel_all(server_state *st, const char *why)
         waiter *w = all;
         all = w->next;
         rpc_reply_error(w->call, STATUS_UNAVAILABLE, "%s", why);
+        if (w->answer)
+            w->drop(w->arg, false);
         rpc_call_resume(w->call);
         metric_gauge_add(m_waiting, -1);
-        variable_release(w->v);
-        free(w);
+        waiter_free(w);
     }
 }
 
@@ -624,8 +713,7 @@ void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t a
     sync_state *s = st->sync;
     pthread_mutex_lock(&s->lock);
     uint64_t now = time_now_ns();
-    for (int i = 0; i < s->max_workers; i++)
-        s->workers[i] = (worker_entry){0};
+    memset(s->workers, 0, (size_t)s->max_workers * sizeof(*s->workers));
     for (size_t i = 0; i < n; i++) {
         if (w[i].id < 0 || w[i].id >= s->max_workers)
             continue;
@@ -636,6 +724,7 @@ void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t a
         e->last_ns = now;
     }
     s->applied_min = applied_min;
+    publish_min_locked(s);
     pthread_mutex_unlock(&s->lock);
 }
 

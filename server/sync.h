@@ -46,14 +46,31 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
 void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, int64_t clock,
                uint64_t offset, uint64_t count);
 
+/* A read that waits like a pull, for reads of several variables at once (Step): answer(st,
+ * call, arg, min_clock, wait_ns) runs, now or once every live worker's clock is >= need (and
+ * the BSP updates below it are applied), and must set the call's reply; the call is resumed
+ * after it. When the wait ends otherwise (deadline: DEADLINE_EXCEEDED naming `what` and the
+ * workers waited for; shutdown: UNAVAILABLE; too many parked: RESOURCE_EXHAUSTED) the error
+ * reply is set here and drop(arg, timed_out) runs instead. Either way exactly one of them runs,
+ * once. A caller that is not a worker never waits. */
+typedef void (*sync_answer_fn)(server_state *st, rpc_call *call, void *arg, int64_t min_clock,
+                               uint64_t wait_ns);
+typedef void (*sync_drop_fn)(void *arg, bool timed_out);
+void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, int64_t need,
+               const char *what, sync_answer_fn answer, sync_drop_fn drop, void *arg);
+
+/* Records in v's and the server's staleness statistics a read by a worker at clock, with the
+ * slowest live worker at min_clock, that waited wait_ns (0: did not wait). */
+void sync_record(server_state *st, variable *v, int64_t clock, int64_t min_clock, uint64_t wait_ns);
+
 /* Records the staleness of a read that does not wait (a push-pull's reply) by a worker. */
 void sync_record_read(server_state *st, variable *v, int32_t worker, int64_t clock);
 
-/* BSP push: adds the gradient (count floats, may be unaligned) to elements [first, first +
- * count) of the variable's aggregate for the open clock. Returns 0, or -1 if memory for the
- * aggregate can't be had. */
-int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, uint64_t first,
-                   uint64_t count);
+/* BSP push: adds the gradient (count values of wire dtype `dtype`, may be unaligned) to elements
+ * [first, first + count) of the variable's aggregate for the open clock. Returns 0, or -1 if memory
+ * for the aggregate can't be had. */
+int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *grad, int dtype,
+                   uint64_t first, uint64_t count);
 
 /* Evicts silent workers and ends expired waits. Call periodically (every ~50 ms). */
 void sync_sweep(server_state *st);

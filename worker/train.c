@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +32,8 @@ typedef struct trainer {
     int64_t recorded;
     ps_op *ops[2 * MODEL_MAX_LAYERS];
     bool fused; /* push-pull: the reply carries the next step's parameters */
+    bool step;  /* ps_step: one request per server carries the step's pushes, clock, pulls */
+    ps_step_item items[2 * MODEL_MAX_LAYERS];
     int failed_param;
     int failed_status;
     /* progress */
@@ -269,6 +272,25 @@ static int wait_pushes(trainer *t)
         ps_op_destroy(t->ops[i]);
         t->ops[i] = NULL;
     }
+    return rc;
+}
+
+/* The step's traffic in one request per server: every gradient, the clock, and (unless it is
+ * the last step) the next step's parameters at the new clock, within the staleness bound. */
+static int step_call(trainer *t, bool pull_next)
+{
+    int n = model_num_params(t->m);
+    for (int i = 0; i < n; i++) {
+        model_param *p = model_get_param(t->m, i);
+        t->items[i] = (ps_step_item){.var = t->vars[i],
+                                     .offset = 0,
+                                     .count = p->numel,
+                                     .grad = p->grad_host,
+                                     .dst = pull_next ? p->host : NULL};
+    }
+    int rc = ps_step(t->client, t->items, (size_t)n, PS_STEP_CLOCK);
+    if (rc != PS_OK)
+        log_error("step: %s: %s", ps_strerror(rc), ps_last_error());
     return rc;
 }
 
@@ -541,22 +563,30 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     /* The bound the servers enforce (the spec may have asked for their default). Without one,
      * the parameters a push-pull returns are as good as a pull's, one round trip earlier. */
     int bound = ps_var_staleness_bound(t.vars[0]);
-    t.fused = cfg->fused_push_pull && bound < 0;
+    t.step = cfg->step_call;
+    t.fused = !t.step && cfg->fused_push_pull && bound < 0;
     char layers[160];
     model_format_layers(&cfg->model, layers, sizeof(layers));
     log_info("training %s (layers %s, %zu parameters) on shard %d of %d: %zu examples, batch %d, "
              "%" PRId64 " steps (%" PRId64 " per epoch), %s lr %g, staleness %d, backend %s%s",
              cfg->model_name, layers, model_total_params(t.m), cfg->shard_index, cfg->shard_count,
              shard.n, batch, total, steps_per_epoch, ps_optimizer_name(cfg->optimizer), cfg->lr,
-             bound, backend_name(be), t.fused ? ", fused push-pull" : "");
+             bound, backend_name(be),
+             t.step    ? ", one step call per server"
+             : t.fused ? ", fused push-pull"
+                       : "");
 
-    if (t.fused) {
+    if (t.fused || t.step) {
         rc = pull_all(&t);
         if (rc != PS_OK) {
             exit_code = client_failure(rc);
             goto out;
         }
     }
+    /* Context switches of the whole process (all its threads) while training: the hand-offs
+     * between the training thread and the client library's I/O threads, per step. */
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
     uint64_t t_start = time_now_ns();
     uint64_t comm_ns = 0, win_comm_ns = 0, win_start = t_start;
     double win_loss = 0.0, win_correct = 0.0;
@@ -578,7 +608,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         data_gather(train, shard.index + (size_t)in_epoch * (size_t)batch, (size_t)batch, xb, yb);
 
         uint64_t c0 = time_now_ns();
-        if (!t.fused && (rc = pull_all(&t)) != PS_OK) {
+        if (!t.fused && !t.step && (rc = pull_all(&t)) != PS_OK) {
             exit_code = client_failure(rc);
             goto out;
         }
@@ -588,9 +618,9 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             goto out;
         }
         model_stats st;
-        rc = model_train_step(t.m, on_grad, &t, &st);
+        rc = model_train_step(t.m, t.step ? NULL : on_grad, &t, &st);
         uint64_t c2 = time_now_ns();
-        int prc = wait_pushes(&t);
+        int prc = t.step ? PS_OK : wait_pushes(&t);
         if (rc != 0) {
             if (rc < 0)
                 log_error("%s", model_errmsg(t.m));
@@ -601,9 +631,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             exit_code = client_failure(prc);
             goto out;
         }
-        rc = ps_clock(client, NULL);
-        if (rc != PS_OK) {
+        if (t.step) {
+            rc = step_call(&t, step + 1 < total);
+        } else if ((rc = ps_clock(client, NULL)) != PS_OK) {
             log_error("clock: %s: %s", ps_strerror(rc), ps_last_error());
+        }
+        if (rc != PS_OK) {
             exit_code = client_failure(rc);
             goto out;
         }
@@ -711,14 +744,17 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     res->compute_ms_per_step =
         res->steps > 0 ? res->wall_s * 1e3 / (double)res->steps - res->comm_ms_per_step : 0.0;
     res->final_loss = last_loss;
+    getrusage(RUSAGE_SELF, &ru1);
+    double csw = (double)((ru1.ru_nvcsw - ru0.ru_nvcsw) + (ru1.ru_nivcsw - ru0.ru_nivcsw));
     {
-        char fields[384];
+        char fields[448];
         snprintf(fields, sizeof(fields),
                  "\"steps\":%" PRId64 ",\"samples\":%" PRIu64 ",\"wall_s\":%.3f,"
                  "\"samples_per_s\":%.1f,\"comm_ms_per_step\":%.3f,\"compute_ms_per_step\":%.3f,"
-                 "\"loss\":%.5f,\"first_step\":%" PRId64,
+                 "\"loss\":%.5f,\"first_step\":%" PRId64 ",\"context_switches_per_step\":%.1f",
                  res->steps, res->samples, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
-                 res->compute_ms_per_step, res->final_loss, res->first_step);
+                 res->compute_ms_per_step, res->final_loss, res->first_step,
+                 res->steps > 0 ? csw / (double)res->steps : 0.0);
         log_fields(LOG_INFO, fields,
                    "trained %" PRId64 " steps in %.2f s: %.0f samples/s, %.3f ms/step in "
                    "communication, %.3f ms/step computing%s",

@@ -34,6 +34,7 @@ typedef struct train_config {
     bool nesterov;
     int staleness; /* PS_STALENESS_DEFAULT, _ASYNC, _BSP or s > 0 */
     bool fused_push_pull;
+    bool step_call; /* one Step request per server per step (ps_step) */
     uint64_t seed;
     int64_t eval_every; /* steps; 0 = every epoch */
     int64_t log_every;

@@ -19,7 +19,7 @@ check bad-json 2 "cluster" env TF_CONFIG='{"cluster":' "$bin"
 check bad-address 2 'ps\[1\]' env TF_CONFIG='{"cluster":{"ps":["127.0.0.1:1","127.0.0.1"]},"task":{"type":"ps","index":1}}' "$bin"
 check bad-index 2 "out of range" env TF_CONFIG='{"cluster":{"ps":["127.0.0.1:1"]},"task":{"type":"ps","index":3}}' "$bin"
 check worker-task 2 "ps-server serves a ps task" env TF_CONFIG='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}' "$bin"
-check bad-flag 2 "threads" "$bin" --threads 0 --cluster '{"ps":["127.0.0.1:1"]}' --task ps:0
+check bad-flag 2 "threads" "$bin" --threads 257 --cluster '{"ps":["127.0.0.1:1"]}' --task ps:0
 check unknown-flag 2 "unknown" "$bin" --no-such-flag
 
 for sig in TERM INT; do

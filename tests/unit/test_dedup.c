@@ -1,9 +1,14 @@
-/* Exactly-once window: duplicates, reordering, window edges, many clients. */
+/* Exactly-once window: duplicates, reordering, window edges, many clients, eviction,
+ * export/import, and many threads at once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "dedup.h"
 
@@ -73,6 +78,129 @@ static void test_many_clients(void **state)
     dedup_destroy(NULL);
 }
 
+/* Eviction is table-wide, not per shard: the least recently heard client of all goes (the
+ * integration test `limits` does the same through a server). */
+static void test_eviction_lru_and_tombstones(void **state)
+{
+    (void)state;
+    dedup *d = dedup_create(64);
+    assert_int_equal(dedup_set_limits(d, 2, 0), 0);
+    assert_int_equal(dedup_begin(d, 0xA1, 1), DEDUP_NEW);
+    assert_int_equal(dedup_begin(d, 0xA1, 1), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(d, 0xB2, 1), DEDUP_NEW);
+    assert_int_equal(dedup_begin(d, 0xC3, 1), DEDUP_NEW); /* evicts 0xA1 */
+    assert_int_equal(dedup_clients(d), 2);
+    assert_int_equal(dedup_evicted(d), 1);
+    assert_int_equal(dedup_begin(d, 0xA1, 1), DEDUP_TOO_OLD); /* its tombstone; evicts 0xB2 */
+    assert_int_equal(dedup_begin(d, 0xA1, 2), DEDUP_NEW);
+    assert_int_equal(dedup_begin(d, 0xC3, 1), DEDUP_DUPLICATE); /* heard since: kept */
+    assert_int_equal(dedup_begin(d, 0xB2, 1), DEDUP_TOO_OLD);   /* evicted second */
+    assert_int_equal(dedup_evicted(d), 3);                      /* 0xB2 then 0xA1 */
+    dedup_destroy(d);
+
+    /* Many clients over every shard: the bound holds for the table, the newest stay. */
+    d = dedup_create(64);
+    assert_int_equal(dedup_set_limits(d, 100, 0), 0);
+    for (uint64_t c = 1; c <= 1000; c++)
+        assert_int_equal(dedup_begin(d, c, 1), DEDUP_NEW);
+    assert_int_equal(dedup_clients(d), 100);
+    assert_int_equal(dedup_evicted(d), 900);
+    for (uint64_t c = 901; c <= 1000; c++)
+        assert_int_equal(dedup_begin(d, c, 1), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_evicted(d), 900);
+    dedup_destroy(d);
+
+    /* Idle clients go when the next one is added. */
+    d = dedup_create(64);
+    assert_int_equal(dedup_set_limits(d, 0, 1), 0);
+    for (uint64_t c = 1; c <= 10; c++)
+        assert_int_equal(dedup_begin(d, c, 1), DEDUP_NEW);
+    nanosleep(&(struct timespec){0, 5 * 1000000}, NULL);
+    assert_int_equal(dedup_clients(d), 10);
+    assert_int_equal(dedup_begin(d, 11, 1), DEDUP_NEW);
+    assert_int_equal(dedup_clients(d), 1);
+    assert_int_equal(dedup_evicted(d), 10);
+    dedup_destroy(d);
+}
+
+/* An export holds every client of every shard, and imports into a fresh table restore them. */
+static void test_export_import(void **state)
+{
+    (void)state;
+    dedup *d = dedup_create(128);
+    for (uint64_t c = 1; c <= 300; c++)
+        for (uint64_t s = 1; s <= c % 7 + 1; s++)
+            assert_int_equal(dedup_begin(d, c * 1000003, s), DEDUP_NEW);
+    uint64_t n;
+    uint32_t words;
+    uint64_t *e = dedup_export(d, &n, &words);
+    assert_non_null(e);
+    assert_int_equal(n, 300);
+    assert_int_equal(words, 2);
+    dedup *r = dedup_create(128);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t *x = e + i * (2 + words);
+        assert_int_equal(dedup_import(r, x[0], x[1], x + 2, words), 0);
+    }
+    free(e);
+    assert_int_equal(dedup_clients(r), 300);
+    for (uint64_t c = 1; c <= 300; c++) {
+        uint64_t top = c % 7 + 1;
+        for (uint64_t s = 1; s <= top; s++)
+            assert_int_equal(dedup_begin(r, c * 1000003, s), DEDUP_DUPLICATE);
+        assert_int_equal(dedup_begin(r, c * 1000003, top + 1), DEDUP_NEW);
+    }
+    dedup_destroy(r);
+    dedup_destroy(d);
+}
+
+/* Threads with a client each, all at once: every seq is new once, then a duplicate. */
+#define DT 8
+#define DSEQS 100000
+
+typedef struct seq_arg {
+    dedup *d;
+    uint64_t client;
+    uint64_t bad;
+} seq_arg;
+
+static void *seq_main(void *arg)
+{
+    seq_arg *a = arg;
+    for (uint64_t s = 1; s <= DSEQS; s++) {
+        if (dedup_begin(a->d, a->client, s) != DEDUP_NEW)
+            a->bad++;
+        if (dedup_begin(a->d, a->client, s) != DEDUP_DUPLICATE)
+            a->bad++;
+        if (s > 64 && dedup_begin(a->d, a->client, s - 64) != DEDUP_DUPLICATE)
+            a->bad++; /* still in the 128-seq window */
+    }
+    return NULL;
+}
+
+static void test_threads_distinct_clients(void **state)
+{
+    (void)state;
+    dedup *d = dedup_create(128);
+    seq_arg a[DT];
+    pthread_t t[DT];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < DT; i++) {
+        a[i] = (seq_arg){.d = d, .client = 0x5eed0000u + (uint64_t)i};
+        assert_int_equal(pthread_create(&t[i], NULL, seq_main, &a[i]), 0);
+    }
+    for (int i = 0; i < DT; i++)
+        pthread_join(t[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    for (int i = 0; i < DT; i++)
+        assert_int_equal(a[i].bad, 0);
+    assert_int_equal(dedup_clients(d), DT);
+    print_message("%d threads x %d seqs x 3 checks: %.1f ms\n", DT, DSEQS,
+                  (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6);
+    dedup_destroy(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -80,6 +208,9 @@ int main(void)
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_unmark),
         cmocka_unit_test(test_many_clients),
+        cmocka_unit_test(test_eviction_lru_and_tombstones),
+        cmocka_unit_test(test_export_import),
+        cmocka_unit_test(test_threads_distinct_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

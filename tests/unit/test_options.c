@@ -135,7 +135,7 @@ static void test_defaults(void **state)
     (void)state;
     assert_int_equal(options_create(&o, OPT_SCOPE_SERVER), 0);
     assert_non_null(o);
-    assert_int_equal(opt_int(o, OPT_THREADS), 2);
+    assert_int_equal(opt_int(o, OPT_THREADS), 0);
     assert_int_equal(opt_int(o, OPT_RPC_CONTEXTS), 64);
     assert_int_equal(opt_int(o, OPT_MAX_MESSAGE_BYTES), 64 << 20);
     assert_int_equal(opt_int(o, OPT_INLINE_MAX_BYTES), 64 << 10);
@@ -171,8 +171,8 @@ static void test_set_good_and_bad(void **state)
     assert_int_equal(opt_int(o, OPT_THREADS), 8);
     assert_true(opt_is_set(o, OPT_THREADS));
 
-    assert_int_equal(options_set(o, "threads", "0", err, sizeof err), -1);
-    assert_contains(err, "threads: \"0\" is out of range 1..256");
+    assert_int_equal(options_set(o, "threads", "-1", err, sizeof err), -1);
+    assert_contains(err, "threads: \"-1\" is out of range 0..256");
     assert_int_equal(options_set(o, "threads", "257", err, sizeof err), -1);
     assert_contains(err, "out of range");
     assert_int_equal(options_set(o, "threads", "abc", err, sizeof err), -1);
@@ -350,7 +350,7 @@ static void test_help(void **state)
     assert_contains(text, "Usage: ps-server [OPTIONS]");
     assert_contains(text, "Server options:");
     assert_contains(text, "--threads=N");
-    assert_contains(text, "[default: 2]");
+    assert_contains(text, "[default: 0]");
     assert_contains(text, "(env: PS_THREADS)");
     assert_contains(text, "(env: TF_CONFIG)");
     assert_contains(text, "--log-level=debug|info|warn|error");
@@ -368,7 +368,7 @@ static void test_help(void **state)
     options_print_markdown(f, OPT_SCOPE_ALL, 0);
     fclose(f);
     assert_contains(text, "| Flag | Environment | Type | Default | Description |");
-    assert_contains(text, "| `--threads` | `PS_THREADS` | int 1..256 | `2` |");
+    assert_contains(text, "| `--threads` | `PS_THREADS` | int 0..256 | `0` |");
     assert_contains(text, "enum: debug\\|info\\|warn\\|error");
     assert_contains(text,
                     "| `--max-message-bytes` | `PS_MAX_MESSAGE_BYTES` | size 4K..2G | `64M` |");
@@ -389,7 +389,7 @@ static void test_argv_forms_and_positional(void **state)
     char *argv_unknown[] = {"ps-server", "--thread=3"};
     char *argv_short[] = {"ps-server", "-t"};
     char *argv_scope[] = {"ps-server", "--retries=3"};
-    char *argv_value[] = {"ps-server", "--threads=0"};
+    char *argv_value[] = {"ps-server", "--threads=300"};
 
     (void)state;
     assert_int_equal(options_create(&o, OPT_SCOPE_SERVER), 0);
@@ -422,7 +422,7 @@ static void test_argv_forms_and_positional(void **state)
     assert_contains(err, "--retries is not accepted by this program");
     assert_int_equal(options_load(o, ARGC(argv_value), argv_value, NULL, NULL, err, sizeof err),
                      -1);
-    assert_contains(err, "command line --threads: threads: \"0\" is out of range 1..256");
+    assert_contains(err, "command line --threads: threads: \"300\" is out of range 0..256");
     options_destroy(o);
 }
 
@@ -489,7 +489,7 @@ static void test_typed_getters(void **state)
 
     (void)state;
     assert_int_equal(options_create(&o, OPT_SCOPE_SERVER), 0);
-    assert_int_equal(opt_int(o, OPT_THREADS), 2);
+    assert_int_equal(opt_int(o, OPT_THREADS), 0);
     assert_int_equal(opt_int(o, OPT_MAX_MESSAGE_BYTES), 64 << 20); /* SIZE */
     assert_string_equal(opt_enum(o, OPT_LOG_LEVEL), "info");
     assert_string_equal(opt_str(o, OPT_LISTEN), "");

@@ -1,0 +1,432 @@
+/* ps_step: a training step's pushes, clock and pulls in one request per server (the Step
+ * method of proto/ps.proto).
+ *
+ * Planning. Every item's range is cut by owning server (split variables) and into pieces of at
+ * most chunk-bytes, each push piece with its own sequence number. A server whose pushes and
+ * pulls each fit in chunk-bytes gets one message carrying all of them and the clock: one
+ * round trip per server per step. A server with more gets its pushes first, packed into
+ * messages of up to chunk-bytes sent at once; once every one is acknowledged, its pulls
+ * follow, packed the same way, each carrying the clock (recording a clock twice is harmless:
+ * it never goes back). So a clock never reaches a server before the pushes it closes, and a
+ * pull always reads after them, as with ps_push + ps_clock + ps_pull. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "placement.h"
+#include "status.h"
+
+typedef struct step_piece {
+    size_t item;
+    uint64_t offset, count; /* in the variable's index space */
+    uint64_t seq;           /* push pieces */
+    bool push, pull;
+} step_piece;
+
+typedef struct step_state step_state;
+
+typedef struct step_msg {
+    step_state *s;
+    int server;
+    bool phase1; /* pushes of a server that needs more than one message */
+    bool advance_clock;
+    size_t first, npieces; /* s->pieces[first .. first + npieces) */
+    uint64_t push_elems, pull_elems;
+} step_msg;
+
+typedef struct step_server {
+    int phase1_left;       /* phase-1 messages not yet answered; atomic via s->lock */
+    bool failed;           /* a phase-1 message failed: phase 2 is not sent */
+    size_t first2, nmsgs2; /* its phase-2 messages in s->msgs */
+} step_server;
+
+struct step_state {
+    ps_client *c;
+    ps_op *op;
+    ps_step_item *items;
+    size_t nitems;
+    int64_t push_clock;
+    bool clock;
+    int dtype;
+    step_piece *pieces;
+    size_t npieces, cappieces;
+    step_msg *msgs;
+    size_t nmsgs, capmsgs;
+    step_server *srv;
+    pthread_mutex_t lock; /* srv, given_clock */
+    int64_t given_clock;  /* highest clock a server replied (an evicted worker's new clock) */
+};
+
+static void step_state_free(void *arg)
+{
+    step_state *s = arg;
+    if (s == NULL)
+        return;
+    free(s->items);
+    free(s->pieces);
+    free(s->msgs);
+    free(s->srv);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static int add_piece(step_state *s, size_t item, uint64_t offset, uint64_t count, bool push,
+                     bool pull)
+{
+    if (s->npieces == s->cappieces) {
+        size_t cap = s->cappieces ? 2 * s->cappieces : 16;
+        step_piece *p = realloc(s->pieces, cap * sizeof(*p));
+        if (p == NULL)
+            return -1;
+        s->pieces = p;
+        s->cappieces = cap;
+    }
+    step_piece *p = &s->pieces[s->npieces++];
+    p->item = item;
+    p->offset = offset;
+    p->count = count;
+    p->push = push;
+    p->pull = pull;
+    p->seq = push ? atomic_fetch_add(&s->c->next_seq, 1) + 1 : 0;
+    return 0;
+}
+
+static step_msg *add_msg(step_state *s, int server, bool phase1, bool advance_clock)
+{
+    if (s->nmsgs == s->capmsgs) {
+        size_t cap = s->capmsgs ? 2 * s->capmsgs : 8;
+        step_msg *m = realloc(s->msgs, cap * sizeof(*m));
+        if (m == NULL)
+            return NULL;
+        s->msgs = m;
+        s->capmsgs = cap;
+    }
+    step_msg *m = &s->msgs[s->nmsgs++];
+    memset(m, 0, sizeof(*m));
+    m->s = s;
+    m->server = server;
+    m->phase1 = phase1;
+    m->advance_clock = advance_clock;
+    m->first = s->npieces;
+    return m;
+}
+
+/* The part of item i on `server`: [*lo, *hi), empty when *lo >= *hi. */
+static void item_range_on(const ps_step_item *it, int server, uint64_t *lo, uint64_t *hi)
+{
+    const ps_var *v = it->var;
+    uint64_t a = 0, n = v->numel;
+    if (v->split)
+        placement_range(v->numel, v->nservers, (uint32_t)server, &a, &n);
+    else if ((int)v->owner != server)
+        n = 0;
+    uint64_t b = a + n;
+    *lo = it->offset > a ? it->offset : a;
+    *hi = it->offset + it->count < b ? it->offset + it->count : b;
+}
+
+/* Adds the pieces of every item on `server` (push and/or pull per `push`, `pull`, masked by
+ * what each item asks for) to messages of at most `chunk` elements each way. Returns -1 when
+ * out of memory. */
+static int plan_pieces(step_state *s, int server, bool push, bool pull, bool phase1,
+                       bool advance_clock, uint64_t chunk)
+{
+    step_msg *m = NULL;
+    for (size_t i = 0; i < s->nitems; i++) {
+        const ps_step_item *it = &s->items[i];
+        bool ps = push && it->grad != NULL, pl = pull && it->dst != NULL;
+        if (!ps && !pl)
+            continue;
+        uint64_t lo, hi, n;
+        item_range_on(it, server, &lo, &hi);
+        for (uint64_t x = lo; x < hi; x += n) {
+            n = hi - x < chunk ? hi - x : chunk;
+            if (m == NULL || (ps && m->push_elems + n > chunk) ||
+                (pl && m->pull_elems + n > chunk)) {
+                if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
+                    return -1;
+            }
+            if (add_piece(s, i, x, n, ps, pl) != 0)
+                return -1;
+            m->npieces++;
+            m->push_elems += ps ? n : 0;
+            m->pull_elems += pl ? n : 0;
+        }
+    }
+    if (m == NULL && advance_clock && !phase1) /* nothing to move: the clock alone */
+        if (add_msg(s, server, false, true) == NULL)
+            return -1;
+    return 0;
+}
+
+/* Plans every server's messages: one per server when its pushes and its pulls each fit in a
+ * chunk, else phase 1 (pushes) and phase 2 (pulls, with the clock). */
+static int plan(step_state *s)
+{
+    ps_client *c = s->c;
+    uint64_t chunk = c->chunk_elems;
+    for (int sv = 0; sv < c->nservers; sv++) {
+        uint64_t push = 0, pull = 0;
+        for (size_t i = 0; i < s->nitems; i++) {
+            uint64_t lo, hi;
+            item_range_on(&s->items[i], sv, &lo, &hi);
+            if (hi <= lo)
+                continue;
+            push += s->items[i].grad ? hi - lo : 0;
+            pull += s->items[i].dst ? hi - lo : 0;
+        }
+        if (push == 0 && pull == 0 && !s->clock)
+            continue;
+        if (push <= chunk && pull <= chunk) {
+            size_t before = s->nmsgs;
+            if (plan_pieces(s, sv, true, true, false, s->clock, UINT64_MAX) != 0)
+                return -1;
+            s->srv[sv].first2 = before;
+            s->srv[sv].nmsgs2 = s->nmsgs - before;
+            continue;
+        }
+        size_t before = s->nmsgs;
+        if (plan_pieces(s, sv, true, false, true, false, chunk) != 0)
+            return -1;
+        s->srv[sv].phase1_left = (int)(s->nmsgs - before);
+        before = s->nmsgs;
+        if (plan_pieces(s, sv, false, true, false, s->clock, chunk) != 0)
+            return -1;
+        s->srv[sv].first2 = before;
+        s->srv[sv].nmsgs2 = s->nmsgs - before;
+    }
+    return 0;
+}
+
+static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    step_msg *m = arg;
+    step_state *s = m->s;
+    envelope env;
+    client_envelope(s->c, &env, PSD__V1__METHOD__STEP, deadline_ms);
+    env.clock = s->push_clock; /* fixed for resends: the clock these pushes belong to */
+    Psd__V1__StepItem stack_items[16], *items = stack_items;
+    Psd__V1__StepItem *stack_ptrs[16], **ptrs = stack_ptrs;
+    if (m->npieces > 16) {
+        items = malloc(m->npieces * sizeof(*items));
+        ptrs = malloc(m->npieces * sizeof(*ptrs));
+        if (items == NULL || ptrs == NULL) {
+            free(items);
+            free(ptrs);
+            return NNG_ENOMEM;
+        }
+    }
+    for (size_t k = 0; k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        psd__v1__step_item__init(&items[k]);
+        items[k].name = s->items[p->item].var->name;
+        items[k].offset = p->offset;
+        items[k].count = p->count;
+        items[k].push = p->push;
+        items[k].seq = p->seq;
+        items[k].pull = p->pull;
+        ptrs[k] = &items[k];
+    }
+    Psd__V1__StepRequest req = PSD__V1__STEP_REQUEST__INIT;
+    req.n_items = m->npieces;
+    req.items = ptrs;
+    req.advance_clock = m->advance_clock;
+    /* The tensor describes the pushed gradients, and names the dtype the pulls come back in. */
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = (Psd__V1__DType)s->dtype;
+    t.count = m->push_elems;
+    if (m->push_elems > 0 || s->dtype != PSD__V1__DTYPE__FLOAT32)
+        env.tensor = &t;
+    size_t esize = frame_dtype_size(s->dtype);
+    uint8_t *seg;
+    int rv = client_build_segment(&env, &req.base, (size_t)m->push_elems * esize, &seg, out);
+    for (size_t k = 0; rv == 0 && k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        if (!p->push)
+            continue;
+        const ps_step_item *it = &s->items[p->item];
+        frame_put_floats(seg, it->grad + (p->offset - it->offset), (size_t)p->count, s->dtype);
+        seg += esize * p->count;
+    }
+    if (items != stack_items) {
+        free(items);
+        free(ptrs);
+    }
+    return rv;
+}
+
+static void msg_done(void *arg, int status, const char *message, const frame *reply);
+
+static void msg_start(step_msg *m)
+{
+    ps_client *c = m->s->c;
+    int rc = rpc_conn_call(c->servers[m->server], &c->call, msg_build, msg_done, m);
+    if (rc != 0)
+        msg_done(m, rc, "cannot start the request", NULL);
+}
+
+/* Reads a reply's results: acknowledged pushes (restart detection), pulled parameters. */
+static int msg_read(step_msg *m, const frame *reply, const char **message)
+{
+    step_state *s = m->s;
+    Psd__V1__StepReply *r =
+        psd__v1__step_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+    if (r == NULL) {
+        *message = "reply body does not decode as psd.v1.StepReply";
+        return STATUS_INTERNAL;
+    }
+    int status = STATUS_OK;
+    size_t esize = frame_dtype_size(s->dtype);
+    const Psd__V1__TensorMeta *t = reply->env->tensor;
+    uint64_t got = t && reply->has_segment ? t->count : 0;
+    if (r->n_results != m->npieces || got != m->pull_elems ||
+        (m->pull_elems > 0 && (int)t->dtype != s->dtype)) {
+        *message = "step reply does not match the request (results or pulled elements)";
+        status = STATUS_INTERNAL;
+    }
+    const uint8_t *seg = reply->segment;
+    for (size_t k = 0; status == STATUS_OK && k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        const ps_step_item *it = &s->items[p->item];
+        const Psd__V1__StepResult *res = r->results[k];
+        if (p->push)
+            client_note_push(s->c, it->var, m->server, reply->env->server_instance, res->version,
+                             res->restored_version);
+        if (p->pull) {
+            frame_get_floats(it->dst + (p->offset - it->offset), seg, (size_t)p->count, s->dtype);
+            seg += esize * p->count;
+        }
+    }
+    if (status == STATUS_OK && m->advance_clock) {
+        pthread_mutex_lock(&s->lock);
+        if (r->clock > s->given_clock)
+            s->given_clock = r->clock;
+        pthread_mutex_unlock(&s->lock);
+    }
+    psd__v1__step_reply__free_unpacked(r, NULL);
+    return status;
+}
+
+static void msg_done(void *arg, int status, const char *message, const frame *reply)
+{
+    step_msg *m = arg;
+    step_state *s = m->s;
+    if (status == STATUS_OK && reply != NULL)
+        status = msg_read(m, reply, &message);
+    else if (status == STATUS_OK)
+        status = STATUS_INTERNAL, message = "no reply";
+    if (m->phase1) {
+        /* The last push message of a server releases its pulls and clock. */
+        step_server *sv = &s->srv[m->server];
+        pthread_mutex_lock(&s->lock);
+        if (status != STATUS_OK)
+            sv->failed = true;
+        bool go = --sv->phase1_left == 0;
+        bool failed = sv->failed;
+        pthread_mutex_unlock(&s->lock);
+        if (go) {
+            for (size_t k = 0; k < sv->nmsgs2; k++) {
+                if (failed)
+                    client_op_release(s->op, m->server, STATUS_ABORTED,
+                                      "not sent: a push of this step to the server failed");
+                else
+                    msg_start(&s->msgs[sv->first2 + k]);
+            }
+        }
+    }
+    client_op_release(s->op, m->server, status, message);
+}
+
+/* After a step that clocked: the client's clock moves to push_clock + 1, or to the clock a
+ * server gave (an evicted worker continues from the servers' clock). */
+static void step_complete(void *arg, int status)
+{
+    step_state *s = arg;
+    if (status != STATUS_OK || !s->clock)
+        return;
+    int64_t now = s->push_clock + 1;
+    if (s->given_clock > now)
+        now = s->given_clock;
+    int64_t cur = atomic_load(&s->c->clock);
+    while (now > cur && !atomic_compare_exchange_weak(&s->c->clock, &cur, now)) {
+    }
+}
+
+int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
+                  void *arg, ps_op **out_op)
+{
+    if (c == NULL || out_op == NULL || (items == NULL && n > 0))
+        return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items or op");
+    if (flags & ~(unsigned)PS_STEP_CLOCK)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_step: unknown flags 0x%x", flags);
+    if ((flags & PS_STEP_CLOCK) && c->worker_id < 0)
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "ps_step with PS_STEP_CLOCK needs a worker id: run as a worker task "
+                           "or set worker-id");
+    for (size_t i = 0; i < n; i++) {
+        const ps_step_item *it = &items[i];
+        if (it->var == NULL)
+            return client_fail(PS_INVALID_ARGUMENT, "ps_step: item %zu has no variable", i);
+        if (it->grad == NULL && it->dst == NULL)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_step: item %zu (\"%s\") has neither grad nor dst", i,
+                               it->var->name);
+        if (it->offset > it->var->numel || it->count > it->var->numel - it->offset)
+            return client_fail(PS_OUT_OF_RANGE,
+                               "ps_step: item %zu: range [%llu, %llu+%llu) is outside \"%s\" of "
+                               "%llu elements",
+                               i, (unsigned long long)it->offset, (unsigned long long)it->offset,
+                               (unsigned long long)it->count, it->var->name,
+                               (unsigned long long)it->var->numel);
+    }
+    step_state *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    pthread_mutex_init(&s->lock, NULL);
+    s->c = c;
+    s->nitems = n;
+    s->clock = (flags & PS_STEP_CLOCK) != 0;
+    s->dtype = c->wire_dtype;
+    s->push_clock = atomic_load(&c->clock);
+    s->given_clock = INT64_MIN;
+    s->items = malloc((n ? n : 1) * sizeof(*s->items));
+    s->srv = calloc((size_t)c->nservers, sizeof(*s->srv));
+    if (s->items == NULL || s->srv == NULL || (memcpy(s->items, items, n * sizeof(*items)), 0) ||
+        plan(s) != 0) {
+        step_state_free(s);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    ps_op *op = client_op_new(c, 0, cb, arg);
+    if (op == NULL) {
+        step_state_free(s);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    s->op = op;
+    client_op_set_ext(op, s, step_state_free, step_complete);
+    *out_op = op;
+    client_op_hold(op, (int)s->nmsgs);
+    /* Phase-1 messages and single messages now; a server's phase 2 once its phase 1 is done
+     * (or now, when it has none). */
+    for (int sv = 0; sv < c->nservers; sv++) {
+        bool has1 = s->srv[sv].phase1_left > 0;
+        for (size_t k = 0; k < s->nmsgs; k++) {
+            step_msg *m = &s->msgs[k];
+            if (m->server == sv && (m->phase1 || !has1))
+                msg_start(m);
+        }
+    }
+    client_op_release(op, -1, STATUS_OK, "");
+    return PS_OK;
+}
+
+int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags)
+{
+    ps_op *op;
+    int rc = ps_step_async(c, items, n, flags, NULL, NULL, &op);
+    if (rc != PS_OK)
+        return rc;
+    rc = ps_op_wait(op);
+    ps_op_destroy(op);
+    return rc;
+}
