@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char_p, c_double, c_int, c_int64,
-                    c_size_t, c_ubyte, c_uint32, c_uint64, c_void_p)
+                    c_size_t, c_ubyte, c_uint, c_uint32, c_uint64, c_void_p)
 from typing import List, Optional, Tuple
 
 PS_MAX_DIMS = 8
@@ -70,6 +70,15 @@ class VarSpec(Structure):
         # ---- appended fields ----
         ("weight_decay", c_double),
     ]
+
+
+class StepItem(Structure):
+    """ps_step_item."""
+    _fields_ = [("var", c_void_p), ("offset", c_uint64), ("count", c_uint64),
+                ("grad", c_void_p), ("dst", c_void_p)]
+
+
+PS_STEP_CLOCK = 1
 
 
 class StalenessStats(Structure):
@@ -148,6 +157,7 @@ _PROTOTYPES = {
     "ps_op_message": (c_char_p, [_P]),
     "ps_op_destroy": (None, [_P]),
     "ps_clock": (c_int, [_P, POINTER(c_int64)]),
+    "ps_step": (c_int, [_P, POINTER(StepItem), c_size_t, c_uint]),
     "ps_client_clock": (c_int64, [_P]),
     "ps_server_status": (c_int, [_P, c_int, POINTER(ServerStats)]),
     "ps_cluster_workers_live": (c_int, [_P, c_int, POINTER(c_ubyte)]),

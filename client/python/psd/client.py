@@ -470,6 +470,51 @@ class Client:
             _raise(rc)
         return out.value
 
+    def step(self, items: Sequence[Tuple[Any, ...]], *, clock: bool = True) -> List[Any]:
+        """One training step in one request per server (ps_step): pushes every gradient, then,
+        with `clock`, advances this client's clock on every server, then pulls every
+        variable's parameters at the new clock (waiting for its staleness bound). `items` are
+        (variable, grad) or (variable, grad, out) tuples for whole variables; grad None: no
+        push; out None (or absent): a new array of the variable's shape, False: no pull.
+        Returns the pulled arrays in item order (None where nothing was pulled). Blocks."""
+        arr = (_native.StepItem * max(len(items), 1))()
+        outs: List[Any] = []
+        keep: List[Any] = []
+        for i, item in enumerate(items):
+            if not 2 <= len(item) <= 3:
+                raise ValueError(f"step item {i}: expected (variable, grad[, out])")
+            var, grad = item[0], item[1]
+            out = item[2] if len(item) == 3 else None
+            if not isinstance(var, Variable):
+                raise TypeError(f"step item {i}: {var!r} is not a psd.Variable")
+            arr[i].var = var._h
+            arr[i].offset = 0
+            arr[i].count = var.size
+            if grad is not None:
+                gaddr, n, gkeep = var._src(grad, "step")
+                if n != var.size:
+                    raise ValueError(f"step of {var.name!r}: the gradient has {n} float32 "
+                                     f"elements, the variable {var.size}")
+                arr[i].grad = gaddr
+                keep.append(gkeep)
+            if out is False:
+                outs.append(None)
+            else:
+                out, addr, _, okeep = var._dest(out, 0, var.size, "step")
+                arr[i].dst = addr
+                keep.append(okeep)
+                outs.append(out)
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_step(c, arr, len(items),
+                                       _native.PS_STEP_CLOCK if clock else 0)
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep
+        return outs
+
     @property
     def current_clock(self) -> int:
         """This client's current clock (no network)."""

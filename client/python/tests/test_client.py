@@ -89,6 +89,32 @@ def test_clock_and_status(client: psd.Client, uname: str, cluster2: Cluster) -> 
         assert w.current_clock == c0 + 1
 
 
+def test_step_one_request_per_server(cluster2: Cluster, uname: str) -> None:
+    # no heartbeats: they are requests too, and the test counts requests
+    with psd.Client(cluster2.spec, use_env=False, worker_id=0, heartbeat_ms=0,
+                    split_threshold_bytes="16K") as w:
+        small = sgd_var(w, uname + "/s", (3, 4))
+        big = sgd_var(w, uname + "/b", (64, 128))  # split over both servers
+        assert big.num_shards == 2
+        gs = np.arange(12, dtype=np.float32).reshape(3, 4)
+        gb = np.ones((64, 128), np.float32)
+        before = [w.server_status(i).requests for i in range(2)]
+        c0 = w.current_clock
+        for t in range(1, 4):
+            s_out, b_out = w.step([(small, gs), (big, gb)])
+            assert np.array_equal(s_out, -t * gs) and np.array_equal(b_out, -t * gb)
+        assert w.current_clock == c0 + 3
+        after = [w.server_status(i).requests for i in range(2)]
+        # 3 steps, one request per server each, and the first status request of `after`
+        assert [a - b for a, b in zip(after, before)] == [4, 4]
+        # push only, then pull only
+        assert w.step([(small, gs, False)], clock=False) == [None]
+        (got,) = w.step([(small, None)], clock=False)
+        assert np.array_equal(got, -4 * gs)
+        with pytest.raises(psd.InvalidArgumentError, match="neither grad nor dst"):
+            w.step([(small, None, False)])
+
+
 # ---- errors ---------------------------------------------------------------------------------
 
 
