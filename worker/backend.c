@@ -157,6 +157,13 @@ size_t backend_buf_size(const backend_buf *buf)
     return buf->bytes;
 }
 
+void *backend_buf_host_ptr(backend *be, backend_buf *buf)
+{
+    if (be == NULL || buf == NULL || be->vt->host_ptr == NULL)
+        return NULL;
+    return be->vt->host_ptr(be, buf);
+}
+
 void *backend_host_alloc(backend *be, size_t bytes)
 {
     return be->vt->host_alloc(be, bytes);

@@ -101,6 +101,11 @@ void backend_buf_free(backend *be, backend_buf *buf);
 /* Size in bytes given at allocation. */
 size_t backend_buf_size(const backend_buf *buf);
 
+/* The buffer's memory as a host pointer when the device is the host (the CPU backend), so
+ * that a caller may read and write it in place instead of copying; NULL when it is not
+ * host-addressable (a GPU). Uploads and downloads from or to that same pointer copy nothing. */
+void *backend_buf_host_ptr(backend *be, backend_buf *buf);
+
 /* Host memory suited to copies (pinned on a GPU, 64-byte aligned always).
  * Returns NULL when out of memory. backend_host_free(be, NULL) is a no-op. */
 void *backend_host_alloc(backend *be, size_t bytes);
@@ -190,6 +195,7 @@ typedef struct backend_vtable {
     void (*host_free)(backend *be, void *p);
     int (*upload)(backend *be, backend_buf *buf, size_t off, const void *src, size_t bytes);
     int (*download)(backend *be, const backend_buf *buf, size_t off, void *dst, size_t bytes);
+    void *(*host_ptr)(backend *be, backend_buf *buf); /* optional (NULL: not host memory) */
     int (*memset_zero)(backend *be, backend_buf *buf, size_t off, size_t bytes);
     int (*sync)(backend *be);
     int (*event_create)(backend *be, backend_event **out);

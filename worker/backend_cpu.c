@@ -82,15 +82,23 @@ static void cpu_host_free(backend *be, void *p)
 
 static int cpu_upload(backend *be, backend_buf *buf, size_t off, const void *src, size_t bytes)
 {
-    if (bytes != 0)
-        memcpy((char *)((cpu_buf *)buf)->data + off, src, bytes);
+    char *dst = (char *)((cpu_buf *)buf)->data + off;
+    if (bytes != 0 && dst != src) /* src may be the buffer itself (backend_buf_host_ptr) */
+        memcpy(dst, src, bytes);
     return 0;
+}
+
+static void *cpu_host_ptr(backend *be, backend_buf *buf)
+{
+    (void)be;
+    return ((cpu_buf *)buf)->data;
 }
 
 static int cpu_download(backend *be, const backend_buf *buf, size_t off, void *dst, size_t bytes)
 {
-    if (bytes != 0)
-        memcpy(dst, (const char *)((const cpu_buf *)buf)->data + off, bytes);
+    const char *src = (const char *)((const cpu_buf *)buf)->data + off;
+    if (bytes != 0 && dst != src)
+        memcpy(dst, src, bytes);
     return 0;
 }
 
@@ -316,6 +324,7 @@ static const backend_vtable cpu_vtable = {
     .host_free = cpu_host_free,
     .upload = cpu_upload,
     .download = cpu_download,
+    .host_ptr = cpu_host_ptr,
     .memset_zero = cpu_memset_zero,
     .sync = cpu_sync,
     .event_create = cpu_event_create,

@@ -151,8 +151,10 @@ void model_destroy(model *m)
     backend *be = m->be;
     for (int i = 0; i < m->num_params; i++) {
         model_param *p = &m->params[i];
-        backend_host_free(be, p->host);
-        backend_host_free(be, p->grad_host);
+        if (!p->host_is_device) {
+            backend_host_free(be, p->host);
+            backend_host_free(be, p->grad_host);
+        }
         backend_buf_free(be, p->value);
         backend_buf_free(be, p->grad);
         backend_event_destroy(be, p->grad_ready);
@@ -230,14 +232,23 @@ static int alloc_buffers(model *m)
     for (int i = 0; i < m->num_params && rc == 0; i++) {
         model_param *p = &m->params[i];
         size_t bytes = p->numel * sizeof(float);
-        p->host = backend_host_alloc(be, bytes);
-        p->grad_host = backend_host_alloc(be, bytes);
-        if (p->host == NULL || p->grad_host == NULL)
-            rc = -1;
-        if (rc == 0)
-            rc = backend_buf_alloc(be, bytes, &p->value);
+        rc = backend_buf_alloc(be, bytes, &p->value);
         if (rc == 0)
             rc = backend_buf_alloc(be, bytes, &p->grad);
+        if (rc != 0)
+            break;
+        /* Where the device is the host, the host copies are the device buffers themselves:
+         * pulls land in the parameters the next step uses and pushes read the gradients where
+         * the backward pass wrote them, with no upload or download copy in between. */
+        p->host = backend_buf_host_ptr(be, p->value);
+        p->grad_host = backend_buf_host_ptr(be, p->grad);
+        p->host_is_device = p->host != NULL && p->grad_host != NULL;
+        if (!p->host_is_device) {
+            p->host = backend_host_alloc(be, bytes);
+            p->grad_host = backend_host_alloc(be, bytes);
+            if (p->host == NULL || p->grad_host == NULL)
+                rc = -1;
+        }
         if (rc == 0)
             rc = backend_event_create(be, &p->grad_ready);
     }

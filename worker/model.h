@@ -62,8 +62,12 @@ typedef struct model_param {
     int ndims;        /* 2 for dense kernels, 1 for biases */
     uint64_t dims[2]; /* dense kernel: in, out; bias: out */
     size_t numel;
-    float *host;        /* numel values, host copy (backend_host_alloc) */
-    float *grad_host;   /* numel values, filled by model_train_step */
+    float *host;      /* numel values, host copy (backend_host_alloc) */
+    float *grad_host; /* numel values, filled by model_train_step */
+    /* host and grad_host are the device buffers themselves (a backend whose device memory is
+     * host memory: backend_buf_host_ptr): uploads and downloads of them copy nothing, and a
+     * write to host changes the device's parameters at once. */
+    bool host_is_device;
     backend_buf *value; /* device */
     backend_buf *grad;  /* device */
     backend_event *grad_ready;
