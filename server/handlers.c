@@ -659,6 +659,11 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
     for (size_t i = 0; i < req->n_items; i++) {
         const Psd__V1__StepItem *it = req->items[i];
         char err[512];
+        if (it->count == 0) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "step item %zu (%s) has count 0", i,
+                            QUOTED(err, it->name));
+            return false;
+        }
         if (!it->push && !it->pull) {
             rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                             "step item %zu (%s) neither pushes nor pulls", i,
@@ -743,9 +748,9 @@ static void handle_step(rpc_call *call, void *arg)
                       .dtype = k->dtype,
                       .off = it->offset,
                       .cnt = it->count};
-        seg += esize * it->count;
+        seg += esize * it->count; /* count > 0 (step_check): the segment is there */
         char err[512];
-        bool dup;
+        bool dup = false;
         int rc = push_one(st, k->vars[i], &in, NULL, NULL, 0, &dup, &k->res[i].version, err,
                           sizeof(err));
         k->res[i].duplicate = dup;
@@ -949,8 +954,6 @@ const rpc_method server_methods[] = {
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
-    {PSD__V1__METHOD__STEP, "Step", &psd__v1__step_request__descriptor, handle_step,
-     RPC_MAY_SEGMENT},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
     {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,
@@ -959,5 +962,7 @@ const rpc_method server_methods[] = {
      RPC_ADMIN},
     {PSD__V1__METHOD__DELETE_VARIABLE, "DeleteVariable",
      &psd__v1__delete_variable_request__descriptor, handle_delete, RPC_ADMIN},
+    {PSD__V1__METHOD__STEP, "Step", &psd__v1__step_request__descriptor, handle_step,
+     RPC_MAY_SEGMENT},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

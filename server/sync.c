@@ -390,6 +390,31 @@ static uint64_t wait_deadline(rpc_call *call, uint64_t start_ns)
     return dl - margin;
 }
 
+/* Parks a call with the lock held: a waiter for `need`, linked, with its deadline; the caller
+ * fills what it answers with. NULL (and the error reply set) when the call can't be parked
+ * (out of memory, or max-parked calls parked already). */
+static waiter *park_locked(sync_state *s, rpc_call *call, int32_t worker, int64_t clock,
+                           int64_t need)
+{
+    waiter *w = calloc(1, sizeof(*w));
+    if (w == NULL || rpc_call_defer(call) != 0) {
+        free(w);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "too many pulls waiting for the staleness bound on this server");
+        return NULL;
+    }
+    w->call = call;
+    w->worker = worker;
+    w->clock = clock;
+    w->need = need;
+    w->start_ns = time_now_ns();
+    w->deadline_ns = wait_deadline(call, w->start_ns);
+    w->next = s->waiters;
+    s->waiters = w;
+    metric_gauge_add(m_waiting, 1);
+    return w;
+}
+
 void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, int64_t need,
                const char *what, sync_answer_fn answer, sync_drop_fn drop, void *arg)
 {
@@ -406,28 +431,16 @@ void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, 
         answer(st, call, arg, m, 0);
         return;
     }
-    waiter *w = calloc(1, sizeof(*w));
-    if (w == NULL || rpc_call_defer(call) != 0) {
+    waiter *w = park_locked(s, call, worker, clock, need);
+    if (w == NULL) {
         pthread_mutex_unlock(&s->lock);
-        free(w);
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
-                        "too many pulls waiting for the staleness bound on this server");
         drop(arg, false);
         return;
     }
-    w->call = call;
-    w->worker = worker;
-    w->clock = clock;
-    w->need = need;
     w->answer = answer;
     w->drop = drop;
     w->arg = arg;
     snprintf(w->what, sizeof(w->what), "%s", what);
-    w->start_ns = time_now_ns();
-    w->deadline_ns = wait_deadline(call, w->start_ns);
-    w->next = s->waiters;
-    s->waiters = w;
-    metric_gauge_add(m_waiting, 1);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -456,27 +469,15 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
         rpc_reply_error(call, STATUS_NOT_FOUND, "variable \"%s\" was deleted", v->name);
         return;
     }
-    waiter *w = calloc(1, sizeof(*w));
-    if (w == NULL || rpc_call_defer(call) != 0) {
+    waiter *w = park_locked(s, call, worker, clock, need);
+    if (w == NULL) {
         pthread_mutex_unlock(&s->lock);
-        free(w);
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
-                        "too many pulls waiting for the staleness bound on this server");
         return;
     }
-    w->call = call;
     variable_retain(v);
     w->v = v;
-    w->worker = worker;
-    w->clock = clock;
-    w->need = need;
     w->offset = offset;
     w->count = count;
-    w->start_ns = time_now_ns();
-    w->deadline_ns = wait_deadline(call, w->start_ns);
-    w->next = s->waiters;
-    s->waiters = w;
-    metric_gauge_add(m_waiting, 1);
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -93,7 +93,8 @@ static void check_reply(const void *reply, size_t len, const envelope *req_env, 
             if (env->tensor == NULL || req_env->tensor == NULL ||
                 env->tensor->offset != req_env->tensor->offset ||
                 env->tensor->count != req_env->tensor->count ||
-                f.segment_len != (size_t)env->tensor->count * 4)
+                env->tensor->dtype != req_env->tensor->dtype ||
+                f.segment_len != (size_t)env->tensor->count * frame_dtype_size(env->tensor->dtype))
                 fail("OK reply of a ranged method without the requested range");
         }
     }
@@ -241,10 +242,12 @@ static void structured(const uint8_t *data, size_t size)
         t.offset = p[2];
         t.count = (fl & F_BIGCNT) ? ((uint64_t)p[3] << 56 | p[3]) : p[3];
         env.tensor = &t;
-        if ((fl & F_SEGMENT) && t.count <= MAX_SEGMENT && t.dtype == PSD__V1__DTYPE__FLOAT32) {
-            /* Gradient values from the input (any bit pattern: NaN, Inf, denormals). */
+        size_t esize = frame_dtype_size(t.dtype);
+        if ((fl & F_SEGMENT) && t.count <= MAX_SEGMENT && esize > 0) {
+            /* Gradient values from the input (any bit pattern: NaN, Inf, denormals), in
+             * FLOAT32 or BFLOAT16. */
             uint8_t *b = (uint8_t *)seg;
-            seg_bytes = (size_t)t.count * 4;
+            seg_bytes = (size_t)t.count * esize;
             for (size_t i = 0; i < seg_bytes; i++)
                 b[i] = data[(i * 7 + 3) % size];
         }

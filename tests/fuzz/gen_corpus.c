@@ -152,6 +152,38 @@ static void dispatch_corpus(void)
     env.auth_token.len = strlen("fuzz-admin-token");
     put("checkpoint", &env, NULL, 0);
     put_structured("s-checkpoint", 8, 0x04, (const uint8_t[6]){0}, NULL, 0);
+    /* Step: a push and a pull of two variables with the clock, as worker 1; then the same
+     * pushes in bfloat16. */
+    env.auth_token.data = NULL;
+    env.auth_token.len = 0;
+    Psd__V1__StepItem a = PSD__V1__STEP_ITEM__INIT, b = PSD__V1__STEP_ITEM__INIT;
+    a.name = "layer1/w";
+    a.offset = 4;
+    a.count = 4;
+    a.push = true;
+    a.seq = 9;
+    a.pull = true;
+    b.name = "ssp/w";
+    b.count = 2;
+    b.pull = true;
+    Psd__V1__StepItem *items[2] = {&a, &b};
+    Psd__V1__StepRequest st = PSD__V1__STEP_REQUEST__INIT;
+    st.n_items = 2;
+    st.items = items;
+    st.advance_clock = true;
+    env.method = PSD__V1__METHOD__STEP;
+    env.worker_id = 1;
+    env.clock = 2;
+    env.client_id = 0x1002;
+    t.offset = 0;
+    t.count = 4;
+    env.tensor = &t;
+    env.body.len = n = psd__v1__step_request__pack(&st, body);
+    put("step", &env, g, sizeof(g));
+    put_structured("s-step", 11, 0x13, (const uint8_t[6]){0, 4, 1, 2, 0, 3}, body, n);
+    uint16_t h[4] = {0x3f00, 0xbf80, 0x4000, 0x3e80};
+    t.dtype = PSD__V1__DTYPE__BFLOAT16;
+    put("step-bf16", &env, h, sizeof(h));
 }
 int main(void)
 {

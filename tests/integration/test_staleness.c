@@ -27,15 +27,7 @@ static test_cluster tc;
  * forked after the parent used it. */
 static pid_t spawn(const char *role, int id, int n)
 {
-    char a[16], b[16];
-    snprintf(a, sizeof(a), "%d", id);
-    snprintf(b, sizeof(b), "%d", n);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(self_bin, self_bin, server_bin, "--child", role, a, b, tc.spec, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return test_spawn_child(self_bin, server_bin, role, id, n, tc.spec);
 }
 
 static ps_client *open_worker(int worker, const char *deadline_ms)

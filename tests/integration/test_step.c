@@ -456,15 +456,7 @@ static int ssp_worker(int id)
 
 static pid_t spawn(const char *role, int id, int n)
 {
-    char a[16], b[16];
-    snprintf(a, sizeof(a), "%d", id);
-    snprintf(b, sizeof(b), "%d", n);
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl(self_bin, self_bin, server_bin, "--child", role, a, b, tc.spec, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return test_spawn_child(self_bin, server_bin, role, id, n, tc.spec);
 }
 
 static void run_workers(const char *role, int n)
@@ -517,6 +509,36 @@ static void test_step_ssp_bound_holds(void **state)
     float w[4];
     assert_int_equal(ps_pull(c, v, w), PS_OK);
     assert_true(w[0] == -2.0f * SSP_STEPS);
+    ps_client_close(c);
+}
+
+/* A step whose pull waits for a worker that never comes ends at the deadline, naming it. */
+static void test_step_wait_deadline_names_the_worker(void **state)
+{
+    (void)state;
+    char tf[1400];
+    test_cluster_tf_config(&tc, "worker", 0, tf, sizeof(tf));
+    ps_config *cfg;
+    ps_client *c = NULL;
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "deadline-ms", "1500"), PS_OK);
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    ps_var *v = make_var(c, "late/w", 2, PS_STALENESS_BSP);
+    assert_non_null(v);
+    float g[2] = {1, 1}, w[2];
+    ps_step_item it = {v, 0, 2, g, w};
+    uint64_t t0 = time_now_ns();
+    int rc = ps_step(c, &it, 1, PS_STEP_CLOCK); /* worker 1 never clocks */
+    uint64_t ms = (time_now_ns() - t0) / 1000000;
+    fprintf(stderr, "after %llu ms: %s: %s\n", (unsigned long long)ms, ps_strerror(rc),
+            ps_last_error());
+    assert_int_equal(rc, PS_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(ps_last_error(), "worker 1"));
+    assert_non_null(strstr(ps_last_error(), "late/w"));
+    assert_in_range(ms, 1000, 5000);
+    assert_int_equal(ps_client_clock(c), 0); /* the step failed: the clock did not move here */
     ps_client_close(c);
 }
 
@@ -608,6 +630,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_step_bad_input, start2, stop),
         cmocka_unit_test_setup_teardown(test_step_bsp_reads_every_aggregate, start_workers3, stop),
         cmocka_unit_test_setup_teardown(test_step_ssp_bound_holds, start_workers2, stop),
+        cmocka_unit_test_setup_teardown(test_step_wait_deadline_names_the_worker, start_workers2,
+                                        stop),
         cmocka_unit_test_setup_teardown(test_bf16_wire, start2, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

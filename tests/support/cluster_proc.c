@@ -247,3 +247,17 @@ bool test_file_contains(const char *path, const char *text)
     fclose(f);
     return found;
 }
+
+pid_t test_spawn_child(const char *self, const char *server_bin, const char *role, int id, int n,
+                       const char *spec)
+{
+    char a[16], b[16];
+    snprintf(a, sizeof(a), "%d", id);
+    snprintf(b, sizeof(b), "%d", n);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, server_bin, "--child", role, a, b, spec, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}

@@ -55,6 +55,13 @@ int test_wait_port(int port, int ms);
  * signal if a signal ended it, or -1 if it had to be killed. */
 int test_wait_exit(pid_t pid, int ms);
 
+/* Worker processes of a test: this test binary (self) run again as
+ * `self SERVER_BIN --child ROLE ID N SPEC`, which its main hands to the child's code. A fresh
+ * process, not a plain fork, because nng can't be used in a child forked after the parent
+ * used it. Returns the child's pid (-1 if fork failed). */
+pid_t test_spawn_child(const char *self, const char *server_bin, const char *role, int id, int n,
+                       const char *spec);
+
 /* Whether the file at path contains text. */
 bool test_file_contains(const char *path, const char *text);
 
