@@ -421,8 +421,8 @@ ps_restart_run() {
     TF_CONFIG=$(tfc ps 0) "$PS_SERVER" "${sargs[@]}" >"$tmp/$name-ps.log" 2>&1 &
     local server=$!
     pids+=("$server")
-    # 3 epochs (about 6 s of training on 2 cores): the server is stopped about 2 s in.
-    local common=(--layers "784,128,10" --epochs 3 --batch-size 64 --optimizer adam --seed 3
+    # 8 epochs (6-16 s of training on 2 cores): the server is stopped about 2.5 s in.
+    local common=(--layers "784,128,10" --epochs 8 --batch-size 64 --optimizer adam --seed 3
         --log-every 100 --log-format json --data-dir "$DATA_DIR" --model-name "$name")
     TF_CONFIG=$(tfc worker 0) "$PS_WORKER" "${common[@]}" >"$tmp/$name-w0.out" \
         2>"$tmp/$name-w0.log" &
