@@ -14,6 +14,8 @@
 # -Dbuildtype=release && ninja -C /tmp/base/build-release server/ps-server).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+. "$root/bench/lib.sh"
 bench=$root/build-release/bench/ps-bench
 runs=3 seconds=2 clients=1,8 sizes=4K,1M transport=tcp
 servers=()
@@ -71,15 +73,8 @@ for run in $(seq 1 "$runs"); do
     done
 done
 
-# The median (the middle one of an odd count; the lower middle one of an even count).
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 col() { awk -v l="$1" -v s="$2" -v n="$3" -v c="$4" '$1 == l && $2 == s && $3 == n { print $c }' \
     "$tmp/results"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }'; }
-size_label() {
-    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) printf "%d MiB", b / 1048576;
-        else if (b >= 1024 && b % 1024 == 0) printf "%d KiB", b / 1024; else printf "%d B", b }'
-}
 
 echo
 echo "| size | clients | baseline GB/s | new GB/s | new/baseline | baseline pushes/s | new pushes/s |" \

@@ -12,6 +12,8 @@
 #                              mean_compute_ms_per_step" (aggregate: samples of all workers /
 #                              the longest worker's training time)
 #   median                     the median (the lower middle one) of the numbers on stdin
+#   ratio A B                  B / A to two decimals, "-" when A is not positive
+#   size_label BYTES           "4 KiB", "16 MiB" or "N B"
 
 bench_local() {
     local_bin="$build/deploy/local/ps-local"
@@ -45,4 +47,13 @@ bench_trained() {
 
 median() {
     sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'
+}
+
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }'
+}
+
+size_label() {
+    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) printf "%d MiB", b / 1048576;
+        else if (b >= 1024 && b % 1024 == 0) printf "%d KiB", b / 1024; else printf "%d B", b }'
 }

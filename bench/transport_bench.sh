@@ -10,6 +10,8 @@
 # both).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+. "$root/bench/lib.sh"
 bench=$root/build-release/bench/ps-bench server=$root/build-release/server/ps-server
 runs=3 seconds=1 sizes=4K,1M,16M ops=push,pull
 while [ $# -gt 0 ]; do
@@ -52,14 +54,8 @@ for run in $(seq 1 "$runs"); do
     }' "$tmp/out" >>"$tmp/results"
 done
 
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 col() { awk -v o="$1" -v t="$2" -v s="$3" -v c="$4" '$1 == o && $2 == t && $3 == s { print $c }' \
     "$tmp/results"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "-" }'; }
-size_label() {
-    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) printf "%d MiB", b / 1048576;
-        else if (b >= 1024 && b % 1024 == 0) printf "%d KiB", b / 1024; else printf "%d B", b }'
-}
 echo
 echo "| size | op | tcp GB/s | ipc GB/s | ipc/tcp GB/s | tcp p50 µs | ipc p50 µs | ipc/tcp p50 |" \
     "runs, GB/s (tcp; ipc) |"

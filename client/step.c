@@ -392,8 +392,9 @@ int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned fl
     s->given_clock = INT64_MIN;
     s->items = malloc((n ? n : 1) * sizeof(*s->items));
     s->srv = calloc((size_t)c->nservers, sizeof(*s->srv));
-    if (s->items == NULL || s->srv == NULL || (memcpy(s->items, items, n * sizeof(*items)), 0) ||
-        plan(s) != 0) {
+    if (s->items != NULL && n > 0)
+        memcpy(s->items, items, n * sizeof(*items));
+    if (s->items == NULL || s->srv == NULL || plan(s) != 0) {
         step_state_free(s);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }

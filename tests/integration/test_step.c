@@ -50,21 +50,6 @@ static ps_client *open_client(int worker, const char *chunk, const char *wire)
     return c;
 }
 
-/* SGD with learning rate 1 from zeros: the values are minus the sum of the gradients. */
-static ps_var *make_var(ps_client *c, const char *name, uint64_t n, int staleness)
-{
-    ps_var_spec s;
-    ps_var_spec_init(&s, name);
-    s.ndims = 1;
-    s.dims[0] = n;
-    s.staleness = staleness;
-    s.learning_rate = 1.0;
-    ps_var *v = NULL;
-    if (ps_var_create(c, &s, &v) != PS_OK)
-        fprintf(stderr, "create %s: %s\n", name, ps_last_error());
-    return v;
-}
-
 static int start2(void **state)
 {
     (void)state;
@@ -97,7 +82,7 @@ static void run_equivalence(const char *chunk, const char *prefix)
     for (int i = 0; i < NV; i++) {
         char name[64];
         snprintf(name, sizeof(name), "%s/v%d", prefix, i);
-        v[i] = make_var(c, name, sizes[i], PS_STALENESS_ASYNC);
+        v[i] = test_make_var_bound(c, name, sizes[i], PS_STALENESS_ASYNC);
         assert_non_null(v[i]);
         g[i] = malloc(sizes[i] * sizeof(float));
         dst[i] = malloc(sizes[i] * sizeof(float));
@@ -169,7 +154,7 @@ static void test_step_is_one_request_per_server(void **state)
     for (int i = 0; i < NV; i++) {
         char name[64];
         snprintf(name, sizeof(name), "count/v%d", i);
-        v[i] = make_var(c, name, sizes[i], PS_STALENESS_ASYNC);
+        v[i] = test_make_var_bound(c, name, sizes[i], PS_STALENESS_ASYNC);
         assert_non_null(v[i]);
         g[i] = calloc(sizes[i], sizeof(float));
     }
@@ -249,7 +234,7 @@ static void test_step_resent_is_applied_once(void **state)
 {
     (void)state;
     ps_client *c = open_client(-1, NULL, NULL);
-    ps_var *v = make_var(c, "once/x", 1, PS_STALENESS_ASYNC);
+    ps_var *v = test_make_var_bound(c, "once/x", 1, PS_STALENESS_ASYNC);
     assert_non_null(v);
     /* The variable lives on one server: find which. */
     int owner = -1;
@@ -313,7 +298,7 @@ static void test_step_bad_input(void **state)
 {
     (void)state;
     ps_client *c = open_client(-1, NULL, NULL);
-    ps_var *v = make_var(c, "bad/a", 4, PS_STALENESS_ASYNC);
+    ps_var *v = test_make_var_bound(c, "bad/a", 4, PS_STALENESS_ASYNC);
     assert_non_null(v);
     int port = -1;
     for (int s = 0; s < 2 && port < 0; s++) {
@@ -399,8 +384,8 @@ static void test_step_bad_input(void **state)
 static int bsp_worker(int id, int n)
 {
     ps_client *c = open_client(id, NULL, NULL);
-    ps_var *a = c ? make_var(c, "bsp/a", 5, PS_STALENESS_BSP) : NULL;
-    ps_var *b = c ? make_var(c, "bsp/b", 20000, PS_STALENESS_BSP) : NULL;
+    ps_var *a = c ? test_make_var_bound(c, "bsp/a", 5, PS_STALENESS_BSP) : NULL;
+    ps_var *b = c ? test_make_var_bound(c, "bsp/b", 20000, PS_STALENESS_BSP) : NULL;
     if (a == NULL || b == NULL)
         return 10;
     float *ga = malloc(5 * sizeof(float)), *gb = malloc(20000 * sizeof(float));
@@ -437,7 +422,7 @@ static int bsp_worker(int id, int n)
 static int ssp_worker(int id)
 {
     ps_client *c = open_client(id, NULL, NULL);
-    ps_var *v = c ? make_var(c, "ssp/w", 4, SSP_BOUND) : NULL;
+    ps_var *v = c ? test_make_var_bound(c, "ssp/w", 4, SSP_BOUND) : NULL;
     if (v == NULL)
         return 10;
     float w[4], g[4] = {1, 1, 1, 1};
@@ -525,7 +510,7 @@ static void test_step_wait_deadline_names_the_worker(void **state)
     assert_int_equal(ps_config_set(cfg, "deadline-ms", "1500"), PS_OK);
     assert_int_equal(ps_client_open(&c, cfg), PS_OK);
     ps_config_destroy(cfg);
-    ps_var *v = make_var(c, "late/w", 2, PS_STALENESS_BSP);
+    ps_var *v = test_make_var_bound(c, "late/w", 2, PS_STALENESS_BSP);
     assert_non_null(v);
     float g[2] = {1, 1}, w[2];
     ps_step_item it = {v, 0, 2, g, w};
@@ -551,7 +536,7 @@ static void test_bf16_wire(void **state)
     assert_non_null(c32);
     assert_non_null(c16);
     enum { N = 100000 };
-    ps_var *v = make_var(c32, "bf16/x", N, PS_STALENESS_ASYNC);
+    ps_var *v = test_make_var_bound(c32, "bf16/x", N, PS_STALENESS_ASYNC);
     assert_non_null(v);
     ps_var *v16 = test_find_var(c16, "bf16/x");
     assert_non_null(v16);

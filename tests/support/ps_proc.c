@@ -79,11 +79,17 @@ ps_client *test_ps_open_client(const test_ps *p, const char *resend_ms, const ch
 
 ps_var *test_make_var(ps_client *c, const char *name, uint64_t n)
 {
+    return test_make_var_bound(c, name, n, PS_STALENESS_DEFAULT);
+}
+
+ps_var *test_make_var_bound(ps_client *c, const char *name, uint64_t n, int staleness)
+{
     ps_var_spec s;
     ps_var_spec_init(&s, name);
     s.ndims = 1;
     s.dims[0] = n;
     s.learning_rate = 1.0; /* SGD from zeros: params = -(sum of gradients) */
+    s.staleness = staleness;
     ps_var *v;
     if (ps_var_create(c, &s, &v) != PS_OK) {
         fprintf(stderr, "create %s: %s\n", name, ps_last_error());

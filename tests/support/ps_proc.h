@@ -43,6 +43,8 @@ ps_client *test_ps_open_client(const test_ps *p, const char *resend_ms, const ch
 /* Creates a 1-D float variable of n elements with SGD learning rate 1 (from zeros, its values
  * are minus the sum of the gradients pushed); NULL (and a line on stderr) on failure. */
 ps_var *test_make_var(ps_client *c, const char *name, uint64_t n);
+/* The same with a staleness bound (PS_STALENESS_*, or s > 0). */
+ps_var *test_make_var_bound(ps_client *c, const char *name, uint64_t n, int staleness);
 
 /* Looks up a variable; NULL (and a line on stderr) on failure. */
 ps_var *test_find_var(ps_client *c, const char *name);
