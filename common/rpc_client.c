@@ -75,15 +75,16 @@ struct rpc_conn {
     uint64_t logged_ns; /* last "waiting for" line of the current episode, 0 if none */
     bool tls;
     atomic_uint pipes_added, pipes_removed; /* TLS connections made and lost (hint below) */
-    struct dial_state *dials;               /* TLS: one per socket, the argument of conn_pipe_cb */
+    struct dial_state *dials;               /* one per socket, the argument of conn_pipe_cb */
     bool socks_closed; /* nng_close returned for every socket (lock; rpc_conn_close) */
 };
 
-/* TLS: the dialer of one socket and its refusals in a row (conn_pipe_cb). */
+/* One socket's dialer, its connections and (TLS) its refusals in a row (conn_pipe_cb). */
 typedef struct dial_state {
     rpc_conn *conn;
     nng_dialer dialer;
-    _Atomic uint64_t added_ns; /* when its connection was made */
+    atomic_int pipes;          /* connections up: counted from ADD_PRE to REM_POST */
+    _Atomic uint64_t added_ns; /* TLS: when its connection was made */
     atomic_uint refusals;
 } dial_state;
 
@@ -251,8 +252,9 @@ int rpc_read_token(const char *path, char *buf, size_t cap, char *err, size_t er
     return 0;
 }
 
-/* TLS: counts connections made and lost, and backs the dialer off while the server closes
- * each connection right after the handshake (it refuses our certificate): without that the
+/* Counts each socket's connections up (pick_socket). Under TLS also counts connections made
+ * and lost, and backs the dialer off while the server closes each connection right after
+ * the handshake (it refuses our certificate): without that the
  * dialer redials at once after every connection made, tens of times a second, each costing
  * the server a handshake and a log line. */
 static void conn_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
@@ -260,6 +262,15 @@ static void conn_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     (void)p;
     dial_state *d = arg;
     rpc_conn *c = d->conn;
+    /* nng runs REM_POST for a pipe exactly when it ran ADD_PRE: the count stays exact. */
+    if (ev == NNG_PIPE_EV_ADD_PRE) {
+        atomic_fetch_add(&d->pipes, 1);
+        return;
+    }
+    if (ev == NNG_PIPE_EV_REM_POST)
+        atomic_fetch_sub(&d->pipes, 1);
+    if (!c->tls)
+        return;
     if (ev == NNG_PIPE_EV_ADD_POST) {
         atomic_fetch_add(&c->pipes_added, 1);
         atomic_store(&d->added_ns, time_now_ns());
@@ -600,7 +611,7 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     c->tls = rpc_tls_on(&cfg->tls);
     if (c->tls && rpc_tls_config(&tls, &cfg->tls, false, err, errlen) != 0)
         goto fail;
-    if (c->tls && (c->dials = calloc((size_t)cfg->connections, sizeof(*c->dials))) == NULL) {
+    if ((c->dials = calloc((size_t)cfg->connections, sizeof(*c->dials))) == NULL) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -620,14 +631,16 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
         nng_socket_set_ms(s, NNG_OPT_RECONNMAXT, 1000);
         nng_dialer d;
         rv = nng_dialer_create(&d, s, cfg->url);
-        if (rv == 0 && tls) {
+        if (rv == 0) {
             dial_state *ds = &c->dials[i];
             ds->conn = c;
             ds->dialer = d;
+            nng_pipe_notify(s, NNG_PIPE_EV_ADD_PRE, conn_pipe_cb, ds);
             nng_pipe_notify(s, NNG_PIPE_EV_ADD_POST, conn_pipe_cb, ds);
             nng_pipe_notify(s, NNG_PIPE_EV_REM_POST, conn_pipe_cb, ds);
-            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls);
         }
+        if (rv == 0 && tls)
+            rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, tls);
         if (rv == 0)
             rv = nng_dialer_start(d, NNG_FLAG_NONBLOCK);
         if (rv != 0) {
@@ -789,10 +802,32 @@ static rpc_req *req_get_locked(rpc_conn *c, int want)
     return r;
 }
 
+/* The socket for the next call: the next in turn that has a connection up, so that a call
+ * does not wait on a connection still being made (or remade) while another is ready; the
+ * next in turn when none is up. */
+static int pick_socket(rpc_conn *c)
+{
+    int start = (int)(atomic_fetch_add(&c->next_sock, 1) % (unsigned)c->nsocks);
+    for (int k = 0; k < c->nsocks; k++) {
+        int i = (start + k) % c->nsocks;
+        if (atomic_load_explicit(&c->dials[i].pipes, memory_order_relaxed) > 0)
+            return i;
+    }
+    return start;
+}
+
+int rpc_conn_sockets_up(const rpc_conn *c)
+{
+    int n = 0;
+    for (int k = 0; k < c->nsocks; k++)
+        n += atomic_load(&c->dials[k].pipes) > 0;
+    return n;
+}
+
 int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
                   void *arg)
 {
-    int want = (int)(atomic_fetch_add(&c->next_sock, 1) % (unsigned)c->nsocks);
+    int want = pick_socket(c);
     pthread_mutex_lock(&c->lock);
     if (c->closing) {
         pthread_mutex_unlock(&c->lock);

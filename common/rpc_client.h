@@ -95,6 +95,9 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
 /* The URL this connection dials. */
 const char *rpc_conn_url(const rpc_conn *c);
 
+/* How many of the connection's sockets have a connection up now (calls go to those first). */
+int rpc_conn_sockets_up(const rpc_conn *c);
+
 /* Backoff before retry number `attempt` (0-based): backoff_ms doubled per attempt, capped at
  * max_ms, plus a random jitter of up to half of it (random state *rng), so that clients
  * waiting for one server do not retry in step. */

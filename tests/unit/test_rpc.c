@@ -1,14 +1,22 @@
 /* RPC layer over real loopback sockets: method table dispatch, retries with backoff on
- * UNAVAILABLE, deadlines against a server that never answers, many calls in flight. */
+ * UNAVAILABLE, deadlines against a server that never answers, many calls in flight, calls
+ * going to the connections that are up while others are still being made. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -234,12 +242,129 @@ static void test_many_in_flight(void **state)
     rpc_server_stop(s);
 }
 
+/* A TCP gate in front of a server: the first connection it accepts is relayed to the
+ * server; every later one is accepted and then held without a byte, as a connection whose
+ * handshake never completes (a slow TLS handshake, a peer stalled mid-connect). */
+typedef struct gate {
+    int listen_fd, server_port, held[16], nheld;
+    atomic_bool stop;
+    atomic_int relayed;
+    pthread_t thread;
+} gate;
+
+static int tcp_connect_loopback(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static void *gate_main(void *arg)
+{
+    gate *g = arg;
+    int in = -1, out = -1;
+    char buf[65536];
+    while (!atomic_load(&g->stop)) {
+        struct pollfd p[3] = {{.fd = g->listen_fd, .events = POLLIN},
+                              {.fd = in, .events = POLLIN},
+                              {.fd = out, .events = POLLIN}};
+        if (poll(p, 3, 50) <= 0)
+            continue;
+        if (p[0].revents & POLLIN) {
+            int fd = accept(g->listen_fd, NULL, NULL);
+            if (fd >= 0 && in < 0) {
+                in = fd;
+                out = tcp_connect_loopback(g->server_port);
+                atomic_store(&g->relayed, out >= 0);
+            } else if (fd >= 0 && g->nheld < 16) {
+                g->held[g->nheld++] = fd;
+            } else if (fd >= 0) {
+                close(fd);
+            }
+        }
+        for (int k = 1; k <= 2; k++) {
+            if (!(p[k].revents & (POLLIN | POLLHUP)))
+                continue;
+            ssize_t n = read(p[k].fd, buf, sizeof(buf));
+            int to = k == 1 ? out : in;
+            for (ssize_t off = 0; n > 0 && off < n;) {
+                ssize_t w = write(to, buf + off, (size_t)(n - off));
+                if (w <= 0)
+                    break;
+                off += w;
+            }
+        }
+    }
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return NULL;
+}
+
+static void test_calls_go_to_connections_up(void **state)
+{
+    (void)state;
+    char url[64];
+    rpc_server *s = start_server(url, sizeof(url));
+    gate g = {.server_port = atoi(strrchr(url, ':') + 1)};
+    int gate_port = test_free_port();
+    g.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(g.listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gate_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(g.listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(g.listen_fd, 16), 0);
+    assert_int_equal(pthread_create(&g.thread, NULL, gate_main, &g), 0);
+
+    char gate_url[64];
+    snprintf(gate_url, sizeof(gate_url), "tcp://127.0.0.1:%d", gate_port);
+    rpc_conn_config cc = {
+        .url = gate_url, .connections = 4, .resend_ms = 60000, .max_message = 1 << 20};
+    rpc_conn *c;
+    char err[256];
+    assert_int_equal(rpc_conn_open(&c, &cc, err, sizeof(err)), 0);
+    for (int i = 0; i < 500 && rpc_conn_sockets_up(c) == 0; i++)
+        usleep(10000);
+    assert_int_equal(atomic_load(&g.relayed), 1);
+    assert_int_equal(rpc_conn_sockets_up(c), 1); /* one relayed, three held mid-handshake */
+
+    /* Every call is answered through the one connection up: none waits for a held one. */
+    enum { N = 12 };
+    for (int i = 0; i < N; i++) {
+        waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
+        pthread_mutex_init(&w.lock, NULL);
+        pthread_cond_init(&w.cond, NULL);
+        atomic_store(&unavailable_left, 0);
+        rpc_call_opts o = {.deadline_ms = 2000, .retries = 0, .backoff_ms = 10};
+        assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+        wait_all(&w);
+        assert_int_equal(w.status, STATUS_OK);
+        assert_int_equal(w.task_index, 7);
+    }
+    assert_int_equal(rpc_conn_sockets_up(c), 1);
+    rpc_conn_close(c);
+    atomic_store(&g.stop, true);
+    pthread_join(g.thread, NULL);
+    for (int i = 0; i < g.nheld; i++)
+        close(g.held[i]);
+    close(g.listen_fd);
+    rpc_server_stop(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_retry_on_unavailable),
         cmocka_unit_test(test_deadline_without_server),
         cmocka_unit_test(test_many_in_flight),
+        cmocka_unit_test(test_calls_go_to_connections_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
