@@ -76,7 +76,6 @@ struct rpc_conn {
     bool tls;
     atomic_uint pipes_added, pipes_removed; /* TLS connections made and lost (hint below) */
     struct dial_state *dials;               /* one per socket, the argument of conn_pipe_cb */
-    bool socks_closed; /* nng_close returned for every socket (lock; rpc_conn_close) */
 };
 
 /* One socket's dialer, its connections and (TLS) its refusals in a row (conn_pipe_cb). */
@@ -669,50 +668,82 @@ fail:
     return -1;
 }
 
-static void *close_main(void *arg)
+/* A bounded nng_close (rpc_close_sockets_bounded): shared by the caller and the closing
+ * thread, freed by whichever lets go last. */
+typedef struct close_job {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool done;
+    int refs;
+    int n;
+    nng_socket socks[];
+} close_job;
+
+static void close_job_release(close_job *j)
 {
-    rpc_conn *c = arg;
-    for (int i = 0; i < c->nsocks; i++)
-        nng_close(c->socks[i]);
-    pthread_mutex_lock(&c->lock);
-    c->socks_closed = true;
-    pthread_cond_broadcast(&c->idle);
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_lock(&j->lock);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->lock);
+    if (last) {
+        pthread_mutex_destroy(&j->lock);
+        pthread_cond_destroy(&j->cond);
+        free(j);
+    }
+}
+
+static void *close_job_main(void *arg)
+{
+    close_job *j = arg;
+    for (int i = 0; i < j->n; i++)
+        nng_close(j->socks[i]);
+    pthread_mutex_lock(&j->lock);
+    j->done = true;
+    pthread_cond_broadcast(&j->cond);
+    pthread_mutex_unlock(&j->lock);
+    close_job_release(j);
     return NULL;
 }
 
-/* Closes the sockets, waiting at most CLOSE_WAIT_MS: nng 1.5.2's nng_close can wait forever
- * on its reaper when a connection is made or lost meanwhile (seen while the server refused
- * every connection of a client without a certificate, which redials all the time, and about
- * 1 close in 5 with 16 calls in flight). False when that happened: the sockets, and c, are
- * then left as they are (every request's aio is stopped before, so none calls back). */
-static bool close_socks_bounded(rpc_conn *c)
+bool rpc_close_sockets_bounded(const nng_socket *socks, int n, uint32_t wait_ms)
 {
+    if (n <= 0)
+        return true;
+    close_job *j = calloc(1, sizeof(*j) + (size_t)n * sizeof(nng_socket));
     pthread_t t;
-    if (c->nsocks == 0 || pthread_create(&t, NULL, close_main, c) != 0) {
-        close_main(c);
+    if (j != NULL) {
+        pthread_mutex_init(&j->lock, NULL);
+        pthread_cond_init(&j->cond, NULL);
+        j->refs = 2;
+        j->n = n;
+        memcpy(j->socks, socks, (size_t)n * sizeof(nng_socket));
+    }
+    if (j == NULL || pthread_create(&t, NULL, close_job_main, j) != 0) {
+        for (int i = 0; i < n; i++)
+            nng_close(socks[i]); /* no thread to bound it with: unbounded */
+        if (j != NULL) {
+            j->refs = 1;
+            close_job_release(j);
+        }
         return true;
     }
+    pthread_detach(t);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += CLOSE_WAIT_MS / 1000;
-    until.tv_nsec += (long)(CLOSE_WAIT_MS % 1000) * 1000000L;
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
-    pthread_mutex_lock(&c->lock);
-    while (!c->socks_closed) {
-        if (pthread_cond_timedwait(&c->idle, &c->lock, &until) == ETIMEDOUT)
+    pthread_mutex_lock(&j->lock);
+    while (!j->done) {
+        if (pthread_cond_timedwait(&j->cond, &j->lock, &until) == ETIMEDOUT)
             break;
     }
-    bool closed = c->socks_closed;
-    pthread_mutex_unlock(&c->lock);
-    if (closed)
-        pthread_join(t, NULL);
-    else
-        pthread_detach(t);
-    return closed;
+    bool done = j->done;
+    pthread_mutex_unlock(&j->lock);
+    close_job_release(j);
+    return done;
 }
 
 void rpc_conn_close(rpc_conn *c)
@@ -736,7 +767,7 @@ void rpc_conn_close(rpc_conn *c)
         nng_aio_stop(c->all[i]->aio);
         nng_ctx_close(c->all[i]->ctx); /* each context explicitly, before its socket */
     }
-    if (!close_socks_bounded(c)) {
+    if (!rpc_close_sockets_bounded(c->socks, c->nsocks, CLOSE_WAIT_MS)) {
         char name[340];
         conn_name(c, name, sizeof(name));
         log_warn("closing the connection to %s: nng_close did not return within %d ms (nng 1.5 "

@@ -95,6 +95,13 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
 /* The URL this connection dials. */
 const char *rpc_conn_url(const rpc_conn *c);
 
+/* Closes n sockets (nng_close) from a thread of its own and waits at most wait_ms for it:
+ * nng 1.5.2's nng_close can wait forever on its reaper when a connection is made or lost
+ * meanwhile. True when every socket closed in time; false when the wait ran out: the closing
+ * thread is left to finish (or not), and whatever nng may still call back into must then be
+ * left allocated. Stop every aio and close every context of the sockets before. */
+bool rpc_close_sockets_bounded(const nng_socket *socks, int n, uint32_t wait_ms);
+
 /* How many of the connection's sockets have a connection up now (calls go to those first). */
 int rpc_conn_sockets_up(const rpc_conn *c);
 

@@ -7,7 +7,8 @@
 #   procs_on_exit [HOOK]     on exit: SIGKILL every pid in $pids, run HOOK (e.g. netns_destroy),
 #                            reap the children and remove $tmp; SIGINT/SIGTERM exit 130
 #   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log, exit 1
-#   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed)
+#   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed; with
+#                            gdb installed, its threads' stacks go to $tmp/stacks-PID.log)
 #   wait_log FILE PATTERN SECONDS   waits until FILE has a line matching PATTERN (grep): 0, or 1
 #   accuracy_of FILE         the test_accuracy= value of the last line of FILE that has one
 #   field_of FILE NAME       the numeric value of NAME= on that (worker 0's final) line
@@ -35,8 +36,10 @@ fail() {
     echo "FAIL: $*" >&2
     for f in "$tmp"/*.log; do
         [ -f "$f" ] || continue
-        echo "---- $f (last 20 lines)" >&2
-        tail -n 20 "$f" >&2
+        local n=20
+        case "$f" in */stacks-*) n=400 ;; esac
+        echo "---- $f (last $n lines)" >&2
+        tail -n "$n" "$f" >&2
     done
     exit 1
 }
@@ -45,6 +48,11 @@ wait_for() {
     local pid=$1 limit=$2 i=0
     while kill -0 "$pid" 2>/dev/null; do
         if [ "$i" -ge $((limit * 10)) ]; then
+            # Where it hangs, for the failure's log (fail prints $tmp/*.log).
+            if command -v gdb >/dev/null 2>&1 && [ -n "${tmp:-}" ] && [ -d "$tmp" ]; then
+                timeout 30 gdb -p "$pid" -batch -ex "thread apply all bt" \
+                    >"$tmp/stacks-$pid.log" 2>&1
+            fi
             kill -KILL "$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
             return 124
