@@ -28,6 +28,9 @@
 #define TLS_REDIAL_MAX_MS 3200
 /* How long rpc_conn_close waits for nng_close (see there). */
 #define CLOSE_WAIT_MS 2000
+/* A call on a socket whose connection is not up waits this long at a time, then moves to a
+ * socket whose connection is (req_attempt). */
+#define REHOME_MS 250
 
 enum req_state { REQ_IDLE, REQ_SEND, REQ_RECV, REQ_BACKOFF };
 
@@ -39,6 +42,7 @@ typedef struct rpc_req {
     enum req_state state;
     uint64_t deadline_ns;
     int attempt;
+    bool unanswered;        /* its last attempt got no reply within resend_ms on a connection up */
     uint64_t busy_since_ns; /* start of the call in progress, 0 when idle (conn lock) */
     uint64_t rng;
     char last_err[200]; /* why the last attempt failed, for the final message */
@@ -56,6 +60,7 @@ struct rpc_conn {
     int nsocks;
     nng_socket *socks;
     atomic_uint next_sock;
+    uint32_t resend_ms; /* of its REQ sockets: also when a call tries another connection */
     pthread_mutex_t lock;
     pthread_cond_t idle;
     /* Context operations are started under io_lock (shared) and only while !io_closed;
@@ -428,6 +433,57 @@ static void req_io_end(rpc_req *r)
     pthread_rwlock_unlock(&r->conn->io_lock);
 }
 
+static bool sock_up(const rpc_conn *c, int i)
+{
+    return atomic_load_explicit(&c->dials[i].pipes, memory_order_relaxed) > 0;
+}
+
+/* Moves r to a socket whose connection is up when its own has none (still dialing, mid-
+ * handshake or redialing) and another has: a new context there. Called with io_lock held
+ * (shared) and r idle between attempts. */
+static void req_rehome(rpc_req *r)
+{
+    rpc_conn *c = r->conn;
+    bool leave = r->unanswered; /* no reply on it within resend_ms: try another if one is up */
+    r->unanswered = false;
+    if (sock_up(c, r->sock_index) && !leave)
+        return;
+    for (int k = 1; k < c->nsocks; k++) {
+        int i = (r->sock_index + k) % c->nsocks;
+        nng_ctx ctx;
+        if (sock_up(c, i) && nng_ctx_open(&ctx, c->socks[i]) == 0) {
+            nng_ctx_close(r->ctx);
+            r->ctx = ctx;
+            r->sock_index = i;
+            return;
+        }
+    }
+}
+
+/* The wait of one attempt: REHOME_MS while r's socket has no connection up, resend_ms when
+ * it has one and another socket has one too, else all that is left. When it runs out the
+ * attempt is made again (same request, same sequence number: the server's exactly-once
+ * table drops a push seen twice), on another socket whose connection is up if any: a request
+ * is not left waiting on one connection that stalls (seen under TLS with nng 1.5.2: a fresh
+ * connection, up on both ends, delivering nothing, while nng's own resends went the same
+ * way). */
+static uint32_t attempt_ms(const rpc_req *r, uint32_t left)
+{
+    const rpc_conn *c = r->conn;
+    uint32_t slice = left;
+    if (!sock_up(c, r->sock_index)) {
+        slice = REHOME_MS;
+    } else if (c->resend_ms > 0) {
+        for (int k = 1; k < c->nsocks; k++) {
+            if (sock_up(c, (r->sock_index + k) % c->nsocks)) {
+                slice = c->resend_ms;
+                break;
+            }
+        }
+    }
+    return slice < left ? slice : left;
+}
+
 static void req_attempt(rpc_req *r)
 {
     uint32_t left = ms_left(r);
@@ -446,13 +502,14 @@ static void req_attempt(rpc_req *r)
     }
     r->state = REQ_SEND;
     nng_aio_set_msg(r->aio, m);
-    nng_aio_set_timeout(r->aio, (nng_duration)left);
     if (!req_io_begin(r)) {
         nng_aio_set_msg(r->aio, NULL);
         nng_msg_free(m);
         req_fail_nng(r, NNG_ECLOSED);
         return;
     }
+    req_rehome(r);
+    nng_aio_set_timeout(r->aio, (nng_duration)attempt_ms(r, left));
     nng_ctx_send(r->ctx, r->aio);
     req_io_end(r);
 }
@@ -463,6 +520,11 @@ static void req_cb(void *arg)
     int rv = nng_aio_result(r->aio);
     switch (r->state) {
     case REQ_SEND:
+        if (rv == NNG_ETIMEDOUT && ms_left(r) > 0) {
+            nng_msg_free(nng_aio_get_msg(r->aio)); /* a slice (attempt_ms) ran out: again */
+            req_attempt(r);
+            return;
+        }
         if (rv != 0) {
             nng_msg_free(nng_aio_get_msg(r->aio));
             if (retryable_nng(r->conn, rv)) {
@@ -473,7 +535,7 @@ static void req_cb(void *arg)
             return;
         }
         r->state = REQ_RECV;
-        nng_aio_set_timeout(r->aio, (nng_duration)(ms_left(r) ? ms_left(r) : 1));
+        nng_aio_set_timeout(r->aio, (nng_duration)(ms_left(r) ? attempt_ms(r, ms_left(r)) : 1));
         if (!req_io_begin(r)) {
             req_fail_nng(r, NNG_ECLOSED);
             return;
@@ -482,6 +544,12 @@ static void req_cb(void *arg)
         req_io_end(r);
         return;
     case REQ_RECV: {
+        if (rv == NNG_ETIMEDOUT && ms_left(r) > 0) {
+            /* A slice (attempt_ms) ran out: the same request again, elsewhere if it can. */
+            r->unanswered = sock_up(r->conn, r->sock_index);
+            req_attempt(r);
+            return;
+        }
         if (rv != 0) {
             if (retryable_nng(r->conn, rv)) {
                 req_retry(r, STATUS_UNAVAILABLE, nng_strerror(rv));
@@ -597,6 +665,7 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     snprintf(c->url, sizeof(c->url), "%s", cfg->url);
     snprintf(c->label, sizeof(c->label), "%s", cfg->label ? cfg->label : "");
     c->max_message = cfg->max_message;
+    c->resend_ms = cfg->resend_ms;
     pthread_mutex_init(&c->lock, NULL);
     pthread_rwlock_init(&c->io_lock, NULL);
     pthread_cond_init(&c->idle, NULL);
@@ -841,7 +910,7 @@ static int pick_socket(rpc_conn *c)
     int start = (int)(atomic_fetch_add(&c->next_sock, 1) % (unsigned)c->nsocks);
     for (int k = 0; k < c->nsocks; k++) {
         int i = (start + k) % c->nsocks;
-        if (atomic_load_explicit(&c->dials[i].pipes, memory_order_relaxed) > 0)
+        if (sock_up(c, i))
             return i;
     }
     return start;
@@ -851,7 +920,7 @@ int rpc_conn_sockets_up(const rpc_conn *c)
 {
     int n = 0;
     for (int k = 0; k < c->nsocks; k++)
-        n += atomic_load(&c->dials[k].pipes) > 0;
+        n += sock_up(c, k);
     return n;
 }
 
@@ -872,6 +941,7 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
     c->inflight++;
     r->opts = *o;
     r->attempt = 0;
+    r->unanswered = false;
     r->last_err[0] = '\0';
     r->build = build;
     r->done = done;

@@ -247,6 +247,8 @@ static void test_many_in_flight(void **state)
  * handshake never completes (a slow TLS handshake, a peer stalled mid-connect). */
 typedef struct gate {
     int listen_fd, server_port, held[16], nheld;
+    int relay_nth; /* which accepted connection is relayed (1: the first) */
+    int accepted;
     atomic_bool stop;
     atomic_int relayed;
     pthread_t thread;
@@ -277,7 +279,7 @@ static void *gate_main(void *arg)
             continue;
         if (p[0].revents & POLLIN) {
             int fd = accept(g->listen_fd, NULL, NULL);
-            if (fd >= 0 && in < 0) {
+            if (fd >= 0 && in < 0 && ++g->accepted >= g->relay_nth) {
                 in = fd;
                 out = tcp_connect_loopback(g->server_port);
                 atomic_store(&g->relayed, out >= 0);
@@ -307,55 +309,87 @@ static void *gate_main(void *arg)
     return NULL;
 }
 
-static void test_calls_go_to_connections_up(void **state)
+/* Starts a server behind a gate relaying its relay_nth connection; *c dials the gate with 4
+ * connections. */
+static rpc_server *start_gated(gate *g, int relay_nth, rpc_conn **c)
 {
-    (void)state;
     char url[64];
     rpc_server *s = start_server(url, sizeof(url));
-    gate g = {.server_port = atoi(strrchr(url, ':') + 1)};
+    *g = (gate){.server_port = atoi(strrchr(url, ':') + 1), .relay_nth = relay_nth};
     int gate_port = test_free_port();
-    g.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    g->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
-    setsockopt(g.listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(g->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gate_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(g.listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(g.listen_fd, 16), 0);
-    assert_int_equal(pthread_create(&g.thread, NULL, gate_main, &g), 0);
+    assert_int_equal(bind(g->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(g->listen_fd, 16), 0);
+    assert_int_equal(pthread_create(&g->thread, NULL, gate_main, g), 0);
 
     char gate_url[64];
     snprintf(gate_url, sizeof(gate_url), "tcp://127.0.0.1:%d", gate_port);
     rpc_conn_config cc = {
         .url = gate_url, .connections = 4, .resend_ms = 60000, .max_message = 1 << 20};
-    rpc_conn *c;
     char err[256];
-    assert_int_equal(rpc_conn_open(&c, &cc, err, sizeof(err)), 0);
+    assert_int_equal(rpc_conn_open(c, &cc, err, sizeof(err)), 0);
+    return s;
+}
+
+static void stop_gated(gate *g, rpc_conn *c, rpc_server *s)
+{
+    rpc_conn_close(c);
+    atomic_store(&g->stop, true);
+    pthread_join(g->thread, NULL);
+    for (int i = 0; i < g->nheld; i++)
+        close(g->held[i]);
+    close(g->listen_fd);
+    rpc_server_stop(s);
+}
+
+static void status_call_ok(rpc_conn *c)
+{
+    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    atomic_store(&unavailable_left, 0);
+    rpc_call_opts o = {.deadline_ms = 2000, .retries = 0, .backoff_ms = 10};
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    assert_int_equal(w.status, STATUS_OK);
+    assert_int_equal(w.task_index, 7);
+}
+
+static void test_calls_go_to_connections_up(void **state)
+{
+    (void)state;
+    gate g;
+    rpc_conn *c;
+    rpc_server *s = start_gated(&g, 1, &c);
     for (int i = 0; i < 500 && rpc_conn_sockets_up(c) == 0; i++)
         usleep(10000);
     assert_int_equal(atomic_load(&g.relayed), 1);
     assert_int_equal(rpc_conn_sockets_up(c), 1); /* one relayed, three held mid-handshake */
-
     /* Every call is answered through the one connection up: none waits for a held one. */
-    enum { N = 12 };
-    for (int i = 0; i < N; i++) {
-        waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
-        pthread_mutex_init(&w.lock, NULL);
-        pthread_cond_init(&w.cond, NULL);
-        atomic_store(&unavailable_left, 0);
-        rpc_call_opts o = {.deadline_ms = 2000, .retries = 0, .backoff_ms = 10};
-        assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
-        wait_all(&w);
-        assert_int_equal(w.status, STATUS_OK);
-        assert_int_equal(w.task_index, 7);
-    }
+    for (int i = 0; i < 12; i++)
+        status_call_ok(c);
     assert_int_equal(rpc_conn_sockets_up(c), 1);
-    rpc_conn_close(c);
-    atomic_store(&g.stop, true);
-    pthread_join(g.thread, NULL);
-    for (int i = 0; i < g.nheld; i++)
-        close(g.held[i]);
-    close(g.listen_fd);
-    rpc_server_stop(s);
+    stop_gated(&g, c, s);
+}
+
+/* A call made at once, before any connection is up, on a socket whose connection then hangs
+ * mid-handshake: it moves to the socket that connects and is answered within its deadline. */
+static void test_first_call_moves_to_a_connection_up(void **state)
+{
+    (void)state;
+    gate g;
+    rpc_conn *c;
+    rpc_server *s = start_gated(&g, 4, &c); /* the first three connections are held */
+    status_call_ok(c);
+    assert_int_equal(atomic_load(&g.relayed), 1);
+    assert_int_equal(rpc_conn_sockets_up(c), 1);
+    for (int i = 0; i < 4; i++)
+        status_call_ok(c);
+    stop_gated(&g, c, s);
 }
 
 int main(void)
@@ -365,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_deadline_without_server),
         cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_calls_go_to_connections_up),
+        cmocka_unit_test(test_first_call_moves_to_a_connection_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
