@@ -6,7 +6,8 @@
 #
 #   procs_on_exit [HOOK]     on exit: SIGKILL every pid in $pids, run HOOK (e.g. netns_destroy),
 #                            reap the children and remove $tmp; SIGINT/SIGTERM exit 130
-#   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log, exit 1
+#   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log (400 of
+#                            a stacks-PID.log), exit 1
 #   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed; with
 #                            gdb installed, its threads' stacks go to $tmp/stacks-PID.log)
 #   wait_log FILE PATTERN SECONDS   waits until FILE has a line matching PATTERN (grep): 0, or 1
