@@ -31,6 +31,9 @@
 /* A call on a socket whose connection is not up waits this long at a time, then moves to a
  * socket whose connection is (req_attempt). */
 #define REHOME_MS 250
+/* While no socket of the connection has one up, a call waits this long at a time for one
+ * before it sends (req_attempt). */
+#define NO_CONN_POLL_MS 20
 
 enum req_state { REQ_IDLE, REQ_SEND, REQ_RECV, REQ_BACKOFF };
 
@@ -38,7 +41,8 @@ typedef struct rpc_req {
     rpc_conn *conn;
     int sock_index;
     nng_ctx ctx;
-    nng_aio *aio;
+    nng_aio *aio;      /* sends and receives */
+    nng_aio *wait_aio; /* backoffs and waits for a connection (req_wait) */
     enum req_state state;
     uint64_t deadline_ns;
     int attempt;
@@ -388,6 +392,36 @@ static bool retryable_nng(const rpc_conn *c, int rv)
 }
 
 static void req_attempt(rpc_req *r);
+static bool req_io_begin(rpc_req *r);
+static void req_io_end(rpc_req *r);
+
+/* Waits ms, then makes the next attempt (req_wait_cb), unless the connection is closing.
+ * On its own aio: nng 1.5.2 leaves an aio that has slept marked so that any later operation
+ * of it that times out completes with success instead of NNG_ETIMEDOUT (aio.c's a_expire_ok
+ * is set by nng_sleep_aio and never cleared): on the send aio, a send whose wait (attempt_ms)
+ * ran out would then look sent, its message lost, and a receive that timed out would look
+ * answered with no reply. */
+static void req_wait(rpc_req *r, uint32_t ms)
+{
+    if (!req_io_begin(r)) {
+        req_fail_nng(r, NNG_ECLOSED);
+        return;
+    }
+    r->state = REQ_BACKOFF;
+    nng_sleep_aio((nng_duration)ms, r->wait_aio);
+    req_io_end(r);
+}
+
+static void req_wait_cb(void *arg)
+{
+    rpc_req *r = arg;
+    int rv = nng_aio_result(r->wait_aio);
+    if (rv != 0 && rv != NNG_ETIMEDOUT) {
+        req_fail_nng(r, rv);
+        return;
+    }
+    req_attempt(r);
+}
 
 /* Retries after a backoff (UNAVAILABLE reply or connection failure `why`), or fails: with
  * `status` when retries are off, with DEADLINE_EXCEEDED once no time is left. The caller
@@ -412,8 +446,7 @@ static void req_retry(rpc_req *r, int status, const char *why)
     if (b > left)
         b = left; /* the next attempt then reports the deadline */
     r->attempt++;
-    r->state = REQ_BACKOFF;
-    nng_sleep_aio((nng_duration)b, r->aio);
+    req_wait(r, b);
 }
 
 /* Brackets the start of a context operation (see rpc_conn.io_lock). False: the connection
@@ -489,6 +522,16 @@ static void req_attempt(rpc_req *r)
     uint32_t left = ms_left(r);
     if (left == 0) {
         req_fail_nng(r, NNG_ETIMEDOUT);
+        return;
+    }
+    if (rpc_conn_sockets_up(r->conn) == 0) {
+        /* No connection up (client starting, server down or restarting): wait for one
+         * before handing nng the request. Queued in a REQ socket without a connection, a
+         * request goes out on whichever connection starts next, and nng 1.5.2's REQ starts
+         * a connection that closed meanwhile (a server stopping or starting closes them at
+         * once) without checking: the send into it fails without a callback, and the copy
+         * of the request made for it is never freed. */
+        req_wait(r, left < NO_CONN_POLL_MS ? left : NO_CONN_POLL_MS);
         return;
     }
     nng_msg *m = NULL;
@@ -594,13 +637,7 @@ static void req_cb(void *arg)
         nng_msg_free(m);
         return;
     }
-    case REQ_BACKOFF:
-        if (rv != 0 && rv != NNG_ETIMEDOUT) {
-            req_fail_nng(r, rv);
-            return;
-        }
-        req_attempt(r);
-        return;
+    case REQ_BACKOFF: /* waits are on wait_aio (req_wait_cb) */
     case REQ_IDLE:
         return;
     }
@@ -833,6 +870,7 @@ void rpc_conn_close(rpc_conn *c)
      * operations pending, nng 1.5.2's nng_close could wait forever. No new request objects
      * appear once closing is set. */
     for (size_t i = 0; i < c->nall; i++) {
+        nng_aio_stop(c->all[i]->wait_aio);
         nng_aio_stop(c->all[i]->aio);
         nng_ctx_close(c->all[i]->ctx); /* each context explicitly, before its socket */
     }
@@ -850,7 +888,9 @@ void rpc_conn_close(rpc_conn *c)
         pthread_cond_wait(&c->idle, &c->lock);
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < c->nall; i++) {
+        nng_aio_stop(c->all[i]->wait_aio);
         nng_aio_stop(c->all[i]->aio);
+        nng_aio_free(c->all[i]->wait_aio);
         nng_aio_free(c->all[i]->aio);
         free(c->all[i]);
     }
@@ -893,7 +933,13 @@ static rpc_req *req_get_locked(rpc_conn *c, int want)
         free(r);
         return NULL;
     }
+    if (nng_aio_alloc(&r->wait_aio, req_wait_cb, r) != 0) {
+        nng_aio_free(r->aio);
+        free(r);
+        return NULL;
+    }
     if (nng_ctx_open(&r->ctx, c->socks[want]) != 0) {
+        nng_aio_free(r->wait_aio);
         nng_aio_free(r->aio);
         free(r);
         return NULL;

@@ -5,7 +5,8 @@
 # background pid it starts to $pids.
 #
 #   procs_on_exit [HOOK]     on exit: SIGKILL every pid in $pids, run HOOK (e.g. netns_destroy),
-#                            reap the children and remove $tmp; SIGINT/SIGTERM exit 130
+#                            reap the children and remove $tmp (kept, and named on stderr,
+#                            when PS_TEST_KEEP_TMP=1); SIGINT/SIGTERM exit 130
 #   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log (400 of
 #                            a stacks-PID.log), exit 1
 #   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed; with
@@ -24,7 +25,11 @@ procs_cleanup() {
     done
     [ -z "$procs_hook" ] || "$procs_hook"
     wait 2>/dev/null
-    rm -rf "$tmp"
+    if [ "${PS_TEST_KEEP_TMP:-0}" = 1 ]; then
+        echo "kept $tmp (PS_TEST_KEEP_TMP=1)" >&2
+    else
+        rm -rf "$tmp"
+    fi
 }
 
 procs_on_exit() {
