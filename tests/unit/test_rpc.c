@@ -1,7 +1,7 @@
 /* RPC layer over real loopback sockets: method table dispatch, retries with backoff on
  * UNAVAILABLE, deadlines against a server that never answers, many calls in flight, calls
  * going to the connections that are up while others are still being made, a call waiting
- * for a server that is not there yet. */
+ * for a server that is not there yet, the listener guard's count of waiting connections. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +23,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 
 #include "cluster_proc.h"
+#include "listen_guard.h"
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "status.h"
@@ -430,6 +431,47 @@ static void test_call_waits_for_a_connection(void **state)
     rpc_server_stop(s);
 }
 
+/* The listener guard's count of established connections to a port, from a file in
+ * /proc/net/tcp's format and from the live table. */
+static void test_guard_counts_established_connections(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/psd-tcp-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    const char *table =
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+        "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0\n"
+        "   1: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0\n"
+        "   2: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0\n"
+        "   3: 0100007F:1F90 0100007F:D432 01 00000000:00000000 00:00000000 00000000     0\n"
+        "   4: 0100007F:1F90 0100007F:D433 08 00000000:00000000 00:00000000 00000000     0\n";
+    assert_int_equal(write(fd, table, strlen(table)), (ssize_t)strlen(table));
+    close(fd);
+    /* Port 8080 (0x1F90): the listening socket, a connection from 8080 outward (local
+     * 0xD431) and one closing (08) are not counted. */
+    assert_int_equal(listen_guard_established(path, 8080), 2);
+    assert_int_equal(listen_guard_established(path, 0xD431), 1);
+    assert_int_equal(listen_guard_established(path, 9), 0);
+    unlink(path);
+    assert_int_equal(listen_guard_established("/nonexistent/psd-tcp", 8080), -1);
+
+    /* Live: a connection to a listening socket, not yet accepted, counts for its port. */
+    int port = test_free_port();
+    int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(l, 4), 0);
+    assert_int_equal(listen_guard_established("/proc/self/net/tcp", (unsigned)port), 0);
+    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen_guard_established("/proc/self/net/tcp", (unsigned)port), 1);
+    close(c);
+    close(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -439,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_calls_go_to_connections_up),
         cmocka_unit_test(test_first_call_moves_to_a_connection_up),
         cmocka_unit_test(test_call_waits_for_a_connection),
+        cmocka_unit_test(test_guard_counts_established_connections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
