@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +27,6 @@ struct listen_guard {
     char url[256];
     listen_guard_ops ops;
     void *arg;
-    atomic_uint restarts;
 };
 
 int listen_guard_established(const char *path, unsigned port)
@@ -139,7 +137,6 @@ static void *guard_main(void *arg)
             continue;
         }
         g->l = l;
-        atomic_fetch_add(&g->restarts, 1);
         suspect = false;
         waiting_since = 0;
         accepts = others = 0;
@@ -188,9 +185,4 @@ void listen_guard_stop(listen_guard *g)
     pthread_mutex_destroy(&g->lock);
     pthread_cond_destroy(&g->cond);
     free(g);
-}
-
-unsigned listen_guard_restarts(const listen_guard *g)
-{
-    return g ? atomic_load(&((listen_guard *)g)->restarts) : 0;
 }

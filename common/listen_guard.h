@@ -30,8 +30,6 @@ listen_guard *listen_guard_start(nng_listener l, unsigned port, const char *url,
                                  const listen_guard_ops *ops, void *arg);
 /* Stops the guard (joins its thread) and frees it; NULL is fine. */
 void listen_guard_stop(listen_guard *g);
-/* Restarts made so far. */
-unsigned listen_guard_restarts(const listen_guard *g);
 
 /* Established TCP connections whose local port is `port` in a file of /proc/net/tcp's format
  * (tcp or tcp6), or -1 when it cannot be read. */

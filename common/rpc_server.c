@@ -598,6 +598,9 @@ static int guard_restart(void *arg, nng_listener *l, char *err, size_t errlen)
     for (int i = 0; i < 20; i++) {
         if (server_listen(s, err, errlen) == 0) {
             *l = s->listener;
+            metric_inc(metrics_counter("psd_rpc_listener_restarts_total",
+                                       "Times the server listened again after nng stopped its "
+                                       "listener (a connection failed mid-handshake)"));
             return 0;
         }
         struct timespec ts = {0, 50 * 1000000L};
@@ -619,11 +622,6 @@ static void guard_listener(rpc_server *s)
         return; /* port 0: listening again would take another port */
     static const listen_guard_ops ops = {.pipes = guard_pipes, .restart = guard_restart};
     s->guard = listen_guard_start(s->listener, (unsigned)port, url, &ops, s);
-}
-
-unsigned rpc_server_listener_restarts(const rpc_server *s)
-{
-    return listen_guard_restarts(s->guard);
 }
 
 /* Counts c in its connection's requests in progress; false when that is at the limit. A

@@ -100,8 +100,6 @@ const rpc_stats *rpc_server_stats(const rpc_server *s);
 /* A random 64-bit number drawn when the server started, sent in every reply
  * (Envelope.server_instance): a client that sees it change knows the server restarted. */
 uint64_t rpc_server_instance(const rpc_server *s);
-/* How often the listener was found stopped by nng and started again (listen_guard.h). */
-unsigned rpc_server_listener_restarts(const rpc_server *s);
 
 /* ---- inside a handler ---- */
 
