@@ -326,7 +326,9 @@ static void test_wait_deadline_names_the_worker(void **state)
             ps_last_error());
     assert_int_equal(rc, PS_DEADLINE_EXCEEDED);
     assert_non_null(strstr(ps_last_error(), "worker 1"));
-    assert_in_range(ms, 400, 3000);
+    /* The server answers a quarter of the 500 ms early (server/sync.c, wait_deadline), give
+     * or take its 50 ms sweep. */
+    assert_in_range(ms, 330, 3000);
     ps_staleness_stats s;
     assert_int_equal(ps_var_staleness(c, v, &s), PS_OK);
     assert_true(s.timeouts >= 1);
