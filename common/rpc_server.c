@@ -590,6 +590,13 @@ static int guard_pipes(void *arg)
     return n;
 }
 
+static metric *listener_restarts(void)
+{
+    return metrics_counter("psd_rpc_listener_restarts_total",
+                           "Times the server listened again after nng stopped its listener (a "
+                           "connection failed mid-handshake)");
+}
+
 /* Closes the stopped listener and listens again (its port may take a moment to be free). */
 static int guard_restart(void *arg, nng_listener *l, char *err, size_t errlen)
 {
@@ -598,9 +605,7 @@ static int guard_restart(void *arg, nng_listener *l, char *err, size_t errlen)
     for (int i = 0; i < 20; i++) {
         if (server_listen(s, err, errlen) == 0) {
             *l = s->listener;
-            metric_inc(metrics_counter("psd_rpc_listener_restarts_total",
-                                       "Times the server listened again after nng stopped its "
-                                       "listener (a connection failed mid-handshake)"));
+            metric_inc(listener_restarts());
             return 0;
         }
         struct timespec ts = {0, 50 * 1000000L};
@@ -621,6 +626,7 @@ static void guard_listener(rpc_server *s)
     if (port <= 0 || port > 65535)
         return; /* port 0: listening again would take another port */
     static const listen_guard_ops ops = {.pipes = guard_pipes, .restart = guard_restart};
+    (void)listener_restarts(); /* exported from the start, at 0 */
     s->guard = listen_guard_start(s->listener, (unsigned)port, url, &ops, s);
 }
 

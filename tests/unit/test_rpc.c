@@ -123,6 +123,14 @@ static void done(void *arg, int status, const char *message, const frame *reply)
     pthread_mutex_unlock(&w->lock);
 }
 
+/* A waiter for one ServerStatus call. */
+static void status_waiter(waiter *w)
+{
+    *w = (waiter){.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+}
+
 static void wait_all(waiter *w)
 {
     pthread_mutex_lock(&w->lock);
@@ -170,9 +178,8 @@ static void test_retry_on_unavailable(void **state)
     char url[64];
     rpc_server *s = start_server(url, sizeof(url));
     rpc_conn *c = open_conn(url);
-    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w;
+    status_waiter(&w);
 
     atomic_store(&unavailable_left, 2);
     atomic_store(&status_calls, 0);
@@ -208,9 +215,8 @@ static void test_deadline_without_server(void **state)
     assert_int_equal(nng_rep0_open(&mute), 0);
     assert_int_equal(nng_listen(mute, url, NULL, 0), 0);
     rpc_conn *c = open_conn(url);
-    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w;
+    status_waiter(&w);
     rpc_call_opts o = {.deadline_ms = 300, .retries = 3, .backoff_ms = 10};
     uint64_t t0 = time_now_ns();
     assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
@@ -358,9 +364,8 @@ static void stop_gated(gate *g, rpc_conn *c, rpc_server *s)
 
 static void status_call_ok(rpc_conn *c)
 {
-    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w;
+    status_waiter(&w);
     atomic_store(&unavailable_left, 0);
     rpc_call_opts o = {.deadline_ms = 2000, .retries = 0, .backoff_ms = 10};
     assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
@@ -411,9 +416,8 @@ static void test_call_waits_for_a_connection(void **state)
     char url[64];
     snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", test_free_port());
     rpc_conn *c = open_conn(url);
-    waiter w = {.pending = 1, .method = PSD__V1__METHOD__SERVER_STATUS};
-    pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.cond, NULL);
+    waiter w;
+    status_waiter(&w);
     rpc_call_opts o = {.deadline_ms = 5000, .retries = 3, .backoff_ms = 10};
     uint64_t t0 = time_now_ns();
     assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
