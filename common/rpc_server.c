@@ -13,7 +13,6 @@
 
 #include <nng/protocol/reqrep0/rep.h>
 
-#include "listen_guard.h"
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
@@ -85,8 +84,7 @@ struct rpc_server {
     struct conn_entry *conns[CONN_BUCKETS];
     int nconns;
     struct method_metrics *mm; /* per method, and one more for requests of no known method */
-    nng_listener listener;     /* replaced by the guard's restarts (listen_guard.h) */
-    struct listen_guard *guard;
+    nng_listener listener;     /* on cfg.url */
 };
 
 /* Metrics of one method, looked up once (metrics.h): requests by status, latency, bytes. */
@@ -581,55 +579,6 @@ static int server_listen(rpc_server *s, char *err, size_t errlen)
     return 0;
 }
 
-static int guard_pipes(void *arg)
-{
-    rpc_server *s = arg;
-    pthread_mutex_lock(&s->connlock);
-    int n = s->nconns;
-    pthread_mutex_unlock(&s->connlock);
-    return n;
-}
-
-static metric *listener_restarts(void)
-{
-    return metrics_counter("psd_rpc_listener_restarts_total",
-                           "Times the server listened again after nng stopped its listener (a "
-                           "connection failed mid-handshake)");
-}
-
-/* Closes the stopped listener and listens again (its port may take a moment to be free). */
-static int guard_restart(void *arg, nng_listener *l, char *err, size_t errlen)
-{
-    rpc_server *s = arg;
-    nng_listener_close(*l);
-    for (int i = 0; i < 20; i++) {
-        if (server_listen(s, err, errlen) == 0) {
-            *l = s->listener;
-            metric_inc(listener_restarts());
-            return 0;
-        }
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    return -1;
-}
-
-/* Starts the listener's guard (listen_guard.h) for a TCP or TLS URL with a fixed port. */
-static void guard_listener(rpc_server *s)
-{
-    const char *url = s->cfg.url;
-    if (strncmp(url, "tcp://", 6) != 0 && strncmp(url, "tls+tcp://", 10) != 0 &&
-        strncmp(url, "tcp4://", 7) != 0 && strncmp(url, "tcp6://", 7) != 0)
-        return;
-    const char *colon = strrchr(url, ':');
-    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
-    if (port <= 0 || port > 65535)
-        return; /* port 0: listening again would take another port */
-    static const listen_guard_ops ops = {.pipes = guard_pipes, .restart = guard_restart};
-    (void)listener_restarts(); /* exported from the start, at 0 */
-    s->guard = listen_guard_start(s->listener, (unsigned)port, url, &ops, s);
-}
-
 /* Counts c in its connection's requests in progress; false when that is at the limit. A
  * connection unknown here (closed meanwhile) is not limited: its reply goes nowhere. */
 static bool conn_admit(rpc_call *c)
@@ -1069,7 +1018,6 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, tls_pipe_cb, s);
     if (server_listen(s, err, errlen) != 0)
         goto fail_close;
-    guard_listener(s);
     s->threads = calloc((size_t)cfg->threads, sizeof(pthread_t));
     if (s->threads == NULL) {
         snprintf(err, errlen, "out of memory");
@@ -1123,8 +1071,6 @@ void rpc_server_stop(rpc_server *s)
     pthread_mutex_lock(&s->qlock);
     atomic_store(&s->stopping, true);
     pthread_mutex_unlock(&s->qlock);
-    listen_guard_stop(s->guard); /* no restart of the listener while the socket closes */
-    s->guard = NULL;
     /* Stop every context's aio first (cancels its pending receive or send and waits for a
      * callback in progress; with stopping set, callbacks start nothing new) and close the
      * context, then the socket: with operations still pending, nng 1.5.2's nng_close could

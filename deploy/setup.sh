@@ -19,7 +19,7 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+  exec "$(dirname "$0")/nng/fetch.sh" # the nng block at the end
 fi
 
 echo "setup: installing ${missing[*]}" >&2
@@ -37,3 +37,7 @@ fi
 "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get update -q
 "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   "${missing[@]}"
+
+# nng: Debian 12's nng 1.5.2 has defects the service cannot live with; the build then links
+# Debian's nng source with our fixes (deploy/nng/), fetched and patched here (a no-op once done).
+"$(dirname "$0")/nng/fetch.sh"

@@ -106,12 +106,8 @@ expect() {
 }
 
 tls_common=(tls-ca=ca.pem tls-server-name=ps-server deadline-ms=3000)
-# Calls that must be answered get 10 s: when a refused or finished client's connection dies
-# mid-handshake, nng 1.5.2 stops the server's listener and the server's guard listens again
-# after a second of connections waiting (common/listen_guard.h); the call is then resent.
-worker=("${tls_common[@]}" tls-cert=worker.pem tls-key=worker.key deadline-ms=10000)
-admin=("${tls_common[@]}" tls-cert=admin.pem tls-key=admin.key admin-token-file=admin.token
-    deadline-ms=10000)
+worker=("${tls_common[@]}" tls-cert=worker.pem tls-key=worker.key)
+admin=("${tls_common[@]}" tls-cert=admin.pem tls-key=admin.key admin-token-file=admin.token)
 
 # ---- TLS -------------------------------------------------------------------------------------
 start_server tls.log --tls-ca ca.pem --tls-cert server.pem --tls-key server.key \
