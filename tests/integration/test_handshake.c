@@ -68,8 +68,8 @@ static void new_client_is_answered(int port, const char *after)
     nng_socket s = test_raw_dial(port, 5000);
     int st = status_call(s);
     if (st != 0)
-        fail_msg("after %s, a new client got no answer (%d): the listener stopped accepting",
-                 after, st);
+        fail_msg("after %s, a new client got no answer (%d): the listener stopped accepting", after,
+                 st);
     nng_close(s);
 }
 
