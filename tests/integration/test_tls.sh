@@ -4,8 +4,8 @@
 #
 #   test_tls.sh PS_SERVER TLS_CLIENT [PS_WORKER]
 #
-# TLS: connections failing their handshake (a FIN then a reset; 4 bytes then a reset) leave
-# the server serving; a client with a certificate of the cluster CA pushes and pulls; one with no
+# TLS: connections failing their handshake (a ClientHello, a FIN and a reset; a FIN and a
+# reset; 4 bytes and a reset) leave the server serving and a connected client's connection up; a client with a certificate of the cluster CA pushes and pulls; one with no
 # certificate, one of another CA and an expired one are refused within their deadline (the
 # client's message says the server refused its certificate, the server's log names the peer
 # and the reason); a plain-TCP client and a client that does not trust the server's CA get
@@ -118,8 +118,9 @@ grep -q "security: mutual TLS" tls.log || fail "ps-server does not say TLS is on
 # client is served. A ClientHello, a FIN and a reset within 2 ms (when the reset comes between
 # the server's read of the hello and its reply, the reply fails with EPIPE, and Debian's nng
 # 1.5.2 alone stops listening: this test failed 3 runs in 3 with it; docs/design.md, "nng"),
-# a FIN then a reset, and 4 bytes, a wait and a reset.
-python3 - "$port" <<'PY' || fail "the failed-handshake peer could not connect"
+# a FIN then a reset, and 4 bytes, a wait and a reset. The last ones while a client with the
+# worker's certificate holds a connection (TLS and the SP header done), which must stay open.
+python3 - "$port" <<'PY' || fail "failed handshakes: see above"
 import socket, ssl, struct, sys, time
 port = int(sys.argv[1])
 def reset(s):
@@ -128,23 +129,51 @@ def reset(s):
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
-for i in range(24):
+def hello_fin_reset(i):
     s = socket.create_connection(("127.0.0.1", port))
-    if i < 20:
-        out = ssl.MemoryBIO()
-        try:
-            ctx.wrap_bio(ssl.MemoryBIO(), out).do_handshake()
-        except ssl.SSLWantReadError:
-            pass
-        s.sendall(out.read())
+    out = ssl.MemoryBIO()
+    try:
+        ctx.wrap_bio(ssl.MemoryBIO(), out).do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    s.sendall(out.read())
     s.shutdown(socket.SHUT_WR)
     time.sleep([0.0002, 0.0004, 0.0007, 0.001, 0.0015][i % 5])
     reset(s)
     time.sleep(0.15)  # past the rest of a listener that saw an error
+for i in range(20):
+    hello_fin_reset(i)
+# The established client: TLS with the worker's certificate, then the SP header (REQ).
+wctx = ssl.create_default_context(cafile="ca.pem")
+wctx.load_cert_chain("worker.pem", "worker.key")
+est = wctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="ps-server")
+est.sendall(b"\x00SP\x00\x00\x30\x00\x00")
+est.settimeout(5)
+head = b""
+while len(head) < 8:
+    chunk = est.recv(8 - len(head))
+    if not chunk:
+        sys.exit("the established client's connection closed during the SP handshake")
+    head += chunk
+for i in range(5):
+    hello_fin_reset(i)
+for i in range(4):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.shutdown(socket.SHUT_WR)
+    time.sleep(0.001 * i)
+    reset(s)
 s = socket.create_connection(("127.0.0.1", port))
 s.sendall(b"\x16\x03\x01\x00")
-time.sleep(1.0)
+time.sleep(1.5)
 reset(s)
+time.sleep(0.5)
+est.setblocking(False)
+try:
+    if est.recv(1) == b"":
+        sys.exit("the established client's connection was closed by the failed handshakes")
+except ssl.SSLWantReadError:
+    pass  # open, nothing to read
+est.close()
 PY
 expect tls-pushpull OK "" pushpull "${worker[@]}"
 expect tls-no-cert DEADLINE_EXCEEDED "refused this client's certificate" pushpull \
