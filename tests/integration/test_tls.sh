@@ -5,7 +5,8 @@
 #   test_tls.sh PS_SERVER TLS_CLIENT [PS_WORKER]
 #
 # TLS: connections failing their handshake (a ClientHello, a FIN and a reset; a FIN and a
-# reset; 4 bytes and a reset) leave the server serving and a connected client's connection up; a client with a certificate of the cluster CA pushes and pulls; one with no
+# reset; 4 bytes and a reset) leave the server serving and a connected client's connection
+# up; a client with a certificate of the cluster CA pushes and pulls; one with no
 # certificate, one of another CA and an expired one are refused within their deadline (the
 # client's message says the server refused its certificate, the server's log names the peer
 # and the reason); a plain-TCP client and a client that does not trust the server's CA get
