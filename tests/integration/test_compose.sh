@@ -50,6 +50,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 fail() {
     echo "FAIL: $*" >&2
     exit 1

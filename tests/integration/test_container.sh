@@ -31,6 +31,7 @@ done
 
 tmp=$(mktemp -d /tmp/ps-test-container-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 fail() {
     echo "FAIL: $*" >&2
     exit 1
