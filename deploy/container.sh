@@ -205,7 +205,7 @@ cmd_run_example() {
 }
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set /{/^set /d;p}' "$0" | sed 's/^# \{0,1\}//'
 }
 
 sub=${1:-}

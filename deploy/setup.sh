@@ -19,7 +19,7 @@ for arg in "$@"; do
   case "$arg" in
   --test) with_tests=yes ;;
   -h | --help)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set /{/^set /d;p}' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
