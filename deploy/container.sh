@@ -3,7 +3,9 @@
 #
 #   deploy/container.sh base          make the base image localhost/debian:bookworm offline
 #                                     (debootstrap --variant=minbase + podman import); skipped
-#                                     when it exists
+#                                     when it exists; the debootstrapped tree is kept as a
+#                                     tarball in PSD_CACHE_DIR and imported from there next
+#                                     time (up to 30 days old)
 #   deploy/container.sh build         build the image (default localhost/psd:latest)
 #   deploy/container.sh run-example [ps-worker flags]
 #                                     1 ps and 2 workers as containers (--network host), each
@@ -17,7 +19,8 @@
 # OCI runtime podman uses; runc when installed, else podman's default), DEBIAN_MIRROR (for
 # debootstrap and the image's apt sources, with bookworm-updates and bookworm-security; default
 # the first .../debian URI of this machine's apt sources),
-# PSD_EXAMPLE_TIMEOUT (seconds run-example waits, 600), PSD_EXAMPLE_HOST (127.0.0.1).
+# PSD_EXAMPLE_TIMEOUT (seconds run-example waits, 600), PSD_EXAMPLE_HOST (127.0.0.1),
+# PSD_CACHE_DIR (the base tarballs, named by suite, variant and mirrors; /var/cache/psd).
 # Needs root (debootstrap; rootful podman with host networking). Exit code: 0 success, 1 a
 # failure, 2 bad usage; run-example passes on worker 0's exit code when it is not 0.
 set -euo pipefail
@@ -44,6 +47,12 @@ need() {
     command -v "$1" >/dev/null 2>&1 || die "$1 not found (apt-get install $2)"
 }
 
+# The lines of this machine's apt sources that are not comments.
+apt_uris() {
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources \
+        2>/dev/null | grep -v '^[[:space:]]*#' || true
+}
+
 cmd_base() {
     need podman podman
     if pm image exists "$BASE_IMAGE"; then
@@ -54,37 +63,48 @@ cmd_base() {
     [ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
     local mirror=${DEBIAN_MIRROR:-}
     if [ -z "$mirror" ]; then
-        mirror=$(grep -rhoE '(https?://[^ ]*/debian)/?( |$)' /etc/apt/sources.list \
-            /etc/apt/sources.list.d/ 2>/dev/null | head -n 1 | tr -d ' ' || true)
+        mirror=$(apt_uris | grep -oE '(https?://[^ ]*/debian)/?( |$)' | head -n 1 | tr -d ' ' || true)
         mirror=${mirror%/}
         [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+    fi
+    # Point releases and security updates too (debootstrap writes bookworm main only), from
+    # the same hosts as this machine's apt sources.
+    local security
+    security=$(apt_uris | grep -oE 'https?://[^ ]*/debian-security' | head -n 1 || true)
+    [ -n "$security" ] || security=http://deb.debian.org/debian-security
+    # The tarball of an earlier debootstrap with the same inputs, when not too old: an import
+    # takes seconds where debootstrap takes a minute or more.
+    local cache=${PSD_CACHE_DIR:-/var/cache/psd} key tarball
+    key=$(printf '%s\n' bookworm minbase "$mirror" "$security" | sha256sum | cut -c1-12)
+    tarball="$cache/debian-bookworm-minbase-$key.tar"
+    if [ -s "$tarball" ] && [ -z "$(find "$tarball" -mtime +30)" ]; then
+        pm import - "$BASE_IMAGE" <"$tarball" >/dev/null || die "podman import of $tarball failed"
+        say "imported $BASE_IMAGE from $tarball"
+        return 0
     fi
     local dir
     dir=$(mktemp -d /var/tmp/psd-rootfs-XXXXXX)
     # shellcheck disable=SC2064
-    trap "rm -rf '$dir'" EXIT
+    trap "rm -rf '$dir' '$dir.log' '$tarball.tmp'" EXIT
     say "debootstrap --variant=minbase bookworm from $mirror"
     local t0=$SECONDS
     if ! debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$dir.log" 2>&1; then
         tail -n 30 "$dir.log" >&2
-        rm -f "$dir.log"
         die "debootstrap failed"
     fi
     rm -f "$dir.log"
-    # Point releases and security updates too (debootstrap writes bookworm main only), from
-    # the same hosts as this machine's apt sources.
-    local security
-    security=$(grep -rhoE 'https?://[^ ]*/debian-security' /etc/apt/sources.list \
-        /etc/apt/sources.list.d/ 2>/dev/null | head -n 1 || true)
-    [ -n "$security" ] || security=http://deb.debian.org/debian-security
     printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' \
         "$mirror" "$mirror" "$security" >"$dir/etc/apt/sources.list"
     # Leave apt lists out of the image; the build stage runs apt-get update itself.
     rm -rf "$dir"/var/lib/apt/lists/* "$dir"/var/cache/apt/archives/*.deb
-    tar -C "$dir" -c . | pm import - "$BASE_IMAGE" >/dev/null
+    mkdir -p "$cache"
+    tar -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball" ||
+        die "cannot write $tarball"
+    rm -f "$cache"/debian-bookworm-minbase-*.tar.tmp
+    pm import - "$BASE_IMAGE" <"$tarball" >/dev/null || die "podman import failed"
     rm -rf "$dir"
     trap - EXIT
-    say "imported $BASE_IMAGE in $((SECONDS - t0)) s"
+    say "imported $BASE_IMAGE in $((SECONDS - t0)) s (tarball kept in $tarball)"
 }
 
 cmd_build() {
@@ -185,7 +205,7 @@ cmd_run_example() {
 }
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set /{/^set /d;p}' "$0" | sed 's/^# \{0,1\}//'
 }
 
 sub=${1:-}

@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
 # Installs what building, testing and running the project needs, from Debian's packages.
+#
+#   deploy/setup.sh          what the build, the tests and the programs need
+#   deploy/setup.sh --test   that, and what only some tests use (tests/run.sh passes it): podman,
+#                            runc, debootstrap and podman-compose (the container image and
+#                            compose tests, with netavark and aardvark-dns for the compose
+#                            network's service names), python3-torch (the PyTorch glue) and
+#                            etcd-server (the coordinator of replicated servers)
+#
 # Run it as yourself or as root on Debian 12: it does nothing when everything is there already,
 # and otherwise installs the missing packages with apt-get, as root directly, else through sudo
-# (which asks for your password), else it says exactly what to run as root.
+# (which asks for your password), else it says exactly what to run as root. Exit code 2: an
+# unknown argument.
 set -euo pipefail
+
+with_tests=no
+for arg in "$@"; do
+  case "$arg" in
+  --test) with_tests=yes ;;
+  -h | --help)
+    sed -n '2,/^set /{/^set /d;p}' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+    ;;
+  *)
+    echo "setup: unknown argument '$arg' (usage: deploy/setup.sh [--test])" >&2
+    exit 2
+    ;;
+  esac
+done
 
 packages=(
   build-essential meson ninja-build pkg-config cmake
@@ -13,6 +37,13 @@ packages=(
   iproute2 iptables openssl
   python3-numpy python3-pytest python3-venv
 )
+if [ "$with_tests" = yes ]; then
+  packages+=(
+    podman runc debootstrap podman-compose netavark aardvark-dns
+    python3-torch
+    etcd-server
+  )
+fi
 
 missing=()
 for p in "${packages[@]}"; do

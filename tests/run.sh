@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The project's test command: installs what is missing (as root), builds, and runs every test
-# twice, once in a normal build and once under AddressSanitizer and UndefinedBehaviorSanitizer.
+# The project's test command: installs what is missing (as root; with the test-only packages,
+# deploy/setup.sh --test), builds, and runs every test twice, once in a normal build and once
+# under AddressSanitizer and UndefinedBehaviorSanitizer. The container suite (the image and
+# compose tests, which build their own image from the sources) runs in the normal build only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-deploy/setup.sh
+deploy/setup.sh --test
 # nvcc lives outside PATH on these machines; the CUDA backend builds when it is found.
 export PATH="/usr/local/cuda/bin:$PATH"
 
@@ -23,7 +25,8 @@ if [ ! -f build-asan/build.ninja ]; then
 fi
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+  meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
+  --no-suite container
 
 # Fuzzing (tests/fuzz/run.sh): each libFuzzer harness 60 s in its own clang build (build-fuzz),
 # when clang is installed.

@@ -12,7 +12,9 @@
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
  * by binding (or taken from --base-port up). With --transport ipc (auto without
  * --base-port) the ps tasks listen on ipc:// sockets in a private directory under $TMPDIR
- * (or /tmp), removed at exit; the workers' entries stay host:port. The children share a process
+ * (or /tmp), ps-local.PID.XXXXXX, removed at exit and on SIGTERM, SIGINT and SIGHUP; one that a
+ * SIGKILLed launcher left (its PID gone, no socket listening) is removed by the next ps-local
+ * that starts. The workers' entries stay host:port. The children share a process
  * group of their own and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if
  * it is killed.
  *
@@ -26,6 +28,7 @@
  * signal N; 124 on timeout; 2 for bad usage.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
@@ -40,6 +43,7 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -264,25 +268,118 @@ static bool append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
 }
 
 /* Private directory of the ps tasks' ipc:// sockets ("" with tcp), and how many sockets
- * (ps-0.sock ...) it may hold; removed by remove_ipc_dir at exit. */
+ * (ps-0.sock ...) it may hold; removed by remove_ipc_dir at exit (after SIGTERM, SIGINT and
+ * SIGHUP too). Its name holds the launcher's pid, ps-local.PID.XXXXXX, so that a directory left
+ * by a launcher that was SIGKILLed is known as stale (its owner is gone) and removed by the
+ * next launcher that starts (remove_stale_ipc_dirs). */
 static char ipc_dir[PATH_MAX];
 static int ipc_count;
 
-/* Creates ipc_dir under $TMPDIR (or /tmp when that is unset or too long for socket paths).
- * Returns 0, or -1 with errno set. */
-static int make_ipc_dir(int count)
+/* Where the socket directories go: $TMPDIR, or /tmp when that is unset or too long for
+ * "DIR/ps-local.PID.XXXXXX/ps-NNN.sock" to fit sun_path (107 bytes + NUL). */
+static const char *ipc_parent(void)
 {
     const char *tmp = getenv("TMPDIR");
-    /* "DIR/ps-local.XXXXXX/ps-NNN.sock" must fit sun_path (107 bytes + NUL). */
-    if (tmp == NULL || tmp[0] != '/' || strlen(tmp) > 107 - 30)
+    if (tmp == NULL || tmp[0] != '/' || strlen(tmp) > 107 - 40)
         tmp = "/tmp";
-    snprintf(ipc_dir, sizeof(ipc_dir), "%s/ps-local.XXXXXX", tmp);
+    return tmp;
+}
+
+/* Creates ipc_dir under ipc_parent(). Returns 0, or -1 with errno set. */
+static int make_ipc_dir(int count)
+{
+    snprintf(ipc_dir, sizeof(ipc_dir), "%s/ps-local.%ld.XXXXXX", ipc_parent(), (long)getpid());
     if (mkdtemp(ipc_dir) == NULL) {
         ipc_dir[0] = '\0';
         return -1;
     }
     ipc_count = count;
     return 0;
+}
+
+/* True if a process listens on the unix socket at path. */
+static bool socket_is_live(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return false;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return true; /* cannot tell: keep it */
+    bool live = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return live;
+}
+
+/* Removes dir (one ps-local.PID.XXXXXX of ours) if it is stale: its owner pid no longer runs
+ * and none of its ps-N.sock sockets has a listener. Only those sockets go; a directory that
+ * holds anything else stays. */
+static void remove_if_stale(const char *parent, const char *name)
+{
+    char *end;
+    long pid = strtol(name + strlen("ps-local."), &end, 10);
+    if (end == name + strlen("ps-local.") || *end != '.' || strlen(end + 1) != 6 || pid <= 0 ||
+        pid == (long)getpid())
+        return;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        return; /* the owner runs (EPERM: someone else's process) */
+    char dir[PATH_MAX], path[PATH_MAX + 300];
+    snprintf(dir, sizeof(dir), "%s/%s", parent, name);
+    struct stat st;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+        return;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    bool live = false;
+    while (!live && (e = readdir(d)) != NULL) {
+        int n;
+        char tail;
+        if (sscanf(e->d_name, "ps-%d.soc%c", &n, &tail) == 2 && tail == 'k') {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            live = socket_is_live(path);
+        }
+    }
+    if (!live) {
+        rewinddir(d);
+        while ((e = readdir(d)) != NULL) {
+            int n;
+            char tail;
+            if (sscanf(e->d_name, "ps-%d.soc%c", &n, &tail) == 2 && tail == 'k') {
+                snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        }
+    }
+    closedir(d);
+    if (live)
+        return;
+    if (rmdir(dir) == 0)
+        say("removed %s, left by ps-local pid %ld, which is no longer running", dir, pid);
+    else
+        say("not removing %s, left by ps-local pid %ld: %s", dir, pid, strerror(errno));
+}
+
+/* Removes the socket directories that launchers killed with SIGKILL left in ipc_parent(). */
+static void remove_stale_ipc_dirs(void)
+{
+    const char *parent = ipc_parent();
+    DIR *d = opendir(parent);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    char names[64][NAME_MAX + 1];
+    int n = 0;
+    /* Collected first: removing entries while reading the directory may skip others. */
+    while (n < 64 && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "ps-local.", strlen("ps-local.")) == 0 &&
+            strlen(e->d_name) <= NAME_MAX)
+            memcpy(names[n++], e->d_name, strlen(e->d_name) + 1);
+    closedir(d);
+    for (int i = 0; i < n; i++)
+        remove_if_stale(parent, names[i]);
 }
 
 static void remove_ipc_dir(void)
@@ -890,6 +987,25 @@ static int run(const launch_config *lc)
     size_t len = 0;
     bool first = true;
     bool fits = append(cluster, sizeof(cluster), &len, "{");
+    /* Signals are taken synchronously in the loop below; caught from here on, before the
+     * socket directory exists, so that SIGTERM, SIGINT and SIGHUP always remove it. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = note_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sa.sa_handler = on_sigchld;
+    sigaction(SIGCHLD, &sa, NULL);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+
+    remove_stale_ipc_dirs();
     /* Workers never listen: their entries stay host:port whatever the transport. */
     const char *transport = opt_enum(o, OPT_LOCAL_TRANSPORT);
     bool ipc = strcmp(transport, "ipc") == 0 || (strcmp(transport, "auto") == 0 && base_port == 0);
@@ -908,23 +1024,6 @@ static int run(const launch_config *lc)
         say_error("cluster spec too long");
         return 2;
     }
-
-    /* Signals are taken synchronously in the loop below. */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    sigaddset(&set, SIGCHLD);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = note_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    sa.sa_handler = on_sigchld;
-    sigaction(SIGCHLD, &sa, NULL);
-    sigprocmask(SIG_BLOCK, &set, NULL);
 
     say("cluster %s: %ld ps, %ld worker(s)%s; server %s, worker %s", cluster, n_ps, n_workers,
         chief ? " (worker 0 as chief)" : "", server_path, worker_path);

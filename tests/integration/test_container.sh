@@ -1,34 +1,37 @@
 #!/usr/bin/env bash
-# The container image end to end (opt-in: meson setup -Dcontainer_tests=true, or run this
-# script directly):
+# The container image end to end (meson test container, suite container):
 #
 #   test_container.sh SRC_DIR
 #
-# deploy/container.sh base (offline Debian base image, kept) and build (the image, kept as a
-# cache for reruns), then checks the image: it runs as a non-root user, holds ps-server,
-# ps-worker, ps-local, libpsclient with psclient.h and psclient.pc, and the Fashion-MNIST
-# data; the entrypoint refuses to start without a task (exit 2) and ps-server reports a bad
+# deploy/container.sh base (offline Debian base image, kept, its debootstrap tarball cached)
+# and build (the image, kept as a cache for reruns), then checks the image: it runs as a
+# non-root user; what it holds under /usr/local is exactly what `meson install` installs with
+# the Containerfile's MESON_OPTIONS (meson introspect --installed of a fresh configuration of
+# SRC_DIR: every program, psctl included, libpsclient with psclient.h and psclient.pc), plus
+# the entrypoint; every program finds its shared libraries and answers --help; the
+# Fashion-MNIST data is there and compilers are not; the entrypoint refuses to start without a task (exit 2) and ps-server reports a bad
 # TF_CONFIG with exit 2. Then deploy/container.sh run-example: 1 ps and 2 workers as
 # containers (host network, one TF_CONFIG each) train a small MLP for one epoch (the
 # configuration of test_train.sh's "train" mode); worker 0's test accuracy must be >= 0.75,
 # both workers exit 0 and the ps exits 0 on SIGTERM (the signal reaches the exec'd server).
 # No container is left behind.
 #
-# Exit 77 (skipped) unless run as root with podman and debootstrap installed
-# (apt-get install podman debootstrap runc).
+# Exit 77 (skipped), saying why, unless run as root with podman, runc and debootstrap
+# installed (deploy/setup.sh --test installs them).
 set -u
 SRC=${1:?source dir}
 IMAGE=${PSD_IMAGE:-localhost/psd:latest}
 export PSD_IMAGE=$IMAGE
 
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root (debootstrap, rootful podman with host networking)"; exit 77; }
-for t in podman debootstrap; do
+for t in podman runc debootstrap; do
     command -v "$t" >/dev/null 2>&1 ||
-        { echo "SKIP: $t not installed (apt-get install podman debootstrap runc)"; exit 77; }
+        { echo "SKIP: $t not installed (deploy/setup.sh --test installs podman, runc and debootstrap)"; exit 77; }
 done
 
 tmp=$(mktemp -d /tmp/ps-test-container-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
 fail() {
     echo "FAIL: $*" >&2
     exit 1
@@ -49,17 +52,46 @@ echo "image $IMAGE: $size bytes ($((size / 1048576)) MiB)"
 # What is in the image, and as whom it runs.
 uid=$(prun --entrypoint id "$IMAGE" -u) || fail "cannot run the image"
 [ "$uid" = 10001 ] || fail "the image runs as uid $uid, not psd (10001, the uid of the Kubernetes manifests)"
+# What `meson install` installs with the image's build options (a configuration of the same
+# sources, nothing compiled): the image must hold exactly these under /usr/local, plus the
+# entrypoint, so a new installed program cannot be left out of the image.
+opts=$(sed -n 's/^ARG MESON_OPTIONS="\(.*\)"$/\1/p' "$SRC/deploy/Containerfile")
+[ -n "$opts" ] || fail "no ARG MESON_OPTIONS=\"...\" line in deploy/Containerfile"
+# shellcheck disable=SC2086 # the options are words
+meson setup "$tmp/conf" "$SRC" $opts >"$tmp/conf.log" 2>&1 ||
+    { tail -n 20 "$tmp/conf.log" >&2; fail "meson setup $opts failed"; }
+meson introspect --installed "$tmp/conf" | python3 -c '
+import json, sys
+for path in sorted(json.load(sys.stdin).values()):
+    print(path)
+print("/usr/local/bin/container-entrypoint.sh")' | sort >"$tmp/expected.txt"
+grep -q '^/usr/local/bin/psctl$' "$tmp/expected.txt" || fail "meson installs no psctl?"
+# The image's files under /usr/local, less those of the Debian base (/usr/local/man...).
+list_local='find /usr/local \( -type f -o -type l \) | sort'
+prun --entrypoint sh "${PSD_BASE_IMAGE:-localhost/debian:bookworm}" -c "$list_local" \
+    >"$tmp/base.txt" 2>&1 || { cat "$tmp/base.txt" >&2; fail "cannot list /usr/local in the base image"; }
+prun --entrypoint sh "$IMAGE" -c "$list_local" >"$tmp/all.txt" 2>&1 ||
+    { cat "$tmp/all.txt" >&2; fail "cannot list /usr/local in the image"; }
+comm -13 "$tmp/base.txt" "$tmp/all.txt" >"$tmp/image.txt"
+if ! diff -u "$tmp/expected.txt" "$tmp/image.txt" >"$tmp/installed.diff"; then
+    cat "$tmp/installed.diff" >&2
+    fail "the image's /usr/local differs from what meson install installs (- missing, + extra)"
+fi
+echo "the image holds the $(wc -l <"$tmp/expected.txt") files meson install installs (and the entrypoint):"
+sed -n 's|^/usr/local/bin/|  |p' "$tmp/expected.txt"
+mapfile -t programs < <(sed -n 's|^/usr/local/bin/||p' "$tmp/expected.txt" | grep -v '^container-entrypoint.sh$')
 prun --entrypoint sh "$IMAGE" -c '
     set -e
-    for p in ps-server ps-worker ps-local container-entrypoint.sh; do command -v $p; done
-    ls /usr/local/include/psclient.h
-    ls /usr/local/lib/*/libpsclient.so.0 /usr/local/lib/*/pkgconfig/psclient.pc
+    for p in "$@"; do
+        command -v "$p"
+        if ldd "$(command -v "$p")" | grep "not found"; then echo "$p: a library is missing"; exit 1; fi
+        "$p" --help >/dev/null || { echo "$p --help failed"; exit 1; }
+    done
+    ldd /usr/local/lib/*/libpsclient.so.0 | grep "not found" && exit 1
     ls /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte*
-    ps-server --help >/dev/null
-    ps-worker --help >/dev/null
-    ps-local --help >/dev/null
-    ! ls /usr/bin/cc /usr/bin/gcc /usr/bin/meson 2>/dev/null' >"$tmp/contents.log" 2>&1 ||
-    { cat "$tmp/contents.log" >&2; fail "the image lacks a program, the library, the data or has compilers"; }
+    ! ls /usr/bin/cc /usr/bin/gcc /usr/bin/meson 2>/dev/null' sh "${programs[@]}" \
+    >"$tmp/contents.log" 2>&1 ||
+    { cat "$tmp/contents.log" >&2; fail "a program of the image does not run, or the data is missing, or compilers are there"; }
 # Without a task the entrypoint starts nothing (exit 2); a bad spec is the server's exit 2.
 prun "$IMAGE" >"$tmp/notask.log" 2>&1
 rc=$?

@@ -199,8 +199,9 @@ run_launcher() {
     [ "$rc" -eq 130 ] || fail "ps-local after SIGINT exited $rc, expected 130"
     all_gone "${kids[@]}" || fail "processes left after SIGINT"
 
-    # 4. SIGKILL of ps-local itself: the children die with it (PR_SET_PDEATHSIG).
-    "$PS_LOCAL" --workers 2 -- "${small[@]}" --epochs 50 --model-name lt_kill \
+    # 4. SIGKILL of ps-local itself: the children die with it (PR_SET_PDEATHSIG). Its socket
+    # directory stays (test_local_tmpdir.sh: the next start removes it), so it goes in $tmp.
+    TMPDIR="$tmp" "$PS_LOCAL" --workers 2 -- "${small[@]}" --epochs 50 --model-name lt_kill \
         >"$tmp/kill.out" 2>"$tmp/kill.log" &
     l=$!
     pids+=("$l")
