@@ -58,10 +58,12 @@ def main(argv: List[str] | None = None) -> int:
     try:
         sizes = [int(s) for s in args.layers.split(",")]
     except ValueError:
-        sys.exit(f"--layers {args.layers}: expected comma-separated sizes")
+        worker_support.config_error(f"--layers {args.layers}: expected comma-separated "
+                                    f"sizes")
     x_train, y_train, x_test, y_test = fashion_mnist.load_train_test(args.data_dir)
     if sizes[0] != x_train.shape[1]:
-        sys.exit(f"--layers: the first size must be {x_train.shape[1]} (pixels), not {sizes[0]}")
+        worker_support.config_error(f"--layers: the first size must be {x_train.shape[1]} "
+                                    f"(pixels), not {sizes[0]}")
     x, y = fashion_mnist.shard(x_train, y_train, task.index, task.count)
     try:
         with psd.Client(task.cluster, worker_id=task.index) as client:

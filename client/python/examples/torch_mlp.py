@@ -42,8 +42,8 @@ try:
     import torch
     from torch import nn
 except ImportError:
-    sys.exit(f"{sys.executable} has no PyTorch (Debian: apt-get install python3-torch; see "
-             f"client/python/README.md)")
+    worker_support.config_error(f"{sys.executable} has no PyTorch (Debian: apt-get install "
+                                f"python3-torch; see client/python/README.md)")
 
 
 def main(argv: List[str] | None = None) -> int:

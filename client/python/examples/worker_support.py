@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, NoReturn, Optional
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -47,6 +47,12 @@ def add_worker_flags(ap: argparse.ArgumentParser, *, epochs: int, prefix: str) -
     ap.add_argument("--done-wait-s", type=float, default=600.0,
                     help="how long worker 0 waits for the others to finish before it "
                     "evaluates the model as it is")
+
+
+def config_error(msg: str) -> "NoReturn":
+    """Exits 2, a configuration error (as ps-worker does: ps-local does not restart it)."""
+    print(f"{os.path.basename(sys.argv[0])}: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 @dataclass
@@ -81,13 +87,13 @@ def task_of(args: argparse.Namespace) -> Task:
         try:
             spec = json.loads(args.cluster)
         except ValueError as e:
-            sys.exit(f"--cluster: not JSON: {e}")
+            config_error(f"--cluster: not JSON: {e}")
     tf = spec if isinstance(spec, dict) and "cluster" in spec else None
     if tf is None and spec is None and os.environ.get("TF_CONFIG"):
         try:
             tf = json.loads(os.environ["TF_CONFIG"])
         except ValueError as e:
-            sys.exit(f"TF_CONFIG: not JSON: {e}")
+            config_error(f"TF_CONFIG: not JSON: {e}")
     cluster = (tf or {}).get("cluster") if tf is not None else spec
     cluster = cluster if isinstance(cluster, dict) else {}
     chiefs: List[str] = list(cluster.get("chief") or [])
@@ -98,8 +104,8 @@ def task_of(args: argparse.Namespace) -> Task:
     if t:
         role, task_index = str(t.get("type", "worker")), int(t.get("index", 0))
         if role not in ("worker", "chief"):
-            sys.exit(f"the task is {role}:{task_index}, but this program runs a worker or "
-                     f"chief task")
+            config_error(f"the task is {role}:{task_index}, but this program runs a worker "
+                         f"or chief task")
         index = task_index if role == "chief" else len(chiefs) + task_index
     count = len(chiefs) + len(workers) or 1
     if args.task_index is not None:
@@ -109,8 +115,8 @@ def task_of(args: argparse.Namespace) -> Task:
     if args.num_workers is not None:
         count = args.num_workers
     if count < 1 or not 0 <= index < count:
-        sys.exit(f"worker index {index} is not in 0..{count - 1} (--task-index, --num-workers "
-                 f"or TF_CONFIG)")
+        config_error(f"worker index {index} is not in 0..{count - 1} (--task-index, "
+                     f"--num-workers or TF_CONFIG)")
     addrs = chiefs + workers
     local = sum(_is_local(a) for a in addrs) if addrs else count
     return Task(index, count, spec, role, task_index, local)
