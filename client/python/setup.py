@@ -16,6 +16,10 @@ class BuildPyBundling(build_py):
         src = os.environ.get("PSD_BUNDLE_LIBRARY")
         if not src:
             return
+        if not os.path.isabs(src):
+            # pip runs this in the package's directory (or a copy), not where it was started
+            raise SystemExit(f"PSD_BUNDLE_LIBRARY={src}: give an absolute path, e.g. "
+                             f"PSD_BUNDLE_LIBRARY=$PWD/{src}")
         if not os.path.isfile(src):
             raise SystemExit(f"PSD_BUNDLE_LIBRARY={src}: no such file")
         dst_dir = os.path.join(self.build_lib, "psd")

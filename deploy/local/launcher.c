@@ -2,12 +2,15 @@
  * loopback) as one command.
  *
  *   ps-local [--ps N] [--workers N] [--chief] [--base-port P] [--timeout S] [--grace-ms MS]
- *            [--server PATH] [--worker PATH] [--server-arg ARG]... [--] [WORKER ARGS...]
+ *            [--server PATH] [--worker PATH] [--python PATH] [--server-arg ARG]...
+ *            [--] [WORKER ARGS...]
  *
  * Its settings are rows of the project's option table (common/options_table.def, scope
  * OPT_SCOPE_LAUNCHER: flags, PS_LOCAL_* environment variables, --config file, --help). The
- * first argument that is not one of them (or everything after --) goes to every ps-worker,
- * after --progress=<--worker-progress> (off: the workers share the terminal).
+ * first argument that is not one of them (or everything after --) goes to every worker; a
+ * ps-worker gets --progress=<--worker-progress> (off: the workers share the terminal) before
+ * them, any other worker program only them. A --worker ending in .py is run by the --python
+ * interpreter.
  *
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
  * by binding (or taken from --base-port up). With --transport ipc (auto without
@@ -17,6 +20,11 @@
  * that starts. The workers' entries stay host:port. The children share a process
  * group of their own and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if
  * it is killed.
+ *
+ * Each line a child writes on stderr is labelled with its role and index (the text form
+ * "worker 1: ..." on a terminal, the JSON line's role and task otherwise); stdout is passed
+ * through (by convention only worker 0 writes there: its result line). The summary counts the
+ * workers that exited 0.
  *
  * Lifecycle: when every worker has exited 0 the servers are stopped (SIGTERM) and ps-local
  * exits 0. When any child fails (non-zero exit, signal, or a server exiting early), or on
@@ -215,6 +223,41 @@ static void find_program(const char *name, const char *subdir, char *out, size_t
         }
     }
     snprintf(out, cap, "%s", name);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Whether `path` names ps-worker (which takes --progress); other worker programs get only the
+ * worker arguments. */
+static bool is_ps_worker(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return strcmp(slash != NULL ? slash + 1 : path, "ps-worker") == 0;
+}
+
+/* For a Python worker run from the build tree: PSD_LIBRARY (how the psd package finds
+ * libpsclient, client/python/README.md) names the build's library unless it is set already.
+ * An installed libpsclient is found by the package itself. */
+static void set_psd_library(void)
+{
+    char self[PATH_MAX], lib[PATH_MAX + 32];
+    if (getenv("PSD_LIBRARY") != NULL)
+        return;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash == NULL)
+        return;
+    *slash = '\0';
+    int w = snprintf(lib, sizeof(lib), "%s/../../client/libpsclient.so", self);
+    if (w > 0 && (size_t)w < sizeof(lib) && access(lib, R_OK) == 0)
+        setenv("PSD_LIBRARY", lib, 1);
 }
 
 /* Reserves `count` distinct free TCP ports on host by binding port 0; all sockets stay open
@@ -821,7 +864,8 @@ static int run(const launch_config *lc);
 /* What starting (or restarting) one task needs. */
 typedef struct task_args {
     const char *cluster, *server_path, *worker_path;
-    char *progress;
+    const char *python; /* interpreter of a worker script, or NULL */
+    char *progress;     /* --progress=... for ps-worker, or NULL */
     const char *const *server_args;
     int n_server_args;
     const char **worker_args;
@@ -839,12 +883,19 @@ static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
              ta->cluster, role_names[kid->role], kid->index);
     int na = 0;
     const char *path = kid->role == ROLE_PS ? ta->server_path : ta->worker_path;
-    ta->cargv[na++] = (char *)path;
+    if (kid->role != ROLE_PS && ta->python != NULL) {
+        ta->cargv[na++] = (char *)ta->python; /* python3 SCRIPT.py ARGS... */
+        ta->cargv[na++] = (char *)path;
+        path = ta->python;
+    } else {
+        ta->cargv[na++] = (char *)path;
+    }
     if (kid->role == ROLE_PS) {
         for (int j = 0; j < ta->n_server_args; j++)
             ta->cargv[na++] = (char *)ta->server_args[j];
     } else {
-        ta->cargv[na++] = ta->progress;
+        if (ta->progress != NULL)
+            ta->cargv[na++] = ta->progress;
         for (int j = 0; j < ta->n_worker_args; j++)
             ta->cargv[na++] = (char *)ta->worker_args[j];
     }
@@ -883,13 +934,16 @@ static void summarize(const child *kids, int n, double wall_s)
 {
     long long steps = 0;
     double sps = 0.0, loss = 0.0;
-    int workers = 0;
+    int workers = 0, results = 0;
     for (int i = 0; i < n; i++) {
         const child *c = &kids[i];
         if (c->role == ROLE_PS)
             continue;
-        if (c->has_result) {
+        /* Finished: exited 0, whether or not it wrote a result line ps-local understands. */
+        if (!c->running && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)
             workers++;
+        if (c->has_result) {
+            results++;
             steps += c->result_steps;
             sps += c->result_samples_per_s;
             loss += c->result_loss;
@@ -901,11 +955,11 @@ static void summarize(const child *kids, int n, double wall_s)
     snprintf(fields, sizeof(fields),
              "\"summary\":true,\"workers_finished\":%d,\"steps\":%lld,\"wall_s\":%.3f,"
              "\"samples_per_s\":%.1f,\"loss\":%.5f",
-             workers, steps, wall_s, sps, workers > 0 ? loss / workers : 0.0);
+             workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0);
     say_fields(fields,
                "summary: %d worker(s) finished, %lld steps in total, %.1f s, %.0f samples/s, "
                "final loss %.4f",
-               workers, steps, wall_s, sps, workers > 0 ? loss / workers : 0.0);
+               workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0);
 }
 
 int main(int argc, char **argv)
@@ -934,6 +988,7 @@ static int run(const launch_config *lc)
     bool chief = opt_bool(o, OPT_LOCAL_CHIEF);
     const char *host = opt_str(o, OPT_LOCAL_HOST);
     char server_path[PATH_MAX], worker_path[PATH_MAX], progress[64];
+    const char *python = NULL;
     const char *const *server_args = NULL;
     int n_server_args = (int)opt_list(o, OPT_LOCAL_SERVER_ARG, &server_args);
     if (opt_int(o, OPT_LOCAL_PRINT_PORTS) > 0)
@@ -968,6 +1023,22 @@ static int run(const launch_config *lc)
         find_program("ps-server", "server", server_path, sizeof(server_path));
     if (worker_path[0] == '\0')
         find_program("ps-worker", "worker", worker_path, sizeof(worker_path));
+    if (ends_with(worker_path, ".py")) {
+        /* A script runs under the interpreter named (its #! line may find one without the
+         * packages it needs), whether or not it is executable. */
+        python = opt_str(o, OPT_LOCAL_PYTHON);
+        if (access(worker_path, R_OK) != 0) {
+            say_error("--worker %s: %s", worker_path, strerror(errno));
+            return 2;
+        }
+        if (python[0] == '\0' || (strchr(python, '/') != NULL && !is_executable(python))) {
+            say_error("--python '%s': not an executable file (the interpreter of --worker %s; "
+                      "Debian: apt-get install python3)",
+                      python, worker_path);
+            return 2;
+        }
+        set_psd_library();
+    }
 
     int ports[MAX_TASKS * 2];
     if (base_port != 0) {
@@ -1025,14 +1096,15 @@ static int run(const launch_config *lc)
         return 2;
     }
 
-    say("cluster %s: %ld ps, %ld worker(s)%s; server %s, worker %s", cluster, n_ps, n_workers,
-        chief ? " (worker 0 as chief)" : "", server_path, worker_path);
+    say("cluster %s: %ld ps, %ld worker(s)%s; server %s, worker %s%s%s", cluster, n_ps, n_workers,
+        chief ? " (worker 0 as chief)" : "", server_path, python != NULL ? python : "",
+        python != NULL ? " " : "", worker_path);
 
     child kids[MAX_TASKS];
     int n_kids = 0;
     pid_t pgid = 0, self = getpid();
     char tf[16384 + 128];
-    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 3), sizeof(char *));
+    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 4), sizeof(char *));
     if (cargv == NULL) {
         say_error("out of memory");
         return 1;
@@ -1042,7 +1114,8 @@ static int run(const launch_config *lc)
     task_args ta = {.cluster = cluster,
                     .server_path = server_path,
                     .worker_path = worker_path,
-                    .progress = progress,
+                    .python = python,
+                    .progress = python == NULL && is_ps_worker(worker_path) ? progress : NULL,
                     .server_args = server_args,
                     .n_server_args = n_server_args,
                     .worker_args = lc->rest,

@@ -1,19 +1,20 @@
 """Reading Fashion-MNIST's IDX files (plain or gzip), as Debian's dataset-fashion-mnist
 installs them in /usr/share/datasets/fashion-mnist; and what the examples that train on it
-share (their common command-line flags, the cluster spec)."""
+share (their common command-line flags, the shard of a worker)."""
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import struct
-from typing import Any, Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 
-DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+import worker_support
+
+DEFAULT_DIR = worker_support.DATA_DIR
 
 
 def _open_idx(data_dir: str, stem: str) -> bytes:
@@ -59,19 +60,14 @@ def load_train_test(data_dir: str = DEFAULT_DIR
 
 
 def example_parser(description: str, *, epochs: int, prefix: str) -> argparse.ArgumentParser:
-    """The flags every example has: --cluster, --data-dir, --epochs, --batch, --lr, --seed and
-    --prefix (the variables' name prefix); the example adds its own."""
+    """The flags every example has (worker_support.add_worker_flags); the example adds its
+    own."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--cluster", help="cluster spec JSON (default: TF_CONFIG / PS_CLUSTER)")
-    ap.add_argument("--data-dir", default=DEFAULT_DIR)
-    ap.add_argument("--epochs", type=int, default=epochs)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--prefix", default=prefix, help="variable name prefix")
+    worker_support.add_worker_flags(ap, epochs=epochs, prefix=prefix)
     return ap
 
 
-def cluster_of(args: argparse.Namespace) -> Optional[Any]:
-    """The --cluster spec parsed, or None (psd.Client then reads TF_CONFIG / PS_CLUSTER)."""
-    return json.loads(args.cluster) if args.cluster else None
+def shard(x: np.ndarray, y: np.ndarray, index: int, count: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Worker `index` of `count`'s part of the training set: every count-th example from
+    `index` (the shards are disjoint and together the whole set)."""
+    return np.ascontiguousarray(x[index::count]), np.ascontiguousarray(y[index::count])

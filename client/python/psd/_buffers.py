@@ -81,8 +81,11 @@ def _c_contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], itemsi
 
 _np_f32: Any = None
 
+# (address, number of float32 elements, object to keep alive, shape)
+_Resolved = Tuple[int, int, Any, Tuple[int, ...]]
 
-def _from_ndarray(a: Any, np: Any, writable: bool, what: str) -> Tuple[int, int, Any]:
+
+def _from_ndarray(a: Any, np: Any, writable: bool, what: str) -> _Resolved:
     """NumPy's ndarray, checked through its flags (cheaper than building __array_interface__)."""
     global _np_f32
     if _np_f32 is None:
@@ -102,11 +105,11 @@ def _from_ndarray(a: Any, np: Any, writable: bool, what: str) -> Tuple[int, int,
                          f"pull needs a writable destination")
     count = a.size
     if count == 0:
-        return _EMPTY_ADDR, 0, a
-    return _address(a, writable), count, a
+        return _EMPTY_ADDR, 0, a, a.shape
+    return _address(a, writable), count, a, a.shape
 
 
-def _from_array_interface(obj: Any, ai: dict, writable: bool, what: str) -> Tuple[int, int, Any]:
+def _from_array_interface(obj: Any, ai: dict, writable: bool, what: str) -> _Resolved:
     typestr = ai.get("typestr")
     if typestr != _F32_TYPESTR or ai.get("descr", [("", typestr)])[0][1] != typestr:
         dtype = getattr(obj, "dtype", typestr)
@@ -124,10 +127,10 @@ def _from_array_interface(obj: Any, ai: dict, writable: bool, what: str) -> Tupl
     count = 1
     for d in shape:
         count *= d
-    return (addr if count else _EMPTY_ADDR), count, obj
+    return (addr if count else _EMPTY_ADDR), count, obj, shape
 
 
-def _from_torch(t: Any, writable: bool, what: str) -> Tuple[int, int, Any]:
+def _from_torch(t: Any, writable: bool, what: str) -> _Resolved:
     if t.device.type != "cpu":
         raise ValueError(f"{what}: the tensor is on {t.device}; only CPU tensors are read or "
                          f"written in place (move it with .cpu() yourself)")
@@ -140,10 +143,10 @@ def _from_torch(t: Any, writable: bool, what: str) -> Tuple[int, int, Any]:
         raise ValueError(f"{what}: the tensor requires grad; pull into its .data (e.g. "
                          f"param.data) so that autograd is not bypassed silently")
     count = t.numel()
-    return (t.data_ptr() if count else _EMPTY_ADDR), count, t
+    return (t.data_ptr() if count else _EMPTY_ADDR), count, t, tuple(t.shape)
 
 
-def _from_buffer_protocol(obj: Any, writable: bool, what: str) -> Tuple[int, int, Any]:
+def _from_buffer_protocol(obj: Any, writable: bool, what: str) -> _Resolved:
     try:
         mv = memoryview(obj)
     except TypeError:
@@ -161,14 +164,16 @@ def _from_buffer_protocol(obj: Any, writable: bool, what: str) -> Tuple[int, int
                          f"writable destination")
     count = mv.nbytes // 4
     if count == 0:
-        return _EMPTY_ADDR, 0, mv
+        return _EMPTY_ADDR, 0, mv, mv.shape
     # The memoryview holds the export of obj (so its memory stays put) as long as we hold mv;
     # this second, momentary export only reads its address.
-    return _address(mv, False), count, mv
+    return _address(mv, False), count, mv, mv.shape
 
 
-def resolve(obj: Any, *, writable: bool, what: str) -> Tuple[int, int, Any]:
-    """Returns (address, number of float32 elements, object to keep alive while in use).
+def resolve(obj: Any, *, writable: bool,
+            what: str) -> Tuple[int, int, Any, Tuple[int, ...]]:
+    """Returns (address, number of float32 elements, object to keep alive while in use, the
+    object's shape: (n,) for a flat buffer such as an array.array or a bytearray's view).
 
     Raises TypeError for anything that is not float32 memory, ValueError for memory that
     cannot be used in place (non-contiguous, read-only destination, GPU tensor)."""

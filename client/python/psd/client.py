@@ -163,9 +163,16 @@ class Variable:
 
     Data methods take float32 memory used in place, never copied: a NumPy array, a PyTorch
     CPU tensor or any object with the buffer protocol (format 'f'), C-contiguous, and writable
-    for the destinations of pulls. The number of elements is what counts (a (784, 256) array
-    and a flat one of 200704 elements are the same to a pull). `offset` selects a range of the
-    flattened variable; its length is that of the buffer given.
+    for the destinations of pulls.
+
+    Without `offset` and `count` a call is about the whole variable: the buffer must hold
+    exactly the variable's number of elements, and a buffer of two or more dimensions must have
+    the variable's shape (a (4, 3) tensor for a (3, 4) variable is refused; a flat buffer of
+    the right size, e.g. ``t.view(-1)``, is the flattened variable). Otherwise ValueError names
+    both sizes (or shapes). A range of the flattened variable is only ever what the caller
+    wrote: `offset` (default 0) and/or `count` (default: the buffer's number of elements;
+    for a pull without a buffer, the rest of the variable); OutOfRangeError if it goes past
+    the end.
     """
 
     __slots__ = ("_client", "_h", "name", "shape", "size", "__weakref__")
@@ -213,38 +220,91 @@ class Variable:
     def _what(self, op: str, role: str) -> str:
         return f"{op} of {self.name!r}: {role}"
 
-    def _dest(self, out: Any, offset: int, count: Optional[int], op: str) -> Tuple[Any, int, int, Any]:
+    def _whole(self, n: int, shape: Tuple[int, ...], op: str, role: str) -> None:
+        """Refuses a buffer that is not the whole variable (size, and shape when it has 2+
+        dimensions)."""
+        if n != self.size:
+            raise ValueError(f"{op} of {self.name!r}: the {role} has {n} float32 elements "
+                             f"(shape {tuple(shape)}), the variable {self.size} (shape "
+                             f"{self.shape}); pass offset=/count= to address a part of it")
+        if len(shape) > 1 and tuple(shape) != self.shape:
+            raise ValueError(f"{op} of {self.name!r}: the {role}'s shape is {tuple(shape)}, the "
+                             f"variable's {self.shape} ({n} elements each); reshape it on "
+                             f"purpose (or pass a flat view) if that layout is meant")
+
+    @staticmethod
+    def _range(op: str, name: str, offset: Optional[int],
+               count: Optional[int]) -> Optional[int]:
+        """The offset of an explicit range, or None when the call is about the whole
+        variable."""
+        if offset is None and count is None:
+            return None
+        offset = 0 if offset is None else int(offset)
         if offset < 0:
-            raise ValueError(f"{op} of {self.name!r}: offset {offset} is negative")
+            raise ValueError(f"{op} of {name!r}: offset {offset} is negative")
+        if count is not None and int(count) < 0:
+            raise ValueError(f"{op} of {name!r}: count {count} is negative")
+        return offset
+
+    def _dest(self, out: Any, offset: Optional[int], count: Optional[int],
+              op: str) -> Tuple[Any, int, int, int, Any]:
+        """(out, offset, count, address, keep) of a pull's destination."""
+        start = self._range(op, self.name, offset, count)
         if out is None:
             try:
                 import numpy as np
             except ImportError:
                 raise TypeError(f"{op} of {self.name!r}: pass out= (NumPy, which would "
                                 f"allocate the result, is not installed)") from None
-            if count is None:
-                count = max(self.size - offset, 0)
-            shape = self.shape if (offset == 0 and count == self.size) else (count,)
-            out = np.empty(shape, dtype=np.float32)
-        addr, n, keep = resolve(out, writable=True, what=self._what(op, "destination"))
+            if start is None:
+                out = np.empty(self.shape, dtype=np.float32)
+            else:
+                n = max(self.size - start, 0) if count is None else int(count)
+                out = np.empty((n,), dtype=np.float32)
+        addr, n, keep, shape = resolve(out, writable=True, what=self._what(op, "destination"))
+        if start is None:
+            self._whole(n, shape, op, "destination")
+            return out, 0, n, addr, keep
         if count is not None and n != count:
             raise ValueError(f"{op} of {self.name!r}: the destination has {n} float32 "
                              f"elements, count is {count}")
-        return out, addr, n, keep
+        return out, start, n, addr, keep
 
-    def _src(self, grad: Any, op: str) -> Tuple[int, int, Any]:
-        return resolve(grad, writable=False, what=self._what(op, "gradient"))
+    def _src(self, grad: Any, offset: Optional[int], count: Optional[int],
+             op: str) -> Tuple[int, int, int, Any]:
+        """(offset, count, address, keep) of a push's gradient."""
+        start = self._range(op, self.name, offset, count)
+        addr, n, keep, shape = resolve(grad, writable=False, what=self._what(op, "gradient"))
+        if start is None:
+            self._whole(n, shape, op, "gradient")
+            return 0, n, addr, keep
+        if count is not None and n != count:
+            raise ValueError(f"{op} of {self.name!r}: the gradient has {n} float32 elements, "
+                             f"count is {count}")
+        return start, n, addr, keep
+
+    def _pair(self, grad: Any, out: Any, offset: Optional[int], count: Optional[int],
+              op: str) -> Tuple[int, int, int, Any, Any, int, Any]:
+        """(offset, count, grad address, grad keep, out, out address, out keep) of a
+        push_pull: the destination covers what the gradient covers."""
+        start, n, gaddr, gkeep = self._src(grad, offset, count, op)
+        if offset is None and count is None:
+            out, _, _, addr, keep = self._dest(out, None, None, op)
+        else:
+            out, _, _, addr, keep = self._dest(out, start, n, op)
+        return start, n, gaddr, gkeep, out, addr, keep
 
     # -- blocking --
 
-    def pull(self, out: Any = None, *, offset: int = 0, count: Optional[int] = None) -> Any:
+    def pull(self, out: Any = None, *, offset: Optional[int] = None,
+             count: Optional[int] = None) -> Any:
         """Copies the variable (or elements [offset, offset + count)) into `out` and returns
         it. Without `out`, a new NumPy array of the variable's shape (or of `count`, default
         the rest of the variable from `offset`) is allocated. Blocks."""
-        out, addr, n, keep = self._dest(out, offset, count, "pull")
+        out, start, n, addr, keep = self._dest(out, offset, count, "pull")
         c = self._client._enter()
         try:
-            rc = _native.lib().ps_pull_range(c, self._h, offset, n, addr)
+            rc = _native.lib().ps_pull_range(c, self._h, start, n, addr)
         finally:
             self._client._leave()
         if rc != 0:
@@ -252,29 +312,29 @@ class Variable:
         del keep
         return out
 
-    def push(self, grad: Any, *, offset: int = 0) -> None:
+    def push(self, grad: Any, *, offset: Optional[int] = None,
+             count: Optional[int] = None) -> None:
         """Sends a gradient for the whole variable (or for elements [offset, offset +
-        len(grad))); the servers apply the optimizer, exactly once. Blocks."""
-        if offset < 0:
-            raise ValueError(f"push of {self.name!r}: offset {offset} is negative")
-        addr, n, keep = self._src(grad, "push")
+        count)); the servers apply the optimizer, exactly once. Blocks."""
+        start, n, addr, keep = self._src(grad, offset, count, "push")
         c = self._client._enter()
         try:
-            rc = _native.lib().ps_push_range(c, self._h, offset, n, addr)
+            rc = _native.lib().ps_push_range(c, self._h, start, n, addr)
         finally:
             self._client._leave()
         if rc != 0:
             _raise(rc)
         del keep
 
-    def push_pull(self, grad: Any, out: Any = None, *, offset: int = 0) -> Any:
+    def push_pull(self, grad: Any, out: Any = None, *, offset: Optional[int] = None,
+                  count: Optional[int] = None) -> Any:
         """Pushes `grad` and returns in `out` (allocated if None) the parameters just after
-        that update. `grad` and `out` have the same number of elements. Blocks."""
-        gaddr, n, gkeep = self._src(grad, "push_pull")
-        out, addr, _, keep = self._dest(out, offset, n, "push_pull")
+        that update. `grad` and `out` cover the same elements. Blocks."""
+        start, n, gaddr, gkeep, out, addr, keep = self._pair(grad, out, offset, count,
+                                                             "push_pull")
         c = self._client._enter()
         try:
-            rc = _native.lib().ps_push_pull_range(c, self._h, offset, n, gaddr, addr)
+            rc = _native.lib().ps_push_pull_range(c, self._h, start, n, gaddr, addr)
         finally:
             self._client._leave()
         if rc != 0:
@@ -302,29 +362,28 @@ class Variable:
             _raise(rc)
         return fut
 
-    def pull_async(self, out: Any = None, *, offset: int = 0,
+    def pull_async(self, out: Any = None, *, offset: Optional[int] = None,
                    count: Optional[int] = None) -> "Future[Any]":
         """Starts a pull into `out` (allocated if None) and returns a Future whose result is
         `out`. Do not touch `out` until the Future is done; the Future keeps it alive. A
         failure of the transfer is the Future's exception (a PsError)."""
-        out, addr, n, keep = self._dest(out, offset, count, "pull_async")
-        return self._start("ps_pull_async", (offset, n, addr), out, (keep,))
+        out, start, n, addr, keep = self._dest(out, offset, count, "pull_async")
+        return self._start("ps_pull_async", (start, n, addr), out, (keep,))
 
-    def push_async(self, grad: Any, *, offset: int = 0) -> "Future[None]":
+    def push_async(self, grad: Any, *, offset: Optional[int] = None,
+                   count: Optional[int] = None) -> "Future[None]":
         """Starts a push of `grad` and returns a Future (result None). `grad` must not be
         modified until the Future is done; the Future keeps it alive."""
-        if offset < 0:
-            raise ValueError(f"push_async of {self.name!r}: offset {offset} is negative")
-        addr, n, keep = self._src(grad, "push_async")
-        return self._start("ps_push_async", (offset, n, addr), None, (keep,))
+        start, n, addr, keep = self._src(grad, offset, count, "push_async")
+        return self._start("ps_push_async", (start, n, addr), None, (keep,))
 
-    def push_pull_async(self, grad: Any, out: Any = None, *,
-                        offset: int = 0) -> "Future[Any]":
+    def push_pull_async(self, grad: Any, out: Any = None, *, offset: Optional[int] = None,
+                        count: Optional[int] = None) -> "Future[Any]":
         """Starts a push of `grad` returning the updated parameters in `out` (allocated if
         None); the Future's result is `out`."""
-        gaddr, n, gkeep = self._src(grad, "push_pull_async")
-        out, addr, _, keep = self._dest(out, offset, n, "push_pull_async")
-        return self._start("ps_push_pull_async", (offset, n, gaddr, addr), out, (keep, gkeep))
+        start, n, gaddr, gkeep, out, addr, keep = self._pair(grad, out, offset, count,
+                                                             "push_pull_async")
+        return self._start("ps_push_pull_async", (start, n, gaddr, addr), out, (keep, gkeep))
 
 
 # ---- client --------------------------------------------------------------------------------
@@ -474,9 +533,12 @@ class Client:
         """One training step in one request per server (ps_step): pushes every gradient, then,
         with `clock`, advances this client's clock on every server, then pulls every
         variable's parameters at the new clock (waiting for its staleness bound). `items` are
-        (variable, grad) or (variable, grad, out) tuples for whole variables; grad None: no
-        push; out None (or absent): a new array of the variable's shape, False: no pull.
-        Returns the pulled arrays in item order (None where nothing was pulled). Blocks."""
+        (variable, grad) or (variable, grad, out) tuples for whole variables: each grad and out
+        is checked as by Variable.push and Variable.pull without a range (the variable's
+        number of elements; its shape for a buffer of two or more dimensions), else ValueError
+        before anything is sent. grad None: no push; out None (or absent): a new array of the
+        variable's shape, False: no pull. Returns the pulled arrays in item order (None where
+        nothing was pulled). Blocks."""
         arr = (_native.StepItem * max(len(items), 1))()
         outs: List[Any] = []
         keep: List[Any] = []
@@ -491,16 +553,13 @@ class Client:
             arr[i].offset = 0
             arr[i].count = var.size
             if grad is not None:
-                gaddr, n, gkeep = var._src(grad, "step")
-                if n != var.size:
-                    raise ValueError(f"step of {var.name!r}: the gradient has {n} float32 "
-                                     f"elements, the variable {var.size}")
+                _, _, gaddr, gkeep = var._src(grad, None, None, "step")
                 arr[i].grad = gaddr
                 keep.append(gkeep)
             if out is False:
                 outs.append(None)
             else:
-                out, addr, _, okeep = var._dest(out, 0, var.size, "step")
+                out, _, _, addr, okeep = var._dest(out, None, None, "step")
                 arr[i].dst = addr
                 keep.append(okeep)
                 outs.append(out)

@@ -69,6 +69,63 @@ def test_ranges(client: psd.Client, uname: str) -> None:
     assert np.array_equal(upd, -np.ones(5, np.float32))
 
 
+def test_size_mismatch_is_an_error(client: psd.Client, uname: str) -> None:
+    # (3, 4) from constant 1 with SGD rate 1: a partial push would show as zeros
+    v = client.create_variable(uname, (3, 4), initializer="constant", init_a=1.0,
+                               optimizer="sgd", learning_rate=1.0,
+                               staleness=psd.STALENESS_ASYNC)
+    ones = np.ones((3, 4), np.float32)
+    for call in (lambda: v.pull(np.zeros(5, np.float32)),
+                 lambda: v.push(np.ones(5, np.float32)),
+                 lambda: v.push_pull(np.ones(5, np.float32)),
+                 lambda: v.pull_async(np.zeros(5, np.float32)),
+                 lambda: v.push_async(np.ones(5, np.float32)),
+                 lambda: v.push_pull_async(np.ones(5, np.float32)),
+                 lambda: v.push(np.ones(13, np.float32))):
+        with pytest.raises(ValueError, match=r"has (5|13) float32 elements.*the variable 12"):
+            call()
+    # the same 12 elements in another shape: refused unless reshaped on purpose
+    with pytest.raises(ValueError, match=r"shape is \(4, 3\), the variable's \(3, 4\)"):
+        v.push(np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match=r"shape is \(12, 1\)"):
+        v.pull(np.zeros((12, 1), np.float32))
+    with pytest.raises(ValueError, match=r"shape is \(2, 6\)"):
+        v.push_pull(ones, np.zeros((2, 6), np.float32))
+    assert np.array_equal(v.pull(), ones)  # nothing above reached the servers
+    v.push(np.ones((4, 3), np.float32).reshape(3, 4))  # reshaped on purpose
+    v.push(np.ones(12, np.float32))  # a flat buffer is the flattened variable
+    assert np.array_equal(v.pull(), -ones)
+    # a range is what the caller writes, and only that
+    v.push(np.ones(5, np.float32), offset=0)
+    assert np.array_equal(v.pull().reshape(-1),
+                          np.array([-2] * 5 + [-1] * 7, np.float32))
+    assert np.array_equal(v.pull(np.zeros(5, np.float32), count=5), np.full(5, -2, np.float32))
+    assert np.array_equal(v.pull(count=3, offset=9), np.full(3, -1, np.float32))
+    with pytest.raises(ValueError, match="the gradient has 5 float32 elements, count is 4"):
+        v.push(np.ones(5, np.float32), count=4)
+    with pytest.raises(ValueError, match="count -1 is negative"):
+        v.pull(count=-1)
+
+
+def test_step_size_mismatch_is_an_error(cluster2: Cluster, uname: str) -> None:
+    with psd.Client(cluster2.spec, use_env=False, worker_id=0, heartbeat_ms=0) as w:
+        a = sgd_var(w, uname + "/a", (3, 4))
+        b = sgd_var(w, uname + "/b", (5,))
+        c0 = w.current_clock
+        with pytest.raises(ValueError, match=r"step of .*/b': the gradient has 4 float32 "
+                                             r"elements \(shape \(4,\)\), the variable 5"):
+            w.step([(a, np.ones((3, 4), np.float32)), (b, np.ones(4, np.float32))])
+        with pytest.raises(ValueError, match=r"step of .*/a': the gradient's shape is \(4, 3\)"):
+            w.step([(a, np.ones((4, 3), np.float32))])
+        with pytest.raises(ValueError, match=r"step of .*/a': the destination has 11"):
+            w.step([(a, None, np.zeros(11, np.float32))])
+        assert w.current_clock == c0  # nothing was sent
+        assert np.array_equal(a.pull(), np.zeros((3, 4), np.float32))
+        out = np.empty(12, np.float32)  # flat: the flattened variable
+        (got,) = w.step([(a, np.ones((3, 4), np.float32), out)])
+        assert got is out and np.array_equal(out, -np.ones(12, np.float32))
+
+
 def test_clock_and_status(client: psd.Client, uname: str, cluster2: Cluster) -> None:
     v = sgd_var(client, uname, (4,))
     before = sum(client.server_status(i).updates_applied for i in range(client.num_servers))
@@ -186,9 +243,12 @@ def test_pull_into_a_view_writes_the_arrays_own_memory(client: psd.Client, uname
     assert v.pull(view) is view
     assert np.array_equal(big[40:60], np.full(20, 3.0, np.float32))  # filled through the view
     assert np.all(big[:40] == 7.0) and np.all(big[60:] == 7.0)  # nothing else touched
-    # 2-D: a block of whole rows is contiguous
+    # 2-D: a block of whole rows is contiguous; its (2, 10) shape is not the variable's (20,),
+    # so it is flattened on purpose (a view: still the grid's memory)
     grid = np.full((6, 10), -1.0, np.float32)
-    v.pull(grid[2:4])
+    with pytest.raises(ValueError, match=r"shape is \(2, 10\), the variable's \(20,\)"):
+        v.pull(grid[2:4])
+    v.pull(grid[2:4].reshape(-1))
     assert np.all(grid[2:4] == 3.0) and np.all(grid[:2] == -1) and np.all(grid[4:] == -1)
     # async: the Future's result is the caller's own array
     fut = v.pull_async(big[0:20])
@@ -257,12 +317,16 @@ def test_refuses_what_would_need_a_copy(client: psd.Client, uname: str) -> None:
         v.pull(memoryview(bytes(40)).cast("f"))
     with pytest.raises(ValueError, match="9 float32 elements, count is 10"):
         v.pull(np.zeros(9, np.float32), count=10)
-    with pytest.raises(psd.OutOfRangeError):
+    with pytest.raises(ValueError, match="11 float32 elements.*the variable 10"):
         v.pull(np.zeros(11, np.float32))  # more than the variable holds
+    with pytest.raises(psd.OutOfRangeError):
+        v.pull(np.zeros(11, np.float32), offset=0)  # a range past the end
     with pytest.raises(TypeError, match="got list"):
         v.push([1.0] * 10)
-    with pytest.raises(ValueError, match="push_pull.*count is 10"):
+    with pytest.raises(ValueError, match="push_pull.*destination has 9 float32.*variable 10"):
         v.push_pull(np.zeros(10, np.float32), np.zeros(9, np.float32))
+    with pytest.raises(ValueError, match="push_pull.*destination has 9 float32.*count is 4"):
+        v.push_pull(np.zeros(4, np.float32), np.zeros(9, np.float32), offset=2)
 
 
 def test_torch_tensors_in_place(client: psd.Client, uname: str) -> None:

@@ -64,3 +64,35 @@ def test_pip_install_bundles_the_library(tmp_path) -> None:
                {"PYTHONPATH": str(site)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(site / "psd" / "libpsclient.so.0")
+
+
+def test_debian_venv_with_system_site_packages(tmp_path) -> None:
+    """The README's way on Debian: a venv that sees the system's NumPy (and PyTorch), psd
+    installed into it with the system's setuptools, nothing downloaded."""
+    for mod in ("venv", "ensurepip", "setuptools", "numpy"):
+        if subprocess.run([sys.executable, "-c", f"import {mod}"],
+                          capture_output=True).returncode != 0:
+            pytest.skip(f"{mod} is not installed for {sys.executable} (Debian: python3-venv, "
+                        f"python3-setuptools, python3-numpy)")
+    src = tmp_path / "src"
+    shutil.copytree(PKG_ROOT, src, ignore=shutil.ignore_patterns(
+        "__pycache__", "build", "*.egg-info", "libpsclient.so*", ".pytest_cache"))
+    venv = tmp_path / "venv"
+    r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PSD_LIBRARY", None)
+    pip = [str(venv / "bin" / "pip"), "install", "--no-build-isolation", str(src)]
+    # a relative PSD_BUNDLE_LIBRARY is refused, saying why (pip builds in another directory)
+    r = subprocess.run(pip, env=dict(env, PSD_BUNDLE_LIBRARY="build/client/libpsclient.so"),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode != 0 and "give an absolute path" in r.stdout + r.stderr
+    r = subprocess.run(pip, env=dict(env, PSD_BUNDLE_LIBRARY=os.path.abspath(lib_path())),
+                       capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                        "import numpy, psd; print(psd.library_path()); print(psd.version())"],
+                       env=env, capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(venv)), r.stdout
