@@ -262,8 +262,7 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
     if (rv != 0)
         c->reply = NULL; /* the send step turns this into a bare error */
     if (status == STATUS_INTERNAL)
-        log_error("%s answered INTERNAL: %s", c->method ? c->method->name : "request",
-                  env.message);
+        log_error("%s answered INTERNAL: %s", c->method ? c->method->name : "request", env.message);
     if (status != STATUS_OK)
         atomic_fetch_add(&c->srv->stats.errors, 1);
     if (bodybuf && bodybuf != stackbuf)
@@ -328,8 +327,8 @@ size_t rpc_call_max_message(const rpc_call *c)
 
 size_t rpc_call_max_reply_body(const rpc_call *c)
 {
-    size_t max = c->srv->cfg.max_message < FRAME_MAX_ENVELOPE ? c->srv->cfg.max_message
-                                                              : FRAME_MAX_ENVELOPE;
+    size_t max =
+        c->srv->cfg.max_message < FRAME_MAX_ENVELOPE ? c->srv->cfg.max_message : FRAME_MAX_ENVELOPE;
     return max > 2 * RPC_ENVELOPE_RESERVE ? max - RPC_ENVELOPE_RESERVE : max / 2;
 }
 
@@ -381,9 +380,12 @@ static void pipe_peer(nng_pipe p, char *buf, size_t cap, bool *loopback)
         break;
     case NNG_AF_INET6: {
         static const uint8_t lo6[16] = {[15] = 1};
+        static const uint8_t v4mapped[12] = {[10] = 0xff, [11] = 0xff};
         inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip));
         snprintf(buf, cap, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
-        *loopback = memcmp(sa.s_in6.sa_addr, lo6, 16) == 0;
+        /* ::1, or 127.0.0.0/8 as a listener on [::] sees it (::ffff:127.x.y.z). */
+        *loopback = memcmp(sa.s_in6.sa_addr, lo6, 16) == 0 ||
+                    (memcmp(sa.s_in6.sa_addr, v4mapped, 12) == 0 && sa.s_in6.sa_addr[12] == 127);
         break;
     }
     case NNG_AF_IPC:
