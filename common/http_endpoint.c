@@ -10,7 +10,7 @@
  * none is idle), a request's headers within HTTP_HEADER_TIMEOUT_MS, a keep-alive connection
  * closed after HTTP_IDLE_TIMEOUT_MS without a request, a reply written within
  * HTTP_WRITE_TIMEOUT_MS, accept paused (not retried in a loop) when out of descriptors, and
- * /metrics rendered one at a time, concurrent scrapes sharing one text (metrics_body). */
+ * /metrics rendered one at a time, scrapes that arrive together sharing one text (metrics_body). */
 #include "http_endpoint.h"
 
 #include <errno.h>
@@ -37,7 +37,6 @@ enum {
     HTTP_HEADER_TIMEOUT_MS = 5000, /* a request's headers, from the connection or first byte */
     HTTP_IDLE_TIMEOUT_MS = 30000,  /* a keep-alive connection between requests */
     HTTP_WRITE_TIMEOUT_MS = 10000, /* one reply */
-    HTTP_METRICS_CACHE_MS = 1000,  /* concurrent scrapes share a text this young */
     HTTP_ACCEPT_BACKOFF_MS = 100,  /* after accept failed for want of descriptors */
     HTTP_LOG_EVERY_MS = 10000,     /* rate of the refusal warnings */
 };
@@ -98,16 +97,19 @@ static void body_release(http_endpoint *e, http_body *b)
     free(b);
 }
 
-/* The /metrics text to send. A scrape while others are still being sent shares their text
- * when it is younger than HTTP_METRICS_CACHE_MS, or when an older text is also still being
- * sent (so at most two texts exist however many scrapes run); otherwise a new rendering, so
- * that scrapes one after the other see fresh values. */
-static http_body *metrics_body(http_endpoint *e, uint64_t now)
+/* The /metrics text for a request that arrived at `arrived` (the time the poll round that read
+ * it began). A text whose rendering began after that already holds every update the client
+ * saw acknowledged before it asked, so requests read in the same round, or while a text was
+ * rendered, share one rendering: a burst of scrapes costs one or two renderings, and scrapes
+ * one after the other still see fresh values. While an older text is still being sent to a
+ * slow reader and the newest one too, the newest is reused even if older than the request, so
+ * that at most two texts exist however many scrapes run. */
+static http_body *metrics_body(http_endpoint *e, uint64_t arrived)
 {
     http_body *b = e->metrics;
-    if (b && b->refs > 1 &&
-        (now - b->born_ns < (uint64_t)HTTP_METRICS_CACHE_MS * 1000000u || e->old_bodies > 0))
+    if (b && (b->born_ns >= arrived || (b->refs > 1 && e->old_bodies > 0)))
         goto share;
+    uint64_t start = time_now_ns();
     size_t len = 0;
     char *text = metrics_render(&len);
     http_body *nb = text ? malloc(sizeof(*nb)) : NULL;
@@ -117,7 +119,7 @@ static http_body *metrics_body(http_endpoint *e, uint64_t now)
             goto share; /* stale beats nothing */
         return NULL;
     }
-    *nb = (http_body){.refs = 1, .data = text, .len = len, .born_ns = time_now_ns()};
+    *nb = (http_body){.refs = 1, .data = text, .len = len, .born_ns = start};
     if (b) {
         e->metrics = NULL;
         if (b->refs > 1) {
