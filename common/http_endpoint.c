@@ -1,156 +1,587 @@
+/* The HTTP endpoint: a small HTTP/1.1 server of its own on plain sockets, one thread, poll().
+ *
+ * Why not nng's HTTP server (nng 1.5.2): its API (handlers, TLS, error pages) has no
+ * connection cap and no timeouts, so a connection that never finishes its headers, or an idle
+ * keep-alive one, is held forever; 1,100 idle ones took every file descriptor (the data port's
+ * clients and /livez were refused) and its accept loop then spun; and it renders concurrent
+ * scrapes in parallel, each holding its own copy of the text. Three GET paths need none of its
+ * generality, and one thread with bounded state is easy to reason about: at most
+ * HTTP_MAX_CONNS connections (a newcomer closes the longest idle one, or is answered 503 when
+ * none is idle), a request's headers within HTTP_HEADER_TIMEOUT_MS, a keep-alive connection
+ * closed after HTTP_IDLE_TIMEOUT_MS without a request, a reply written within
+ * HTTP_WRITE_TIMEOUT_MS, accept paused (not retried in a loop) when out of descriptors, and
+ * /metrics rendered one at a time, scrapes that arrive together sharing one text (metrics_body). */
 #include "http_endpoint.h"
 
-#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
-#include <nng/nng.h>
-#include <nng/supplemental/http/http.h>
-
+#include "log.h"
 #include "metrics.h"
+#include "timeutil.h"
+
+enum {
+    HTTP_MAX_CONNS = 64,           /* connections served at once */
+    HTTP_HEADER_BYTES = 8192,      /* request line and headers */
+    HTTP_HEADER_TIMEOUT_MS = 5000, /* a request's headers, from the connection or first byte */
+    HTTP_IDLE_TIMEOUT_MS = 30000,  /* a keep-alive connection between requests */
+    HTTP_WRITE_TIMEOUT_MS = 10000, /* one reply */
+    HTTP_ACCEPT_BACKOFF_MS = 100,  /* after accept failed for want of descriptors */
+    HTTP_LOG_EVERY_MS = 10000,     /* rate of the refusal warnings */
+};
+
+/* A rendered /metrics text, shared by the replies that send it. */
+typedef struct http_body {
+    int refs;
+    char *data;
+    size_t len;
+    uint64_t born_ns;
+} http_body;
+
+typedef enum conn_state { CONN_READ, CONN_WRITE } conn_state;
+
+typedef struct http_conn {
+    int fd; /* -1: slot free */
+    conn_state state;
+    uint64_t deadline_ns;
+    uint64_t since_ns; /* accepted, or last reply sent */
+    bool started;      /* some bytes of the current request arrived */
+    bool close_after;
+    char in[HTTP_HEADER_BYTES];
+    size_t in_len;
+    char head[512]; /* status line and headers of the reply */
+    size_t head_len, head_off;
+    const char *body; /* into small[] or shared->data */
+    size_t body_len, body_off;
+    char small[320];
+    http_body *shared;
+} http_conn;
 
 struct http_endpoint {
-    nng_http_server *srv;
+    int lfd;
+    int wake[2]; /* a byte on wake[1] stops the thread */
+    pthread_t thread;
     int port;
-    pthread_mutex_t lock; /* ready, reason */
+    pthread_mutex_t lock; /* ready, reason, ready_fn */
     bool ready;
     char reason[256];
     http_ready_fn ready_fn;
     void *ready_arg;
+    /* The thread's own state. */
+    http_conn conns[HTTP_MAX_CONNS];
+    int nconns;
+    uint64_t accept_after_ns; /* accept paused until then (no descriptors) */
+    http_body *metrics;       /* the newest rendered text, or NULL */
+    int old_bodies;           /* older texts still being sent */
+    uint64_t refused, evicted, full_logged_ns, fd_fail, fd_logged_ns;
 };
 
-/* Answers aio with status and body (copied). */
-static void reply(nng_aio *aio, uint16_t status, const char *type, const char *body, size_t len)
+static void body_release(http_endpoint *e, http_body *b)
 {
-    nng_http_res *res;
-    int rv = nng_http_res_alloc(&res);
-    if (rv != 0) {
-        nng_aio_finish(aio, rv);
+    if (b == NULL || --b->refs > 0)
         return;
-    }
-    if ((rv = nng_http_res_set_status(res, status)) != 0 ||
-        (rv = nng_http_res_set_header(res, "Content-Type", type)) != 0 ||
-        (rv = nng_http_res_copy_data(res, body, len)) != 0) {
-        nng_http_res_free(res);
-        nng_aio_finish(aio, rv);
-        return;
-    }
-    nng_aio_set_output(aio, 0, res);
-    nng_aio_finish(aio, 0);
+    if (b != e->metrics)
+        e->old_bodies--;
+    free(b->data);
+    free(b);
 }
 
-static void on_metrics(nng_aio *aio)
+/* The /metrics text for a request that arrived at `arrived` (the time the poll round that read
+ * it began). A text whose rendering began after that already holds every update the client
+ * saw acknowledged before it asked, so requests read in the same round, or while a text was
+ * rendered, share one rendering: a burst of scrapes costs one or two renderings, and scrapes
+ * one after the other still see fresh values. While an older text is still being sent to a
+ * slow reader and the newest one too, the newest is reused even if older than the request, so
+ * that at most two texts exist however many scrapes run. */
+static http_body *metrics_body(http_endpoint *e, uint64_t arrived)
 {
+    http_body *b = e->metrics;
+    if (b && (b->born_ns >= arrived || (b->refs > 1 && e->old_bodies > 0)))
+        goto share;
+    uint64_t start = time_now_ns();
     size_t len = 0;
     char *text = metrics_render(&len);
-    if (text == NULL) {
-        static const char oom[] = "out of memory rendering metrics\n";
-        reply(aio, NNG_HTTP_STATUS_INTERNAL_SERVER_ERROR, "text/plain", oom, sizeof(oom) - 1);
+    http_body *nb = text ? malloc(sizeof(*nb)) : NULL;
+    if (nb == NULL) {
+        free(text);
+        if (b)
+            goto share; /* stale beats nothing */
+        return NULL;
+    }
+    *nb = (http_body){.refs = 1, .data = text, .len = len, .born_ns = start};
+    if (b) {
+        e->metrics = NULL;
+        if (b->refs > 1) {
+            e->old_bodies++;
+            b->refs--;
+        } else {
+            free(b->data);
+            free(b);
+        }
+    }
+    e->metrics = b = nb;
+share:
+    b->refs++;
+    return b;
+}
+
+static void conn_close(http_endpoint *e, http_conn *c)
+{
+    if (c->fd < 0)
+        return;
+    close(c->fd);
+    c->fd = -1;
+    body_release(e, c->shared);
+    c->shared = NULL;
+    e->nconns--;
+}
+
+/* Starts waiting for a request of c: a fresh connection (or one with part of its next request
+ * in the buffer) within the header timeout, a kept-alive one within the idle timeout until its
+ * next request begins. */
+static void conn_read_next(http_conn *c, bool fresh, uint64_t now)
+{
+    c->state = CONN_READ;
+    c->started = fresh || c->in_len > 0;
+    c->deadline_ns =
+        now + (uint64_t)(c->started ? HTTP_HEADER_TIMEOUT_MS : HTTP_IDLE_TIMEOUT_MS) * 1000000u;
+}
+
+/* Queues a reply; body points at memory that lives until it is sent (small, shared, static). */
+static void respond(http_conn *c, int status, const char *reason, const char *type,
+                    const char *body, size_t len, bool head_only, uint64_t now)
+{
+    int n = snprintf(c->head, sizeof(c->head),
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Cache-Control: no-store\r\n%s\r\n",
+                     status, reason, type, len, c->close_after ? "Connection: close\r\n" : "");
+    c->head_len = n > 0 && (size_t)n < sizeof(c->head) ? (size_t)n : 0;
+    c->head_off = 0;
+    c->body = body;
+    c->body_len = head_only ? 0 : len;
+    c->body_off = 0;
+    c->state = CONN_WRITE;
+    c->deadline_ns = now + (uint64_t)HTTP_WRITE_TIMEOUT_MS * 1000000u;
+}
+
+static void respond_text(http_conn *c, int status, const char *reason, const char *text,
+                         bool head_only, uint64_t now)
+{
+    int n = snprintf(c->small, sizeof(c->small), "%s\n", text);
+    size_t len = n > 0 && (size_t)n < sizeof(c->small) ? (size_t)n : sizeof(c->small) - 1;
+    respond(c, status, reason, "text/plain; charset=utf-8", c->small, len, head_only, now);
+}
+
+/* Whether the header block [hdrs, end) has header `name` (case-insensitive); its value (cut
+ * to cap - 1 bytes, without leading blanks) in v when v is not NULL. */
+static bool find_header(const char *hdrs, const char *end, const char *name, char *v, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = hdrs; p < end;) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL)
+            eol = end;
+        if ((size_t)(eol - p) > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            const char *val = p + nl + 1;
+            while (val < eol && (*val == ' ' || *val == '\t'))
+                val++;
+            if (v) {
+                size_t vl = (size_t)(eol - val);
+                vl = vl < cap - 1 ? vl : cap - 1;
+                memcpy(v, val, vl);
+                v[vl] = '\0';
+            }
+            return true;
+        }
+        p = eol + 1;
+    }
+    return false;
+}
+
+/* Handles the complete request in c->in[0, hlen) (headers end at hlen) and queues its reply. */
+static void handle_request(http_endpoint *e, http_conn *c, size_t hlen, uint64_t now)
+{
+    char *req = c->in;
+    char *line_end = memchr(req, '\n', hlen);
+    char method[16], target[1024], version[16];
+    int n = 0;
+    if (line_end) {
+        *line_end = '\0';
+        n = sscanf(req, "%15s %1023s %15s", method, target, version);
+    }
+    const char *hdrs = line_end ? line_end + 1 : req + hlen, *hend = req + hlen;
+    c->close_after = true;
+    if (n != 3 || strncmp(version, "HTTP/1.", 7) != 0) {
+        respond_text(c, 400, "Bad Request", "bad request line", false, now);
         return;
     }
-    reply(aio, NNG_HTTP_STATUS_OK, "text/plain; version=0.0.4; charset=utf-8", text, len);
-    free(text);
-}
-
-static void on_livez(nng_aio *aio)
-{
-    reply(aio, NNG_HTTP_STATUS_OK, "text/plain", "ok\n", 3);
-}
-
-static void on_readyz(nng_aio *aio)
-{
-    nng_http_handler *h = nng_aio_get_input(aio, 1);
-    http_endpoint *e = nng_http_handler_get_data(h);
-    char body[300];
-    char why[256] = "";
-    pthread_mutex_lock(&e->lock);
-    bool ready = e->ready;
-    if (e->ready_fn)
-        ready = e->ready_fn(e->ready_arg, why, sizeof(why));
-    else
-        snprintf(why, sizeof(why), "%s", e->reason);
-    pthread_mutex_unlock(&e->lock);
-    int n = snprintf(body, sizeof(body), "%s\n", ready ? "ready" : why);
-    reply(aio, ready ? NNG_HTTP_STATUS_OK : NNG_HTTP_STATUS_SERVICE_UNAVAILABLE, "text/plain", body,
-          (size_t)n < sizeof(body) ? (size_t)n : sizeof(body) - 1);
-}
-
-static int add_handler(http_endpoint *e, const char *path, void (*cb)(nng_aio *))
-{
-    nng_http_handler *h;
-    int rv = nng_http_handler_alloc(&h, path, cb);
-    if (rv != 0)
-        return rv;
-    if ((rv = nng_http_handler_set_method(h, "GET")) != 0 ||
-        (rv = nng_http_handler_set_data(h, e, NULL)) != 0 ||
-        (rv = nng_http_server_add_handler(e->srv, h)) != 0) {
-        nng_http_handler_free(h);
-        return rv;
+    /* HTTP/1.1 keeps the connection unless told not to; 1.0 closes it. */
+    char v[64];
+    c->close_after =
+        strcmp(version, "HTTP/1.1") != 0 ||
+        (find_header(hdrs, hend, "Connection", v, sizeof(v)) && strcasestr(v, "close"));
+    bool head = strcmp(method, "HEAD") == 0;
+    if (!head && strcmp(method, "GET") != 0) {
+        c->close_after = true; /* a body we do not read may follow */
+        respond_text(c, 405, "Method Not Allowed", "only GET and HEAD", false, now);
+        return;
     }
-    return 0;
+    if (find_header(hdrs, hend, "Transfer-Encoding", NULL, 0) ||
+        (find_header(hdrs, hend, "Content-Length", v, sizeof(v)) && strspn(v, "0") == 0)) {
+        c->close_after = true;
+        respond_text(c, 400, "Bad Request", "a GET carries no body", false, now);
+        return;
+    }
+    char *q = strchr(target, '?');
+    if (q)
+        *q = '\0';
+    if (strcmp(target, "/livez") == 0) {
+        respond_text(c, 200, "OK", "ok", head, now);
+    } else if (strcmp(target, "/readyz") == 0) {
+        char why[256] = "";
+        pthread_mutex_lock(&e->lock);
+        bool ready = e->ready;
+        if (e->ready_fn)
+            ready = e->ready_fn(e->ready_arg, why, sizeof(why));
+        else
+            snprintf(why, sizeof(why), "%s", e->reason);
+        pthread_mutex_unlock(&e->lock);
+        if (ready)
+            respond_text(c, 200, "OK", "ready", head, now);
+        else
+            respond_text(c, 503, "Service Unavailable", why, head, now);
+    } else if (strcmp(target, "/metrics") == 0) {
+        http_body *b = metrics_body(e, now);
+        if (b == NULL) {
+            respond_text(c, 500, "Internal Server Error", "out of memory rendering metrics", head,
+                         now);
+            return;
+        }
+        c->shared = b;
+        respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", b->data, b->len, head,
+                now);
+    } else {
+        respond_text(c, 404, "Not Found", "not found (/metrics, /livez, /readyz)", head, now);
+    }
+}
+
+/* Reads what arrived; handles a request once its headers are complete. */
+static void conn_readable(http_endpoint *e, http_conn *c, uint64_t now)
+{
+    ssize_t r = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, 0);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        conn_close(e, c);
+        return;
+    }
+    if (r < 0)
+        return;
+    if (!c->started) {
+        c->started = true;
+        c->deadline_ns = now + (uint64_t)HTTP_HEADER_TIMEOUT_MS * 1000000u;
+    }
+    c->in_len += (size_t)r;
+}
+
+/* Looks for a complete request in c's buffer and answers it. */
+static void conn_parse(http_endpoint *e, http_conn *c, uint64_t now)
+{
+    char *end = NULL;
+    for (size_t i = 3; i < c->in_len && end == NULL; i++)
+        if (c->in[i] == '\n' && c->in[i - 1] == '\r' && c->in[i - 2] == '\n' &&
+            c->in[i - 3] == '\r')
+            end = c->in + i + 1;
+    if (end == NULL) {
+        if (c->in_len == sizeof(c->in)) {
+            c->close_after = true;
+            c->in_len = 0;
+            respond_text(c, 431, "Request Header Fields Too Large", "headers too large", false,
+                         now);
+        }
+        return;
+    }
+    size_t hlen = (size_t)(end - c->in);
+    handle_request(e, c, hlen, now);
+    /* Keep what follows (a pipelined request) for after the reply. */
+    memmove(c->in, c->in + hlen, c->in_len - hlen);
+    c->in_len -= hlen;
+}
+
+/* Sends what it can of the reply; at its end closes or waits for the next request. */
+static void conn_writable(http_endpoint *e, http_conn *c, uint64_t now)
+{
+    while (c->head_off < c->head_len || c->body_off < c->body_len) {
+        struct iovec iov[2];
+        int n = 0;
+        if (c->head_off < c->head_len)
+            iov[n++] = (struct iovec){c->head + c->head_off, c->head_len - c->head_off};
+        if (c->body_off < c->body_len)
+            iov[n++] = (struct iovec){(char *)c->body + c->body_off, c->body_len - c->body_off};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            conn_close(e, c);
+            return;
+        }
+        size_t done = (size_t)w, h = c->head_len - c->head_off;
+        if (done >= h) {
+            c->head_off = c->head_len;
+            c->body_off += done - h;
+        } else {
+            c->head_off += done;
+        }
+    }
+    body_release(e, c->shared);
+    c->shared = NULL;
+    if (c->close_after) {
+        conn_close(e, c);
+        return;
+    }
+    c->since_ns = now;
+    conn_read_next(c, false, now);
+    if (c->in_len > 0)
+        conn_parse(e, c, now);
+}
+
+static void accept_some(http_endpoint *e, uint64_t now);
+
+/* Accepts what waits (accept_some), logging at most every HTTP_LOG_EVERY_MS when full. */
+static void accept_all(http_endpoint *e, uint64_t now)
+{
+    uint64_t refused = e->refused, evicted = e->evicted;
+    accept_some(e, now);
+    if ((e->refused != refused || e->evicted != evicted) &&
+        now - e->full_logged_ns >= (uint64_t)HTTP_LOG_EVERY_MS * 1000000u) {
+        log_warn("http: %d connections open, the most served at once: %llu idle ones closed "
+                 "and %llu new ones refused so far",
+                 HTTP_MAX_CONNS, (unsigned long long)e->evicted, (unsigned long long)e->refused);
+        e->full_logged_ns = now;
+    }
+}
+
+/* Accepts what waits: into a free slot, one made by closing the longest idle connection, or
+ * answered 503 and closed when every connection is busy with a request. */
+static void accept_some(http_endpoint *e, uint64_t now)
+{
+    for (;;) {
+        int fd = accept4(e->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                /* Waiting connections stay in the backlog; try again a little later instead
+                 * of spinning on a listener that stays readable. */
+                e->accept_after_ns = now + (uint64_t)HTTP_ACCEPT_BACKOFF_MS * 1000000u;
+                e->fd_fail++;
+                if (now - e->fd_logged_ns >= (uint64_t)HTTP_LOG_EVERY_MS * 1000000u) {
+                    log_warn("http: cannot accept connections: %s (%llu times); the process is "
+                             "out of file descriptors",
+                             strerror(errno), (unsigned long long)e->fd_fail);
+                    e->fd_logged_ns = now;
+                }
+            }
+            return;
+        }
+        if (e->nconns >= HTTP_MAX_CONNS) {
+            /* Full: the connection that has waited longest without sending a byte makes room
+             * (idle connections must not lock probes out), else the newcomer is refused. */
+            http_conn *idle = NULL;
+            for (int i = 0; i < HTTP_MAX_CONNS; i++) {
+                http_conn *c = &e->conns[i];
+                if (c->fd >= 0 && c->state == CONN_READ && c->in_len == 0 &&
+                    (idle == NULL || c->since_ns < idle->since_ns))
+                    idle = c;
+            }
+            if (idle) {
+                conn_close(e, idle);
+                e->evicted++;
+            }
+        }
+        if (e->nconns >= HTTP_MAX_CONNS) {
+            static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                       "Connection: close\r\n\r\n";
+            ssize_t w = send(fd, busy, sizeof(busy) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w;
+            close(fd);
+            e->refused++;
+            continue;
+        }
+        http_conn *c = NULL;
+        for (int i = 0; i < HTTP_MAX_CONNS && c == NULL; i++)
+            if (e->conns[i].fd < 0)
+                c = &e->conns[i];
+        c->fd = fd;
+        c->since_ns = now;
+        c->in_len = 0;
+        c->shared = NULL;
+        c->close_after = false;
+        conn_read_next(c, true, now);
+        e->nconns++;
+    }
+}
+
+static void *serve(void *arg)
+{
+    http_endpoint *e = arg;
+    struct pollfd pfd[HTTP_MAX_CONNS + 2];
+    int slot[HTTP_MAX_CONNS + 2];
+    for (;;) {
+        uint64_t now = time_now_ns();
+        int n = 0;
+        pfd[n++] = (struct pollfd){.fd = e->wake[0], .events = POLLIN};
+        bool listening = now >= e->accept_after_ns;
+        pfd[n++] = (struct pollfd){.fd = listening ? e->lfd : -1, .events = POLLIN};
+        uint64_t next = now + 1000000000u;
+        if (!listening && e->accept_after_ns < next)
+            next = e->accept_after_ns;
+        for (int i = 0; i < HTTP_MAX_CONNS; i++) {
+            http_conn *c = &e->conns[i];
+            if (c->fd < 0)
+                continue;
+            slot[n] = i;
+            pfd[n++] =
+                (struct pollfd){.fd = c->fd, .events = c->state == CONN_READ ? POLLIN : POLLOUT};
+            if (c->deadline_ns < next)
+                next = c->deadline_ns;
+        }
+        int timeout = next > now ? (int)((next - now + 999999) / 1000000) : 0;
+        int r = poll(pfd, (nfds_t)n, timeout);
+        if (r < 0 && errno != EINTR) {
+            log_error("http: poll failed: %s; the HTTP endpoint stops", strerror(errno));
+            return NULL;
+        }
+        if (r > 0 && (pfd[0].revents & POLLIN))
+            return NULL;
+        now = time_now_ns();
+        for (int k = 2; r > 0 && k < n; k++) {
+            http_conn *c = &e->conns[slot[k]];
+            if (pfd[k].revents == 0 || c->fd < 0)
+                continue;
+            if (c->state == CONN_READ) {
+                conn_readable(e, c, now);
+                if (c->fd >= 0)
+                    conn_parse(e, c, now);
+                if (c->fd >= 0 && c->state == CONN_WRITE)
+                    conn_writable(e, c, now);
+            } else {
+                conn_writable(e, c, now);
+            }
+        }
+        /* Timeouts: headers not complete, idle between requests, a reader too slow. */
+        for (int i = 0; i < HTTP_MAX_CONNS; i++)
+            if (e->conns[i].fd >= 0 && e->conns[i].deadline_ns <= now)
+                conn_close(e, &e->conns[i]);
+        if (r > 0 && (pfd[1].revents & POLLIN))
+            accept_all(e, now);
+    }
+}
+
+/* Opens the listening socket for host:port; returns the fd or -1 with err. */
+static int listen_on(const char *host, const char *port, char *err, size_t errlen, const char *addr)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rv = getaddrinfo(host, port, &hints, &res);
+    if (rv != 0) {
+        snprintf(err, errlen, "http-listen %s: %s", addr, gai_strerror(rv));
+        return -1;
+    }
+    int fd = -1, saved = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+            saved = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        snprintf(err, errlen, "cannot serve HTTP on %s: %s", addr, strerror(saved));
+    return fd;
 }
 
 int http_endpoint_start(http_endpoint **out, const char *addr, char *err, size_t errlen)
 {
     *out = NULL;
     const char *colon = strrchr(addr, ':');
-    if (colon == NULL || colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1)) {
+    if (colon == NULL || colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+        strlen(colon + 1) > 5 || atoi(colon + 1) > 65535) {
         snprintf(err, errlen, "http-listen \"%s\" is not host:port", addr);
         return -1;
     }
-    int host_len = (int)(colon - addr);
-    const char *host = addr;
-    if (host_len == 0 || (host_len == 1 && addr[0] == '*')) {
-        host = "0.0.0.0";
-        host_len = 7;
+    char host[256];
+    size_t host_len = (size_t)(colon - addr);
+    const char *h = addr;
+    if (host_len >= 2 && addr[0] == '[' && addr[host_len - 1] == ']') {
+        h = addr + 1;
+        host_len -= 2;
     }
-    char urlbuf[320];
-    if ((size_t)snprintf(urlbuf, sizeof(urlbuf), "http://%.*s:%s", host_len, host, colon + 1) >=
-        sizeof(urlbuf)) {
+    if (host_len >= sizeof(host)) {
         snprintf(err, errlen, "http-listen \"%s\" is too long", addr);
         return -1;
     }
+    memcpy(host, h, host_len);
+    host[host_len] = '\0';
+    if (host_len == 0 || strcmp(host, "*") == 0)
+        snprintf(host, sizeof(host), "0.0.0.0");
     http_endpoint *e = calloc(1, sizeof(*e));
     if (e == NULL) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    e->wake[0] = e->wake[1] = -1;
+    for (int i = 0; i < HTTP_MAX_CONNS; i++)
+        e->conns[i].fd = -1;
     pthread_mutex_init(&e->lock, NULL);
     snprintf(e->reason, sizeof(e->reason), "starting");
-    nng_url *url = NULL;
-    int rv = nng_url_parse(&url, urlbuf);
-    if (rv == 0)
-        rv = nng_http_server_hold(&e->srv, url);
-    nng_url_free(url);
+    e->lfd = listen_on(host, colon + 1, err, errlen, addr);
+    if (e->lfd < 0)
+        goto fail;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(e->lfd, (struct sockaddr *)&ss, &sl) == 0)
+        e->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                           : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (pipe2(e->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        snprintf(err, errlen, "http-listen %s: pipe: %s", addr, strerror(errno));
+        goto fail;
+    }
+    int rv = pthread_create(&e->thread, NULL, serve, e);
     if (rv != 0) {
-        snprintf(err, errlen, "http-listen %s: %s", addr, nng_strerror(rv));
-        pthread_mutex_destroy(&e->lock);
-        free(e);
-        return -1;
+        snprintf(err, errlen, "http-listen %s: cannot start its thread: %s", addr, strerror(rv));
+        goto fail;
     }
-    if ((rv = add_handler(e, "/metrics", on_metrics)) != 0 ||
-        (rv = add_handler(e, "/livez", on_livez)) != 0 ||
-        (rv = add_handler(e, "/readyz", on_readyz)) != 0 ||
-        (rv = nng_http_server_start(e->srv)) != 0) {
-        snprintf(err, errlen, "cannot serve HTTP on %s: %s", addr, nng_strerror(rv));
-        nng_http_server_release(e->srv);
-        pthread_mutex_destroy(&e->lock);
-        free(e);
-        return -1;
-    }
-    nng_sockaddr sa;
-    if (nng_http_server_get_addr(e->srv, &sa) == 0) {
-        if (sa.s_family == NNG_AF_INET)
-            e->port = ntohs(sa.s_in.sa_port);
-        else if (sa.s_family == NNG_AF_INET6)
-            e->port = ntohs(sa.s_in6.sa_port);
-    }
-    if (e->port == 0)
-        e->port = atoi(colon + 1);
     *out = e;
     return 0;
+fail:
+    if (e->wake[0] >= 0) {
+        close(e->wake[0]);
+        close(e->wake[1]);
+    }
+    if (e->lfd >= 0)
+        close(e->lfd);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+    return -1;
 }
 
 int http_endpoint_port(const http_endpoint *e)
@@ -182,8 +613,21 @@ void http_endpoint_stop(http_endpoint *e)
 {
     if (e == NULL)
         return;
-    nng_http_server_stop(e->srv);
-    nng_http_server_release(e->srv);
+    char b = 1;
+    ssize_t w = write(e->wake[1], &b, 1);
+    (void)w;
+    pthread_join(e->thread, NULL);
+    for (int i = 0; i < HTTP_MAX_CONNS; i++)
+        conn_close(e, &e->conns[i]);
+    if (e->metrics) {
+        http_body *m = e->metrics;
+        e->metrics = NULL;
+        free(m->data);
+        free(m);
+    }
+    close(e->lfd);
+    close(e->wake[0]);
+    close(e->wake[1]);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }

@@ -1,4 +1,7 @@
-/* The HTTP endpoint of a ps-server or ps-worker (setting http-listen), on nng's HTTP server:
+/* The HTTP endpoint of a ps-server or ps-worker (setting http-listen), a small HTTP/1.1 server
+ * on one thread of its own (http_endpoint.c says why not nng's): at most 64 connections,
+ * headers within 5 s, keep-alive connections closed after 30 s idle, scrapes arriving
+ * together sharing one rendering:
  *   GET /metrics  the metrics registry (metrics.h) in the Prometheus text format
  *   GET /livez    200 "ok" while the process runs
  *   GET /readyz   200 "ready" once the program says so (http_endpoint_set_ready), else 503 and

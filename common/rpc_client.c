@@ -257,6 +257,11 @@ int rpc_read_token(const char *path, char *buf, size_t cap, char *err, size_t er
         snprintf(err, errlen, "admin-token-file %s: the first line (the token) is empty", path);
         return -1;
     }
+    if (strspn(buf, " \t\v\f") == n) {
+        snprintf(err, errlen, "admin-token-file %s: the first line (the token) is only blanks",
+                 path);
+        return -1;
+    }
     return 0;
 }
 

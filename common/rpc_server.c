@@ -201,8 +201,27 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
         env.tensor = (Psd__V1__TensorMeta *)tensor;
         seg_len = (size_t)tensor->count * frame_dtype_size(tensor->dtype);
     }
-    size_t total = frame_segment_offset(protobuf_c_message_get_packed_size(&env.base)) + seg_len;
-    if (status == STATUS_OK && total > c->srv->cfg.max_message) {
+    size_t env_len = protobuf_c_message_get_packed_size(&env.base);
+    size_t total = frame_segment_offset(env_len) + seg_len;
+    if (env_len > FRAME_MAX_ENVELOPE) {
+        /* A handler built a body past the envelope's bound (handlers size variable replies with
+         * rpc_call_max_reply_body): our bug, never the caller's, so INTERNAL naming the cause. */
+        snprintf(clean, sizeof(clean),
+                 "%s built a reply envelope of %zu bytes, more than the protocol's bound of %u "
+                 "bytes",
+                 c->method ? c->method->name : "the handler", env_len, FRAME_MAX_ENVELOPE);
+        status = STATUS_INTERNAL;
+        c->status = status;
+        env.status = status;
+        env.message = clean;
+        env.tensor = NULL;
+        env.body.len = 0;
+        env.body.data = NULL;
+        seg_len = 0;
+        if (segment_out)
+            *segment_out = NULL;
+        segment_out = NULL;
+    } else if (status == STATUS_OK && total > c->srv->cfg.max_message) {
         /* The limit holds both ways: a reply that outgrew it is refused, not sent. */
         snprintf(clean, sizeof(clean),
                  "reply of %zu bytes would exceed max-message-bytes (%zu): ask for less (smaller "
@@ -240,6 +259,8 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
     }
     if (rv != 0)
         c->reply = NULL; /* the send step turns this into a bare error */
+    if (status == STATUS_INTERNAL)
+        log_error("%s answered INTERNAL: %s", c->method ? c->method->name : "request", env.message);
     if (status != STATUS_OK)
         atomic_fetch_add(&c->srv->stats.errors, 1);
     if (bodybuf && bodybuf != stackbuf)
@@ -302,6 +323,13 @@ size_t rpc_call_max_message(const rpc_call *c)
     return c->srv->cfg.max_message;
 }
 
+size_t rpc_call_max_reply_body(const rpc_call *c)
+{
+    size_t max =
+        c->srv->cfg.max_message < FRAME_MAX_ENVELOPE ? c->srv->cfg.max_message : FRAME_MAX_ENVELOPE;
+    return max > 2 * RPC_ENVELOPE_RESERVE ? max - RPC_ENVELOPE_RESERVE : max / 2;
+}
+
 const rpc_method *rpc_call_method(const rpc_call *c)
 {
     return c->method;
@@ -350,9 +378,12 @@ static void pipe_peer(nng_pipe p, char *buf, size_t cap, bool *loopback)
         break;
     case NNG_AF_INET6: {
         static const uint8_t lo6[16] = {[15] = 1};
+        static const uint8_t v4mapped[12] = {[10] = 0xff, [11] = 0xff};
         inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip));
         snprintf(buf, cap, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
-        *loopback = memcmp(sa.s_in6.sa_addr, lo6, 16) == 0;
+        /* ::1, or 127.0.0.0/8 as a listener on [::] sees it (::ffff:127.x.y.z). */
+        *loopback = memcmp(sa.s_in6.sa_addr, lo6, 16) == 0 ||
+                    (memcmp(sa.s_in6.sa_addr, v4mapped, 12) == 0 && sa.s_in6.sa_addr[12] == 127);
         break;
     }
     case NNG_AF_IPC:

@@ -122,6 +122,12 @@ void rpc_call_resume(rpc_call *c);
 /* The server's max-message-bytes: replies larger than this are refused (handlers that build
  * replies of variable size, e.g. listings, fill them up to a budget below it). */
 size_t rpc_call_max_message(const rpc_call *c);
+/* Bytes a reply body (the protobuf message of rpc_reply_ok) may take: max-message-bytes and
+ * the envelope's own bound (FRAME_MAX_ENVELOPE, 1 MiB) less RPC_ENVELOPE_RESERVE for the
+ * envelope's other fields. Handlers that fill a listing fill it up to this, cut it there and
+ * say where the next page starts; a body past the envelope's bound is answered INTERNAL. */
+#define RPC_ENVELOPE_RESERVE 2048
+size_t rpc_call_max_reply_body(const rpc_call *c);
 /* Method of a call (its table entry), e.g. for messages. */
 const rpc_method *rpc_call_method(const rpc_call *c);
 

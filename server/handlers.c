@@ -248,7 +248,8 @@ static size_t entry_bytes(size_t n)
 }
 
 /* Pages in name order: page_size entries at most (0: no count limit) and never more than fit
- * in a reply of max-message-bytes; next_page_token is the last name listed while more follow. */
+ * in a reply body (rpc_call_max_reply_body: max-message-bytes and the envelope's 1 MiB bound);
+ * next_page_token is the last name listed while more follow. */
 static void handle_list(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -263,7 +264,7 @@ static void handle_list(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory listing variables");
         return;
     }
-    size_t max = rpc_call_max_message(call);
+    size_t max = rpc_call_max_reply_body(call);
     size_t budget = max > 2 * REPLY_RESERVE ? max - REPLY_RESERVE : max / 2;
     size_t used = 0, k = 0, i = first_after(vars, n, req->page_token);
     for (; i < n && (req->page_size == 0 || k < req->page_size); i++) {
@@ -813,7 +814,7 @@ static void handle_clock(rpc_call *call, void *arg)
 
 /* Counters, the workers and per-variable entries: only the variable asked for by name, or at
  * most max_variables (default STATUS_DEFAULT_VARIABLES) in name order and never more than fit
- * in a reply of max-message-bytes; num_variables always counts them all. */
+ * in a reply body (rpc_call_max_reply_body); num_variables always counts them all. */
 static void handle_status(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -860,8 +861,11 @@ static void handle_status(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory building status");
         return;
     }
-    size_t max = rpc_call_max_message(call);
-    size_t budget = max > 4 * REPLY_RESERVE ? max / 2 : max / 4;
+    /* The counters and the workers first: the variables get what is left of the body. */
+    sync_status(st, &rep);
+    size_t max = rpc_call_max_reply_body(call);
+    size_t fixed = psd__v1__server_status_reply__get_packed_size(&rep) + REPLY_RESERVE;
+    size_t budget = max > 2 * fixed ? max - fixed : max / 4;
     size_t used = 0, k = 0;
     for (size_t i = 0; i < cap; i++) {
         psd__v1__variable_status__init(&vs[k]);
@@ -882,7 +886,6 @@ static void handle_status(rpc_call *call, void *arg)
     rep.n_variables = k;
     rep.variables = vsp;
     rep.variables_truncated = k < n;
-    sync_status(st, &rep);
     rpc_reply_ok(call, &rep.base);
     sync_status_free(&rep);
     free(obs);

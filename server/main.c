@@ -395,6 +395,12 @@ int main(int argc, char **argv)
         .tls = tls,
         .admin_token = admin_token,
     };
+    if (rc_cfg.default_deadline_ms > rc_cfg.max_deadline_ms) {
+        log_warn("default-deadline-ms %u is above max-deadline-ms %u: requests that carry no "
+                 "deadline get %u ms",
+                 rc_cfg.default_deadline_ms, rc_cfg.max_deadline_ms, rc_cfg.max_deadline_ms);
+        rc_cfg.default_deadline_ms = rc_cfg.max_deadline_ms;
+    }
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
         metrics_remove_collector(server_collect, &st);
@@ -412,10 +418,16 @@ int main(int argc, char **argv)
              "%d pool threads",
              st.task_index, st.num_servers, url, PSD_VERSION,
              (unsigned long long)rpc_server_instance(st.rpc), n_workers, rc_cfg.threads);
-    log_info("security: %s; admin methods (Shutdown, Checkpoint) %s",
+    char admin_names[256] = "";
+    for (size_t i = 0, len = 0; i < server_methods_len; i++)
+        if ((server_methods[i].flags & RPC_ADMIN) && len < sizeof(admin_names))
+            len += (size_t)snprintf(admin_names + len, sizeof(admin_names) - len, "%s%s",
+                                    len ? ", " : "", server_methods[i].name);
+    log_info("security: %s; admin methods (%s) %s",
              rpc_tls_on(&tls)
                  ? "mutual TLS (peers need a certificate signed by tls-ca)"
                  : "plain TCP, no TLS (set tls-ca, tls-cert and tls-key to turn it on)",
+             admin_names,
              admin_token[0] ? "need the admin token of admin-token-file"
                             : "allowed from loopback peers only (no admin-token-file)");
 
