@@ -218,6 +218,14 @@ static int client_config(const options *o, int worker_id, ps_config **out)
     return 0;
 }
 
+/* libpsclient's log messages, written by this program's logger (its role, task and format):
+ * the library keeps a logger of its own otherwise, which knows neither. */
+static void log_library_message(int level, const char *message, const char *fields, void *arg)
+{
+    (void)arg;
+    log_fields((log_level)level, fields, "%s", message);
+}
+
 /* Who this worker is, from the cluster spec (TF_CONFIG or --cluster/--task). */
 typedef struct identity {
     bool ok;
@@ -258,6 +266,7 @@ static void identify(const options *o, identity *id)
     log_level_parse(opt_enum(o, OPT_LOG_LEVEL), &lvl);
     log_format_parse(opt_enum(o, OPT_LOG_FORMAT), &fmt);
     log_init(id->is_chief ? "chief" : "worker", id->task_index, lvl, fmt);
+    ps_set_log_message_handler((int)lvl, log_library_message, NULL);
 }
 
 static int run_training(program *prog, const identity *id, backend *be, const model_config *mc)
