@@ -377,8 +377,10 @@ int ps_worker_finished(ps_client *c);
  * and server, the versions it had seen acknowledged above the restored one; it logs each such
  * loss once (log level warn: "ps N restarted (checkpoint version V): K acknowledged updates to
  * VAR since it are lost"). The sum over every restart seen so far; a lower bound of what the
- * cluster lost, since other clients may have had later updates acknowledged. 0 after a clean
- * restart (SIGTERM, Shutdown), which loses nothing. Does not block. */
+ * cluster lost, since other clients may have had later updates acknowledged. It counts every
+ * client's updates to those shards as this client saw them: summed over clients it counts a
+ * loss once per client (ps_client_lost_pushes adds up). 0 after a clean restart (SIGTERM,
+ * Shutdown), which loses nothing. Does not block. */
 uint64_t ps_client_lost_updates(const ps_client *c);
 
 /* This client's own pushes among those lost updates: of the pushes acknowledged to it (one per
@@ -409,8 +411,8 @@ typedef struct ps_server_stats {
 int ps_server_status(ps_client *c, int server, ps_server_stats *out);
 
 /* Which workers the servers count as live: live[i] (i < n) is set to 1 when worker i is live
- * (heard from within the liveness timeout, not evicted) on at least one server, else 0. Asks
- * every server. Blocks. */
+ * (heard from within the liveness timeout, not evicted, not finished: ps_worker_finished) on
+ * at least one server, else 0. Asks every server. Blocks. */
 int ps_cluster_workers_live(ps_client *c, int n, unsigned char *live);
 
 /* Asks every server to checkpoint its shard now; returns once every checkpoint is durable on
