@@ -1,6 +1,7 @@
 /* ps-worker: trains an MLP against the parameter servers (or evaluates a saved model).
  *
- * Exit codes: 0 success, 1 runtime failure (cluster unreachable, a call failed), 2 bad
+ * Exit codes: 0 success, 1 runtime failure (cluster unreachable, a call failed; for a worker
+ * other than 0: worker 0, the evaluator, died before it finished), 2 bad
  * configuration or input (flag, cluster spec, data or model file), 128+N stopped by signal N. */
 #include <signal.h>
 #include <stdio.h>
