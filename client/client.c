@@ -192,6 +192,11 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             ps_client_close(c);
             return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
         }
+        for (size_t i = 0; i < cl.n_ps; i++) {
+            c->hb[i].c = c;
+            c->hb[i].server = (int)i;
+            pthread_mutex_init(&c->hb[i].lock, NULL);
+        }
     }
     for (size_t i = 0; i < cl.n_ps; i++) {
         char plain[300], url[310], label[32];
@@ -220,6 +225,9 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             .label = label,
             .watch = 1,
             .tls = tls,
+            /* a call waiting long: what the heartbeats say about it */
+            .hint = heartbeats ? client_wait_hint : NULL,
+            .hint_arg = heartbeats ? &c->hb[i] : NULL,
         };
         if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
             cluster_fini(&cl);
@@ -230,8 +238,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         if (heartbeats) {
             rc.connections = 1;
             rc.watch = 0; /* the data calls' wait is what a user needs to hear about */
-            c->hb[i].c = c;
-            c->hb[i].server = (int)i;
+            rc.hint = NULL;
             if (rpc_conn_open(&c->hb_conns[i], &rc, err, sizeof(err)) != 0) {
                 cluster_fini(&cl);
                 ps_config_destroy(own);
@@ -269,12 +276,16 @@ void ps_client_close(ps_client *c)
     for (int i = 0; c->hb_conns && i < c->nservers; i++)
         rpc_conn_close(c->hb_conns[i]);
     free(c->hb_conns);
-    free(c->hb);
     for (int i = 0; c->servers && i < c->nservers; i++)
-        rpc_conn_close(c->servers[i]);
+        rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
     free(c->servers);
+    for (int i = 0; c->hb && i < c->nservers; i++)
+        pthread_mutex_destroy(&c->hb[i].lock);
+    free(c->hb);
     for (size_t i = 0; i < c->nvars; i++) {
         free(c->vars[i]->name);
+        for (int s = 0; c->vars[i]->ack && s < c->nservers; s++)
+            free(c->vars[i]->ack[s].own);
         free(c->vars[i]->ack);
         free(c->vars[i]);
     }
@@ -302,12 +313,60 @@ uint64_t ps_client_lost_updates(const ps_client *c)
 
 /* ---- server restarts seen in push replies ------------------------------------------------- */
 
+uint64_t ps_client_lost_pushes(const ps_client *c)
+{
+    return c ? atomic_load(&((ps_client *)c)->lost_pushes) : 0;
+}
+
+/* Versions of this client's own pushes kept per variable and server (var_ack.own): a push a
+ * checkpoint older than this many of them could lose is counted from the rest (a lower bound,
+ * said so). 8192 versions: 64 KiB per variable and server at most. */
+#define OWN_ACKS_MAX 8192
+
+/* Records the version an own push made (ack_lock held). */
+static void own_note(var_ack *a, uint64_t version)
+{
+    if (a->nown == a->capown) {
+        if (a->capown < OWN_ACKS_MAX) {
+            size_t cap = a->capown ? a->capown * 2 : 64;
+            uint64_t *p = realloc(a->own, cap * sizeof(*p));
+            if (p == NULL)
+                return; /* not counted: the count stays a lower bound */
+            a->own = p;
+            a->capown = cap;
+        } else {
+            /* Full: the older half goes; below it the count is a lower bound. */
+            size_t half = a->nown / 2;
+            if (a->own[half - 1] > a->own_dropped)
+                a->own_dropped = a->own[half - 1];
+            memmove(a->own, a->own + half, (a->nown - half) * sizeof(*a->own));
+            a->nown -= half;
+        }
+    }
+    a->own[a->nown++] = version;
+}
+
+/* How many own pushes recorded for the instance that is gone made versions above `restored`
+ * (the restart lost them); forgets them all. *bound: the count may be low (older ones were
+ * dropped, and the restored version is below them). ack_lock held. */
+static uint64_t own_lost_since(var_ack *a, uint64_t restored, bool *bound)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < a->nown; i++)
+        n += a->own[i] > restored;
+    *bound = a->own_dropped > restored;
+    a->nown = 0;
+    a->own_dropped = 0;
+    return n;
+}
+
 void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, uint64_t version,
                       uint64_t restored_version)
 {
     if (instance == 0 || server < 0 || server >= c->nservers)
         return; /* a server that does not say which process it is */
-    uint64_t lost = 0, acked = 0;
+    uint64_t lost = 0, acked = 0, own_lost = 0;
+    bool own_bound = false;
     pthread_mutex_lock(&c->ack_lock);
     if (v->ack == NULL)
         v->ack = calloc((size_t)c->nservers, sizeof(*v->ack));
@@ -316,21 +375,27 @@ void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, ui
         if (a->instance != 0 && instance != a->instance) {
             acked = a->acked;
             lost = acked > restored_version ? acked - restored_version : 0;
+            own_lost = own_lost_since(a, restored_version, &own_bound);
             a->prev_instance = a->instance;
             a->acked = 0;
         }
         a->instance = instance;
         if (version > a->acked)
             a->acked = version;
+        /* Under BSP a push joins the clock's aggregate: the update it is part of makes the
+         * next version. */
+        own_note(a, version + (ps_var_staleness_bound(v) == 0));
     }
     pthread_mutex_unlock(&c->ack_lock);
     if (lost > 0) {
         atomic_fetch_add(&c->lost_updates, lost);
+        atomic_fetch_add(&c->lost_pushes, own_lost);
         log_warn("ps %d restarted (checkpoint version %llu): %llu acknowledged updates to \"%s\" "
                  "since it are lost (a lower bound: this client saw up to version %llu "
-                 "acknowledged)",
+                 "acknowledged), %llu of them this client's own pushes%s",
                  server, (unsigned long long)restored_version, (unsigned long long)lost, v->name,
-                 (unsigned long long)acked);
+                 (unsigned long long)acked, (unsigned long long)own_lost,
+                 own_bound ? " (at least)" : "");
     }
 }
 
@@ -550,11 +615,74 @@ static int hb_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 
 static void hb_done(void *arg, int status, const char *message, const frame *reply)
 {
-    (void)status;
     (void)message;
-    (void)reply;
     client_hb *h = arg;
+    if (status == STATUS_OK && reply != NULL) {
+        Psd__V1__ClockReply *r =
+            psd__v1__clock_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        pthread_mutex_lock(&h->lock);
+        h->answered_ns = time_now_ns();
+        snprintf(h->parked_for, sizeof(h->parked_for), "%s",
+                 r && r->parked_for ? r->parked_for : "");
+        pthread_mutex_unlock(&h->lock);
+        if (r)
+            psd__v1__clock_reply__free_unpacked(r, NULL);
+    }
     atomic_store(&h->busy, false);
+}
+
+bool client_wait_hint(void *arg, uint64_t since_ns, char *buf, size_t cap)
+{
+    client_hb *h = arg;
+    pthread_mutex_lock(&h->lock);
+    uint64_t age = time_now_ns() - h->answered_ns;
+    /* Only a heartbeat answered while the call waits speaks for the server. */
+    bool recent = h->answered_ns != 0 && h->answered_ns > since_ns;
+    if (recent && h->parked_for[0])
+        snprintf(buf, cap,
+                 "ps %d is up and answers heartbeats: it holds the call at the staleness bound, "
+                 "waiting for %s",
+                 h->server, h->parked_for);
+    else if (recent)
+        snprintf(buf, cap,
+                 "ps %d is up and answered a heartbeat %.1f s ago: the call is queued or slow "
+                 "there (overloaded?)",
+                 h->server, (double)age / 1e9);
+    pthread_mutex_unlock(&h->lock);
+    return recent;
+}
+
+int ps_worker_finished(ps_client *c)
+{
+    clear_error();
+    if (c == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_worker_finished: NULL client");
+    if (c->worker_id < 0)
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "ps_worker_finished needs a worker id: run as a worker task or set "
+                           "worker-id");
+    /* Heartbeats first: one sent after the servers took the worker out would be a request
+     * of the same client (harmless, but it would refresh a worker that has left). */
+    pthread_mutex_lock(&c->lock);
+    c->finished = true;
+    pthread_mutex_unlock(&c->lock);
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
+    req.finished = true;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
+                      &psd__v1__clock_reply__descriptor, replies);
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    free(servers);
+    return rc;
 }
 
 static void *heartbeat_main(void *arg)
@@ -573,6 +701,8 @@ static void *heartbeat_main(void *arg)
         pthread_cond_timedwait(&c->heartbeat_cond, &c->lock, &ts);
         if (c->closing)
             break;
+        if (c->finished)
+            continue; /* left the barrier: nothing to keep alive */
         pthread_mutex_unlock(&c->lock);
         for (int i = 0; i < c->nservers; i++) {
             client_hb *h = &c->hb[i];

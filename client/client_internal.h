@@ -16,6 +16,13 @@ typedef struct var_ack {
     uint64_t instance;      /* Envelope.server_instance of the latest push reply; 0: none yet */
     uint64_t prev_instance; /* the one before (its late replies are ignored) */
     uint64_t acked;         /* highest version acknowledged by `instance` */
+    /* The versions this client's own pushes made on `instance` (ascending as acknowledged),
+     * the newest OWN_ACKS_MAX of them: a restart lost those above the restored version.
+     * own_dropped: the highest version dropped to stay within the cap (0: none), below which
+     * the count is a lower bound. */
+    uint64_t *own;
+    size_t nown, capown;
+    uint64_t own_dropped;
 } var_ack;
 
 struct ps_var {
@@ -34,6 +41,12 @@ typedef struct client_hb {
     struct ps_client *c;
     int server;
     atomic_bool busy;
+    /* From the latest heartbeat reply (lock): when it came, and what this worker's calls
+     * parked on the server wait for (ClockReply.parked_for, "" if none). The connection
+     * watcher's hint (client_wait_hint) reads them. */
+    pthread_mutex_t lock;
+    uint64_t answered_ns;
+    char parked_for[320];
 } client_hb;
 
 struct ps_client {
@@ -61,10 +74,12 @@ struct ps_client {
     client_hb *hb;
     pthread_t heartbeat;
     bool heartbeat_running, closing;
+    bool finished; /* ps_worker_finished: heartbeats stopped (lock) */
     pthread_cond_t heartbeat_cond;
     /* Restarts seen in push replies (client_note_push). */
     pthread_mutex_t ack_lock;
     atomic_uint_fast64_t lost_updates;
+    atomic_uint_fast64_t lost_pushes; /* this client's own acknowledged pushes among them */
 };
 
 /* Sets this thread's ps_last_error and returns status. */
@@ -117,6 +132,10 @@ int client_all_servers(ps_client *c, int **out);
  * client's lost_updates. Thread-safe, does not block on the network. */
 void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, uint64_t version,
                       uint64_t restored_version);
+
+/* The connection watcher's hint (rpc_conn_config.hint) for data calls to server
+ * hb->server: what the latest heartbeat reply says about this worker's parked calls. */
+bool client_wait_hint(void *hb, uint64_t since_ns, char *buf, size_t cap);
 
 /* Adds a server's staleness statistics into out (max of maxima, sums of the rest). */
 void client_add_staleness(ps_staleness_stats *out, const Psd__V1__StalenessStats *s);

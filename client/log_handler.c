@@ -12,3 +12,8 @@ void ps_set_log_handler(ps_log_fn fn, void *arg)
 {
     log_set_sink(fn, arg);
 }
+
+void ps_set_log_message_handler(int min_level, ps_log_message_fn fn, void *arg)
+{
+    log_set_message_sink((log_level)min_level, fn, arg);
+}

@@ -85,6 +85,18 @@ typedef void (*ps_log_fn)(int level, const char *line, void *arg);
  * progress). */
 void ps_set_log_handler(ps_log_fn fn, void *arg);
 
+/* Receives the library's log messages before they are made into lines, so that a program with
+ * a logger of its own writes them as its own lines (its role, task, format and lock: one logger
+ * per process). message is the text alone (no timestamp, level or identity), valid only during
+ * the call; fields is NULL or a JSON object-body fragment ("\"k\":1,\"s\":\"x\"") of
+ * structured fields for the line. Only messages at min_level (PS_LOG_*) or above are formatted
+ * and passed. Calls are serialized and hold the library's log lock, as for ps_log_fn: fn must
+ * not block long nor call ps_ functions. While one is set, ps_set_log_handler's handler and
+ * stderr get nothing from the library. NULL restores them (min_level stays the minimum).
+ * Thread-safe. */
+typedef void (*ps_log_message_fn)(int level, const char *message, const char *fields, void *arg);
+void ps_set_log_message_handler(int min_level, ps_log_message_fn fn, void *arg);
+
 typedef struct ps_client ps_client;
 typedef struct ps_config ps_config;
 typedef struct ps_var ps_var;
@@ -350,6 +362,14 @@ int ps_clock(ps_client *c, int64_t *clock_out);
 /* This client's current clock. Does not block. */
 int64_t ps_client_clock(const ps_client *c);
 
+/* Tells every server that this worker has finished: it leaves the barrier, so that no
+ * staleness wait or BSP update of the other workers waits for its clock any more, and its
+ * heartbeats stop. Later calls of this client (e.g. final pulls) work but do not bring it
+ * back; a new client with the same worker id (a new run, a restarted worker) joins again.
+ * Call it once its last pushes and clock are done. PS_FAILED_PRECONDITION without a worker
+ * id. Blocks. */
+int ps_worker_finished(ps_client *c);
+
 /* Updates lost to server restarts, as far as this client can tell: a server that is killed
  * (SIGKILL, a crash) comes back from its newest checkpoint, and the pushes it had applied and
  * acknowledged after that checkpoint are gone. The client notices the restart in the next push
@@ -357,9 +377,19 @@ int64_t ps_client_clock(const ps_client *c);
  * and server, the versions it had seen acknowledged above the restored one; it logs each such
  * loss once (log level warn: "ps N restarted (checkpoint version V): K acknowledged updates to
  * VAR since it are lost"). The sum over every restart seen so far; a lower bound of what the
- * cluster lost, since other clients may have had later updates acknowledged. 0 after a clean
- * restart (SIGTERM, Shutdown), which loses nothing. Does not block. */
+ * cluster lost, since other clients may have had later updates acknowledged. It counts every
+ * client's updates to those shards as this client saw them: summed over clients it counts a
+ * loss once per client (ps_client_lost_pushes adds up). 0 after a clean restart (SIGTERM,
+ * Shutdown), which loses nothing. Does not block. */
 uint64_t ps_client_lost_updates(const ps_client *c);
+
+/* This client's own pushes among those lost updates: of the pushes acknowledged to it (one per
+ * variable shard and chunk), those whose update a server restart lost (they were applied after
+ * the checkpoint it restored). Summed over the clients of a job it is the job's loss in pushes,
+ * where ps_client_lost_updates of each client is its view of the shared total. Exact while the
+ * restored checkpoint is among this client's latest 8192 pushes to the shard, else a lower
+ * bound (the warning says "at least"). Does not block. */
+uint64_t ps_client_lost_pushes(const ps_client *c);
 
 typedef struct ps_server_stats {
     uint32_t task_index;
@@ -381,8 +411,8 @@ typedef struct ps_server_stats {
 int ps_server_status(ps_client *c, int server, ps_server_stats *out);
 
 /* Which workers the servers count as live: live[i] (i < n) is set to 1 when worker i is live
- * (heard from within the liveness timeout, not evicted) on at least one server, else 0. Asks
- * every server. Blocks. */
+ * (heard from within the liveness timeout, not evicted, not finished: ps_worker_finished) on
+ * at least one server, else 0. Asks every server. Blocks. */
 int ps_cluster_workers_live(ps_client *c, int n, unsigned char *live);
 
 /* Asks every server to checkpoint its shard now; returns once every checkpoint is durable on

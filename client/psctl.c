@@ -490,6 +490,12 @@ static int usage_error(const char *msg)
     return PROGRAM_EXIT_CONFIG;
 }
 
+static void log_library_message(int level, const char *message, const char *fields, void *arg)
+{
+    (void)arg;
+    log_fields((log_level)level, fields, "%s", message);
+}
+
 int main(int argc, char **argv)
 {
     /* psctl's own flags (--json, --iterations) are taken out before the option table sees the
@@ -530,6 +536,10 @@ int main(int argc, char **argv)
         free(args);
         return rc;
     }
+    /* The library's messages become psctl's own lines (one logger in the process). */
+    log_level lvl = LOG_INFO;
+    log_level_parse(opt_enum(p.opts, OPT_LOG_LEVEL), &lvl);
+    ps_set_log_message_handler((int)lvl, log_library_message, NULL);
     rc = 0;
     const char *cmd = p.npositional > 0 ? p.positional[0] : NULL;
     int nargs_cmd = p.npositional - 1;

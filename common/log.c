@@ -24,8 +24,10 @@ static char log_role[LOG_ROLE_MAX] = "?";
 static int log_task = -1;
 static log_format log_fmt = LOG_FORMAT_AUTO;
 static atomic_int log_min_level = LOG_INFO;
-static log_sink_fn log_sink; /* guarded by log_mutex; NULL: stderr */
-static void *log_sink_arg;   /* guarded by log_mutex */
+static log_sink_fn log_sink;        /* guarded by log_mutex; NULL: stderr */
+static void *log_sink_arg;          /* guarded by log_mutex */
+static log_message_fn log_msg_sink; /* guarded by log_mutex; NULL: none */
+static void *log_msg_sink_arg;      /* guarded by log_mutex */
 
 static const char *const log_level_names[] = {"debug", "info", "warn", "error"};
 static const char *const log_level_upper[] = {"DEBUG", "INFO", "WARN", "ERROR"};
@@ -352,6 +354,15 @@ static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_lis
     else if ((size_t)n >= sizeof msg)
         msg_truncated = 1;
     msglen = strlen(msg);
+
+    /* Another logger takes the message: it formats the line as its own. */
+    pthread_mutex_lock(&log_mutex);
+    if (log_msg_sink != NULL) {
+        log_msg_sink((int)lvl, msg, fields, log_msg_sink_arg);
+        pthread_mutex_unlock(&log_mutex);
+        return;
+    }
+    pthread_mutex_unlock(&log_mutex);
     log_timestamp(ts, sizeof ts);
     if (fields != NULL && fields[0] == ',')
         fields++;
@@ -419,6 +430,17 @@ static void log_vemit(log_level lvl, const char *fields, const char *fmt, va_lis
     } else {
         log_write_all(line, b.len);
     }
+    pthread_mutex_unlock(&log_mutex);
+}
+
+void log_set_message_sink(log_level min_level, log_message_fn fn, void *arg)
+{
+    if ((int)min_level < LOG_DEBUG || (int)min_level > LOG_ERROR)
+        min_level = LOG_INFO;
+    pthread_mutex_lock(&log_mutex);
+    log_msg_sink = fn;
+    log_msg_sink_arg = fn != NULL ? arg : NULL;
+    atomic_store(&log_min_level, (int)min_level);
     pthread_mutex_unlock(&log_mutex);
 }
 

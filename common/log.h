@@ -75,6 +75,17 @@ void log_fields(log_level lvl, const char *fields_json, const char *fmt, ...)
 typedef void (*log_sink_fn)(int level, const char *line, void *arg);
 void log_set_sink(log_sink_fn fn, void *arg);
 
+/* A process-wide sink for messages before they become lines, for a program whose own logger
+ * (another copy of this module, e.g. a program linking libpsclient) should write them: while
+ * one is set, every message at min_level or above is handed to fn(level, msg, fields, arg)
+ * (fields: the log_fields fragment, or NULL) and nothing is written here; min_level replaces
+ * the minimum level. Calls are serialized under the logger's lock: fn must not log through
+ * this copy of the module (it may through another) nor call log_set_message_sink. NULL fn
+ * restores writing lines here (the minimum level stays). Takes precedence over log_set_sink.
+ * Thread-safe. */
+typedef void (*log_message_fn)(int level, const char *msg, const char *fields_json, void *arg);
+void log_set_message_sink(log_level min_level, log_message_fn fn, void *arg);
+
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)

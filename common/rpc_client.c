@@ -48,6 +48,7 @@ typedef struct rpc_req {
     int attempt;
     bool unanswered;        /* its last attempt got no reply within resend_ms on a connection up */
     uint64_t busy_since_ns; /* start of the call in progress, 0 when idle (conn lock) */
+    int sends;              /* attempts of the call handed to nng so far */
     uint64_t rng;
     char last_err[200]; /* why the last attempt failed, for the final message */
     rpc_call_opts opts;
@@ -82,6 +83,8 @@ struct rpc_conn {
     pthread_t watcher;
     pthread_cond_t watch_cond;
     uint64_t logged_ns; /* last "waiting for" line of the current episode, 0 if none */
+    bool (*hint)(void *hint_arg, uint64_t since_ns, char *buf, size_t cap); /* config's */
+    void *hint_arg;
     bool tls;
     atomic_uint pipes_added, pipes_removed; /* TLS connections made and lost (hint below) */
     struct dial_state *dials;               /* one per socket, the argument of conn_pipe_cb */
@@ -557,6 +560,7 @@ static void req_attempt(rpc_req *r)
         return;
     }
     req_rehome(r);
+    r->sends++;
     nng_aio_set_timeout(r->aio, (nng_duration)attempt_ms(r, left));
     nng_ctx_send(r->ctx, r->aio);
     req_io_end(r);
@@ -635,9 +639,20 @@ static void req_cb(void *arg)
         }
         rpc_done_fn done = r->done;
         void *darg = r->arg;
+        const char *smsg = f.env->message ? f.env->message : "";
+        char longer[1200];
+        if (f.env->status == STATUS_DEADLINE_EXCEEDED && r->sends > 1) {
+            /* The server timed out the last copy it got: each one sent again (another
+             * connection, resend-ms without a reply) started its wait anew there, so its
+             * figure is short of the call's. */
+            snprintf(longer, sizeof(longer),
+                     "%s (that is the last of %d attempts: the call waited %.1f s in all)", smsg,
+                     r->sends, (double)(time_now_ns() - r->busy_since_ns) / 1e9);
+            smsg = longer;
+        }
         /* Release first: the callback may start follow-up calls on this connection. */
         req_release(r);
-        done(darg, f.env->status, f.env->message ? f.env->message : "", &f);
+        done(darg, f.env->status, smsg, &f);
         frame_fini(&f);
         nng_msg_free(m);
         return;
@@ -653,6 +668,7 @@ static void req_cb(void *arg)
 static void *watch_main(void *arg)
 {
     rpc_conn *c = arg;
+    uint64_t last_tick = time_now_ns(), quiet_until = 0;
     pthread_mutex_lock(&c->lock);
     while (!c->closing) {
         struct timespec ts;
@@ -665,6 +681,14 @@ static void *watch_main(void *arg)
             break;
         uint64_t now = time_now_ns(), oldest = 0, least_left = UINT64_MAX;
         uint32_t deadline_ms = 0;
+        /* A tick far too late: this process itself did not run (stopped by SIGSTOP, the
+         * machine suspended). Its calls look old for that, not for the server: give them the
+         * first wait again before a line blames anything. */
+        if (now - last_tick > 4ull * WATCH_TICK_MS * 1000000u)
+            quiet_until = now + WATCH_FIRST_NS;
+        last_tick = now;
+        if (now < quiet_until)
+            continue;
         int waiting = 0;
         for (size_t i = 0; i < c->nall; i++) {
             const rpc_req *r = c->all[i];
@@ -687,10 +711,13 @@ static void *watch_main(void *arg)
             continue;
         c->logged_ns = now;
         pthread_mutex_unlock(&c->lock);
+        char why[400];
+        if (c->hint == NULL || !c->hint(c->hint_arg, now - oldest, why, sizeof(why)))
+            snprintf(why, sizeof(why), "server down, stopped, restarting or overloaded?");
         log_warn("waiting for %s at %s: %d call(s) without a reply for %.1f s, %.1f s left of "
-                 "the %.1f s deadline (server down, stopped, restarting or overloaded?)",
+                 "the %.1f s deadline (%s)",
                  c->label[0] ? c->label : "server", c->url, waiting, (double)oldest / 1e9,
-                 (double)least_left / 1e9, (double)deadline_ms / 1e3);
+                 (double)least_left / 1e9, (double)deadline_ms / 1e3, why);
         pthread_mutex_lock(&c->lock);
     }
     pthread_mutex_unlock(&c->lock);
@@ -708,6 +735,8 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     snprintf(c->label, sizeof(c->label), "%s", cfg->label ? cfg->label : "");
     c->max_message = cfg->max_message;
     c->resend_ms = cfg->resend_ms;
+    c->hint = cfg->hint;
+    c->hint_arg = cfg->hint_arg;
     pthread_mutex_init(&c->lock, NULL);
     pthread_rwlock_init(&c->io_lock, NULL);
     pthread_cond_init(&c->idle, NULL);
@@ -992,6 +1021,7 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
     c->inflight++;
     r->opts = *o;
     r->attempt = 0;
+    r->sends = 0;
     r->unanswered = false;
     r->last_err[0] = '\0';
     r->build = build;

@@ -58,7 +58,14 @@ typedef struct rpc_conn_config {
     size_t max_message; /* largest reply accepted */
     const char *label;  /* names the server in messages, e.g. "ps 0"; NULL: the URL alone */
     int watch;          /* non-zero: log calls waiting long for a reply (see above) */
-    rpc_tls tls;        /* mutual TLS (url must then be tls+tcp://); zero: plain */
+    /* Optional, with watch: what the caller knows of why calls wait (e.g. the server said in
+     * a heartbeat reply, since since_ns (time_now_ns) when the oldest waiting call started,
+     * that it holds them for a worker). Called from the watcher thread, without locks of the
+     * connection; writes a phrase into buf and returns true, or returns false to keep the
+     * generic guess (server down, stopped, restarting or overloaded?). */
+    bool (*hint)(void *hint_arg, uint64_t since_ns, char *buf, size_t cap);
+    void *hint_arg;
+    rpc_tls tls; /* mutual TLS (url must then be tls+tcp://); zero: plain */
 } rpc_conn_config;
 
 typedef struct rpc_call_opts {

@@ -765,7 +765,7 @@ static void handle_step(rpc_call *call, void *arg)
     k->clock = env->clock;
     if (req->advance_clock) {
         int64_t min;
-        k->clock = sync_clock(st, env->worker_id, env->clock + 1, &min);
+        k->clock = sync_clock(st, env->worker_id, env->client_id, env->clock + 1, &min);
         k->min_clock = min == INT64_MAX ? k->clock : min;
     } else {
         int64_t min = sync_min_clock(st);
@@ -805,10 +805,20 @@ static void handle_clock(rpc_call *call, void *arg)
                         SERVER_MAX_WORKERS, (int)env->worker_id);
         return;
     }
+    const Psd__V1__ClockRequest *req = (const void *)rpc_call_body(call);
     Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
     int64_t min;
-    rep.clock = sync_clock(st, env->worker_id, env->clock, &min);
+    if (req != NULL && req->finished) {
+        sync_leave(st, env->worker_id, env->client_id, env->clock);
+        min = sync_min_clock(st);
+        rep.clock = env->clock;
+    } else {
+        rep.clock = sync_clock(st, env->worker_id, env->client_id, env->clock, &min);
+    }
     rep.min_clock = min == INT64_MAX ? rep.clock : min;
+    char parked[768];
+    sync_parked_for(st, env->worker_id, parked, sizeof(parked));
+    rep.parked_for = parked;
     rpc_reply_ok(call, &rep.base);
 }
 

@@ -18,6 +18,10 @@ typedef struct worker_entry {
     _Atomic uint64_t last_ns;
     bool known; /* expected from the spec or heard from */
     atomic_bool live;
+    /* Left the barrier (ClockRequest.finished) as client left_client: that client's later
+     * requests do not re-register it; another client's (a new process) do. */
+    bool left;
+    uint64_t left_client;
 } worker_entry;
 
 /* A parked read: a pull of one range (v, offset, count), or a generic one (answer != NULL,
@@ -45,6 +49,9 @@ struct sync_state {
     /* The slowest live worker's clock as of the last change under the lock, for readers that
      * do not take it (sync_min_clock: every push-pull and step reply). */
     atomic_int_fast64_t min_clock;
+    /* The slowest live worker's clock when last there was one: where the barrier stands
+     * once every worker has left or been evicted (a worker rejoining then starts there). */
+    int64_t frontier;
     waiter *waiters;
     uint64_t timeout_ns;
     bool mean;
@@ -143,7 +150,10 @@ static int64_t min_live_locked(const sync_state *s)
 /* After a change of clocks or liveness, with the lock held. */
 static void publish_min_locked(sync_state *s)
 {
-    atomic_store(&s->min_clock, min_live_locked(s));
+    int64_t m = min_live_locked(s);
+    if (m != INT64_MAX && m > s->frontier)
+        s->frontier = m;
+    atomic_store(&s->min_clock, m);
 }
 
 int64_t sync_min_clock(server_state *st)
@@ -151,8 +161,9 @@ int64_t sync_min_clock(server_state *st)
     return atomic_load(&st->sync->min_clock);
 }
 
-/* Registers or refreshes a worker; called with the lock held. */
-static void heard_locked(sync_state *s, int32_t worker)
+/* Registers or refreshes a worker; called with the lock held. client: the caller's
+ * Envelope.client_id, or 0 when unknown (then a worker that left is not re-registered). */
+static void heard_locked(sync_state *s, int32_t worker, uint64_t client)
 {
     if (worker < 0 || worker >= s->max_workers)
         return;
@@ -160,12 +171,18 @@ static void heard_locked(sync_state *s, int32_t worker)
     w->last_ns = time_now_ns();
     if (w->live)
         return;
+    if (w->left && (client == 0 || client == w->left_client))
+        return; /* a finished worker's last calls (its final pulls): it stays out */
     int64_t m = min_live_locked(s);
     bool rejoin = w->known;
     w->known = true;
     w->live = true;
-    /* Continue from the current clock: never hold the live workers back. */
-    if (m != INT64_MAX && w->clock < m)
+    w->left = false;
+    /* Continue from the current clock: never hold the live workers back. With none live,
+     * from where the barrier stood when the last one left or was evicted. */
+    if (m == INT64_MAX)
+        m = s->frontier;
+    if (w->clock < m)
         w->clock = m;
     if (s->applied_min == INT64_MAX || s->applied_min > w->clock)
         s->applied_min = w->clock; /* it was the only one: its bound applies again */
@@ -187,7 +204,7 @@ void sync_heard(server_state *st, int32_t worker)
         return;
     }
     pthread_mutex_lock(&st->sync->lock);
-    heard_locked(st->sync, worker);
+    heard_locked(st->sync, worker, 0);
     pthread_mutex_unlock(&st->sync->lock);
 }
 
@@ -233,6 +250,8 @@ static void reply_pull(rpc_call *call, variable *v, uint64_t offset, uint64_t co
     frame_put_floats(dst, v->params + first, (size_t)count, dtype);
     variable_unlock_range(v, first, count);
 }
+
+static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char *buf, size_t cap);
 
 static void waiter_free(waiter *w)
 {
@@ -345,7 +364,8 @@ static void advance(server_state *st)
     pthread_mutex_unlock(&s->advance);
 }
 
-int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock)
+int64_t sync_clock(server_state *st, int32_t worker, uint64_t client, int64_t clock,
+                   int64_t *min_clock)
 {
     sync_state *s = st->sync;
     if (worker < 0 || worker >= s->max_workers) {
@@ -355,7 +375,7 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
         return clock;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker);
+    heard_locked(s, worker, client);
     worker_entry *w = &s->workers[worker];
     if (clock > w->clock)
         w->clock = clock;
@@ -365,6 +385,52 @@ int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min
     advance(st);
     *min_clock = sync_min_clock(st);
     return rec;
+}
+
+void sync_leave(server_state *st, int32_t worker, uint64_t client, int64_t clock)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers)
+        return;
+    pthread_mutex_lock(&s->lock);
+    worker_entry *w = &s->workers[worker];
+    bool was_live = w->live;
+    w->last_ns = time_now_ns();
+    w->known = true;
+    if (clock > w->clock)
+        w->clock = clock;
+    w->live = false;
+    w->left = true;
+    w->left_client = client;
+    publish_min_locked(s);
+    int64_t rec = w->clock;
+    pthread_mutex_unlock(&s->lock);
+    log_info("worker %d finished at clock %lld and left the barrier%s", worker, (long long)rec,
+             was_live ? ": no wait counts it any more" : " (it had been evicted)");
+    advance(st); /* the slowest live worker may be another one now */
+}
+
+size_t sync_parked_for(server_state *st, int32_t worker, char *buf, size_t cap)
+{
+    sync_state *s = st->sync;
+    if (cap > 0)
+        buf[0] = '\0';
+    if (worker < 0 || worker >= s->max_workers || cap == 0)
+        return 0;
+    size_t n = 0;
+    pthread_mutex_lock(&s->lock);
+    const waiter *oldest = NULL;
+    for (const waiter *w = s->waiters; w; w = w->next) {
+        if (w->worker != worker)
+            continue;
+        n++;
+        if (oldest == NULL || w->start_ns < oldest->start_ns)
+            oldest = w;
+    }
+    if (oldest != NULL)
+        describe_blockers(s, oldest, time_now_ns(), buf, cap);
+    pthread_mutex_unlock(&s->lock);
+    return n;
 }
 
 void sync_record_read(server_state *st, variable *v, int32_t worker, int64_t clock)
@@ -426,7 +492,7 @@ void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, 
         return;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker);
+    heard_locked(s, worker, rpc_call_envelope(call)->client_id);
     int64_t m = min_live_locked(s);
     if (need <= s->applied_min) {
         pthread_mutex_unlock(&s->lock);
@@ -455,7 +521,7 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
         return;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker);
+    heard_locked(s, worker, rpc_call_envelope(call)->client_id);
     int64_t m = min_live_locked(s);
     int64_t need = v->staleness >= 0 ? clock - v->staleness : INT64_MIN;
     if (v->staleness < 0 || need <= s->applied_min) {
@@ -664,6 +730,7 @@ void sync_status(server_state *st, Psd__V1__ServerStatusReply *rep)
         ws[k].id = i;
         ws[k].clock = e->clock;
         ws[k].live = e->live;
+        ws[k].finished = e->left;
         ws[k].silent_ms = now > e->last_ns ? (now - e->last_ns) / 1000000u : 0;
         wp[k] = &ws[k];
         k++;

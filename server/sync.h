@@ -37,8 +37,20 @@ int sync_bucket(int64_t gap);
 void sync_heard(server_state *st, int32_t worker);
 
 /* CLOCK: records the worker's clock (never lowering it). Returns the clock recorded and
- * *min_clock the slowest live worker's. May apply BSP updates and resume waiting pulls. */
-int64_t sync_clock(server_state *st, int32_t worker, int64_t clock, int64_t *min_clock);
+ * *min_clock the slowest live worker's. May apply BSP updates and resume waiting pulls.
+ * client: the caller's Envelope.client_id (a worker that left as that client stays out). */
+int64_t sync_clock(server_state *st, int32_t worker, uint64_t client, int64_t clock,
+                   int64_t *min_clock);
+
+/* CLOCK with finished set: records the clock and takes the worker out of the barrier (not
+ * live: no wait counts it), until a request of a client other than `client` re-registers it.
+ * May apply BSP updates and resume waiting pulls. */
+void sync_leave(server_state *st, int32_t worker, uint64_t client, int64_t clock);
+
+/* What the calls of `worker` parked on this server wait for, written into buf (the blockers
+ * as in a timed-out wait's message, of the oldest such call; "" if none). Returns how many of
+ * its calls are parked. */
+size_t sync_parked_for(server_state *st, int32_t worker, char *buf, size_t cap);
 
 /* PULL of [offset, offset+count) of v by worker at clock: replies now, or parks the call
  * until the bound allows (the parked pull holds its own reference on v; the caller keeps and

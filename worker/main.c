@@ -1,6 +1,7 @@
 /* ps-worker: trains an MLP against the parameter servers (or evaluates a saved model).
  *
- * Exit codes: 0 success, 1 runtime failure (cluster unreachable, a call failed), 2 bad
+ * Exit codes: 0 success, 1 runtime failure (cluster unreachable, a call failed; for a worker
+ * other than 0: worker 0, the evaluator, died before it finished), 2 bad
  * configuration or input (flag, cluster spec, data or model file), 128+N stopped by signal N. */
 #include <signal.h>
 #include <stdio.h>
@@ -218,6 +219,14 @@ static int client_config(const options *o, int worker_id, ps_config **out)
     return 0;
 }
 
+/* libpsclient's log messages, written by this program's logger (its role, task and format):
+ * the library keeps a logger of its own otherwise, which knows neither. */
+static void log_library_message(int level, const char *message, const char *fields, void *arg)
+{
+    (void)arg;
+    log_fields((log_level)level, fields, "%s", message);
+}
+
 /* Who this worker is, from the cluster spec (TF_CONFIG or --cluster/--task). */
 typedef struct identity {
     bool ok;
@@ -258,6 +267,7 @@ static void identify(const options *o, identity *id)
     log_level_parse(opt_enum(o, OPT_LOG_LEVEL), &lvl);
     log_format_parse(opt_enum(o, OPT_LOG_FORMAT), &fmt);
     log_init(id->is_chief ? "chief" : "worker", id->task_index, lvl, fmt);
+    ps_set_log_message_handler((int)lvl, log_library_message, NULL);
 }
 
 static int run_training(program *prog, const identity *id, backend *be, const model_config *mc)

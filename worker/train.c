@@ -25,6 +25,7 @@ typedef struct trainer {
     model *m;
     ps_var *vars[2 * MODEL_MAX_LAYERS];
     ps_var *done_var;
+    ps_var *lost_var; /* "<model>/lost_pushes_of_<count>": each worker's own lost pushes */
     /* progress record (train.h): the slot's value once every push started has applied */
     ps_var *progress_var; /* NULL when cfg->progress_every is 0 */
     ps_op *progress_op;   /* the push in flight, if any */
@@ -141,6 +142,15 @@ static int create_variables(trainer *t)
     spec.learning_rate = 1.0;
     spec.staleness = PS_STALENESS_ASYNC;
     int rc = ps_var_create(t->client, &spec, &t->done_var);
+    if (rc != PS_OK) {
+        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
+        return client_failure(rc);
+    }
+    /* Lost-update slots, one per worker: each sets its own to the count of its acknowledged
+     * pushes that server restarts lost, before it marks itself done; worker 0 adds them up. */
+    snprintf(name, sizeof(name), "%s/lost_pushes_of_%d", cfg->model_name, cfg->shard_count);
+    spec.name = name;
+    rc = ps_var_create(t->client, &spec, &t->lost_var);
     if (rc != PS_OK) {
         log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
         return client_failure(rc);
@@ -320,6 +330,24 @@ static int mark_done(trainer *t)
     return rc;
 }
 
+/* Sets this worker's lost-update slot to its own count (SGD with rate 1: a push of
+ * recorded - count sets it), so that a slot left by an earlier run is overwritten. */
+static int set_lost_slot(trainer *t, uint64_t lost)
+{
+    uint64_t i = (uint64_t)t->cfg->shard_index;
+    float v = 0.0f;
+    int rc = ps_pull_range(t->client, t->lost_var, i, 1, &v);
+    if (rc == PS_OK) {
+        float delta = (isfinite(v) ? v : 0.0f) - (float)lost;
+        if (delta != 0.0f)
+            rc = ps_push_range(t->client, t->lost_var, i, 1, &delta);
+    }
+    if (rc != PS_OK)
+        log_error("recording lost updates in %s: %s: %s", ps_var_name(t->lost_var), ps_strerror(rc),
+                  ps_last_error());
+    return rc;
+}
+
 static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -379,6 +407,38 @@ static int evaluate(trainer *t, const dataset *test, double *loss, double *acc)
         return -1;
     }
     return 0;
+}
+
+/* Worker 0: the cluster's updates lost to server restarts, once: the sum of the own counts
+ * the workers that finished (done[i] at worker 0's) recorded in their slots. */
+static void report_cluster_lost(trainer *t, const float *done)
+{
+    int n = t->cfg->shard_count;
+    float *lost = calloc((size_t)n, sizeof(float));
+    if (lost == NULL)
+        return;
+    int rc = ps_pull(t->client, t->lost_var, lost);
+    if (rc != PS_OK) {
+        log_warn("cannot read the workers' lost updates (%s): %s: %s", ps_var_name(t->lost_var),
+                 ps_strerror(rc), ps_last_error());
+        free(lost);
+        return;
+    }
+    uint64_t total = 0;
+    int counted = 0;
+    for (int i = 0; i < n; i++) {
+        if (done[i] < done[t->cfg->shard_index])
+            continue;
+        counted++;
+        if (isfinite(lost[i]) && lost[i] > 0.0f)
+            total += (uint64_t)llroundf(lost[i]);
+    }
+    free(lost);
+    if (total > 0)
+        log_warn("updates lost to server restarts, whole cluster: %" PRIu64
+                 " acknowledged pushes (the sum of the own counts of the %d of %d workers that "
+                 "finished)",
+                 total, counted, n);
 }
 
 /* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. A worker
@@ -459,6 +519,7 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
         free(done);
         return exit_code;
     }
+    report_cluster_lost(t, done);
     free(done);
     int rc = pull_all(t);
     if (rc != PS_OK)
@@ -482,6 +543,66 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
         log_info("model saved to %s (%zu parameters)", cfg->save_model, model_total_params(t->m));
     }
     return TRAIN_EXIT_OK;
+}
+
+/* A worker other than 0 at its end: waits until worker 0, the evaluator, has finished
+ * training too (its completion slot reached this worker's), or is gone (evicted: dead or
+ * silent for worker-timeout-ms), or --done-wait-ms ran out. A run whose evaluator died must
+ * not end quietly with 0: then this says so and fails. */
+static int await_evaluator(trainer *t)
+{
+    const train_config *cfg = t->cfg;
+    int n = cfg->shard_count;
+    uint64_t start = time_now_ns();
+    uint64_t deadline = start + (uint64_t)cfg->done_wait_ms * 1000000u;
+    float *done = calloc((size_t)n, sizeof(float));
+    unsigned char *live = malloc((size_t)n);
+    if (done == NULL || live == NULL) {
+        free(done);
+        free(live);
+        log_error("out of memory");
+        return TRAIN_EXIT_FAILED;
+    }
+    int exit_code = TRAIN_EXIT_OK;
+    bool logged = false;
+    for (;;) {
+        if (read_done(t, done) != PS_OK) {
+            exit_code = TRAIN_EXIT_FAILED;
+            break;
+        }
+        if (done[0] >= done[cfg->shard_index])
+            break; /* it trained to the end: it evaluates and reports */
+        int rc = ps_cluster_workers_live(t->client, n, live);
+        if (rc != PS_OK) {
+            log_warn("cannot ask the servers whether worker 0 is live: %s: %s", ps_strerror(rc),
+                     ps_last_error());
+        } else if (!live[0]) {
+            log_error("worker 0, which evaluates the model, died or was evicted before finishing "
+                      "(the servers no longer count it live): this run reports no test accuracy "
+                      "unless worker 0 is restarted");
+            exit_code = TRAIN_EXIT_FAILED;
+            break;
+        }
+        if (time_now_ns() >= deadline) {
+            log_warn("worker 0, which evaluates the model, had not finished after %.1f s "
+                     "(--done-wait-ms): not waiting for it; it reports the test accuracy when "
+                     "it does",
+                     (double)cfg->done_wait_ms / 1000.0);
+            break;
+        }
+        if (train_stop_signal) {
+            exit_code = TRAIN_EXIT_FAILED;
+            break;
+        }
+        if (!logged) {
+            log_info("waiting for worker 0, which evaluates the model, to finish");
+            logged = true;
+        }
+        sleep_ms(LIVE_POLL_MS);
+    }
+    free(done);
+    free(live);
+    return exit_code;
 }
 
 int train_run(ps_client *client, backend *be, const train_config *cfg, const dataset *train,
@@ -594,6 +715,9 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     uint64_t win_samples = 0;
     double last_loss = 0.0, last_sps = 0.0, bar_loss = 0.0;
     int64_t step = first;
+    /* This process's clock minus its step count, from its first clock: a later clock beyond
+     * that means the servers moved this worker on (below). */
+    int64_t clock_base = INT64_MIN;
     int shuffled = -1; /* epochs shuffled so far: a resumed run replays them (data.h) */
     for (; step < total; step++) {
         if (train_stop_signal) {
@@ -641,6 +765,26 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             goto out;
         }
         int64_t done_steps = step + 1;
+        int64_t clk = ps_client_clock(client);
+        if (clock_base == INT64_MIN) {
+            clock_base = clk - done_steps;
+        } else if (bound >= 0 && clk - clock_base > done_steps) {
+            /* Evicted (silent past the servers' worker-timeout-ms: paused, stalled) and back:
+             * the servers re-registered this worker at the clock the others had reached, and
+             * the barrier went on without it meanwhile. Take up the run where it stands, so
+             * that this worker's steps and clocks end with the others'. */
+            int64_t to = clk - clock_base < total ? clk - clock_base : total;
+            bar_clear(&t);
+            log_warn("this worker was evicted and has rejoined: the servers moved its clock on "
+                     "by %" PRId64 " to %" PRId64
+                     ", where the other workers are; its steps %" PRId64 " to %" PRId64
+                     " went by without it (not trained): it continues with %" PRId64 " of %" PRId64
+                     " steps done",
+                     clk - clock_base - done_steps, clk, done_steps + 1, to, to, total);
+            res->skipped += to - done_steps;
+            done_steps = to;
+            step = to - 1;
+        }
         /* This step's pushes are acknowledged and clocked: record it, without waiting. */
         if (t.progress_var != NULL && done_steps % cfg->progress_every == 0 && done_steps < total &&
             (rc = progress_set(&t, done_steps, false)) != PS_OK) {
@@ -737,7 +881,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         }
     }
     bar_clear(&t);
-    res->steps = step - first;
+    res->steps = step - first - res->skipped;
     res->wall_s = secs(time_now_ns() - t_start);
     res->samples_per_s = res->wall_s > 0 ? (double)res->samples / res->wall_s : 0.0;
     res->comm_ms_per_step = res->steps > 0 ? (double)comm_ns / 1e6 / (double)res->steps : 0.0;
@@ -761,11 +905,16 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                    res->steps, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
                    res->compute_ms_per_step, res->first_step > 0 ? " (resumed)" : "");
     }
-    uint64_t lost = ps_client_lost_updates(t.client);
+    uint64_t lost = ps_client_lost_pushes(t.client);
     if (lost > 0)
-        log_warn("updates lost to server restarts (this worker's acknowledged pushes, counted in "
-                 "chunks): %" PRIu64,
+        log_warn("updates lost to server restarts, this worker's own: %" PRIu64
+                 " acknowledged pushes (one per variable shard and chunk; worker 0 reports the "
+                 "whole cluster's)",
                  lost);
+    if ((rc = set_lost_slot(&t, lost)) != PS_OK) {
+        exit_code = client_failure(rc);
+        goto out;
+    }
 
     /* Done: a later run with this model name on these servers starts at 0 (train.h). A crash
      * between this and mark_done makes a restarted worker run its steps again, as it would
@@ -780,6 +929,11 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         exit_code = client_failure(rc);
         goto out;
     }
+    /* And the servers: no wait of the others counts this worker any more. */
+    if ((rc = ps_worker_finished(client)) != PS_OK)
+        log_warn("telling the servers this worker finished: %s: %s (they evict it once its "
+                 "heartbeats stop)",
+                 ps_strerror(rc), ps_last_error());
     if (evaluator) {
         exit_code = finish_evaluator(&t, test, epochs_shown, res);
         if (exit_code == TRAIN_EXIT_OK) {
@@ -791,13 +945,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             fflush(stdout);
         }
     } else {
-        /* Nobody else evaluates: say so if the evaluator is gone. */
-        unsigned char *live = malloc((size_t)cfg->shard_count);
-        if (live && ps_cluster_workers_live(client, cfg->shard_count, live) == PS_OK && !live[0])
-            log_warn("worker 0, which evaluates the model, is not live (died or evicted): no "
-                     "test accuracy will be reported unless it is restarted");
-        free(live);
-        exit_code = TRAIN_EXIT_OK;
+        exit_code = await_evaluator(&t);
     }
 out:
     bar_clear(&t);

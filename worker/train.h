@@ -54,6 +54,7 @@ typedef struct train_config {
 typedef struct train_result {
     int64_t first_step; /* > 0: resumed there, as recorded by the cluster */
     int64_t steps;      /* run by this process (from first_step) */
+    int64_t skipped;    /* steps the barrier passed while this worker was evicted */
     uint64_t samples;
     double wall_s;              /* training loop only */
     double samples_per_s;       /* this worker */

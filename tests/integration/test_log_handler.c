@@ -2,7 +2,7 @@
  * server listens, with a short deadline, makes a call; the "waiting for ps 0" line that the
  * connection's watcher logs after about 2 s must reach the handler, at level warn, and nothing
  * may reach stderr meanwhile. Then ps_set_log_handler(NULL) must send such lines to stderr
- * again. */
+ * again. ps_set_log_message_handler must get the message alone, and nothing else must. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -159,6 +159,62 @@ static void test_null_restores_stderr(void **state)
     free(err);
 }
 
+/* ps_set_log_message_handler: the messages alone (no timestamp, level, role or JSON), at
+ * their level, for the program's own logger; neither stderr nor the line handler gets them. */
+typedef struct messages {
+    pthread_mutex_t lock;
+    int count, waiting_level;
+    char first[1024];
+} messages;
+
+static messages msgs = {.lock = PTHREAD_MUTEX_INITIALIZER, .waiting_level = -1};
+
+static void message_handler(int level, const char *message, const char *fields, void *arg)
+{
+    messages *m = arg;
+    (void)fields;
+    pthread_mutex_lock(&m->lock);
+    if (m->count++ == 0)
+        snprintf(m->first, sizeof(m->first), "%s", message);
+    if (m->waiting_level < 0 && strncmp(message, "waiting for ps 0", 16) == 0)
+        m->waiting_level = level;
+    pthread_mutex_unlock(&m->lock);
+}
+
+static void test_message_handler_gets_messages(void **state)
+{
+    FILE *file;
+    (void)state;
+
+    pthread_mutex_lock(&cap.lock);
+    int lines_before = cap.lines;
+    pthread_mutex_unlock(&cap.lock);
+    int saved = capture_stderr(&file);
+    ps_set_log_handler(handler, &cap);
+    ps_set_log_message_handler(PS_LOG_INFO, message_handler, &msgs);
+    call_dead_server();
+    ps_set_log_message_handler(PS_LOG_INFO, NULL, NULL);
+    ps_set_log_handler(NULL, NULL);
+    char *err = restore_stderr(saved, file);
+
+    pthread_mutex_lock(&msgs.lock);
+    printf("message handler got %d message(s), the first: %s\n", msgs.count, msgs.first);
+    int level = msgs.waiting_level;
+    char first[sizeof(msgs.first)];
+    memcpy(first, msgs.first, sizeof(first));
+    pthread_mutex_unlock(&msgs.lock);
+    pthread_mutex_lock(&cap.lock);
+    int lines_after = cap.lines;
+    pthread_mutex_unlock(&cap.lock);
+    assert_string_equal(err, "");
+    assert_int_equal(lines_after, lines_before);
+    assert_int_equal(level, PS_LOG_WARN);
+    /* The message itself: the program's logger adds time, level and identity. */
+    assert_int_equal(strncmp(first, "waiting for ps 0", 16), 0);
+    assert_null(strstr(first, "\"ts\""));
+    free(err);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -166,6 +222,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handler_gets_lines_not_stderr),
         cmocka_unit_test(test_null_restores_stderr),
+        cmocka_unit_test(test_message_handler_gets_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -335,6 +335,82 @@ static void test_wait_deadline_names_the_worker(void **state)
     ps_client_close(c);
 }
 
+/* A call the server parks was sent again every resend-ms on another connection (each copy
+ * parked anew there): the DEADLINE_EXCEEDED it gets says how long the call waited in all, not
+ * only the last copy's wait. */
+static void test_wait_figure_counts_every_attempt(void **state)
+{
+    (void)state;
+    char tf[1400];
+    test_cluster_tf_config(&tc, "worker", 0, tf, sizeof(tf));
+    ps_config *cfg;
+    ps_client *c = NULL;
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "deadline-ms", "2000"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "connections", "2"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "resend-ms", "400"), PS_OK);
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    ps_var *v = make_var(c, "fig/w", 2, PS_STALENESS_BSP, 1.0);
+    assert_non_null(v);
+    float w[2];
+    assert_int_equal(ps_clock(c, NULL), PS_OK);
+    int rc = ps_pull(c, v, w); /* clock 1: worker 1 never showed up */
+    fprintf(stderr, "%s: %s\n", ps_strerror(rc), ps_last_error());
+    assert_int_equal(rc, PS_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(ps_last_error(), "worker 1"));
+    const char *all = strstr(ps_last_error(), "the call waited ");
+    assert_non_null(all);
+    double secs = atof(all + strlen("the call waited "));
+    assert_true(secs >= 1.5 && secs <= 4.0);
+    ps_client_close(c);
+}
+
+/* ---- a worker that finished leaves the barrier -------------------------------------------- */
+
+static void test_finished_worker_leaves_the_barrier(void **state)
+{
+    (void)state;
+    ps_client *w0 = open_worker(0, "3000"), *w1 = open_worker(1, "3000");
+    assert_non_null(w0);
+    assert_non_null(w1);
+    ps_var *v0 = make_var(w0, "leave/w", 2, PS_STALENESS_BSP, 1.0);
+    ps_var *v1 = make_var(w1, "leave/w", 2, PS_STALENESS_BSP, 1.0);
+    assert_non_null(v0);
+    assert_non_null(v1);
+    float w[2], g[2] = {1, 1};
+    assert_int_equal(ps_push(w1, v1, g), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK);
+    assert_int_equal(ps_worker_finished(w1), PS_OK);
+    unsigned char live[2];
+    assert_int_equal(ps_cluster_workers_live(w0, 2, live), PS_OK);
+    assert_int_equal(live[1], 0);
+    /* Worker 0 goes on alone: no pull waits for the finished worker 1 (it would for 3 s). */
+    uint64_t t0 = time_now_ns();
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(ps_push(w0, v0, g), PS_OK);
+        assert_int_equal(ps_clock(w0, NULL), PS_OK);
+        assert_int_equal(ps_pull(w0, v0, w), PS_OK);
+    }
+    assert_true((time_now_ns() - t0) / 1000000 < 1500);
+    /* The finished client's later calls do not bring it back. */
+    assert_int_equal(ps_pull(w1, v1, w), PS_OK);
+    assert_int_equal(ps_cluster_workers_live(w0, 2, live), PS_OK);
+    assert_int_equal(live[1], 0);
+    ps_client_close(w1);
+    /* A new client of worker 1 joins again, where worker 0 is. */
+    w1 = open_worker(1, "3000");
+    assert_non_null(w1);
+    int64_t clock = 0;
+    assert_int_equal(ps_clock(w1, &clock), PS_OK);
+    assert_int_equal(ps_cluster_workers_live(w0, 2, live), PS_OK);
+    assert_int_equal(live[1], 1);
+    assert_true(clock >= 4);
+    ps_client_close(w1);
+    ps_client_close(w0);
+}
+
 /* argv: SERVER --child ROLE ID N SPEC */
 static int child_main(char **argv)
 {
@@ -363,6 +439,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_dead_worker_is_evicted_and_may_return,
                                         start_short_timeout, stop_cluster),
         cmocka_unit_test_setup_teardown(test_wait_deadline_names_the_worker, start_long_timeout,
+                                        stop_cluster),
+        cmocka_unit_test_setup_teardown(test_wait_figure_counts_every_attempt, start_long_timeout,
+                                        stop_cluster),
+        cmocka_unit_test_setup_teardown(test_finished_worker_leaves_the_barrier, start_long_timeout,
                                         stop_cluster),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,15 @@
 #       ps-local --restart on-failure with worker 1 SIGKILLed mid-run: the restarted worker
 #       resumes at the step the cluster recorded (S > 0, in the epoch it was killed in) and its
 #       two lives run its planned steps (within the --progress-every granularity).
+#   test_train.sh rejoin PS_SERVER PS_WORKER PS_LOCAL
+#       Workers paused (SIGSTOP) past --worker-timeout-ms and workers that die: (a) BSP, worker 1
+#       paused 6 s mid-run: worker 0's waiting call is logged, in its text-format log, as a
+#       worker/0 line naming worker 1 (not the server); worker 1, continued, rejoins where the
+#       others are, skips the steps that went by without it and both finish together, exit 0;
+#       (b) BSP, worker 1 paused until worker 0 has reported its accuracy: continued, it finishes
+#       at once (nothing left), exit 0, without waiting on the finished worker 0; (c) ASP, worker
+#       0 (the evaluator) SIGKILLed while worker 1 finishes within the timeout: worker 1 waits
+#       for the eviction, says the run has no accuracy and exits 1.
 #   test_train.sh interrupt PS_SERVER PS_WORKER PS_LOCAL
 #       SIGINT to ps-local mid-training: exit 130 within 2 s, no SIGKILL, no process left, and
 #       every line on its stderr is JSON (no terminal).
@@ -25,7 +34,8 @@
 #       1 ps-server with checkpoints every second, 2 ps-workers: (a) the server is SIGKILLed
 #       mid-training and restarted on the same address and directory: both workers finish,
 #       worker 0's accuracy is >= 0.75, a worker logs the acknowledged updates that were lost and
-#       the server says it restored after a crash; (b) the same with SIGTERM: the restarted
+#       the server says it restored after a crash; each worker reports its own lost pushes and
+#       worker 0 alone the cluster's total, their sum; (b) the same with SIGTERM: the restarted
 #       server says nothing was lost, and no worker says otherwise.
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
 #       ps-local trains 1 epoch (1 ps, 2 workers) with its default transport (ipc:// sockets in
@@ -322,6 +332,120 @@ run_failures() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# rejoin_cluster NAME TIMEOUT_MS: starts 1 ps-server (--worker-timeout-ms TIMEOUT_MS) for a
+# 2-worker cluster; sets $server and the tf function.
+rejoin_cluster() {
+    local name=$1 timeout_ms=$2
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 3)
+    [ "${#ports[@]}" -eq 3 ] || fail "no free ports"
+    cluster="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
+    tf() { echo "{\"cluster\":$cluster,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
+    TF_CONFIG=$(tf ps 0) "$PS_SERVER" --log-format json --worker-timeout-ms "$timeout_ms" \
+        >"$tmp/$name-ps.log" 2>&1 &
+    server=$!
+    pids+=("$server")
+}
+
+run_rejoin() {
+    local common=(--layers "784,32,10" --batch-size 64 --log-every 20 --data-dir "$DATA_DIR"
+        --heartbeat-ms 200 --slow-worker 0 --slow-delay-ms 20)
+    # (a) BSP; worker 1 paused 6 s (worker-timeout 3 s) while worker 0 goes on.
+    rejoin_cluster rja 3000
+    TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --model-name rja --staleness 0 \
+        --steps 700 --log-format text >"$tmp/rja-w0.out" 2>"$tmp/rja-w0.log" &
+    local w0=$!
+    pids+=("$w0")
+    TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --model-name rja --staleness 0 \
+        --steps 700 --log-format json >"$tmp/rja-w1.out" 2>"$tmp/rja-w1.log" &
+    local w1=$!
+    pids+=("$w1")
+    wait_log "$tmp/rja-w1.log" '"step":40,' 30 || fail "rja: worker 1 never logged step 40"
+    kill -STOP "$w1"
+    sleep 6
+    kill -0 "$w0" 2>/dev/null || fail "rja: worker 0 finished while worker 1 was paused: make the run longer"
+    kill -CONT "$w1"
+    wait_for "$w1" 60
+    local rc1=$?
+    wait_for "$w0" 30
+    local rc0=$?
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc0" -eq 0 ] || fail "rja: worker 0 exited $rc0"
+    [ "$rc1" -eq 0 ] || fail "rja: worker 1 exited $rc1"
+    [ -n "$(accuracy_of "$tmp/rja-w0.out")" ] || fail "rja: worker 0 printed no accuracy"
+    grep -q "worker 1 evicted" "$tmp/rja-ps.log" || fail "rja: the server did not evict worker 1"
+    grep -q "worker 1 re-registered" "$tmp/rja-ps.log" || fail "rja: worker 1 did not re-register"
+    # Worker 0's call parked for the paused worker: its own text line, naming worker 1.
+    grep -E "^[0-9TZ:.-]+ WARN worker/0: waiting for ps 0 .*waiting for worker 1 \(clock" \
+        "$tmp/rja-w0.log" >/dev/null ||
+        fail "rja: worker 0 did not log, as worker/0, that its call waits for worker 1"
+    grep -q '"role":"?"' "$tmp/rja-w0.log" "$tmp/rja-w1.log" && fail "rja: a log line has no role"
+    grep -q "server down, stopped" "$tmp/rja-w0.log" "$tmp/rja-w1.log" &&
+        fail "rja: a worker blamed the server"
+    local skip
+    skip=$(grep -o 'evicted and has rejoined.*' "$tmp/rja-w1.log" | head -n 1)
+    [ -n "$skip" ] || fail "rja: worker 1 did not say it rejoined and skipped steps"
+    grep -q "DEADLINE_EXCEEDED" "$tmp/rja-w0.log" "$tmp/rja-w1.log" && fail "rja: a call timed out"
+    # Both ended at the same clock: worker 1's last step line is step 700.
+    grep -q '"step":700,' "$tmp/rja-w1.log" || fail "rja: worker 1 did not end at step 700"
+    grep -q "worker 1 finished at clock" "$tmp/rja-ps.log" || fail "rja: worker 1 did not leave the barrier"
+    echo "rja: ${skip:0:200}"
+
+    # (b) BSP; worker 1 paused until worker 0 has finished and reported.
+    rejoin_cluster rjb 2000
+    TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --model-name rjb --staleness 0 \
+        --steps 200 --log-format json >"$tmp/rjb-w0.out" 2>"$tmp/rjb-w0.log" &
+    w0=$!
+    pids+=("$w0")
+    TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --model-name rjb --staleness 0 \
+        --steps 200 --log-format json >"$tmp/rjb-w1.out" 2>"$tmp/rjb-w1.log" &
+    w1=$!
+    pids+=("$w1")
+    wait_log "$tmp/rjb-w1.log" '"step":20,' 30 || fail "rjb: worker 1 never logged step 20"
+    kill -STOP "$w1"
+    wait_for "$w0" 40
+    rc0=$?
+    [ "$rc0" -eq 0 ] || fail "rjb: worker 0 exited $rc0"
+    [ -n "$(accuracy_of "$tmp/rjb-w0.out")" ] || fail "rjb: worker 0 printed no accuracy"
+    local t0 t1
+    t0=$(date +%s%N)
+    kill -CONT "$w1"
+    wait_for "$w1" 40
+    rc1=$?
+    t1=$(date +%s%N)
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc1" -eq 0 ] || fail "rjb: worker 1 exited $rc1"
+    local ms=$(((t1 - t0) / 1000000))
+    grep -q "evicted and has rejoined.*continues with 200 of 200 steps done" "$tmp/rjb-w1.log" ||
+        fail "rjb: worker 1 did not take up the run at its end"
+    grep -q "DEADLINE_EXCEEDED" "$tmp/rjb-w1.log" && fail "rjb: worker 1 waited on the finished worker 0"
+    [ "$ms" -lt 15000 ] || fail "rjb: worker 1 took $ms ms to finish after it was continued"
+    echo "rjb: worker 1 finished $ms ms after it was continued"
+
+    # (c) ASP; worker 0, the evaluator, killed; worker 1 finishes before it is evicted.
+    rejoin_cluster rjc 6000
+    TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --model-name rjc --staleness -1 \
+        --steps 100000 --log-format json >"$tmp/rjc-w0.out" 2>"$tmp/rjc-w0.log" &
+    w0=$!
+    pids+=("$w0")
+    wait_log "$tmp/rjc-w0.log" '"step":20,' 30 || fail "rjc: worker 0 never logged step 20"
+    kill -KILL "$w0"
+    TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --model-name rjc --staleness -1 \
+        --steps 40 --log-format text >"$tmp/rjc-w1.out" 2>"$tmp/rjc-w1.log" &
+    w1=$!
+    pids+=("$w1")
+    wait_for "$w1" 40
+    rc1=$?
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc1" -eq 1 ] || fail "rjc: worker 1 exited $rc1 with the evaluator dead, expected 1"
+    grep -q "ERROR worker/1: worker 0, which evaluates the model, died or was evicted" \
+        "$tmp/rjc-w1.log" || fail "rjc: worker 1 did not say the evaluator died"
+    echo "PASS"
+}
+
+# ---------------------------------------------------------------------------------------------
 # worker-resume: under ps-local --restart on-failure, worker 1 is SIGKILLed in its second epoch;
 # the restarted worker 1 must resume at the step the cluster recorded (--progress-every), not
 # at 0, and the steps of its two lives must add up to its planned total (within the records'
@@ -476,6 +600,32 @@ run_ps_crash() {
         awk '{ s += $1 } END { print s + 0 }')
     [ "$lost" -gt 0 ] || fail "pskill: no worker logged the acknowledged updates that were lost"
     echo "pskill: test_accuracy=$acc; the workers counted $lost lost updates (shard versions)"
+    # Each worker counts its own lost pushes (at most what it saw the shards lose); worker 0
+    # reports the cluster's total once: their sum, at least what any worker saw lost (less the
+    # few pushes in flight at the kill, whose replies nobody got).
+    local w view own total
+    local -a views owns
+    for w in 0 1; do
+        view=$(sed -n 's/.*): \([0-9]*\) acknowledged updates to .* since it are lost.*/\1/p' \
+            "$tmp/pskill-w$w.log" | awk '{ s += $1 } END { print s + 0 }')
+        own=$(sed -n "s/.*updates lost to server restarts, this worker's own: \([0-9]*\) acknowledged pushes.*/\1/p" \
+            "$tmp/pskill-w$w.log")
+        [ -n "$own" ] || fail "pskill: worker $w did not report its own lost pushes"
+        [ "$own" -le "$view" ] || fail "pskill: worker $w counts $own own pushes lost, more than the $view it saw lost"
+        views[w]=$view
+        owns[w]=$own
+    done
+    total=$(sed -n 's/.*updates lost to server restarts, whole cluster: \([0-9]*\) acknowledged pushes.*/\1/p' \
+        "$tmp/pskill-w0.log")
+    [ -n "$total" ] || fail "pskill: worker 0 did not report the cluster's lost updates"
+    grep -q "whole cluster: " "$tmp/pskill-w1.log" && fail "pskill: worker 1 reported the cluster's total too"
+    [ "$total" -eq $((owns[0] + owns[1])) ] ||
+        fail "pskill: the cluster's total $total is not the sum of the workers' ${owns[0]} + ${owns[1]}"
+    for w in 0 1; do
+        [ "$total" -ge $((views[w] - 16)) ] ||
+            fail "pskill: the cluster's total $total is below the ${views[w]} worker $w saw lost"
+    done
+    echo "pskill: lost pushes: worker 0 ${owns[0]}, worker 1 ${owns[1]}, cluster $total (the workers saw ${views[0]} and ${views[1]} shard versions lost)"
     # (b) SIGTERM: the final checkpoint has everything; nothing is lost and nobody says so.
     ps_restart_run psterm TERM
     grep -q "shut down cleanly after writing checkpoint .*: nothing was lost" \
@@ -604,6 +754,7 @@ ps-crash) run_ps_crash ;;
 train) run_train ;;
 worker-resume) run_worker_resume ;;
 failures) run_failures ;;
+rejoin) run_rejoin ;;
 launcher) run_launcher ;;
 interrupt) run_interrupt ;;
 ipc) run_ipc ;;
