@@ -414,6 +414,39 @@ typedef struct push_in {
  * the push's outcome) and returns its segment area, or NULL with an error reply in place. */
 typedef uint8_t *(*push_reply_fn)(void *arg, bool duplicate, uint64_t version);
 
+/* The message of a push that dedup could not prove new (ABORTED): why, and what the client
+ * can know. */
+static void push_refusal(dedup_result d, const push_in *in, uint64_t floor, char *err,
+                         size_t errlen)
+{
+    unsigned long long seq = (unsigned long long)in->seq, client = (unsigned long long)in->client;
+    if (d == DEDUP_EVICTED)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the client was evicted from the dedup table "
+                 "(dedup-max-clients, dedup-idle-ms) when its highest seq was %llu, so this one "
+                 "may already have been applied: refused, not applied again (seqs above %llu "
+                 "are accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_UNPROVEN)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the dedup table does not know this client "
+                 "and cannot prove it is not one it evicted and forgot (dedup-max-clients "
+                 "exceeded beyond the tombstones; floor %llu for this id), so this push may "
+                 "already have been applied: refused, not applied (seqs above %llu are "
+                 "accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_NO_MEMORY)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: no memory for the client's dedup window, so "
+                 "the push cannot be proven new: refused, it may or may not have been applied",
+                 seq, client);
+    else
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx is older than the dedup window "
+                 "(dedup-window): refused, it may or may not have been applied",
+                 seq, client);
+}
+
 /* Dedups by (client, seq), then applies the optimizer (or adds to the BSP aggregate),
  * reading the gradient in place from the request. With `reply`, copies the parameters just
  * after the update, in out_dtype, into the area it returns, in the same critical section.
@@ -429,14 +462,11 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
     /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
      * a push either marked and applied, or neither. */
     store_update_begin(st->vars);
-    dedup_result d = dedup_begin(st->dedup, in->client, in->seq);
-    if (d == DEDUP_TOO_OLD) {
+    uint64_t floor = 0;
+    dedup_result d = dedup_begin_floor(st->dedup, in->client, in->seq, &floor);
+    if (d != DEDUP_NEW && d != DEDUP_DUPLICATE) {
         store_update_end(st->vars);
-        snprintf(err, errlen,
-                 "push seq %llu of client %016llx is older than the dedup window, or the client "
-                 "was evicted from the dedup table (dedup-max-clients, dedup-idle-ms): refused, "
-                 "it may or may not have been applied",
-                 (unsigned long long)in->seq, (unsigned long long)in->client);
+        push_refusal(d, in, floor, err, errlen);
         return STATUS_ABORTED;
     }
     if (d == DEDUP_DUPLICATE)

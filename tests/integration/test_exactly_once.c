@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,12 +215,136 @@ static void test_replayed_push_is_dropped(void **state)
     ps_client_close(c);
 }
 
+/* Raw pushes of 1.0 to element 0 of name, one per id ids[0..n) with sequence number seq:
+ * counts replies by outcome. Any other status fails the test. */
+typedef struct push_counts {
+    int applied, duplicate, aborted;
+} push_counts;
+
+static push_counts raw_pushes(nng_socket s, const char *name, const uint64_t *ids, int n,
+                              uint64_t seq)
+{
+    push_counts pc = {0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        int st;
+        bool dup;
+        test_raw_push(s, name, -1, ids[i], seq, 1.0f, &st, &dup);
+        if (st == PS_OK && dup)
+            pc.duplicate++;
+        else if (st == PS_OK)
+            pc.applied++;
+        else if (st == PS_ABORTED)
+            pc.aborted++;
+        else
+            fail_msg("push of client %016llx seq %llu: status %d", (unsigned long long)ids[i],
+                     (unsigned long long)seq, st);
+    }
+    return pc;
+}
+
+static float pull_one(const test_ps *p, const char *name)
+{
+    ps_client *c = test_ps_open_client(p, NULL, NULL);
+    assert_non_null(c);
+    ps_var *v = test_find_var(c, name);
+    assert_non_null(v);
+    float val = 0;
+    assert_int_equal(ps_pull(c, v, &val), PS_OK);
+    ps_client_close(c);
+    return val;
+}
+
+/* dedup-max-clients 100: 110 fresh clients each push seq 1 and resend it; 20 clients push
+ * seq 1..3, 5,000 fresh ids flood the table (far past its 400 tombstones), the 20 resend seq
+ * 3. No resend is ever applied (each is a duplicate or ABORTED), the clients' next pushes
+ * are; and after a clean restart from the checkpoint every resend is still refused (the
+ * tombstones and floors are checkpointed). The value counts every applied push exactly. */
+static void test_eviction_flood_never_applies_twice(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-dedup-flood");
+    char ckdir[300];
+    snprintf(ckdir, sizeof(ckdir), "%s/ck", p.dir);
+    const char *const flags[] = {
+        "--dedup-max-clients", "100", "--checkpoint-dir", ckdir, "--log-format", "text", NULL};
+    test_ps_start(&p, flags);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    assert_non_null(test_make_var(c, "ev/x", 1));
+    ps_client_close(c);
+    nng_socket s = test_raw_dial(p.port, 10000);
+
+    enum { N1 = 110, NL = 20, NF = 5000 };
+    static uint64_t first[N1], legit[NL], flood[NF];
+    uint64_t x = 0x9d2c5680u;
+    for (int i = 0; i < N1; i++)
+        first[i] = 0xe0000000000000ull + (x = x * 6364136223846793005ull + 1);
+    for (int i = 0; i < NL; i++)
+        legit[i] = 0x1e0000000000000ull + (uint64_t)i;
+    for (int i = 0; i < NF; i++)
+        flood[i] = (x = x * 6364136223846793005ull + 1442695040888963407ull);
+
+    int applied = 0;
+    push_counts a = raw_pushes(s, "ev/x", first, N1, 1);
+    assert_int_equal(a.applied, N1);
+    applied += a.applied;
+    push_counts r = raw_pushes(s, "ev/x", first, N1, 1); /* the resends */
+    assert_int_equal(r.applied, 0);
+    assert_true(r.aborted >= N1 - 100);
+    fprintf(stderr, "110 clients' resends: %d duplicates, %d refused, 0 applied\n", r.duplicate,
+            r.aborted);
+    for (uint64_t q = 1; q <= 3; q++) {
+        a = raw_pushes(s, "ev/x", legit, NL, q);
+        assert_int_equal(a.applied, NL);
+        applied += a.applied;
+    }
+    a = raw_pushes(s, "ev/x", flood, NF, 1);
+    applied += a.applied; /* an id whose hashed floors the flood already set is refused */
+    assert_true(a.applied > NF * 9 / 10);
+    r = raw_pushes(s, "ev/x", legit, NL, 3);
+    assert_int_equal(r.applied, 0);
+    assert_int_equal(r.aborted, NL);
+    r = raw_pushes(s, "ev/x", flood, NF, 1);
+    assert_int_equal(r.applied, 0);
+    a = raw_pushes(s, "ev/x", legit, NL, 4); /* newer pushes still go through */
+    assert_int_equal(a.applied, NL);
+    applied += a.applied;
+    assert_true(pull_one(&p, "ev/x") == -(float)applied);
+    nng_close(s);
+
+    /* Evictions were logged. */
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "grep -q 'dedup table: .* clients evicted for room' %s", p.log);
+    assert_int_equal(system(cmd), 0);
+
+    /* A clean restart restores the windows, tombstones and floors from the checkpoint. */
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_start(&p, flags);
+    s = test_raw_dial(p.port, 10000);
+    r = raw_pushes(s, "ev/x", first, N1, 1);
+    assert_int_equal(r.applied, 0);
+    r = raw_pushes(s, "ev/x", legit, NL, 4);
+    assert_int_equal(r.applied, 0);
+    r = raw_pushes(s, "ev/x", legit, NL, 3);
+    assert_int_equal(r.applied, 0);
+    r = raw_pushes(s, "ev/x", flood, NF / 10, 1);
+    assert_int_equal(r.applied, 0);
+    a = raw_pushes(s, "ev/x", legit, NL, 5);
+    assert_int_equal(a.applied, NL);
+    applied += a.applied;
+    assert_true(pull_one(&p, "ev/x") == -(float)applied);
+    nng_close(s);
+    test_ps_cleanup(&p);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_exact_sums),
         cmocka_unit_test(test_replayed_push_is_dropped),
+        cmocka_unit_test(test_eviction_flood_never_applies_twice),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
