@@ -338,37 +338,9 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
     return v;
 }
 
-/* The version of every variable when this process began serving (restored from a checkpoint),
- * taken once, by the first pull, push or clock: nothing changes a version before one of those
- * has run. Push replies carry it (PushReply.restored_version) so that a client that sees the
- * server's instance change can count the updates acknowledged to it that the restart lost.
- * Kept in the variable itself (variable.restored_version, 0 for one created since), so that a
- * deleted variable's entry goes with it and a name created again starts from 0. */
-static pthread_mutex_t restored_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_bool restored_taken;
-
-static void restored_snapshot(server_state *st)
-{
-    if (atomic_load_explicit(&restored_taken, memory_order_acquire))
-        return;
-    pthread_mutex_lock(&restored_lock);
-    if (!atomic_load_explicit(&restored_taken, memory_order_relaxed)) {
-        variable **vars;
-        size_t n = store_list(st->vars, &vars);
-        /* Out of memory: every restored version reads 0, so clients overstate a loss once
-         * rather than miss it. */
-        for (size_t i = 0; vars && i < n; i++)
-            vars[i]->restored_version = atomic_load(&vars[i]->version);
-        store_list_release(vars, n);
-        atomic_store_explicit(&restored_taken, true, memory_order_release);
-    }
-    pthread_mutex_unlock(&restored_lock);
-}
-
 static void handle_pull(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const Psd__V1__PullRequest *req = (const void *)rpc_call_body(call);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
@@ -571,7 +543,6 @@ static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply
 static void push_common(rpc_call *call, server_state *st, bool reply_params)
 {
     const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
-    restored_snapshot(st);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
         return;
@@ -739,7 +710,6 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
 static void handle_step(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const envelope *env = rpc_call_envelope(call);
     step_ctx *k = calloc(1, sizeof(*k));
     Psd__V1__StepRequest *req = (void *)rpc_call_body(call);
@@ -827,7 +797,6 @@ static void handle_step(rpc_call *call, void *arg)
 static void handle_clock(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",

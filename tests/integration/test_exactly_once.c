@@ -2,7 +2,8 @@
  * gradients to a range-split and a small variable. With SGD (lr 1) from zeros the final values
  * are minus the exact sums: nothing lost, nothing doubled. One client resends requests every
  * few milliseconds (at-least-once transport) to make duplicates arrive for real. A replayed
- * push with an old sequence number is dropped. */
+ * push with an old sequence number is dropped. Resends stay refused after dedup-table
+ * evictions and a restart; a restarted server reports the version it began serving with. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -338,6 +339,108 @@ static void test_eviction_flood_never_applies_twice(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A raw push of 1.0 to element 0 of name as worker `worker`: asserts OK and returns the
+ * reply's version and restored_version. */
+static void raw_push_versions(nng_socket s, const char *name, int worker, uint64_t client,
+                              uint64_t seq, uint64_t *version, uint64_t *restored)
+{
+    Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
+    req.name = (char *)name;
+    uint8_t body[128];
+    size_t blen = psd__v1__push_request__pack(&req, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__PUSH;
+    env.request_id = seq;
+    env.client_id = client;
+    env.seq = seq;
+    env.worker_id = worker;
+    env.body.data = body;
+    env.body.len = blen;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 1;
+    env.tensor = &t;
+    float one = 1.0f;
+    frame f;
+    nng_msg *m;
+    assert_int_equal(test_raw_request(s, &env, &one, sizeof(one), &f, &m), PS_OK);
+    Psd__V1__PushReply *r = psd__v1__push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+    assert_non_null(r);
+    *version = r->version;
+    *restored = r->restored_version;
+    psd__v1__push_reply__free_unpacked(r, NULL);
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
+static void raw_clock(nng_socket s, int worker, int64_t clock)
+{
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__CLOCK;
+    env.request_id = 1;
+    env.worker_id = worker;
+    env.clock = clock;
+    frame f;
+    nng_msg *m;
+    assert_int_equal(test_raw_request(s, &env, NULL, 0, &f, &m), PS_OK);
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
+/* PushReply.restored_version is the version the restarted server began serving with: a BSP
+ * aggregate that a sweep applies after the restart (both restored workers silent past
+ * worker-timeout-ms), before the first request, is a new update of this process and must not
+ * count as restored (it would hide one lost update from the clients' count). */
+static void test_restored_version_excludes_later_aggregate(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-restored");
+    char ckdir[300];
+    snprintf(ckdir, sizeof(ckdir), "%s/ck", p.dir);
+    const char *const flags[] = {
+        "--checkpoint-dir", ckdir, "--worker-timeout-ms", "300", "--log-format", "text", NULL};
+    test_ps_start(&p, flags);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    assert_non_null(test_make_var_bound(c, "rv/b", 1, 0)); /* BSP */
+    ps_client_close(c);
+    nng_socket s = test_raw_dial(p.port, 10000);
+    uint64_t version, restored;
+    /* Two updates applied at once (no worker id), then workers 0 and 1 at clock 0 and a
+     * gradient of worker 0 in the aggregate of clock 0, pending worker 1. */
+    raw_push_versions(s, "rv/b", -1, 0x7e57, 1, &version, &restored);
+    raw_push_versions(s, "rv/b", -1, 0x7e57, 2, &version, &restored);
+    assert_int_equal(version, 2);
+    raw_clock(s, 0, 0);
+    raw_clock(s, 1, 0);
+    raw_push_versions(s, "rv/b", 0, 0x7e58, 1, &version, &restored);
+    assert_int_equal(version, 2); /* aggregated, not applied */
+    nng_close(s);
+    test_ps_signal_wait(&p, SIGTERM, 0); /* its final checkpoint: version 2, aggregate */
+
+    test_ps_start(&p, flags);
+    /* Nothing is sent until the sweep has evicted both restored workers and applied the
+     * aggregate. */
+    char cmd[800];
+    snprintf(cmd, sizeof(cmd), "grep -q 'worker 0 evicted' %s && grep -q 'worker 1 evicted' %s",
+             p.log, p.log);
+    int waited = 0;
+    while (system(cmd) != 0 && waited < 10000) {
+        usleep(50 * 1000);
+        waited += 50;
+    }
+    assert_true(waited < 10000);
+    usleep(200 * 1000);
+    s = test_raw_dial(p.port, 10000);
+    raw_push_versions(s, "rv/b", -1, 0x7e59, 1, &version, &restored);
+    assert_int_equal(version, 4); /* 2, the aggregate, this push */
+    assert_int_equal(restored, 2);
+    nng_close(s);
+    assert_true(pull_one(&p, "rv/b") == -4.0f);
+    test_ps_cleanup(&p);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -345,6 +448,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_concurrent_exact_sums),
         cmocka_unit_test(test_replayed_push_is_dropped),
         cmocka_unit_test(test_eviction_flood_never_applies_twice),
+        cmocka_unit_test(test_restored_version_excludes_later_aggregate),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
