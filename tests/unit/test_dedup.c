@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "dedup.h"
+#include "metrics.h"
 
 static void test_in_order_and_duplicates(void **state)
 {
@@ -267,7 +268,14 @@ static void test_set_limits_keeps_tombstones(void **state)
         dedup_result r = dedup_begin(d, c, 5);
         assert_true(r == DEDUP_EVICTED || r == DEDUP_UNPROVEN);
     }
-    /* Idle eviction is counted too. */
+    /* Idle eviction is counted too, in the table and in the metrics registry. */
+    metric_family *ev =
+        metrics_family(METRIC_COUNTER, "psd_dedup_evictions_total", "", "reason", NULL, 0);
+    metric_family *rf =
+        metrics_family(METRIC_COUNTER, "psd_dedup_refused_total", "", "reason", NULL, 0);
+    double idle0 = metric_value(metrics_series1(ev, "idle"));
+    double full0 = metric_value(metrics_series1(ev, "capacity"));
+    double refused0 = metric_value(metrics_series1(rf, "evicted"));
     dedup *e = dedup_create(64);
     assert_int_equal(dedup_set_limits(e, 0, 1), 0);
     assert_int_equal(dedup_begin(e, 1, 9), DEDUP_NEW);
@@ -275,6 +283,10 @@ static void test_set_limits_keeps_tombstones(void **state)
     assert_int_equal(dedup_begin(e, 2, 1), DEDUP_NEW);
     assert_int_equal(dedup_evicted(e), 1);
     assert_int_equal(dedup_begin(e, 1, 9), DEDUP_EVICTED);
+    /* (client 2 may have gone idle too by the time client 1 came back) */
+    assert_true(metric_value(metrics_series1(ev, "idle")) == idle0 + (double)dedup_evicted(e));
+    assert_true(metric_value(metrics_series1(ev, "capacity")) == full0);
+    assert_true(metric_value(metrics_series1(rf, "evicted")) == refused0 + 1);
     dedup_destroy(e);
     dedup_destroy(d);
 }
