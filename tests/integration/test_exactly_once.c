@@ -311,6 +311,17 @@ static void test_eviction_flood_never_applies_twice(void **state)
     a = raw_pushes(s, "ev/x", legit, NL, 4); /* newer pushes still go through */
     assert_int_equal(a.applied, NL);
     applied += a.applied;
+    /* Fresh libpsclient clients (seqs from the wall clock) push after the flood. */
+    for (int i = 0; i < 5; i++) {
+        c = test_ps_open_client(&p, NULL, NULL);
+        assert_non_null(c);
+        ps_var *v = test_find_var(c, "ev/x");
+        assert_non_null(v);
+        float one = 1.0f;
+        assert_int_equal(ps_push(c, v, &one), PS_OK);
+        applied++;
+        ps_client_close(c);
+    }
     assert_true(pull_one(&p, "ev/x") == -(float)applied);
     nng_close(s);
 
