@@ -60,7 +60,8 @@ typedef struct shard {
 struct dedup {
     shard shards[DEDUP_SHARDS];
     /* Membership: held to add or evict a client (so max_clients holds across shards), to set
-     * the limits and to export. Guards nclients, evicted, the limits and the tombstones.
+     * the limits and to export. Guards nclients, the counts, the limits, the tombstones and
+     * the floors.
      * Order: admit, then shards in ascending index; a shard's lock alone never waits for admit
      * (dedup_begin drops it first). */
     pthread_mutex_t admit;
@@ -389,6 +390,8 @@ static client_window *acquire(dedup *d, uint64_t client, shard **out)
 
 int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms)
 {
+    if (max_clients > SIZE_MAX / TOMB_WAYS / sizeof(tombstone))
+        return -1;
     size_t nsets = max_clients ? (size_t)max_clients : TOMB_SETS_UNBOUNDED;
     tombstone *tombs = calloc(nsets * TOMB_WAYS, sizeof(*tombs));
     if (tombs == NULL)
