@@ -173,6 +173,12 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     };
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
+    /* Sequence numbers start at the wall clock in ns, not at 1: a server that had to forget
+     * evicted clients refuses an unknown client's pushes up to a floor made of their highest
+     * seqs (server/dedup.h), and a client opened later starts above any seq they reached. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    atomic_store(&c->next_seq, (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
     c->nservers = (int)cl.n_ps;
     c->servers = calloc(cl.n_ps, sizeof(*c->servers));
     if (c->servers == NULL) {

@@ -53,6 +53,8 @@ typedef struct snapshot {
     uint64_t *dedup;
     uint64_t dedup_clients;
     uint32_t dedup_words;
+    uint64_t *floors; /* dedup_export_floors */
+    size_t nfloors;
     sync_worker_rec *workers;
     size_t nworkers;
     int64_t applied_min;
@@ -104,6 +106,7 @@ static void snapshot_free(snapshot *s)
     }
     free(s->vars);
     free(s->dedup);
+    free(s->floors);
     free(s->workers);
     memset(s, 0, sizeof(*s));
 }
@@ -249,6 +252,11 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
         s->dedup = dedup_export(st->dedup, &s->dedup_clients, &s->dedup_words);
         if (s->dedup == NULL)
             rc = errf(err, errlen, "out of memory copying the dedup table");
+    }
+    if (rc == 0) {
+        s->floors = dedup_export_floors(st->dedup, &s->nfloors);
+        if (s->floors == NULL)
+            rc = errf(err, errlen, "out of memory copying the dedup tombstones");
     }
     if (rc == 0) {
         s->workers = sync_export(st, &s->nworkers, &s->applied_min);
@@ -426,6 +434,7 @@ static uint64_t snapshot_file_size(const snapshot *s)
     for (size_t i = 0; i < s->nvars; i++)
         n += 20 + var_payload_len(&s->vars[i]);
     n += 20 + 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
+    n += 20 + s->nfloors * 8;
     n += 20 + 16 + s->nworkers * 16;
     n += 20 + 16;
     return n;
@@ -466,6 +475,12 @@ static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t s
         return -1;
     nrec++;
     total += dlen;
+    uint64_t flen = s->nfloors * 8;
+    if (w_rec_begin(w, CKPT_REC_DEDUP_FLOORS, flen) || w_put(w, s->floors, (size_t)flen) ||
+        w_rec_end(w))
+        return -1;
+    nrec++;
+    total += flen;
     uint64_t slen = 16 + s->nworkers * 16;
     if (w_rec_begin(w, CKPT_REC_SYNC, slen) || w_u64(w, (uint64_t)s->applied_min) ||
         w_u64(w, s->nworkers))
@@ -956,6 +971,8 @@ typedef struct loaded {
     uint64_t *dedup;
     uint64_t dedup_clients;
     uint32_t dedup_words;
+    uint64_t *floors; /* a dedup_export_floors array; NULL in a version 1 file */
+    size_t nfloors;
     sync_worker_rec *workers;
     size_t nworkers;
     int64_t applied_min;
@@ -969,6 +986,7 @@ static void loaded_free(loaded *l)
         variable_destroy(l->vars[i]);
     free(l->vars);
     free(l->dedup);
+    free(l->floors);
     free(l->workers);
     memset(l, 0, sizeof(*l));
 }
@@ -1092,9 +1110,10 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
         errf(err, errlen, "bad header CRC");
         goto out;
     }
-    if (ver != CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
-        errf(err, errlen, "format version %u (header %u bytes); this server reads version %u", ver,
-             hsize, CKPT_FORMAT_VERSION);
+    if (ver < CKPT_FORMAT_VERSION_MIN || ver > CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
+        errf(err, errlen,
+             "format version %u (header %u bytes); this server reads versions %u to %u", ver, hsize,
+             CKPT_FORMAT_VERSION_MIN, CKPT_FORMAT_VERSION);
         goto out;
     }
     if (nserv != st->num_servers || task != st->task_index) {
@@ -1142,6 +1161,20 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
                 goto out;
             }
             if (r_get(&r, l->dedup, (size_t)(len - 8), "the dedup table"))
+                goto out;
+        } else if (type == CKPT_REC_DEDUP_FLOORS && ver >= 2) {
+            if (len % 8 != 0 || len > ((uint64_t)1 << 34)) {
+                errf(err, errlen, "dedup tombstone record at byte %" PRIu64 ": bad size", r.pos);
+                goto out;
+            }
+            free(l->floors);
+            l->floors = malloc(len ? (size_t)len : 1);
+            if (l->floors == NULL) {
+                errf(err, errlen, "out of memory for the dedup tombstones");
+                goto out;
+            }
+            l->nfloors = (size_t)(len / 8);
+            if (r_get(&r, l->floors, (size_t)len, "the dedup tombstones"))
                 goto out;
         } else if (type == CKPT_REC_SYNC) {
             uint64_t amin, nw;
@@ -1225,6 +1258,13 @@ static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
         const uint64_t *e = l->dedup + i * per;
         if (dedup_import(st->dedup, e[0], e[1], e + 2, l->dedup_words) != 0)
             return errf(err, errlen, "out of memory restoring the dedup table");
+    }
+    if (l->floors) {
+        int rc = dedup_import_floors(st->dedup, l->floors, l->nfloors);
+        if (rc != 0)
+            return errf(err, errlen, "%s",
+                        rc == -2 ? "out of memory restoring the dedup tombstones"
+                                 : "malformed dedup tombstone record");
     }
     if (l->have_sync)
         sync_import(st, l->workers, l->nworkers, l->applied_min);

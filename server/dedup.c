@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+#include "metrics.h"
 #include "timeutil.h"
 
 /* Shards of the table (a power of two) and hash buckets per shard. Every push takes its
@@ -14,12 +16,26 @@
 #define DEDUP_SHARDS (1u << DEDUP_SHARD_BITS)
 #define DEDUP_SHARD_BUCKETS 64u
 
+/* Tombstones: sets of TOMB_WAYS slots; without a client bound, TOMB_SETS_UNBOUNDED sets. */
+#define TOMB_WAYS 4u
+#define TOMB_SETS_UNBOUNDED 16384u
+/* Floors of forgotten clients: 2^FLOOR_BITS seqs, two per id. */
+#define FLOOR_BITS 20
+#define FLOOR_BUCKETS (1u << FLOOR_BITS)
+/* Evictions and forgotten tombstones are logged at most this often. */
+#define EVICT_LOG_NS (10ull * 1000000000ull)
+/* First word of dedup_export_floors' array. */
+#define FLOORS_FORMAT 1u
+
+typedef enum floor_kind { FLOOR_NONE, FLOOR_TOMBSTONE, FLOOR_HASH } floor_kind;
+
 typedef struct client_window {
     uint64_t client;
     uint64_t highest;    /* highest seq marked; bit 0 of the window is `highest` */
     uint64_t *bits;      /* bit i set: seq (highest - i) applied */
     uint64_t last_ns;    /* when last heard from */
     uint64_t tomb_floor; /* evicted once: seqs up to this may have been applied */
+    int floor_kind;      /* where tomb_floor came from (floor_kind) */
     struct client_window *next;
     struct client_window *lru_prev, *lru_next; /* most recently heard first, in its shard */
 } client_window;
@@ -28,6 +44,10 @@ typedef struct tombstone {
     uint64_t client;
     uint64_t highest; /* 0: empty slot */
 } tombstone;
+
+/* Where the counts of dedup_begin's refusals go, by dedup_result. */
+enum { REFUSE_WINDOW, REFUSE_EVICTED, REFUSE_UNPROVEN, REFUSE_MEMORY, REFUSE_KINDS };
+_Static_assert(DEDUP_NO_MEMORY - DEDUP_TOO_OLD == REFUSE_MEMORY, "REFUSE_* follow dedup_result");
 
 /* The clients whose hash selects this shard. lock guards the buckets, the LRU list and every
  * window's fields; a window is added or removed only with the table's admit lock held too. */
@@ -40,15 +60,24 @@ typedef struct shard {
 struct dedup {
     shard shards[DEDUP_SHARDS];
     /* Membership: held to add or evict a client (so max_clients holds across shards), to set
-     * the limits and to export. Guards nclients, evicted, the limits and the tombstones.
+     * the limits and to export. Guards nclients, the counts, the limits, the tombstones and
+     * the floors.
      * Order: admit, then shards in ascending index; a shard's lock alone never waits for admit
      * (dedup_begin drops it first). */
     pthread_mutex_t admit;
     uint32_t words;
     uint64_t nclients;
-    uint64_t max_clients, idle_ns, evicted;
-    tombstone *tombs;
-    size_t ntombs;
+    uint64_t max_clients, idle_ns;
+    uint64_t evicted_full, evicted_idle;
+    tombstone *tombs; /* ntsets sets of TOMB_WAYS slots */
+    size_t ntsets;
+    uint64_t ntombs;    /* slots in use */
+    uint64_t *floors;   /* FLOOR_BUCKETS, NULL until the first fold */
+    uint64_t floor_all; /* folded when floors could not be had: the floor of every id */
+    uint64_t forgotten;
+    /* Since the last log line: */
+    uint64_t log_ns, log_full, log_idle, log_forgotten;
+    metric *m_evict_full, *m_evict_idle, *m_forgotten, *m_refused[REFUSE_KINDS];
 };
 
 /* splitmix64's finaliser: client ids of tests and tools are small integers, and the shard
@@ -94,9 +123,104 @@ static void lru_push_front(shard *sh, client_window *w)
         sh->lru_tail = w;
 }
 
-static tombstone *tomb_slot(dedup *d, uint64_t client)
+/* The two floors of an id (independent of its shard, bucket and tombstone set). */
+static void floor_pos(uint64_t client, uint32_t *a, uint32_t *b)
 {
-    return d->tombs ? &d->tombs[((client * 0xbf58476d1ce4e5b9ull) >> 17) % d->ntombs] : NULL;
+    uint64_t h = mix(client ^ 0x6a09e667f3bcc909ull);
+    *a = (uint32_t)(h & (FLOOR_BUCKETS - 1));
+    *b = (uint32_t)((h >> 32) & (FLOOR_BUCKETS - 1));
+}
+
+/* The floor of an id that has neither a window nor a tombstone: no forgotten client of this
+ * id can have had a seq above it applied. With admit held. */
+static uint64_t floor_of(const dedup *d, uint64_t client)
+{
+    uint64_t f = 0;
+    if (d->floors) {
+        uint32_t a, b;
+        floor_pos(client, &a, &b);
+        f = d->floors[a] < d->floors[b] ? d->floors[a] : d->floors[b];
+    }
+    return f > d->floor_all ? f : d->floor_all;
+}
+
+/* Forgets a tombstone, keeping its proof in the floors; with admit held. */
+static void fold(dedup *d, uint64_t client, uint64_t highest)
+{
+    if (d->floors == NULL)
+        d->floors = calloc(FLOOR_BUCKETS, sizeof(uint64_t));
+    if (d->floors) {
+        uint32_t a, b;
+        floor_pos(client, &a, &b);
+        if (d->floors[a] < highest)
+            d->floors[a] = highest;
+        if (d->floors[b] < highest)
+            d->floors[b] = highest;
+    } else if (d->floor_all < highest) {
+        d->floor_all = highest; /* no memory: every unknown id inherits it (safe, coarse) */
+    }
+    d->forgotten++;
+    d->log_forgotten++;
+    metric_inc(d->m_forgotten);
+}
+
+static tombstone *tomb_set(const dedup *d, uint64_t client)
+{
+    return &d->tombs[(mix(client) >> 8) % d->ntsets * TOMB_WAYS];
+}
+
+/* Records that client's seqs up to highest may have been applied; with admit held. A full
+ * set keeps the highest four of the five seqs and folds the lowest into the floors (a client
+ * that pushed much is the one a flood of new ids must not cost its next pushes). */
+static void tomb_put(dedup *d, uint64_t client, uint64_t highest)
+{
+    if (highest == 0)
+        return;
+    if (d->tombs == NULL) {
+        fold(d, client, highest);
+        return;
+    }
+    tombstone *set = tomb_set(d, client);
+    tombstone *empty = NULL, *low = NULL;
+    for (uint32_t i = 0; i < TOMB_WAYS; i++) {
+        tombstone *t = &set[i];
+        if (t->highest == 0) {
+            if (empty == NULL)
+                empty = t;
+        } else if (t->client == client) {
+            if (t->highest < highest)
+                t->highest = highest;
+            return;
+        } else if (low == NULL || t->highest < low->highest) {
+            low = t;
+        }
+    }
+    if (empty) {
+        *empty = (tombstone){client, highest};
+        d->ntombs++;
+    } else if (low->highest < highest) {
+        fold(d, low->client, low->highest);
+        *low = (tombstone){client, highest};
+    } else {
+        fold(d, client, highest);
+    }
+}
+
+/* Removes and returns client's tombstone (0: none); with admit held. */
+static uint64_t tomb_take(dedup *d, uint64_t client)
+{
+    if (d->tombs == NULL)
+        return 0;
+    tombstone *set = tomb_set(d, client);
+    for (uint32_t i = 0; i < TOMB_WAYS; i++) {
+        if (set[i].highest && set[i].client == client) {
+            uint64_t h = set[i].highest;
+            set[i] = (tombstone){0, 0};
+            d->ntombs--;
+            return h;
+        }
+    }
+    return 0;
 }
 
 /* With sh's lock held. */
@@ -118,22 +242,42 @@ static void touch(shard *sh, client_window *w)
 }
 
 /* Removes w from the table, leaving its tombstone; with admit and sh's lock held. */
-static void evict(dedup *d, shard *sh, client_window *w)
+static void evict(dedup *d, shard *sh, client_window *w, bool idle)
 {
     client_window **p = bucket_of(sh, mix(w->client));
     while (*p != w)
         p = &(*p)->next;
     *p = w->next;
     lru_unlink(sh, w);
-    tombstone *t = tomb_slot(d, w->client);
-    if (t && w->highest) {
-        t->client = w->client;
-        t->highest = w->highest;
-    }
+    tomb_put(d, w->client, w->highest);
     free(w->bits);
     free(w);
     d->nclients--;
-    d->evicted++;
+    if (idle) {
+        d->evicted_idle++;
+        d->log_idle++;
+        metric_inc(d->m_evict_idle);
+    } else {
+        d->evicted_full++;
+        d->log_full++;
+        metric_inc(d->m_evict_full);
+    }
+}
+
+/* One warning per EVICT_LOG_NS at most, with what happened since the last; with admit held. */
+static void log_evictions(dedup *d, uint64_t now)
+{
+    if (d->log_full + d->log_idle + d->log_forgotten == 0 || now - d->log_ns < EVICT_LOG_NS)
+        return;
+    log_warn("dedup table: %llu clients evicted for room (dedup-max-clients %llu, least recently "
+             "heard first) and %llu for idleness (dedup-idle-ms) since the last report; %llu "
+             "tombstones held, %llu forgotten into hashed floors (%llu in this period); their "
+             "resent pushes are refused with ABORTED, never applied twice",
+             (unsigned long long)d->log_full, (unsigned long long)d->max_clients,
+             (unsigned long long)d->log_idle, (unsigned long long)d->ntombs,
+             (unsigned long long)d->forgotten, (unsigned long long)d->log_forgotten);
+    d->log_ns = now;
+    d->log_full = d->log_idle = d->log_forgotten = 0;
 }
 
 static void lock_all(dedup *d)
@@ -161,7 +305,7 @@ static void make_room(dedup *d)
         for (uint32_t i = 0; i < DEDUP_SHARDS; i++) {
             shard *sh = &d->shards[i];
             while (sh->lru_tail && now - sh->lru_tail->last_ns > d->idle_ns)
-                evict(d, sh, sh->lru_tail);
+                evict(d, sh, sh->lru_tail, true);
         }
     }
     while (d->max_clients && d->nclients >= d->max_clients) {
@@ -174,9 +318,10 @@ static void make_room(dedup *d)
         }
         if (oldest == NULL)
             break;
-        evict(d, oldest, oldest->lru_tail);
+        evict(d, oldest, oldest->lru_tail, false);
     }
     unlock_all(d);
+    log_evictions(d, now);
 }
 
 /* Adds client to sh, with admit and sh's lock held. NULL when memory can't be had. */
@@ -192,13 +337,16 @@ static client_window *create(dedup *d, shard *sh, uint64_t client, uint64_t h)
     }
     w->client = client;
     w->last_ns = time_now_ns();
-    tombstone *t = tomb_slot(d, client);
-    if (t && t->client == client && t->highest) {
-        /* Evicted before: everything up to its highest counts as possibly applied. */
-        w->highest = t->highest;
-        t->highest = 0;
-        w->tomb_floor = w->highest;
+    /* Evicted before: everything up to its highest counts as possibly applied. Else it may
+     * still be a forgotten one: its hash's floor stands for its highest. */
+    uint64_t f = tomb_take(d, client);
+    w->floor_kind = f ? FLOOR_TOMBSTONE : FLOOR_NONE;
+    if (f == 0) {
+        f = floor_of(d, client);
+        w->floor_kind = f ? FLOOR_HASH : FLOOR_NONE;
     }
+    w->highest = f;
+    w->tomb_floor = f;
     client_window **b = bucket_of(sh, h);
     w->next = *b;
     *b = w;
@@ -242,29 +390,48 @@ static client_window *acquire(dedup *d, uint64_t client, shard **out)
 
 int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms)
 {
+    if (max_clients > SIZE_MAX / TOMB_WAYS / sizeof(tombstone))
+        return -1;
+    size_t nsets = max_clients ? (size_t)max_clients : TOMB_SETS_UNBOUNDED;
+    tombstone *tombs = calloc(nsets * TOMB_WAYS, sizeof(*tombs));
+    if (tombs == NULL)
+        return -1;
     pthread_mutex_lock(&d->admit);
-    free(d->tombs);
-    d->tombs = NULL;
+    /* The tombstones move into the new table (a smaller one folds what does not fit). */
+    tombstone *old = d->tombs;
+    size_t nold = d->ntsets * TOMB_WAYS;
+    d->tombs = tombs;
+    d->ntsets = nsets;
     d->ntombs = 0;
-    int rc = 0;
-    if (max_clients) {
-        d->ntombs = (size_t)max_clients * 4;
-        d->tombs = calloc(d->ntombs, sizeof(*d->tombs));
-        if (d->tombs == NULL) {
-            d->ntombs = 0;
-            rc = -1;
-        }
-    }
+    for (size_t i = 0; old && i < nold; i++)
+        tomb_put(d, old[i].client, old[i].highest);
+    free(old);
     d->max_clients = max_clients;
     d->idle_ns = idle_ms * 1000000u;
     pthread_mutex_unlock(&d->admit);
-    return rc;
+    return 0;
 }
 
 uint64_t dedup_evicted(dedup *d)
 {
     pthread_mutex_lock(&d->admit);
-    uint64_t n = d->evicted;
+    uint64_t n = d->evicted_full + d->evicted_idle;
+    pthread_mutex_unlock(&d->admit);
+    return n;
+}
+
+uint64_t dedup_tombstones(dedup *d)
+{
+    pthread_mutex_lock(&d->admit);
+    uint64_t n = d->ntombs;
+    pthread_mutex_unlock(&d->admit);
+    return n;
+}
+
+uint64_t dedup_forgotten(dedup *d)
+{
+    pthread_mutex_lock(&d->admit);
+    uint64_t n = d->forgotten;
     pthread_mutex_unlock(&d->admit);
     return n;
 }
@@ -281,6 +448,25 @@ dedup *dedup_create(uint32_t window)
     for (uint32_t i = 0; i < DEDUP_SHARDS; i++)
         pthread_mutex_init(&d->shards[i].lock, NULL);
     pthread_mutex_init(&d->admit, NULL);
+    /* Without dedup_set_limits nothing is evicted; the tombstone table is made there. */
+    metric_family *ev =
+        metrics_family(METRIC_COUNTER, "psd_dedup_evictions_total",
+                       "Clients evicted from the exactly-once table: reason=capacity "
+                       "(dedup-max-clients) or idle (dedup-idle-ms).",
+                       "reason", NULL, 0);
+    d->m_evict_full = metrics_series1(ev, "capacity");
+    d->m_evict_idle = metrics_series1(ev, "idle");
+    d->m_forgotten = metrics_counter("psd_dedup_tombstones_forgotten_total",
+                                     "Tombstones of evicted clients folded into the hashed "
+                                     "floors (their ids can no longer be told from new ones).");
+    metric_family *rf = metrics_family(
+        METRIC_COUNTER, "psd_dedup_refused_total",
+        "Pushes refused with ABORTED because they could not be proven new: reason=window, "
+        "evicted, unproven or memory.",
+        "reason", NULL, 0);
+    static const char *const why[REFUSE_KINDS] = {"window", "evicted", "unproven", "memory"};
+    for (int i = 0; i < REFUSE_KINDS; i++)
+        d->m_refused[i] = metrics_series1(rf, why[i]);
     return d;
 }
 
@@ -302,6 +488,7 @@ void dedup_destroy(dedup *d)
         pthread_mutex_destroy(&sh->lock);
     }
     free(d->tombs);
+    free(d->floors);
     pthread_mutex_destroy(&d->admit);
     free(d);
 }
@@ -329,15 +516,19 @@ static void advance(client_window *w, uint32_t words, uint64_t to)
     w->highest = to;
 }
 
-dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
+dedup_result dedup_begin_floor(dedup *d, uint64_t client, uint64_t seq, uint64_t *floor)
 {
     if (seq == 0)
         return DEDUP_NEW;
     dedup_result res;
     shard *sh;
     client_window *w = acquire(d, client, &sh);
-    if (w == NULL || seq <= w->tomb_floor) {
-        res = DEDUP_TOO_OLD;
+    if (w == NULL) {
+        res = DEDUP_NO_MEMORY;
+    } else if (seq <= w->tomb_floor) {
+        res = w->floor_kind == FLOOR_HASH ? DEDUP_UNPROVEN : DEDUP_EVICTED;
+        if (floor)
+            *floor = w->tomb_floor;
     } else if (seq > w->highest) {
         advance(w, d->words, seq);
         w->bits[0] |= 1;
@@ -354,7 +545,14 @@ dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
         }
     }
     pthread_mutex_unlock(&sh->lock);
+    if (res >= DEDUP_TOO_OLD) /* refusals: in the order of REFUSE_* */
+        metric_inc(d->m_refused[res - DEDUP_TOO_OLD]);
     return res;
+}
+
+dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
+{
+    return dedup_begin_floor(d, client, seq, NULL);
 }
 
 void dedup_unmark(dedup *d, uint64_t client, uint64_t seq)
@@ -419,4 +617,126 @@ int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bi
     }
     pthread_mutex_unlock(&sh->lock);
     return w ? 0 : -1;
+}
+
+/* dedup_export_floors' array, in words: FLOORS_FORMAT, floor_all; n, then n windows' (client,
+ * floor, floor_kind); n, then n tombstones' (client, highest); n, then n nonzero floors'
+ * (index, seq). */
+uint64_t *dedup_export_floors(dedup *d, size_t *nwords)
+{
+    pthread_mutex_lock(&d->admit);
+    lock_all(d);
+    uint64_t nwin = 0, nfl = 0;
+    for (uint32_t i = 0; i < DEDUP_SHARDS; i++)
+        for (uint32_t b = 0; b < DEDUP_SHARD_BUCKETS; b++)
+            for (client_window *w = d->shards[i].buckets[b]; w; w = w->next)
+                nwin += w->tomb_floor != 0;
+    for (uint32_t i = 0; d->floors && i < FLOOR_BUCKETS; i++)
+        nfl += d->floors[i] != 0;
+    size_t n = 5 + 3 * (size_t)nwin + 2 * (size_t)d->ntombs + 2 * (size_t)nfl;
+    uint64_t *out = malloc(n * sizeof(uint64_t));
+    if (out) {
+        size_t k = 0;
+        out[k++] = FLOORS_FORMAT;
+        out[k++] = d->floor_all;
+        out[k++] = nwin;
+        for (uint32_t i = 0; i < DEDUP_SHARDS; i++) {
+            for (uint32_t b = 0; b < DEDUP_SHARD_BUCKETS; b++) {
+                for (client_window *w = d->shards[i].buckets[b]; w; w = w->next) {
+                    if (w->tomb_floor) {
+                        out[k++] = w->client;
+                        out[k++] = w->tomb_floor;
+                        out[k++] = (uint64_t)w->floor_kind;
+                    }
+                }
+            }
+        }
+        out[k++] = d->ntombs;
+        for (size_t i = 0; d->tombs && i < d->ntsets * TOMB_WAYS; i++) {
+            if (d->tombs[i].highest) {
+                out[k++] = d->tombs[i].client;
+                out[k++] = d->tombs[i].highest;
+            }
+        }
+        out[k++] = nfl;
+        for (uint32_t i = 0; d->floors && i < FLOOR_BUCKETS; i++) {
+            if (d->floors[i]) {
+                out[k++] = i;
+                out[k++] = d->floors[i];
+            }
+        }
+        *nwords = k;
+    } else {
+        *nwords = 0;
+    }
+    unlock_all(d);
+    pthread_mutex_unlock(&d->admit);
+    return out;
+}
+
+/* Raises client's floor to f (of kind), in its window if it has one, else in its tombstone;
+ * with admit held. */
+static void import_floor(dedup *d, uint64_t client, uint64_t f, int kind)
+{
+    uint64_t h = mix(client);
+    shard *sh = shard_of(d, h);
+    pthread_mutex_lock(&sh->lock);
+    client_window *w = lookup(sh, client, h);
+    if (w) {
+        if (w->tomb_floor < f) {
+            w->tomb_floor = f;
+            w->floor_kind = kind;
+        }
+        if (w->highest < f)
+            advance(w, d->words, f);
+    }
+    pthread_mutex_unlock(&sh->lock);
+    if (w == NULL) /* evicted while importing (a lower dedup-max-clients) */
+        tomb_put(d, client, f);
+}
+
+int dedup_import_floors(dedup *d, const uint64_t *w, size_t nwords)
+{
+    size_t k = 0;
+    /* Each count is checked against the words left before its entries are read. */
+    if (nwords < 3 || w[0] != FLOORS_FORMAT)
+        return -1;
+    pthread_mutex_lock(&d->admit);
+    int rc = -1;
+    if (d->floor_all < w[1])
+        d->floor_all = w[1];
+    k = 2;
+    uint64_t n = w[k++];
+    if (n > (nwords - k) / 3)
+        goto out;
+    for (uint64_t i = 0; i < n; i++, k += 3) {
+        if (w[k + 2] != FLOOR_TOMBSTONE && w[k + 2] != FLOOR_HASH)
+            goto out;
+        import_floor(d, w[k], w[k + 1], (int)w[k + 2]);
+    }
+    if (k >= nwords)
+        goto out;
+    n = w[k++];
+    if (n > (nwords - k) / 2)
+        goto out;
+    for (uint64_t i = 0; i < n; i++, k += 2)
+        tomb_put(d, w[k], w[k + 1]);
+    if (k >= nwords)
+        goto out;
+    n = w[k++];
+    if (n > (nwords - k) / 2 ||
+        (n && d->floors == NULL && (d->floors = calloc(FLOOR_BUCKETS, sizeof(uint64_t))) == NULL)) {
+        rc = n > (nwords - k) / 2 ? -1 : -2;
+        goto out;
+    }
+    for (uint64_t i = 0; i < n; i++, k += 2) {
+        if (w[k] >= FLOOR_BUCKETS)
+            goto out;
+        if (d->floors[w[k]] < w[k + 1])
+            d->floors[w[k]] = w[k + 1];
+    }
+    rc = k == nwords ? 0 : -1;
+out:
+    pthread_mutex_unlock(&d->admit);
+    return rc;
 }

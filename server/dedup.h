@@ -8,11 +8,13 @@
  * Concurrency: the table is split into 64 shards by a hash of the client id, each with its own
  * lock, so a request of a known client (every push) takes only its shard's lock and requests
  * of different clients rarely wait for each other. Adding a client, evicting one, setting the
- * limits, dedup_clients, dedup_evicted and dedup_export take one table-wide lock as well (and,
- * to evict, every shard's lock): the limits below hold for the whole table, not per shard. */
+ * limits, the counts and the exports take one table-wide lock as well (and, to evict, every
+ * shard's lock): the limits below hold for the whole table, not per shard. The tombstones and
+ * floors of evicted clients are guarded by that table-wide lock. */
 #ifndef PSD_SERVER_DEDUP_H
 #define PSD_SERVER_DEDUP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct dedup dedup;
@@ -20,7 +22,13 @@ typedef struct dedup dedup;
 typedef enum dedup_result {
     DEDUP_NEW,       /* not seen: now marked; apply it (or dedup_unmark on failure) */
     DEDUP_DUPLICATE, /* applied already: drop it */
-    DEDUP_TOO_OLD,   /* older than the window: can't tell, refuse it */
+    DEDUP_TOO_OLD,   /* older than the client's window: can't tell, refuse it */
+    DEDUP_EVICTED,   /* the client was evicted and seq is at or below its highest seq then (its
+                      * tombstone): it may have been applied, refuse it */
+    DEDUP_UNPROVEN,  /* a client the table does not know, and seq is at or below the floor that
+                      * forgotten evicted clients left on its id's hash: it may be one of them
+                      * and the push may have been applied, refuse it */
+    DEDUP_NO_MEMORY, /* memory for a new client's window could not be had: refuse it */
 } dedup_result;
 
 /* window: sequence numbers remembered per client (rounded up to a multiple of 64).
@@ -30,22 +38,40 @@ void dedup_destroy(dedup *d);
 
 /* Bounds the clients remembered (0: no bound): when a new client would make more than
  * max_clients, the least recently heard one is evicted, and so is any client not heard from
- * for idle_ms (0: never). An evicted client leaves a tombstone (its id and highest seq, 16
- * bytes, in a table of 4 * max_clients slots indexed by a hash of the id, where a colliding
- * eviction overwrites an older one): a push of it at or below that seq is DEDUP_TOO_OLD
- * (refused, ABORTED: it may have been applied), one above starts a fresh window. Only a
- * client whose tombstone was overwritten as well can have a resent push applied twice.
- * "Least recently heard" and max_clients are over all shards: the same table-wide LRU as with
- * one lock. Both evictions happen only when a client is added (an idle client stays until
- * then; a lower max_clients evicts nothing at once). The call drops every tombstone. */
+ * for idle_ms (0: never). Both evictions happen only when a client is added (an idle client
+ * stays until then; a lower max_clients evicts nothing at once).
+ *
+ * Eviction never costs exactly-once: a push is applied only when the table can prove it new.
+ * An evicted client leaves a tombstone (its id and highest seq, 16 bytes) in a 4-way
+ * set-associative table of 4 * max_clients slots (65536 without a bound). Tombstones are
+ * never overwritten: when a set is full, the one with the lowest highest seq of the five is
+ * folded into the floors, an array of 2^20 seqs (8 MiB, made on the first fold) in which an
+ * id's floor is the minimum of two entries chosen by a hash of it, each the maximum of the
+ * highest seqs folded onto it. A client that comes back starts from its tombstone, else from
+ * its floor: pushes at or below it are refused (DEDUP_EVICTED, DEDUP_UNPROVEN), newer ones
+ * are new. A floor is never below the highest seq of any forgotten client that hashes onto
+ * it, so a false match only refuses a push (ABORTED), never applies one twice; its price is
+ * that a never-seen client whose seqs start below the floor of its hash is refused until it
+ * numbers past it. Evictions under pressure are counted (psd_dedup_evictions_total{reason})
+ * and logged at most every 10 s. The tombstones and floors are kept across calls (moved into
+ * the new table). Returns 0, or -1 when the new tombstone table can't be had (nothing is
+ * changed then). */
 int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms);
 
-/* Clients evicted so far. */
+/* Clients evicted so far (for capacity and for idleness). */
 uint64_t dedup_evicted(dedup *d);
 
+/* Tombstones held, and tombstones folded into the floors so far. */
+uint64_t dedup_tombstones(dedup *d);
+uint64_t dedup_forgotten(dedup *d);
+
 /* Checks and marks (client, seq) atomically. seq 0 is never deduplicated (returns NEW
- * without marking). Returns DEDUP_TOO_OLD also when memory for a new client can't be had. */
+ * without marking). */
 dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq);
+
+/* The same, with the client's floor (its highest seq when evicted, or the floor of its hash)
+ * in *floor when the result is DEDUP_EVICTED or DEDUP_UNPROVEN (for the refusal's message). */
+dedup_result dedup_begin_floor(dedup *d, uint64_t client, uint64_t seq, uint64_t *floor);
 
 /* Clears the mark of a request that dedup_begin accepted but that was not applied. */
 void dedup_unmark(dedup *d, uint64_t client, uint64_t seq);
@@ -62,5 +88,14 @@ uint64_t *dedup_export(dedup *d, uint64_t *nclients, uint32_t *words);
 /* Sets one client's window from an export (bitmap of `words` words; a window of another size
  * keeps the common part). Returns 0, or -1 when memory can't be had. */
 int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words);
+
+/* What, besides the windows, proves a push already applied: each window's floor (from its
+ * tombstone or its hash), the tombstones and the floors of forgotten clients. dedup_export_floors
+ * copies it into one malloc'd array of *nwords words (format in dedup.c); NULL when memory
+ * can't be had. dedup_import_floors merges such an array into d, after the windows were
+ * imported (it only raises floors: importing twice is harmless). Returns 0, -1 when the array
+ * is malformed (nothing of it applied past the error) or -2 when memory can't be had. */
+uint64_t *dedup_export_floors(dedup *d, size_t *nwords);
+int dedup_import_floors(dedup *d, const uint64_t *w, size_t nwords);
 
 #endif

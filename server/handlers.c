@@ -339,37 +339,9 @@ static variable *resolve_range(server_state *st, rpc_call *call, const char *nam
     return v;
 }
 
-/* The version of every variable when this process began serving (restored from a checkpoint),
- * taken once, by the first pull, push or clock: nothing changes a version before one of those
- * has run. Push replies carry it (PushReply.restored_version) so that a client that sees the
- * server's instance change can count the updates acknowledged to it that the restart lost.
- * Kept in the variable itself (variable.restored_version, 0 for one created since), so that a
- * deleted variable's entry goes with it and a name created again starts from 0. */
-static pthread_mutex_t restored_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_bool restored_taken;
-
-static void restored_snapshot(server_state *st)
-{
-    if (atomic_load_explicit(&restored_taken, memory_order_acquire))
-        return;
-    pthread_mutex_lock(&restored_lock);
-    if (!atomic_load_explicit(&restored_taken, memory_order_relaxed)) {
-        variable **vars;
-        size_t n = store_list(st->vars, &vars);
-        /* Out of memory: every restored version reads 0, so clients overstate a loss once
-         * rather than miss it. */
-        for (size_t i = 0; vars && i < n; i++)
-            vars[i]->restored_version = atomic_load(&vars[i]->version);
-        store_list_release(vars, n);
-        atomic_store_explicit(&restored_taken, true, memory_order_release);
-    }
-    pthread_mutex_unlock(&restored_lock);
-}
-
 static void handle_pull(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const Psd__V1__PullRequest *req = (const void *)rpc_call_body(call);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
@@ -415,6 +387,39 @@ typedef struct push_in {
  * the push's outcome) and returns its segment area, or NULL with an error reply in place. */
 typedef uint8_t *(*push_reply_fn)(void *arg, bool duplicate, uint64_t version);
 
+/* The message of a push that dedup could not prove new (ABORTED): why, and what the client
+ * can know. */
+static void push_refusal(dedup_result d, const push_in *in, uint64_t floor, char *err,
+                         size_t errlen)
+{
+    unsigned long long seq = (unsigned long long)in->seq, client = (unsigned long long)in->client;
+    if (d == DEDUP_EVICTED)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the client was evicted from the dedup table "
+                 "(dedup-max-clients, dedup-idle-ms) when its highest seq was %llu, so this one "
+                 "may already have been applied: refused, not applied again (seqs above %llu "
+                 "are accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_UNPROVEN)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the dedup table does not know this client "
+                 "and cannot prove it is not one it evicted and forgot (dedup-max-clients "
+                 "exceeded beyond the tombstones; floor %llu for this id), so this push may "
+                 "already have been applied: refused, not applied (seqs above %llu are "
+                 "accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_NO_MEMORY)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: no memory for the client's dedup window, so "
+                 "the push cannot be proven new: refused, it may or may not have been applied",
+                 seq, client);
+    else
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx is older than the dedup window "
+                 "(dedup-window): refused, it may or may not have been applied",
+                 seq, client);
+}
+
 /* Dedups by (client, seq), then applies the optimizer (or adds to the BSP aggregate),
  * reading the gradient in place from the request. With `reply`, copies the parameters just
  * after the update, in out_dtype, into the area it returns, in the same critical section.
@@ -430,14 +435,11 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
     /* From the dedup mark through the update, a checkpoint's snapshot waits (store.h): it sees
      * a push either marked and applied, or neither. */
     store_update_begin(st->vars);
-    dedup_result d = dedup_begin(st->dedup, in->client, in->seq);
-    if (d == DEDUP_TOO_OLD) {
+    uint64_t floor = 0;
+    dedup_result d = dedup_begin_floor(st->dedup, in->client, in->seq, &floor);
+    if (d != DEDUP_NEW && d != DEDUP_DUPLICATE) {
         store_update_end(st->vars);
-        snprintf(err, errlen,
-                 "push seq %llu of client %016llx is older than the dedup window, or the client "
-                 "was evicted from the dedup table (dedup-max-clients, dedup-idle-ms): refused, "
-                 "it may or may not have been applied",
-                 (unsigned long long)in->seq, (unsigned long long)in->client);
+        push_refusal(d, in, floor, err, errlen);
         return STATUS_ABORTED;
     }
     if (d == DEDUP_DUPLICATE)
@@ -542,7 +544,6 @@ static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply
 static void push_common(rpc_call *call, server_state *st, bool reply_params)
 {
     const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
-    restored_snapshot(st);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
         return;
@@ -710,7 +711,6 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
 static void handle_step(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const envelope *env = rpc_call_envelope(call);
     step_ctx *k = calloc(1, sizeof(*k));
     Psd__V1__StepRequest *req = (void *)rpc_call_body(call);
@@ -798,7 +798,6 @@ static void handle_step(rpc_call *call, void *arg)
 static void handle_clock(rpc_call *call, void *arg)
 {
     server_state *st = arg;
-    restored_snapshot(st);
     const envelope *env = rpc_call_envelope(call);
     if (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "clock needs a worker id in [0, %d), got %d",

@@ -50,7 +50,7 @@ typedef struct variable {
     atomic_uint_fast32_t refs; /* references: the store's while linked, plus each holder's */
     atomic_bool deleted;       /* unlinked by store_remove: parks no more pulls */
     struct store *owner;       /* whose byte accounting the last release updates (NULL: none) */
-    uint64_t restored_version; /* version when serving began (handlers.c), 0 if created since */
+    uint64_t restored_version; /* version when serving began (sync_resume), 0 if created since */
     struct variable *next;
 } variable;
 

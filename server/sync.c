@@ -801,4 +801,17 @@ void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t a
 void sync_resume(server_state *st)
 {
     advance(st);
+    /* The version of every variable as this process begins serving, before any request and
+     * before any sweep can evict a restored worker and apply a partial aggregate (a new update
+     * of this process): push replies carry it (PushReply.restored_version), so that a client
+     * that sees the server's instance change counts the updates acknowledged to it that the
+     * restart lost. It includes the aggregates applied just above: the checkpoint held them
+     * complete (taken between the last worker's clock and their apply), and the previous
+     * process applied the same sums as the same versions. Kept in the variable (0 for one
+     * created since), so a deleted variable's entry goes with it. */
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    for (size_t i = 0; vars && i < n; i++)
+        vars[i]->restored_version = atomic_load(&vars[i]->version);
+    store_list_release(vars, n);
 }

@@ -120,6 +120,9 @@ sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min);
  * in it become unknown). A restored live worker counts as heard now. Call before serving;
  * then sync_resume applies what the restored clocks allow. */
 void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min);
+/* After a restore, before serving: applies what the restored clocks allow, then records every
+ * variable's version as its restored_version (out of memory: they stay 0, so clients overstate
+ * a loss once rather than miss it). */
 void sync_resume(server_state *st);
 
 #endif

@@ -8,12 +8,17 @@
  *   else (structured):     byte 0 picks a method of server_methods, byte 1 holds flags, bytes
  *                          2..7 envelope fields, the rest is the method's body; the harness
  *                          frames it (with a segment when asked), so the fuzzer reaches the
- *                          handlers past the frame checks.
+ *                          handlers past the frame checks. With bit 7 of byte 0 set (a
+ *                          burst), the request goes out as BURST clients in turn (client
+ *                          bytes p[7], p[7]+1, ...), then again as each of them: far more
+ *                          clients than the dedup table holds (DEDUP_CLIENTS), so the second
+ *                          round meets evicted clients, tombstones and hashed floors.
  * Invariants: no crash (ASan/UBSan), and every reply parses as a frame that is a reply, with a
  * known status and a valid UTF-8 message (not empty on errors); when the request's frame
  * parses, the reply echoes its id and method, and in structured mode an OK reply of a method
- * with RPC_REPLY_RANGE carries the requested range. Build with -Dfuzz=true; tests/fuzz/run.sh runs
- * it. */
+ * with RPC_REPLY_RANGE carries the requested range and no (client, seq) of a Push or PushPull
+ * is ever applied twice (an OK reply that is not a duplicate), over the whole run. Build with
+ * -Dfuzz=true; tests/fuzz/run.sh runs it. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,10 +41,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define ADMIN_TOKEN "fuzz-admin-token"
 #define MAX_MESSAGE (1u << 20)
 #define MAX_SEGMENT 256 /* elements of a structured mode segment */
+#define DEDUP_CLIENTS 8 /* dedup-max-clients of the harness: evictions are frequent */
+#define BURST 48        /* clients of a burst */
 
 static server_state st;
 static rpc_server *srv;
 static bool verbose; /* FUZZ_DISPATCH_VERBOSE set: each reply's method, status and message */
+/* Structured mode: (client byte, seq) of the Push and PushPull requests applied so far. */
+static uint8_t applied[256][256 / 8];
 
 /* Structured mode, byte 1. */
 enum {
@@ -60,7 +69,8 @@ static void fail(const char *what)
 }
 
 /* Checks one reply against the invariants; req_env is the request's envelope when known. */
-static void check_reply(const void *reply, size_t len, const envelope *req_env, const rpc_method *m)
+static void check_reply(const void *reply, size_t len, const envelope *req_env, const rpc_method *m,
+                        bool *push_applied)
 {
     nng_msg *msg;
     if (nng_msg_alloc(&msg, len) != 0)
@@ -97,6 +107,15 @@ static void check_reply(const void *reply, size_t len, const envelope *req_env, 
                 f.segment_len != (size_t)env->tensor->count * frame_dtype_size(env->tensor->dtype))
                 fail("OK reply of a ranged method without the requested range");
         }
+        if (env->status == STATUS_OK &&
+            (env->method == PSD__V1__METHOD__PUSH || env->method == PSD__V1__METHOD__PUSH_PULL)) {
+            Psd__V1__PushReply *r =
+                psd__v1__push_reply__unpack(NULL, env->body.len, env->body.data);
+            if (r == NULL)
+                fail("OK push reply without a PushReply body");
+            *push_applied = !r->duplicate;
+            psd__v1__push_reply__free_unpacked(r, NULL);
+        }
     }
     frame_fini(&f);
     nng_msg_free(msg);
@@ -104,11 +123,12 @@ static void check_reply(const void *reply, size_t len, const envelope *req_env, 
 
 /* Runs one request message; the request's envelope, when its frame parses (as the server's
  * first check does), says what the reply must echo. */
-static void run(const void *req, size_t len, const rpc_method *m)
+static bool run(const void *req, size_t len, const rpc_method *m)
 {
+    bool push_applied = false;
     nng_msg *msg;
     if (nng_msg_alloc(&msg, len) != 0)
-        return;
+        return false;
     if (len)
         memcpy(nng_msg_body(msg), req, len);
     frame f;
@@ -118,12 +138,13 @@ static void run(const void *req, size_t len, const rpc_method *m)
     void *reply;
     size_t n;
     if (rpc_server_handle_bytes(srv, req, len, &reply, &n) == 0) {
-        check_reply(reply, n, parsed ? f.env : NULL, m);
+        check_reply(reply, n, parsed ? f.env : NULL, m, &push_applied);
         free(reply);
     } /* else out of memory */
     if (parsed)
         frame_fini(&f);
     nng_msg_free(msg);
+    return push_applied;
 }
 
 /* Sends a CreateVariable for the harness's fixed variables; they must be created. */
@@ -184,7 +205,7 @@ static void init(void)
     st.dedup = dedup_create(1024);
     st.sync = sync_create(0, 10000, true, 64);
     if (st.vars == NULL || st.dedup == NULL || st.sync == NULL ||
-        server_set_limits(&st, 64u << 20, 256, 1024, 60000) != 0)
+        server_set_limits(&st, 64u << 20, 256, DEDUP_CLIENTS, 60000) != 0)
         abort();
     rpc_server_config cfg = {
         .max_message = MAX_MESSAGE,
@@ -207,10 +228,9 @@ static void init(void)
     atexit(fini);
 }
 
-static void structured(const uint8_t *data, size_t size)
+/* One structured request, as client byte `client`. */
+static void structured_one(const uint8_t *data, size_t size, const uint8_t p[8], uint8_t client)
 {
-    uint8_t p[8] = {0};
-    memcpy(p, data, size < 8 ? size : 8);
     const uint8_t *body = size > 8 ? data + 8 : NULL;
     size_t body_len = size > 8 ? size - 8 : 0;
     unsigned fl = p[1];
@@ -219,14 +239,14 @@ static void structured(const uint8_t *data, size_t size)
     if (fl & F_UNKNOWN) {
         env.method = (Psd__V1__Method)p[0];
     } else {
-        m = &server_methods[p[0] % server_methods_len];
+        m = &server_methods[(p[0] & 0x7fu) % server_methods_len];
         env.method = (Psd__V1__Method)m->method;
     }
     static uint64_t next_id;
     env.request_id = ++next_id;
     env.worker_id = (fl & F_WORKER) ? (int8_t)p[4] : -1;
     env.clock = (int8_t)p[5];
-    env.client_id = 0x1000u + (p[7] & 15u); /* few clients: exercises the dedup windows */
+    env.client_id = 0x1000u + client;
     env.seq = p[6];
     if (fl & F_ADMIN) {
         env.auth_token.data = (uint8_t *)(fl & F_WRONG ? "fuzz-admin-tokeN" : ADMIN_TOKEN);
@@ -255,8 +275,27 @@ static void structured(const uint8_t *data, size_t size)
     nng_msg *msg;
     if (frame_build(&msg, &env, seg_bytes ? seg : NULL, seg_bytes, NULL) != 0)
         return; /* e.g. an envelope over FRAME_MAX_ENVELOPE */
-    run(nng_msg_body(msg), nng_msg_len(msg), m);
+    bool push_applied = run(nng_msg_body(msg), nng_msg_len(msg), m);
     nng_msg_free(msg);
+    if (push_applied && env.seq != 0) { /* seq 0 is never deduplicated */
+        uint8_t bit = (uint8_t)(1u << (env.seq % 8));
+        if (applied[client][env.seq / 8] & bit)
+            fail("a push was applied twice (same client and seq)");
+        applied[client][env.seq / 8] |= bit;
+    }
+}
+
+static void structured(const uint8_t *data, size_t size)
+{
+    uint8_t p[8] = {0};
+    memcpy(p, data, size < 8 ? size : 8);
+    if (!(p[0] & 0x80)) {
+        structured_one(data, size, p, p[7] & 15u); /* few clients: the windows fill */
+        return;
+    }
+    for (int round = 0; round < 2; round++) /* the pushes, then their resends */
+        for (int i = 0; i < BURST; i++)
+            structured_one(data, size, p, (uint8_t)(p[7] + i));
 }
 
 /* libFuzzer calls this once before any input: state made here is not charged to the first

@@ -184,6 +184,19 @@ static void dispatch_corpus(void)
     uint16_t h[4] = {0x3f00, 0xbf80, 0x4000, 0x3e80};
     t.dtype = PSD__V1__DTYPE__BFLOAT16;
     put("step-bf16", &env, h, sizeof(h));
+    /* Dedup-table evictions: bursts (bit 7 of byte 0) of pushes of 48 clients, then their
+     * resends, through the harness's table of 8 clients: the resends of evicted clients must
+     * be refused, never applied twice. Async, push-pull and BSP (worker 1), seq 1 and 200. */
+    ps.name = "layer1/w";
+    n = psd__v1__push_request__pack(&ps, body);
+    put_structured("s-push-evict", 0x80 | 4, 0x03, (const uint8_t[6]){4, 4, 0, 0, 1, 0x20}, body,
+                   n);
+    put_structured("s-pushpull-evict", 0x80 | 5, 0x03, (const uint8_t[6]){0, 4, 0, 0, 200, 0x60},
+                   body, n);
+    ps.name = "bsp/w";
+    n = psd__v1__push_request__pack(&ps, body);
+    put_structured("s-push-bsp-evict", 0x80 | 4, 0x13, (const uint8_t[6]){0, 4, 1, 0, 7, 0xa0},
+                   body, n);
 }
 int main(void)
 {

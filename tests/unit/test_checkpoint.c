@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "checkpoint.h"
 #include "log.h"
@@ -279,11 +280,112 @@ static void test_corruption_falls_back(void **state)
     state_fini(&st);
 }
 
+/* Rewrites the checkpoint at path as format version 1: without its dedup tombstone record
+ * (type 5), the end record's counts and the header's version and CRC fixed. */
+static void rewrite_as_v1(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static unsigned char in[1 << 22], out[1 << 22];
+    size_t n = fread(in, 1, sizeof(in), f);
+    fclose(f);
+    assert_true(n > 64 && n < sizeof(in));
+    memcpy(out, in, 64);
+    uint32_t u32 = 1;
+    memcpy(out + 8, &u32, 4);
+    u32 = (uint32_t)crc32(0L, out, 60);
+    memcpy(out + 60, &u32, 4);
+    size_t pos = 64, o = 64;
+    uint64_t nrec = 0, total = 0;
+    int dropped = 0;
+    while (pos < n) {
+        uint32_t type;
+        uint64_t len;
+        memcpy(&type, in + pos, 4);
+        memcpy(&len, in + pos + 8, 8);
+        size_t rec = 16 + (size_t)len + 4;
+        assert_true(pos + rec <= n);
+        if (type == CKPT_REC_DEDUP_FLOORS) {
+            dropped++;
+        } else if (type == CKPT_REC_END) {
+            memcpy(out + o, in + pos, 16);
+            memcpy(out + o + 16, &nrec, 8);
+            memcpy(out + o + 24, &total, 8);
+            u32 = (uint32_t)crc32(0L, out + o, 32);
+            memcpy(out + o + 32, &u32, 4);
+            o += rec;
+        } else {
+            memcpy(out + o, in + pos, rec);
+            o += rec;
+            nrec++;
+            total += len;
+        }
+        pos += rec;
+    }
+    assert_int_equal(dropped, 1);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(out, 1, o, f), o);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Evicted clients' tombstones and floors come back with the checkpoint (their resends stay
+ * refused after a restart, whatever order the limits and the restore come in); a version 1
+ * file (without them) is still read. */
+static void test_dedup_tombstones_round_trip(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    assert_int_equal(dedup_set_limits(st.dedup, 4, 0), 0);
+    add_var(&st, "d/v", PSD__V1__OPTIMIZER__OPT_SGD, 1.0f);
+    for (uint64_t c = 1; c <= 100; c++)
+        assert_int_equal(dedup_begin(st.dedup, c * 0x10001, 7), DEDUP_NEW);
+    assert_true(dedup_forgotten(st.dedup) > 0); /* 96 evicted through 16 tombstone slots */
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    for (int order = 0; order < 2; order++) {
+        server_state back;
+        state_init(&back, 0, 1);
+        if (order == 0)
+            assert_int_equal(dedup_set_limits(back.dedup, 4, 0), 0);
+        checkpoint_config cfg = config();
+        uint64_t max_seq = 0;
+        char err[512] = "";
+        checkpoint_info rinfo;
+        assert_int_equal(checkpoint_restore(&back, &cfg, &rinfo, &max_seq, err, sizeof(err)),
+                         CKPT_RESTORED);
+        if (order == 1) /* limits set after the restore keep what it brought */
+            assert_int_equal(dedup_set_limits(back.dedup, 4, 0), 0);
+        for (uint64_t c = 1; c <= 100; c++) {
+            dedup_result r = dedup_begin(back.dedup, c * 0x10001, 7);
+            if (r == DEDUP_NEW)
+                fail_msg("order %d: client %llu's seq 7 applied again after the restore", order,
+                         (unsigned long long)c);
+        }
+        for (uint64_t c = 1; c <= 100; c++)
+            assert_int_equal(dedup_begin(back.dedup, c * 0x10001, 8), DEDUP_NEW);
+        state_fini(&back);
+    }
+    /* Format version 1: read, with the windows it holds. */
+    rewrite_as_v1(info.path);
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.seq, 1);
+    expect_same_var(&st, &back, "d/v");
+    assert_int_equal(dedup_begin(back.dedup, 100 * 0x10001, 7), DEDUP_DUPLICATE);
+    state_fini(&back);
+    state_fini(&st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corruption_falls_back),
+        cmocka_unit_test(test_dedup_tombstones_round_trip),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
