@@ -19,6 +19,8 @@ struct http_endpoint {
     char reason[256];
     http_ready_fn ready_fn;
     void *ready_arg;
+    http_detail_fn detail_fn;
+    void *detail_arg;
 };
 
 /* Answers aio with status and body (copied). */
@@ -63,16 +65,19 @@ static void on_readyz(nng_aio *aio)
 {
     nng_http_handler *h = nng_aio_get_input(aio, 1);
     http_endpoint *e = nng_http_handler_get_data(h);
-    char body[300];
-    char why[256] = "";
+    char body[1100];
+    char why[256] = "", detail[768] = "";
     pthread_mutex_lock(&e->lock);
     bool ready = e->ready;
     if (e->ready_fn)
         ready = e->ready_fn(e->ready_arg, why, sizeof(why));
     else
         snprintf(why, sizeof(why), "%s", e->reason);
+    if (e->detail_fn)
+        e->detail_fn(e->detail_arg, detail, sizeof(detail));
     pthread_mutex_unlock(&e->lock);
-    int n = snprintf(body, sizeof(body), "%s\n", ready ? "ready" : why);
+    int n = snprintf(body, sizeof(body), "%s\n%s%s", ready ? "ready" : why, detail,
+                     detail[0] ? "\n" : "");
     reply(aio, ready ? NNG_HTTP_STATUS_OK : NNG_HTTP_STATUS_SERVICE_UNAVAILABLE, "text/plain", body,
           (size_t)n < sizeof(body) ? (size_t)n : sizeof(body) - 1);
 }
@@ -175,6 +180,16 @@ void http_endpoint_set_ready_fn(http_endpoint *e, http_ready_fn fn, void *arg)
     pthread_mutex_lock(&e->lock);
     e->ready_fn = fn;
     e->ready_arg = arg;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void http_endpoint_set_detail_fn(http_endpoint *e, http_detail_fn fn, void *arg)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->detail_fn = fn;
+    e->detail_arg = arg;
     pthread_mutex_unlock(&e->lock);
 }
 

@@ -49,7 +49,17 @@ typedef struct checkpoint_info {
     uint32_t variables;
     uint64_t pause_us; /* checkpoint: time updates were held off */
     uint64_t ms;       /* checkpoint: request to durable; restore: time to read */
+    uint64_t versions; /* sum of its variables' versions (updates applied, per shard) */
 } checkpoint_info;
+
+/* How the checkpoints of a checkpointer fare (checkpointer_health). */
+typedef struct checkpoint_health {
+    uint64_t failures;     /* failed checkpoints since start */
+    uint64_t failures_row; /* failed since the last success (0 after one) */
+    uint64_t last_seq;     /* newest durable checkpoint (restored or written; 0: none) */
+    double age_s;          /* seconds since the newest written, or since start if none yet */
+    char last_error[512];  /* the newest failure's message ("" if none) */
+} checkpoint_health;
 
 typedef struct checkpointer checkpointer;
 
@@ -73,6 +83,10 @@ enum {
 int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
                        uint64_t *max_seq, char *err, size_t errlen);
 
+/* Makes dir and its parents if missing and checks it is a writable directory. Returns 0, or
+ * -1 with a message (a configuration error: e.g. a path below a regular file). */
+int checkpoint_mkdir(const char *dir, char *err, size_t errlen);
+
 /* A checkpointer for st writing into cfg->dir (made if missing) from sequence number
  * next_seq. No thread yet. Returns NULL with a message in err. */
 checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg, uint64_t next_seq,
@@ -89,6 +103,24 @@ void checkpointer_request(checkpointer *ck, rpc_call *call);
 /* Answers parked requests and stops and joins the thread (call before the RPC server
  * stops); checkpoint_write still works afterwards. NULL is a no-op. */
 void checkpointer_stop(checkpointer *ck);
+/* Parks a CreateVariable call until its variable is in a durable checkpoint, so that a
+ * variable whose creation was acknowledged survives any crash: v's create_gen is compared
+ * with the newest durable checkpoint's (a restored variable's is 0). rep is the reply to send
+ * then (copied; shard and staleness only). Returns false when v is durable already (the
+ * caller replies); true when the call was parked (answered by the thread once a checkpoint
+ * holding v is durable, or UNAVAILABLE naming the failure, which a retry of the create
+ * tries again) or answered with an error at once. Creates that arrive while a checkpoint is
+ * written share the next one. */
+bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable *v,
+                               const Psd__V1__CreateVariableReply *rep);
+/* Failures, age of the newest checkpoint and the last error. NULL ck: zeroed. */
+void checkpointer_health(checkpointer *ck, checkpoint_health *out);
+/* Writes the directory's record of this server (checkpoint_state.h) naming the newest durable
+ * checkpoint: clean false when it starts serving, true after a successful final checkpoint
+ * of a clean shutdown (a restart then says nothing was lost). Failures are logged. */
+void checkpointer_record(checkpointer *ck, bool clean);
+/* Sets the restored checkpoint (seq, versions) as the newest durable one. */
+void checkpointer_set_restored(checkpointer *ck, uint64_t seq, uint64_t versions);
 /* Stops the thread if running and frees ck. NULL is a no-op. */
 void checkpointer_destroy(checkpointer *ck);
 

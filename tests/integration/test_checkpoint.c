@@ -189,7 +189,7 @@ static void test_rpc_then_sigkill(void **state)
     assert_non_null(v);
     for (int r = 0; r < 3; r++)
         test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2); /* 1 made ck/b durable at its creation */
     for (int r = 0; r < 2; r++) /* after the checkpoint: lost with the SIGKILL */
         test_push_const(c, v, N, 1.0f);
     test_expect_all(c, "ck/b", N, -5.0f);
@@ -199,9 +199,9 @@ static void test_rpc_then_sigkill(void **state)
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/b", N, -3.0f);
-    fprintf(stderr, "restart after SIGKILL: state of checkpoint 1, the 2 pushes after it lost\n");
+    fprintf(stderr, "restart after SIGKILL: state of checkpoint 2, the 2 pushes after it lost\n");
     /* The sequence goes on after the restored checkpoint. */
-    checkpoint_ok(&p, 2);
+    checkpoint_ok(&p, 3);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
     test_ps_cleanup(&p);
@@ -219,7 +219,7 @@ static void test_crash_mid_write(void **state)
     ps_var *v = test_make_var(c, "ck/c", big);
     assert_non_null(v);
     test_push_const(c, v, big, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
@@ -239,12 +239,12 @@ static void test_crash_mid_write(void **state)
     assert_int_equal(test_wait_exit(p.pid, 20000), 1);
     p.pid = 0;
     char tmp[400];
-    snprintf(tmp, sizeof(tmp), "%s/.ckpt-0-2.psc.tmp", p.dir);
+    snprintf(tmp, sizeof(tmp), "%s/.ckpt-0-3.psc.tmp", p.dir);
     struct stat sb;
     assert_int_equal(stat(tmp, &sb), 0);
     fprintf(stderr, "failpoint left %s of %lld bytes\n", tmp, (long long)sb.st_size);
     char first[400];
-    snprintf(first, sizeof(first), "%s/ckpt-0-1.psc", p.dir);
+    snprintf(first, sizeof(first), "%s/ckpt-0-2.psc", p.dir);
     struct stat sb1;
     assert_int_equal(stat(first, &sb1), 0);
     assert_true(sb.st_size > sb1.st_size / 4 && sb.st_size < sb1.st_size * 3 / 4); /* halfway */
@@ -284,26 +284,26 @@ static void test_corrupt_newest_falls_back(void **state)
     ps_var *v = test_make_var(c, "ck/d", N);
     assert_non_null(v);
     test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2); /* 1: ck/d at its creation */
     test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 2);
+    checkpoint_ok(&p, 3);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     char f2[400], f3[400];
-    snprintf(f2, sizeof(f2), "%s/ckpt-0-2.psc", p.dir);
-    snprintf(f3, sizeof(f3), "%s/ckpt-0-3.psc", p.dir);
+    snprintf(f2, sizeof(f2), "%s/ckpt-0-3.psc", p.dir);
+    snprintf(f3, sizeof(f3), "%s/ckpt-0-4.psc", p.dir);
     corrupt_byte(f2);
     ps_start(&p);
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/d", N, -1.0f);
-    assert_true(test_file_contains(p.log, "ckpt-0-2.psc is unusable (bad CRC"));
+    assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable (bad CRC"));
 
-    /* A truncated newest one (3) falls back past the corrupt 2 to 1. */
+    /* A truncated newest one (4) falls back past the corrupt 3 to 2. */
     v = test_find_var(c, "ck/d");
     test_push_const(c, v, N, 5.0f);
-    checkpoint_ok(&p, 3);
+    checkpoint_ok(&p, 4);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     struct stat sb;
@@ -313,7 +313,7 @@ static void test_corrupt_newest_falls_back(void **state)
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/d", N, -1.0f);
-    assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable (truncated"));
+    assert_true(test_file_contains(p.log, "ckpt-0-4.psc is unusable (truncated"));
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
     test_ps_cleanup(&p);
@@ -386,11 +386,12 @@ static void test_periodic_triggers(void **state)
     assert_non_null(c);
     ps_var *v = test_make_var(c, "ck/periodic", N);
     assert_non_null(v);
+    assert_true(wait_checkpoint_file(p.dir, 1, 0)); /* the creation's */
     test_push_const(c, v, N, 1.0f);
     test_push_const(c, v, N, 1.0f);
-    assert_false(wait_checkpoint_file(p.dir, 1, 300)); /* 2 updates: not yet */
+    assert_false(wait_checkpoint_file(p.dir, 2, 300)); /* 2 updates: not yet */
     test_push_const(c, v, N, 1.0f);
-    assert_true(wait_checkpoint_file(p.dir, 1, 5000)); /* the 3rd update triggers it */
+    assert_true(wait_checkpoint_file(p.dir, 2, 5000)); /* the 3rd update triggers it */
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
@@ -402,7 +403,7 @@ static void test_periodic_triggers(void **state)
     v = test_find_var(c, "ck/periodic");
     assert_non_null(v);
     test_push_const(c, v, N, 1.0f);
-    assert_true(wait_checkpoint_file(p.dir, 2, 5000)); /* within about a second */
+    assert_true(wait_checkpoint_file(p.dir, 3, 5000)); /* within about a second */
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     ps_start(&p);
