@@ -666,8 +666,8 @@ static void req_cb(void *arg)
             /* e.g. a NOT_FOUND for a variable the process before held: say why. */
             snprintf(with_restart, sizeof(with_restart),
                      "%.1000s (%s restarted since this client's first call to it: this reply is "
-                     "from a new server process, instance %016llx, which has only what its "
-                     "restored checkpoint held)",
+                     "from a new server process, instance %016llx, which holds only what it "
+                     "restored from its checkpoint, if any)",
                      msg, r->conn->label[0] ? r->conn->label : r->conn->url,
                      (unsigned long long)f.env->server_instance);
             msg = with_restart;

@@ -122,8 +122,8 @@ static void checkpoint_detail(void *arg, char *buf, size_t cap)
     checkpointer_health(checkpointer_of(arg), &h);
     if (h.failures_row > 0)
         snprintf(buf, cap,
-                 "checkpoints failing: %llu in a row; newest durable checkpoint %llu, %.0f s "
-                 "since the last one written; last error: %.500s",
+                 "checkpoints failing: %llu in a row; newest durable checkpoint %llu, none "
+                 "written for %.0f s; last error: %.500s",
                  (unsigned long long)h.failures_row, (unsigned long long)h.last_seq, h.age_s,
                  h.last_error);
 }
