@@ -637,7 +637,8 @@ int ps_server_checkpoint_status(ps_client *c, int server, ps_checkpoint_status *
     int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
                           &psd__v1__server_status_reply__descriptor, &reply);
     if (rc == PS_OK) {
-        const Psd__V1__CheckpointStatus *k = ((const Psd__V1__ServerStatusReply *)reply)->checkpoint;
+        const Psd__V1__CheckpointStatus *k =
+            ((const Psd__V1__ServerStatusReply *)reply)->checkpoint;
         memset(out, 0, sizeof(*out));
         if (k) {
             out->enabled = true;

@@ -863,10 +863,11 @@ static void reply_creates(checkpointer *ck, create_wait *w, size_t n, int rc, co
             rep.created = w[i].created;
             rpc_reply_ok(w[i].call, &rep.base);
         } else {
-            rpc_reply_error(w[i].call, STATUS_UNAVAILABLE,
-                            "variable \"%.200s\" exists on ps %u but is not durable: the checkpoint "
-                            "that would hold it failed (%s)",
-                            name, ck->st->task_index, err);
+            rpc_reply_error(
+                w[i].call, STATUS_UNAVAILABLE,
+                "variable \"%.200s\" exists on ps %u but is not durable: the checkpoint "
+                "that would hold it failed (%s)",
+                name, ck->st->task_index, err);
         }
         rpc_call_resume(w[i].call);
     }
@@ -883,8 +884,7 @@ bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable 
     if (ck->stop || !ck->running) {
         pthread_mutex_unlock(&ck->lock);
         rpc_reply_error(call, STATUS_UNAVAILABLE,
-                        "server is shutting down before variable \"%.200s\" was durable",
-                        v->name);
+                        "server is shutting down before variable \"%.200s\" was durable", v->name);
         return true;
     }
     if (ck->ncwait == ck->cwcap) {
@@ -980,6 +980,19 @@ static void *ck_thread(void *arg)
         free(batch);
         reply_creates(ck, cw, ncw, rc, err); /* all made before the snapshot: in it */
         free(cw);
+        /* Creates parked during the write whose variable the snapshot held anyway. */
+        pthread_mutex_lock(&ck->lock);
+        size_t kept = 0, ndone = 0;
+        create_wait done[16];
+        for (size_t i = 0; i < ck->ncwait; i++) {
+            if (rc == 0 && ck->cwait[i].gen <= ck->durable_gen && ndone < 16)
+                done[ndone++] = ck->cwait[i];
+            else
+                ck->cwait[kept++] = ck->cwait[i];
+        }
+        ck->ncwait = kept;
+        pthread_mutex_unlock(&ck->lock);
+        reply_creates(ck, done, ndone, 0, "");
         pthread_mutex_lock(&ck->lock);
     }
     pthread_mutex_unlock(&ck->lock);

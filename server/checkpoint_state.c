@@ -94,9 +94,9 @@ int ckpt_record_write(const char *dir, uint32_t task, const ckpt_record *r, char
     if (task_path(p, sizeof(p), dir, ".state-", task) != 0 ||
         (size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", p) >= sizeof(tmp))
         return errf(err, errlen, "checkpoint-dir is too long (%zu bytes)", strlen(dir));
-    int n = snprintf(line, sizeof(line), "%s pid=%ld checkpoint=%" PRIu64 " versions=%" PRIu64 "\n",
-                     r->state == CKPT_STOP_CLEAN ? "clean" : "running", r->pid, r->seq,
-                     r->versions);
+    int n =
+        snprintf(line, sizeof(line), "%s pid=%ld checkpoint=%" PRIu64 " versions=%" PRIu64 "\n",
+                 r->state == CKPT_STOP_CLEAN ? "clean" : "running", r->pid, r->seq, r->versions);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
@@ -112,6 +112,9 @@ int ckpt_record_write(const char *dir, uint32_t task, const ckpt_record *r, char
         unlink(tmp);
         return errf(err, errlen, "cannot rename %s to %s: %s", tmp, p, strerror(e));
     }
+    char legacy[4200]; /* an older release's marker: this record supersedes it */
+    if (task_path(legacy, sizeof(legacy), dir, ".running-", task) == 0)
+        unlink(legacy);
     return 0;
 }
 
@@ -149,8 +152,9 @@ bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored,
                                 : "; it had shut down cleanly after writing it";
     if (!restored) {
         if (last->seq == 0 && !crashed) {
-            snprintf(msg, cap, "ps %u starts empty, as the previous one left it (it wrote no "
-                               "checkpoint and shut down cleanly)",
+            snprintf(msg, cap,
+                     "ps %u starts empty, as the previous one left it (it wrote no "
+                     "checkpoint and shut down cleanly)",
                      task);
             return false;
         }
@@ -162,8 +166,8 @@ bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored,
             return true;
         }
         snprintf(msg, cap,
-                 "ps %u starts empty, but the previous one wrote checkpoint %" PRIu64
-                 " (%" PRIu64 " updates, as shard versions) and it is gone: all of them are "
+                 "ps %u starts empty, but the previous one wrote checkpoint %" PRIu64 " (%" PRIu64
+                 " updates, as shard versions) and it is gone: all of them are "
                  "lost%s",
                  task, last->seq, last->versions, after);
         return true;

@@ -203,7 +203,7 @@ static void test_rpc_then_sigkill(void **state)
     assert_non_null(v);
     for (int r = 0; r < 3; r++)
         test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 2); /* 1 made ck/b durable at its creation */
+    checkpoint_ok(&p, 2);       /* 1 made ck/b durable at its creation */
     for (int r = 0; r < 2; r++) /* after the checkpoint: lost with the SIGKILL */
         test_push_const(c, v, N, 1.0f);
     test_expect_all(c, "ck/b", N, -5.0f);
@@ -690,9 +690,8 @@ static void test_incurable_errors_exit_2(void **state)
         ckpt_file(path, sizeof(path), p.dir, seq);
         corrupt_byte(path);
     }
-    pid = test_server_spawn(server_bin, p.spec, 0, (const char *const[]){"--checkpoint-dir",
-                                                                         p.dir, NULL},
-                            p.log);
+    pid = test_server_spawn(server_bin, p.spec, 0,
+                            (const char *const[]){"--checkpoint-dir", p.dir, NULL}, p.log);
     assert_int_equal(test_wait_exit(pid, 20000), 2);
     assert_true(test_file_contains(p.log, "no valid checkpoint of ps 0 in"));
     assert_true(test_file_contains(p.log, "move the unusable files out of the directory"));
