@@ -565,10 +565,22 @@ typedef struct full_disk {
     bool mounted;
 } full_disk;
 
+static char mounted_dir[300]; /* unmounted by the test's teardown, even after a failure */
+
+static int unmount_full_disk(void **state)
+{
+    (void)state;
+    if (mounted_dir[0])
+        umount2(mounted_dir, MNT_DETACH);
+    mounted_dir[0] = '\0';
+    return 0;
+}
+
 static void disk_fill(full_disk *d)
 {
     d->mounted = mount("tmpfs", d->dir, "tmpfs", 0, "size=1m") == 0;
     if (d->mounted) {
+        snprintf(mounted_dir, sizeof(mounted_dir), "%s", d->dir);
         fprintf(stderr, "full disk: a 1 MiB tmpfs on %s\n", d->dir);
         return;
     }
@@ -657,8 +669,10 @@ static void test_failing_checkpoints_visible(void **state)
     free(body);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
-    if (d.mounted)
+    if (d.mounted) {
         assert_int_equal(umount(d.dir), 0);
+        mounted_dir[0] = '\0';
+    }
     test_ps_cleanup(&p);
 }
 
@@ -711,7 +725,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_loss_report_follows_restore),
         cmocka_unit_test(test_second_server_refused),
         cmocka_unit_test(test_durable_from_creation),
-        cmocka_unit_test(test_failing_checkpoints_visible),
+        cmocka_unit_test_teardown(test_failing_checkpoints_visible, unmount_full_disk),
         cmocka_unit_test(test_incurable_errors_exit_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
