@@ -43,6 +43,7 @@ typedef struct snap_var {
     int32_t staleness;
     uint32_t nslots, has_agg;
     int32_t agg_count;
+    bool initial;    /* never updated: its values are its spec's initializer's (no data) */
     float *data;     /* params, slots, then the aggregate if has_agg */
     size_t data_cap; /* floats allocated */
     uint64_t agg_workers[AGG_WORDS];
@@ -138,7 +139,10 @@ static int snap_reserve(snap_var *sv, const variable *v)
 {
     /* Outside the variable's locks: agg_ready, not agg, may be read (a hint: snap_copy grows
      * the buffer if the aggregate was made meanwhile). */
-    size_t need = var_floats(v, v->staleness == 0 || atomic_load(&v->agg_ready));
+    bool agg = v->staleness == 0 || atomic_load(&v->agg_ready);
+    if (atomic_load(&v->version) == 0 && !atomic_load(&v->agg_ready))
+        return 0; /* likely still initial (snap_copy allocates if not) */
+    size_t need = var_floats(v, agg);
     if (need == 0)
         need = 1;
     if (sv->data_cap >= need)
@@ -159,7 +163,10 @@ static int snap_copy(snap_var *sv, variable *v)
 {
     variable_lock_all(v);
     uint32_t has_agg = v->agg != NULL;
-    size_t need = var_floats(v, has_agg);
+    /* Never updated (no push, no BSP contribution): its values are the initializer's, which
+     * the restore makes again from the spec. A checkpoint made for a create is then small. */
+    sv->initial = atomic_load(&v->version) == 0 && !has_agg;
+    size_t need = sv->initial ? 0 : var_floats(v, has_agg);
     if (sv->data_cap < need || sv->data == NULL) {
         free(sv->data);
         sv->data = malloc((need ? need : 1) * sizeof(float));
@@ -169,7 +176,7 @@ static int snap_copy(snap_var *sv, variable *v)
         variable_unlock_all(v);
         return -1;
     }
-    size_t n = (size_t)v->count;
+    size_t n = sv->initial ? 0 : (size_t)v->count;
     memcpy(sv->data, v->params, n * sizeof(float));
     for (size_t i = 0; i < v->nslots; i++)
         memcpy(sv->data + (1 + i) * n, v->slots[i], n * sizeof(float));
@@ -394,6 +401,14 @@ static int w_u64(writer *w, uint64_t x)
     return w_put(w, &x, 8);
 }
 
+static int w_rec_begin_flags(writer *w, uint32_t type, uint32_t flags, uint64_t len)
+{
+    w->crc = crc32(0L, Z_NULL, 0);
+    if (w_u32(w, type) || w_u32(w, flags) || w_u64(w, len))
+        return -1;
+    return 0;
+}
+
 static int w_rec_begin(writer *w, uint32_t type, uint64_t len)
 {
     w->crc = crc32(0L, Z_NULL, 0);
@@ -416,6 +431,8 @@ static uint64_t var_meta_len(const snap_var *sv)
 static uint64_t var_payload_len(const snap_var *sv)
 {
     uint64_t n = 4 + var_meta_len(sv);
+    if (sv->initial)
+        return n;
     n += sv->count * 4 * (1 + sv->nslots + sv->has_agg);
     if (sv->has_agg)
         n += AGG_WORDS * 8;
@@ -425,15 +442,16 @@ static uint64_t var_payload_len(const snap_var *sv)
 static int write_var(writer *w, const snap_var *sv)
 {
     uint64_t len = var_payload_len(sv);
-    if (w_rec_begin(w, CKPT_REC_VARIABLE, len))
+    if (w_rec_begin_flags(w, CKPT_REC_VARIABLE, sv->initial ? CKPT_VAR_INITIAL : 0, len))
         return -1;
     uint32_t meta = (uint32_t)var_meta_len(sv);
     int rc = w_u32(w, meta) || w_u64(w, sv->numel) || w_u64(w, sv->offset) || w_u64(w, sv->count) ||
              w_u64(w, sv->version) || w_u32(w, (uint32_t)sv->staleness) || w_u32(w, sv->nslots) ||
              w_u32(w, sv->has_agg) || w_u32(w, (uint32_t)sv->agg_count) ||
              w_u32(w, sv->has_agg ? AGG_WORDS : 0) || w_u32(w, (uint32_t)sv->spec_len) ||
-             w_put(w, sv->spec, sv->spec_len) ||
-             w_put(w, sv->data, (size_t)sv->count * 4 * (1 + sv->nslots + sv->has_agg));
+             w_put(w, sv->spec, sv->spec_len);
+    if (rc == 0 && !sv->initial)
+        rc = w_put(w, sv->data, (size_t)sv->count * 4 * (1 + sv->nslots + sv->has_agg));
     if (rc == 0 && sv->has_agg)
         rc = w_put(w, sv->agg_workers, AGG_WORDS * 8);
     if (rc == 0)
@@ -1154,8 +1172,12 @@ static void loaded_free(loaded *l)
     memset(l, 0, sizeof(*l));
 }
 
-static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
+static int read_var(reader *r, const server_state *st, uint32_t flags, uint64_t len, loaded *l)
 {
+    bool initial = (flags & CKPT_VAR_INITIAL) != 0;
+    if ((flags & ~(uint32_t)CKPT_VAR_INITIAL) != 0)
+        return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": unknown flags %08x",
+                    r->pos, flags);
     uint32_t meta;
     if (r_u32(r, &meta, "a variable record") != 0)
         return -1;
@@ -1183,8 +1205,9 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     memcpy(&spec_len, m + 52, 4);
     if (spec_len != meta - 56 || nslots > OPTIMIZER_MAX_SLOTS || has_agg > 1 ||
         (has_agg && agg_words != AGG_WORDS) || offset > numel || count > numel - offset ||
-        len != 4 + (uint64_t)meta + count * 4 * (1 + nslots + has_agg) +
-                   (has_agg ? (uint64_t)agg_words * 8 : 0)) {
+        (initial && (has_agg || version != 0 || len != 4 + (uint64_t)meta)) ||
+        (!initial && len != 4 + (uint64_t)meta + count * 4 * (1 + nslots + has_agg) +
+                                (has_agg ? (uint64_t)agg_words * 8 : 0))) {
         free(m);
         return errf(r->err, r->errlen,
                     "variable record ending at byte %" PRIu64 ": inconsistent sizes", r->pos);
@@ -1194,7 +1217,9 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     if (spec == NULL)
         return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": bad spec", r->pos);
     char verr[512];
-    variable *v = variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
+    /* An initial one is made again by its initializer (a pure function of the spec). */
+    variable *v = initial ? variable_create(spec, numel, offset, count, verr, sizeof(verr))
+                          : variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
     int rc = 0;
     if (v == NULL)
         rc = errf(r->err, r->errlen, "variable \"%s\": %s", spec->name, verr);
@@ -1222,6 +1247,8 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     l->vars[l->nvars++] = v; /* freed with l from here on */
     atomic_store(&v->version, version);
     v->staleness = (int32_t)stal;
+    if (initial)
+        return 0;
     if (r_get(r, v->params, (size_t)count * 4, "parameters"))
         return -1;
     for (size_t i = 0; i < nslots; i++)
@@ -1273,9 +1300,9 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
         errf(err, errlen, "bad header CRC");
         goto out;
     }
-    if (ver != CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
-        errf(err, errlen, "format version %u (header %u bytes); this server reads version %u", ver,
-             hsize, CKPT_FORMAT_VERSION);
+    if (ver < CKPT_FORMAT_OLDEST || ver > CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
+        errf(err, errlen, "format version %u (header %u bytes); this server reads versions %u to %u",
+             ver, hsize, CKPT_FORMAT_OLDEST, CKPT_FORMAT_VERSION);
         goto out;
     }
     if (nserv != st->num_servers || task != st->task_index) {
@@ -1302,7 +1329,7 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
             r_u64(&r, &len, "a record header"))
             goto out;
         if (type == CKPT_REC_VARIABLE) {
-            if (read_var(&r, st, len, l))
+            if (read_var(&r, st, flags, len, l))
                 goto out;
         } else if (type == CKPT_REC_DEDUP) {
             uint32_t words, pad;

@@ -5,11 +5,13 @@
  * the exactly-once dedup windows, so that a push resent after a restore is still dropped.
  *
  * File `ckpt-<task>-<seq>.psc` in the checkpoint directory, little-endian:
- *   header (64 bytes): magic "PSDCKPT\0", u32 format version (1), u32 header size (64),
+ *   header (64 bytes): magic "PSDCKPT\0", u32 format version (2; 1 is read too: it has no
+ *     CKPT_VAR_INITIAL records), u32 header size (64),
  *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
  *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
- *   records: u32 type, u32 flags (0), u64 payload length, payload, u32 CRC-32 of type, flags,
- *     length and payload. Types: 1 variable, 2 dedup table, 3 clock table, 4 end (payload:
+ *   records: u32 type, u32 flags (0 but for a variable record's CKPT_VAR_INITIAL), u64 payload
+ *     length, payload, u32 CRC-32 of type, flags, length and payload. Types: 1 variable, 2
+ *     dedup table, 3 clock table, 4 end (payload:
  *     u64 records before it, u64 sum of their payload lengths). A file without its end
  *     record is truncated.
  * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
@@ -28,10 +30,16 @@
 #include "server.h"
 
 #define CKPT_MAGIC "PSDCKPT"
-#define CKPT_FORMAT_VERSION 1u
+#define CKPT_FORMAT_VERSION 2u
+#define CKPT_FORMAT_OLDEST 1u /* the oldest version read */
 #define CKPT_HEADER_SIZE 64u
 
 enum { CKPT_REC_VARIABLE = 1, CKPT_REC_DEDUP = 2, CKPT_REC_SYNC = 3, CKPT_REC_END = 4 };
+/* Flags of a variable record: INITIAL, never updated (version 0, no BSP aggregate): the
+ * payload is the meta part alone, and the restore fills the values with the spec's
+ * initializer (deterministic: a pure function of the spec), so that the checkpoint made for a
+ * create costs the spec, not the shard. */
+enum { CKPT_VAR_INITIAL = 1 };
 
 typedef struct checkpoint_config {
     const char *dir;          /* "" or NULL: checkpoints off */

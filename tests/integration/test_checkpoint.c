@@ -558,11 +558,13 @@ static void test_durable_from_creation(void **state)
     test_ps_cleanup(&p);
 }
 
-/* A full disk under dir: a 1 MiB tmpfs mounted on it (root), else (no mount allowed) the
- * directory swapped for a regular file, so that writes fail alike. */
+/* A full disk under dir: a 1 MiB tmpfs mounted on it before the server starts (root:
+ * disk_mount), room for small checkpoints only; else (no mount allowed) the directory swapped
+ * for a regular file once the server runs (disk_fill), so that writes fail alike. */
 typedef struct full_disk {
     char dir[300], moved[320];
     bool mounted;
+    int mount_errno;
 } full_disk;
 
 static char mounted_dir[300]; /* unmounted by the test's teardown, even after a failure */
@@ -576,16 +578,22 @@ static int unmount_full_disk(void **state)
     return 0;
 }
 
-static void disk_fill(full_disk *d)
+static void disk_mount(full_disk *d)
 {
     d->mounted = mount("tmpfs", d->dir, "tmpfs", 0, "size=1m") == 0;
+    d->mount_errno = errno;
     if (d->mounted) {
         snprintf(mounted_dir, sizeof(mounted_dir), "%s", d->dir);
         fprintf(stderr, "full disk: a 1 MiB tmpfs on %s\n", d->dir);
-        return;
     }
+}
+
+static void disk_fill(full_disk *d)
+{
+    if (d->mounted)
+        return;
     fprintf(stderr, "cannot mount a tmpfs (%s): %s replaced by a regular file instead\n",
-            strerror(errno), d->dir);
+            strerror(d->mount_errno), d->dir);
     snprintf(d->moved, sizeof(d->moved), "%s.moved", d->dir);
     assert_int_equal(rename(d->dir, d->moved), 0);
     FILE *f = fopen(d->dir, "w");
@@ -620,7 +628,7 @@ static void test_failing_checkpoints_visible(void **state)
     full_disk d = {0};
     snprintf(d.dir, sizeof(d.dir), "%s/ck", p.dir);
     assert_int_equal(mkdir(d.dir, 0755), 0);
-    disk_fill(&d);
+    disk_mount(&d);
     int hport = test_free_port();
     char haddr[64];
     snprintf(haddr, sizeof(haddr), "127.0.0.1:%d", hport);
@@ -634,13 +642,19 @@ static void test_failing_checkpoints_visible(void **state)
     free(body);
     ps_client *c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
-    size_t big = 1u << 20; /* 4 MiB: no room for its checkpoint */
+    /* 4 MiB: its first checkpoint holds only its spec (never updated), the next its values,
+     * for which the disk has no room. */
+    size_t big = 1u << 20;
+    ps_var *v = test_make_var(c, "ck/full", big);
+    assert_non_null(v);
+    test_push_const(c, v, big, 1.0f);
+    disk_fill(&d);
     ps_var_spec s;
-    ps_var_spec_init(&s, "ck/full");
+    ps_var_spec_init(&s, "ck/next");
     s.ndims = 1;
-    s.dims[0] = big;
-    ps_var *v;
-    assert_int_equal(ps_var_create(c, &s, &v), PS_UNAVAILABLE);
+    s.dims[0] = 4;
+    ps_var *v2;
+    assert_int_equal(ps_var_create(c, &s, &v2), PS_UNAVAILABLE);
     fprintf(stderr, "create on a full disk: %s\n", ps_last_error());
     assert_non_null(strstr(ps_last_error(), "is not durable"));
     assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
@@ -655,15 +669,15 @@ static void test_failing_checkpoints_visible(void **state)
     assert_int_equal(ps_server_checkpoint_status(c, 0, &ck), PS_OK);
     assert_true(ck.enabled);
     assert_true(ck.failures >= 1 && ck.failures_in_row >= 1);
-    assert_int_equal(ck.last_seq, 0);
+    assert_int_equal(ck.last_seq, 1); /* ck/full's creation */
     assert_true(strstr(ck.last_error, d.mounted ? "No space left on device" : "Not a directory") !=
                 NULL);
     /* Room again: the create is retried, durable, and the failures in a row are over. */
     disk_free(&d);
-    assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    assert_int_equal(ps_var_create(c, &s, &v2), PS_OK);
     assert_int_equal(ps_server_checkpoint_status(c, 0, &ck), PS_OK);
     assert_int_equal(ck.failures_in_row, 0);
-    assert_true(ck.last_seq >= 1);
+    assert_true(ck.last_seq >= 2);
     assert_int_equal(test_http_get(hport, "/readyz", &body), 200);
     assert_string_equal(body, "ready\n");
     free(body);

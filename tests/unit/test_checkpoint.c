@@ -282,6 +282,55 @@ static void test_corruption_falls_back(void **state)
     state_fini(&st);
 }
 
+/* A variable never updated is stored as its spec; the restore makes the same values again. */
+static void test_initial_variable_is_its_spec(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {NEL};
+    spec.name = "init/normal";
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_ADAM;
+    spec.learning_rate = 0.01;
+    spec.beta1 = 0.9;
+    spec.beta2 = 0.999;
+    spec.epsilon = 1e-8;
+    spec.initializer = PSD__V1__INITIALIZER__INIT_NORMAL;
+    spec.init_a = 0.0;
+    spec.init_b = 1.0;
+    spec.seed = 9;
+    spec.staleness = -1;
+    spec.num_servers = 1;
+    char err[256];
+    variable *v = variable_create(&spec, NEL, 0, NEL, err, sizeof(err));
+    if (v == NULL)
+        fail_msg("variable_create: %s", err);
+    assert_ptr_equal(store_insert(st.vars, v), v);
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    assert_true(info.bytes < 1024); /* not the 3 * 4000 bytes of values and slots */
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    expect_same_var(&st, &back, "init/normal");
+    state_fini(&back);
+    /* Once updated, its values are written. */
+    v->params[7] += 1.0f;
+    atomic_store(&v->version, 1);
+    clear_dir();
+    write_one(&st, 2, &info);
+    assert_true(info.bytes > 3 * NEL * sizeof(float));
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    expect_same_var(&st, &back, "init/normal");
+    state_fini(&back);
+    state_fini(&st);
+}
+
 static void test_lock_and_record(void **state)
 {
     (void)state;
@@ -357,6 +406,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corruption_falls_back),
+        cmocka_unit_test(test_initial_variable_is_its_spec),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
     };
