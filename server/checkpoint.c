@@ -1218,8 +1218,9 @@ static int read_var(reader *r, const server_state *st, uint32_t flags, uint64_t 
         return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": bad spec", r->pos);
     char verr[512];
     /* An initial one is made again by its initializer (a pure function of the spec). */
-    variable *v = initial ? variable_create(spec, numel, offset, count, verr, sizeof(verr))
-                          : variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
+    variable *v = initial
+                      ? variable_create(spec, numel, offset, count, verr, sizeof(verr))
+                      : variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
     int rc = 0;
     if (v == NULL)
         rc = errf(r->err, r->errlen, "variable \"%s\": %s", spec->name, verr);
@@ -1301,8 +1302,9 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
         goto out;
     }
     if (ver < CKPT_FORMAT_OLDEST || ver > CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
-        errf(err, errlen, "format version %u (header %u bytes); this server reads versions %u to %u",
-             ver, hsize, CKPT_FORMAT_OLDEST, CKPT_FORMAT_VERSION);
+        errf(err, errlen,
+             "format version %u (header %u bytes); this server reads versions %u to %u", ver, hsize,
+             CKPT_FORMAT_OLDEST, CKPT_FORMAT_VERSION);
         goto out;
     }
     if (nserv != st->num_servers || task != st->task_index) {
