@@ -759,6 +759,37 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
     return rc;
 }
 
+int ps_server_checkpoint_status(ps_client *c, int server, ps_checkpoint_status *out)
+{
+    clear_error();
+    if (c == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_server_checkpoint_status: NULL argument");
+    if (server < 0 || server >= c->nservers)
+        return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d", server,
+                           c->nservers);
+    Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    req.max_variables = 1; /* the counters are wanted, not the variables */
+    ProtobufCMessage *reply = NULL;
+    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                          &psd__v1__server_status_reply__descriptor, &reply);
+    if (rc == PS_OK) {
+        const Psd__V1__CheckpointStatus *k =
+            ((const Psd__V1__ServerStatusReply *)reply)->checkpoint;
+        memset(out, 0, sizeof(*out));
+        if (k) {
+            out->enabled = true;
+            out->last_seq = k->last_seq;
+            out->age_ms = k->age_ms;
+            out->failures = k->failures;
+            out->failures_in_row = k->failures_in_row;
+            snprintf(out->last_error, sizeof(out->last_error), "%s",
+                     k->last_error ? k->last_error : "");
+        }
+    }
+    client_free_replies(&reply, 1);
+    return rc;
+}
+
 int ps_cluster_workers_live(ps_client *c, int n, unsigned char *live)
 {
     clear_error();

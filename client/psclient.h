@@ -410,6 +410,19 @@ typedef struct ps_server_stats {
 /* Asks server `server` (0..num_servers-1) for its counters. Blocks. */
 int ps_server_status(ps_client *c, int server, ps_server_stats *out);
 
+/* How a server's checkpoints fare (ps_server_checkpoint_status). */
+typedef struct ps_checkpoint_status {
+    bool enabled;             /* false: the server has no checkpoint-dir (the rest is 0) */
+    uint64_t last_seq;        /* newest durable checkpoint, restored or written (0: none) */
+    uint64_t age_ms;          /* since the newest it wrote (since its start if none yet) */
+    uint64_t failures;        /* checkpoints failed since it started */
+    uint64_t failures_in_row; /* failed since the last success */
+    char last_error[512];     /* the newest failure's message ("" if none) */
+} ps_checkpoint_status;
+
+/* Asks server `server` how its checkpoints fare. Blocks. */
+int ps_server_checkpoint_status(ps_client *c, int server, ps_checkpoint_status *out);
+
 /* Which workers the servers count as live: live[i] (i < n) is set to 1 when worker i is live
  * (heard from within the liveness timeout, not evicted, not finished: ps_worker_finished) on
  * at least one server, else 0. Asks every server. Blocks. */

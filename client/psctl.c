@@ -95,7 +95,19 @@ static int cmd_status(ps_client *c)
     if (st == NULL)
         return fail("status", PS_RESOURCE_EXHAUSTED);
     int rc = get_all_status(c, n, st);
+    ps_checkpoint_status *ck = rc == 0 ? calloc((size_t)n, sizeof(*ck)) : NULL;
+    if (rc == 0 && ck == NULL)
+        rc = fail("status", PS_RESOURCE_EXHAUSTED);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        int r = ps_server_checkpoint_status(c, i, &ck[i]);
+        if (r != PS_OK) {
+            char what[64];
+            snprintf(what, sizeof(what), "checkpoint status of ps %d", i);
+            rc = fail(what, r);
+        }
+    }
     if (rc != 0) {
+        free(ck);
         free(st);
         return rc;
     }
@@ -122,11 +134,21 @@ static int cmd_status(ps_client *c)
                    ",\"duplicates_dropped\":%" PRIu64 ",\"bytes_in\":%" PRIu64
                    ",\"bytes_out\":%" PRIu64 ",\"variables\":%" PRIu32 ",\"bytes_held\":%" PRIu64
                    ",\"min_clock\":%" PRId64 ",\"live_workers\":%" PRIu32 ",\"evictions\":%" PRIu64
-                   ",\"staleness_max\":%" PRId64 "}",
+                   ",\"staleness_max\":%" PRId64,
                    i ? "," : "", s->task_index, s->uptime_ms, s->requests, s->errors,
                    s->updates_applied, s->duplicates_dropped, s->bytes_in, s->bytes_out,
                    s->num_variables, s->bytes_held, s->min_clock, s->live_workers, s->evictions,
                    s->staleness.max);
+            const ps_checkpoint_status *k = &ck[i];
+            if (!k->enabled) {
+                printf(",\"checkpoint\":null}");
+                continue;
+            }
+            printf(",\"checkpoint\":{\"last_seq\":%" PRIu64 ",\"age_ms\":%" PRIu64
+                   ",\"failures\":%" PRIu64 ",\"failures_in_row\":%" PRIu64 ",\"last_error\":",
+                   k->last_seq, k->age_ms, k->failures, k->failures_in_row);
+            json_str(stdout, k->last_error);
+            printf("}}");
         }
         printf("],\"slowest_worker\":");
         if (slow < 0)
@@ -153,7 +175,23 @@ static int cmd_status(ps_client *c)
                    " clocks behind the most advanced server's slowest\n",
                    st[slow].min_clock, slow, fastest_min - st[slow].min_clock);
         printf("staleness max: %" PRId64 " clocks\n", stale_max);
+        for (int i = 0; i < n; i++) {
+            const ps_checkpoint_status *k = &ck[i];
+            if (!k->enabled)
+                printf("ps %d checkpoints: off (no checkpoint-dir)\n", i);
+            else if (k->failures_in_row > 0)
+                printf("ps %d checkpoints: FAILING, %" PRIu64 " in a row (%" PRIu64
+                       " since start); newest durable %" PRIu64 ", %.1f s since the last "
+                       "written; last error: %s\n",
+                       i, k->failures_in_row, k->failures, k->last_seq, (double)k->age_ms / 1000.0,
+                       k->last_error);
+            else
+                printf("ps %d checkpoints: ok, newest %" PRIu64 ", %.1f s since the last written; "
+                       "%" PRIu64 " failed since start\n",
+                       i, k->last_seq, (double)k->age_ms / 1000.0, k->failures);
+        }
     }
+    free(ck);
     free(st);
     return 0;
 }

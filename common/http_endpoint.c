@@ -64,7 +64,7 @@ typedef struct http_conn {
     size_t head_len, head_off;
     const char *body; /* into small[] or shared->data */
     size_t body_len, body_off;
-    char small[320];
+    char small[1200];
     http_body *shared;
 } http_conn;
 
@@ -85,6 +85,8 @@ struct http_endpoint {
     http_body *metrics;       /* the newest rendered text, or NULL */
     int old_bodies;           /* older texts still being sent */
     uint64_t refused, evicted, full_logged_ns, fd_fail, fd_logged_ns;
+    http_detail_fn detail_fn;
+    void *detail_arg;
 };
 
 static void body_release(http_endpoint *e, http_body *b)
@@ -249,18 +251,24 @@ static void handle_request(http_endpoint *e, http_conn *c, size_t hlen, uint64_t
     if (strcmp(target, "/livez") == 0) {
         respond_text(c, 200, "OK", "ok", head, now);
     } else if (strcmp(target, "/readyz") == 0) {
-        char why[256] = "";
+        /* The readiness line, then a health detail that does not change it (e.g. that
+         * checkpoints fail) on a second line. */
+        char why[256] = "", detail[768] = "", text[1100];
         pthread_mutex_lock(&e->lock);
         bool ready = e->ready;
         if (e->ready_fn)
             ready = e->ready_fn(e->ready_arg, why, sizeof(why));
         else
             snprintf(why, sizeof(why), "%s", e->reason);
+        if (e->detail_fn)
+            e->detail_fn(e->detail_arg, detail, sizeof(detail));
         pthread_mutex_unlock(&e->lock);
+        snprintf(text, sizeof(text), "%s%s%s", ready ? "ready" : why, detail[0] ? "\n" : "",
+                 detail);
         if (ready)
-            respond_text(c, 200, "OK", "ready", head, now);
+            respond_text(c, 200, "OK", text, head, now);
         else
-            respond_text(c, 503, "Service Unavailable", why, head, now);
+            respond_text(c, 503, "Service Unavailable", text, head, now);
     } else if (strcmp(target, "/metrics") == 0) {
         http_body *b = metrics_body(e, now);
         if (b == NULL) {
@@ -606,6 +614,16 @@ void http_endpoint_set_ready_fn(http_endpoint *e, http_ready_fn fn, void *arg)
     pthread_mutex_lock(&e->lock);
     e->ready_fn = fn;
     e->ready_arg = arg;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void http_endpoint_set_detail_fn(http_endpoint *e, http_detail_fn fn, void *arg)
+{
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->detail_fn = fn;
+    e->detail_arg = arg;
     pthread_mutex_unlock(&e->lock);
 }
 

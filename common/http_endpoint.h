@@ -5,7 +5,9 @@
  *   GET /metrics  the metrics registry (metrics.h) in the Prometheus text format
  *   GET /livez    200 "ok" while the process runs
  *   GET /readyz   200 "ready" once the program says so (http_endpoint_set_ready), else 503 and
- *                 the reason it gave (e.g. "restoring checkpoint", "not connected yet") */
+ *                 the reason it gave (e.g. "restoring checkpoint", "not connected yet"); a
+ *                 second line carries a health detail when there is one
+ *                 (http_endpoint_set_detail_fn), e.g. that checkpoints fail */
 #ifndef PSD_COMMON_HTTP_ENDPOINT_H
 #define PSD_COMMON_HTTP_ENDPOINT_H
 
@@ -29,6 +31,12 @@ void http_endpoint_set_ready(http_endpoint *e, bool ready, const char *reason);
  * to why (cap bytes). fn runs on an nng thread; it replaces set_ready's state while set. */
 typedef bool (*http_ready_fn)(void *arg, char *why, size_t cap);
 void http_endpoint_set_ready_fn(http_endpoint *e, http_ready_fn fn, void *arg);
+
+/* Has /readyz ask fn for a health detail that does not change readiness (e.g. "checkpoints
+ * failing: ..."): fn writes it to buf (cap bytes; leave it "" for none). fn runs on an nng
+ * thread. NULL fn removes it. NULL-safe. */
+typedef void (*http_detail_fn)(void *arg, char *buf, size_t cap);
+void http_endpoint_set_detail_fn(http_endpoint *e, http_detail_fn fn, void *arg);
 
 /* Stops serving and frees it. NULL is a no-op. */
 void http_endpoint_stop(http_endpoint *e);

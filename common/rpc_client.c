@@ -88,6 +88,9 @@ struct rpc_conn {
     bool tls;
     atomic_uint pipes_added, pipes_removed; /* TLS connections made and lost (hint below) */
     struct dial_state *dials;               /* one per socket, the argument of conn_pipe_cb */
+    /* Envelope.server_instance of the first reply and of the latest (conn_note_instance). */
+    _Atomic uint64_t first_instance, last_instance;
+    bool log_restarts; /* cfg->watch: this connection says when the server restarted */
 };
 
 /* One socket's dialer, its connections and (TLS) its refusals in a row (conn_pipe_cb). */
@@ -106,6 +109,32 @@ static void conn_name(const rpc_conn *c, char *buf, size_t cap)
         snprintf(buf, cap, "%s (%s)", c->label, c->url);
     else
         snprintf(buf, cap, "%s", c->url);
+}
+
+/* Notes the server process (Envelope.server_instance, 0: a server that does not say) of a
+ * reply. Returns true when it is another process than the one that answered this
+ * connection's first reply: the server restarted meanwhile, and lost what it had not
+ * checkpointed. The first reply of a new process is logged (log_restarts). */
+static bool conn_note_instance(rpc_conn *c, uint64_t instance)
+{
+    if (instance == 0)
+        return false;
+    uint64_t first = 0;
+    if (atomic_compare_exchange_strong(&c->first_instance, &first, instance)) {
+        atomic_store(&c->last_instance, instance);
+        return false;
+    }
+    if (first == instance)
+        return false;
+    uint64_t prev = atomic_exchange(&c->last_instance, instance);
+    if (prev != instance && c->log_restarts) {
+        char name[340];
+        conn_name(c, name, sizeof(name));
+        log_warn("%s restarted: its replies now come from a new server process (instance "
+                 "%016llx, before %016llx); what it applied after its last checkpoint is lost",
+                 name, (unsigned long long)instance, (unsigned long long)prev);
+    }
+    return true;
 }
 
 static uint64_t splitmix64(uint64_t *state)
@@ -628,6 +657,7 @@ static void req_cb(void *arg)
             req_finish(r, STATUS_INTERNAL, msg, NULL);
             return;
         }
+        bool restarted = conn_note_instance(r->conn, f.env->server_instance);
         if (f.env->status == STATUS_UNAVAILABLE && r->attempt < r->opts.retries) {
             char why[200];
             snprintf(why, sizeof(why), "UNAVAILABLE: %s",
@@ -646,9 +676,20 @@ static void req_cb(void *arg)
              * connection, resend-ms without a reply) started its wait anew there, so its
              * figure is short of the call's. */
             snprintf(longer, sizeof(longer),
-                     "%s (that is the last of %d attempts: the call waited %.1f s in all)", smsg,
-                     r->sends, (double)(time_now_ns() - r->busy_since_ns) / 1e9);
+                     "%.1000s (that is the last of %d attempts: the call waited %.1f s in all)",
+                     smsg, r->sends, (double)(time_now_ns() - r->busy_since_ns) / 1e9);
             smsg = longer;
+        }
+        char with_restart[1500];
+        if (restarted && f.env->status != STATUS_OK) {
+            /* e.g. a NOT_FOUND for a variable the process before held: say why. */
+            snprintf(with_restart, sizeof(with_restart),
+                     "%.1000s (%s restarted since this client's first call to it: this reply is "
+                     "from a new server process, instance %016llx, which holds only what it "
+                     "restored from its checkpoint, if any)",
+                     smsg, r->conn->label[0] ? r->conn->label : r->conn->url,
+                     (unsigned long long)f.env->server_instance);
+            smsg = with_restart;
         }
         /* Release first: the callback may start follow-up calls on this connection. */
         req_release(r);
@@ -733,6 +774,7 @@ int rpc_conn_open(rpc_conn **out, const rpc_conn_config *cfg, char *err, size_t 
     }
     snprintf(c->url, sizeof(c->url), "%s", cfg->url);
     snprintf(c->label, sizeof(c->label), "%s", cfg->label ? cfg->label : "");
+    c->log_restarts = cfg->watch != 0;
     c->max_message = cfg->max_message;
     c->resend_ms = cfg->resend_ms;
     c->hint = cfg->hint;

@@ -9,6 +9,12 @@
  * A call without a reply for about 2 s is logged (common/log.h) with the server's label,
  * address and the time left of its deadline, and again every 5 s while it waits.
  *
+ * Every reply carries the server process's instance id (Envelope.server_instance): a reply
+ * from another process than the one that sent the connection's first reply means the server
+ * restarted. The change is logged once (connections with `watch`), and an error reply from
+ * the new process has that said in its message (e.g. a NOT_FOUND for a variable the process
+ * before held).
+ *
  * A request is described by a build function rather than a message, so that a retry rebuilds
  * it from the caller's buffers instead of keeping a copy of a possibly large tensor. */
 #ifndef PSD_COMMON_RPC_CLIENT_H

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "checkpoint_state.h"
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
@@ -42,6 +43,7 @@ typedef struct snap_var {
     int32_t staleness;
     uint32_t nslots, has_agg;
     int32_t agg_count;
+    bool initial;    /* never updated: its values are its spec's initializer's (no data) */
     float *data;     /* params, slots, then the aggregate if has_agg */
     size_t data_cap; /* floats allocated */
     uint64_t agg_workers[AGG_WORDS];
@@ -58,7 +60,18 @@ typedef struct snapshot {
     sync_worker_rec *workers;
     size_t nworkers;
     int64_t applied_min;
+    uint64_t create_gen; /* server_state.create_gen when taken: every variable up to it is in */
 } snapshot;
+
+/* A CreateVariable call parked until its variable is durable (checkpointer_await_create). */
+typedef struct create_wait {
+    rpc_call *call;
+    uint64_t gen;
+    uint32_t server;
+    uint64_t offset, count;
+    int32_t staleness;
+    bool created;
+} create_wait;
 
 struct checkpointer {
     server_state *st;
@@ -77,6 +90,14 @@ struct checkpointer {
     pthread_t thread;
     uint64_t last_updates, last_ns;
     size_t last_nvars;
+    create_wait *cwait; /* parked creates, in arrival order */
+    size_t ncwait, cwcap;
+    uint64_t durable_gen; /* create_gen of the newest durable checkpoint */
+    /* Health (checkpointer_health), under lock. */
+    uint64_t start_ns, ok_ns; /* ok_ns: newest written (0: none yet) */
+    uint64_t failures, failures_row;
+    uint64_t durable_seq, durable_versions; /* newest durable checkpoint (restored or written) */
+    char last_error[512];
 };
 
 static _Atomic(checkpointer *) active_ck;
@@ -121,7 +142,10 @@ static int snap_reserve(snap_var *sv, const variable *v)
 {
     /* Outside the variable's locks: agg_ready, not agg, may be read (a hint: snap_copy grows
      * the buffer if the aggregate was made meanwhile). */
-    size_t need = var_floats(v, v->staleness == 0 || atomic_load(&v->agg_ready));
+    bool agg = v->staleness == 0 || atomic_load(&v->agg_ready);
+    if (atomic_load(&v->version) == 0 && !atomic_load(&v->agg_ready))
+        return 0; /* likely still initial (snap_copy allocates if not) */
+    size_t need = var_floats(v, agg);
     if (need == 0)
         need = 1;
     if (sv->data_cap >= need)
@@ -142,7 +166,10 @@ static int snap_copy(snap_var *sv, variable *v)
 {
     variable_lock_all(v);
     uint32_t has_agg = v->agg != NULL;
-    size_t need = var_floats(v, has_agg);
+    /* Never updated (no push, no BSP contribution): its values are the initializer's, which
+     * the restore makes again from the spec. A checkpoint made for a create is then small. */
+    sv->initial = atomic_load(&v->version) == 0 && !has_agg;
+    size_t need = sv->initial ? 0 : var_floats(v, has_agg);
     if (sv->data_cap < need || sv->data == NULL) {
         free(sv->data);
         sv->data = malloc((need ? need : 1) * sizeof(float));
@@ -152,7 +179,7 @@ static int snap_copy(snap_var *sv, variable *v)
         variable_unlock_all(v);
         return -1;
     }
-    size_t n = (size_t)v->count;
+    size_t n = sv->initial ? 0 : (size_t)v->count;
     memcpy(sv->data, v->params, n * sizeof(float));
     for (size_t i = 0; i < v->nslots; i++)
         memcpy(sv->data + (1 + i) * n, v->slots[i], n * sizeof(float));
@@ -261,6 +288,7 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     if (rc == 0) {
         s->workers = sync_export(st, &s->nworkers, &s->applied_min);
     }
+    s->create_gen = atomic_load(&st->create_gen);
     store_thaw(st->vars);
     *pause_ns = time_now_ns() - t0;
     store_list_release(now, nnow);
@@ -381,6 +409,14 @@ static int w_u64(writer *w, uint64_t x)
     return w_put(w, &x, 8);
 }
 
+static int w_rec_begin_flags(writer *w, uint32_t type, uint32_t flags, uint64_t len)
+{
+    w->crc = crc32(0L, Z_NULL, 0);
+    if (w_u32(w, type) || w_u32(w, flags) || w_u64(w, len))
+        return -1;
+    return 0;
+}
+
 static int w_rec_begin(writer *w, uint32_t type, uint64_t len)
 {
     w->crc = crc32(0L, Z_NULL, 0);
@@ -403,6 +439,8 @@ static uint64_t var_meta_len(const snap_var *sv)
 static uint64_t var_payload_len(const snap_var *sv)
 {
     uint64_t n = 4 + var_meta_len(sv);
+    if (sv->initial)
+        return n;
     n += sv->count * 4 * (1 + sv->nslots + sv->has_agg);
     if (sv->has_agg)
         n += AGG_WORDS * 8;
@@ -412,15 +450,16 @@ static uint64_t var_payload_len(const snap_var *sv)
 static int write_var(writer *w, const snap_var *sv)
 {
     uint64_t len = var_payload_len(sv);
-    if (w_rec_begin(w, CKPT_REC_VARIABLE, len))
+    if (w_rec_begin_flags(w, CKPT_REC_VARIABLE, sv->initial ? CKPT_VAR_INITIAL : 0, len))
         return -1;
     uint32_t meta = (uint32_t)var_meta_len(sv);
     int rc = w_u32(w, meta) || w_u64(w, sv->numel) || w_u64(w, sv->offset) || w_u64(w, sv->count) ||
              w_u64(w, sv->version) || w_u32(w, (uint32_t)sv->staleness) || w_u32(w, sv->nslots) ||
              w_u32(w, sv->has_agg) || w_u32(w, (uint32_t)sv->agg_count) ||
              w_u32(w, sv->has_agg ? AGG_WORDS : 0) || w_u32(w, (uint32_t)sv->spec_len) ||
-             w_put(w, sv->spec, sv->spec_len) ||
-             w_put(w, sv->data, (size_t)sv->count * 4 * (1 + sv->nslots + sv->has_agg));
+             w_put(w, sv->spec, sv->spec_len);
+    if (rc == 0 && !sv->initial)
+        rc = w_put(w, sv->data, (size_t)sv->count * 4 * (1 + sv->nslots + sv->has_agg));
     if (rc == 0 && sv->has_agg)
         rc = w_put(w, sv->agg_workers, AGG_WORDS * 8);
     if (rc == 0)
@@ -595,7 +634,7 @@ static void prune(checkpointer *ck)
     free(f);
 }
 
-static int mkdir_p(const char *dir, char *err, size_t errlen)
+int checkpoint_mkdir(const char *dir, char *err, size_t errlen)
 {
     char buf[4096];
     if (snprintf(buf, sizeof(buf), "%s", dir) >= (int)sizeof(buf))
@@ -629,7 +668,7 @@ checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg
         errf(err, errlen, "checkpoints are off: set checkpoint-dir");
         return NULL;
     }
-    if (mkdir_p(cfg->dir, err, errlen) != 0)
+    if (checkpoint_mkdir(cfg->dir, err, errlen) != 0)
         return NULL;
     checkpointer *ck = calloc(1, sizeof(*ck));
     if (ck == NULL || (ck->dir = strdup(cfg->dir)) == NULL) {
@@ -646,7 +685,11 @@ checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg
         cfg->failpoint && strcmp(cfg->failpoint, "checkpoint-crash-mid-write") == 0;
     ck->next_seq = next_seq ? next_seq : 1;
     ck->last_ns = time_now_ns();
+    ck->start_ns = ck->last_ns;
     ck->last_updates = atomic_load(&st->updates_applied);
+    /* Exported from the start, so that an alert on failures or age fires on a server that
+     * never wrote a checkpoint. */
+    metric_add(metrics_counter("psd_checkpoint_failures_total", "Checkpoints that failed."), 0);
     pthread_mutex_init(&ck->write_lock, NULL);
     pthread_mutex_init(&ck->lock, NULL);
     pthread_cond_init(&ck->cond, NULL);
@@ -671,6 +714,52 @@ static void checkpoint_metrics(const checkpoint_info *info, double seconds)
                (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
 }
 
+/* Counts a failed checkpoint and keeps its message for checkpointer_health. */
+static void note_failure(checkpointer *ck, const char *err)
+{
+    metric_inc(metrics_counter("psd_checkpoint_failures_total", "Checkpoints that failed."));
+    pthread_mutex_lock(&ck->lock);
+    ck->failures++;
+    ck->failures_row++;
+    snprintf(ck->last_error, sizeof(ck->last_error), "%s", err);
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_health(checkpointer *ck, checkpoint_health *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (ck == NULL)
+        return;
+    pthread_mutex_lock(&ck->lock);
+    out->failures = ck->failures;
+    out->failures_row = ck->failures_row;
+    out->last_seq = ck->durable_seq;
+    out->age_s = (double)(time_now_ns() - (ck->ok_ns ? ck->ok_ns : ck->start_ns)) * 1e-9;
+    snprintf(out->last_error, sizeof(out->last_error), "%s", ck->last_error);
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_set_restored(checkpointer *ck, uint64_t seq, uint64_t versions)
+{
+    pthread_mutex_lock(&ck->lock);
+    ck->durable_seq = seq;
+    ck->durable_versions = versions;
+    pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_record(checkpointer *ck, bool clean)
+{
+    pthread_mutex_lock(&ck->lock);
+    ckpt_record r = {.state = clean ? CKPT_STOP_CLEAN : CKPT_STOP_RUNNING,
+                     .pid = (long)getpid(),
+                     .seq = ck->durable_seq,
+                     .versions = ck->durable_versions};
+    pthread_mutex_unlock(&ck->lock);
+    char err[600];
+    if (ckpt_record_write(ck->dir, ck->st->task_index, &r, err, sizeof(err)) != 0)
+        log_warn("%s: a restart may misreport what was lost", err);
+}
+
 int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t errlen)
 {
     uint64_t t0 = time_now_ns();
@@ -681,6 +770,7 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     snapshot s;
     uint64_t pause_ns = 0;
     if (snapshot_take(ck->st, &s, &pause_ns, err, errlen) != 0) {
+        note_failure(ck, err);
         pthread_mutex_unlock(&ck->write_lock);
         return -1;
     }
@@ -737,11 +827,19 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     info->variables = (uint32_t)s.nvars;
     info->pause_us = pause_ns / 1000u;
     info->ms = (time_now_ns() - t0) / 1000000u;
+    for (size_t i = 0; i < s.nvars; i++)
+        info->versions += s.vars[i].version;
     pthread_mutex_lock(&ck->lock);
     ck->last_updates = updates;
     ck->last_ns = time_now_ns();
     ck->last_nvars = s.nvars;
+    ck->durable_gen = s.create_gen;
+    ck->ok_ns = ck->last_ns;
+    ck->failures_row = 0;
+    ck->durable_seq = seq;
+    ck->durable_versions = info->versions;
     pthread_mutex_unlock(&ck->lock);
+    checkpointer_record(ck, false);
     checkpoint_metrics(info, (double)(time_now_ns() - t0) * 1e-9);
     log_info("checkpoint %s: %u variables, %" PRIu64 " bytes in %" PRIu64
              " ms; updates paused %.3f ms",
@@ -750,8 +848,10 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
 out:
     if (w.fd >= 0)
         close(w.fd);
-    if (rc != 0)
+    if (rc != 0) {
         unlink(tmp);
+        note_failure(ck, err);
+    }
     free(w.buf);
     snapshot_free(&s);
     pthread_mutex_unlock(&ck->write_lock);
@@ -778,6 +878,83 @@ static void reply_batch(rpc_call **calls, size_t n, int rc, const checkpoint_inf
     }
 }
 
+/* Answers parked creates after a checkpoint: OK for those it holds (rc 0), else UNAVAILABLE
+ * naming the failure (the client's retry parks the create again and so tries once more). */
+static void reply_creates(checkpointer *ck, create_wait *w, size_t n, int rc, const char *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        const Psd__V1__CreateVariableRequest *req = (const void *)rpc_call_body(w[i].call);
+        const char *name = req && req->spec && req->spec->name ? req->spec->name : "?";
+        if (rc == 0) {
+            Psd__V1__CreateVariableReply rep = PSD__V1__CREATE_VARIABLE_REPLY__INIT;
+            Psd__V1__Shard shard = PSD__V1__SHARD__INIT;
+            shard.server = w[i].server;
+            shard.offset = w[i].offset;
+            shard.count = w[i].count;
+            rep.shard = &shard;
+            rep.staleness = w[i].staleness;
+            rep.created = w[i].created;
+            rpc_reply_ok(w[i].call, &rep.base);
+        } else {
+            rpc_reply_error(
+                w[i].call, STATUS_UNAVAILABLE,
+                "variable \"%.200s\" exists on ps %u but is not durable: the checkpoint "
+                "that would hold it failed (%s)",
+                name, ck->st->task_index, err);
+        }
+        rpc_call_resume(w[i].call);
+    }
+}
+
+bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable *v,
+                               const Psd__V1__CreateVariableReply *rep)
+{
+    pthread_mutex_lock(&ck->lock);
+    if (v->create_gen <= ck->durable_gen) {
+        pthread_mutex_unlock(&ck->lock);
+        return false;
+    }
+    if (ck->stop || !ck->running) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server is shutting down before variable \"%.200s\" was durable", v->name);
+        return true;
+    }
+    if (ck->ncwait == ck->cwcap) {
+        size_t nc = ck->cwcap ? 2 * ck->cwcap : 8;
+        create_wait *nw = realloc(ck->cwait, nc * sizeof(*nw));
+        if (nw == NULL) {
+            pthread_mutex_unlock(&ck->lock);
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                            "out of memory waiting for a checkpoint of variable \"%.200s\"",
+                            v->name);
+            return true;
+        }
+        ck->cwait = nw;
+        ck->cwcap = nc;
+    }
+    if (rpc_call_defer(call) != 0) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "variable \"%.200s\" is not durable yet and too many calls wait on this "
+                        "server to wait for its checkpoint: retry",
+                        v->name);
+        return true;
+    }
+    ck->cwait[ck->ncwait++] = (create_wait){
+        .call = call,
+        .gen = v->create_gen,
+        .server = rep->shard ? rep->shard->server : ck->st->task_index,
+        .offset = rep->shard ? rep->shard->offset : 0,
+        .count = rep->shard ? rep->shard->count : 0,
+        .staleness = rep->staleness,
+        .created = rep->created,
+    };
+    pthread_cond_signal(&ck->cond);
+    pthread_mutex_unlock(&ck->lock);
+    return true;
+}
+
 static void *ck_thread(void *arg)
 {
     checkpointer *ck = arg;
@@ -798,6 +975,8 @@ static void *ck_thread(void *arg)
         if (ck->interval_updates > 0 &&
             updates - ck->last_updates >= (uint64_t)ck->interval_updates)
             due = true;
+        if (ck->ncwait > 0)
+            due = true;
         if (ck->nqueue == 0 && !due) {
             if (ck->stop)
                 break;
@@ -815,6 +994,10 @@ static void *ck_thread(void *arg)
         size_t nb = ck->nqueue;
         ck->queue = NULL;
         ck->nqueue = ck->qcap = 0;
+        create_wait *cw = ck->cwait;
+        size_t ncw = ck->ncwait;
+        ck->cwait = NULL;
+        ck->ncwait = ck->cwcap = 0;
         pthread_mutex_unlock(&ck->lock);
         checkpoint_info info;
         char err[1024];
@@ -828,6 +1011,21 @@ static void *ck_thread(void *arg)
         }
         reply_batch(batch, nb, rc, &info, err);
         free(batch);
+        reply_creates(ck, cw, ncw, rc, err); /* all made before the snapshot: in it */
+        free(cw);
+        /* Creates parked during the write whose variable the snapshot held anyway. */
+        pthread_mutex_lock(&ck->lock);
+        size_t kept = 0, ndone = 0;
+        create_wait done[16];
+        for (size_t i = 0; i < ck->ncwait; i++) {
+            if (rc == 0 && ck->cwait[i].gen <= ck->durable_gen && ndone < 16)
+                done[ndone++] = ck->cwait[i];
+            else
+                ck->cwait[kept++] = ck->cwait[i];
+        }
+        ck->ncwait = kept;
+        pthread_mutex_unlock(&ck->lock);
+        reply_creates(ck, done, ndone, 0, "");
         pthread_mutex_lock(&ck->lock);
     }
     pthread_mutex_unlock(&ck->lock);
@@ -902,6 +1100,7 @@ void checkpointer_destroy(checkpointer *ck)
         return;
     checkpointer_stop(ck);
     free(ck->queue);
+    free(ck->cwait);
     free(ck->dir);
     pthread_mutex_destroy(&ck->write_lock);
     pthread_mutex_destroy(&ck->lock);
@@ -991,8 +1190,12 @@ static void loaded_free(loaded *l)
     memset(l, 0, sizeof(*l));
 }
 
-static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
+static int read_var(reader *r, const server_state *st, uint32_t flags, uint64_t len, loaded *l)
 {
+    bool initial = (flags & CKPT_VAR_INITIAL) != 0;
+    if ((flags & ~(uint32_t)CKPT_VAR_INITIAL) != 0)
+        return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": unknown flags %08x",
+                    r->pos, flags);
     uint32_t meta;
     if (r_u32(r, &meta, "a variable record") != 0)
         return -1;
@@ -1020,8 +1223,9 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     memcpy(&spec_len, m + 52, 4);
     if (spec_len != meta - 56 || nslots > OPTIMIZER_MAX_SLOTS || has_agg > 1 ||
         (has_agg && agg_words != AGG_WORDS) || offset > numel || count > numel - offset ||
-        len != 4 + (uint64_t)meta + count * 4 * (1 + nslots + has_agg) +
-                   (has_agg ? (uint64_t)agg_words * 8 : 0)) {
+        (initial && (has_agg || version != 0 || len != 4 + (uint64_t)meta)) ||
+        (!initial && len != 4 + (uint64_t)meta + count * 4 * (1 + nslots + has_agg) +
+                                (has_agg ? (uint64_t)agg_words * 8 : 0))) {
         free(m);
         return errf(r->err, r->errlen,
                     "variable record ending at byte %" PRIu64 ": inconsistent sizes", r->pos);
@@ -1031,7 +1235,10 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     if (spec == NULL)
         return errf(r->err, r->errlen, "variable record at byte %" PRIu64 ": bad spec", r->pos);
     char verr[512];
-    variable *v = variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
+    /* An initial one is made again by its initializer (a pure function of the spec). */
+    variable *v = initial
+                      ? variable_create(spec, numel, offset, count, verr, sizeof(verr))
+                      : variable_create_unfilled(spec, numel, offset, count, verr, sizeof(verr));
     int rc = 0;
     if (v == NULL)
         rc = errf(r->err, r->errlen, "variable \"%s\": %s", spec->name, verr);
@@ -1059,6 +1266,8 @@ static int read_var(reader *r, const server_state *st, uint64_t len, loaded *l)
     l->vars[l->nvars++] = v; /* freed with l from here on */
     atomic_store(&v->version, version);
     v->staleness = (int32_t)stal;
+    if (initial)
+        return 0;
     if (r_get(r, v->params, (size_t)count * 4, "parameters"))
         return -1;
     for (size_t i = 0; i < nslots; i++)
@@ -1140,7 +1349,7 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
             r_u64(&r, &len, "a record header"))
             goto out;
         if (type == CKPT_REC_VARIABLE) {
-            if (read_var(&r, st, len, l))
+            if (read_var(&r, st, flags, len, l))
                 goto out;
         } else if (type == CKPT_REC_DEDUP) {
             uint32_t words, pad;
@@ -1313,6 +1522,9 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
                 off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[i].name, why);
             continue;
         }
+        uint64_t versions = 0;
+        for (size_t k = 0; k < l.nvars; k++)
+            versions += atomic_load(&l.vars[k]->version);
         if (apply_loaded(st, &l, why, sizeof(why)) != 0) {
             loaded_free(&l);
             errf(err, errlen, "restoring %s: %s", path, why);
@@ -1321,6 +1533,7 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
         }
         snprintf(info->path, sizeof(info->path), "%s", path);
         info->seq = seq;
+        info->versions = versions;
         info->bytes = l.bytes;
         info->variables = (uint32_t)l.nvars;
         info->ms = (time_now_ns() - t0) / 1000000u;

@@ -8,12 +8,13 @@
  *   header (64 bytes): magic "PSDCKPT\0", u32 format version (2), u32 header size (64),
  *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
  *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
- *   records: u32 type, u32 flags (0), u64 payload length, payload, u32 CRC-32 of type, flags,
- *     length and payload. Types: 1 variable, 2 dedup table, 3 clock table, 4 end (payload:
- *     u64 records before it, u64 sum of their payload lengths), 5 (version 2) what proves
- *     evicted clients' pushes applied: the windows' floors, the tombstones and the hashed
- *     floors (words of dedup_export_floors). A file without its end record is truncated.
- *     Version 1 files (no record 5) are read too.
+ *   records: u32 type, u32 flags (0 but for a variable record's CKPT_VAR_INITIAL), u64 payload
+ *     length, payload, u32 CRC-32 of type, flags, length and payload. Types: 1 variable, 2
+ *     dedup table, 3 clock table, 4 end (payload: u64 records before it, u64 sum of their
+ *     payload lengths), 5 (version 2) what proves evicted clients' pushes applied: the
+ *     windows' floors, the tombstones and the hashed floors (words of dedup_export_floors).
+ *     A file without its end record is truncated. Version 1 files (no record 5, no
+ *     CKPT_VAR_INITIAL records) are read too.
  * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
  * the last `checkpoint-keep` are kept.
  *
@@ -31,7 +32,7 @@
 
 #define CKPT_MAGIC "PSDCKPT"
 #define CKPT_FORMAT_VERSION 2u     /* written */
-#define CKPT_FORMAT_VERSION_MIN 1u /* oldest read: version 1 has no dedup tombstone record */
+#define CKPT_FORMAT_VERSION_MIN 1u /* oldest read: no dedup tombstone record, no INITIAL flag */
 #define CKPT_HEADER_SIZE 64u
 
 enum {
@@ -41,6 +42,11 @@ enum {
     CKPT_REC_END = 4,
     CKPT_REC_DEDUP_FLOORS = 5,
 };
+/* Flags of a variable record: INITIAL, never updated (version 0, no BSP aggregate): the
+ * payload is the meta part alone, and the restore fills the values with the spec's
+ * initializer (deterministic: a pure function of the spec), so that the checkpoint made for a
+ * create costs the spec, not the shard. */
+enum { CKPT_VAR_INITIAL = 1 };
 
 typedef struct checkpoint_config {
     const char *dir;          /* "" or NULL: checkpoints off */
@@ -58,7 +64,17 @@ typedef struct checkpoint_info {
     uint32_t variables;
     uint64_t pause_us; /* checkpoint: time updates were held off */
     uint64_t ms;       /* checkpoint: request to durable; restore: time to read */
+    uint64_t versions; /* sum of its variables' versions (updates applied, per shard) */
 } checkpoint_info;
+
+/* How the checkpoints of a checkpointer fare (checkpointer_health). */
+typedef struct checkpoint_health {
+    uint64_t failures;     /* failed checkpoints since start */
+    uint64_t failures_row; /* failed since the last success (0 after one) */
+    uint64_t last_seq;     /* newest durable checkpoint (restored or written; 0: none) */
+    double age_s;          /* seconds since the newest written, or since start if none yet */
+    char last_error[512];  /* the newest failure's message ("" if none) */
+} checkpoint_health;
 
 typedef struct checkpointer checkpointer;
 
@@ -82,6 +98,10 @@ enum {
 int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
                        uint64_t *max_seq, char *err, size_t errlen);
 
+/* Makes dir and its parents if missing and checks it is a writable directory. Returns 0, or
+ * -1 with a message (a configuration error: e.g. a path below a regular file). */
+int checkpoint_mkdir(const char *dir, char *err, size_t errlen);
+
 /* A checkpointer for st writing into cfg->dir (made if missing) from sequence number
  * next_seq. No thread yet. Returns NULL with a message in err. */
 checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg, uint64_t next_seq,
@@ -98,6 +118,24 @@ void checkpointer_request(checkpointer *ck, rpc_call *call);
 /* Answers parked requests and stops and joins the thread (call before the RPC server
  * stops); checkpoint_write still works afterwards. NULL is a no-op. */
 void checkpointer_stop(checkpointer *ck);
+/* Parks a CreateVariable call until its variable is in a durable checkpoint, so that a
+ * variable whose creation was acknowledged survives any crash: v's create_gen is compared
+ * with the newest durable checkpoint's (a restored variable's is 0). rep is the reply to send
+ * then (copied; shard and staleness only). Returns false when v is durable already (the
+ * caller replies); true when the call was parked (answered by the thread once a checkpoint
+ * holding v is durable, or UNAVAILABLE naming the failure, which a retry of the create
+ * tries again) or answered with an error at once. Creates that arrive while a checkpoint is
+ * written share the next one. */
+bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable *v,
+                               const Psd__V1__CreateVariableReply *rep);
+/* Failures, age of the newest checkpoint and the last error. NULL ck: zeroed. */
+void checkpointer_health(checkpointer *ck, checkpoint_health *out);
+/* Writes the directory's record of this server (checkpoint_state.h) naming the newest durable
+ * checkpoint: clean false when it starts serving, true after a successful final checkpoint
+ * of a clean shutdown (a restart then says nothing was lost). Failures are logged. */
+void checkpointer_record(checkpointer *ck, bool clean);
+/* Sets the restored checkpoint (seq, versions) as the newest durable one. */
+void checkpointer_set_restored(checkpointer *ck, uint64_t seq, uint64_t versions);
 /* Stops the thread if running and frees ck. NULL is a no-op. */
 void checkpointer_destroy(checkpointer *ck);
 

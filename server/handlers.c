@@ -169,7 +169,12 @@ static void handle_create(rpc_call *call, void *arg)
                             "%s", err);
             return;
         }
+        /* Under the update lock, so that a checkpoint's snapshot holds exactly the variables
+         * created up to the create_gen it reads. */
+        store_update_begin(st->vars);
+        nv->create_gen = atomic_fetch_add(&st->create_gen, 1) + 1;
         v = store_insert(st->vars, nv);
+        store_update_end(st->vars);
         store_unreserve(st->vars, bytes);
         if (v != nv)
             variable_destroy(nv); /* another client created it meanwhile */
@@ -186,7 +191,10 @@ static void handle_create(rpc_call *call, void *arg)
     } else {
         fill_shard(st, v, &shard);
         rep.staleness = v->staleness;
-        rpc_reply_ok(call, &rep.base);
+        /* Acknowledged once durable: a crash must not lose a variable a client was told of. */
+        checkpointer *ck = checkpointer_of(st);
+        if (ck == NULL || !checkpointer_await_create(ck, call, v, &rep))
+            rpc_reply_ok(call, &rep.base);
     }
     variable_release(v);
 }
@@ -870,7 +878,20 @@ static void handle_status(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory building status");
         return;
     }
-    /* The counters and the workers first: the variables get what is left of the body. */
+    /* The counters, the checkpoints and the workers first: the variables get what is left of
+     * the body. */
+    Psd__V1__CheckpointStatus cks = PSD__V1__CHECKPOINT_STATUS__INIT;
+    checkpoint_health ch;
+    checkpointer *ck = checkpointer_of(st);
+    if (ck) {
+        checkpointer_health(ck, &ch);
+        cks.last_seq = ch.last_seq;
+        cks.age_ms = (uint64_t)(ch.age_s * 1000.0);
+        cks.failures = ch.failures;
+        cks.failures_in_row = ch.failures_row;
+        cks.last_error = ch.last_error;
+        rep.checkpoint = &cks;
+    }
     sync_status(st, &rep);
     size_t max = rpc_call_max_reply_body(call);
     size_t fixed = psd__v1__server_status_reply__get_packed_size(&rep) + REPLY_RESERVE;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "checkpoint_state.h"
 #include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
@@ -20,47 +21,6 @@
 #include "program.h"
 #include "server.h"
 #include "timeutil.h"
-
-/* The "running" marker: <checkpoint-dir>/.running-<task> exists from the start of serving
- * until the final checkpoint of a clean shutdown, so that a restart can tell whether the
- * previous process crashed (and lost the updates it applied after its newest checkpoint) or
- * stopped cleanly (and lost nothing). */
-static int marker_path(char *buf, size_t cap, const char *dir, uint32_t task)
-{
-    return (size_t)snprintf(buf, cap, "%s/.running-%u", dir, task) < cap ? 0 : -1;
-}
-
-static bool marker_exists(const char *dir, uint32_t task)
-{
-    char p[4200];
-    return marker_path(p, sizeof(p), dir, task) == 0 && access(p, F_OK) == 0;
-}
-
-static void marker_set(const char *dir, uint32_t task)
-{
-    char p[4200];
-    if (marker_path(p, sizeof(p), dir, task) != 0)
-        return;
-    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        log_warn("cannot create %s (a restart after a crash will not say that updates were "
-                 "lost): %s",
-                 p, strerror(errno));
-        return;
-    }
-    char pid[32];
-    int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-    if (write(fd, pid, (size_t)n) != n)
-        log_warn("cannot write %s: %s", p, strerror(errno));
-    close(fd);
-}
-
-static void marker_clear(const char *dir, uint32_t task)
-{
-    char p[4200];
-    if (marker_path(p, sizeof(p), dir, task) == 0 && unlink(p) != 0 && errno != ENOENT)
-        log_warn("cannot remove %s: %s", p, strerror(errno));
-}
 
 /* /metrics of the state that lives in the server's structures (metrics.h collector). */
 static void server_collect(metrics_out *out, void *arg)
@@ -78,14 +38,17 @@ static void server_collect(metrics_out *out, void *arg)
     metrics_emit_one(out, "psd_server_memory_bytes", METRIC_GAUGE,
                      "Bytes held by every variable (parameters, optimizer slots).",
                      (double)store_bytes(st->vars));
-    metric *ck_ts = metrics_gauge("psd_checkpoint_last_success_timestamp_seconds",
-                                  "Wall-clock time the newest checkpoint became durable.");
-    if (metric_value(ck_ts) > 0) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
+    checkpointer *ck = checkpointer_of(st);
+    if (ck) {
+        checkpoint_health h;
+        checkpointer_health(ck, &h);
         metrics_emit_one(out, "psd_checkpoint_age_seconds", METRIC_GAUGE,
-                         "Seconds since the newest checkpoint became durable.",
-                         (double)now.tv_sec + (double)now.tv_nsec * 1e-9 - metric_value(ck_ts));
+                         "Seconds since the newest checkpoint this server wrote became durable "
+                         "(since its start while it has written none).",
+                         h.age_s);
+        metrics_emit_one(out, "psd_checkpoint_failures_in_row", METRIC_GAUGE,
+                         "Checkpoints failed since the last one that succeeded.",
+                         (double)h.failures_row);
     }
     variable **vars;
     size_t n = store_list(st->vars, &vars);
@@ -149,6 +112,20 @@ static void server_collect(metrics_out *out, void *arg)
         }
     }
     sync_status_free(&rep);
+}
+
+/* /readyz's detail: checkpoints that fail leave the server ready (it serves correctly; taking
+ * it out of service would stop training) but say so (docs/operations.md, Durability). */
+static void checkpoint_detail(void *arg, char *buf, size_t cap)
+{
+    checkpoint_health h;
+    checkpointer_health(checkpointer_of(arg), &h);
+    if (h.failures_row > 0)
+        snprintf(buf, cap,
+                 "checkpoints failing: %llu in a row; newest durable checkpoint %llu, none "
+                 "written for %.0f s; last error: %.500s",
+                 (unsigned long long)h.failures_row, (unsigned long long)h.last_seq, h.age_s,
+                 h.last_error);
 }
 
 /* An ipc:// socket file left by a dead server makes nng's listener fail with EADDRINUSE:
@@ -320,44 +297,56 @@ int main(int argc, char **argv)
         .failpoint = opt_str(prog.opts, OPT_TEST_FAILPOINT),
     };
     checkpointer *ck = NULL;
+    int ck_lock = -1;
     char err[1536];
     if (ck_cfg.dir && ck_cfg.dir[0]) {
         checkpoint_info ri;
-        uint64_t max_seq;
-        bool crashed = marker_exists(ck_cfg.dir, st.task_index);
-        int r = checkpoint_restore(&st, &ck_cfg, &ri, &max_seq, err, sizeof(err));
-        int fail = 0;
-        if (r == CKPT_REFUSED || r == CKPT_FAILED) {
+        uint64_t max_seq = 0;
+        int fail = 0, r = CKPT_NONE;
+        /* One server of a task per directory: a second one would restore, overwrite and prune
+         * the first one's checkpoints. A configuration error: a restart does not cure it. */
+        ck_lock = ckpt_dir_lock(ck_cfg.dir, st.task_index, err, sizeof(err));
+        if (ck_lock < 0) {
             log_error("%s", err);
-            fail = r == CKPT_REFUSED ? PROGRAM_EXIT_CONFIG : 1;
+            fail = PROGRAM_EXIT_CONFIG;
         }
-        if (r == CKPT_RESTORED) {
+        ckpt_record last;
+        if (fail == 0) {
+            ckpt_record_read(ck_cfg.dir, st.task_index, &last);
+            r = checkpoint_restore(&st, &ck_cfg, &ri, &max_seq, err, sizeof(err));
+        }
+        if (r == CKPT_REFUSED || r == CKPT_FAILED) {
+            /* Another cluster's checkpoint, or only damaged ones: restarting changes neither. */
+            log_error("%s%s", err,
+                      r == CKPT_FAILED ? " (move the unusable files out of the directory to start "
+                                         "empty, or put a good checkpoint back)"
+                                       : "");
+            fail = PROGRAM_EXIT_CONFIG;
+        }
+        if (fail == 0 && r == CKPT_RESTORED) {
             sync_resume(&st);
             log_info("restored %s: checkpoint %llu, %u variables, %llu bytes in %llu ms", ri.path,
                      (unsigned long long)ri.seq, ri.variables, (unsigned long long)ri.bytes,
                      (unsigned long long)ri.ms);
-            if (crashed)
-                log_warn("ps %u did not shut down cleanly: the updates it applied after "
-                         "checkpoint %llu are lost (clients that had them acknowledged log how "
-                         "many)",
-                         st.task_index, (unsigned long long)ri.seq);
+        }
+        if (fail == 0) {
+            char verdict[1024];
+            bool lost = ckpt_restore_verdict(&last, st.task_index, r == CKPT_RESTORED, ri.seq,
+                                             ri.versions, verdict, sizeof(verdict));
+            if (lost)
+                log_warn("%s", verdict);
             else
-                log_info("ps %u shut down cleanly after writing checkpoint %llu: nothing was lost",
-                         st.task_index, (unsigned long long)ri.seq);
-        } else if (r == CKPT_NONE) {
-            if (crashed)
-                log_warn("no checkpoint of ps %u in %s: starting empty; the previous ps %u did "
-                         "not shut down cleanly and every update it applied is lost",
-                         st.task_index, ck_cfg.dir, st.task_index);
-            else
-                log_info("no checkpoint of ps %u in %s: starting empty", st.task_index, ck_cfg.dir);
+                log_info("%s", verdict);
         }
         if (fail == 0) {
             ck = checkpointer_create(&st, &ck_cfg, max_seq + 1, err, sizeof(err));
             if (ck == NULL) {
                 log_error("%s", err);
                 fail = PROGRAM_EXIT_CONFIG;
-            } else if (checkpointer_start(ck, err, sizeof(err)) != 0) {
+            } else if (r == CKPT_RESTORED) {
+                checkpointer_set_restored(ck, ri.seq, ri.versions);
+            }
+            if (ck && checkpointer_start(ck, err, sizeof(err)) != 0) {
                 log_error("%s", err);
                 fail = 1;
             }
@@ -366,6 +355,7 @@ int main(int argc, char **argv)
             metrics_remove_collector(server_collect, &st);
             http_endpoint_stop(http);
             checkpointer_destroy(ck);
+            ckpt_dir_unlock(ck_lock);
             store_destroy(st.vars);
             dedup_destroy(st.dedup);
             sync_destroy(st.sync);
@@ -406,13 +396,16 @@ int main(int argc, char **argv)
         metrics_remove_collector(server_collect, &st);
         http_endpoint_stop(http);
         checkpointer_destroy(ck);
+        ckpt_dir_unlock(ck_lock);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
         program_end(&prog);
         return 1;
     }
-    if (ck)
-        marker_set(ck_cfg.dir, st.task_index);
+    if (ck) {
+        checkpointer_record(ck, false); /* a restart before the next record: a crash */
+        http_endpoint_set_detail_fn(http, checkpoint_detail, &st);
+    }
     http_endpoint_set_ready(http, true, NULL);
     log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s), "
              "%d pool threads",
@@ -453,17 +446,20 @@ int main(int argc, char **argv)
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     rpc_server_stop(st.rpc);
     int exit_code = 0;
+    /* Both read the checkpointer, freed below. */
+    http_endpoint_set_detail_fn(http, NULL, NULL);
+    metrics_remove_collector(server_collect, &st);
     if (ck) {
         checkpoint_info fi;
         if (checkpoint_write(ck, &fi, err, sizeof(err)) != 0) {
             log_error("final checkpoint failed: %s", err);
             exit_code = 1;
         } else {
-            marker_clear(ck_cfg.dir, st.task_index); /* everything applied is in it */
+            checkpointer_record(ck, true); /* everything applied is in it */
         }
         checkpointer_destroy(ck);
+        ckpt_dir_unlock(ck_lock);
     }
-    metrics_remove_collector(server_collect, &st);
     http_endpoint_stop(http);
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),

@@ -26,6 +26,9 @@ typedef struct server_state {
     atomic_bool shutdown_requested;
     sync_state *sync;
     int32_t default_staleness; /* for specs that ask for the server's default (-2) */
+    /* Variables created by clients, counted; bumped with the store's update lock held, so a
+     * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
+    atomic_uint_fast64_t create_gen;
 } server_state;
 
 /* The method table served by ps-server. */

@@ -51,6 +51,7 @@ typedef struct variable {
     atomic_bool deleted;       /* unlinked by store_remove: parks no more pulls */
     struct store *owner;       /* whose byte accounting the last release updates (NULL: none) */
     uint64_t restored_version; /* version when serving began (sync_resume), 0 if created since */
+    uint64_t create_gen;       /* server_state.create_gen at its creation; 0: restored */
     struct variable *next;
 } variable;
 

@@ -7,7 +7,19 @@
  * (d) A corrupt (flipped byte) or truncated newest checkpoint falls back to the previous one
  *     with a warning naming the file.
  * (e) A checkpoint of another cluster size or task is refused with exit 2; without
- *     checkpoint-dir the RPC answers FAILED_PRECONDITION. */
+ *     checkpoint-dir the RPC answers FAILED_PRECONDITION.
+ * (f) What a restart says it lost follows from what it restored against the record of what
+ *     the previous server wrote: a clean stop whose final checkpoint is corrupt is a loss, with
+ *     its count.
+ * (g) A second server of the task on a live server's directory exits 2 naming the holder's
+ *     pid, and leaves the live one's files alone.
+ * (h) A variable is durable from its creation: SIGKILLed before any periodic checkpoint, the
+ *     restarted server has it (the client counts the pushes lost); without checkpoints the
+ *     restarted server's NOT_FOUND says the server restarted.
+ * (i) Failing checkpoints (a full disk) are counted and shown: metrics from the start,
+ *     ServerStatus, /readyz's detail, a create that cannot be made durable.
+ * (j) A checkpoint directory below a regular file, and a directory of damaged checkpoints
+ *     only, exit 2 (a restart cannot cure them). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,8 +29,10 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -189,7 +203,7 @@ static void test_rpc_then_sigkill(void **state)
     assert_non_null(v);
     for (int r = 0; r < 3; r++)
         test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2);       /* 1 made ck/b durable at its creation */
     for (int r = 0; r < 2; r++) /* after the checkpoint: lost with the SIGKILL */
         test_push_const(c, v, N, 1.0f);
     test_expect_all(c, "ck/b", N, -5.0f);
@@ -199,9 +213,9 @@ static void test_rpc_then_sigkill(void **state)
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/b", N, -3.0f);
-    fprintf(stderr, "restart after SIGKILL: state of checkpoint 1, the 2 pushes after it lost\n");
+    fprintf(stderr, "restart after SIGKILL: state of checkpoint 2, the 2 pushes after it lost\n");
     /* The sequence goes on after the restored checkpoint. */
-    checkpoint_ok(&p, 2);
+    checkpoint_ok(&p, 3);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
     test_ps_cleanup(&p);
@@ -219,7 +233,7 @@ static void test_crash_mid_write(void **state)
     ps_var *v = test_make_var(c, "ck/c", big);
     assert_non_null(v);
     test_push_const(c, v, big, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
@@ -239,12 +253,12 @@ static void test_crash_mid_write(void **state)
     assert_int_equal(test_wait_exit(p.pid, 20000), 1);
     p.pid = 0;
     char tmp[400];
-    snprintf(tmp, sizeof(tmp), "%s/.ckpt-0-2.psc.tmp", p.dir);
+    snprintf(tmp, sizeof(tmp), "%s/.ckpt-0-3.psc.tmp", p.dir);
     struct stat sb;
     assert_int_equal(stat(tmp, &sb), 0);
     fprintf(stderr, "failpoint left %s of %lld bytes\n", tmp, (long long)sb.st_size);
     char first[400];
-    snprintf(first, sizeof(first), "%s/ckpt-0-1.psc", p.dir);
+    snprintf(first, sizeof(first), "%s/ckpt-0-2.psc", p.dir);
     struct stat sb1;
     assert_int_equal(stat(first, &sb1), 0);
     assert_true(sb.st_size > sb1.st_size / 4 && sb.st_size < sb1.st_size * 3 / 4); /* halfway */
@@ -284,26 +298,26 @@ static void test_corrupt_newest_falls_back(void **state)
     ps_var *v = test_make_var(c, "ck/d", N);
     assert_non_null(v);
     test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 1);
+    checkpoint_ok(&p, 2); /* 1: ck/d at its creation */
     test_push_const(c, v, N, 1.0f);
-    checkpoint_ok(&p, 2);
+    checkpoint_ok(&p, 3);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     char f2[400], f3[400];
-    snprintf(f2, sizeof(f2), "%s/ckpt-0-2.psc", p.dir);
-    snprintf(f3, sizeof(f3), "%s/ckpt-0-3.psc", p.dir);
+    snprintf(f2, sizeof(f2), "%s/ckpt-0-3.psc", p.dir);
+    snprintf(f3, sizeof(f3), "%s/ckpt-0-4.psc", p.dir);
     corrupt_byte(f2);
     ps_start(&p);
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/d", N, -1.0f);
-    assert_true(test_file_contains(p.log, "ckpt-0-2.psc is unusable (bad CRC"));
+    assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable (bad CRC"));
 
-    /* A truncated newest one (3) falls back past the corrupt 2 to 1. */
+    /* A truncated newest one (4) falls back past the corrupt 3 to 2. */
     v = test_find_var(c, "ck/d");
     test_push_const(c, v, N, 5.0f);
-    checkpoint_ok(&p, 3);
+    checkpoint_ok(&p, 4);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     struct stat sb;
@@ -313,7 +327,7 @@ static void test_corrupt_newest_falls_back(void **state)
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     test_expect_all(c, "ck/d", N, -1.0f);
-    assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable (truncated"));
+    assert_true(test_file_contains(p.log, "ckpt-0-4.psc is unusable (truncated"));
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
     test_ps_cleanup(&p);
@@ -386,11 +400,12 @@ static void test_periodic_triggers(void **state)
     assert_non_null(c);
     ps_var *v = test_make_var(c, "ck/periodic", N);
     assert_non_null(v);
+    assert_true(wait_checkpoint_file(p.dir, 1, 0)); /* the creation's */
     test_push_const(c, v, N, 1.0f);
     test_push_const(c, v, N, 1.0f);
-    assert_false(wait_checkpoint_file(p.dir, 1, 300)); /* 2 updates: not yet */
+    assert_false(wait_checkpoint_file(p.dir, 2, 300)); /* 2 updates: not yet */
     test_push_const(c, v, N, 1.0f);
-    assert_true(wait_checkpoint_file(p.dir, 1, 5000)); /* the 3rd update triggers it */
+    assert_true(wait_checkpoint_file(p.dir, 2, 5000)); /* the 3rd update triggers it */
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
@@ -402,7 +417,7 @@ static void test_periodic_triggers(void **state)
     v = test_find_var(c, "ck/periodic");
     assert_non_null(v);
     test_push_const(c, v, N, 1.0f);
-    assert_true(wait_checkpoint_file(p.dir, 2, 5000)); /* within about a second */
+    assert_true(wait_checkpoint_file(p.dir, 3, 5000)); /* within about a second */
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
     ps_start(&p);
@@ -411,6 +426,303 @@ static void test_periodic_triggers(void **state)
     test_expect_all(c, "ck/periodic", N, -4.0f);
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* Checkpoint files ckpt-0-<seq>.psc of dir. */
+static void ckpt_file(char *buf, size_t cap, const char *dir, int seq)
+{
+    snprintf(buf, cap, "%s/ckpt-0-%d.psc", dir, seq);
+}
+
+static void test_loss_report_follows_restore(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    ps_start(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_var *v = test_make_var(c, "ck/f", 1); /* checkpoint 1 */
+    assert_non_null(v);
+    for (int r = 0; r < 3; r++)
+        test_push_const(c, v, 1, 1.0f);
+    checkpoint_ok(&p, 2); /* version 3 */
+    for (int r = 0; r < 5; r++)
+        test_push_const(c, v, 1, 1.0f);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0); /* the final checkpoint 3: version 8 */
+    char f3[400];
+    ckpt_file(f3, sizeof(f3), p.dir, 3);
+    corrupt_byte(f3);
+    ps_start(&p);
+    assert_true(test_file_contains(p.log, "ckpt-0-3.psc is unusable"));
+    assert_true(test_file_contains(p.log, "checkpoint 3, the newest the previous server wrote, "
+                                          "could not be restored; checkpoint 2 was: 5 updates"));
+    assert_true(test_file_contains(p.log, "it had shut down cleanly after writing it"));
+    assert_false(test_file_contains(p.log, "nothing was lost"));
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    test_expect_all(c, "ck/f", 1, -3.0f);
+    ps_client_close(c);
+    /* A clean stop whose final checkpoint is restored whole loses nothing, and says so. */
+    test_ps_signal_wait(&p, SIGTERM, 0); /* checkpoint 4 */
+    ps_start(&p);
+    assert_true(test_file_contains(p.log, "shut down cleanly after writing checkpoint 4: nothing "
+                                          "was lost"));
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+static void test_second_server_refused(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    ps_start(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_var *v = test_make_var(c, "ck/g", N); /* checkpoint 1 */
+    assert_non_null(v);
+    test_push_const(c, v, N, 1.0f);
+    /* Another ps 0 (its own port) on the same directory. */
+    char spec2[128], log2[400], want[200];
+    snprintf(spec2, sizeof(spec2), "{\"ps\":[\"127.0.0.1:%d\"]}", test_free_port());
+    snprintf(log2, sizeof(log2), "%s/second.log", p.dir);
+    const char *extra[] = {"--checkpoint-dir", p.dir, NULL};
+    pid_t pid = test_server_spawn(server_bin, spec2, 0, extra, log2);
+    assert_int_equal(test_wait_exit(pid, 20000), 2);
+    snprintf(want, sizeof(want), "is in use by another ps 0 (pid %d holds", (int)p.pid);
+    if (!test_file_contains(log2, want)) {
+        char cmd[500];
+        snprintf(cmd, sizeof(cmd), "cat %s >&2", log2);
+        assert_int_equal(system(cmd), 0);
+        fail_msg("the second server did not name the holder: %s", want);
+    }
+    assert_false(test_file_contains(log2, "restored"));
+    /* The live one goes on, and its crash is still reported as one. */
+    checkpoint_ok(&p, 2);
+    test_push_const(c, v, N, 1.0f);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    ps_start(&p);
+    assert_true(test_file_contains(p.log, "did not shut down cleanly: the updates it applied "
+                                          "after checkpoint 2 are lost"));
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    test_expect_all(c, "ck/g", N, -1.0f);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+static void test_durable_from_creation(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    ps_start(&p); /* the default interval: 30 s, far beyond this test's life */
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_var *v = test_make_var(c, "ck/h", N);
+    assert_non_null(v);
+    for (int r = 0; r < 4; r++)
+        test_push_const(c, v, N, 1.0f);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    ps_start(&p);
+    /* The same client goes on: the variable is there (as created), its 4 pushes are lost. */
+    test_push_const(c, v, N, 1.0f);
+    assert_int_equal(ps_client_lost_updates(c), 4);
+    test_expect_all(c, "ck/h", N, -1.0f);
+    assert_true(test_file_contains(p.log, "did not shut down cleanly: the updates it applied "
+                                          "after checkpoint 1 are lost"));
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+
+    /* Without checkpoints nothing survives: the error says the server restarted. */
+    ps_start_dir(&p, NULL);
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    v = test_make_var(c, "ck/i", 4);
+    assert_non_null(v);
+    test_push_const(c, v, 4, 1.0f);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    ps_start_dir(&p, NULL);
+    float w[4];
+    assert_int_equal(ps_pull(c, v, w), PS_NOT_FOUND);
+    fprintf(stderr, "pull after the restart: %s\n", ps_last_error());
+    assert_non_null(strstr(ps_last_error(), "not found on ps 0"));
+    assert_non_null(strstr(ps_last_error(), "ps 0 restarted since this client's first call"));
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* A full disk under dir: a 1 MiB tmpfs mounted on it before the server starts (root:
+ * disk_mount), room for small checkpoints only; else (no mount allowed) the directory swapped
+ * for a regular file once the server runs (disk_fill), so that writes fail alike. */
+typedef struct full_disk {
+    char dir[300], moved[320];
+    bool mounted;
+    int mount_errno;
+} full_disk;
+
+static char mounted_dir[300]; /* unmounted by the test's teardown, even after a failure */
+
+static int unmount_full_disk(void **state)
+{
+    (void)state;
+    if (mounted_dir[0])
+        umount2(mounted_dir, MNT_DETACH);
+    mounted_dir[0] = '\0';
+    return 0;
+}
+
+static void disk_mount(full_disk *d)
+{
+    d->mounted = mount("tmpfs", d->dir, "tmpfs", 0, "size=1m") == 0;
+    d->mount_errno = errno;
+    if (d->mounted) {
+        snprintf(mounted_dir, sizeof(mounted_dir), "%s", d->dir);
+        fprintf(stderr, "full disk: a 1 MiB tmpfs on %s\n", d->dir);
+    }
+}
+
+static void disk_fill(full_disk *d)
+{
+    if (d->mounted)
+        return;
+    fprintf(stderr, "cannot mount a tmpfs (%s): %s replaced by a regular file instead\n",
+            strerror(d->mount_errno), d->dir);
+    snprintf(d->moved, sizeof(d->moved), "%s.moved", d->dir);
+    assert_int_equal(rename(d->dir, d->moved), 0);
+    FILE *f = fopen(d->dir, "w");
+    assert_non_null(f);
+    fclose(f);
+}
+
+static void disk_free(full_disk *d)
+{
+    if (d->mounted) {
+        assert_int_equal(mount("tmpfs", d->dir, "tmpfs", MS_REMOUNT, "size=64m"), 0);
+        return;
+    }
+    assert_int_equal(unlink(d->dir), 0);
+    assert_int_equal(rename(d->moved, d->dir), 0);
+}
+
+static double metric_of(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1.0; /* absent */
+}
+
+static void test_failing_checkpoints_visible(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    full_disk d = {0};
+    snprintf(d.dir, sizeof(d.dir), "%s/ck", p.dir);
+    assert_int_equal(mkdir(d.dir, 0755), 0);
+    disk_mount(&d);
+    int hport = test_free_port();
+    char haddr[64];
+    snprintf(haddr, sizeof(haddr), "127.0.0.1:%d", hport);
+    const char *more[] = {"--http-listen", haddr, NULL};
+    ps_start_args(&p, d.dir, more);
+    /* Before any checkpoint: the age counts from the start, no failure yet. */
+    char *body;
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    assert_true(metric_of(body, "psd_checkpoint_age_seconds") >= 0);
+    assert_true(metric_of(body, "psd_checkpoint_failures_total") == 0);
+    free(body);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    /* 4 MiB: its first checkpoint holds only its spec (never updated), the next its values,
+     * for which the disk has no room. */
+    size_t big = 1u << 20;
+    ps_var *v = test_make_var(c, "ck/full", big);
+    assert_non_null(v);
+    test_push_const(c, v, big, 1.0f);
+    disk_fill(&d);
+    ps_var_spec s;
+    ps_var_spec_init(&s, "ck/next");
+    s.ndims = 1;
+    s.dims[0] = 4;
+    ps_var *v2;
+    assert_int_equal(ps_var_create(c, &s, &v2), PS_UNAVAILABLE);
+    fprintf(stderr, "create on a full disk: %s\n", ps_last_error());
+    assert_non_null(strstr(ps_last_error(), "is not durable"));
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    assert_true(metric_of(body, "psd_checkpoint_failures_total") >= 1);
+    assert_true(metric_of(body, "psd_checkpoint_failures_in_row") >= 1);
+    free(body);
+    assert_int_equal(test_http_get(hport, "/readyz", &body), 200); /* it still serves */
+    fprintf(stderr, "/readyz: %s", body);
+    assert_non_null(strstr(body, "ready\ncheckpoints failing:"));
+    free(body);
+    ps_checkpoint_status ck;
+    assert_int_equal(ps_server_checkpoint_status(c, 0, &ck), PS_OK);
+    assert_true(ck.enabled);
+    assert_true(ck.failures >= 1 && ck.failures_in_row >= 1);
+    assert_int_equal(ck.last_seq, 1); /* ck/full's creation */
+    assert_true(strstr(ck.last_error, d.mounted ? "No space left on device" : "Not a directory") !=
+                NULL);
+    /* Room again: the create is retried, durable, and the failures in a row are over. */
+    disk_free(&d);
+    assert_int_equal(ps_var_create(c, &s, &v2), PS_OK);
+    assert_int_equal(ps_server_checkpoint_status(c, 0, &ck), PS_OK);
+    assert_int_equal(ck.failures_in_row, 0);
+    assert_true(ck.last_seq >= 2);
+    assert_int_equal(test_http_get(hport, "/readyz", &body), 200);
+    assert_string_equal(body, "ready\n");
+    free(body);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    if (d.mounted) {
+        assert_int_equal(umount(d.dir), 0);
+        mounted_dir[0] = '\0';
+    }
+    test_ps_cleanup(&p);
+}
+
+static void test_incurable_errors_exit_2(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    /* A checkpoint directory below a regular file. */
+    char file[300], below[320];
+    snprintf(file, sizeof(file), "%s/a-file", p.dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(below, sizeof(below), "%s/ck", file);
+    const char *extra[] = {"--checkpoint-dir", below, NULL};
+    pid_t pid = test_server_spawn(server_bin, p.spec, 0, extra, p.log);
+    assert_int_equal(test_wait_exit(pid, 20000), 2);
+    assert_true(test_file_contains(p.log, "cannot create checkpoint directory"));
+    /* Only damaged checkpoints. */
+    ps_start(&p);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    assert_non_null(test_make_var(c, "ck/j", 10)); /* checkpoint 1 */
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0); /* checkpoint 2 */
+    for (int seq = 1; seq <= 2; seq++) {
+        char path[400];
+        ckpt_file(path, sizeof(path), p.dir, seq);
+        corrupt_byte(path);
+    }
+    pid = test_server_spawn(server_bin, p.spec, 0,
+                            (const char *const[]){"--checkpoint-dir", p.dir, NULL}, p.log);
+    assert_int_equal(test_wait_exit(pid, 20000), 2);
+    assert_true(test_file_contains(p.log, "no valid checkpoint of ps 0 in"));
+    assert_true(test_file_contains(p.log, "move the unusable files out of the directory"));
     test_ps_cleanup(&p);
 }
 
@@ -424,6 +736,11 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_corrupt_newest_falls_back),
         cmocka_unit_test(test_other_shape_refused),
         cmocka_unit_test(test_periodic_triggers),
+        cmocka_unit_test(test_loss_report_follows_restore),
+        cmocka_unit_test(test_second_server_refused),
+        cmocka_unit_test(test_durable_from_creation),
+        cmocka_unit_test_teardown(test_failing_checkpoints_visible, unmount_full_disk),
+        cmocka_unit_test(test_incurable_errors_exit_2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # psctl against a real ps-server: status, vars, dump (raw and .npy), top, checkpoint without a
-# checkpoint-dir (exit 1 naming FAILED_PRECONDITION), usage errors (exit 2), shutdown.
+# checkpoint-dir (exit 1 naming FAILED_PRECONDITION), usage errors (exit 2), shutdown; status
+# of a server whose checkpoints fail (its directory replaced by a file) names the error.
 # Arguments: ps-server, psctl, psctl_push (the helper that creates and pushes a variable).
 set -u
 server=$1 psctl=$2 push=$3
@@ -47,6 +48,8 @@ assert "staleness_max" in d and "slowest_worker" in d, d
 ' "$out"; then ok "status --json"; else bad "status --json: $rc $out"; fi
 out=$("$psctl" status); rc=$?
 [ $rc -eq 0 ] && grep -q "updates" <<<"$out" && ok "status table" || bad "status table: $rc $out"
+grep -q "ps 0 checkpoints: off (no checkpoint-dir)" <<<"$out" && ok "status: checkpoints off" \
+  || bad "status without checkpoint-dir: $out"
 
 out=$("$psctl" vars); rc=$?
 [ $rc -eq 0 ] && grep -qx "psctl_w" <<<"$out" && ok "vars" || bad "vars: $rc $out"
@@ -110,5 +113,27 @@ fi
 # A stopped cluster is a runtime failure (exit 1), named.
 out=$("$psctl" --deadline-ms 300 status 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "status of ps 0" <<<"$out" && ok "status of a stopped cluster" || bad "stopped cluster: $rc $out"
+
+# Checkpoints that fail: psctl checkpoint exits 1 with the cause, status shows them failing.
+mkdir "$dir/ck"
+"$server" --cluster "{\"ps\":[\"127.0.0.1:$port\"]}" --task ps:0 --checkpoint-dir "$dir/ck" \
+  2>>"$dir/server.log" &
+spid=$!
+for _ in $(seq 200); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.05; done
+mv "$dir/ck" "$dir/ck.moved" && : >"$dir/ck"
+out=$("$psctl" checkpoint 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "Not a directory" <<<"$out" && ok "checkpoint that fails" \
+  || bad "checkpoint into a file: $rc $out"
+out=$("$psctl" status 2>&1); rc=$?
+[ $rc -eq 0 ] && grep -q "ps 0 checkpoints: FAILING, 1 in a row .*last error: .*Not a directory" \
+  <<<"$out" && ok "status: checkpoints failing" || bad "status of failing checkpoints: $rc $out"
+out=$("$psctl" status --json); rc=$?
+if [ $rc -eq 0 ] && python3 -c '
+import json, sys
+k = json.loads(sys.argv[1])["servers"][0]["checkpoint"]
+assert k["failures"] == 1 and k["failures_in_row"] == 1, k
+assert "Not a directory" in k["last_error"], k
+' "$out"; then ok "status --json: checkpoint"; else bad "status --json checkpoint: $rc $out"; fi
+kill -9 "$spid"; wait "$spid" 2>/dev/null; spid=
 [ $fail -ne 0 ] && cat "$dir/server.log"
 exit $fail

@@ -36,7 +36,9 @@
 #       worker 0's accuracy is >= 0.75, a worker logs the acknowledged updates that were lost and
 #       the server says it restored after a crash; each worker reports its own lost pushes and
 #       worker 0 alone the cluster's total, their sum; (b) the same with SIGTERM: the restarted
-#       server says nothing was lost, and no worker says otherwise.
+#       server says nothing was lost, and no worker says otherwise; (c) SIGKILL with the
+#       default checkpoint interval (30 s), before any periodic checkpoint: the variables were
+#       made durable at their creation, so both workers finish (no NOT_FOUND).
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
 #       ps-local trains 1 epoch (1 ps, 2 workers) with its default transport (ipc:// sockets in
 #       a private directory, removed at exit) and again with --transport tcp: both reach
@@ -533,16 +535,18 @@ run_worker_resume() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# ps_restart_run NAME SIGNAL: 1 ps-server (checkpoints every second), 2 workers; once worker 1 has
-# trained a while the server gets SIGNAL and is started again on the same address and checkpoint
-# directory. Both workers must finish (exit 0); worker 0 prints its accuracy.
+# ps_restart_run NAME SIGNAL [INTERVAL]: 1 ps-server (checkpoints every INTERVAL seconds, 1 by
+# default; "default": the server's own), 2 workers; once worker 1 has trained a while the server
+# gets SIGNAL and is started again on the same address and checkpoint directory. Both workers
+# must finish (exit 0); worker 0 prints its accuracy.
 ps_restart_run() {
-    local name=$1 sig=$2
+    local name=$1 sig=$2 interval=${3:-1}
     mapfile -t ports < <("$PS_LOCAL" --print-ports 3)
     [ "${#ports[@]}" -eq 3 ] || fail "no free ports"
     local cl="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
     tfc() { echo "{\"cluster\":$cl,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
-    local sargs=(--log-format json --checkpoint-dir "$tmp/$name-ckpt" --checkpoint-interval-s 1)
+    local sargs=(--log-format json --checkpoint-dir "$tmp/$name-ckpt")
+    [ "$interval" = default ] || sargs+=(--checkpoint-interval-s "$interval")
     TF_CONFIG=$(tfc ps 0) "$PS_SERVER" "${sargs[@]}" >"$tmp/$name-ps.log" 2>&1 &
     local server=$!
     pids+=("$server")
@@ -633,6 +637,16 @@ run_ps_crash() {
     grep -q "acknowledged updates to" "$tmp/psterm-w0.log" "$tmp/psterm-w1.log" &&
         fail "psterm: a worker reported lost updates after a clean restart"
     echo "psterm: test_accuracy=$acc, nothing lost"
+    # (c) SIGKILL before the first periodic checkpoint: the variables survive from their creation.
+    ps_restart_run psearly KILL default
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "psearly: test accuracy $acc < 0.75"
+    grep -q "did not shut down cleanly: the updates it applied after checkpoint" \
+        "$tmp/psearly-ps2.log" || fail "psearly: the restarted server did not say updates were lost"
+    grep -q "NOT_FOUND\\|not found on ps" "$tmp/psearly-w0.log" "$tmp/psearly-w1.log" &&
+        fail "psearly: a worker met a variable the restart lost"
+    grep -q "restarted: its replies now come from a new server process" "$tmp/psearly-w0.log" ||
+        fail "psearly: worker 0 did not say that ps 0 restarted"
+    echo "psearly: test_accuracy=$acc after a SIGKILL before any periodic checkpoint"
     echo "PASS"
 }
 

@@ -10,7 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <nng/protocol/reqrep0/req.h>
@@ -219,4 +223,47 @@ void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t clien
     }
     frame_fini(&f);
     nng_msg_free(m);
+}
+
+int test_http_get(int port, const char *path, char **body)
+{
+    if (body)
+        *body = NULL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char req[256];
+    int n = snprintf(req, sizeof(req),
+                     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (len + 4096 > cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+        ssize_t r = read(fd, buf + len, cap - len - 1);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    close(fd);
+    buf[len] = '\0';
+    int status = -1;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+        status = -1;
+    const char *b = strstr(buf, "\r\n\r\n");
+    if (body && status >= 0)
+        *body = strdup(b ? b + 4 : "");
+    free(buf);
+    return status;
 }

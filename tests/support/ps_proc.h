@@ -76,4 +76,8 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
 void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t client, uint64_t seq,
                    float value, int *status, bool *duplicate);
 
+/* GET path from 127.0.0.1:port: the HTTP status (-1: no answer) and, when body is not NULL,
+ * the body (malloc'd, NUL-terminated; NULL without an answer). */
+int test_http_get(int port, const char *path, char **body);
+
 #endif

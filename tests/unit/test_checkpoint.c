@@ -1,7 +1,9 @@
 /* Unit tests for server/checkpoint.c: a shard written and restored into a fresh server state
  * is the same shard (parameters, Adam slots, versions, placement, exactly-once windows); a
  * byte flipped anywhere in the newest file, or the file cut anywhere, makes the restore fall
- * back to the previous checkpoint; a file of another task or cluster size is refused. */
+ * back to the previous checkpoint; a file of another task or cluster size is refused. The
+ * directory's lock refuses a second holder and names the first; the record of the last server
+ * reads back as written, and the restore verdict follows from it and what was restored. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 #include <zlib.h>
 
 #include "checkpoint.h"
+#include "checkpoint_state.h"
 #include "log.h"
 #include "server.h"
 
@@ -380,12 +383,134 @@ static void test_dedup_tombstones_round_trip(void **state)
     state_fini(&st);
 }
 
+/* A variable never updated is stored as its spec; the restore makes the same values again. */
+static void test_initial_variable_is_its_spec(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {NEL};
+    spec.name = "init/normal";
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_ADAM;
+    spec.learning_rate = 0.01;
+    spec.beta1 = 0.9;
+    spec.beta2 = 0.999;
+    spec.epsilon = 1e-8;
+    spec.initializer = PSD__V1__INITIALIZER__INIT_NORMAL;
+    spec.init_a = 0.0;
+    spec.init_b = 1.0;
+    spec.seed = 9;
+    spec.staleness = -1;
+    spec.num_servers = 1;
+    char err[256];
+    variable *v = variable_create(&spec, NEL, 0, NEL, err, sizeof(err));
+    if (v == NULL)
+        fail_msg("variable_create: %s", err);
+    assert_ptr_equal(store_insert(st.vars, v), v);
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    assert_true(info.bytes < 1024); /* not the 3 * 4000 bytes of values and slots */
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    expect_same_var(&st, &back, "init/normal");
+    state_fini(&back);
+    /* Once updated, its values are written. */
+    v->params[7] += 1.0f;
+    atomic_store(&v->version, 1);
+    clear_dir();
+    write_one(&st, 2, &info);
+    assert_true(info.bytes > 3 * NEL * sizeof(float));
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    expect_same_var(&st, &back, "init/normal");
+    state_fini(&back);
+    state_fini(&st);
+}
+
+static void test_lock_and_record(void **state)
+{
+    (void)state;
+    char sub[300], err[700];
+    snprintf(sub, sizeof(sub), "%s/state/deeper", dir);
+    int fd = ckpt_dir_lock(sub, 3, err, sizeof(err)); /* made with its parents */
+    assert_true(fd >= 0);
+    /* Another open file description of the same file: refused, naming this process. */
+    assert_int_equal(ckpt_dir_lock(sub, 3, err, sizeof(err)), -1);
+    char want[64];
+    snprintf(want, sizeof(want), "in use by another ps 3 (pid %ld holds", (long)getpid());
+    assert_non_null(strstr(err, want));
+    int other = ckpt_dir_lock(sub, 4, err, sizeof(err)); /* another task: its own lock */
+    assert_true(other >= 0);
+    ckpt_dir_unlock(other);
+    ckpt_record r;
+    ckpt_record_read(sub, 3, &r);
+    assert_int_equal(r.state, CKPT_STOP_UNKNOWN);
+    assert_false(r.legacy);
+    ckpt_record w = {.state = CKPT_STOP_CLEAN, .pid = 42, .seq = 7, .versions = 1234567890123ull};
+    assert_int_equal(ckpt_record_write(sub, 3, &w, err, sizeof(err)), 0);
+    ckpt_record_read(sub, 3, &r);
+    assert_int_equal(r.state, CKPT_STOP_CLEAN);
+    assert_int_equal(r.pid, 42);
+    assert_int_equal(r.seq, 7);
+    assert_int_equal(r.versions, 1234567890123ull);
+    ckpt_dir_unlock(fd);
+    fd = ckpt_dir_lock(sub, 3, err, sizeof(err)); /* free again */
+    assert_true(fd >= 0);
+    ckpt_dir_unlock(fd);
+    /* A path below a regular file is refused. */
+    char file[320], below[340];
+    snprintf(file, sizeof(file), "%s/plain", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(below, sizeof(below), "%s/ck", file);
+    assert_int_equal(ckpt_dir_lock(below, 0, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "Not a directory"));
+}
+
+static void test_restore_verdict(void **state)
+{
+    (void)state;
+    char m[1024];
+    ckpt_record clean = {.state = CKPT_STOP_CLEAN, .seq = 3, .versions = 8};
+    assert_false(ckpt_restore_verdict(&clean, 0, true, 3, 8, m, sizeof(m)));
+    assert_non_null(strstr(m, "shut down cleanly after writing checkpoint 3: nothing was lost"));
+    /* The clean stop's final checkpoint did not restore: 5 updates lost, not "nothing". */
+    assert_true(ckpt_restore_verdict(&clean, 0, true, 2, 3, m, sizeof(m)));
+    assert_non_null(strstr(m, "checkpoint 3, the newest the previous server wrote, could not be "
+                              "restored; checkpoint 2 was: 5 updates"));
+    assert_null(strstr(m, "nothing was lost"));
+    ckpt_record running = {.state = CKPT_STOP_RUNNING, .seq = 3, .versions = 8};
+    assert_true(ckpt_restore_verdict(&running, 0, true, 3, 8, m, sizeof(m)));
+    assert_non_null(strstr(m, "did not shut down cleanly: the updates it applied after "
+                              "checkpoint 3 are lost"));
+    assert_true(ckpt_restore_verdict(&running, 0, false, 0, 0, m, sizeof(m)));
+    assert_non_null(strstr(m, "wrote checkpoint 3 (8 updates"));
+    ckpt_record none = {0};
+    assert_false(ckpt_restore_verdict(&none, 0, false, 0, 0, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&none, 0, true, 5, 9, m, sizeof(m)));
+    assert_non_null(strstr(m, "no record of how the previous ps 0 stopped"));
+    ckpt_record legacy = {.legacy = true};
+    assert_true(ckpt_restore_verdict(&legacy, 0, true, 5, 9, m, sizeof(m)));
+    assert_non_null(strstr(m, "did not shut down cleanly"));
+    ckpt_record clean_empty = {.state = CKPT_STOP_CLEAN};
+    assert_false(ckpt_restore_verdict(&clean_empty, 0, false, 0, 0, m, sizeof(m)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corruption_falls_back),
         cmocka_unit_test(test_dedup_tombstones_round_trip),
+        cmocka_unit_test(test_initial_variable_is_its_spec),
+        cmocka_unit_test(test_lock_and_record),
+        cmocka_unit_test(test_restore_verdict),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
