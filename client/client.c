@@ -723,18 +723,28 @@ static void *heartbeat_main(void *arg)
     return NULL;
 }
 
-int ps_server_status(ps_client *c, int server, ps_server_stats *out)
+/* ServerStatus of one server for the public call `fn` (out: its output, checked for NULL),
+ * asking for at most max_variables variables (0: the server's default): the reply in *reply
+ * (client_free_replies) when PS_OK. */
+static int server_status_call(ps_client *c, int server, const void *out, const char *fn,
+                              uint32_t max_variables, ProtobufCMessage **reply)
 {
     clear_error();
     if (c == NULL || out == NULL)
-        return client_fail(PS_INVALID_ARGUMENT, "ps_server_status: NULL argument");
+        return client_fail(PS_INVALID_ARGUMENT, "%s: NULL argument", fn);
     if (server < 0 || server >= c->nservers)
         return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d", server,
                            c->nservers);
     Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    req.max_variables = max_variables;
+    return client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                        &psd__v1__server_status_reply__descriptor, reply);
+}
+
+int ps_server_status(ps_client *c, int server, ps_server_stats *out)
+{
     ProtobufCMessage *reply = NULL;
-    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
-                          &psd__v1__server_status_reply__descriptor, &reply);
+    int rc = server_status_call(c, server, out, "ps_server_status", 0, &reply);
     if (rc == PS_OK) {
         const Psd__V1__ServerStatusReply *r = (const void *)reply;
         memset(out, 0, sizeof(*out));
@@ -761,17 +771,9 @@ int ps_server_status(ps_client *c, int server, ps_server_stats *out)
 
 int ps_server_checkpoint_status(ps_client *c, int server, ps_checkpoint_status *out)
 {
-    clear_error();
-    if (c == NULL || out == NULL)
-        return client_fail(PS_INVALID_ARGUMENT, "ps_server_checkpoint_status: NULL argument");
-    if (server < 0 || server >= c->nservers)
-        return client_fail(PS_INVALID_ARGUMENT, "server %d out of range: cluster has %d", server,
-                           c->nservers);
-    Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
-    req.max_variables = 1; /* the counters are wanted, not the variables */
     ProtobufCMessage *reply = NULL;
-    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
-                          &psd__v1__server_status_reply__descriptor, &reply);
+    /* max_variables 1: the counters are wanted, not the variables */
+    int rc = server_status_call(c, server, out, "ps_server_checkpoint_status", 1, &reply);
     if (rc == PS_OK) {
         const Psd__V1__CheckpointStatus *k =
             ((const Psd__V1__ServerStatusReply *)reply)->checkpoint;
