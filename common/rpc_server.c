@@ -162,6 +162,22 @@ static const rpc_method *find_method(const rpc_server *s, int method)
     return NULL;
 }
 
+/* Turns the reply being built into a bare error reply: status and message, no body, tensor or
+ * segment (the caller gets no segment area to fill). */
+static void reply_error_only(envelope *env, int status, char *message, size_t *seg_len,
+                             uint8_t ***segment_out)
+{
+    env->status = status;
+    env->message = message;
+    env->tensor = NULL;
+    env->body.len = 0;
+    env->body.data = NULL;
+    *seg_len = 0;
+    if (*segment_out)
+        **segment_out = NULL;
+    *segment_out = NULL;
+}
+
 static void set_reply(rpc_call *c, int status, const char *message, const ProtobufCMessage *body,
                       const Psd__V1__TensorMeta *tensor, uint8_t **segment_out)
 {
@@ -212,15 +228,7 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
                  c->method ? c->method->name : "the handler", env_len, FRAME_MAX_ENVELOPE);
         status = STATUS_INTERNAL;
         c->status = status;
-        env.status = status;
-        env.message = clean;
-        env.tensor = NULL;
-        env.body.len = 0;
-        env.body.data = NULL;
-        seg_len = 0;
-        if (segment_out)
-            *segment_out = NULL;
-        segment_out = NULL;
+        reply_error_only(&env, status, clean, &seg_len, &segment_out);
     } else if (status == STATUS_OK && total > c->srv->cfg.max_message) {
         /* The limit holds both ways: a reply that outgrew it is refused, not sent. */
         snprintf(clean, sizeof(clean),
@@ -228,15 +236,7 @@ static void set_reply(rpc_call *c, int status, const char *message, const Protob
                  "ranges, pages)",
                  total, c->srv->cfg.max_message);
         status = STATUS_RESOURCE_EXHAUSTED;
-        env.status = status;
-        env.message = clean;
-        env.tensor = NULL;
-        env.body.len = 0;
-        env.body.data = NULL;
-        seg_len = 0;
-        if (segment_out)
-            *segment_out = NULL;
-        segment_out = NULL;
+        reply_error_only(&env, status, clean, &seg_len, &segment_out);
     }
     if (c->reply) {
         nng_msg_free(c->reply);
