@@ -355,33 +355,10 @@ static void test_eviction_flood_never_applies_twice(void **state)
 static void raw_push_versions(nng_socket s, const char *name, int worker, uint64_t client,
                               uint64_t seq, uint64_t *version, uint64_t *restored)
 {
-    Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
-    req.name = (char *)name;
-    uint8_t body[128];
-    size_t blen = psd__v1__push_request__pack(&req, body);
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__PUSH;
-    env.request_id = seq;
-    env.client_id = client;
-    env.seq = seq;
-    env.worker_id = worker;
-    env.body.data = body;
-    env.body.len = blen;
-    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = PSD__V1__DTYPE__FLOAT32;
-    t.count = 1;
-    env.tensor = &t;
-    float one = 1.0f;
-    frame f;
-    nng_msg *m;
-    assert_int_equal(test_raw_request(s, &env, &one, sizeof(one), &f, &m), PS_OK);
-    Psd__V1__PushReply *r = psd__v1__push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
-    assert_non_null(r);
-    *version = r->version;
-    *restored = r->restored_version;
-    psd__v1__push_reply__free_unpacked(r, NULL);
-    frame_fini(&f);
-    nng_msg_free(m);
+    test_push_reply r = test_raw_push_reply(s, name, worker, client, seq, 1.0f);
+    assert_int_equal(r.status, PS_OK);
+    *version = r.version;
+    *restored = r.restored_version;
 }
 
 static void raw_clock(nng_socket s, int worker, int64_t clock)

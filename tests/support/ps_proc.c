@@ -188,8 +188,8 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
     return st;
 }
 
-void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t client, uint64_t seq,
-                   float value, int *status, bool *duplicate)
+test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id,
+                                    uint64_t client, uint64_t seq, float value)
 {
     Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
     req.name = (char *)name;
@@ -210,19 +210,30 @@ void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t clien
     env.tensor = &t;
     frame f;
     nng_msg *m;
-    *duplicate = false;
-    *status = test_raw_request(s, &env, &value, sizeof(value), &f, &m);
-    if (*status < -999)
-        return;
-    if (*status == 0) {
+    test_push_reply out = {0};
+    out.status = test_raw_request(s, &env, &value, sizeof(value), &f, &m);
+    if (out.status < -999)
+        return out;
+    if (out.status == 0) {
         Psd__V1__PushReply *r =
             psd__v1__push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
         assert_non_null(r);
-        *duplicate = r->duplicate;
+        out.duplicate = r->duplicate;
+        out.version = r->version;
+        out.restored_version = r->restored_version;
         psd__v1__push_reply__free_unpacked(r, NULL);
     }
     frame_fini(&f);
     nng_msg_free(m);
+    return out;
+}
+
+void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t client, uint64_t seq,
+                   float value, int *status, bool *duplicate)
+{
+    test_push_reply r = test_raw_push_reply(s, name, worker_id, client, seq, value);
+    *status = r.status;
+    *duplicate = r.duplicate;
 }
 
 int test_http_get(int port, const char *path, char **body)

@@ -70,9 +70,21 @@ int test_raw_request(nng_socket s, envelope *env, const void *seg, size_t seglen
 /* The same on a fresh connection to the loopback port (receive timeout 15 s). */
 int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame *f, nng_msg **m);
 
+/* The reply to a raw push: its status (-1000 - the nng error: no reply) and, when OK, the
+ * PushReply's fields (otherwise false and 0). */
+typedef struct test_push_reply {
+    int status;
+    bool duplicate;
+    uint64_t version, restored_version;
+} test_push_reply;
+
 /* A raw push of one float to element 0 of `name` as client `client` with sequence number seq
- * (also the request id) and worker id worker_id: the reply's status in *status, and whether it
- * was dropped as a duplicate in *duplicate (false unless the status is OK). */
+ * (also the request id) and worker id worker_id. */
+test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id,
+                                    uint64_t client, uint64_t seq, float value);
+
+/* The same (test_raw_push_reply): the reply's status in *status, and whether it was dropped as
+ * a duplicate in *duplicate (false unless the status is OK). */
 void test_raw_push(nng_socket s, const char *name, int worker_id, uint64_t client, uint64_t seq,
                    float value, int *status, bool *duplicate);
 
