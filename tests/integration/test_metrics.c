@@ -3,10 +3,8 @@
  * ps-worker run scraped while it trains.
  *
  * usage: it_metrics PS-SERVER PS-WORKER */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -14,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,52 +27,6 @@ static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-/* GET path from 127.0.0.1:port. Returns the HTTP status (-1: no answer) and the body
- * (malloc'd, NUL-terminated) in *body when body is not NULL. */
-static int http_get(int port, const char *path, char **body)
-{
-    if (body)
-        *body = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof(req),
-                     "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
-    if (write(fd, req, (size_t)n) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-    }
-    close(fd);
-    buf[len] = '\0';
-    int status = -1;
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
-        status = -1;
-    const char *b = strstr(buf, "\r\n\r\n");
-    if (body)
-        *body = strdup(b ? b + 4 : "");
-    free(buf);
-    return status;
 }
 
 /* The value of the sample whose name and labels are exactly `series` (e.g.
@@ -108,7 +59,7 @@ static double sample_sum(const char *text, const char *prefix)
 static char *scrape(int port)
 {
     char *body;
-    int st = http_get(port, "/metrics", &body);
+    int st = test_http_get(port, "/metrics", &body);
     assert_int_equal(st, 200);
     assert_non_null(body);
     return body;
@@ -151,11 +102,11 @@ static void test_server_metrics(void **state)
     const char *extra[] = {"--http-listen", haddr, NULL};
     test_ps_start(&p, extra);
     int st = -1;
-    for (int i = 0; i < 100 && (st = http_get(hport, "/readyz", NULL)) != 200; i++)
+    for (int i = 0; i < 100 && (st = test_http_get(hport, "/readyz", NULL)) != 200; i++)
         sleep_ms(50);
     assert_int_equal(st, 200);
-    assert_int_equal(http_get(hport, "/livez", NULL), 200);
-    assert_int_equal(http_get(hport, "/no-such-page", NULL), 404);
+    assert_int_equal(test_http_get(hport, "/livez", NULL), 200);
+    assert_int_equal(test_http_get(hport, "/no-such-page", NULL), 404);
 
     enum { N = 25, ELEMS = 1024 };
     ps_client *c = test_ps_open_client(&p, NULL, NULL);
@@ -251,13 +202,13 @@ static void test_worker_metrics(void **state)
     /* Not ready before the cluster answers (no server yet). */
     char *body = NULL;
     int st = -1;
-    for (int i = 0; i < 100 && (st = http_get(hport, "/readyz", &body)) < 0; i++)
+    for (int i = 0; i < 100 && (st = test_http_get(hport, "/readyz", &body)) < 0; i++)
         sleep_ms(50);
     if (st != 503)
         fail_msg("worker /readyz before the server: %d %s", st, body ? body : "");
     assert_non_null(strstr(body, "not connected"));
     free(body);
-    assert_int_equal(http_get(hport, "/livez", NULL), 200);
+    assert_int_equal(test_http_get(hport, "/livez", NULL), 200);
 
     pid_t spid = test_server_spawn(server_bin, spec, 0, NULL, slog);
     assert_true(spid > 0);
@@ -267,7 +218,7 @@ static void test_worker_metrics(void **state)
         sleep_ms(50);
         free(text);
         text = NULL;
-        if (http_get(hport, "/metrics", &text) == 200 &&
+        if (test_http_get(hport, "/metrics", &text) == 200 &&
             sample(text, "psd_worker_steps_total") >= 3)
             seen = true;
     }
@@ -278,7 +229,7 @@ static void test_worker_metrics(void **state)
         fail_msg("the worker's /metrics shows no steps");
     }
     check_format(text);
-    assert_int_equal(http_get(hport, "/readyz", NULL), 200);
+    assert_int_equal(test_http_get(hport, "/readyz", NULL), 200);
     double steps = sample(text, "psd_worker_steps_total");
     assert_true(sample(text, "psd_worker_step_phase_seconds_count{phase=\"pull\"}") >= steps);
     assert_true(sample(text, "psd_worker_step_phase_seconds_count{phase=\"compute\"}") >= steps);
