@@ -119,24 +119,14 @@ def train(args: argparse.Namespace, task: worker_support.Task, log: worker_suppo
             meter.step(epoch, loss.item(), t1 - t0, t1 - tc)
         if task.index == 0 and epoch < args.epochs:  # not timed: evaluation is not training
             acc, test_loss = evaluate(model, x_test, y_test)
-            log.info(f"eval test_accuracy={acc:.4f} test_loss={test_loss:.4f}",
-                     step=meter.steps, epoch=epoch, test_loss=round(test_loss, 5),
-                     test_accuracy=round(acc, 4), final=False)
-    meter.log_result(record.resumed)
-    mine = record.finish()
-    if task.index != 0:
-        return 0
-    record.wait_for_others(mine, args.done_wait_s)
-    for var, param in pairs:  # evaluate what the servers hold
-        var.pull(param.data)
-    acc, test_loss = evaluate(model, x_test, y_test)
-    log.info(f"final test_accuracy={acc:.4f} test_loss={test_loss:.4f}", step=meter.steps,
-             epoch=args.epochs, test_loss=round(test_loss, 5), test_accuracy=round(acc, 4),
-             final=True)
-    print(f"test_accuracy={acc:.4f} test_loss={test_loss:.4f} steps={meter.steps} "
-          f"wall_s={meter.train_s:.2f} samples_per_s={meter.samples_per_s:.1f} "
-          f"comm_ms_per_step={1000 * meter.comm_s / max(meter.steps, 1):.3f}", flush=True)
-    return 0
+            worker_support.log_eval(log, meter, epoch, acc, test_loss, final=False)
+
+    def evaluate_servers() -> Tuple[float, float]:  # what the servers hold
+        for var, param in pairs:
+            var.pull(param.data)
+        return evaluate(model, x_test, y_test)
+
+    return worker_support.finish_run(args, task, log, record, meter, evaluate_servers)
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Tuple[float, float]:

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, List, NoReturn, Optional
+from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -295,3 +295,30 @@ class Meter:
                       wall_s=round(self.train_s, 3), samples_per_s=round(self.samples_per_s, 1),
                       comm_ms_per_step=round(comm, 3), compute_ms_per_step=round(compute, 3),
                       loss=round(self.loss, 5))
+
+
+def log_eval(log: Log, meter: Meter, epoch: int, acc: float, test_loss: float,
+             final: bool) -> None:
+    """The `eval` (after an epoch) or `final` line of worker 0's evaluation."""
+    log.info(f"{'final' if final else 'eval'} test_accuracy={acc:.4f} "
+             f"test_loss={test_loss:.4f}", step=meter.steps, epoch=epoch,
+             test_loss=round(test_loss, 5), test_accuracy=round(acc, 4), final=final)
+
+
+def finish_run(args: argparse.Namespace, task: Task, log: Log, record: RunRecord, meter: Meter,
+               evaluate_servers: Callable[[], Tuple[float, float]]) -> int:
+    """The end of a worker's training: its result line, its run counted as finished; worker 0
+    then waits for the others, evaluates what the servers hold (evaluate_servers: pulls the
+    model and returns the test accuracy and loss), logs it and prints the `test_accuracy=...`
+    line on stdout. Returns the exit code."""
+    meter.log_result(record.resumed)
+    mine = record.finish()
+    if task.index != 0:
+        return 0
+    record.wait_for_others(mine, args.done_wait_s)
+    acc, test_loss = evaluate_servers()
+    log_eval(log, meter, args.epochs, acc, test_loss, final=True)
+    print(f"test_accuracy={acc:.4f} test_loss={test_loss:.4f} steps={meter.steps} "
+          f"wall_s={meter.train_s:.2f} samples_per_s={meter.samples_per_s:.1f} "
+          f"comm_ms_per_step={1000 * meter.comm_s / max(meter.steps, 1):.3f}", flush=True)
+    return 0
