@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cluster_proc.h"
+#include "ps_proc.h"
 #include "psclient.h"
 #include "timeutil.h"
 
@@ -341,17 +342,8 @@ static void test_wait_deadline_names_the_worker(void **state)
 static void test_wait_figure_counts_every_attempt(void **state)
 {
     (void)state;
-    char tf[1400];
-    test_cluster_tf_config(&tc, "worker", 0, tf, sizeof(tf));
-    ps_config *cfg;
-    ps_client *c = NULL;
-    assert_int_equal(ps_config_create(&cfg), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "deadline-ms", "2000"), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "connections", "2"), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "resend-ms", "400"), PS_OK);
-    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
-    ps_config_destroy(cfg);
+    const char *settings[] = {"deadline-ms", "2000", "connections", "2", "resend-ms", "400", NULL};
+    ps_client *c = test_cluster_open_worker(&tc, 0, settings);
     ps_var *v = make_var(c, "fig/w", 2, PS_STALENESS_BSP, 1.0);
     assert_non_null(v);
     float w[2];

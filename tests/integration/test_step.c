@@ -501,15 +501,8 @@ static void test_step_ssp_bound_holds(void **state)
 static void test_step_wait_deadline_names_the_worker(void **state)
 {
     (void)state;
-    char tf[1400];
-    test_cluster_tf_config(&tc, "worker", 0, tf, sizeof(tf));
-    ps_config *cfg;
-    ps_client *c = NULL;
-    assert_int_equal(ps_config_create(&cfg), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
-    assert_int_equal(ps_config_set(cfg, "deadline-ms", "1500"), PS_OK);
-    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
-    ps_config_destroy(cfg);
+    const char *settings[] = {"deadline-ms", "1500", NULL};
+    ps_client *c = test_cluster_open_worker(&tc, 0, settings);
     ps_var *v = test_make_var_bound(c, "late/w", 2, PS_STALENESS_BSP);
     assert_non_null(v);
     float g[2] = {1, 1}, w[2];

@@ -86,6 +86,24 @@ ps_var *test_make_var(ps_client *c, const char *name, uint64_t n)
     return test_make_var_bound(c, name, n, PS_STALENESS_DEFAULT);
 }
 
+ps_client *test_cluster_open_worker(const test_cluster *tc, int worker, const char *const *settings)
+{
+    char tf[1400];
+    test_cluster_tf_config(tc, "worker", worker, tf, sizeof(tf));
+    ps_config *cfg;
+    ps_client *c = NULL;
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    if (ps_config_set(cfg, "tf-config", tf) != PS_OK)
+        fail_msg("tf-config %s: %s", tf, ps_last_error());
+    for (int i = 0; settings && settings[i]; i += 2)
+        if (settings[i + 1] == NULL || ps_config_set(cfg, settings[i], settings[i + 1]) != PS_OK)
+            fail_msg("setting %s: %s", settings[i], settings[i + 1] ? ps_last_error() : "no value");
+    if (ps_client_open(&c, cfg) != PS_OK)
+        fail_msg("worker %d: ps_client_open: %s", worker, ps_last_error());
+    ps_config_destroy(cfg);
+    return c;
+}
+
 ps_var *test_make_var_bound(ps_client *c, const char *name, uint64_t n, int staleness)
 {
     ps_var_spec s;
@@ -188,8 +206,8 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
     return st;
 }
 
-test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id,
-                                    uint64_t client, uint64_t seq, float value)
+test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id, uint64_t client,
+                                    uint64_t seq, float value)
 {
     Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
     req.name = (char *)name;

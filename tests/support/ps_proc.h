@@ -40,6 +40,14 @@ void test_ps_cleanup(test_ps *p);
  * (and a line on stderr) if it cannot be opened. */
 ps_client *test_ps_open_client(const test_ps *p, const char *resend_ms, const char *chunk);
 
+struct test_cluster;
+
+/* A client of the cluster tc as worker `worker` (its TF_CONFIG), with the settings `settings`
+ * (name, value, name, value, ..., NULL; may be NULL); fails the test, naming the setting or the
+ * open that failed, if it cannot be opened. */
+ps_client *test_cluster_open_worker(const struct test_cluster *tc, int worker,
+                                    const char *const *settings);
+
 /* Creates a 1-D float variable of n elements with SGD learning rate 1 (from zeros, its values
  * are minus the sum of the gradients pushed); NULL (and a line on stderr) on failure. */
 ps_var *test_make_var(ps_client *c, const char *name, uint64_t n);
@@ -80,8 +88,8 @@ typedef struct test_push_reply {
 
 /* A raw push of one float to element 0 of `name` as client `client` with sequence number seq
  * (also the request id) and worker id worker_id. */
-test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id,
-                                    uint64_t client, uint64_t seq, float value);
+test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id, uint64_t client,
+                                    uint64_t seq, float value);
 
 /* The same (test_raw_push_reply): the reply's status in *status, and whether it was dropped as
  * a duplicate in *duplicate (false unless the status is OK). */
