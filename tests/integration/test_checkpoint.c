@@ -74,6 +74,19 @@ static void ps_start(test_ps *p)
     ps_start_dir(p, p->dir);
 }
 
+/* A fresh server (its own directory, checkpoints there), a client of it in *c, and the
+ * variable `name` of n elements made through it (its creation writes checkpoint 1). */
+static ps_var *start_with_var(test_ps *p, ps_client **c, const char *name, uint64_t n)
+{
+    test_ps_init(p, server_bin, "psd-ckpt");
+    ps_start(p);
+    *c = test_ps_open_client(p, NULL, NULL);
+    assert_non_null(*c);
+    ps_var *v = test_make_var(*c, name, n);
+    assert_non_null(v);
+    return v;
+}
+
 /* Push of one float to element 0 of `name` as client `client` with sequence number seq, on a
  * connection of its own; the reply must be OK. */
 static void raw_push(int port, const char *name, uint64_t client, uint64_t seq, float value,
@@ -144,12 +157,8 @@ static void test_sigterm_restart_exact(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *a = test_make_var(c, "ck/a", N);
-    assert_non_null(a);
+    ps_client *c;
+    ps_var *a = start_with_var(&p, &c, "ck/a", N);
     assert_non_null(test_make_var(c, "ck/replay", 1));
     float g[N];
     for (int r = 1; r <= 5; r++) {
@@ -195,12 +204,8 @@ static void test_rpc_then_sigkill(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *v = test_make_var(c, "ck/b", N);
-    assert_non_null(v);
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/b", N);
     for (int r = 0; r < 3; r++)
         test_push_const(c, v, N, 1.0f);
     checkpoint_ok(&p, 2);       /* 1 made ck/b durable at its creation */
@@ -225,13 +230,9 @@ static void test_crash_mid_write(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
     size_t big = 1u << 20; /* 4 MiB: the crash comes inside the parameters */
-    ps_var *v = test_make_var(c, "ck/c", big);
-    assert_non_null(v);
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/c", big);
     test_push_const(c, v, big, 1.0f);
     checkpoint_ok(&p, 2);
     ps_client_close(c);
@@ -291,12 +292,8 @@ static void test_corrupt_newest_falls_back(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *v = test_make_var(c, "ck/d", N);
-    assert_non_null(v);
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/d", N);
     test_push_const(c, v, N, 1.0f);
     checkpoint_ok(&p, 2); /* 1: ck/d at its creation */
     test_push_const(c, v, N, 1.0f);
@@ -439,12 +436,8 @@ static void test_loss_report_follows_restore(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *v = test_make_var(c, "ck/f", 1); /* checkpoint 1 */
-    assert_non_null(v);
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/f", 1); /* checkpoint 1 */
     for (int r = 0; r < 3; r++)
         test_push_const(c, v, 1, 1.0f);
     checkpoint_ok(&p, 2); /* version 3 */
@@ -478,12 +471,8 @@ static void test_second_server_refused(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *v = test_make_var(c, "ck/g", N); /* checkpoint 1 */
-    assert_non_null(v);
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/g", N); /* checkpoint 1 */
     test_push_const(c, v, N, 1.0f);
     /* Another ps 0 (its own port) on the same directory. */
     char spec2[128], log2[400], want[200];
@@ -520,12 +509,9 @@ static void test_durable_from_creation(void **state)
 {
     (void)state;
     test_ps p;
-    test_ps_init(&p, server_bin, "psd-ckpt");
-    ps_start(&p); /* the default interval: 30 s, far beyond this test's life */
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    ps_var *v = test_make_var(c, "ck/h", N);
-    assert_non_null(v);
+    /* The server runs with the default checkpoint interval: 30 s, far beyond this test's life. */
+    ps_client *c;
+    ps_var *v = start_with_var(&p, &c, "ck/h", N);
     for (int r = 0; r < 4; r++)
         test_push_const(c, v, N, 1.0f);
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
