@@ -70,12 +70,12 @@ static int teardown(void **state)
     return test_cluster_stop(&tc);
 }
 
-/* Sends a frame and returns the reply's status, its message in msg (checked to be valid
- * UTF-8) and, when rep is not NULL, the reply frame's body unpacked as desc. */
-static int call_raw(const envelope *env, char *msg, size_t cap)
+/* Sends a frame (its segment: seglen bytes at seg) and returns the reply's status and its
+ * message in msg (checked to be valid UTF-8). */
+static int call_raw(const envelope *env, const void *seg, size_t seglen, char *msg, size_t cap)
 {
     nng_msg *m;
-    assert_int_equal(frame_build(&m, env, NULL, 0, NULL), 0);
+    assert_int_equal(frame_build(&m, env, seg, seglen, NULL), 0);
     assert_int_equal(nng_sendmsg(sock, m, 0), 0);
     assert_int_equal(nng_recvmsg(sock, &m, 0), 0);
     frame f;
@@ -146,7 +146,7 @@ static void test_pull_reply_limit(void **state)
     env.body.data = body;
     env.body.len = psd__v1__pull_request__pack(&r, body);
     char msg[512];
-    assert_int_equal(call_raw(&env, msg, sizeof(msg)), PS_RESOURCE_EXHAUSTED);
+    assert_int_equal(call_raw(&env, NULL, 0, msg, sizeof(msg)), PS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(msg, "max-message-bytes"));
     assert_non_null(strstr(msg, "ranges"));
 }
@@ -214,18 +214,7 @@ static int push(uint64_t client_id, uint64_t seq, char *msg, size_t cap)
     env.body.data = body;
     env.body.len = psd__v1__push_request__pack(&r, body);
     float g = 1.0f;
-    nng_msg *m;
-    assert_int_equal(frame_build(&m, &env, &g, sizeof(g), NULL), 0);
-    assert_int_equal(nng_sendmsg(sock, m, 0), 0);
-    assert_int_equal(nng_recvmsg(sock, &m, 0), 0);
-    frame f;
-    char err[256];
-    assert_int_equal(frame_parse(m, &f, err, sizeof(err)), 0);
-    int status = f.env->status;
-    snprintf(msg, cap, "%s", f.env->message);
-    frame_fini(&f);
-    nng_msg_free(m);
-    return status;
+    return call_raw(&env, &g, sizeof(g), msg, cap);
 }
 
 static void test_dedup_eviction(void **state)
