@@ -93,6 +93,20 @@ all_gone() {
     done
 }
 
+# Waits for worker 1 (pid $3, at most $5 s), then worker 0 (pid $2, $6 s), SIGTERMs the server
+# (pid $4) and waits for it, and fails (the message starting with $1) unless both workers exited 0.
+workers_finish() {
+    local what=$1 w0=$2 w1=$3 server=$4 rc0 rc1
+    wait_for "$w1" "$5"
+    rc1=$?
+    wait_for "$w0" "$6"
+    rc0=$?
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    [ "$rc0" -eq 0 ] || fail "$what: worker 0 exited $rc0"
+    [ "$rc1" -eq 0 ] || fail "$what: worker 1 exited $rc1"
+}
+
 # ---------------------------------------------------------------------------------------------
 run_train() {
     # Configuration errors need no server and exit 2 before connecting.
@@ -366,14 +380,7 @@ run_rejoin() {
     sleep 6
     kill -0 "$w0" 2>/dev/null || fail "rja: worker 0 finished while worker 1 was paused: make the run longer"
     kill -CONT "$w1"
-    wait_for "$w1" 60
-    local rc1=$?
-    wait_for "$w0" 30
-    local rc0=$?
-    kill -TERM "$server" 2>/dev/null
-    wait_for "$server" 10
-    [ "$rc0" -eq 0 ] || fail "rja: worker 0 exited $rc0"
-    [ "$rc1" -eq 0 ] || fail "rja: worker 1 exited $rc1"
+    workers_finish rja "$w0" "$w1" "$server" 60 30
     [ -n "$(accuracy_of "$tmp/rja-w0.out")" ] || fail "rja: worker 0 printed no accuracy"
     grep -q "worker 1 evicted" "$tmp/rja-ps.log" || fail "rja: the server did not evict worker 1"
     grep -q "worker 1 re-registered" "$tmp/rja-ps.log" || fail "rja: worker 1 did not re-register"
@@ -578,14 +585,7 @@ ps_restart_run() {
     TF_CONFIG=$(tfc ps 0) "$PS_SERVER" "${sargs[@]}" >"$tmp/$name-ps2.log" 2>&1 &
     server=$!
     pids+=("$server")
-    wait_for "$w1" 40
-    local rc1=$?
-    wait_for "$w0" 20
-    local rc0=$?
-    kill -TERM "$server" 2>/dev/null
-    wait_for "$server" 10
-    [ "$rc0" -eq 0 ] || fail "$name: worker 0 exited $rc0"
-    [ "$rc1" -eq 0 ] || fail "$name: worker 1 exited $rc1"
+    workers_finish "$name" "$w0" "$w1" "$server" 40 20
     grep -q "restored .*ckpt-0-" "$tmp/$name-ps2.log" ||
         fail "$name: the restarted server restored no checkpoint"
     acc=$(accuracy_of "$tmp/$name-w0.out")
