@@ -569,6 +569,35 @@ int client_all_servers(ps_client *c, int **out)
 
 /* ---- clock and cluster ------------------------------------------------------------------- */
 
+/* A CLOCK request (finished: the worker's last, it leaves the barrier) to every server:
+ * PS_OK or the failure. When the call succeeded and `given` is not NULL, *given is raised to
+ * the highest clock a server answered with. */
+static int clock_all_servers(ps_client *c, bool finished, int64_t *given)
+{
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
+    req.finished = finished;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
+                      &psd__v1__clock_reply__descriptor, replies);
+    for (int i = 0; given && rc == PS_OK && i < c->nservers; i++) {
+        int64_t clock = ((const Psd__V1__ClockReply *)replies[i])->clock;
+        if (clock > *given)
+            *given = clock;
+    }
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    free(servers);
+    return rc;
+}
+
 int ps_clock(ps_client *c, int64_t *clock_out)
 {
     clear_error();
@@ -578,30 +607,11 @@ int ps_clock(ps_client *c, int64_t *clock_out)
         return client_fail(PS_FAILED_PRECONDITION,
                            "ps_clock needs a worker id: run as a worker task or set worker-id");
     int64_t now = atomic_fetch_add(&c->clock, 1) + 1;
-    int *servers;
-    int rc = client_all_servers(c, &servers);
-    if (rc != PS_OK)
-        return rc;
-    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
-    if (replies == NULL) {
-        free(servers);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
-                      &psd__v1__clock_reply__descriptor, replies);
     /* A worker that was evicted continues from the clock the servers gave it. */
-    for (int i = 0; rc == PS_OK && i < c->nservers; i++) {
-        int64_t given = ((const Psd__V1__ClockReply *)replies[i])->clock;
-        if (given > now)
-            now = given;
-    }
+    int rc = clock_all_servers(c, false, &now);
     int64_t cur = atomic_load(&c->clock);
     while (now > cur && !atomic_compare_exchange_weak(&c->clock, &cur, now)) {
     }
-    client_free_replies(replies, c->nservers);
-    free(replies);
-    free(servers);
     if (clock_out)
         *clock_out = atomic_load(&c->clock);
     return rc;
@@ -672,23 +682,7 @@ int ps_worker_finished(ps_client *c)
     pthread_mutex_lock(&c->lock);
     c->finished = true;
     pthread_mutex_unlock(&c->lock);
-    int *servers;
-    int rc = client_all_servers(c, &servers);
-    if (rc != PS_OK)
-        return rc;
-    Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
-    req.finished = true;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
-    if (replies == NULL) {
-        free(servers);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
-                      &psd__v1__clock_reply__descriptor, replies);
-    client_free_replies(replies, c->nservers);
-    free(replies);
-    free(servers);
-    return rc;
+    return clock_all_servers(c, true, NULL);
 }
 
 static void *heartbeat_main(void *arg)
