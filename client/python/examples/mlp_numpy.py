@@ -90,9 +90,7 @@ def train(args: argparse.Namespace, task: worker_support.Task, log: worker_suppo
         b.append(biases[-1].pull())
     layers = len(W)
     n = x.shape[0]
-    batch = min(args.batch, n)
-    steps_per_epoch = n // batch
-    meter = worker_support.Meter(log, steps_per_epoch * args.epochs, batch, args.log_every)
+    batch, steps_per_epoch, meter = worker_support.run_plan(args, log, n)
     log.info(f"training {args.prefix} (layers {args.layers}) on shard {task.index} of "
              f"{task.count}: {n} examples, batch {batch}, "
              f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')} BLAS thread(s), "

@@ -89,9 +89,7 @@ def train(args: argparse.Namespace, task: worker_support.Task, log: worker_suppo
         var.pull(param.data)  # the module's own tensor receives the servers' values
         pairs.append((var, param))
     n = x.shape[0]
-    batch = min(args.batch, n)
-    steps_per_epoch = n // batch
-    meter = worker_support.Meter(log, steps_per_epoch * args.epochs, batch, args.log_every)
+    batch, steps_per_epoch, meter = worker_support.run_plan(args, log, n)
     log.info(f"training {args.prefix} ({sum(p.numel() for p in model.parameters())} "
              f"parameters) on shard {task.index} of {task.count}: {n} examples, batch {batch}, "
              f"{torch.get_num_threads()} thread(s), "

@@ -297,6 +297,14 @@ class Meter:
                       loss=round(self.loss, 5))
 
 
+def run_plan(args: argparse.Namespace, log: Log, n: int) -> Tuple[int, int, Meter]:
+    """A run over n examples: the batch size (--batch, at most n), the steps of an epoch (the
+    last partial batch left out) and the Meter of --epochs such epochs."""
+    batch = min(args.batch, n)
+    steps_per_epoch = n // batch
+    return batch, steps_per_epoch, Meter(log, steps_per_epoch * args.epochs, batch,
+                                         args.log_every)
+
 def log_eval(log: Log, meter: Meter, epoch: int, acc: float, test_loss: float,
              final: bool) -> None:
     """The `eval` (after an epoch) or `final` line of worker 0's evaluation."""
