@@ -120,7 +120,7 @@ class _CudaStage:
 
 
 class _Entry:
-    __slots__ = ("name", "param", "var", "asynchronous", "stage", "future", "pulled")
+    __slots__ = ("name", "param", "var", "asynchronous", "stage", "future", "pulled", "buf")
 
     def __init__(self, name: str, param: "torch.nn.Parameter", var: Variable,
                  stage: Optional[_CudaStage]) -> None:
@@ -131,6 +131,7 @@ class _Entry:
         self.stage = stage
         self.future: Optional["Future[Any]"] = None  # this step's push (or push-pull)
         self.pulled: Any = None  # the push-pull's destination, when it brought values back
+        self.buf: Any = None  # that destination for a CPU parameter, made once
 
 
 def _check_param(name: str, p: "torch.nn.Parameter") -> None:
@@ -288,9 +289,11 @@ class AttachedModule:
             if not grad.is_contiguous():
                 grad = grad.contiguous()
             if e.asynchronous:
-                out = torch.empty_like(e.param.data)
-                e.future = e.var.push_pull_async(grad, out)
-                e.pulled = out
+                # not into param.data: backward may still read the parameter
+                if e.buf is None or e.buf.shape != e.param.shape:
+                    e.buf = torch.empty_like(e.param.data, memory_format=torch.contiguous_format)
+                e.future = e.var.push_pull_async(grad, e.buf)
+                e.pulled = e.buf
             else:
                 e.future = e.var.push_async(grad)
             return
