@@ -295,8 +295,7 @@ int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
  * variable and assigns them, the others wait for it and pull. Any client may assign; pushes and
  * assigns of the same elements at once are applied in some order. Blocks. */
 int ps_assign(ps_client *c, ps_var *v, const float *values);
-int ps_assign_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
-                    const float *values);
+int ps_assign_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *values);
 
 /* ---- asynchronous operations ------------------------------------------------------------ */
 
