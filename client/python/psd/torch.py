@@ -45,7 +45,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -101,6 +101,8 @@ class _CudaStage:
         self.host_grad = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
         self.host_param = torch.empty(p.shape, dtype=torch.float32, pin_memory=True)
         self.copied = torch.cuda.Event()
+        self.landed = torch.cuda.Event()  # host_param's last copy to the device is done
+        self.landed.record(self.stream)
 
     def grad_to_host(self, grad: "torch.Tensor") -> None:
         """Starts the copy of grad into host_grad after what the compute stream queued."""
@@ -116,6 +118,7 @@ class _CudaStage:
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
             p.data.copy_(self.host_param, non_blocking=True)
+            self.landed.record(self.stream)
         compute.wait_stream(self.stream)
 
 
@@ -301,11 +304,15 @@ class AttachedModule:
         st.grad_to_host(grad)
         var, asynchronous = e.var, e.asynchronous
 
-        def send() -> Any:
+        def send() -> "Future[Any]":
+            # Runs on the stage thread, so that backward does not wait for the copy: the
+            # gradient is on the host once `copied` is done; host_param may be written again
+            # once its previous copy to the device is done. Returns the push's Future.
             st.copied.synchronize()
             if asynchronous:
-                return var.push_pull_async(st.host_grad, st.host_param).result()
-            return var.push_async(st.host_grad).result()
+                st.landed.synchronize()
+                return var.push_pull_async(st.host_grad, st.host_param)
+            return var.push_async(st.host_grad)
 
         assert self._executor is not None
         e.future = self._executor.submit(send)
@@ -326,7 +333,9 @@ class AttachedModule:
             if e.future is None:
                 continue
             try:
-                e.future.result()
+                r = e.future.result()
+                if isinstance(r, Future):  # a CUDA parameter's: the push the stage started
+                    r.result()
             except BaseException as x:  # noqa: BLE001 (re-raised below)
                 if first is None:
                     first = x
@@ -349,6 +358,8 @@ class AttachedModule:
             items.append((e.var, None, e.stage.host_param if e.stage else e.param.data))
             if e.stage is not None:
                 landed.append(e)
+        for e in landed:
+            e.stage.landed.synchronize()  # host_param may be written again (client.step)
         if items:
             self.client.step(items, clock=True)
         else:
@@ -359,6 +370,9 @@ class AttachedModule:
 
     def pull(self) -> None:
         """Copies every parameter's current values from the servers into the module."""
+        for e in self._entries:
+            if e.stage is not None:
+                e.stage.landed.synchronize()
         futs = [e.var.pull_async(e.stage.host_param if e.stage else e.param.data)
                 for e in self._entries]
         for f in futs:
