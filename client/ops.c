@@ -41,7 +41,7 @@ struct ps_op {
 };
 
 static const int op_method[] = {PSD__V1__METHOD__PULL, PSD__V1__METHOD__PUSH,
-                                PSD__V1__METHOD__PUSH_PULL, PSD__V1__METHOD__PUSH};
+                                PSD__V1__METHOD__PUSH_PULL, PSD__V1__METHOD__ASSIGN};
 
 static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
@@ -65,7 +65,6 @@ static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     }
     Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
     req.name = op->var->name;
-    req.assign = op->kind == OP_ASSIGN;
     const float *grad = op->grad + (p->offset - op->offset);
     if (dtype == PSD__V1__DTYPE__FLOAT32)
         return client_build(&env, &req.base, grad, (size_t)p->count * sizeof(float), out);

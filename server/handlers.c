@@ -555,24 +555,29 @@ static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply
     }
 }
 
-static void push_common(rpc_call *call, server_state *st, bool reply_params)
+static void push_common(rpc_call *call, server_state *st, bool reply_params, bool assign)
 {
     const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
         return;
-    push_apply(call, st, v, reply_params, req->assign);
+    push_apply(call, st, v, reply_params, assign);
     variable_release(v);
 }
 
 static void handle_push(rpc_call *call, void *arg)
 {
-    push_common(call, arg, false);
+    push_common(call, arg, false, false);
+}
+
+static void handle_assign(rpc_call *call, void *arg)
+{
+    push_common(call, arg, false, true);
 }
 
 static void handle_push_pull(rpc_call *call, void *arg)
 {
-    push_common(call, arg, true);
+    push_common(call, arg, true, false);
 }
 
 /* ---- Step: a training step's pushes, clock and pulls with this server, in one message ---- */
@@ -992,6 +997,8 @@ const rpc_method server_methods[] = {
      RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE},
+    {PSD__V1__METHOD__ASSIGN, "Assign", &psd__v1__push_request__descriptor, handle_assign,
+     RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},
