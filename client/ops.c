@@ -9,7 +9,7 @@
 #include "placement.h"
 #include "status.h"
 
-enum op_kind { OP_PULL, OP_PUSH, OP_PUSH_PULL };
+enum op_kind { OP_PULL, OP_PUSH, OP_PUSH_PULL, OP_ASSIGN };
 
 typedef struct op_part {
     ps_op *op;
@@ -41,7 +41,7 @@ struct ps_op {
 };
 
 static const int op_method[] = {PSD__V1__METHOD__PULL, PSD__V1__METHOD__PUSH,
-                                PSD__V1__METHOD__PUSH_PULL};
+                                PSD__V1__METHOD__PUSH_PULL, PSD__V1__METHOD__ASSIGN};
 
 static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
@@ -50,8 +50,11 @@ static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     envelope env;
     client_envelope(op->c, &env, op_method[op->kind], deadline_ms);
     env.seq = p->seq;
+    /* Values to assign travel in float32 whatever wire-dtype says: they are parameters, not
+     * gradients, and must arrive exactly. */
+    int dtype = op->kind == OP_ASSIGN ? PSD__V1__DTYPE__FLOAT32 : op->c->wire_dtype;
     Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
-    t.dtype = (Psd__V1__DType)op->c->wire_dtype;
+    t.dtype = (Psd__V1__DType)dtype;
     t.offset = p->offset;
     t.count = p->count;
     env.tensor = &t;
@@ -63,7 +66,7 @@ static int part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     Psd__V1__PushRequest req = PSD__V1__PUSH_REQUEST__INIT;
     req.name = op->var->name;
     const float *grad = op->grad + (p->offset - op->offset);
-    if (op->c->wire_dtype == PSD__V1__DTYPE__FLOAT32)
+    if (dtype == PSD__V1__DTYPE__FLOAT32)
         return client_build(&env, &req.base, grad, (size_t)p->count * sizeof(float), out);
     uint8_t *seg;
     int rv = client_build_segment(&env, &req.base, (size_t)p->count * 2, &seg, out);
@@ -202,7 +205,8 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
 {
     if (c == NULL || v == NULL || out == NULL)
         return client_fail(PS_INVALID_ARGUMENT, "NULL client, variable or op");
-    if ((kind != OP_PUSH && dst == NULL) || (kind != OP_PULL && grad == NULL))
+    bool writes = kind == OP_PULL || kind == OP_PUSH_PULL;
+    if ((writes && dst == NULL) || (kind != OP_PULL && grad == NULL))
         return client_fail(PS_INVALID_ARGUMENT, "NULL buffer for \"%s\"", v->name);
     if (offset > v->numel || count > v->numel - offset)
         return client_fail(PS_OUT_OF_RANGE,
@@ -227,7 +231,7 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
     op->kind = kind;
     op->offset = offset;
     op->count = count;
-    op->dst = kind == OP_PUSH ? NULL : dst;
+    op->dst = kind == OP_PUSH || kind == OP_ASSIGN ? NULL : dst;
     op->grad = grad;
     op->nparts = nparts;
     size_t k = 0;
@@ -270,6 +274,12 @@ int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
                        float *dst, ps_done_fn cb, void *arg, ps_op **out_op)
 {
     return op_start(c, v, OP_PUSH_PULL, offset, count, grad, dst, cb, arg, out_op);
+}
+
+int ps_assign_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *values,
+                    ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return op_start(c, v, OP_ASSIGN, offset, count, values, NULL, cb, arg, out_op);
 }
 
 int ps_op_wait(ps_op *op)
@@ -361,4 +371,14 @@ int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count,
                        float *dst)
 {
     return run_sync(c, v, OP_PUSH_PULL, offset, count, grad, dst);
+}
+
+int ps_assign(ps_client *c, ps_var *v, const float *values)
+{
+    return run_sync(c, v, OP_ASSIGN, 0, v ? v->numel : 0, values, NULL);
+}
+
+int ps_assign_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *values)
+{
+    return run_sync(c, v, OP_ASSIGN, offset, count, values, NULL);
 }

@@ -288,6 +288,15 @@ int ps_push_pull(ps_client *c, ps_var *v, const float *grad, float *dst);
 int ps_push_pull_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
                        float *dst);
 
+/* Writes values (ps_var_numel floats, or count from offset) into the variable as they are: no
+ * optimizer step and no BSP aggregate (the optimizer's state, e.g. Adam's moments, is kept).
+ * Exactly once like a push, and always sent in float32 (wire-dtype applies to gradients only).
+ * How a program makes its own initial values the servers': one task (the chief) creates the
+ * variable and assigns them, the others wait for it and pull. Any client may assign; pushes and
+ * assigns of the same elements at once are applied in some order. Blocks. */
+int ps_assign(ps_client *c, ps_var *v, const float *values);
+int ps_assign_range(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *values);
+
 /* ---- asynchronous operations ------------------------------------------------------------ */
 
 /* Completion callback: runs once, on a library thread, when every part of the operation has
@@ -305,6 +314,9 @@ int ps_push_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, cons
                   ps_done_fn cb, void *arg, ps_op **out_op);
 int ps_push_pull_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *grad,
                        float *dst, ps_done_fn cb, void *arg, ps_op **out_op);
+
+int ps_assign_async(ps_client *c, ps_var *v, uint64_t offset, uint64_t count, const float *values,
+                    ps_done_fn cb, void *arg, ps_op **out_op);
 
 /* Waits for completion and returns the operation's status (also sets ps_last_error). Blocks,
  * at most the operation's deadline and retries. */

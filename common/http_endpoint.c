@@ -530,14 +530,16 @@ static int listen_on(const char *host, const char *port, char *err, size_t errle
 int http_endpoint_start(http_endpoint **out, const char *addr, char *err, size_t errlen)
 {
     *out = NULL;
+    /* A bare PORT, like :PORT, means every interface (as Prometheus exporters take it). */
     const char *colon = strrchr(addr, ':');
-    if (colon == NULL || colon[1] == '\0' || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
-        strlen(colon + 1) > 5 || atoi(colon + 1) > 65535) {
-        snprintf(err, errlen, "http-listen \"%s\" is not host:port", addr);
+    const char *port = colon ? colon + 1 : addr;
+    if (port[0] == '\0' || strspn(port, "0123456789") != strlen(port) || strlen(port) > 5 ||
+        atoi(port) > 65535) {
+        snprintf(err, errlen, "http-listen \"%s\" is not host:port, :port or port", addr);
         return -1;
     }
     char host[256];
-    size_t host_len = (size_t)(colon - addr);
+    size_t host_len = colon ? (size_t)(colon - addr) : 0;
     const char *h = addr;
     if (host_len >= 2 && addr[0] == '[' && addr[host_len - 1] == ']') {
         h = addr + 1;
@@ -561,7 +563,7 @@ int http_endpoint_start(http_endpoint **out, const char *addr, char *err, size_t
         e->conns[i].fd = -1;
     pthread_mutex_init(&e->lock, NULL);
     snprintf(e->reason, sizeof(e->reason), "starting");
-    e->lfd = listen_on(host, colon + 1, err, errlen, addr);
+    e->lfd = listen_on(host, port, err, errlen, addr);
     if (e->lfd < 0)
         goto fail;
     struct sockaddr_storage ss;

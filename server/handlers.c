@@ -389,6 +389,7 @@ typedef struct push_in {
     const uint8_t *grad; /* cnt values of dtype; may be unaligned */
     int dtype;
     uint64_t off, cnt; /* in the variable's index space, checked against the shard */
+    bool assign;       /* grad holds values to write as they are (PushRequest.assign) */
 } push_in;
 
 /* Where a push-pull's reply goes, once the push is marked: `reply` allocates the reply (with
@@ -456,7 +457,7 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
     *version = atomic_load(&v->version) + (d == DEDUP_NEW);
     if (in->worker >= 0)
         sync_heard(st, in->worker);
-    if (d == DEDUP_NEW && v->staleness == 0 && in->worker >= 0) {
+    if (d == DEDUP_NEW && v->staleness == 0 && in->worker >= 0 && !in->assign) {
         /* BSP: summed now, applied once every live worker is past this clock. */
         if (sync_aggregate(st, v, in->worker, in->grad, in->dtype, first, in->cnt) != 0) {
             dedup_unmark(st->dedup, in->client, in->seq);
@@ -479,7 +480,10 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
     }
     variable_lock_range(v, first, in->cnt);
     if (d == DEDUP_NEW) {
-        apply_grad(v, first, in->grad, in->dtype, in->cnt);
+        if (in->assign)
+            frame_get_floats(v->params + first, in->grad, (size_t)in->cnt, in->dtype);
+        else
+            apply_grad(v, first, in->grad, in->dtype, in->cnt);
         /* Disjoint ranges of v apply at once: the version this update made is the one its
          * increment returns. A push-pull's reply was packed before (with the version read
          * then: equal to a concurrent push's at worst, which only makes a client's count of
@@ -517,7 +521,8 @@ static uint8_t *push_pull_reply_alloc(void *arg, bool duplicate, uint64_t versio
 }
 
 /* Push and push-pull: push_one, and the reply. */
-static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params)
+static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params,
+                       bool assign)
 {
     const envelope *env = rpc_call_envelope(call);
     size_t seglen;
@@ -527,7 +532,8 @@ static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply
                   .grad = rpc_call_segment(call, &seglen),
                   .dtype = env->tensor->dtype,
                   .off = env->tensor->offset,
-                  .cnt = env->tensor->count};
+                  .cnt = env->tensor->count,
+                  .assign = assign};
     push_pull_reply r = {call, st, v};
     bool dup;
     uint64_t version;
@@ -549,24 +555,29 @@ static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply
     }
 }
 
-static void push_common(rpc_call *call, server_state *st, bool reply_params)
+static void push_common(rpc_call *call, server_state *st, bool reply_params, bool assign)
 {
     const Psd__V1__PushRequest *req = (const void *)rpc_call_body(call);
     variable *v = resolve_range(st, call, req->name);
     if (v == NULL)
         return;
-    push_apply(call, st, v, reply_params);
+    push_apply(call, st, v, reply_params, assign);
     variable_release(v);
 }
 
 static void handle_push(rpc_call *call, void *arg)
 {
-    push_common(call, arg, false);
+    push_common(call, arg, false, false);
+}
+
+static void handle_assign(rpc_call *call, void *arg)
+{
+    push_common(call, arg, false, true);
 }
 
 static void handle_push_pull(rpc_call *call, void *arg)
 {
-    push_common(call, arg, true);
+    push_common(call, arg, true, false);
 }
 
 /* ---- Step: a training step's pushes, clock and pulls with this server, in one message ---- */
@@ -986,6 +997,8 @@ const rpc_method server_methods[] = {
      RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
      RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE},
+    {PSD__V1__METHOD__ASSIGN, "Assign", &psd__v1__push_request__descriptor, handle_assign,
+     RPC_RANGE | RPC_SEGMENT},
     {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock, RPC_POOL},
     {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
      handle_status, 0},

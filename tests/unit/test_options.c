@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "http_endpoint.h"
 #include "options.h"
 
 #define ERRLEN 512
@@ -716,6 +717,32 @@ static void test_markdown_exclude(void **state)
     free(text);
 }
 
+/* http-listen's value: host:port, :port (every interface) and a bare port, as Prometheus
+ * exporters take it (port 0: any free port); anything else is refused with the forms named. */
+static void test_http_listen_forms(void **state)
+{
+    (void)state;
+    const char *good[] = {"127.0.0.1:0", ":0", "0", "*:0"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        http_endpoint *e = NULL;
+        char err[256] = "";
+        int rc = http_endpoint_start(&e, good[i], err, sizeof(err));
+        if (rc != 0)
+            fail_msg("http-listen \"%s\": %s", good[i], err);
+        assert_non_null(e);
+        assert_true(http_endpoint_port(e) > 0);
+        http_endpoint_stop(e);
+    }
+    const char *bad[] = {"", "abc", "127.0.0.1", "70000", "1:2:x", "123456", ":"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        http_endpoint *e = NULL;
+        char err[256] = "";
+        assert_int_equal(http_endpoint_start(&e, bad[i], err, sizeof(err)), -1);
+        assert_null(e);
+        assert_non_null(strstr(err, "is not host:port, :port or port"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -733,6 +760,7 @@ int main(void)
         cmocka_unit_test_setup(test_rest_positional, clear_env),
         cmocka_unit_test_setup(test_shared_name_disjoint_scopes, clear_env),
         cmocka_unit_test_setup(test_markdown_exclude, clear_env),
+        cmocka_unit_test(test_http_listen_forms),
     };
     return cmocka_run_group_tests_name("options", tests, NULL, NULL);
 }

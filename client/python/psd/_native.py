@@ -151,6 +151,8 @@ _PROTOTYPES = {
     "ps_push_async": (c_int, [_P, _P, c_uint64, c_uint64, _P, DONE_FN, _P, POINTER(c_void_p)]),
     "ps_push_pull_async": (c_int, [_P, _P, c_uint64, c_uint64, _P, _P, DONE_FN, _P,
                                    POINTER(c_void_p)]),
+    "ps_assign_range": (c_int, [_P, _P, c_uint64, c_uint64, _P]),
+    "ps_assign_async": (c_int, [_P, _P, c_uint64, c_uint64, _P, DONE_FN, _P, POINTER(c_void_p)]),
     "ps_op_wait": (c_int, [_P]),
     "ps_op_done": (c_bool, [_P]),
     "ps_op_status": (c_int, [_P]),

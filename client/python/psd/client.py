@@ -326,6 +326,22 @@ class Variable:
             _raise(rc)
         del keep
 
+    def assign(self, values: Any, *, offset: Optional[int] = None,
+               count: Optional[int] = None) -> None:
+        """Writes `values` into the variable (or into elements [offset, offset + count)) as
+        they are: no optimizer step, no BSP aggregate; the optimizer's state is kept. Exactly
+        once like a push, sent in float32. How a program makes its own initial values the
+        servers' (the chief assigns them once; see psd.torch). Blocks."""
+        start, n, addr, keep = self._src(values, offset, count, "assign")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_assign_range(c, self._h, start, n, addr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep
+
     def push_pull(self, grad: Any, out: Any = None, *, offset: Optional[int] = None,
                   count: Optional[int] = None) -> Any:
         """Pushes `grad` and returns in `out` (allocated if None) the parameters just after
@@ -376,6 +392,13 @@ class Variable:
         modified until the Future is done; the Future keeps it alive."""
         start, n, addr, keep = self._src(grad, offset, count, "push_async")
         return self._start("ps_push_async", (start, n, addr), None, (keep,))
+
+    def assign_async(self, values: Any, *, offset: Optional[int] = None,
+                     count: Optional[int] = None) -> "Future[None]":
+        """Starts an assign (see assign) and returns a Future (result None); `values` must not
+        be modified until it is done."""
+        start, n, addr, keep = self._src(values, offset, count, "assign_async")
+        return self._start("ps_assign_async", (start, n, addr), None, (keep,))
 
     def push_pull_async(self, grad: Any, out: Any = None, *, offset: Optional[int] = None,
                         count: Optional[int] = None) -> "Future[Any]":

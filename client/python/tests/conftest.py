@@ -1,13 +1,14 @@
 """Fixtures: real ps-server processes on free loopback ports, and clients connected to them.
 
-PSD_SERVER names the ps-server executable and PSD_LIBRARY the libpsclient to load; the meson
-test `python` sets both (tests/meson.build)."""
+PSD_SERVER names the ps-server executable (unset: the `ps-server` found on PATH) and
+PSD_LIBRARY the libpsclient to load; the meson test `python` sets both (tests/meson.build)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,8 +26,12 @@ import psd  # noqa: E402
 def server_bin() -> str:
     path = os.environ.get("PSD_SERVER")
     if not path:
-        raise RuntimeError("PSD_SERVER is not set: point it at ps-server, e.g. "
-                           "PSD_SERVER=build/server/ps-server (meson test python sets it)")
+        path = shutil.which("ps-server")
+        if path is None:
+            raise RuntimeError("PSD_SERVER is not set and no ps-server is on PATH: point it at "
+                               "ps-server, e.g. PSD_SERVER=build/server/ps-server (meson test "
+                               "python sets it), or install psd (meson install)")
+        return path
     if not os.access(path, os.X_OK):
         raise RuntimeError(f"PSD_SERVER={path}: not an executable file")
     return path

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Benchmarks of psd.torch (results in bench/RESULTS.md, "PyTorch: psd.torch").
+
+overlap: a wide MLP (784-4096-4096-10, 20.1 M parameters) on one worker and one ps-server on
+    loopback. Times per step (median; the modes take turns, --steps each per round, over
+    --rounds, so that they share the machine's load): forward+backward alone (no psd), attached with pushes from the gradient hooks (overlap), attached with every push
+    after backward (sequential). Communication = sequential - compute; hidden share =
+    (sequential - overlap) / communication.
+
+ddp: the Fashion-MNIST MLP (784-256-128-10, Adam lr 1e-3, batch 128 per worker) as 2 workers:
+    psd.torch through ps-local (1 ps, BSP) against torch DistributedDataParallel (gloo, CPU),
+    same shards, same epochs: samples/s per worker and test accuracy.
+
+    PSD_LIBRARY=build/client/libpsclient.so /usr/bin/python3 \\
+        client/python/bench/torch_attach_bench.py overlap --server build/server/ps-server
+    /usr/bin/python3 client/python/bench/torch_attach_bench.py ddp \\
+        --ps-local build/deploy/local/ps-local --epochs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def overlap(args: argparse.Namespace) -> None:
+    import torch
+    import psd
+    import psd.torch
+    torch.set_num_threads(args.threads)
+    port = free_port()
+    spec = {"ps": [f"127.0.0.1:{port}"]}
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": spec,
+                                                  "task": {"type": "ps", "index": 0}}))
+    srv = subprocess.Popen([args.server, "--log-level", "warn"], env=env)
+    try:
+        time.sleep(0.5)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(784, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 10))
+        x = torch.randn(args.batch, 784)
+        y = torch.randint(0, 10, (args.batch,))
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def timed(step, n: int) -> list:
+            ts = []
+            for i in range(1 + n):  # one warm-up step
+                t0 = time.perf_counter()
+                model.zero_grad()
+                loss_fn(model(x), y).backward()
+                step()
+                ts.append(time.perf_counter() - t0)
+            return ts[1:]
+
+        # The machine is shared and noisy: the modes take turns, a few steps each per round,
+        # so that they see the same load; the figure of each is the median of all its steps.
+        modes = [(st, ov) for st in (psd.STALENESS_ASYNC, psd.STALENESS_BSP)
+                 for ov in (False, True)]
+        times: dict = {m: [] for m in modes}
+        times["compute"] = []
+        with psd.Client(spec, use_env=False, worker_id=0) as c:
+            for r in range(args.rounds):
+                times["compute"] += timed(lambda: None, args.steps)
+                for st, ov in modes:
+                    d = psd.torch.attach(c, model, lr=1e-4, staleness=st, chief=True,
+                                         prefix=f"wide{st}/", overlap=ov)
+                    times[(st, ov)] += timed(d.step, args.steps)
+                    d.detach()
+        med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        compute = med["compute"]
+        print(f"wide MLP 784-4096-4096-10, batch {args.batch}, {args.threads} torch thread(s), "
+              f"{args.rounds} rounds x {args.steps} steps per mode", flush=True)
+        for st in (psd.STALENESS_ASYNC, psd.STALENESS_BSP):
+            seq, ovl = med[(st, False)], med[(st, True)]
+            comm = seq - compute
+            hidden = (seq - ovl) / comm if comm > 0 else float("nan")
+            print(f"staleness {st:2d}: compute {compute:.1f} ms, sequential {seq:.1f} ms, "
+                  f"overlap {ovl:.1f} ms, communication {comm:.1f} ms, hidden "
+                  f"{100 * hidden:.0f}%", flush=True)
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+DDP_WORKER = r'''
+import os, sys, time, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import fashion_mnist
+rank, world, epochs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", rank=rank, world_size=world)
+torch.manual_seed(1)
+model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),
+                            torch.nn.ReLU(), torch.nn.Linear(128, 10))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+xtr, ytr, xte, yte = fashion_mnist.load_train_test()
+x, y = fashion_mnist.shard(xtr, ytr, rank, world)
+x, y = torch.from_numpy(x), torch.from_numpy(y)
+g = torch.Generator().manual_seed(1 + rank)
+steps = len(x) // 128
+loss_fn = torch.nn.CrossEntropyLoss()
+t0 = time.perf_counter()
+for e in range(epochs):
+    order = torch.randperm(len(x), generator=g)
+    for s in range(steps):
+        idx = order[s * 128:(s + 1) * 128]
+        opt.zero_grad()
+        loss_fn(ddp(x[idx]), y[idx]).backward()
+        opt.step()
+wall = time.perf_counter() - t0
+if rank == 0:
+    with torch.no_grad():
+        acc = float((model(torch.from_numpy(xte)).argmax(1) == torch.from_numpy(yte)).float().mean())
+    print(f"test_accuracy={acc:.4f} steps={steps * epochs} wall_s={wall:.2f} "
+          f"samples_per_s={steps * epochs * 128 / wall:.1f}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def ddp(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "ddp_worker.py")
+        with open(script, "w") as f:
+            f.write(DDP_WORKER)
+        for run in range(args.repeat):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            procs = [subprocess.Popen([sys.executable, script, EXAMPLES, str(r), "2",
+                                       str(args.epochs)], env=env, stdout=subprocess.PIPE,
+                                      text=True) for r in range(2)]
+            out = procs[0].communicate()[0]
+            procs[1].wait()
+            print(f"ddp gloo run {run + 1}: {out.strip()}", flush=True)
+            for extra, name in (([], "psd.torch BSP overlap"),
+                                (["--no-overlap"], "psd.torch BSP push after backward"),
+                                (["--staleness", "-1"], "psd.torch async overlap")):
+                p = subprocess.run([args.ps_local, "--workers", "2", "--worker",
+                                    os.path.join(EXAMPLES, "torch_attach.py"), "--",
+                                    "--epochs", str(args.epochs), "--prefix",
+                                    f"bench{run}{len(extra)}{extra[-1] if extra else ''}/",
+                                    *extra], capture_output=True, text=True)
+                print(f"{name} run {run + 1}: {p.stdout.strip()} (exit {p.returncode})",
+                      flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overlap")
+    o.add_argument("--server", required=True)
+    o.add_argument("--batch", type=int, default=64)
+    o.add_argument("--steps", type=int, default=3, help="timed steps per mode and round")
+    o.add_argument("--rounds", type=int, default=5)
+    o.add_argument("--threads", type=int, default=2)
+    d = sub.add_parser("ddp")
+    d.add_argument("--ps-local", required=True)
+    d.add_argument("--epochs", type=int, default=2)
+    d.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    overlap(args) if args.what == "overlap" else ddp(args)
+
+
+if __name__ == "__main__":
+    main()
