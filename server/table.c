@@ -1,0 +1,815 @@
+/* Sparse tables: see table.h for the contracts.
+ *
+ * Layout of one partition:
+ *   index   open addressing over `cap` (a power of two) entries {id, slot + 1}; 0 = empty.
+ *           Linear probing from hash & (cap - 1); deletion shifts the following entries
+ *           back (Knuth's algorithm R), so there are no tombstones and a lookup stops at the
+ *           first empty entry. Doubled when count reaches 3/4 of cap.
+ *   slabs   rows_per_slab (a power of two) rows of row_bytes each; slot s lives in slab
+ *           s >> slab_shift at s & (rows_per_slab - 1). Slabs are never moved or freed
+ *           before the table, so a row pointer stays valid under the partition's lock.
+ *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
+ *           per optimizer slot. Free slots are chained through the header's `next`.
+ *   lru     a doubly linked list of the rows, most recently updated first.
+ *   sketch  with min_count > 1: 4 x SKETCH_WIDTH saturating counters (count-min).
+ *
+ * The hash of an id, mix64(id * G + C), gives the partition (its top bits) and the home
+ * bucket (its low bits); it is unrelated to placement's hash, so the rows a server holds
+ * still spread evenly over its partitions. */
+#include "table.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "placement.h"
+#include "util.h"
+
+#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
+#define SLAB_BYTES (64u * 1024u)
+#define INITIAL_CAP 16u
+#define SKETCH_DEPTH 4
+#define SKETCH_WIDTH 1024u
+#define SKETCH_AGE_EVERY 8192u
+#define MAX_MIN_COUNT 65535u
+
+typedef struct row_header {
+    int64_t id;
+    int64_t updated_ms;
+    uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
+} row_header;
+
+typedef struct index_entry {
+    int64_t id;
+    uint32_t slot1; /* slot + 1; 0: empty */
+    uint32_t unused;
+} index_entry;
+
+typedef struct partition {
+    pthread_rwlock_t lock;
+    index_entry *index;
+    uint32_t cap, count;
+    unsigned char **slabs;
+    uint32_t nslabs, slabs_cap;
+    uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
+    uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
+    uint32_t lru_head, lru_tail;
+    uint16_t *sketch;
+    uint32_t sketch_events;
+    uint64_t bytes;
+    /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
+    _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
+        evicted_ttl, evicted_max_rows, removed, index_growths, longest_growth_ns;
+} partition;
+
+struct table {
+    char *name;
+    uint64_t name_key; /* placement_hash(name): the initializer's table key */
+    uint32_t dim, nslots, row_floats;
+    size_t row_bytes;
+    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
+    uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
+    uint32_t nparts;
+    optimizer_params opt;
+    initializer_params init;
+    uint32_t min_count;
+    int64_t ttl_ms;
+    uint64_t max_rows;
+    _Atomic uint64_t rows;
+    _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
+    partition *parts;
+};
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t id_hash(int64_t id)
+{
+    return mix64((uint64_t)id * GOLDEN + UINT64_C(0x5851F42D4C957F2D));
+}
+
+static inline uint32_t part_of(const table *t, uint64_t h)
+{
+    return t->part_shift >= 64 ? 0 : (uint32_t)(h >> t->part_shift);
+}
+
+static inline void count_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static inline uint64_t count_get(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- rows and slabs ---------------------------------------------------------------------- */
+
+static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
+{
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
+}
+
+static inline float *row_floats(row_header *h)
+{
+    return (float *)(h + 1);
+}
+
+/* A free slot: a reused one, else the next fresh one (a new slab when the last is full).
+ * Returns slot + 1, or 0 when memory runs out. */
+static uint32_t slot_alloc(table *t, partition *p)
+{
+    if (p->free_head != 0) {
+        uint32_t s1 = p->free_head;
+        p->free_head = row_at(t, p, s1 - 1)->next;
+        return s1;
+    }
+    uint32_t per_slab = 1u << t->slab_shift;
+    if (p->used == UINT32_MAX - 1)
+        return 0;
+    if (p->used == p->nslabs * per_slab) {
+        if (p->nslabs == p->slabs_cap) {
+            uint32_t ncap = p->slabs_cap ? p->slabs_cap * 2 : 8;
+            unsigned char **ns = realloc(p->slabs, ncap * sizeof(*ns));
+            if (ns == NULL)
+                return 0;
+            p->bytes += (uint64_t)(ncap - p->slabs_cap) * sizeof(*ns);
+            p->slabs = ns;
+            p->slabs_cap = ncap;
+        }
+        size_t bytes = (size_t)per_slab * t->row_bytes;
+        unsigned char *slab = malloc(bytes);
+        if (slab == NULL)
+            return 0;
+        p->slabs[p->nslabs++] = slab;
+        p->bytes += bytes;
+    }
+    return ++p->used;
+}
+
+static void slot_free(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    h->next = p->free_head;
+    p->free_head = slot1;
+}
+
+static void lru_unlink(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    if (h->prev != 0)
+        row_at(t, p, h->prev - 1)->next = h->next;
+    else
+        p->lru_head = h->next;
+    if (h->next != 0)
+        row_at(t, p, h->next - 1)->prev = h->prev;
+    else
+        p->lru_tail = h->prev;
+    h->prev = h->next = 0;
+}
+
+static void lru_push_front(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    h->prev = 0;
+    h->next = p->lru_head;
+    if (p->lru_head != 0)
+        row_at(t, p, p->lru_head - 1)->prev = slot1;
+    else
+        p->lru_tail = slot1;
+    p->lru_head = slot1;
+}
+
+/* ---- the index --------------------------------------------------------------------------- */
+
+/* Position of id in the index, or of the empty entry where it would go. */
+static uint32_t index_probe(const partition *p, int64_t id, uint64_t h)
+{
+    uint32_t mask = p->cap - 1, i = (uint32_t)h & mask;
+    while (p->index[i].slot1 != 0 && p->index[i].id != id)
+        i = (i + 1) & mask;
+    return i;
+}
+
+static uint32_t index_find(const partition *p, int64_t id, uint64_t h)
+{
+    return p->index[index_probe(p, id, h)].slot1;
+}
+
+/* Doubles the index. Returns 0, or -1 when memory runs out (the old index stays). */
+static int index_grow(partition *p)
+{
+    uint64_t t0 = now_ns();
+    uint32_t ncap = p->cap * 2;
+    if (ncap == 0)
+        return -1;
+    index_entry *ni = calloc(ncap, sizeof(*ni));
+    if (ni == NULL)
+        return -1;
+    uint32_t mask = ncap - 1;
+    for (uint32_t i = 0; i < p->cap; i++) {
+        if (p->index[i].slot1 == 0)
+            continue;
+        uint32_t j = (uint32_t)id_hash(p->index[i].id) & mask;
+        while (ni[j].slot1 != 0)
+            j = (j + 1) & mask;
+        ni[j] = p->index[i];
+    }
+    free(p->index);
+    p->bytes += (uint64_t)(ncap - p->cap) * sizeof(*ni);
+    p->index = ni;
+    p->cap = ncap;
+    uint64_t dt = now_ns() - t0;
+    count_add(&p->index_growths, 1);
+    if (dt > count_get(&p->longest_growth_ns))
+        atomic_store_explicit(&p->longest_growth_ns, dt, memory_order_relaxed);
+    return 0;
+}
+
+/* Removes the entry at position i, shifting back the entries of its probe run. */
+static void index_delete_at(partition *p, uint32_t i)
+{
+    uint32_t mask = p->cap - 1, j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (p->index[j].slot1 == 0)
+            break;
+        uint32_t home = (uint32_t)id_hash(p->index[j].id) & mask;
+        /* Entry j may move to i only if its home is not in (i, j] (cyclically). */
+        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays)
+            continue;
+        p->index[i] = p->index[j];
+        i = j;
+    }
+    p->index[i].slot1 = 0;
+    p->count--;
+}
+
+/* Removes row `id` (present at index position pos) from index, LRU and slots. */
+static void row_remove(table *t, partition *p, uint32_t pos)
+{
+    uint32_t slot1 = p->index[pos].slot1;
+    index_delete_at(p, pos);
+    lru_unlink(t, p, slot1);
+    slot_free(t, p, slot1);
+    atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+}
+
+/* ---- admission ---------------------------------------------------------------------------- */
+
+/* Counts one push of an id without a row; true when it reaches min_count. */
+static bool sketch_admit(table *t, partition *p, uint64_t h)
+{
+    uint64_t h2 = mix64(h ^ UINT64_C(0xD6E8FEB86659FD93));
+    uint32_t est = UINT32_MAX;
+    for (int d = 0; d < SKETCH_DEPTH; d++) {
+        uint16_t *c = &p->sketch[d * SKETCH_WIDTH + ((h2 >> (d * 16)) & (SKETCH_WIDTH - 1))];
+        if (*c < UINT16_MAX)
+            (*c)++;
+        est = *c < est ? *c : est;
+    }
+    if (++p->sketch_events >= SKETCH_AGE_EVERY) {
+        for (uint32_t i = 0; i < SKETCH_DEPTH * SKETCH_WIDTH; i++)
+            p->sketch[i] >>= 1;
+        p->sketch_events = 0;
+    }
+    return est >= t->min_count;
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static bool power_of_two(uint32_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+static int check_spec(const table_spec *s, char *err, size_t errlen)
+{
+    if (s == NULL)
+        return errf(err, errlen, "table: spec = NULL");
+    size_t nlen = s->name ? strlen(s->name) : 0;
+    if (nlen == 0 || nlen > TABLE_MAX_NAME)
+        return errf(err, errlen, "table: name length %zu: must be 1..%d bytes", nlen,
+                    TABLE_MAX_NAME);
+    if (s->dim == 0 || s->dim > TABLE_MAX_DIM)
+        return errf(err, errlen, "table %s: dim = %u: must be in 1..%d", s->name, s->dim,
+                    TABLE_MAX_DIM);
+    char why[200];
+    if (optimizer_validate(&s->opt, why, sizeof(why)) != 0)
+        return errf(err, errlen, "table %s: %s", s->name, why);
+    if (initializer_validate(&s->init, NULL, 0, why, sizeof(why)) != 0)
+        return errf(err, errlen, "table %s: %s", s->name, why);
+    if (s->init.kind == INITIALIZER_GLOROT_UNIFORM)
+        return errf(err, errlen,
+                    "table %s: initializer glorot_uniform needs a bounded shape: use uniform or "
+                    "normal for rows",
+                    s->name);
+    if (s->min_count > MAX_MIN_COUNT)
+        return errf(err, errlen, "table %s: min_count = %u: must be at most %u", s->name,
+                    s->min_count, MAX_MIN_COUNT);
+    if (s->ttl_ms < 0)
+        return errf(err, errlen, "table %s: ttl_ms = %lld: must be >= 0", s->name,
+                    (long long)s->ttl_ms);
+    if (s->partitions != 0 &&
+        (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
+        return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
+                    s->name, s->partitions, TABLE_MAX_PARTITIONS);
+    return 0;
+}
+
+static int partition_init(table *t, partition *p)
+{
+    memset(p, 0, sizeof(*p));
+    if (pthread_rwlock_init(&p->lock, NULL) != 0)
+        return -1;
+    p->cap = INITIAL_CAP;
+    p->index = calloc(p->cap, sizeof(*p->index));
+    if (p->index == NULL)
+        return -1;
+    p->bytes = sizeof(*p) + (uint64_t)p->cap * sizeof(*p->index);
+    if (t->min_count > 1) {
+        p->sketch = calloc(SKETCH_DEPTH * SKETCH_WIDTH, sizeof(*p->sketch));
+        if (p->sketch == NULL)
+            return -1;
+        p->bytes += SKETCH_DEPTH * SKETCH_WIDTH * sizeof(*p->sketch);
+    }
+    return 0;
+}
+
+static void partition_fini(partition *p)
+{
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        free(p->slabs[i]);
+    free(p->slabs);
+    free(p->index);
+    free(p->sketch);
+    pthread_rwlock_destroy(&p->lock);
+}
+
+table *table_create(const table_spec *spec, char *err, size_t errlen)
+{
+    if (check_spec(spec, err, errlen) != 0)
+        return NULL;
+    table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        goto oom;
+    t->name = strdup(spec->name);
+    if (t->name == NULL)
+        goto oom_table;
+    t->name_key = placement_hash(spec->name);
+    t->dim = spec->dim;
+    t->opt = spec->opt;
+    t->init = spec->init;
+    t->nslots = (uint32_t)optimizer_slot_count(spec->opt.kind);
+    t->row_floats = t->dim * (1 + t->nslots);
+    t->row_bytes = sizeof(row_header) + (size_t)t->row_floats * sizeof(float);
+    t->slab_shift = 0;
+    while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
+        t->slab_shift++;
+    t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
+    uint32_t bits = 0;
+    while ((1u << bits) < t->nparts)
+        bits++;
+    t->part_shift = 64 - bits;
+    t->min_count = spec->min_count;
+    t->ttl_ms = spec->ttl_ms;
+    t->max_rows = spec->max_rows;
+    t->parts = calloc(t->nparts, sizeof(*t->parts));
+    if (t->parts == NULL)
+        goto oom_name;
+    for (uint32_t i = 0; i < t->nparts; i++) {
+        if (partition_init(t, &t->parts[i]) != 0) {
+            for (uint32_t j = 0; j <= i; j++)
+                partition_fini(&t->parts[j]);
+            free(t->parts);
+            goto oom_name;
+        }
+    }
+    return t;
+
+oom_name:
+    free(t->name);
+oom_table:
+    free(t);
+oom:
+    errf(err, errlen, "table %s: out of memory", spec->name);
+    return NULL;
+}
+
+void table_destroy(table *t)
+{
+    if (t == NULL)
+        return;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        partition_fini(&t->parts[i]);
+    free(t->parts);
+    free(t->name);
+    free(t);
+}
+
+const char *table_name(const table *t)
+{
+    return t->name;
+}
+
+uint32_t table_dim(const table *t)
+{
+    return t->dim;
+}
+
+uint32_t table_row_floats(const table *t)
+{
+    return t->row_floats;
+}
+
+uint32_t table_partitions(const table *t)
+{
+    return t->nparts;
+}
+
+uint32_t table_partition_of(const table *t, int64_t id)
+{
+    return part_of(t, id_hash(id));
+}
+
+/* ---- pull -------------------------------------------------------------------------------- */
+
+void table_pull(table *t, const int64_t *ids, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = id_hash(ids[i]);
+        partition *p = &t->parts[part_of(t, h)];
+        float *dst = out + i * (size_t)t->dim;
+        pthread_rwlock_rdlock(&p->lock);
+        count_add(&p->lookups, 1);
+        uint32_t slot1 = index_find(p, ids[i], h);
+        if (slot1 != 0)
+            memcpy(dst, row_floats(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
+        else
+            count_add(&p->lookup_misses, 1);
+        pthread_rwlock_unlock(&p->lock);
+        if (slot1 == 0)
+            initializer_fill_row(&t->init, t->name_key, ids[i], dst, t->dim);
+    }
+}
+
+/* ---- making rows --------------------------------------------------------------------------- */
+
+/* Makes room for one more row under max_rows, evicting p's least recently updated row when
+ * the table is full. Returns false (nothing reserved) when the table is full and p has no
+ * row to give. On true the row is counted in t->rows. */
+static bool reserve_row(table *t, partition *p)
+{
+    uint64_t after = atomic_fetch_add_explicit(&t->rows, 1, memory_order_relaxed) + 1;
+    if (t->max_rows == 0 || after <= t->max_rows)
+        return true;
+    if (p->lru_tail == 0) {
+        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+        return false;
+    }
+    row_header *victim = row_at(t, p, p->lru_tail - 1);
+    row_remove(t, p, index_probe(p, victim->id, id_hash(victim->id)));
+    count_add(&p->evicted_max_rows, 1);
+    return true;
+}
+
+/* Makes row id in p (write-locked, absent from the index) from the initializer. Returns
+ * slot + 1; 0 when the row was not made (*oom set when memory ran out). */
+static uint32_t row_make(table *t, partition *p, int64_t id, uint64_t h, bool *oom)
+{
+    *oom = false;
+    if ((p->count + 1) * 4u > p->cap * 3u && index_grow(p) != 0) {
+        *oom = true;
+        return 0;
+    }
+    if (!reserve_row(t, p))
+        return 0;
+    uint32_t slot1 = slot_alloc(t, p);
+    if (slot1 == 0) {
+        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+        *oom = true;
+        return 0;
+    }
+    row_header *r = row_at(t, p, slot1 - 1);
+    r->id = id;
+    r->updated_ms = 0;
+    float *w = row_floats(r);
+    initializer_fill_row(&t->init, t->name_key, id, w, t->dim);
+    float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+    for (uint32_t s = 0; s < t->nslots; s++)
+        slots[s] = w + (size_t)(s + 1) * t->dim;
+    optimizer_init_slots(&t->opt, slots, t->dim);
+    /* The probe runs again: an eviction above may have shifted entries. */
+    uint32_t pos = index_probe(p, id, h);
+    p->index[pos].id = id;
+    p->index[pos].slot1 = slot1;
+    p->count++;
+    lru_push_front(t, p, slot1);
+    count_add(&p->rows_created, 1);
+    return slot1;
+}
+
+/* ---- push -------------------------------------------------------------------------------- */
+
+typedef struct batch {
+    size_t nu;        /* distinct ids */
+    int64_t *uids;    /* [nu] */
+    uint64_t *hashes; /* [nu] */
+    float *sums;      /* [nu * dim] summed gradients */
+    uint32_t *order;  /* [nu] distinct ids grouped by partition */
+    uint32_t *starts; /* [nparts + 1] group bounds in order */
+} batch;
+
+static void batch_free(batch *b)
+{
+    free(b->uids);
+    free(b->hashes);
+    free(b->sums);
+    free(b->order);
+    free(b->starts);
+}
+
+/* Sums duplicates (first occurrence order) and groups the distinct ids by partition. */
+static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads, batch *b)
+{
+    memset(b, 0, sizeof(*b));
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint32_t *map = calloc(cap, sizeof(*map)); /* unique index + 1 */
+    b->uids = malloc(n * sizeof(*b->uids));
+    b->hashes = malloc(n * sizeof(*b->hashes));
+    b->sums = malloc(n * (size_t)t->dim * sizeof(float));
+    b->order = malloc(n * sizeof(*b->order));
+    b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
+    if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
+        b->order == NULL || b->starts == NULL) {
+        free(map);
+        batch_free(b);
+        return -1;
+    }
+    const size_t dim = t->dim, row = dim * sizeof(float);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = id_hash(ids[i]);
+        size_t j = (size_t)h & (cap - 1);
+        while (map[j] != 0 && b->uids[map[j] - 1] != ids[i])
+            j = (j + 1) & (cap - 1);
+        if (map[j] == 0) {
+            map[j] = (uint32_t)++b->nu;
+            b->uids[b->nu - 1] = ids[i];
+            b->hashes[b->nu - 1] = h;
+            memcpy(b->sums + (b->nu - 1) * dim, grads + i * row, row);
+            continue;
+        }
+        float *acc = b->sums + (map[j] - 1) * dim;
+        for (size_t k = 0; k < dim; k++) {
+            float g;
+            memcpy(&g, grads + i * row + k * sizeof(float), sizeof(g));
+            acc[k] += g;
+        }
+    }
+    free(map);
+    for (size_t u = 0; u < b->nu; u++)
+        b->starts[part_of(t, b->hashes[u]) + 1]++;
+    for (uint32_t q = 0; q < t->nparts; q++)
+        b->starts[q + 1] += b->starts[q];
+    uint32_t *fill = malloc(t->nparts * sizeof(*fill));
+    if (fill == NULL) {
+        batch_free(b);
+        return -1;
+    }
+    memcpy(fill, b->starts, t->nparts * sizeof(*fill));
+    for (size_t u = 0; u < b->nu; u++)
+        b->order[fill[part_of(t, b->hashes[u])]++] = (uint32_t)u;
+    free(fill);
+    return 0;
+}
+
+static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
+{
+    for (size_t i = 0; i < count; i++) {
+        float v;
+        memcpy(&v, g + i * sizeof(float), sizeof(v));
+        if (!isfinite(v)) {
+            *bad = i;
+            return false;
+        }
+    }
+    return true;
+}
+
+int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
+               size_t errlen)
+{
+    if (n == 0)
+        return 0;
+    if (ids == NULL || grads == NULL)
+        return errf(err, errlen, "table %s: ids or gradients = NULL", t->name);
+    if (n > UINT32_MAX / 2)
+        return errf(err, errlen, "table %s: %zu ids in one push: too many", t->name, n);
+    size_t bad;
+    if (!all_finite(grads, n * t->dim, &bad))
+        return errf(err, errlen,
+                    "table %s: gradient of id %lld (index %zu, element %zu) is not finite: "
+                    "push refused",
+                    t->name, (long long)ids[bad / t->dim], bad / t->dim, bad % t->dim);
+    batch b;
+    if (batch_build(t, ids, n, grads, &b) != 0)
+        return errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
+    int rc = 0;
+    uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
+        uint32_t q = (first + k) & (t->nparts - 1);
+        if (b.starts[q] == b.starts[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        pthread_rwlock_wrlock(&p->lock);
+        for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
+            uint32_t u = b.order[e];
+            int64_t id = b.uids[u];
+            uint64_t h = b.hashes[u];
+            uint32_t slot1 = index_find(p, id, h);
+            if (slot1 == 0) {
+                if (t->min_count > 1 && !sketch_admit(t, p, h)) {
+                    count_add(&p->pushes_counted, 1);
+                    continue;
+                }
+                bool oom;
+                slot1 = row_make(t, p, id, h, &oom);
+                if (slot1 == 0) {
+                    if (oom) {
+                        rc = errf(err, errlen, "table %s: out of memory making row %lld", t->name,
+                                  (long long)id);
+                        break;
+                    }
+                    count_add(&p->pushes_counted, 1);
+                    continue;
+                }
+            }
+            row_header *r = row_at(t, p, slot1 - 1);
+            float *w = row_floats(r);
+            float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+            for (uint32_t s = 0; s < t->nslots; s++)
+                slots[s] = w + (size_t)(s + 1) * t->dim;
+            optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
+            r->updated_ms = now_ms;
+            if (p->lru_head != slot1) {
+                lru_unlink(t, p, slot1);
+                lru_push_front(t, p, slot1);
+            }
+            count_add(&p->rows_updated, 1);
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    batch_free(&b);
+    return rc;
+}
+
+/* ---- removal, sweep ------------------------------------------------------------------------ */
+
+size_t table_remove(table *t, const int64_t *ids, size_t n)
+{
+    size_t removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = id_hash(ids[i]);
+        partition *p = &t->parts[part_of(t, h)];
+        pthread_rwlock_wrlock(&p->lock);
+        uint32_t pos = index_probe(p, ids[i], h);
+        if (p->index[pos].slot1 != 0) {
+            row_remove(t, p, pos);
+            count_add(&p->removed, 1);
+            removed++;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    return removed;
+}
+
+size_t table_sweep(table *t, int64_t now_ms)
+{
+    if (t->ttl_ms == 0)
+        return 0;
+    size_t removed = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_wrlock(&p->lock);
+        /* The LRU tail is the oldest update; a row updated at u expires once now - u > ttl. */
+        while (p->lru_tail != 0) {
+            row_header *r = row_at(t, p, p->lru_tail - 1);
+            if (!(now_ms - r->updated_ms > t->ttl_ms))
+                break;
+            row_remove(t, p, index_probe(p, r->id, id_hash(r->id)));
+            count_add(&p->evicted_ttl, 1);
+            removed++;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    return removed;
+}
+
+/* ---- stats, copies, restore --------------------------------------------------------------- */
+
+void table_stats_get(table *t, table_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->bytes = sizeof(*t) + strlen(t->name) + 1;
+    out->row_bytes = t->row_bytes;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        out->rows += p->count;
+        out->bytes += p->bytes;
+        pthread_rwlock_unlock(&p->lock);
+        out->lookups += count_get(&p->lookups);
+        out->lookup_misses += count_get(&p->lookup_misses);
+        out->rows_created += count_get(&p->rows_created);
+        out->pushes_counted += count_get(&p->pushes_counted);
+        out->rows_updated += count_get(&p->rows_updated);
+        out->evicted_ttl += count_get(&p->evicted_ttl);
+        out->evicted_max_rows += count_get(&p->evicted_max_rows);
+        out->removed += count_get(&p->removed);
+        out->index_growths += count_get(&p->index_growths);
+        uint64_t g = count_get(&p->longest_growth_ns);
+        out->longest_growth_ns = g > out->longest_growth_ns ? g : out->longest_growth_ns;
+    }
+}
+
+void table_rows_free(table_rows *rows)
+{
+    if (rows == NULL)
+        return;
+    free(rows->ids);
+    free(rows->updated_ms);
+    free(rows->floats);
+    memset(rows, 0, sizeof(*rows));
+}
+
+int table_copy_partition(table *t, uint32_t part, table_rows *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->row_floats = t->row_floats;
+    if (part >= t->nparts)
+        return -1;
+    partition *p = &t->parts[part];
+    pthread_rwlock_rdlock(&p->lock);
+    size_t n = p->count;
+    if (n > 0) {
+        out->ids = malloc(n * sizeof(*out->ids));
+        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL) {
+            pthread_rwlock_unlock(&p->lock);
+            table_rows_free(out);
+            out->row_floats = t->row_floats;
+            return -1;
+        }
+        /* Oldest first, so that inserting them in order rebuilds the same LRU order. */
+        size_t i = 0;
+        for (uint32_t s1 = p->lru_tail; s1 != 0; s1 = row_at(t, p, s1 - 1)->prev, i++) {
+            row_header *r = row_at(t, p, s1 - 1);
+            out->ids[i] = r->id;
+            out->updated_ms[i] = r->updated_ms;
+            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        }
+    }
+    out->n = n;
+    pthread_rwlock_unlock(&p->lock);
+    return 0;
+}
+
+int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms)
+{
+    uint64_t h = id_hash(id);
+    partition *p = &t->parts[part_of(t, h)];
+    pthread_rwlock_wrlock(&p->lock);
+    uint32_t slot1 = index_find(p, id, h);
+    bool oom = false;
+    if (slot1 == 0)
+        slot1 = row_make(t, p, id, h, &oom);
+    if (slot1 != 0) {
+        row_header *r = row_at(t, p, slot1 - 1);
+        memcpy(row_floats(r), floats, t->row_floats * sizeof(float));
+        r->updated_ms = updated_ms;
+        lru_unlink(t, p, slot1);
+        lru_push_front(t, p, slot1);
+    }
+    pthread_rwlock_unlock(&p->lock);
+    return slot1 != 0 ? 0 : -1;
+}
