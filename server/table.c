@@ -379,7 +379,9 @@ table *table_create(const table_spec *spec, char *err, size_t errlen)
     t->init = spec->init;
     t->nslots = (uint32_t)optimizer_slot_count(spec->opt.kind);
     t->row_floats = t->dim * (1 + t->nslots);
+    /* Rounded up to the header's alignment, so that every row header in a slab is aligned. */
     t->row_bytes = sizeof(row_header) + (size_t)t->row_floats * sizeof(float);
+    t->row_bytes = (t->row_bytes + _Alignof(row_header) - 1) & ~(_Alignof(row_header) - 1);
     t->slab_shift = 0;
     while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
         t->slab_shift++;

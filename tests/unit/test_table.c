@@ -160,6 +160,8 @@ static void test_growth_and_values(void **state)
     assert_int_equal(st.rows, N);
     assert_int_equal(st.rows_created, N);
     assert_true(st.index_growths > 0);
+    assert_int_equal(st.row_bytes % 8, 0); /* 24 + 12 bytes, rounded: aligned headers */
+    assert_int_equal(st.row_bytes, 40);
     for (int64_t i = 0; i < N; i += 997) {
         int64_t id = i * 7919 - 50000;
         float got[3], want[3];
