@@ -497,7 +497,7 @@ static bool reserve_row(table *t, partition *p)
 static uint32_t row_make(table *t, partition *p, int64_t id, uint64_t h, bool *oom)
 {
     *oom = false;
-    if ((p->count + 1) * 4u > p->cap * 3u && index_grow(p) != 0) {
+    if ((uint64_t)(p->count + 1) * 4 > (uint64_t)p->cap * 3 && index_grow(p) != 0) {
         *oom = true;
         return 0;
     }
