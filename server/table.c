@@ -1,7 +1,7 @@
 /* Sparse tables: see table.h for the contracts.
  *
  * Layout of one partition:
- *   index   open addressing over `cap` (a power of two) entries {id, slot + 1}; 0 = empty.
+ *   index   open addressing over `cap` (a power of two) 12-byte entries {id, slot + 1}; 0 = empty.
  *           Linear probing from hash & (cap - 1); deletion shifts the following entries
  *           back (Knuth's algorithm R), so there are no tombstones and a lookup stops at the
  *           first empty entry. Doubled when count reaches 3/4 of cap.
@@ -43,11 +43,13 @@ typedef struct row_header {
     uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
 } row_header;
 
-typedef struct index_entry {
+/* Packed to 12 bytes (a quarter less index memory than 16; x86-64 and arm64 load the
+ * unaligned id at no measurable cost). Fields are only read and written by value. */
+typedef struct __attribute__((packed)) index_entry {
     int64_t id;
     uint32_t slot1; /* slot + 1; 0: empty */
-    uint32_t unused;
 } index_entry;
+_Static_assert(sizeof(index_entry) == 12, "index entries are 12 bytes");
 
 typedef struct partition {
     pthread_rwlock_t lock;
