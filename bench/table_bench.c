@@ -114,8 +114,8 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf)
     s.init.seed = 1;
     char err[256];
     uint64_t rss0 = rss_bytes();
-    table *t = table_create(&s, err, sizeof(err));
-    if (t == NULL) {
+    table *t;
+    if (table_create(&s, &t, err, sizeof(err)) != TABLE_OK) {
         fprintf(stderr, "table_create: %s\n", err);
         return -1;
     }

@@ -65,7 +65,8 @@ typedef struct partition {
     uint64_t bytes;
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
     _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
-        evicted_ttl, evicted_max_rows, removed, index_growths, longest_growth_ns;
+        evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
+        longest_growth_ns;
 } partition;
 
 struct table {
@@ -81,6 +82,8 @@ struct table {
     uint32_t min_count;
     int64_t ttl_ms;
     uint64_t max_rows;
+    table_budget budget;
+    uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
     _Atomic uint64_t rows;
     _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
     partition *parts;
@@ -113,6 +116,18 @@ static inline uint64_t count_get(_Atomic uint64_t *c)
     return atomic_load_explicit(c, memory_order_relaxed);
 }
 
+/* Asks the budget for bytes more (true: granted; always without a budget). */
+static bool budget_take(table *t, uint64_t bytes)
+{
+    return t->budget.take == NULL || t->budget.take(t->budget.arg, bytes);
+}
+
+static void budget_give(table *t, uint64_t bytes)
+{
+    if (t->budget.give != NULL && bytes > 0)
+        t->budget.give(t->budget.arg, bytes);
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -134,8 +149,9 @@ static inline float *row_floats(row_header *h)
 }
 
 /* A free slot: a reused one, else the next fresh one (a new slab when the last is full).
- * Returns slot + 1, or 0 when memory runs out. */
-static uint32_t slot_alloc(table *t, partition *p)
+ * Returns slot + 1, or 0 when memory runs out (*fail = TABLE_NOMEM) or the budget refuses a
+ * slab (*fail = TABLE_LIMIT). */
+static uint32_t slot_alloc(table *t, partition *p, int *fail)
 {
     if (p->free_head != 0) {
         uint32_t s1 = p->free_head;
@@ -143,22 +159,39 @@ static uint32_t slot_alloc(table *t, partition *p)
         return s1;
     }
     uint32_t per_slab = 1u << t->slab_shift;
-    if (p->used == UINT32_MAX - 1)
+    if (p->used == UINT32_MAX - 1) {
+        *fail = TABLE_LIMIT;
         return 0;
+    }
     if (p->used == p->nslabs * per_slab) {
         if (p->nslabs == p->slabs_cap) {
             uint32_t ncap = p->slabs_cap ? p->slabs_cap * 2 : 8;
-            unsigned char **ns = realloc(p->slabs, ncap * sizeof(*ns));
-            if (ns == NULL)
+            uint64_t more = (uint64_t)(ncap - p->slabs_cap) * sizeof(unsigned char *);
+            if (!budget_take(t, more)) {
+                *fail = TABLE_LIMIT;
                 return 0;
+            }
+            unsigned char **ns = realloc(p->slabs, ncap * sizeof(*ns));
+            if (ns == NULL) {
+                budget_give(t, more);
+                *fail = TABLE_NOMEM;
+                return 0;
+            }
             p->bytes += (uint64_t)(ncap - p->slabs_cap) * sizeof(*ns);
             p->slabs = ns;
             p->slabs_cap = ncap;
         }
         size_t bytes = (size_t)per_slab * t->row_bytes;
-        unsigned char *slab = malloc(bytes);
-        if (slab == NULL)
+        if (!budget_take(t, bytes)) {
+            *fail = TABLE_LIMIT;
             return 0;
+        }
+        unsigned char *slab = malloc(bytes);
+        if (slab == NULL) {
+            budget_give(t, bytes);
+            *fail = TABLE_NOMEM;
+            return 0;
+        }
         p->slabs[p->nslabs++] = slab;
         p->bytes += bytes;
     }
@@ -214,16 +247,22 @@ static uint32_t index_find(const partition *p, int64_t id, uint64_t h)
     return p->index[index_probe(p, id, h)].slot1;
 }
 
-/* Doubles the index. Returns 0, or -1 when memory runs out (the old index stays). */
-static int index_grow(partition *p)
+/* Doubles the index. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when memory runs out or the
+ * budget refuses (the old index stays). */
+static int index_grow(table *t, partition *p)
 {
     uint64_t t0 = now_ns();
     uint32_t ncap = p->cap * 2;
     if (ncap == 0)
-        return -1;
+        return TABLE_LIMIT;
+    uint64_t more = (uint64_t)(ncap - p->cap) * sizeof(index_entry);
+    if (!budget_take(t, more))
+        return TABLE_LIMIT;
     index_entry *ni = calloc(ncap, sizeof(*ni));
-    if (ni == NULL)
-        return -1;
+    if (ni == NULL) {
+        budget_give(t, more);
+        return TABLE_NOMEM;
+    }
     uint32_t mask = ncap - 1;
     for (uint32_t i = 0; i < p->cap; i++) {
         if (p->index[i].slot1 == 0)
@@ -336,11 +375,10 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* Returns 0, or -1 when memory runs out (p then needs only partition_fini). */
 static int partition_init(table *t, partition *p)
 {
     memset(p, 0, sizeof(*p));
-    if (pthread_rwlock_init(&p->lock, NULL) != 0)
-        return -1;
     p->cap = INITIAL_CAP;
     p->index = calloc(p->cap, sizeof(*p->index));
     if (p->index == NULL)
@@ -355,6 +393,15 @@ static int partition_init(table *t, partition *p)
     return 0;
 }
 
+/* Bytes the table holds beyond its struct, name and partition array (taken from the budget). */
+static uint64_t table_held_bytes(const table *t)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        b += t->parts[i].bytes;
+    return b;
+}
+
 static void partition_fini(partition *p)
 {
     for (uint32_t i = 0; i < p->nslabs; i++)
@@ -362,13 +409,13 @@ static void partition_fini(partition *p)
     free(p->slabs);
     free(p->index);
     free(p->sketch);
-    pthread_rwlock_destroy(&p->lock);
 }
 
-table *table_create(const table_spec *spec, char *err, size_t errlen)
+int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
 {
+    *out = NULL;
     if (check_spec(spec, err, errlen) != 0)
-        return NULL;
+        return TABLE_INVALID;
     table *t = calloc(1, sizeof(*t));
     if (t == NULL)
         goto oom;
@@ -395,34 +442,59 @@ table *table_create(const table_spec *spec, char *err, size_t errlen)
     t->min_count = spec->min_count;
     t->ttl_ms = spec->ttl_ms;
     t->max_rows = spec->max_rows;
+    t->budget = spec->budget;
     t->parts = calloc(t->nparts, sizeof(*t->parts));
     if (t->parts == NULL)
         goto oom_name;
-    for (uint32_t i = 0; i < t->nparts; i++) {
-        if (partition_init(t, &t->parts[i]) != 0) {
-            for (uint32_t j = 0; j <= i; j++)
-                partition_fini(&t->parts[j]);
-            free(t->parts);
-            goto oom_name;
+    t->own_bytes = sizeof(*t) + strlen(t->name) + 1;
+    uint32_t made = 0;
+    for (; made < t->nparts; made++) {
+        if (partition_init(t, &t->parts[made]) != 0 ||
+            pthread_rwlock_init(&t->parts[made].lock, NULL) != 0) {
+            partition_fini(&t->parts[made]);
+            goto oom_parts;
         }
     }
-    return t;
+    uint64_t total = t->own_bytes + table_held_bytes(t);
+    if (!budget_take(t, total)) {
+        errf(err, errlen, "table %s: memory limit reached: the empty table needs %llu bytes",
+             spec->name, (unsigned long long)total);
+        for (uint32_t j = 0; j < t->nparts; j++) {
+            partition_fini(&t->parts[j]);
+            pthread_rwlock_destroy(&t->parts[j].lock);
+        }
+        free(t->parts);
+        free(t->name);
+        free(t);
+        return TABLE_LIMIT;
+    }
+    *out = t;
+    return TABLE_OK;
 
+oom_parts:
+    for (uint32_t j = 0; j < made; j++) {
+        partition_fini(&t->parts[j]);
+        pthread_rwlock_destroy(&t->parts[j].lock);
+    }
+    free(t->parts);
 oom_name:
     free(t->name);
 oom_table:
     free(t);
 oom:
     errf(err, errlen, "table %s: out of memory", spec->name);
-    return NULL;
+    return TABLE_NOMEM;
 }
 
 void table_destroy(table *t)
 {
     if (t == NULL)
         return;
-    for (uint32_t i = 0; i < t->nparts; i++)
+    budget_give(t, t->own_bytes + table_held_bytes(t));
+    for (uint32_t i = 0; i < t->nparts; i++) {
         partition_fini(&t->parts[i]);
+        pthread_rwlock_destroy(&t->parts[i].lock);
+    }
     free(t->parts);
     free(t->name);
     free(t);
@@ -479,37 +551,54 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 /* Makes room for one more row under max_rows, evicting p's least recently updated row when
  * the table is full. Returns false (nothing reserved) when the table is full and p has no
  * row to give. On true the row is counted in t->rows. */
+/* Removes p's least recently updated row, counted in *counter. False when p has none. */
+static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
+{
+    if (p->lru_tail == 0)
+        return false;
+    row_header *victim = row_at(t, p, p->lru_tail - 1);
+    row_remove(t, p, index_probe(p, victim->id, id_hash(victim->id)));
+    count_add(counter, 1);
+    return true;
+}
+
 static bool reserve_row(table *t, partition *p)
 {
     uint64_t after = atomic_fetch_add_explicit(&t->rows, 1, memory_order_relaxed) + 1;
     if (t->max_rows == 0 || after <= t->max_rows)
         return true;
-    if (p->lru_tail == 0) {
+    if (!evict_lru(t, p, &p->evicted_max_rows)) {
         atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
         return false;
     }
-    row_header *victim = row_at(t, p, p->lru_tail - 1);
-    row_remove(t, p, index_probe(p, victim->id, id_hash(victim->id)));
-    count_add(&p->evicted_max_rows, 1);
     return true;
 }
 
-/* Makes row id in p (write-locked, absent from the index) from the initializer. Returns
- * slot + 1; 0 when the row was not made (*oom set when memory ran out). */
-static uint32_t row_make(table *t, partition *p, int64_t id, uint64_t h, bool *oom)
+/* Makes row id in p (write-locked, absent from the index) from the initializer and stores
+ * slot + 1 in *out. Returns TABLE_OK (with *out = 0 when max_rows leaves no room and p has no
+ * row to evict), TABLE_NOMEM, or TABLE_LIMIT when the budget refuses memory and p has no row
+ * to evict for room. */
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
 {
-    *oom = false;
-    if ((uint64_t)(p->count + 1) * 4 > (uint64_t)p->cap * 3 && index_grow(p) != 0) {
-        *oom = true;
-        return 0;
+    *out = 0;
+    if ((uint64_t)(p->count + 1) * 4 > (uint64_t)p->cap * 3) {
+        int rc = index_grow(t, p);
+        if (rc == TABLE_NOMEM)
+            return rc;
+        /* Over the budget: the partition's oldest row gives its index entry instead. */
+        if (rc == TABLE_LIMIT && !evict_lru(t, p, &p->evicted_memory))
+            return TABLE_LIMIT;
     }
     if (!reserve_row(t, p))
-        return 0;
-    uint32_t slot1 = slot_alloc(t, p);
+        return TABLE_OK;
+    int fail = TABLE_OK;
+    uint32_t slot1 = slot_alloc(t, p, &fail);
+    /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
+    if (slot1 == 0 && fail == TABLE_LIMIT && evict_lru(t, p, &p->evicted_memory))
+        slot1 = slot_alloc(t, p, &fail);
     if (slot1 == 0) {
         atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
-        *oom = true;
-        return 0;
+        return fail;
     }
     row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
@@ -527,7 +616,8 @@ static uint32_t row_make(table *t, partition *p, int64_t id, uint64_t h, bool *o
     p->count++;
     lru_push_front(t, p, slot1);
     count_add(&p->rows_created, 1);
-    return slot1;
+    *out = slot1;
+    return TABLE_OK;
 }
 
 /* ---- push -------------------------------------------------------------------------------- */
@@ -623,21 +713,30 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
                size_t errlen)
 {
     if (n == 0)
-        return 0;
-    if (ids == NULL || grads == NULL)
-        return errf(err, errlen, "table %s: ids or gradients = NULL", t->name);
-    if (n > UINT32_MAX / 2)
-        return errf(err, errlen, "table %s: %zu ids in one push: too many", t->name, n);
+        return TABLE_OK;
+    if (ids == NULL || grads == NULL) {
+        errf(err, errlen, "table %s: ids or gradients = NULL", t->name);
+        return TABLE_INVALID;
+    }
+    if (n > UINT32_MAX / 2) {
+        errf(err, errlen, "table %s: %zu ids in one push: too many", t->name, n);
+        return TABLE_INVALID;
+    }
     size_t bad;
-    if (!all_finite(grads, n * t->dim, &bad))
-        return errf(err, errlen,
-                    "table %s: gradient of id %lld (index %zu, element %zu) is not finite: "
-                    "push refused",
-                    t->name, (long long)ids[bad / t->dim], bad / t->dim, bad % t->dim);
+    if (!all_finite(grads, n * t->dim, &bad)) {
+        errf(err, errlen,
+             "table %s: gradient of id %lld (index %zu, element %zu) is not finite: push refused",
+             t->name, (long long)ids[bad / t->dim], bad / t->dim, bad % t->dim);
+        return TABLE_INVALID;
+    }
     batch b;
-    if (batch_build(t, ids, n, grads, &b) != 0)
-        return errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
-    int rc = 0;
+    if (batch_build(t, ids, n, grads, &b) != 0) {
+        errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
+        return TABLE_NOMEM;
+    }
+    int rc = TABLE_OK;
+    uint64_t refused = 0;
+    int64_t first_refused = 0;
     uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
@@ -655,14 +754,20 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
                     count_add(&p->pushes_counted, 1);
                     continue;
                 }
-                bool oom;
-                slot1 = row_make(t, p, id, h, &oom);
+                int mk = row_make(t, p, id, h, &slot1);
+                if (mk == TABLE_NOMEM) {
+                    errf(err, errlen, "table %s: out of memory making row %lld", t->name,
+                         (long long)id);
+                    rc = TABLE_NOMEM;
+                    break;
+                }
+                if (mk == TABLE_LIMIT) {
+                    if (refused++ == 0)
+                        first_refused = id;
+                    count_add(&p->rows_refused, 1);
+                    continue;
+                }
                 if (slot1 == 0) {
-                    if (oom) {
-                        rc = errf(err, errlen, "table %s: out of memory making row %lld", t->name,
-                                  (long long)id);
-                        break;
-                    }
                     count_add(&p->pushes_counted, 1);
                     continue;
                 }
@@ -683,6 +788,13 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         pthread_rwlock_unlock(&p->lock);
     }
     batch_free(&b);
+    if (rc == TABLE_OK && refused > 0) {
+        errf(err, errlen,
+             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, their "
+             "partitions have no row to evict; the batch's other rows were applied",
+             t->name, (unsigned long long)refused, (long long)first_refused);
+        rc = TABLE_LIMIT;
+    }
     return rc;
 }
 
@@ -733,7 +845,7 @@ size_t table_sweep(table *t, int64_t now_ms)
 void table_stats_get(table *t, table_stats *out)
 {
     memset(out, 0, sizeof(*out));
-    out->bytes = sizeof(*t) + strlen(t->name) + 1;
+    out->bytes = t->own_bytes;
     out->row_bytes = t->row_bytes;
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
@@ -748,6 +860,8 @@ void table_stats_get(table *t, table_stats *out)
         out->rows_updated += count_get(&p->rows_updated);
         out->evicted_ttl += count_get(&p->evicted_ttl);
         out->evicted_max_rows += count_get(&p->evicted_max_rows);
+        out->evicted_memory += count_get(&p->evicted_memory);
+        out->rows_refused += count_get(&p->rows_refused);
         out->removed += count_get(&p->removed);
         out->index_growths += count_get(&p->index_growths);
         uint64_t g = count_get(&p->longest_growth_ns);
@@ -804,9 +918,11 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     partition *p = &t->parts[part_of(t, h)];
     pthread_rwlock_wrlock(&p->lock);
     uint32_t slot1 = index_find(p, id, h);
-    bool oom = false;
+    int rc = TABLE_OK;
     if (slot1 == 0)
-        slot1 = row_make(t, p, id, h, &oom);
+        rc = row_make(t, p, id, h, &slot1);
+    if (rc == TABLE_OK && slot1 == 0)
+        rc = TABLE_LIMIT; /* max_rows, and the partition has no row to give */
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
         memcpy(row_floats(r), floats, t->row_floats * sizeof(float));
@@ -815,5 +931,5 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
         lru_push_front(t, p, slot1);
     }
     pthread_rwlock_unlock(&p->lock);
-    return slot1 != 0 ? 0 : -1;
+    return rc;
 }

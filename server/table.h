@@ -35,6 +35,12 @@
  *              new row's partition (exact LRU per partition, approximately LRU per table since
  *              ids spread evenly over partitions). With max_rows < partitions a partition can
  *              be empty when full: then the row is not made and the push only counted.
+ *   budget     every byte the table allocates (slabs, indexes, sketches, its own struct) is
+ *              first asked of an optional budget (the server's max-server-bytes). When it
+ *              refuses, the partition's least recently updated row makes room instead
+ *              (evicted_memory); only when the partition has none is the row refused
+ *              (TABLE_LIMIT). Memory is given back to the budget only by table_destroy: slabs
+ *              and indexes are kept for reuse.
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
  * Thread safety: every function may be called from any number of threads at once, except
@@ -42,6 +48,7 @@
 #ifndef SERVER_TABLE_H
 #define SERVER_TABLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +63,23 @@
 
 typedef struct table table;
 
+/* Results of the calls that can fail. */
+enum {
+    TABLE_OK = 0,
+    TABLE_INVALID = -1, /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
+    TABLE_NOMEM = -2,   /* the allocator failed */
+    TABLE_LIMIT = -3,   /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+};
+
+/* Where the table's memory is accounted. take(arg, bytes) is called before an allocation, under
+ * a partition's lock, from any thread: true grants the bytes, false refuses them (it must not
+ * call back into the table). give(arg, bytes) returns bytes taken. Both NULL: no limit. */
+typedef struct table_budget {
+    bool (*take)(void *arg, uint64_t bytes);
+    void (*give)(void *arg, uint64_t bytes);
+    void *arg;
+} table_budget;
+
 /* Settings of a table, all fixed at creation. */
 typedef struct table_spec {
     const char *name;        /* 1..TABLE_MAX_NAME bytes; copied */
@@ -66,6 +90,7 @@ typedef struct table_spec {
     int64_t ttl_ms;          /* rows not updated for this long go at table_sweep; 0: never */
     uint64_t max_rows;       /* rows kept at most (LRU eviction past it); 0: no limit */
     uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default */
+    table_budget budget;     /* memory accounting; zeroed: none */
 } table_spec;
 
 /* Counters since creation (table_stats). */
@@ -80,16 +105,19 @@ typedef struct table_stats {
     uint64_t rows_updated;      /* row updates applied (a distinct id per batch counts one) */
     uint64_t evicted_ttl;       /* rows removed by table_sweep */
     uint64_t evicted_max_rows;  /* rows removed to stay within max_rows */
+    uint64_t evicted_memory;    /* rows removed because the budget refused memory */
+    uint64_t rows_refused;      /* new rows not made: budget refused, nothing to evict */
     uint64_t removed;           /* rows removed by table_remove */
     uint64_t index_growths;     /* partition index doublings */
     uint64_t longest_growth_ns; /* the longest of them */
 } table_stats;
 
-/* Makes an empty table. Returns NULL, with a message naming the bad field in err (when
- * non-NULL, errlen > 0), for an invalid spec (name empty or too long, dim 0 or over the
- * limit, invalid optimizer or initializer, GLOROT_UNIFORM, negative ttl, partitions not a
- * power of two in range) or when memory runs out. The caller owns the table. */
-table *table_create(const table_spec *spec, char *err, size_t errlen);
+/* Makes an empty table in *out (the caller's). Returns TABLE_OK; TABLE_INVALID with a message
+ * naming the bad field in err (when non-NULL, errlen > 0) for an invalid spec (name empty or
+ * too long, dim 0 or over the limit, invalid optimizer or initializer, GLOROT_UNIFORM,
+ * min_count over 65535, negative ttl, partitions not a power of two in range); TABLE_NOMEM;
+ * TABLE_LIMIT when the budget refuses the empty table's bytes. *out is NULL on failure. */
+int table_create(const table_spec *spec, table **out, char *err, size_t errlen);
 
 /* Frees the table and every row. NULL is a no-op. No other call may be in flight. */
 void table_destroy(table *t);
@@ -105,9 +133,12 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
  * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
- * made or counted as min_count and max_rows say, their update time set to now_ms. Returns 0;
- * -1 with a message (nothing applied) for a non-finite gradient or when memory runs out
- * (then the rows applied before stay applied). n = 0 is a no-op. */
+ * made or counted as min_count and max_rows say, their update time set to now_ms. Returns
+ * TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite gradient
+ * or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
+ * (the message names the table and the first such id; every other row of the batch was
+ * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied). n = 0 is
+ * a no-op. */
 int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
                size_t errlen);
 
@@ -144,7 +175,8 @@ void table_rows_free(table_rows *rows);
 
 /* Inserts (or overwrites) row `id` with floats[0..row_floats) (parameters then slots, as
  * table_copy_partition wrote them) and the given update time: the restore of a checkpoint.
- * Obeys max_rows. Returns 0, or -1 when memory runs out or the row could not be placed. */
+ * Obeys max_rows and the budget. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the row
+ * could not be placed (no room and nothing to evict in its partition). */
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
 
 /* The partition that holds id (for tests and benchmarks). */

@@ -34,11 +34,26 @@ static table_spec base_spec(const char *name, uint32_t dim, optimizer_kind kind)
 static table *make(const table_spec *s)
 {
     char err[256] = "";
-    table *t = table_create(s, err, sizeof(err));
-    if (t == NULL)
+    table *t = (table *)1;
+    int rc = table_create(s, &t, err, sizeof(err));
+    if (rc != TABLE_OK)
         print_error("table_create: %s\n", err);
+    assert_int_equal(rc, TABLE_OK);
     assert_non_null(t);
     return t;
+}
+
+/* table_create must refuse s with TABLE_INVALID and a message containing `what`. */
+static void expect_bad_spec(const table_spec *s, const char *what)
+{
+    char err[256] = "";
+    table *t = (table *)1;
+    assert_int_equal(table_create(s, &t, err, sizeof(err)), TABLE_INVALID);
+    assert_null(t);
+    if (strstr(err, what) == NULL) {
+        print_error("message \"%s\" does not name \"%s\"\n", err, what);
+        fail();
+    }
 }
 
 static void push_ok(table *t, const int64_t *ids, size_t n, const float *g, int64_t now)
@@ -547,44 +562,36 @@ static void test_bad_specs_and_gradients(void **state)
     (void)state;
     char err[256];
     table_spec s = base_spec("bad", 0, OPTIMIZER_SGD);
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "dim = 0"));
+    expect_bad_spec(&s, "dim = 0");
     s.dim = TABLE_MAX_DIM + 1;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "dim"));
+    expect_bad_spec(&s, "dim");
     s.dim = 4;
     s.name = "";
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "name"));
+    expect_bad_spec(&s, "name");
     s.name = "bad";
     s.init.kind = INITIALIZER_GLOROT_UNIFORM;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "glorot"));
+    expect_bad_spec(&s, "glorot");
     s.init.kind = INITIALIZER_ZEROS;
     s.partitions = 3;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "partitions"));
+    expect_bad_spec(&s, "partitions");
     s.partitions = 0;
     s.ttl_ms = -1;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "ttl"));
+    expect_bad_spec(&s, "ttl");
     s.ttl_ms = 0;
     s.opt.learning_rate = -1;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "learning_rate"));
+    expect_bad_spec(&s, "learning_rate");
     s.opt.learning_rate = 0.1f;
     s.min_count = 70000;
-    assert_null(table_create(&s, err, sizeof(err)));
-    assert_non_null(strstr(err, "min_count"));
+    expect_bad_spec(&s, "min_count");
     s.min_count = 0;
 
     table *t = make(&s);
     int64_t ids[2] = {1, 2};
     float g[8] = {1, 1, 1, 1, 1, 1, INFINITY, 1};
-    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), -1);
+    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), TABLE_INVALID);
     assert_non_null(strstr(err, "id 2"));
     g[6] = NAN;
-    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), -1);
+    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), TABLE_INVALID);
     table_stats st;
     table_stats_get(t, &st);
     assert_int_equal(st.rows, 0); /* nothing applied */
@@ -592,6 +599,123 @@ static void test_bad_specs_and_gradients(void **state)
     table_rows rows;
     assert_int_equal(table_copy_partition(t, 64, &rows), -1);
     table_destroy(t);
+}
+
+/* ---- the memory budget ---- */
+
+typedef struct test_budget {
+    uint64_t cap, used, refusals;
+} test_budget;
+
+/* Called under one partition's lock; the tests below push from one thread. */
+static bool budget_take_cb(void *arg, uint64_t bytes)
+{
+    test_budget *b = arg;
+    if (b->used + bytes > b->cap) {
+        b->refusals++;
+        return false;
+    }
+    b->used += bytes;
+    return true;
+}
+
+static void budget_give_cb(void *arg, uint64_t bytes)
+{
+    test_budget *b = arg;
+    assert_true(bytes <= b->used);
+    b->used -= bytes;
+}
+
+static void test_memory_budget(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("budget", 4, OPTIMIZER_SGD);
+    s.partitions = 1;
+    test_budget b = {.cap = UINT64_MAX};
+    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    table *t = make(&s);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_true(b.used == st.bytes); /* every byte held was asked for */
+    uint64_t empty = st.bytes;
+    table_destroy(t);
+    assert_true(b.used == 0); /* and given back */
+
+    /* Room for about two slabs: new rows keep coming, the oldest make room. */
+    b = (test_budget){.cap = empty + 100 * 1024};
+    t = make(&s);
+    enum { B = 100, N = 10000 };
+    int64_t ids[B];
+    float g[B * 4];
+    for (int i = 0; i < B * 4; i++)
+        g[i] = 1.0f;
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, base);
+        table_stats_get(t, &st);
+        assert_true(b.used == st.bytes && b.used <= b.cap);
+    }
+    assert_true(b.refusals > 0);
+    assert_true(st.evicted_memory > 0);
+    assert_int_equal(st.rows + st.evicted_memory, N);
+    assert_int_equal(st.rows_refused, 0);
+    if (!(st.rows >= 1024 && st.rows < N))
+        fail_msg("rows %llu", (unsigned long long)st.rows);
+    assert_true(has_row(t, N - 1));
+    assert_false(has_row(t, 0)); /* the least recently updated went first */
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* Room for one slab (1024 rows of 40 bytes) and an index of 1024 entries, not 2048: the
+     * index may not grow past 3/4 of 1024, so the table settles at 768 rows, the oldest
+     * giving their index entries to the new ones. */
+    b = (test_budget){.cap = empty + 8 * sizeof(void *) + 1024 * 40 + (1024 - 16) * 12 + 1000};
+    t = make(&s);
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, base);
+    }
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 768);
+    assert_int_equal(st.rows + st.evicted_memory, N);
+    assert_true(b.used == st.bytes && b.used <= b.cap);
+    assert_true(has_row(t, N - 1));
+    assert_false(has_row(t, N - 769));
+    assert_true(has_row(t, N - 768));
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* No room beyond the empty table and nothing to evict: the row is refused, named. */
+    s.partitions = 0;
+    b = (test_budget){.cap = UINT64_MAX};
+    t = make(&s);
+    table_stats_get(t, &st);
+    b.cap = b.used;
+    char err[256] = "";
+    int64_t id = 77;
+    assert_int_equal(table_push(t, &id, 1, g, 1, err, sizeof(err)), TABLE_LIMIT);
+    assert_non_null(strstr(err, "budget"));
+    assert_non_null(strstr(err, "memory limit"));
+    assert_non_null(strstr(err, "77"));
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.rows_refused, 1);
+    float row[4], want[4];
+    table_pull(t, &id, 1, row);
+    init_row(t, &s, id, want);
+    assert_memory_equal(row, want, sizeof(want));
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* Not even the empty table fits. */
+    b = (test_budget){.cap = 100};
+    table *none = (table *)1;
+    assert_int_equal(table_create(&s, &none, err, sizeof(err)), TABLE_LIMIT);
+    assert_null(none);
+    assert_non_null(strstr(err, "memory limit"));
+    assert_true(b.used == 0);
 }
 
 /* ---- copies and restore ---- */
@@ -734,6 +858,7 @@ int main(void)
         cmocka_unit_test(test_max_rows_evicts_least_recently_updated),
         cmocka_unit_test(test_ttl_sweep),
         cmocka_unit_test(test_bad_specs_and_gradients),
+        cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
     };
