@@ -7,10 +7,14 @@
  * over the ROWS ids (ranks scrambled into ids), counting ids per second (a batch's duplicates
  * included, as a client sends them).
  *
+ * Last, THREADS threads (default 2) push Zipf batches into the same table at once: the total
+ * ids per second shows how far pushes to different partitions apply in parallel.
+ *
  * usage: ps-table-bench [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S]
- *                       [--optimizer adagrad] [--quick]
+ *                       [--optimizer adagrad] [--threads T] [--quick]
  * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +95,63 @@ static uint64_t zipf_draw(zipf *z)
     return lo;
 }
 
+/* One of the threads of the parallel push phase: its own draws from the shared CDF. */
+typedef struct pusher {
+    table *t;
+    const zipf *shared;
+    uint64_t seed;
+    uint32_t batch, batches, dim;
+    int failed;
+} pusher;
+
+static void *pusher_run(void *arg)
+{
+    pusher *a = arg;
+    zipf z = *a->shared;
+    z.state = a->seed;
+    int64_t *ids = malloc(a->batch * sizeof(*ids));
+    float *g = malloc((size_t)a->batch * a->dim * sizeof(float));
+    if (ids == NULL || g == NULL) {
+        a->failed = 1;
+    } else {
+        for (size_t i = 0; i < (size_t)a->batch * a->dim; i++)
+            g[i] = 0.001f;
+        char err[256];
+        for (uint32_t k = 0; k < a->batches && !a->failed; k++) {
+            for (uint32_t i = 0; i < a->batch; i++)
+                ids[i] = rank_id(zipf_draw(&z));
+            if (table_push(a->t, ids, a->batch, g, 1000 + k, err, sizeof(err)) != TABLE_OK) {
+                fprintf(stderr, "table_push: %s\n", err);
+                a->failed = 1;
+            }
+        }
+    }
+    free(ids);
+    free(g);
+    return NULL;
+}
+
+/* Ids per second pushed by `threads` threads at once, each `batches` batches. */
+static double parallel_push(table *t, const zipf *zf, uint32_t threads, uint32_t batch,
+                            uint32_t batches, uint32_t dim)
+{
+    pthread_t th[16];
+    pusher args[16];
+    double a = now_s();
+    for (uint32_t i = 0; i < threads; i++) {
+        args[i] = (pusher){t, zf, 1000 + i, batch, batches, dim, 0};
+        if (pthread_create(&th[i], NULL, pusher_run, &args[i]) != 0)
+            return -1;
+    }
+    int failed = 0;
+    for (uint32_t i = 0; i < threads; i++) {
+        pthread_join(th[i], NULL);
+        failed |= args[i].failed;
+    }
+    double dt = now_s() - a;
+    return failed ? -1 : (double)threads * batch * batches / dt;
+}
+
 typedef struct config {
     uint64_t rows;
     uint32_t dims[8];
@@ -98,6 +159,7 @@ typedef struct config {
     uint32_t batch, batches;
     double zipf_s;
     optimizer_kind opt;
+    uint32_t threads;
     int quick;
 } config;
 
@@ -181,10 +243,14 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf)
         fprintf(stderr, "rows changed or pulls missed\n");
         return -1;
     }
+    double par = parallel_push(t, zf, c->threads, c->batch, c->batches, dim);
+    if (par < 0)
+        return -1;
     double ids_total = (double)b * c->batches;
-    printf("| %u | %s | %llu | %.2f | %.0f | %.0f | %.0f | %.3f | %.1f | %.1f | %.2f | %.2f |\n",
+    printf("| %u | %s | %llu | %.2f | %.0f | %.0f | %.0f | %.0f | %.3f | %.1f | %.1f | %.2f | "
+           "%.2f |\n",
            dim, optimizer_name(c->opt), (unsigned long long)c->rows, fill_s,
-           (double)c->rows / fill_s, ids_total / push_s, ids_total / pull_s,
+           (double)c->rows / fill_s, ids_total / push_s, ids_total / pull_s, par,
            (double)st.longest_growth_ns / 1e6, (double)st.bytes / (double)st.rows,
            raw / (double)st.rows, (double)st.bytes / raw, (double)rss / raw);
     fflush(stdout);
@@ -203,7 +269,8 @@ int main(int argc, char **argv)
                 .batch = 8192,
                 .batches = 200,
                 .zipf_s = 1.1,
-                .opt = OPTIMIZER_ADAGRAD};
+                .opt = OPTIMIZER_ADAGRAD,
+                .threads = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -214,6 +281,9 @@ int main(int argc, char **argv)
             c.batch = 512;
             c.batches = 20;
             c.quick = 1;
+        } else if (strcmp(a, "--threads") == 0 && v) {
+            c.threads = (uint32_t)strtoul(v, NULL, 10);
+            i++;
         } else if (strcmp(a, "--rows") == 0 && v) {
             c.rows = strtoull(v, NULL, 10);
             i++;
@@ -245,13 +315,15 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S] "
-                    "[--optimizer NAME] [--quick]\n",
+                    "[--optimizer NAME] [--threads T] [--quick]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (c.rows == 0 || c.batch == 0 || c.batches == 0 || c.ndims == 0 || !(c.zipf_s > 0)) {
-        fprintf(stderr, "%s: rows, batch, batches, dims and zipf must be > 0\n", argv[0]);
+    if (c.rows == 0 || c.batch == 0 || c.batches == 0 || c.ndims == 0 || !(c.zipf_s > 0) ||
+        c.threads == 0 || c.threads > 16) {
+        fprintf(stderr, "%s: rows, batch, batches, dims and zipf must be > 0, threads 1..16\n",
+                argv[0]);
         return 2;
     }
     zipf zf;
@@ -259,11 +331,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "out of memory for the Zipf table\n");
         return 1;
     }
-    printf("# ps-table-bench: %llu rows, %u ids per batch, %u batches, Zipf(%g), one thread\n",
-           (unsigned long long)c.rows, c.batch, c.batches, c.zipf_s);
-    printf("| dim | optimizer | rows | fill s | rows made/s | push ids/s | pull ids/s | "
-           "longest growth ms | bytes/row | raw bytes/row | table/raw | RSS/raw |\n");
-    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("# ps-table-bench: %llu rows, %u ids per batch, %u batches, Zipf(%g), one thread, then "
+           "%u threads pushing at once\n",
+           (unsigned long long)c.rows, c.batch, c.batches, c.zipf_s, c.threads);
+    printf(
+        "| dim | optimizer | rows | fill s | rows made/s | push ids/s | pull ids/s | push ids/s, "
+        "%u threads | longest growth ms | bytes/row | raw bytes/row | table/raw | RSS/raw |\n",
+        c.threads);
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int rc = 0;
     for (int d = 0; d < c.ndims && rc == 0; d++) {
         if (c.dims[d] == 0 || c.dims[d] > TABLE_MAX_DIM) {

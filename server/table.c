@@ -163,7 +163,7 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
         *fail = TABLE_LIMIT;
         return 0;
     }
-    if (p->used == p->nslabs * per_slab) {
+    if ((uint64_t)p->used == (uint64_t)p->nslabs * per_slab) {
         if (p->nslabs == p->slabs_cap) {
             uint32_t ncap = p->slabs_cap ? p->slabs_cap * 2 : 8;
             uint64_t more = (uint64_t)(ncap - p->slabs_cap) * sizeof(unsigned char *);
