@@ -82,6 +82,7 @@ struct table {
     uint32_t min_count;
     int64_t ttl_ms;
     uint64_t max_rows;
+    uint64_t expected_rows;
     table_budget budget;
     uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
     _Atomic uint64_t rows;
@@ -372,6 +373,12 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
         (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
         return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
                     s->name, s->partitions, TABLE_MAX_PARTITIONS);
+    uint32_t parts = s->partitions ? s->partitions : TABLE_DEFAULT_PARTITIONS;
+    if (s->expected_rows / parts > (UINT64_C(1) << 30))
+        return errf(err, errlen,
+                    "table %s: expected_rows = %llu: more than 2^30 rows a partition (%u "
+                    "partitions)",
+                    s->name, (unsigned long long)s->expected_rows, parts);
     return 0;
 }
 
@@ -379,7 +386,12 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
 static int partition_init(table *t, partition *p)
 {
     memset(p, 0, sizeof(*p));
+    /* Room for expected_rows spread over the partitions, plus 1/8 for an uneven spread. */
+    uint64_t want = t->expected_rows / t->nparts;
+    want += want / 8;
     p->cap = INITIAL_CAP;
+    while ((want + 1) * 4 > (uint64_t)p->cap * 3)
+        p->cap *= 2;
     p->index = calloc(p->cap, sizeof(*p->index));
     if (p->index == NULL)
         return -1;
@@ -442,6 +454,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->min_count = spec->min_count;
     t->ttl_ms = spec->ttl_ms;
     t->max_rows = spec->max_rows;
+    t->expected_rows = spec->expected_rows;
     t->budget = spec->budget;
     t->parts = calloc(t->nparts, sizeof(*t->parts));
     if (t->parts == NULL)

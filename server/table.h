@@ -90,6 +90,8 @@ typedef struct table_spec {
     int64_t ttl_ms;          /* rows not updated for this long go at table_sweep; 0: never */
     uint64_t max_rows;       /* rows kept at most (LRU eviction past it); 0: no limit */
     uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default */
+    uint64_t expected_rows;  /* indexes sized for this many rows at creation (no growth stall
+                                until past it, up to 2^30 a partition); 0: grow from small */
     table_budget budget;     /* memory accounting; zeroed: none */
 } table_spec;
 
@@ -115,7 +117,8 @@ typedef struct table_stats {
 /* Makes an empty table in *out (the caller's). Returns TABLE_OK; TABLE_INVALID with a message
  * naming the bad field in err (when non-NULL, errlen > 0) for an invalid spec (name empty or
  * too long, dim 0 or over the limit, invalid optimizer or initializer, GLOROT_UNIFORM,
- * min_count over 65535, negative ttl, partitions not a power of two in range); TABLE_NOMEM;
+ * min_count over 65535, negative ttl, partitions not a power of two in range, expected_rows
+ * over 2^30 a partition); TABLE_NOMEM;
  * TABLE_LIMIT when the budget refuses the empty table's bytes. *out is NULL on failure. */
 int table_create(const table_spec *spec, table **out, char *err, size_t errlen);
 

@@ -188,6 +188,41 @@ static void test_growth_and_values(void **state)
     table_destroy(t);
 }
 
+/* expected_rows sizes the indexes at creation: no growth while filling up to it. */
+static void test_expected_rows_presized(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("presized", 2, OPTIMIZER_SGD);
+    s.expected_rows = 50000;
+    table *t = make(&s);
+    enum { N = 50000, B = 5000 };
+    int64_t ids[B];
+    float g[B * 2];
+    memset(g, 0, sizeof(g));
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, 1);
+    }
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, N);
+    assert_int_equal(st.index_growths, 0);
+    table_destroy(t);
+    s.expected_rows = 0; /* the same rows from a small index grow it */
+    t = make(&s);
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, 1);
+    }
+    table_stats_get(t, &st);
+    assert_true(st.index_growths >= 64);
+    table_destroy(t);
+    s.expected_rows = (UINT64_C(1) << 36) + 64 * 1024; /* 2^30 + 1024 a partition */
+    expect_bad_spec(&s, "expected_rows");
+}
+
 static void test_removal_and_slot_reuse(void **state)
 {
     (void)state;
@@ -849,6 +884,7 @@ int main(void)
         cmocka_unit_test(test_initializer_rows_are_pure),
         cmocka_unit_test(test_pull_synthesizes_without_making),
         cmocka_unit_test(test_growth_and_values),
+        cmocka_unit_test(test_expected_rows_presized),
         cmocka_unit_test(test_removal_and_slot_reuse),
         cmocka_unit_test(test_memory_accounting),
         cmocka_unit_test(test_duplicates_summed),
