@@ -1,10 +1,8 @@
 /* Sparse tables: see table.h for the contracts.
  *
  * Layout of one partition:
- *   index   open addressing over `cap` (a power of two) 12-byte entries {id, slot + 1}; 0 = empty.
- *           Linear probing from hash & (cap - 1); deletion shifts the following entries
- *           back (Knuth's algorithm R), so there are no tombstones and a lookup stops at the
- *           first empty entry. Doubled when count reaches 3/4 of cap.
+ *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
+ *           deletion), doubled when it would pass 3/4 full.
  *   slabs   rows_per_slab (a power of two) rows of row_bytes each; slot s lives in slab
  *           s >> slab_shift at s & (rows_per_slab - 1). Slabs are never moved or freed
  *           before the table, so a row pointer stays valid under the partition's lock.
@@ -13,9 +11,7 @@
  *   lru     a doubly linked list of the rows, most recently updated first.
  *   sketch  with min_count > 1: 4 x SKETCH_WIDTH saturating counters (count-min).
  *
- * The hash of an id, mix64(id * G + C), gives the partition (its top bits) and the home
- * bucket (its low bits); it is unrelated to placement's hash, so the rows a server holds
- * still spread evenly over its partitions. */
+ * table_id_hash(id) gives the partition (its top bits) and the home bucket (its low bits). */
 #include "table.h"
 
 #include <math.h>
@@ -27,11 +23,10 @@
 #include <time.h>
 
 #include "placement.h"
+#include "table_index.h"
 #include "util.h"
 
-#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
 #define SLAB_BYTES (64u * 1024u)
-#define INITIAL_CAP 16u
 #define SKETCH_DEPTH 4
 #define SKETCH_WIDTH 1024u
 #define SKETCH_AGE_EVERY 8192u
@@ -43,18 +38,9 @@ typedef struct row_header {
     uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
 } row_header;
 
-/* Packed to 12 bytes (a quarter less index memory than 16; x86-64 and arm64 load the
- * unaligned id at no measurable cost). Fields are only read and written by value. */
-typedef struct __attribute__((packed)) index_entry {
-    int64_t id;
-    uint32_t slot1; /* slot + 1; 0: empty */
-} index_entry;
-_Static_assert(sizeof(index_entry) == 12, "index entries are 12 bytes");
-
 typedef struct partition {
     pthread_rwlock_t lock;
-    index_entry *index;
-    uint32_t cap, count;
+    table_index ix;
     unsigned char **slabs;
     uint32_t nslabs, slabs_cap;
     uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
@@ -95,11 +81,6 @@ static inline uint64_t mix64(uint64_t z)
     z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
     z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
     return z ^ (z >> 31);
-}
-
-static inline uint64_t id_hash(int64_t id)
-{
-    return mix64((uint64_t)id * GOLDEN + UINT64_C(0x5851F42D4C957F2D));
 }
 
 static inline uint32_t part_of(const table *t, uint64_t h)
@@ -234,49 +215,21 @@ static void lru_push_front(table *t, partition *p, uint32_t slot1)
 
 /* ---- the index --------------------------------------------------------------------------- */
 
-/* Position of id in the index, or of the empty entry where it would go. */
-static uint32_t index_probe(const partition *p, int64_t id, uint64_t h)
-{
-    uint32_t mask = p->cap - 1, i = (uint32_t)h & mask;
-    while (p->index[i].slot1 != 0 && p->index[i].id != id)
-        i = (i + 1) & mask;
-    return i;
-}
-
-static uint32_t index_find(const partition *p, int64_t id, uint64_t h)
-{
-    return p->index[index_probe(p, id, h)].slot1;
-}
-
-/* Doubles the index. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when memory runs out or the
- * budget refuses (the old index stays). */
+/* Doubles p's index, asking the budget first. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when
+ * memory runs out or the budget (or the largest capacity) refuses: the old index stays. */
 static int index_grow(table *t, partition *p)
 {
     uint64_t t0 = now_ns();
-    uint32_t ncap = p->cap * 2;
-    if (ncap == 0)
+    if (p->ix.cap >= (UINT32_C(1) << 31))
         return TABLE_LIMIT;
-    uint64_t more = (uint64_t)(ncap - p->cap) * sizeof(index_entry);
+    uint64_t more = table_index_bytes(p->ix.cap);
     if (!budget_take(t, more))
         return TABLE_LIMIT;
-    index_entry *ni = calloc(ncap, sizeof(*ni));
-    if (ni == NULL) {
+    if (table_index_grow(&p->ix) != 0) {
         budget_give(t, more);
         return TABLE_NOMEM;
     }
-    uint32_t mask = ncap - 1;
-    for (uint32_t i = 0; i < p->cap; i++) {
-        if (p->index[i].slot1 == 0)
-            continue;
-        uint32_t j = (uint32_t)id_hash(p->index[i].id) & mask;
-        while (ni[j].slot1 != 0)
-            j = (j + 1) & mask;
-        ni[j] = p->index[i];
-    }
-    free(p->index);
-    p->bytes += (uint64_t)(ncap - p->cap) * sizeof(*ni);
-    p->index = ni;
-    p->cap = ncap;
+    p->bytes += more;
     uint64_t dt = now_ns() - t0;
     count_add(&p->index_growths, 1);
     if (dt > count_get(&p->longest_growth_ns))
@@ -284,31 +237,11 @@ static int index_grow(table *t, partition *p)
     return 0;
 }
 
-/* Removes the entry at position i, shifting back the entries of its probe run. */
-static void index_delete_at(partition *p, uint32_t i)
-{
-    uint32_t mask = p->cap - 1, j = i;
-    for (;;) {
-        j = (j + 1) & mask;
-        if (p->index[j].slot1 == 0)
-            break;
-        uint32_t home = (uint32_t)id_hash(p->index[j].id) & mask;
-        /* Entry j may move to i only if its home is not in (i, j] (cyclically). */
-        bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
-        if (stays)
-            continue;
-        p->index[i] = p->index[j];
-        i = j;
-    }
-    p->index[i].slot1 = 0;
-    p->count--;
-}
-
 /* Removes row `id` (present at index position pos) from index, LRU and slots. */
 static void row_remove(table *t, partition *p, uint32_t pos)
 {
-    uint32_t slot1 = p->index[pos].slot1;
-    index_delete_at(p, pos);
+    uint32_t slot1 = p->ix.e[pos].slot1;
+    table_index_delete_at(&p->ix, pos);
     lru_unlink(t, p, slot1);
     slot_free(t, p, slot1);
     atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
@@ -388,14 +321,9 @@ static int partition_init(table *t, partition *p)
     memset(p, 0, sizeof(*p));
     /* Room for expected_rows spread over the partitions, plus 1/8 for an uneven spread. */
     uint64_t want = t->expected_rows / t->nparts;
-    want += want / 8;
-    p->cap = INITIAL_CAP;
-    while ((want + 1) * 4 > (uint64_t)p->cap * 3)
-        p->cap *= 2;
-    p->index = calloc(p->cap, sizeof(*p->index));
-    if (p->index == NULL)
+    if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
-    p->bytes = sizeof(*p) + (uint64_t)p->cap * sizeof(*p->index);
+    p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
     if (t->min_count > 1) {
         p->sketch = calloc(SKETCH_DEPTH * SKETCH_WIDTH, sizeof(*p->sketch));
         if (p->sketch == NULL)
@@ -419,7 +347,7 @@ static void partition_fini(partition *p)
     for (uint32_t i = 0; i < p->nslabs; i++)
         free(p->slabs[i]);
     free(p->slabs);
-    free(p->index);
+    table_index_fini(&p->ix);
     free(p->sketch);
 }
 
@@ -535,7 +463,7 @@ uint32_t table_partitions(const table *t)
 
 uint32_t table_partition_of(const table *t, int64_t id)
 {
-    return part_of(t, id_hash(id));
+    return part_of(t, table_id_hash(id));
 }
 
 /* ---- pull -------------------------------------------------------------------------------- */
@@ -543,12 +471,12 @@ uint32_t table_partition_of(const table *t, int64_t id)
 void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = id_hash(ids[i]);
+        uint64_t h = table_id_hash(ids[i]);
         partition *p = &t->parts[part_of(t, h)];
         float *dst = out + i * (size_t)t->dim;
         pthread_rwlock_rdlock(&p->lock);
         count_add(&p->lookups, 1);
-        uint32_t slot1 = index_find(p, ids[i], h);
+        uint32_t slot1 = table_index_find(&p->ix, ids[i], h);
         if (slot1 != 0)
             memcpy(dst, row_floats(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
         else
@@ -570,7 +498,7 @@ static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
     if (p->lru_tail == 0)
         return false;
     row_header *victim = row_at(t, p, p->lru_tail - 1);
-    row_remove(t, p, index_probe(p, victim->id, id_hash(victim->id)));
+    row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
     count_add(counter, 1);
     return true;
 }
@@ -594,7 +522,7 @@ static bool reserve_row(table *t, partition *p)
 static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
 {
     *out = 0;
-    if ((uint64_t)(p->count + 1) * 4 > (uint64_t)p->cap * 3) {
+    if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
             return rc;
@@ -623,10 +551,7 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
         slots[s] = w + (size_t)(s + 1) * t->dim;
     optimizer_init_slots(&t->opt, slots, t->dim);
     /* The probe runs again: an eviction above may have shifted entries. */
-    uint32_t pos = index_probe(p, id, h);
-    p->index[pos].id = id;
-    p->index[pos].slot1 = slot1;
-    p->count++;
+    table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
     lru_push_front(t, p, slot1);
     count_add(&p->rows_created, 1);
     *out = slot1;
@@ -674,7 +599,7 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     }
     const size_t dim = t->dim, row = dim * sizeof(float);
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = id_hash(ids[i]);
+        uint64_t h = table_id_hash(ids[i]);
         size_t j = (size_t)h & (cap - 1);
         while (map[j] != 0 && b->uids[map[j] - 1] != ids[i])
             j = (j + 1) & (cap - 1);
@@ -761,7 +686,7 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
             uint32_t u = b.order[e];
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
-            uint32_t slot1 = index_find(p, id, h);
+            uint32_t slot1 = table_index_find(&p->ix, id, h);
             if (slot1 == 0) {
                 if (t->min_count > 1 && !sketch_admit(t, p, h)) {
                     count_add(&p->pushes_counted, 1);
@@ -817,11 +742,11 @@ size_t table_remove(table *t, const int64_t *ids, size_t n)
 {
     size_t removed = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t h = id_hash(ids[i]);
+        uint64_t h = table_id_hash(ids[i]);
         partition *p = &t->parts[part_of(t, h)];
         pthread_rwlock_wrlock(&p->lock);
-        uint32_t pos = index_probe(p, ids[i], h);
-        if (p->index[pos].slot1 != 0) {
+        uint32_t pos = table_index_probe(&p->ix, ids[i], h);
+        if (p->ix.e[pos].slot1 != 0) {
             row_remove(t, p, pos);
             count_add(&p->removed, 1);
             removed++;
@@ -844,7 +769,7 @@ size_t table_sweep(table *t, int64_t now_ms)
             row_header *r = row_at(t, p, p->lru_tail - 1);
             if (!(now_ms - r->updated_ms > t->ttl_ms))
                 break;
-            row_remove(t, p, index_probe(p, r->id, id_hash(r->id)));
+            row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
             count_add(&p->evicted_ttl, 1);
             removed++;
         }
@@ -863,7 +788,7 @@ void table_stats_get(table *t, table_stats *out)
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
         pthread_rwlock_rdlock(&p->lock);
-        out->rows += p->count;
+        out->rows += p->ix.count;
         out->bytes += p->bytes;
         pthread_rwlock_unlock(&p->lock);
         out->lookups += count_get(&p->lookups);
@@ -900,7 +825,7 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out)
         return -1;
     partition *p = &t->parts[part];
     pthread_rwlock_rdlock(&p->lock);
-    size_t n = p->count;
+    size_t n = p->ix.count;
     if (n > 0) {
         out->ids = malloc(n * sizeof(*out->ids));
         out->updated_ms = malloc(n * sizeof(*out->updated_ms));
@@ -927,10 +852,10 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out)
 
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms)
 {
-    uint64_t h = id_hash(id);
+    uint64_t h = table_id_hash(id);
     partition *p = &t->parts[part_of(t, h)];
     pthread_rwlock_wrlock(&p->lock);
-    uint32_t slot1 = index_find(p, id, h);
+    uint32_t slot1 = table_index_find(&p->ix, id, h);
     int rc = TABLE_OK;
     if (slot1 == 0)
         rc = row_make(t, p, id, h, &slot1);
