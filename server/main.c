@@ -464,6 +464,7 @@ int main(int argc, char **argv)
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));
+    server_tables_free(&st);
     store_destroy(st.vars);
     dedup_destroy(st.dedup);
     sync_destroy(st.sync);

@@ -29,6 +29,7 @@ typedef struct server_state {
     /* Variables created by clients, counted; bumped with the store's update lock held, so a
      * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
     atomic_uint_fast64_t create_gen;
+    struct server_tables *tables; /* sparse tables (table_rpc.c); NULL: none yet */
 } server_state;
 
 /* The method table served by ps-server. */
@@ -44,5 +45,18 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
  * server's cluster. Returns 0 and the element count, or a status with a message in err. */
 int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,
                       char *err, size_t errlen);
+
+/* Sparse tables over the wire (table_rpc.c). Ids per TablePull/TablePush request at most. */
+#define SERVER_TABLE_MAX_IDS (1ull << 22)
+bool server_table_exists(server_state *st, const char *name);
+/* Frees every table (at exit, no call in flight). */
+void server_tables_free(server_state *st);
+void handle_table_create(rpc_call *call, void *arg);
+void handle_table_lookup(rpc_call *call, void *arg);
+void handle_table_pull(rpc_call *call, void *arg);
+void handle_table_push(rpc_call *call, void *arg);
+/* The ABORTED message of a push dedup could not prove new (handlers.c). */
+void server_push_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t floor, char *err,
+                         size_t errlen);
 
 #endif
