@@ -73,8 +73,8 @@ uint32_t ps_table_dim(const ps_table *t)
 size_t ps_table_max_ids(const ps_table *t)
 {
     size_t per = 8 + (size_t)t->dim * sizeof(float);
-    size_t room = t->c->max_message > TABLE_ENVELOPE_ROOM ? t->c->max_message - TABLE_ENVELOPE_ROOM
-                                                          : 0;
+    size_t room =
+        t->c->max_message > TABLE_ENVELOPE_ROOM ? t->c->max_message - TABLE_ENVELOPE_ROOM : 0;
     size_t n = room / per;
     return n < TABLE_MAX_IDS ? n : TABLE_MAX_IDS;
 }
@@ -244,8 +244,8 @@ static void table_call_free(void *arg)
     free(tc);
 }
 
-static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n,
-                          const float *grads, float *rows)
+static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
+                          float *rows)
 {
     const char *fn = push ? "ps_table_push" : "ps_table_pull";
     if (t == NULL || (n > 0 && (ids == NULL || (push ? grads == NULL : rows == NULL))))
@@ -327,8 +327,8 @@ static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n,
     client_op_hold(op, (int)tc->nparts);
     for (size_t i = 0; i < tc->nparts; i++) {
         table_part *p = &tc->parts[i];
-        int rc = rpc_conn_call(c->servers[p->server], &c->call, table_part_build,
-                               table_part_done, p);
+        int rc =
+            rpc_conn_call(c->servers[p->server], &c->call, table_part_build, table_part_done, p);
         if (rc != 0)
             client_op_release(op, p->server, rc, "could not start the call");
     }

@@ -116,6 +116,7 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
             max_bytes = (uint64_t)pages / 4 * 3 * (uint64_t)page;
     }
     store_set_limits(st->vars, max_bytes, max_vars);
+    st->max_bytes = max_bytes;
     log_info("limits: max-server-bytes %llu, max-variables %llu, dedup-max-clients %llu, "
              "dedup-idle-ms %llu",
              (unsigned long long)max_bytes, (unsigned long long)max_vars,

@@ -30,6 +30,8 @@ typedef struct server_state {
      * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
     atomic_uint_fast64_t create_gen;
     struct server_tables *tables; /* sparse tables (table_rpc.c); NULL: none yet */
+    uint64_t max_bytes;              /* max-server-bytes in force (server_set_limits) */
+    atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
 } server_state;
 
 /* The method table served by ps-server. */
@@ -48,6 +50,8 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
 
 /* Sparse tables over the wire (table_rpc.c). Ids per TablePull/TablePush request at most. */
 #define SERVER_TABLE_MAX_IDS (1ull << 22)
+/* Tables one server holds at most. */
+#define SERVER_MAX_TABLES 1024
 bool server_table_exists(server_state *st, const char *name);
 /* Frees every table (at exit, no call in flight). */
 void server_tables_free(server_state *st);

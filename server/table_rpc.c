@@ -158,6 +158,26 @@ static int to_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err
     return STATUS_OK;
 }
 
+/* max-server-bytes: a table's allocation is refused when the tables' bytes and the
+ * variables' would pass it (the table then evicts a row to make room, or refuses the row). */
+static bool budget_take(void *arg, uint64_t bytes)
+{
+    server_state *st = arg;
+    uint64_t now = atomic_fetch_add(&st->table_bytes, bytes) + bytes;
+    uint64_t vars = store_bytes(st->vars);
+    if (st->max_bytes && (now > st->max_bytes || vars > st->max_bytes - now)) {
+        atomic_fetch_sub(&st->table_bytes, bytes);
+        return false;
+    }
+    return true;
+}
+
+static void budget_give(void *arg, uint64_t bytes)
+{
+    server_state *st = arg;
+    atomic_fetch_sub(&st->table_bytes, bytes);
+}
+
 void handle_table_create(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -205,16 +225,28 @@ void handle_table_create(rpc_call *call, void *arg)
         return;
     }
     Psd__V1__TableCreateReply rep = PSD__V1__TABLE_CREATE_REPLY__INIT;
+    ts.budget.take = budget_take;
+    ts.budget.give = budget_give;
+    ts.budget.arg = st;
     table_entry *e = find_entry(st, s->name);
     if (e == NULL) {
+        pthread_mutex_lock(&tables_lock);
+        size_t held = st->tables ? st->tables->n : 0;
+        pthread_mutex_unlock(&tables_lock);
+        if (held >= SERVER_MAX_TABLES) {
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                            "cannot create table \"%s\": ps %u holds %zu tables, the most allowed",
+                            s->name, st->task_index, held);
+            return;
+        }
         table *t = NULL;
         rc = table_create(&ts, &t, err, sizeof(err));
         if (rc != TABLE_OK) {
-            rpc_reply_error(call,
-                            rc == TABLE_INVALID ? STATUS_INVALID_ARGUMENT
-                                                : STATUS_RESOURCE_EXHAUSTED,
-                            "cannot create table \"%s\": %s", s->name,
-                            rc == TABLE_NOMEM ? "out of memory" : err);
+            rpc_reply_error(
+                call, rc == TABLE_INVALID ? STATUS_INVALID_ARGUMENT : STATUS_RESOURCE_EXHAUSTED,
+                "cannot create table \"%s\": %s%s", s->name,
+                rc == TABLE_NOMEM ? "out of memory" : err,
+                rc == TABLE_LIMIT ? " (max-server-bytes)" : "");
             return;
         }
         table_entry *ne = calloc(1, sizeof(*ne));
@@ -259,8 +291,7 @@ void handle_table_create(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_ALREADY_EXISTS,
                         "table \"%s\" exists with another spec (dim %u, optimizer %d; requested "
                         "dim %u, optimizer %d)",
-                        s->name, e->spec->dim, (int)e->spec->optimizer, s->dim,
-                        (int)s->optimizer);
+                        s->name, e->spec->dim, (int)e->spec->optimizer, s->dim, (int)s->optimizer);
         return;
     }
     rpc_reply_ok(call, &rep.base);
@@ -348,8 +379,7 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
             rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                             "table \"%s\": id %lld (index %llu) belongs on ps %u, not ps %u "
                             "(split ids by placement_table_owner)",
-                            name, (long long)ids[i], (unsigned long long)i, owner,
-                            st->task_index);
+                            name, (long long)ids[i], (unsigned long long)i, owner, st->task_index);
             free(ids);
             return false;
         }
@@ -442,8 +472,11 @@ void handle_table_push(rpc_call *call, void *arg)
         return;
     }
     if (rc != TABLE_OK) {
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "table \"%s\": %s", table_name(e->t),
-                        rc == TABLE_NOMEM ? "out of memory" : err);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "table \"%s\": %s%s", table_name(e->t),
+                        rc == TABLE_NOMEM ? "out of memory" : err,
+                        rc == TABLE_LIMIT ? " (max-server-bytes; the push's other rows were "
+                                            "applied)"
+                                          : "");
         return;
     }
     if (d == DEDUP_NEW)

@@ -25,8 +25,8 @@
 
 static const char *server_bin;
 static test_cluster tc;
-static ps_client *client;       /* max-message-bytes 64 KiB: requests of 2,560 ids at most */
-static ps_table *sgd;           /* "t/sgd": dim 4, SGD lr 0.5, rows start at 1.0 */
+static ps_client *client; /* max-message-bytes 64 KiB: requests of 2,560 ids at most */
+static ps_table *sgd;     /* "t/sgd": dim 4, SGD lr 0.5, rows start at 1.0 */
 static const char *const server_flags[] = {"--max-message-bytes", "1M", NULL};
 
 static ps_client *open_client(const char *max_message)
@@ -234,8 +234,8 @@ static int raw_table_push(nng_socket s, const char *name, const int64_t *ids, si
     if (duplicate) {
         *duplicate = false;
         if (st == 0) {
-            Psd__V1__TablePushReply *r = psd__v1__table_push_reply__unpack(
-                NULL, f.env->body.len, f.env->body.data);
+            Psd__V1__TablePushReply *r =
+                psd__v1__table_push_reply__unpack(NULL, f.env->body.len, f.env->body.data);
             assert_non_null(r);
             *duplicate = r->duplicate;
             psd__v1__table_push_reply__free_unpacked(r, NULL);
@@ -314,8 +314,7 @@ static void test_bad_input(void **state)
 
     assert_int_equal(raw_table_pull(s, "t/none", ids, 1, 8, msg, sizeof(msg)), PS_NOT_FOUND);
     assert_non_null(strstr(msg, "table \"t/none\" not found"));
-    assert_int_equal(raw_table_pull(s, "t/sgd", ids, 3, 16, msg, sizeof(msg)),
-                     PS_INVALID_ARGUMENT);
+    assert_int_equal(raw_table_pull(s, "t/sgd", ids, 3, 16, msg, sizeof(msg)), PS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "ids segment is 16 bytes"));
     assert_int_equal(raw_table_pull(s, "t/sgd", ids, (1ull << 22) + 1, 8, msg, sizeof(msg)),
                      PS_INVALID_ARGUMENT);
@@ -326,9 +325,9 @@ static void test_bad_input(void **state)
                      PS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "belongs on ps 1, not ps 0"));
     /* Rows not n x dim: 2 ids, 1 row. */
-    assert_int_equal(raw_table_push(s, "t/sgd", ids, 2, 1, 9, 1ull << 61, 1.0f, NULL, msg,
-                                    sizeof(msg)),
-                     PS_INVALID_ARGUMENT);
+    assert_int_equal(
+        raw_table_push(s, "t/sgd", ids, 2, 1, 9, 1ull << 61, 1.0f, NULL, msg, sizeof(msg)),
+        PS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "need 48"));
     /* A NaN gradient: the whole batch is refused, nothing applied. */
     float g[2 * DIM];
@@ -398,13 +397,48 @@ static void test_bad_input(void **state)
     still_serving();
 }
 
+/* max-server-bytes bounds the tables: with 40,000 bytes, the table is made but a row of dim
+ * 4096 with Adam's slots (49,176 bytes) is refused (its partition has no row to evict), and
+ * the server keeps serving. */
+static void test_memory_limit(void **state)
+{
+    (void)state;
+    test_cluster small;
+    const char *const flags[] = {"--max-server-bytes", "40000", NULL};
+    assert_int_equal(test_cluster_start(&small, server_bin, 1, flags), 0);
+    ps_config *cfg;
+    char tf[1200];
+    test_cluster_tf_config(&small, NULL, 0, tf, sizeof(tf));
+    ps_config_create(&cfg);
+    ps_config_set(cfg, "cluster", tf);
+    ps_client *c;
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/big", 4096, PS_OPT_ADAM);
+    ps_table *t = NULL;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    int64_t id = -12;
+    static float g[4096], row[4096];
+    g[3] = 1.0f;
+    assert_int_equal(ps_table_push(t, &id, 1, g), PS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(ps_last_error(), "max-server-bytes"));
+    assert_non_null(strstr(ps_last_error(), "t/big"));
+    assert_int_equal(ps_table_pull(t, &id, 1, row), PS_OK);
+    for (int j = 0; j < 4096; j++)
+        assert_true(row[j] == 0.0f);
+    ps_table_free(t);
+    ps_client_close(c);
+    assert_int_equal(test_cluster_stop(&small), 0);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgd_exact_rows),     cmocka_unit_test(test_chunked_lists),
-        cmocka_unit_test(test_initializer_rows),   cmocka_unit_test(test_resent_push_applied_once),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_sgd_exact_rows),   cmocka_unit_test(test_chunked_lists),
+        cmocka_unit_test(test_initializer_rows), cmocka_unit_test(test_resent_push_applied_once),
+        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_memory_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
