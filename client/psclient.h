@@ -458,9 +458,9 @@ typedef struct ps_table_spec {
     bool nesterov;
     double beta1, beta2, epsilon, initial_accumulator, weight_decay;
     double ftrl_beta, l1, l2; /* FTRL */
-    uint32_t min_count; /* pushes of an id before its row is made (0, 1: the first) */
-    int64_t ttl_ms;     /* rows not updated for this long are removed (0: never) */
-    uint64_t max_rows;  /* rows per server at most, least recently updated evicted (0: none) */
+    uint32_t min_count;       /* pushes of an id before its row is made (0, 1: the first) */
+    int64_t ttl_ms;           /* rows not updated for this long are removed (0: never) */
+    uint64_t max_rows; /* rows per server at most, least recently updated evicted (0: none) */
 } ps_table_spec;
 
 /* Fills *spec with the defaults (zeros initializer, the optimizer's default settings as for

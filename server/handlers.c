@@ -328,8 +328,10 @@ static variable *find_range(server_state *st, const char *name, uint64_t off, ui
     if (v == NULL) {
         char q[96];
         if (server_table_exists(st, name))
-            snprintf(err, errlen, "%s is a sparse table, not a dense variable (use TablePull/"
-                     "TablePush for it)", QUOTED(q, name));
+            snprintf(err, errlen,
+                     "%s is a sparse table, not a dense variable (use TablePull/"
+                     "TablePush for it)",
+                     QUOTED(q, name));
         else
             snprintf(err, errlen, "variable %s not found on ps %u", QUOTED(q, name),
                      st->task_index);

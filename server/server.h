@@ -29,8 +29,8 @@ typedef struct server_state {
     /* Variables created by clients, counted; bumped with the store's update lock held, so a
      * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
     atomic_uint_fast64_t create_gen;
-    struct server_tables *tables; /* sparse tables (table_rpc.c); NULL: none yet */
-    uint64_t max_bytes;              /* max-server-bytes in force (server_set_limits) */
+    struct server_tables *tables;     /* sparse tables (table_rpc.c); NULL: none yet */
+    uint64_t max_bytes;               /* max-server-bytes in force (server_set_limits) */
     atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
 } server_state;
 
