@@ -59,6 +59,26 @@ void handle_table_create(rpc_call *call, void *arg);
 void handle_table_lookup(rpc_call *call, void *arg);
 void handle_table_pull(rpc_call *call, void *arg);
 void handle_table_push(rpc_call *call, void *arg);
+/* Checkpoints of tables: a copy of every table (its packed TableSpec and each partition's
+ * rows, oldest first), taken while updates are held off. */
+typedef struct server_table_copy {
+    uint8_t *spec;
+    size_t spec_len;
+    uint32_t row_floats, nparts;
+    uint64_t rows;
+    struct table_rows *parts;
+} server_table_copy;
+/* Returns 0 (*out NULL when there are no tables) or -1 when memory runs out. */
+int server_tables_copy(server_state *st, server_table_copy **out, size_t *n);
+void server_tables_copy_free(server_table_copy *c, size_t n);
+struct table;
+/* Makes an unregistered table from a packed TableSpec (restore). Returns 0, or -1 with a
+ * message in err. */
+int server_table_make(server_state *st, const uint8_t *spec, size_t len, struct table **out,
+                      char *err, size_t errlen);
+/* Registers t (made by server_table_make) under its name. Returns 0, or -1 when a table of
+ * that name exists or memory runs out (t stays the caller's). */
+int server_table_register(server_state *st, struct table *t, const uint8_t *spec, size_t len);
 /* The ABORTED message of a push dedup could not prove new (handlers.c). */
 void server_push_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t floor, char *err,
                          size_t errlen);

@@ -490,3 +490,124 @@ void handle_table_push(rpc_call *call, void *arg)
     rep.duplicate = d == DEDUP_DUPLICATE;
     rpc_reply_ok(call, &rep.base);
 }
+
+/* ---- checkpoints (server/checkpoint.c) ---- */
+
+int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&tables_lock);
+    size_t nt = st->tables ? st->tables->n : 0;
+    table_entry **es = nt ? malloc(nt * sizeof(*es)) : NULL;
+    if (es)
+        memcpy(es, st->tables->e, nt * sizeof(*es));
+    pthread_mutex_unlock(&tables_lock);
+    if (nt == 0)
+        return 0;
+    server_table_copy *c = es ? calloc(nt, sizeof(*c)) : NULL;
+    if (c == NULL) {
+        free(es);
+        return -1;
+    }
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        server_table_copy *tc = &c[i];
+        table *t = es[i]->t;
+        tc->spec_len = psd__v1__table_spec__get_packed_size(es[i]->spec);
+        tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
+        tc->nparts = table_partitions(t);
+        tc->parts = calloc(tc->nparts, sizeof(*tc->parts));
+        tc->row_floats = table_row_floats(t);
+        if (tc->spec == NULL || tc->parts == NULL) {
+            rc = -1;
+            break;
+        }
+        psd__v1__table_spec__pack(es[i]->spec, tc->spec);
+        for (uint32_t p = 0; rc == 0 && p < tc->nparts; p++) {
+            rc = table_copy_partition(t, p, &tc->parts[p]);
+            tc->rows += tc->parts[p].n;
+        }
+        *n = i + 1;
+    }
+    *out = c;
+    if (rc != 0) {
+        *n = nt;
+        server_tables_copy_free(c, nt);
+        *out = NULL;
+        *n = 0;
+    }
+    free(es);
+    return rc;
+}
+
+void server_tables_copy_free(server_table_copy *c, size_t n)
+{
+    for (size_t i = 0; c && i < n; i++) {
+        free(c[i].spec);
+        for (uint32_t p = 0; c[i].parts && p < c[i].nparts; p++)
+            table_rows_free(&c[i].parts[p]);
+        free(c[i].parts);
+    }
+    free(c);
+}
+
+int server_table_make(server_state *st, const uint8_t *spec, size_t len, table **out, char *err,
+                      size_t errlen)
+{
+    *out = NULL;
+    Psd__V1__TableSpec *s = psd__v1__table_spec__unpack(NULL, len, spec);
+    if (s == NULL) {
+        snprintf(err, errlen, "a table spec that does not decode");
+        return -1;
+    }
+    table_spec ts;
+    int rc = -1;
+    if (s->num_servers != st->num_servers)
+        snprintf(err, errlen, "table \"%s\": placed for %u servers, this cluster has %u", s->name,
+                 s->num_servers, st->num_servers);
+    else if (to_table_spec(s, &ts, err, errlen) == STATUS_OK) {
+        ts.budget.take = budget_take;
+        ts.budget.give = budget_give;
+        ts.budget.arg = st;
+        rc = table_create(&ts, out, err, errlen) == TABLE_OK ? 0 : -1;
+    }
+    psd__v1__table_spec__free_unpacked(s, NULL);
+    return rc;
+}
+
+int server_table_register(server_state *st, table *t, const uint8_t *spec, size_t len)
+{
+    table_entry *ne = calloc(1, sizeof(*ne));
+    Psd__V1__TableSpec *copy = psd__v1__table_spec__unpack(NULL, len, spec);
+    int rc = -1;
+    pthread_mutex_lock(&tables_lock);
+    if (st->tables == NULL)
+        st->tables = calloc(1, sizeof(*st->tables));
+    if (ne && copy && st->tables) {
+        bool dup = false;
+        for (size_t i = 0; i < st->tables->n; i++)
+            dup = dup || strcmp(table_name(st->tables->e[i]->t), table_name(t)) == 0;
+        if (!dup && st->tables->n == st->tables->cap) {
+            size_t cap = st->tables->cap ? 2 * st->tables->cap : 8;
+            table_entry **g = realloc(st->tables->e, cap * sizeof(*g));
+            if (g) {
+                st->tables->e = g;
+                st->tables->cap = cap;
+            }
+        }
+        if (!dup && st->tables->n < st->tables->cap) {
+            ne->t = t;
+            ne->spec = copy;
+            st->tables->e[st->tables->n++] = ne;
+            ne = NULL;
+            copy = NULL;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&tables_lock);
+    free(ne);
+    if (copy)
+        psd__v1__table_spec__free_unpacked(copy, NULL);
+    return rc;
+}

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -432,13 +433,73 @@ static void test_memory_limit(void **state)
     assert_int_equal(test_cluster_stop(&small), 0);
 }
 
+/* Tables are in checkpoints: rows, optimizer slots (Adagrad's accumulators) and update times
+ * come back after a SIGKILL and restart; pushes after the checkpoint are lost, as for
+ * variables; the restored table goes on exactly as one that never restarted. */
+static void test_checkpoint_restore(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-tables-ckpt");
+    const char *const flags[] = {"--checkpoint-dir", p.dir, NULL};
+    test_ps_start(&p, flags);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/ada", DIM, PS_OPT_ADAGRAD);
+    sp.learning_rate = 0.5;
+    sp.initializer = PS_INIT_CONSTANT;
+    sp.init_a = 0.25;
+    ps_table *t;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    enum { NI = 300 };
+    int64_t ids[NI];
+    float g[NI * DIM], before[NI * DIM], after[NI * DIM], ref[NI * DIM];
+    for (int i = 0; i < NI; i++) {
+        ids[i] = (int64_t)i * 104729 - 15000000;
+        for (int j = 0; j < DIM; j++)
+            g[i * DIM + j] = 0.125f * (float)((i + j) % 7) - 0.375f;
+    }
+    assert_int_equal(ps_table_push(t, ids, NI, g), PS_OK);
+    assert_int_equal(ps_table_pull(t, ids, NI, before), PS_OK);
+    assert_int_equal(ps_checkpoint(c), PS_OK);
+    assert_int_equal(ps_table_push(t, ids, NI, g), PS_OK); /* after it: lost */
+    ps_table_free(t);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_start(&p, flags);
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    assert_int_equal(ps_table_lookup(c, "t/ada", &t), PS_OK);
+    assert_int_equal(ps_table_pull(t, ids, NI, after), PS_OK);
+    assert_memory_equal(after, before, sizeof(before));
+    /* One more push equals two pushes into a table that never restarted (the accumulators
+     * were restored). */
+    assert_int_equal(ps_table_push(t, ids, NI, g), PS_OK);
+    assert_int_equal(ps_table_pull(t, ids, NI, after), PS_OK);
+    ps_table *r;
+    sp.name = "t/ada-ref";
+    assert_int_equal(ps_table_create(c, &sp, &r), PS_OK);
+    assert_int_equal(ps_table_push(r, ids, NI, g), PS_OK);
+    assert_int_equal(ps_table_push(r, ids, NI, g), PS_OK);
+    assert_int_equal(ps_table_pull(r, ids, NI, ref), PS_OK);
+    assert_memory_equal(after, ref, sizeof(ref));
+    assert_true(memcmp(after, before, sizeof(before)) != 0);
+    ps_table_free(t);
+    ps_table_free(r);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgd_exact_rows),   cmocka_unit_test(test_chunked_lists),
-        cmocka_unit_test(test_initializer_rows), cmocka_unit_test(test_resent_push_applied_once),
-        cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_sgd_exact_rows),     cmocka_unit_test(test_chunked_lists),
+        cmocka_unit_test(test_initializer_rows),   cmocka_unit_test(test_resent_push_applied_once),
+        cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_checkpoint_restore),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
