@@ -394,6 +394,18 @@ static void test_bad_input(void **state)
     ps_table_spec_init(&sp, "dense/v", 4, PS_OPT_SGD);
     assert_int_equal(ps_table_create(client, &sp, &t), PS_ALREADY_EXISTS);
     assert_non_null(strstr(ps_last_error(), "dense variable"));
+    /* A pull whose reply would pass max-message-bytes (1 MiB): 100,000 ids of dim 4 are an
+     * 800 KB request and a 1.6 MB reply. */
+    enum { BIG = 100000 };
+    int64_t *big = malloc(BIG * sizeof(*big));
+    assert_non_null(big);
+    big[0] = id_on("t/sgd", 0, 0);
+    for (int i = 1; i < BIG; i++)
+        big[i] = id_on("t/sgd", 0, big[i - 1] + 1);
+    assert_int_equal(raw_table_pull(s, "t/sgd", big, BIG, BIG * 8, msg, sizeof(msg)),
+                     PS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(msg, "max-message-bytes"));
+    free(big);
     nng_close(s);
     still_serving();
 }
