@@ -485,6 +485,14 @@ int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows);
  * servers refuse that request whole (PS_INVALID_ARGUMENT; other servers' requests of the same
  * call may have been applied). Blocks. */
 int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads);
+/* Asynchronous forms: start the call (every request in flight) and return at once, as
+ * ps_pull_async does: ids, rows and grads must stay valid and untouched until the operation
+ * completes (a resent request is built from them again); cb may be NULL; free *out_op with
+ * ps_op_destroy. */
+int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, ps_done_fn cb,
+                        void *arg, ps_op **out_op);
+int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
+                        ps_done_fn cb, void *arg, ps_op **out_op);
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
 

@@ -244,14 +244,15 @@ static void table_call_free(void *arg)
     free(tc);
 }
 
-static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
-                          float *rows)
+/* Starts the call (its requests all in flight) and returns its op in *out_op. */
+static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n,
+                            const float *grads, float *rows, ps_done_fn cb, void *arg,
+                            ps_op **out_op)
 {
     const char *fn = push ? "ps_table_push" : "ps_table_pull";
-    if (t == NULL || (n > 0 && (ids == NULL || (push ? grads == NULL : rows == NULL))))
+    if (t == NULL || out_op == NULL ||
+        (n > 0 && (ids == NULL || (push ? grads == NULL : rows == NULL))))
         return client_fail(PS_INVALID_ARGUMENT, "%s: NULL argument", fn);
-    if (n == 0)
-        return PS_OK;
     ps_client *c = t->c;
     size_t max_ids = ps_table_max_ids(t);
     if (max_ids == 0)
@@ -261,8 +262,8 @@ static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, 
                            fn, t->name, t->dim, c->max_message);
     int ns = c->nservers;
     size_t *count = calloc((size_t)ns + 1, sizeof(size_t));
-    uint32_t *owner = malloc(n * sizeof(*owner));
-    size_t *order = malloc(n * sizeof(*order));
+    uint32_t *owner = malloc((n ? n : 1) * sizeof(*owner));
+    size_t *order = malloc((n ? n : 1) * sizeof(*order)); /* n = 0: no part, done at once */
     if (count == NULL || owner == NULL || order == NULL) {
         free(count);
         free(owner);
@@ -317,7 +318,7 @@ static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, 
         }
     tc->nparts = k;
     free(count);
-    ps_op *op = client_op_new(c, 0, NULL, NULL);
+    ps_op *op = client_op_new(c, 0, cb, arg);
     if (op == NULL) {
         table_call_free(tc);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
@@ -332,8 +333,19 @@ static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, 
         if (rc != 0)
             client_op_release(op, p->server, rc, "could not start the call");
     }
+    *out_op = op;
     client_op_release(op, -1, STATUS_OK, "");
-    int rc = ps_op_wait(op);
+    return PS_OK;
+}
+
+static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
+                          float *rows)
+{
+    ps_op *op;
+    int rc = table_call_start(t, push, ids, n, grads, rows, NULL, NULL, &op);
+    if (rc != PS_OK)
+        return rc;
+    rc = ps_op_wait(op);
     ps_op_destroy(op);
     return rc;
 }
@@ -346,4 +358,16 @@ int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows)
 int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads)
 {
     return table_call_run(t, true, ids, n, grads, NULL);
+}
+
+int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, ps_done_fn cb,
+                        void *arg, ps_op **out_op)
+{
+    return table_call_start(t, false, ids, n, NULL, rows, cb, arg, out_op);
+}
+
+int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
+                        ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return table_call_start(t, true, ids, n, grads, NULL, cb, arg, out_op);
 }

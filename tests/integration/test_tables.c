@@ -410,6 +410,50 @@ static void test_bad_input(void **state)
     still_serving();
 }
 
+static void count_done(ps_op *op, void *arg)
+{
+    (void)op;
+    __atomic_add_fetch((int *)arg, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The asynchronous forms: several calls in flight at once, each completing with its callback;
+ * an empty call completes at once. */
+static void test_async(void **state)
+{
+    (void)state;
+    enum { K = 3, NI = 500 };
+    static int64_t ids[K][NI];
+    static float g[K][NI * DIM], rows[K][NI * DIM];
+    ps_op *ops[K];
+    int done = 0;
+    for (int k = 0; k < K; k++) {
+        for (int i = 0; i < NI; i++) {
+            ids[k][i] = 900000000 + (int64_t)k * NI + i;
+            for (int j = 0; j < DIM; j++)
+                g[k][i * DIM + j] = 0.25f * (float)(k + 1);
+        }
+        assert_int_equal(ps_table_push_async(sgd, ids[k], NI, g[k], count_done, &done, &ops[k]),
+                         PS_OK);
+    }
+    for (int k = 0; k < K; k++) {
+        assert_int_equal(ps_op_wait(ops[k]), PS_OK);
+        ps_op_destroy(ops[k]);
+    }
+    assert_int_equal(__atomic_load_n(&done, __ATOMIC_SEQ_CST), K);
+    for (int k = 0; k < K; k++)
+        assert_int_equal(ps_table_pull_async(sgd, ids[k], NI, rows[k], NULL, NULL, &ops[k]), PS_OK);
+    for (int k = 0; k < K; k++) {
+        assert_int_equal(ps_op_wait(ops[k]), PS_OK);
+        ps_op_destroy(ops[k]);
+        for (int i = 0; i < NI * DIM; i++)
+            assert_true(rows[k][i] == 1.0f - LR * 0.25f * (float)(k + 1));
+    }
+    ps_op *op;
+    assert_int_equal(ps_table_pull_async(sgd, NULL, 0, NULL, NULL, NULL, &op), PS_OK);
+    assert_int_equal(ps_op_wait(op), PS_OK);
+    ps_op_destroy(op);
+}
+
 /* max-server-bytes bounds the tables: with 40,000 bytes, the table is made but a row of dim
  * 4096 with Adam's slots (49,176 bytes) is refused (its partition has no row to evict), and
  * the server keeps serving. */
@@ -511,7 +555,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sgd_exact_rows),     cmocka_unit_test(test_chunked_lists),
         cmocka_unit_test(test_initializer_rows),   cmocka_unit_test(test_resent_push_applied_once),
         cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_memory_limit),
-        cmocka_unit_test(test_checkpoint_restore),
+        cmocka_unit_test(test_checkpoint_restore), cmocka_unit_test(test_async),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
