@@ -89,6 +89,7 @@ static void server_collect(metrics_out *out, void *arg)
     free(hist);
     store_list_release(vars, n);
     metrics_emit_one(out, "psd_server_variables", METRIC_GAUGE, "Variables held.", (double)n);
+    server_tables_metrics(out, st);
     Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
     sync_status(st, &rep);
     metrics_emit_one(out, "psd_server_workers_evicted_total", METRIC_COUNTER,

@@ -79,6 +79,9 @@ int server_table_make(server_state *st, const uint8_t *spec, size_t len, struct 
 /* Registers t (made by server_table_make) under its name. Returns 0, or -1 when a table of
  * that name exists or memory runs out (t stays the caller's). */
 int server_table_register(server_state *st, struct table *t, const uint8_t *spec, size_t len);
+struct metrics_out;
+/* Emits the tables' metrics (psd_server_tables, psd_table_*{table}) in a metrics collector. */
+void server_tables_metrics(struct metrics_out *out, server_state *st);
 /* The ABORTED message of a push dedup could not prove new (handlers.c). */
 void server_push_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t floor, char *err,
                          size_t errlen);

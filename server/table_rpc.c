@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "metrics.h"
 #include "placement.h"
 #include "server.h"
 #include "status.h"
@@ -610,4 +611,71 @@ int server_table_register(server_state *st, table *t, const uint8_t *spec, size_
     if (copy)
         psd__v1__table_spec__free_unpacked(copy, NULL);
     return rc;
+}
+
+/* ---- metrics ---- */
+
+void server_tables_metrics(metrics_out *out, server_state *st)
+{
+    pthread_mutex_lock(&tables_lock);
+    size_t n = st->tables ? st->tables->n : 0;
+    table_entry **es = n ? malloc(n * sizeof(*es)) : NULL;
+    if (es)
+        memcpy(es, st->tables->e, n * sizeof(*es));
+    pthread_mutex_unlock(&tables_lock);
+    metrics_emit_one(out, "psd_server_tables", METRIC_GAUGE, "Sparse tables held.", (double)n);
+    table_stats *ts = es ? calloc(n, sizeof(*ts)) : NULL;
+    if (ts == NULL) {
+        free(es);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        table_stats_get(es[i]->t, &ts[i]);
+    static const struct {
+        const char *name, *help;
+        metric_type type;
+    } tm[] = {
+        {"psd_table_rows", "Rows of a sparse table this server holds.", METRIC_GAUGE},
+        {"psd_table_memory_bytes", "Bytes a sparse table holds (slabs, indexes, sketches).",
+         METRIC_GAUGE},
+        {"psd_table_lookups_total", "Ids pulled from a sparse table.", METRIC_COUNTER},
+        {"psd_table_lookup_misses_total",
+         "Ids pulled that had no row (the initializer's row was returned).", METRIC_COUNTER},
+        {"psd_table_rows_created_total", "Rows made (admitted) in a sparse table.", METRIC_COUNTER},
+        {"psd_table_pushes_counted_total",
+         "Pushed ids held back by min_count (counted, gradient dropped).", METRIC_COUNTER},
+        {"psd_table_rows_updated_total", "Row updates applied to a sparse table.", METRIC_COUNTER},
+        {"psd_table_rows_refused_total",
+         "New rows not made: max-server-bytes refused and nothing could be evicted.",
+         METRIC_COUNTER},
+    };
+    for (size_t k = 0; k < sizeof(tm) / sizeof(tm[0]); k++) {
+        metrics_emit_header(out, tm[k].name, tm[k].type, tm[k].help);
+        for (size_t i = 0; i < n; i++) {
+            const char *labels[] = {"table", table_name(es[i]->t), NULL};
+            const table_stats *s = &ts[i];
+            uint64_t x = k == 0   ? s->rows
+                         : k == 1 ? s->bytes
+                         : k == 2 ? s->lookups
+                         : k == 3 ? s->lookup_misses
+                         : k == 4 ? s->rows_created
+                         : k == 5 ? s->pushes_counted
+                         : k == 6 ? s->rows_updated
+                                  : s->rows_refused;
+            metrics_emit(out, tm[k].name, labels, (double)x);
+        }
+    }
+    metrics_emit_header(out, "psd_table_evictions_total", METRIC_COUNTER,
+                        "Rows removed from a sparse table, by reason (ttl, max_rows, memory).");
+    for (size_t i = 0; i < n; i++) {
+        const char *name = table_name(es[i]->t);
+        const char *l1[] = {"table", name, "reason", "ttl", NULL};
+        const char *l2[] = {"table", name, "reason", "max_rows", NULL};
+        const char *l3[] = {"table", name, "reason", "memory", NULL};
+        metrics_emit(out, "psd_table_evictions_total", l1, (double)ts[i].evicted_ttl);
+        metrics_emit(out, "psd_table_evictions_total", l2, (double)ts[i].evicted_max_rows);
+        metrics_emit(out, "psd_table_evictions_total", l3, (double)ts[i].evicted_memory);
+    }
+    free(ts);
+    free(es);
 }

@@ -410,6 +410,77 @@ static void test_bad_input(void **state)
     still_serving();
 }
 
+/* The value of a series in a /metrics text (-1 when absent). */
+static double sample(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1.0;
+}
+
+/* Admission (min_count) and max_rows over the wire, seen in /metrics: an id pushed once under
+ * min_count 2 makes no row (counted only), its second push makes it; 300 distinct ids under
+ * max_rows 100 leave at most 100 rows, the rest evicted. */
+static void test_admission_eviction_metrics(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-tables-metrics");
+    int hport = test_free_port();
+    char haddr[64];
+    snprintf(haddr, sizeof(haddr), "127.0.0.1:%d", hport);
+    const char *const flags[] = {"--http-listen", haddr, NULL};
+    test_ps_start(&p, flags);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "m/admit", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.min_count = 2;
+    ps_table *a, *cap;
+    assert_int_equal(ps_table_create(c, &sp, &a), PS_OK);
+    ps_table_spec_init(&sp, "m/cap", DIM, PS_OPT_SGD);
+    sp.max_rows = 100;
+    assert_int_equal(ps_table_create(c, &sp, &cap), PS_OK);
+    int64_t id = 77;
+    float g[DIM] = {1, 1, 1, 1}, row[DIM];
+    assert_int_equal(ps_table_push(a, &id, 1, g), PS_OK);
+    assert_int_equal(ps_table_pull(a, &id, 1, row), PS_OK);
+    assert_true(row[0] == 0.0f); /* counted only: the gradient was dropped */
+    char *body = NULL;
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    assert_true(sample(body, "psd_table_rows{table=\"m/admit\"}") == 0.0);
+    assert_true(sample(body, "psd_table_pushes_counted_total{table=\"m/admit\"}") == 1.0);
+    assert_true(sample(body, "psd_table_lookup_misses_total{table=\"m/admit\"}") == 1.0);
+    assert_true(sample(body, "psd_server_tables") == 2.0);
+    free(body);
+    assert_int_equal(ps_table_push(a, &id, 1, g), PS_OK);
+    assert_int_equal(ps_table_pull(a, &id, 1, row), PS_OK);
+    assert_true(row[0] == -1.0f); /* admitted by its second push, which applied */
+    static int64_t ids[300];
+    static float gs[300 * DIM];
+    for (int i = 0; i < 300; i++)
+        ids[i] = i * 31 - 4000;
+    for (int i = 0; i < 300 * DIM; i++)
+        gs[i] = 0.5f;
+    assert_int_equal(ps_table_push(cap, ids, 300, gs), PS_OK);
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    assert_true(sample(body, "psd_table_rows{table=\"m/admit\"}") == 1.0);
+    double rows = sample(body, "psd_table_rows{table=\"m/cap\"}");
+    double made = sample(body, "psd_table_rows_created_total{table=\"m/cap\"}");
+    double gone = sample(body, "psd_table_evictions_total{table=\"m/cap\",reason=\"max_rows\"}");
+    if (!(rows > 0 && rows <= 100 && gone > 0 && made - gone == rows))
+        fail_msg("m/cap: %g rows, %g made, %g evicted", rows, made, gone);
+    free(body);
+    ps_table_free(a);
+    ps_table_free(cap);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
 static void count_done(ps_op *op, void *arg)
 {
     (void)op;
@@ -552,10 +623,15 @@ int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgd_exact_rows),     cmocka_unit_test(test_chunked_lists),
-        cmocka_unit_test(test_initializer_rows),   cmocka_unit_test(test_resent_push_applied_once),
-        cmocka_unit_test(test_bad_input),          cmocka_unit_test(test_memory_limit),
-        cmocka_unit_test(test_checkpoint_restore), cmocka_unit_test(test_async),
+        cmocka_unit_test(test_sgd_exact_rows),
+        cmocka_unit_test(test_chunked_lists),
+        cmocka_unit_test(test_initializer_rows),
+        cmocka_unit_test(test_resent_push_applied_once),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_checkpoint_restore),
+        cmocka_unit_test(test_async),
+        cmocka_unit_test(test_admission_eviction_metrics),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
