@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cluster_proc.h"
 #include "frame.h"
@@ -474,6 +475,27 @@ static void test_admission_eviction_metrics(void **state)
     if (!(rows > 0 && rows <= 100 && gone > 0 && made - gone == rows))
         fail_msg("m/cap: %g rows, %g made, %g evicted", rows, made, gone);
     free(body);
+    /* ttl_ms 200: a row not updated for 1.2 s is swept by a later push (at most one sweep a
+     * second); its pull is the initializer's row again. */
+    ps_table *ttl;
+    ps_table_spec_init(&sp, "m/ttl", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.ttl_ms = 200;
+    assert_int_equal(ps_table_create(c, &sp, &ttl), PS_OK);
+    int64_t old_id = 5, new_id = 6;
+    assert_int_equal(ps_table_push(ttl, &old_id, 1, g), PS_OK);
+    assert_int_equal(ps_table_pull(ttl, &old_id, 1, row), PS_OK);
+    assert_true(row[0] == -1.0f);
+    struct timespec ts = {1, 200000000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(ps_table_push(ttl, &new_id, 1, g), PS_OK);
+    assert_int_equal(ps_table_pull(ttl, &old_id, 1, row), PS_OK);
+    assert_true(row[0] == 0.0f);
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    assert_true(sample(body, "psd_table_evictions_total{table=\"m/ttl\",reason=\"ttl\"}") == 1.0);
+    assert_true(sample(body, "psd_table_rows{table=\"m/ttl\"}") == 1.0);
+    free(body);
+    ps_table_free(ttl);
     ps_table_free(a);
     ps_table_free(cap);
     ps_client_close(c);
