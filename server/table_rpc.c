@@ -2,7 +2,6 @@
  * (proto/README.md "Sparse tables"). Every table exists on every server; each server holds
  * the rows placement_table_owner gives it and refuses ids it does not own. Tables live until
  * the server exits (no delete yet). */
-#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
