@@ -156,6 +156,7 @@ typedef enum ps_optimizer {
     PS_OPT_ADAGRAD = 2,
     PS_OPT_ADAM = 3,
     PS_OPT_ADAMW = 4, /* Adam with decoupled weight decay (weight_decay) */
+    PS_OPT_FTRL = 5,  /* FTRL-Proximal: sparse tables only (ps_table_spec) */
 } ps_optimizer;
 
 /* Canonical lower-case name of an optimizer ("sgd", "momentum", "adagrad", "adam", "adamw"),
@@ -447,6 +448,65 @@ int ps_checkpoint(ps_client *c);
 
 /* Asks every server to shut down cleanly (admin). Blocks until each has acknowledged. */
 int ps_shutdown_cluster(ps_client *c);
+
+/* ---- Sparse tables: int64 id -> a row of `dim` float32, spread by id over every server ----
+ *
+ * A row is made on a server the first time a push touches its id (from the initializer, a pure
+ * function of (seed, table name, id)); a pull of an id without a row returns the initializer's
+ * row without making it. Every int64 id is valid, negative ones included. Each id's row lives
+ * on the server proto/README.md's table placement names. Tables are asynchronous (no
+ * staleness bound), are not in checkpoints yet, and are kept until the servers exit. */
+typedef struct ps_table ps_table;
+
+typedef struct ps_table_spec {
+    const char *name; /* 1..PS_MAX_NAME bytes of [A-Za-z0-9_./:-], not a variable's name */
+    uint32_t dim;     /* floats per row, 1..65536 */
+    ps_initializer initializer; /* ZEROS, CONSTANT, UNIFORM or NORMAL */
+    double init_a, init_b;
+    uint64_t seed;
+    ps_optimizer optimizer; /* any, PS_OPT_FTRL included; per-row ("lazy") updates */
+    double learning_rate;   /* FTRL: alpha */
+    double momentum;
+    bool nesterov;
+    double beta1, beta2, epsilon, initial_accumulator, weight_decay;
+    double ftrl_beta, l1, l2; /* FTRL */
+    uint32_t min_count;       /* pushes of an id before its row is made (0, 1: the first) */
+    int64_t ttl_ms;           /* rows not updated for this long are removed (0: never) */
+    uint64_t max_rows; /* rows per server at most, least recently updated evicted (0: none) */
+} ps_table_spec;
+
+/* Fills *spec with the defaults (zeros initializer, the optimizer's default settings as for
+ * variables; FTRL: learning_rate 0.05, ftrl_beta 1, l1 = l2 = 0; no admission or eviction). */
+void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_optimizer opt);
+
+/* Creates the table on every server (idempotent for the same spec; another spec under the
+ * name is PS_ALREADY_EXISTS). *out is a handle to free with ps_table_free. Blocks. */
+int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out);
+/* A handle to an existing table (PS_NOT_FOUND if none). Blocks. */
+int ps_table_lookup(ps_client *c, const char *name, ps_table **out);
+void ps_table_free(ps_table *t);
+uint32_t ps_table_dim(const ps_table *t);
+
+/* Rows of ids[0..n) into rows[0..n*dim), in the caller's order, duplicates repeated. The ids
+ * are split by owning server and sent to all of them at once, in requests of at most
+ * ps_table_max_ids ids. Blocks. */
+int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows);
+/* Pushes gradients grads[i*dim .. (i+1)*dim) of ids[i]; the servers sum duplicate ids of a
+ * request and apply their optimizer once per distinct row. Each request is applied exactly
+ * once (resends are dropped by its sequence number). A gradient holding NaN or Inf makes the
+ * servers refuse that request whole (PS_INVALID_ARGUMENT; other servers' requests of the same
+ * call may have been applied). Blocks. */
+int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads);
+/* Asynchronous forms: start the call (every request in flight) and return at once, as
+ * ps_pull_async does: ids, rows and grads must stay valid and untouched until the operation
+ * completes (a resent request is built from them again); cb may be NULL; free *out_op with
+ * ps_op_destroy. */
+int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, ps_done_fn cb,
+                        void *arg, ps_op **out_op);
+int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
+                        ps_done_fn cb, void *arg, ps_op **out_op);
+/* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
+size_t ps_table_max_ids(const ps_table *t);
 
 #ifdef __cplusplus
 }

@@ -29,3 +29,22 @@ void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint
     *offset = server * base + (server < extra ? server : extra);
     *count = base + (server < extra ? 1 : 0);
 }
+
+/* splitmix64's finalizer (Stafford's variant 13), as proto/README.md writes it. */
+static uint64_t placement_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t placement_table_hash(const char *name, int64_t id)
+{
+    return placement_mix64(placement_hash(name) ^
+                           placement_mix64((uint64_t)id + 0x9E3779B97F4A7C15ull));
+}
+
+uint32_t placement_table_owner(const char *name, int64_t id, uint32_t num_servers)
+{
+    return num_servers ? (uint32_t)(placement_table_hash(name, id) % num_servers) : 0;
+}

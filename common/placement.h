@@ -24,4 +24,15 @@ bool placement_is_split(uint64_t numel, uint64_t bytes, uint64_t threshold_bytes
 void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint64_t *offset,
                      uint64_t *count);
 
+/* Hash that places row `id` of the sparse table `name` (proto/README.md, "Placement of table
+ * rows", gives it exactly, for clients outside this code base):
+ *   x = mix64(placement_hash(name) ^ mix64((uint64_t)id + 0x9E3779B97F4A7C15))
+ * where mix64 is splitmix64's finalizer (Stafford's variant 13) and all arithmetic is modulo
+ * 2^64; the id is its two's complement value as a uint64 (no byte order involved). */
+uint64_t placement_table_hash(const char *name, int64_t id);
+
+/* Server holding row `id` of the sparse table `name`: placement_table_hash(name, id) %
+ * num_servers (0 when num_servers is 0). Every table spans every server. */
+uint32_t placement_table_owner(const char *name, int64_t id, uint32_t num_servers);
+
 #endif

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
+#include "table.h"
 #include "timeutil.h"
 #include "util.h"
 
@@ -61,6 +62,8 @@ typedef struct snapshot {
     size_t nworkers;
     int64_t applied_min;
     uint64_t create_gen; /* server_state.create_gen when taken: every variable up to it is in */
+    server_table_copy *tables;
+    size_t ntables;
 } snapshot;
 
 /* A CreateVariable call parked until its variable is durable (checkpointer_await_create). */
@@ -121,6 +124,7 @@ uint64_t checkpoint_cluster_hash(char *const *ps, size_t n)
 
 static void snapshot_free(snapshot *s)
 {
+    server_tables_copy_free(s->tables, s->ntables);
     for (size_t i = 0; i < s->nvars; i++) {
         free(s->vars[i].spec);
         free(s->vars[i].data);
@@ -288,6 +292,8 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     if (rc == 0) {
         s->workers = sync_export(st, &s->nworkers, &s->applied_min);
     }
+    if (rc == 0 && server_tables_copy(st, &s->tables, &s->ntables) != 0)
+        rc = errf(err, errlen, "out of memory copying the sparse tables");
     s->create_gen = atomic_load(&st->create_gen);
     store_thaw(st->vars);
     *pause_ns = time_now_ns() - t0;
@@ -467,9 +473,34 @@ static int write_var(writer *w, const snap_var *sv)
     return rc ? -1 : 0;
 }
 
+/* A table record: u32 spec length, the packed TableSpec, u32 floats per row, u32 0, u64 rows,
+ * then per row (oldest update first): i64 id, i64 update time (ms), the row's floats. */
+static uint64_t table_payload_len(const server_table_copy *t)
+{
+    return 4 + t->spec_len + 16 + t->rows * (16 + 4 * (uint64_t)t->row_floats);
+}
+
+static int write_table(writer *w, const server_table_copy *t)
+{
+    if (w_rec_begin(w, CKPT_REC_TABLE, table_payload_len(t)) || w_u32(w, (uint32_t)t->spec_len) ||
+        w_put(w, t->spec, t->spec_len) || w_u32(w, t->row_floats) || w_u32(w, 0) ||
+        w_u64(w, t->rows))
+        return -1;
+    for (uint32_t p = 0; p < t->nparts; p++) {
+        const table_rows *r = &t->parts[p];
+        for (size_t i = 0; i < r->n; i++)
+            if (w_u64(w, (uint64_t)r->ids[i]) || w_u64(w, (uint64_t)r->updated_ms[i]) ||
+                w_put(w, r->floats + i * r->row_floats, (size_t)r->row_floats * 4))
+                return -1;
+    }
+    return w_rec_end(w);
+}
+
 static uint64_t snapshot_file_size(const snapshot *s)
 {
     uint64_t n = CKPT_HEADER_SIZE;
+    for (size_t i = 0; i < s->ntables; i++)
+        n += 20 + table_payload_len(&s->tables[i]);
     for (size_t i = 0; i < s->nvars; i++)
         n += 20 + var_payload_len(&s->vars[i]);
     n += 20 + 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
@@ -507,6 +538,12 @@ static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t s
             return -1;
         nrec++;
         total += var_payload_len(&s->vars[i]);
+    }
+    for (size_t i = 0; i < s->ntables; i++) {
+        if (write_table(w, &s->tables[i]))
+            return -1;
+        nrec++;
+        total += table_payload_len(&s->tables[i]);
     }
     uint64_t dlen = 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
     if (w_rec_begin(w, CKPT_REC_DEDUP, dlen) || w_u32(w, s->dedup_words) || w_u32(w, 0) ||
@@ -1177,6 +1214,10 @@ typedef struct loaded {
     int64_t applied_min;
     bool have_sync;
     uint64_t bytes;
+    table **tables; /* restored tables, not yet registered */
+    uint8_t **table_specs;
+    size_t *table_spec_lens;
+    size_t ntables;
 } loaded;
 
 static void loaded_free(loaded *l)
@@ -1187,6 +1228,13 @@ static void loaded_free(loaded *l)
     free(l->dedup);
     free(l->floors);
     free(l->workers);
+    for (size_t i = 0; i < l->ntables; i++) {
+        table_destroy(l->tables[i]);
+        free(l->table_specs[i]);
+    }
+    free(l->tables);
+    free(l->table_specs);
+    free(l->table_spec_lens);
     memset(l, 0, sizeof(*l));
 }
 
@@ -1288,6 +1336,75 @@ static int read_var(reader *r, const server_state *st, uint32_t flags, uint64_t 
     return 0;
 }
 
+static int read_table(reader *r, server_state *st, uint64_t len, loaded *l)
+{
+    uint32_t spec_len, row_floats, pad;
+    uint64_t rows;
+    if (len < 20 || r_u32(r, &spec_len, "a table record"))
+        return -1;
+    if (spec_len > META_MAX || spec_len > len - 20)
+        return errf(r->err, r->errlen, "table record at byte %" PRIu64 ": bad spec size %u", r->pos,
+                    spec_len);
+    uint8_t *spec = malloc(spec_len ? spec_len : 1);
+    table **nt = realloc(l->tables, (l->ntables + 1) * sizeof(*nt));
+    if (nt)
+        l->tables = nt;
+    uint8_t **ns = realloc(l->table_specs, (l->ntables + 1) * sizeof(*ns));
+    if (ns)
+        l->table_specs = ns;
+    size_t *nl = realloc(l->table_spec_lens, (l->ntables + 1) * sizeof(*nl));
+    if (nl)
+        l->table_spec_lens = nl;
+    if (spec == NULL || nt == NULL || ns == NULL || nl == NULL) {
+        free(spec);
+        return errf(r->err, r->errlen, "out of memory");
+    }
+    if (r_get(r, spec, spec_len, "a table record")) {
+        free(spec);
+        return -1;
+    }
+    table *t = NULL;
+    char terr[512];
+    if (server_table_make(st, spec, spec_len, &t, terr, sizeof(terr)) != 0) {
+        free(spec);
+        return errf(r->err, r->errlen, "table record at byte %" PRIu64 ": %s", r->pos, terr);
+    }
+    l->tables[l->ntables] = t; /* freed with l from here on */
+    l->table_specs[l->ntables] = spec;
+    l->table_spec_lens[l->ntables] = spec_len;
+    l->ntables++;
+    if (r_u32(r, &row_floats, "a table record") || r_u32(r, &pad, "a table record") ||
+        r_u64(r, &rows, "a table record"))
+        return -1;
+    uint64_t per = 16 + 4 * (uint64_t)row_floats;
+    if (row_floats != table_row_floats(t) || pad != 0 || rows > (len - 20 - spec_len) / per ||
+        len != 20 + spec_len + rows * per)
+        return errf(r->err, r->errlen,
+                    "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
+                    r->pos);
+    float *row = malloc((size_t)row_floats * 4);
+    if (row == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    for (uint64_t i = 0; i < rows; i++) {
+        uint64_t id, upd;
+        if (r_u64(r, &id, "a table row") || r_u64(r, &upd, "a table row") ||
+            r_get(r, row, (size_t)row_floats * 4, "a table row")) {
+            free(row);
+            return -1;
+        }
+        int rc = table_insert_row(t, (int64_t)id, row, (int64_t)upd);
+        if (rc != TABLE_OK) {
+            free(row);
+            return errf(r->err, r->errlen, "table \"%s\": row %" PRId64 " could not be restored%s",
+                        table_name(t), (int64_t)id,
+                        rc == TABLE_LIMIT ? " within max-server-bytes or max_rows"
+                                          : " (out of memory)");
+        }
+    }
+    free(row);
+    return 0;
+}
+
 /* Reads a whole file into l. Returns 0, -1 (damaged: err says why) or CKPT_REFUSED. */
 static int read_file_ckpt(const char *path, const server_state *st, uint64_t cluster_hash,
                           uint64_t name_seq, loaded *l, uint64_t *seq_out, char *err, size_t errlen)
@@ -1350,6 +1467,9 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
             goto out;
         if (type == CKPT_REC_VARIABLE) {
             if (read_var(&r, st, flags, len, l))
+                goto out;
+        } else if (type == CKPT_REC_TABLE && flags == 0) {
+            if (read_table(&r, (server_state *)st, len, l))
                 goto out;
         } else if (type == CKPT_REC_DEDUP) {
             uint32_t words, pad;
@@ -1454,6 +1574,12 @@ out:
 
 static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
 {
+    for (size_t i = 0; i < l->ntables; i++) {
+        if (server_table_register(st, l->tables[i], l->table_specs[i], l->table_spec_lens[i]))
+            return errf(err, errlen, "table \"%s\" appears twice (or out of memory)",
+                        table_name(l->tables[i]));
+        l->tables[i] = NULL; /* the server owns it */
+    }
     for (size_t i = 0; i < l->nvars; i++) {
         variable *v = l->vars[i];
         variable *in = store_insert(st->vars, v);

@@ -13,6 +13,9 @@
  *     dedup table, 3 clock table, 4 end (payload: u64 records before it, u64 sum of their
  *     payload lengths), 5 (version 2) what proves evicted clients' pushes applied: the
  *     windows' floors, the tombstones and the hashed floors (words of dedup_export_floors).
+ *     6 a sparse table (u32 spec length, packed TableSpec, u32 floats per row, u32 0, u64
+ *     rows, then per row, oldest update first: i64 id, i64 update time in ms, its floats:
+ *     parameters then optimizer slots); written only when the server holds tables.
  *     A file without its end record is truncated. Version 1 files (no record 5, no
  *     CKPT_VAR_INITIAL records) are read too.
  * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
@@ -41,6 +44,7 @@ enum {
     CKPT_REC_SYNC = 3,
     CKPT_REC_END = 4,
     CKPT_REC_DEDUP_FLOORS = 5,
+    CKPT_REC_TABLE = 6,
 };
 /* Flags of a variable record: INITIAL, never updated (version 0, no BSP aggregate): the
  * payload is the meta part alone, and the restore fills the values with the spec's

@@ -116,6 +116,7 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
             max_bytes = (uint64_t)pages / 4 * 3 * (uint64_t)page;
     }
     store_set_limits(st->vars, max_bytes, max_vars);
+    st->max_bytes = max_bytes;
     log_info("limits: max-server-bytes %llu, max-variables %llu, dedup-max-clients %llu, "
              "dedup-idle-ms %llu",
              (unsigned long long)max_bytes, (unsigned long long)max_vars,
@@ -146,6 +147,11 @@ static void handle_create(rpc_call *call, void *arg)
     Psd__V1__CreateVariableReply rep = PSD__V1__CREATE_VARIABLE_REPLY__INIT;
     Psd__V1__Shard shard = PSD__V1__SHARD__INIT;
     rep.shard = &shard;
+    if (server_table_exists(st, req->spec->name)) {
+        rpc_reply_error(call, STATUS_ALREADY_EXISTS, "\"%s\" is a sparse table, not a variable",
+                        req->spec->name);
+        return;
+    }
     variable *v = store_find(st->vars, req->spec->name);
     if (v == NULL) {
         uint64_t off = 0, cnt = numel;
@@ -321,7 +327,14 @@ static variable *find_range(server_state *st, const char *name, uint64_t off, ui
     variable *v = store_find(st->vars, name);
     if (v == NULL) {
         char q[96];
-        snprintf(err, errlen, "variable %s not found on ps %u", QUOTED(q, name), st->task_index);
+        if (server_table_exists(st, name))
+            snprintf(err, errlen,
+                     "%s is a sparse table, not a dense variable (use TablePull/"
+                     "TablePush for it)",
+                     QUOTED(q, name));
+        else
+            snprintf(err, errlen, "variable %s not found on ps %u", QUOTED(q, name),
+                     st->task_index);
         *status = STATUS_NOT_FOUND;
         return NULL;
     }
@@ -427,6 +440,13 @@ static void push_refusal(dedup_result d, const push_in *in, uint64_t floor, char
                  "push seq %llu of client %016llx is older than the dedup window "
                  "(dedup-window): refused, it may or may not have been applied",
                  seq, client);
+}
+
+void server_push_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t floor, char *err,
+                         size_t errlen)
+{
+    push_in in = {.client = client, .seq = seq};
+    push_refusal(d, &in, floor, err, errlen);
 }
 
 /* Dedups by (client, seq), then applies the optimizer (or adds to the BSP aggregate),
@@ -1010,5 +1030,13 @@ const rpc_method server_methods[] = {
      &psd__v1__delete_variable_request__descriptor, handle_delete, RPC_ADMIN},
     {PSD__V1__METHOD__STEP, "Step", &psd__v1__step_request__descriptor, handle_step,
      RPC_MAY_SEGMENT},
+    {PSD__V1__METHOD__TABLE_CREATE, "TableCreate", &psd__v1__table_create_request__descriptor,
+     handle_table_create, 0},
+    {PSD__V1__METHOD__TABLE_LOOKUP, "TableLookup", &psd__v1__table_lookup_request__descriptor,
+     handle_table_lookup, 0},
+    {PSD__V1__METHOD__TABLE_PULL, "TablePull", &psd__v1__table_pull_request__descriptor,
+     handle_table_pull, RPC_SEGMENT},
+    {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
+     handle_table_push, RPC_SEGMENT},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

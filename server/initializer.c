@@ -254,3 +254,21 @@ void initializer_fill(const initializer_params *p, const uint64_t *shape, size_t
     for (size_t j = 0; j < n; j++)
         out[j] = 0.0f;
 }
+
+uint64_t initializer_row_seed(uint64_t seed, uint64_t table_key, int64_t id)
+{
+    uint64_t h = mix64(seed + GOLDEN_GAMMA);
+    h = mix64(h ^ table_key);
+    return mix64(h + (uint64_t)id * GOLDEN_GAMMA);
+}
+
+void initializer_fill_row(const initializer_params *p, uint64_t table_key, int64_t id, float *out,
+                          size_t dim)
+{
+    if (p == NULL || out == NULL)
+        return;
+    initializer_params row = *p;
+    row.seed = initializer_row_seed(p->seed, table_key, id);
+    uint64_t shape[1] = {dim};
+    initializer_fill(&row, shape, 1, 0, out, dim);
+}

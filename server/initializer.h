@@ -75,4 +75,20 @@ void initializer_fan(const uint64_t *shape, size_t ndims, double *fan_in, double
 void initializer_fill(const initializer_params *p, const uint64_t *shape, size_t ndims,
                       uint64_t offset, float *out, size_t n);
 
+/* Seed of row `id` of a sparse table: a pure function of (seed, table_key, id), where
+ * table_key is a hash of the table's name (server/table.c passes placement_hash(name)):
+ *   h = mix64(seed + G); h = mix64(h ^ table_key); row_seed = mix64(h + (uint64_t)id * G)
+ * with G = 0x9E3779B97F4A7C15 and mix64 splitmix64's finalizer, all arithmetic mod 2^64 (any
+ * int64 id, negative included, is defined; no overflow). */
+uint64_t initializer_row_seed(uint64_t seed, uint64_t table_key, int64_t id);
+
+/* Writes out[0..dim) = row `id` of a sparse table initialized by p: the elements 0..dim-1 of
+ * initializer_fill with p's kind, a and b and the seed initializer_row_seed(p->seed,
+ * table_key, id), so every server, restart or replica makes the same row, and rows of
+ * different ids, tables or seeds are independent. GLOROT_UNIFORM needs a shape and is not
+ * meant for rows (the table refuses it); here it would use the shape [dim]. Does nothing when
+ * p or out is NULL. */
+void initializer_fill_row(const initializer_params *p, uint64_t table_key, int64_t id, float *out,
+                          size_t dim);
+
 #endif /* SERVER_INITIALIZER_H */

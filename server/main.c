@@ -89,6 +89,7 @@ static void server_collect(metrics_out *out, void *arg)
     free(hist);
     store_list_release(vars, n);
     metrics_emit_one(out, "psd_server_variables", METRIC_GAUGE, "Variables held.", (double)n);
+    server_tables_metrics(out, st);
     Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
     sync_status(st, &rep);
     metrics_emit_one(out, "psd_server_workers_evicted_total", METRIC_COUNTER,
@@ -464,6 +465,7 @@ int main(int argc, char **argv)
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));
+    server_tables_free(&st);
     store_destroy(st.vars);
     dedup_destroy(st.dedup);
     sync_destroy(st.sync);

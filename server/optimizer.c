@@ -188,6 +188,30 @@ OPT_LOOP static void decay_weights(float keep, float *restrict w, size_t n)
         w[i] *= keep;
 }
 
+/* FTRL-Proximal, per coordinate (McMahan et al., "Ad Click Prediction: a View from the
+ * Trenches", 2013, algorithm 1), with z and n as slots and the weight written back after each
+ * step, so that a pull reads the current weight like any other optimizer's. The first step
+ * folds the initial weight into z (z -= s*w with n = 0 before: s = |g|/alpha), so a row's
+ * initializer value is kept rather than reset. n = 0 implies z = 0 (both change only with a
+ * non-zero g), so the division never sees a zero denominator: |z| <= l1 takes the 0 branch. */
+OPT_LOOP static void apply_ftrl(float alpha, float beta, float l1, float l2, float *restrict w,
+                                const unsigned char *restrict g, float *restrict z,
+                                float *restrict nacc, size_t n)
+{
+    const float inv_alpha = 1.0f / alpha;
+    for (size_t i = 0; i < n; i++) {
+        float gi = load_grad(g, i);
+        float ni = nacc[i] + gi * gi;
+        float sigma = (sqrtf(ni) - sqrtf(nacc[i])) * inv_alpha;
+        float zi = z[i] + gi - sigma * w[i];
+        z[i] = zi;
+        nacc[i] = ni;
+        float az = fabsf(zi);
+        float shrunk = zi > 0.0f ? zi - l1 : zi + l1;
+        w[i] = az <= l1 ? 0.0f : -shrunk / ((beta + sqrtf(ni)) * inv_alpha + l2);
+    }
+}
+
 /* ---- the registry ------------------------------------------------------------------------ */
 
 typedef struct optimizer_ops {
@@ -318,6 +342,29 @@ static void adamw_apply(const optimizer_params *p, float *w, const unsigned char
     apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
 }
 
+static void ftrl_defaults(optimizer_params *p)
+{
+    p->learning_rate = 0.05f; /* alpha */
+    p->ftrl_beta = 1.0f;
+    p->l1 = 0.0f;
+    p->l2 = 0.0f;
+}
+
+static int ftrl_validate(const optimizer_params *p, char *err, size_t errlen)
+{
+    if (check_non_negative("ftrl_beta", p->ftrl_beta, err, errlen) != 0)
+        return -1;
+    if (check_non_negative("l1", p->l1, err, errlen) != 0)
+        return -1;
+    return check_non_negative("l2", p->l2, err, errlen);
+}
+
+static void ftrl_apply(const optimizer_params *p, float *w, const unsigned char *g,
+                       float *const *slots, size_t n)
+{
+    apply_ftrl(p->learning_rate, p->ftrl_beta, p->l1, p->l2, w, g, slots[0], slots[1], n);
+}
+
 static const optimizer_ops registry[] = {
     [OPTIMIZER_SGD] = {.slots = 0, .apply = sgd_apply},
     [OPTIMIZER_MOMENTUM] = {.slots = 1, .validate = momentum_validate, .apply = momentum_apply},
@@ -334,6 +381,11 @@ static const optimizer_ops registry[] = {
                          .defaults = adam_defaults,
                          .validate = adamw_validate,
                          .apply = adamw_apply},
+    /* z and n start at 0. */
+    [OPTIMIZER_FTRL] = {.slots = 2,
+                        .defaults = ftrl_defaults,
+                        .validate = ftrl_validate,
+                        .apply = ftrl_apply},
 };
 
 _Static_assert(sizeof(registry) / sizeof(registry[0]) == OPTIMIZER_KIND_COUNT,
@@ -343,6 +395,7 @@ static const char *const kind_names[] = {
 #define PS_OPTIMIZER_NAME_(ID, name, value, lr) [value] = name,
     PS_OPTIMIZERS(PS_OPTIMIZER_NAME_)
 #undef PS_OPTIMIZER_NAME_
+        [OPTIMIZER_FTRL] = "ftrl",
 };
 
 /* A kind is valid when it has a row with an update (a hole in the table does not count). */
@@ -366,6 +419,9 @@ void optimizer_params_default(optimizer_params *p, optimizer_kind kind)
     p->epsilon = 1e-8f;
     p->initial_accumulator = 0.1f;
     p->weight_decay = 0.01f;
+    p->ftrl_beta = 1.0f;
+    p->l1 = 0.0f;
+    p->l2 = 0.0f;
     if (optimizer_kind_valid(kind) && registry[kind].defaults != NULL)
         registry[kind].defaults(p);
 }

@@ -25,17 +25,26 @@ typedef enum {
 #define PS_OPTIMIZER_KIND_(ID, name, value, lr) OPTIMIZER_##ID = value,
     PS_OPTIMIZERS(PS_OPTIMIZER_KIND_)
 #undef PS_OPTIMIZER_KIND_
+    /* Server-side kinds that the wire does not carry yet (their settings are not in
+     * PS_SPEC_HPARAMS): usable by sparse tables (server/table.h), refused for a variable
+     * created over the wire (optimizer_on_wire). Value PS_OPTIMIZER_COUNT is reserved for
+     * FTRL when it is added to common/optimizers.h. */
+    OPTIMIZER_FTRL = PS_OPTIMIZER_COUNT,
 } optimizer_kind;
 
 /* Number of optimizer kinds (valid kinds are 0 .. OPTIMIZER_KIND_COUNT - 1). */
-#define OPTIMIZER_KIND_COUNT PS_OPTIMIZER_COUNT
+#define OPTIMIZER_KIND_COUNT (PS_OPTIMIZER_COUNT + 1)
+
+/* True for a kind that the wire (ps.proto's Optimizer) carries: those of common/optimizers.h. */
+#define optimizer_on_wire(k) ((int)(k) >= 0 && (int)(k) < PS_OPTIMIZER_COUNT)
 
 /* Largest slot count of any optimizer. */
 #define OPTIMIZER_MAX_SLOTS 3
 
 /* Hyper-parameters of one variable's optimizer: one float per row of
  * PS_SPEC_HPARAMS (learning_rate, momentum, beta1, beta2, epsilon,
- * initial_accumulator, weight_decay), plus nesterov. Fields that the kind does
+ * initial_accumulator, weight_decay), plus nesterov and FTRL's beta, l1 and l2
+ * (FTRL's alpha is learning_rate). Fields that the kind does
  * not use are ignored (neither validated nor read by optimizer_apply). Bounds
  * of the fields a kind uses:
  *   learning_rate        all kinds: finite, > 0
@@ -43,21 +52,24 @@ typedef enum {
  *   beta1, beta2         ADAM, ADAMW: finite, in [0, 1)
  *   epsilon              ADAM, ADAMW, ADAGRAD: finite, > 0
  *   initial_accumulator  ADAGRAD: finite, >= 0
- *   weight_decay         ADAMW: finite, >= 0 (learning_rate * weight_decay <= 1) */
+ *   weight_decay         ADAMW: finite, >= 0 (learning_rate * weight_decay <= 1)
+ *   ftrl_beta, l1, l2    FTRL: finite, >= 0 */
 typedef struct optimizer_params {
     optimizer_kind kind;
 #define PS_OPTIMIZER_PARAM_(field, pt, wt) float field;
     PS_SPEC_HPARAMS(PS_OPTIMIZER_PARAM_)
 #undef PS_OPTIMIZER_PARAM_
-    bool nesterov; /* MOMENTUM: Nesterov accelerated gradient */
+    bool nesterov;   /* MOMENTUM: Nesterov accelerated gradient */
+    float ftrl_beta; /* FTRL: beta of the per-coordinate rate alpha/(beta + sqrt(n)) */
+    float l1, l2;    /* FTRL: L1 and L2 regularization strengths */
 } optimizer_params;
 
 /* Fills *p with the defaults for `kind` (every field is written): the common
  * ones (learning_rate 0.01, momentum 0.9, nesterov false, beta1 0.9, beta2
  * 0.999, epsilon 1e-8, initial_accumulator 0.1, weight_decay 0.01), then the
  * kind's own (Adam and AdamW: learning_rate 0.001; Adagrad: epsilon 1e-7, as
- * Keras). Does nothing when p is NULL. `kind` is stored as given, even if
- * invalid. */
+ * Keras; FTRL: learning_rate (alpha) 0.05, ftrl_beta 1, l1 0, l2 0). Does nothing when p is NULL.
+ * `kind` is stored as given, even if invalid. */
 void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
 
 /* Checks the fields that p->kind uses against the bounds documented on
@@ -67,7 +79,7 @@ void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
  * to errlen). Never crashes on any input. */
 int optimizer_validate(const optimizer_params *p, char *err, size_t errlen);
 
-/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam", "adamw".
+/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl".
  * Returns "unknown" (never NULL) for a value outside the enum. */
 const char *optimizer_name(optimizer_kind k);
 
@@ -81,7 +93,8 @@ bool optimizer_kind_valid(int k);
 
 /* Number of float state arrays one variable needs for kind k: sgd 0,
  * momentum 1 (accumulator a), adagrad 1 (accumulator acc), adam and adamw 3
- * (m, v and the per-element step count t stored as float). Returns 0 for an
+ * (m, v and the per-element step count t stored as float), ftrl 2 (z and n).
+ * Returns 0 for an
  * unknown kind. */
 size_t optimizer_slot_count(optimizer_kind k);
 
@@ -101,6 +114,9 @@ void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t
  *             p -= lr*(m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
  *   adamw:    p *= 1 - lr*wd, then the adam step (decoupled weight decay,
  *             Loshchilov & Hutter; PyTorch's AdamW)
+ *   ftrl:     FTRL-Proximal (McMahan et al. 2013, algorithm 1), alpha = lr:
+ *             s = (sqrt(n + g*g) - sqrt(n))/alpha; z += g - s*p; n += g*g;
+ *             p = |z| <= l1 ? 0 : -(z - sign(z)*l1) / ((beta + sqrt(n))/alpha + l2)
  * grad points at n little-endian (host order) float32 values with no alignment
  * requirement (it may point into a network buffer). slots[i] points at the
  * i-th state array for the same n elements (see optimizer_slot_count). params,

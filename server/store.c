@@ -106,7 +106,7 @@ PS_OPTIMIZERS(PS_OPTIMIZER_WIRE_CHECK_)
 
 static int to_optimizer(const Psd__V1__VariableSpec *s, optimizer_params *p)
 {
-    if (!optimizer_kind_valid((int)s->optimizer))
+    if (!optimizer_on_wire(s->optimizer) || !optimizer_kind_valid((int)s->optimizer))
         return -1;
     optimizer_params_default(p, (optimizer_kind)s->optimizer);
 #define PS_HPARAM_FROM_WIRE_(field, pt, wt) p->field = (float)s->field;

@@ -197,6 +197,49 @@ static void dispatch_corpus(void)
     n = psd__v1__push_request__pack(&ps, body);
     put_structured("s-push-bsp-evict", 0x80 | 4, 0x13, (const uint8_t[6]){0, 4, 1, 0, 7, 0xa0},
                    body, n);
+    /* Sparse tables: create "emb" (dim 4, SGD), pull three ids (one twice), push their
+     * gradients after the ids in one segment, and the same push with a NaN. */
+    Psd__V1__TableSpec ts = PSD__V1__TABLE_SPEC__INIT;
+    ts.name = "emb";
+    ts.dim = 4;
+    ts.learning_rate = 0.1;
+    ts.staleness = -1;
+    ts.num_servers = 1;
+    Psd__V1__TableCreateRequest tcr = PSD__V1__TABLE_CREATE_REQUEST__INIT;
+    tcr.spec = &ts;
+    env.method = PSD__V1__METHOD__TABLE_CREATE;
+    env.worker_id = -1;
+    env.clock = 0;
+    env.tensor = NULL;
+    env.body.len = psd__v1__table_create_request__pack(&tcr, body);
+    put("table-create", &env, NULL, 0);
+    struct {
+        int64_t ids[3];
+        float g[12];
+    } tseg = {{1, -2, 1}, {0.5f, -1, 2, 0.25f, 1, 1, 1, 1, 0.5f, -1, 2, 0.25f}};
+    Psd__V1__TablePullRequest tpr = PSD__V1__TABLE_PULL_REQUEST__INIT;
+    tpr.name = "emb";
+    tpr.n = 3;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.offset = 0;
+    t.count = 6; /* 3 ids of 8 bytes, in 4-byte words */
+    env.tensor = &t;
+    env.method = PSD__V1__METHOD__TABLE_PULL;
+    env.body.len = psd__v1__table_pull_request__pack(&tpr, body);
+    put("table-pull", &env, tseg.ids, sizeof(tseg.ids));
+    Psd__V1__TablePushRequest tps = PSD__V1__TABLE_PUSH_REQUEST__INIT;
+    tps.name = "emb";
+    tps.n = 3;
+    t.count = sizeof(tseg) / 4;
+    env.method = PSD__V1__METHOD__TABLE_PUSH;
+    env.client_id = 0x1003;
+    env.seq = 11;
+    env.body.len = psd__v1__table_push_request__pack(&tps, body);
+    put("table-push", &env, &tseg, sizeof(tseg));
+    uint32_t nan_bits = 0x7fc00000u;
+    memcpy(&tseg.g[5], &nan_bits, 4);
+    env.seq = 12;
+    put("table-push-nan", &env, &tseg, sizeof(tseg));
 }
 int main(void)
 {

@@ -66,6 +66,52 @@ static void test_ranges_cover_exactly(void **state)
     }
 }
 
+/* Known answers for table rows, from an independent Python transcription of proto/README.md's
+ * "Placement of table rows" (also the vectors printed there). */
+static void test_table_hash_known_answers(void **state)
+{
+    (void)state;
+    assert_true(placement_table_hash("emb", 0) == 0x708636bfbbe3ca79ull);
+    assert_true(placement_table_hash("emb", 1) == 0x8bf6fe335d65ac3full);
+    assert_true(placement_table_hash("emb", -1) == 0x9537ad31c89dd92bull);
+    assert_true(placement_table_hash("user_id", 123456789) == 0x1e926616d0069ab1ull);
+    assert_true(placement_table_hash("", INT64_MAX) == 0x63682f260ef188e1ull);
+    assert_true(placement_table_hash("emb", INT64_MIN) == 0xb3ca82681226397dull);
+    assert_int_equal(placement_table_owner("emb", 1, 7), 5);
+    assert_int_equal(placement_table_owner("user_id", 123456789, 7), 3);
+    assert_int_equal(placement_table_owner("emb", INT64_MIN, 7), 4);
+    assert_int_equal(placement_table_owner("emb", 1, 1), 0);
+    assert_int_equal(placement_table_owner("emb", 1, 0), 0);
+    /* The name matters: the same id of two tables lands apart somewhere. */
+    int differ = 0;
+    for (int64_t id = 0; id < 64; id++)
+        differ += placement_table_owner("a", id, 16) != placement_table_owner("b", id, 16);
+    assert_true(differ > 32);
+}
+
+/* Every table spans every server evenly: sequential, strided and negative ids alike. */
+static void test_table_rows_balance(void **state)
+{
+    (void)state;
+    const uint32_t sizes[] = {2, 3, 5, 8, 16};
+    enum { ROWS = 200000 };
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        uint32_t n = sizes[k], count[16] = {0};
+        for (int64_t i = 0; i < ROWS; i++) {
+            int64_t id = (i % 3 == 0) ? i : (i % 3 == 1) ? -i * 4096 : i << 32;
+            count[placement_table_owner("clicks/ad_id", id, n)]++;
+        }
+        double fair = (double)ROWS / n;
+        for (uint32_t s = 0; s < n; s++) {
+            if (!(count[s] < fair * 1.03 && count[s] > fair * 0.97)) {
+                print_error("%u servers: server %u holds %u rows, fair %.0f\n", n, s, count[s],
+                            fair);
+                fail();
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -73,6 +119,8 @@ int main(void)
         cmocka_unit_test(test_owners_spread),
         cmocka_unit_test(test_split_decision),
         cmocka_unit_test(test_ranges_cover_exactly),
+        cmocka_unit_test(test_table_hash_known_answers),
+        cmocka_unit_test(test_table_rows_balance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

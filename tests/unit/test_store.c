@@ -409,6 +409,31 @@ static void test_timing(void **state)
     variable_destroy(v);
 }
 
+/* Server-only optimizer kinds (FTRL, for sparse tables) are refused for a variable created
+ * from the wire: its settings are not on the wire yet. The wire's kinds are still accepted. */
+static void test_server_only_optimizer_refused(void **state)
+{
+    (void)state;
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {4};
+    spec.name = "v";
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = (Psd__V1__Optimizer)OPTIMIZER_FTRL;
+    spec.learning_rate = 0.1;
+    spec.staleness = -1;
+    spec.num_servers = 1;
+    char err[256] = "";
+    assert_null(variable_create_unfilled(&spec, 4, 0, 4, err, sizeof(err)));
+    assert_true(err[0] != '\0');
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_SGD;
+    variable *v = variable_create_unfilled(&spec, 4, 0, 4, err, sizeof(err));
+    if (v == NULL)
+        fail_msg("variable_create_unfilled: %s", err);
+    variable_destroy(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -418,6 +443,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_adds_lose_nothing),
         cmocka_unit_test(test_agg_ensure_once),
         cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_server_only_optimizer_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

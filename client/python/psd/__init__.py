@@ -19,7 +19,7 @@ float32). Failures raise a subclass of PsError with .status and .message.
 from . import errors
 from ._native import LibraryNotFoundError, library_path
 from .client import (STALENESS_ASYNC, STALENESS_BSP, STALENESS_DEFAULT, Client, ServerStatus,
-                     StalenessStats, Variable, optimizer_name, optimizer_parse, version)
+                     StalenessStats, Table, Variable, optimizer_name, optimizer_parse, version)
 from .errors import (AlreadyExistsError, CancelledError, DeadlineExceededError,
                      FailedPreconditionError, InternalError, InvalidArgumentError,
                      NotFoundError, OutOfRangeError, PsError, ResourceExhaustedError,
@@ -28,7 +28,7 @@ from .errors import (AlreadyExistsError, CancelledError, DeadlineExceededError,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Variable", "ServerStatus", "StalenessStats", "version", "optimizer_parse",
+    "Client", "Variable", "Table", "ServerStatus", "StalenessStats", "version", "optimizer_parse",
     "optimizer_name", "library_path", "STALENESS_ASYNC", "STALENESS_BSP", "STALENESS_DEFAULT",
     "PsError", "CancelledError", "InvalidArgumentError", "DeadlineExceededError",
     "NotFoundError", "AlreadyExistsError", "FailedPreconditionError", "OutOfRangeError",

@@ -72,6 +72,37 @@ class VarSpec(Structure):
     ]
 
 
+class TableSpec(Structure):
+    """ps_table_spec, as laid out in client/psclient.h."""
+
+    _fields_ = [
+        ("name", c_char_p),
+        ("dim", c_uint32),
+        ("initializer", c_int),
+        ("init_a", c_double),
+        ("init_b", c_double),
+        ("seed", c_uint64),
+        ("optimizer", c_int),
+        ("learning_rate", c_double),
+        ("momentum", c_double),
+        ("nesterov", c_bool),
+        ("beta1", c_double),
+        ("beta2", c_double),
+        ("epsilon", c_double),
+        ("initial_accumulator", c_double),
+        ("weight_decay", c_double),
+        ("ftrl_beta", c_double),
+        ("l1", c_double),
+        ("l2", c_double),
+        ("min_count", c_uint32),
+        ("ttl_ms", c_int64),
+        ("max_rows", c_uint64),
+    ]
+
+
+PS_OPT_FTRL = 5
+
+
 class StepItem(Structure):
     """ps_step_item."""
     _fields_ = [("var", c_void_p), ("offset", c_uint64), ("count", c_uint64),
@@ -165,6 +196,14 @@ _PROTOTYPES = {
     "ps_cluster_workers_live": (c_int, [_P, c_int, POINTER(c_ubyte)]),
     "ps_checkpoint": (c_int, [_P]),
     "ps_shutdown_cluster": (c_int, [_P]),
+    "ps_table_spec_init": (None, [POINTER(TableSpec), c_char_p, c_uint32, c_int]),
+    "ps_table_create": (c_int, [_P, POINTER(TableSpec), POINTER(c_void_p)]),
+    "ps_table_lookup": (c_int, [_P, c_char_p, POINTER(c_void_p)]),
+    "ps_table_free": (None, [_P]),
+    "ps_table_dim": (c_uint32, [_P]),
+    "ps_table_max_ids": (c_size_t, [_P]),
+    "ps_table_pull": (c_int, [_P, _P, c_size_t, _P]),
+    "ps_table_push": (c_int, [_P, _P, c_size_t, _P]),
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
-from ._buffers import resolve
+from ._buffers import _EMPTY_ADDR, resolve
 from .errors import InvalidArgumentError, PsError, error_for
 
 STALENESS_ASYNC = _native.PS_STALENESS_ASYNC
@@ -412,6 +412,89 @@ class Variable:
 # ---- client --------------------------------------------------------------------------------
 
 
+class Table:
+    """A sparse embedding table on the servers: int64 ids -> rows of `dim` float32, spread by
+    id over every server (Client.create_table, Client.table). Rows are made by the first push
+    of their id; a pull of an unseen id returns the initializer's row.
+
+    ids: a NumPy int64 array of one dimension, C-contiguous (any int64 value is an id).
+    Rows and gradients: float32 memory of ids.size x dim elements, C-contiguous (a NumPy
+    array of shape (n, dim) or flat), used in place, never copied."""
+
+    __slots__ = ("_client", "_h", "name", "dim", "__weakref__")
+
+    def __init__(self, client: "Client", handle: int, name: str) -> None:
+        self._client = client
+        self._h = handle
+        self.name: str = name
+        self.dim: int = _native.lib().ps_table_dim(handle)
+
+    def __repr__(self) -> str:
+        return f"<psd.Table {self.name!r} dim={self.dim}>"
+
+    def __del__(self) -> None:
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _native.lib().ps_table_free(h)
+
+    @property
+    def max_ids(self) -> int:
+        """Ids one request carries at most (a call with more is split)."""
+        return int(_native.lib().ps_table_max_ids(self._h))
+
+    def _ids(self, ids: Any, op: str) -> Tuple[int, int, Any]:
+        import numpy as np
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
+            raise TypeError(f"{op} of table {self.name!r}: ids must be a 1-D NumPy int64 "
+                            f"array, not {type(ids).__name__}"
+                            f"{' of ' + str(ids.dtype) if isinstance(ids, np.ndarray) else ''}")
+        if not ids.flags.c_contiguous:
+            raise ValueError(f"{op} of table {self.name!r}: ids must be C-contiguous")
+        return ids.ctypes.data if ids.size else _EMPTY_ADDR, ids.size, ids
+
+    def _rows(self, n: int, got: int, op: str, role: str) -> None:
+        if got != n * self.dim:
+            raise ValueError(f"{op} of table {self.name!r}: {role} has {got} float32 elements, "
+                             f"{n} ids x dim {self.dim} need {n * self.dim}")
+
+    def pull(self, ids: Any, out: Any = None) -> Any:
+        """The rows of `ids` in their order (duplicates repeated), into `out` (float32, n x
+        dim elements) or a new NumPy array of shape (n, dim). Blocks."""
+        addr, n, keep_ids = self._ids(ids, "pull")
+        if out is None:
+            import numpy as np
+            out = np.empty((n, self.dim), dtype=np.float32)
+        oaddr, got, keep, _ = resolve(out, writable=True, what=f"pull of table {self.name!r}")
+        self._rows(n, got, "pull", "out")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_table_pull(self._h, addr, n, oaddr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep, keep_ids
+        return out
+
+    def push(self, ids: Any, grads: Any) -> None:
+        """Pushes grads (float32, n x dim elements: row i is the gradient of ids[i]); the
+        servers sum duplicate ids and apply the table's optimizer per row, exactly once.
+        A NaN or Inf gradient raises InvalidArgumentError (that request applied nothing).
+        Blocks."""
+        addr, n, keep_ids = self._ids(ids, "push")
+        gaddr, got, keep, _ = resolve(grads, writable=False,
+                                      what=f"push of table {self.name!r}")
+        self._rows(n, got, "push", "grads")
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_table_push(self._h, addr, n, gaddr)
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep, keep_ids
+
+
 def _setting_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -747,6 +830,78 @@ class Client:
             _raise(rc)
         return self._wrap(out.value)
 
+    # -- sparse tables --
+
+    def create_table(self, name: str, dim: int, *,
+                     optimizer: Union[str, int] = "sgd",
+                     initializer: str = "zeros",
+                     init_a: float = 0.0,
+                     init_b: float = 0.0,
+                     seed: int = 0,
+                     min_count: int = 0,
+                     ttl_ms: int = 0,
+                     max_rows: int = 0,
+                     **hparams: float) -> Table:
+        """Creates a sparse table on every server (idempotent for the same spec; another
+        spec raises AlreadyExistsError).
+
+        Args:
+            dim: floats per row, 1..65536.
+            optimizer: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl" (or a number).
+            initializer: "zeros", "constant", "uniform" or "normal" (init_a, init_b, seed):
+                a row is a pure function of (seed, name, id).
+            min_count: pushes of an id before its row is made; ttl_ms: rows not updated for
+                that long are removed; max_rows: rows per server at most (LRU eviction).
+            hparams: learning_rate, momentum, nesterov, beta1, beta2, epsilon,
+                initial_accumulator, weight_decay, ftrl_beta, l1, l2.
+        Blocks.
+        """
+        if isinstance(optimizer, str):
+            opt = (_native.PS_OPT_FTRL if optimizer.lower() == "ftrl"
+                   else optimizer_parse(optimizer))
+        else:
+            opt = int(optimizer)
+        init = _native.INITIALIZERS.get(initializer.lower())
+        if init is None:
+            raise ValueError(f"table {name!r}: unknown initializer {initializer!r}")
+        L = _native.lib()
+        spec = _native.TableSpec()
+        bname = name.encode()
+        L.ps_table_spec_init(byref(spec), bname, int(dim), opt)
+        spec.initializer = init
+        spec.init_a = init_a
+        spec.init_b = init_b
+        spec.seed = seed
+        spec.min_count = min_count
+        spec.ttl_ms = ttl_ms
+        spec.max_rows = max_rows
+        known = {f for f, _ in _native.TableSpec._fields_}
+        for field, value in hparams.items():
+            if field not in known or field in ("name", "dim", "optimizer", "initializer"):
+                raise TypeError(f"table {name!r}: unknown setting {field!r}")
+            setattr(spec, field, value)
+        out = c_void_p()
+        c = self._enter()
+        try:
+            rc = L.ps_table_create(c, byref(spec), byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return Table(self, out.value, name)
+
+    def table(self, name: str) -> Table:
+        """Finds an existing table by name; NotFoundError if there is none. Blocks."""
+        out = c_void_p()
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_table_lookup(c, name.encode(), byref(out))
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+        return Table(self, out.value, name)
+
     def list_variables(self) -> List[str]:
         """The names of all variables in the cluster. Blocks."""
         names = ctypes.POINTER(c_char_p)()
@@ -765,6 +920,6 @@ class Client:
             L.ps_names_free(names, count)
 
 
-__all__ = ["Client", "Variable", "ServerStatus", "StalenessStats", "version", "optimizer_parse",
+__all__ = ["Client", "Variable", "Table", "ServerStatus", "StalenessStats", "version", "optimizer_parse",
            "optimizer_name", "STALENESS_ASYNC", "STALENESS_BSP", "STALENESS_DEFAULT",
            "PsError", "InvalidArgumentError"]

@@ -1,0 +1,373 @@
+/* Sparse tables: create, lookup, pull and push. A pull or push splits its ids by owning server
+ * (placement_table_owner), cuts each server's list into requests of at most max_ids ids, sends
+ * them all at once and scatters the rows back into the caller's order. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "placement.h"
+#include "status.h"
+
+/* The server's limit of ids per request (server/server.h SERVER_TABLE_MAX_IDS). */
+#define TABLE_MAX_IDS ((size_t)1 << 22)
+/* Room left in a request or reply for the frame header and envelope. */
+#define TABLE_ENVELOPE_ROOM 4096
+
+struct ps_table {
+    ps_client *c;
+    char *name;
+    uint32_t dim;
+};
+
+void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_optimizer opt)
+{
+    if (spec == NULL)
+        return;
+    memset(spec, 0, sizeof(*spec));
+    spec->name = name;
+    spec->dim = dim;
+    spec->initializer = PS_INIT_ZEROS;
+    spec->optimizer = opt;
+    spec->learning_rate = 0.01;
+    spec->momentum = 0.9;
+    spec->beta1 = 0.9;
+    spec->beta2 = 0.999;
+    spec->epsilon = 1e-8;
+    spec->initial_accumulator = 0.1;
+    spec->weight_decay = 0.01;
+    spec->ftrl_beta = 1.0;
+    if (opt == PS_OPT_ADAM || opt == PS_OPT_ADAMW)
+        spec->learning_rate = 0.001;
+    if (opt == PS_OPT_ADAGRAD)
+        spec->epsilon = 1e-7;
+    if (opt == PS_OPT_FTRL)
+        spec->learning_rate = 0.05;
+}
+
+static ps_table *table_new(ps_client *c, const char *name, uint32_t dim)
+{
+    ps_table *t = calloc(1, sizeof(*t));
+    if (t == NULL || (t->name = strdup(name)) == NULL) {
+        free(t);
+        return NULL;
+    }
+    t->c = c;
+    t->dim = dim;
+    return t;
+}
+
+void ps_table_free(ps_table *t)
+{
+    if (t == NULL)
+        return;
+    free(t->name);
+    free(t);
+}
+
+uint32_t ps_table_dim(const ps_table *t)
+{
+    return t ? t->dim : 0;
+}
+
+size_t ps_table_max_ids(const ps_table *t)
+{
+    size_t per = 8 + (size_t)t->dim * sizeof(float);
+    size_t room =
+        t->c->max_message > TABLE_ENVELOPE_ROOM ? t->c->max_message - TABLE_ENVELOPE_ROOM : 0;
+    size_t n = room / per;
+    return n < TABLE_MAX_IDS ? n : TABLE_MAX_IDS;
+}
+
+int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
+{
+    if (c == NULL || spec == NULL || spec->name == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_create: NULL argument");
+    if (strlen(spec->name) == 0 || strlen(spec->name) > PS_MAX_NAME)
+        return client_fail(PS_INVALID_ARGUMENT, "table name must be 1 to %d bytes", PS_MAX_NAME);
+    Psd__V1__TableSpec w = PSD__V1__TABLE_SPEC__INIT;
+    w.name = (char *)spec->name;
+    w.dim = spec->dim;
+    w.optimizer = (Psd__V1__Optimizer)spec->optimizer;
+    w.learning_rate = spec->learning_rate;
+    w.momentum = spec->momentum;
+    w.nesterov = spec->nesterov;
+    w.beta1 = spec->beta1;
+    w.beta2 = spec->beta2;
+    w.epsilon = spec->epsilon;
+    w.initial_accumulator = spec->initial_accumulator;
+    w.weight_decay = spec->weight_decay;
+    w.ftrl_beta = spec->ftrl_beta;
+    w.l1 = spec->l1;
+    w.l2 = spec->l2;
+    w.initializer = (Psd__V1__Initializer)spec->initializer;
+    w.init_a = spec->init_a;
+    w.init_b = spec->init_b;
+    w.seed = spec->seed;
+    w.staleness = -1;
+    w.min_count = spec->min_count;
+    w.ttl_ms = spec->ttl_ms;
+    w.max_rows = spec->max_rows;
+    w.num_servers = (uint32_t)c->nservers;
+    Psd__V1__TableCreateRequest req = PSD__V1__TABLE_CREATE_REQUEST__INIT;
+    req.spec = &w;
+    int *servers;
+    int rc = client_all_servers(c, &servers);
+    if (rc != PS_OK)
+        return rc;
+    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    if (replies == NULL) {
+        free(servers);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__TABLE_CREATE, &req.base,
+                      &psd__v1__table_create_reply__descriptor, replies);
+    client_free_replies(replies, c->nservers);
+    free(replies);
+    free(servers);
+    if (rc != PS_OK)
+        return rc;
+    ps_table *t = table_new(c, spec->name, spec->dim);
+    if (t == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    *out = t;
+    return PS_OK;
+}
+
+int ps_table_lookup(ps_client *c, const char *name, ps_table **out)
+{
+    if (c == NULL || name == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_lookup: NULL argument");
+    int server = 0;
+    Psd__V1__TableLookupRequest req = PSD__V1__TABLE_LOOKUP_REQUEST__INIT;
+    req.name = (char *)name;
+    ProtobufCMessage *reply = NULL;
+    int rc = client_unary(c, &server, 1, PSD__V1__METHOD__TABLE_LOOKUP, &req.base,
+                          &psd__v1__table_lookup_reply__descriptor, &reply);
+    if (rc != PS_OK)
+        return rc;
+    const Psd__V1__TableLookupReply *r = (const void *)reply;
+    if (r->spec == NULL || r->spec->dim == 0 || r->spec->num_servers != (uint32_t)c->nservers) {
+        client_free_replies(&reply, 1);
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "table \"%s\": ps 0 sent no spec or one placed for another number of "
+                           "servers than this client's %d",
+                           name, c->nservers);
+    }
+    ps_table *t = table_new(c, name, r->spec->dim);
+    client_free_replies(&reply, 1);
+    if (t == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    *out = t;
+    return PS_OK;
+}
+
+/* One request: ids order[start .. start+count) of the call, all owned by `server`. */
+typedef struct table_part {
+    struct table_call *tc;
+    int server;
+    size_t start, count;
+    uint64_t seq;
+} table_part;
+
+typedef struct table_call {
+    ps_table *t;
+    ps_op *op;
+    bool push;
+    const int64_t *ids;
+    const float *grads;
+    float *rows;
+    size_t *order; /* indexes into ids, grouped by server */
+    size_t nparts;
+    table_part parts[];
+} table_call;
+
+static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    table_part *p = arg;
+    table_call *tc = p->tc;
+    ps_client *c = tc->t->c;
+    size_t dim = tc->t->dim;
+    envelope env;
+    client_envelope(c, &env, tc->push ? PSD__V1__METHOD__TABLE_PUSH : PSD__V1__METHOD__TABLE_PULL,
+                    deadline_ms);
+    env.seq = p->seq;
+    size_t seglen = p->count * 8 + (tc->push ? p->count * dim * sizeof(float) : 0);
+    Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
+    tm.dtype = PSD__V1__DTYPE__FLOAT32; /* count: the segment's length in 4-byte words */
+    tm.count = seglen / 4;
+    env.tensor = &tm;
+    Psd__V1__TablePushRequest push = PSD__V1__TABLE_PUSH_REQUEST__INIT;
+    Psd__V1__TablePullRequest pull = PSD__V1__TABLE_PULL_REQUEST__INIT;
+    push.name = pull.name = tc->t->name;
+    push.n = pull.n = p->count;
+    uint8_t *seg;
+    int rv = client_build_segment(&env, tc->push ? &push.base : &pull.base, seglen, &seg, out);
+    if (rv != 0)
+        return rv;
+    const size_t *ord = tc->order + p->start;
+    for (size_t k = 0; k < p->count; k++)
+        memcpy(seg + 8 * k, &tc->ids[ord[k]], 8);
+    if (tc->push) {
+        uint8_t *g = seg + 8 * p->count;
+        for (size_t k = 0; k < p->count; k++)
+            memcpy(g + k * dim * sizeof(float), tc->grads + ord[k] * dim, dim * sizeof(float));
+    }
+    return 0;
+}
+
+static void table_part_done(void *arg, int status, const char *message, const frame *reply)
+{
+    table_part *p = arg;
+    table_call *tc = p->tc;
+    size_t dim = tc->t->dim;
+    if (status == STATUS_OK && !tc->push) {
+        if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||
+            reply->env->tensor->dtype != PSD__V1__DTYPE__FLOAT32 ||
+            reply->segment_len != p->count * dim * sizeof(float)) {
+            status = STATUS_INTERNAL;
+            message = "TablePull reply does not carry one row per id";
+        } else {
+            const size_t *ord = tc->order + p->start;
+            for (size_t k = 0; k < p->count; k++)
+                memcpy(tc->rows + ord[k] * dim, reply->segment + k * dim * sizeof(float),
+                       dim * sizeof(float));
+        }
+    }
+    client_op_release(tc->op, p->server, status, message);
+}
+
+static void table_call_free(void *arg)
+{
+    table_call *tc = arg;
+    free(tc->order);
+    free(tc);
+}
+
+/* Starts the call (its requests all in flight) and returns its op in *out_op. */
+static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n,
+                            const float *grads, float *rows, ps_done_fn cb, void *arg,
+                            ps_op **out_op)
+{
+    const char *fn = push ? "ps_table_push" : "ps_table_pull";
+    if (t == NULL || out_op == NULL ||
+        (n > 0 && (ids == NULL || (push ? grads == NULL : rows == NULL))))
+        return client_fail(PS_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    ps_client *c = t->c;
+    size_t max_ids = ps_table_max_ids(t);
+    if (max_ids == 0)
+        return client_fail(PS_INVALID_ARGUMENT,
+                           "%s: table \"%s\": one row of dim %u does not fit in "
+                           "max-message-bytes (%zu)",
+                           fn, t->name, t->dim, c->max_message);
+    int ns = c->nservers;
+    size_t *count = calloc((size_t)ns + 1, sizeof(size_t));
+    uint32_t *owner = malloc((n ? n : 1) * sizeof(*owner));
+    size_t *order = malloc((n ? n : 1) * sizeof(*order)); /* n = 0: no part, done at once */
+    if (count == NULL || owner == NULL || order == NULL) {
+        free(count);
+        free(owner);
+        free(order);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        owner[i] = placement_table_owner(t->name, ids[i], (uint32_t)ns);
+        count[owner[i] + 1]++;
+    }
+    size_t nparts = 0;
+    for (int s = 0; s < ns; s++)
+        nparts += (count[s + 1] + max_ids - 1) / max_ids;
+    for (int s = 0; s < ns; s++) /* count[s]: where server s's ids start in order */
+        count[s + 1] += count[s];
+    table_call *tc = calloc(1, sizeof(*tc) + nparts * sizeof(table_part));
+    if (tc == NULL) {
+        free(count);
+        free(owner);
+        free(order);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    size_t *fill = malloc((size_t)ns * sizeof(size_t));
+    if (fill == NULL) {
+        free(count);
+        free(owner);
+        free(order);
+        free(tc);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    memcpy(fill, count, (size_t)ns * sizeof(size_t));
+    for (size_t i = 0; i < n; i++)
+        order[fill[owner[i]]++] = i;
+    free(fill);
+    free(owner);
+    tc->t = t;
+    tc->push = push;
+    tc->ids = ids;
+    tc->grads = grads;
+    tc->rows = rows;
+    tc->order = order;
+    size_t k = 0;
+    for (int s = 0; s < ns; s++)
+        for (size_t at = count[s]; at < count[s + 1]; at += max_ids) {
+            table_part *p = &tc->parts[k++];
+            p->tc = tc;
+            p->server = s;
+            p->start = at;
+            p->count = count[s + 1] - at < max_ids ? count[s + 1] - at : max_ids;
+            if (push)
+                p->seq = atomic_fetch_add(&c->next_seq, 1) + 1;
+        }
+    tc->nparts = k;
+    free(count);
+    ps_op *op = client_op_new(c, 0, cb, arg);
+    if (op == NULL) {
+        table_call_free(tc);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    tc->op = op;
+    client_op_set_ext(op, tc, table_call_free, NULL);
+    client_op_hold(op, (int)tc->nparts);
+    for (size_t i = 0; i < tc->nparts; i++) {
+        table_part *p = &tc->parts[i];
+        int rc =
+            rpc_conn_call(c->servers[p->server], &c->call, table_part_build, table_part_done, p);
+        if (rc != 0)
+            client_op_release(op, p->server, rc, "could not start the call");
+    }
+    *out_op = op;
+    client_op_release(op, -1, STATUS_OK, "");
+    return PS_OK;
+}
+
+static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
+                          float *rows)
+{
+    ps_op *op;
+    int rc = table_call_start(t, push, ids, n, grads, rows, NULL, NULL, &op);
+    if (rc != PS_OK)
+        return rc;
+    rc = ps_op_wait(op);
+    ps_op_destroy(op);
+    return rc;
+}
+
+int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows)
+{
+    return table_call_run(t, false, ids, n, NULL, rows);
+}
+
+int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads)
+{
+    return table_call_run(t, true, ids, n, grads, NULL);
+}
+
+int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, ps_done_fn cb,
+                        void *arg, ps_op **out_op)
+{
+    return table_call_start(t, false, ids, n, NULL, rows, cb, arg, out_op);
+}
+
+int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
+                        ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return table_call_start(t, true, ids, n, grads, NULL, cb, arg, out_op);
+}

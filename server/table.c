@@ -1,0 +1,873 @@
+/* Sparse tables: see table.h for the contracts.
+ *
+ * Layout of one partition:
+ *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
+ *           deletion), doubled when it would pass 3/4 full.
+ *   slabs   rows_per_slab (a power of two) rows of row_bytes each; slot s lives in slab
+ *           s >> slab_shift at s & (rows_per_slab - 1). Slabs are never moved or freed
+ *           before the table, so a row pointer stays valid under the partition's lock.
+ *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
+ *           per optimizer slot. Free slots are chained through the header's `next`.
+ *   lru     a doubly linked list of the rows, most recently updated first.
+ *   sketch  with min_count > 1: 4 x SKETCH_WIDTH saturating counters (count-min).
+ *
+ * table_id_hash(id) gives the partition (its top bits) and the home bucket (its low bits). */
+#include "table.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "placement.h"
+#include "table_index.h"
+#include "util.h"
+
+#define SLAB_BYTES (64u * 1024u)
+#define SKETCH_DEPTH 4
+#define SKETCH_WIDTH 1024u
+#define SKETCH_AGE_EVERY 8192u
+#define MAX_MIN_COUNT 65535u
+
+typedef struct row_header {
+    int64_t id;
+    int64_t updated_ms;
+    uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
+} row_header;
+
+typedef struct partition {
+    pthread_rwlock_t lock;
+    table_index ix;
+    unsigned char **slabs;
+    uint32_t nslabs, slabs_cap;
+    uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
+    uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
+    uint32_t lru_head, lru_tail;
+    uint16_t *sketch;
+    uint32_t sketch_events;
+    uint64_t bytes;
+    /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
+    _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
+        evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
+        longest_growth_ns;
+} partition;
+
+struct table {
+    char *name;
+    uint64_t name_key; /* placement_hash(name): the initializer's table key */
+    uint32_t dim, nslots, row_floats;
+    size_t row_bytes;
+    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
+    uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
+    uint32_t nparts;
+    optimizer_params opt;
+    initializer_params init;
+    uint32_t min_count;
+    int64_t ttl_ms;
+    uint64_t max_rows;
+    uint64_t expected_rows;
+    table_budget budget;
+    uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
+    _Atomic uint64_t rows;
+    _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
+    partition *parts;
+};
+
+static inline uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static inline uint32_t part_of(const table *t, uint64_t h)
+{
+    return t->part_shift >= 64 ? 0 : (uint32_t)(h >> t->part_shift);
+}
+
+static inline void count_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static inline uint64_t count_get(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+/* Asks the budget for bytes more (true: granted; always without a budget). */
+static bool budget_take(table *t, uint64_t bytes)
+{
+    return t->budget.take == NULL || t->budget.take(t->budget.arg, bytes);
+}
+
+static void budget_give(table *t, uint64_t bytes)
+{
+    if (t->budget.give != NULL && bytes > 0)
+        t->budget.give(t->budget.arg, bytes);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- rows and slabs ---------------------------------------------------------------------- */
+
+static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
+{
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
+}
+
+static inline float *row_floats(row_header *h)
+{
+    return (float *)(h + 1);
+}
+
+/* A free slot: a reused one, else the next fresh one (a new slab when the last is full).
+ * Returns slot + 1, or 0 when memory runs out (*fail = TABLE_NOMEM) or the budget refuses a
+ * slab (*fail = TABLE_LIMIT). */
+static uint32_t slot_alloc(table *t, partition *p, int *fail)
+{
+    if (p->free_head != 0) {
+        uint32_t s1 = p->free_head;
+        p->free_head = row_at(t, p, s1 - 1)->next;
+        return s1;
+    }
+    uint32_t per_slab = 1u << t->slab_shift;
+    if (p->used == UINT32_MAX - 1) {
+        *fail = TABLE_LIMIT;
+        return 0;
+    }
+    if ((uint64_t)p->used == (uint64_t)p->nslabs * per_slab) {
+        if (p->nslabs == p->slabs_cap) {
+            uint32_t ncap = p->slabs_cap ? p->slabs_cap * 2 : 8;
+            uint64_t more = (uint64_t)(ncap - p->slabs_cap) * sizeof(unsigned char *);
+            if (!budget_take(t, more)) {
+                *fail = TABLE_LIMIT;
+                return 0;
+            }
+            unsigned char **ns = realloc(p->slabs, ncap * sizeof(*ns));
+            if (ns == NULL) {
+                budget_give(t, more);
+                *fail = TABLE_NOMEM;
+                return 0;
+            }
+            p->bytes += (uint64_t)(ncap - p->slabs_cap) * sizeof(*ns);
+            p->slabs = ns;
+            p->slabs_cap = ncap;
+        }
+        size_t bytes = (size_t)per_slab * t->row_bytes;
+        if (!budget_take(t, bytes)) {
+            *fail = TABLE_LIMIT;
+            return 0;
+        }
+        unsigned char *slab = malloc(bytes);
+        if (slab == NULL) {
+            budget_give(t, bytes);
+            *fail = TABLE_NOMEM;
+            return 0;
+        }
+        p->slabs[p->nslabs++] = slab;
+        p->bytes += bytes;
+    }
+    return ++p->used;
+}
+
+static void slot_free(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    h->next = p->free_head;
+    p->free_head = slot1;
+}
+
+static void lru_unlink(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    if (h->prev != 0)
+        row_at(t, p, h->prev - 1)->next = h->next;
+    else
+        p->lru_head = h->next;
+    if (h->next != 0)
+        row_at(t, p, h->next - 1)->prev = h->prev;
+    else
+        p->lru_tail = h->prev;
+    h->prev = h->next = 0;
+}
+
+static void lru_push_front(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    h->prev = 0;
+    h->next = p->lru_head;
+    if (p->lru_head != 0)
+        row_at(t, p, p->lru_head - 1)->prev = slot1;
+    else
+        p->lru_tail = slot1;
+    p->lru_head = slot1;
+}
+
+/* ---- the index --------------------------------------------------------------------------- */
+
+/* Doubles p's index, asking the budget first. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when
+ * memory runs out or the budget (or the largest capacity) refuses: the old index stays. */
+static int index_grow(table *t, partition *p)
+{
+    uint64_t t0 = now_ns();
+    if (p->ix.cap >= (UINT32_C(1) << 31))
+        return TABLE_LIMIT;
+    uint64_t more = table_index_bytes(p->ix.cap);
+    if (!budget_take(t, more))
+        return TABLE_LIMIT;
+    if (table_index_grow(&p->ix) != 0) {
+        budget_give(t, more);
+        return TABLE_NOMEM;
+    }
+    p->bytes += more;
+    uint64_t dt = now_ns() - t0;
+    count_add(&p->index_growths, 1);
+    if (dt > count_get(&p->longest_growth_ns))
+        atomic_store_explicit(&p->longest_growth_ns, dt, memory_order_relaxed);
+    return 0;
+}
+
+/* Removes row `id` (present at index position pos) from index, LRU and slots. */
+static void row_remove(table *t, partition *p, uint32_t pos)
+{
+    uint32_t slot1 = p->ix.e[pos].slot1;
+    table_index_delete_at(&p->ix, pos);
+    lru_unlink(t, p, slot1);
+    slot_free(t, p, slot1);
+    atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+}
+
+/* ---- admission ---------------------------------------------------------------------------- */
+
+/* Counts one push of an id without a row; true when it reaches min_count. */
+static bool sketch_admit(table *t, partition *p, uint64_t h)
+{
+    uint64_t h2 = mix64(h ^ UINT64_C(0xD6E8FEB86659FD93));
+    uint32_t est = UINT32_MAX;
+    for (int d = 0; d < SKETCH_DEPTH; d++) {
+        uint16_t *c = &p->sketch[d * SKETCH_WIDTH + ((h2 >> (d * 16)) & (SKETCH_WIDTH - 1))];
+        if (*c < UINT16_MAX)
+            (*c)++;
+        est = *c < est ? *c : est;
+    }
+    if (++p->sketch_events >= SKETCH_AGE_EVERY) {
+        for (uint32_t i = 0; i < SKETCH_DEPTH * SKETCH_WIDTH; i++)
+            p->sketch[i] >>= 1;
+        p->sketch_events = 0;
+    }
+    return est >= t->min_count;
+}
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static bool power_of_two(uint32_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+static int check_spec(const table_spec *s, char *err, size_t errlen)
+{
+    if (s == NULL)
+        return errf(err, errlen, "table: spec = NULL");
+    size_t nlen = s->name ? strlen(s->name) : 0;
+    if (nlen == 0 || nlen > TABLE_MAX_NAME)
+        return errf(err, errlen, "table: name length %zu: must be 1..%d bytes", nlen,
+                    TABLE_MAX_NAME);
+    if (s->dim == 0 || s->dim > TABLE_MAX_DIM)
+        return errf(err, errlen, "table %s: dim = %u: must be in 1..%d", s->name, s->dim,
+                    TABLE_MAX_DIM);
+    char why[200];
+    if (optimizer_validate(&s->opt, why, sizeof(why)) != 0)
+        return errf(err, errlen, "table %s: %s", s->name, why);
+    if (initializer_validate(&s->init, NULL, 0, why, sizeof(why)) != 0)
+        return errf(err, errlen, "table %s: %s", s->name, why);
+    if (s->init.kind == INITIALIZER_GLOROT_UNIFORM)
+        return errf(err, errlen,
+                    "table %s: initializer glorot_uniform needs a bounded shape: use uniform or "
+                    "normal for rows",
+                    s->name);
+    if (s->min_count > MAX_MIN_COUNT)
+        return errf(err, errlen, "table %s: min_count = %u: must be at most %u", s->name,
+                    s->min_count, MAX_MIN_COUNT);
+    if (s->ttl_ms < 0)
+        return errf(err, errlen, "table %s: ttl_ms = %lld: must be >= 0", s->name,
+                    (long long)s->ttl_ms);
+    if (s->partitions != 0 &&
+        (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
+        return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
+                    s->name, s->partitions, TABLE_MAX_PARTITIONS);
+    uint32_t parts = s->partitions ? s->partitions : TABLE_DEFAULT_PARTITIONS;
+    if (s->expected_rows / parts > (UINT64_C(1) << 30))
+        return errf(err, errlen,
+                    "table %s: expected_rows = %llu: more than 2^30 rows a partition (%u "
+                    "partitions)",
+                    s->name, (unsigned long long)s->expected_rows, parts);
+    return 0;
+}
+
+/* Returns 0, or -1 when memory runs out (p then needs only partition_fini). */
+static int partition_init(table *t, partition *p)
+{
+    memset(p, 0, sizeof(*p));
+    /* Room for expected_rows spread over the partitions, plus 1/8 for an uneven spread. */
+    uint64_t want = t->expected_rows / t->nparts;
+    if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
+        return -1;
+    p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
+    if (t->min_count > 1) {
+        p->sketch = calloc(SKETCH_DEPTH * SKETCH_WIDTH, sizeof(*p->sketch));
+        if (p->sketch == NULL)
+            return -1;
+        p->bytes += SKETCH_DEPTH * SKETCH_WIDTH * sizeof(*p->sketch);
+    }
+    return 0;
+}
+
+/* Bytes the table holds beyond its struct, name and partition array (taken from the budget). */
+static uint64_t table_held_bytes(const table *t)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        b += t->parts[i].bytes;
+    return b;
+}
+
+static void partition_fini(partition *p)
+{
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        free(p->slabs[i]);
+    free(p->slabs);
+    table_index_fini(&p->ix);
+    free(p->sketch);
+}
+
+int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (check_spec(spec, err, errlen) != 0)
+        return TABLE_INVALID;
+    table *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        goto oom;
+    t->name = strdup(spec->name);
+    if (t->name == NULL)
+        goto oom_table;
+    t->name_key = placement_hash(spec->name);
+    t->dim = spec->dim;
+    t->opt = spec->opt;
+    t->init = spec->init;
+    t->nslots = (uint32_t)optimizer_slot_count(spec->opt.kind);
+    t->row_floats = t->dim * (1 + t->nslots);
+    /* Rounded up to the header's alignment, so that every row header in a slab is aligned. */
+    t->row_bytes = sizeof(row_header) + (size_t)t->row_floats * sizeof(float);
+    t->row_bytes = (t->row_bytes + _Alignof(row_header) - 1) & ~(_Alignof(row_header) - 1);
+    t->slab_shift = 0;
+    while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
+        t->slab_shift++;
+    t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
+    uint32_t bits = 0;
+    while ((1u << bits) < t->nparts)
+        bits++;
+    t->part_shift = 64 - bits;
+    t->min_count = spec->min_count;
+    t->ttl_ms = spec->ttl_ms;
+    t->max_rows = spec->max_rows;
+    t->expected_rows = spec->expected_rows;
+    t->budget = spec->budget;
+    t->parts = calloc(t->nparts, sizeof(*t->parts));
+    if (t->parts == NULL)
+        goto oom_name;
+    t->own_bytes = sizeof(*t) + strlen(t->name) + 1;
+    uint32_t made = 0;
+    for (; made < t->nparts; made++) {
+        if (partition_init(t, &t->parts[made]) != 0 ||
+            pthread_rwlock_init(&t->parts[made].lock, NULL) != 0) {
+            partition_fini(&t->parts[made]);
+            goto oom_parts;
+        }
+    }
+    uint64_t total = t->own_bytes + table_held_bytes(t);
+    if (!budget_take(t, total)) {
+        errf(err, errlen, "table %s: memory limit reached: the empty table needs %llu bytes",
+             spec->name, (unsigned long long)total);
+        for (uint32_t j = 0; j < t->nparts; j++) {
+            partition_fini(&t->parts[j]);
+            pthread_rwlock_destroy(&t->parts[j].lock);
+        }
+        free(t->parts);
+        free(t->name);
+        free(t);
+        return TABLE_LIMIT;
+    }
+    *out = t;
+    return TABLE_OK;
+
+oom_parts:
+    for (uint32_t j = 0; j < made; j++) {
+        partition_fini(&t->parts[j]);
+        pthread_rwlock_destroy(&t->parts[j].lock);
+    }
+    free(t->parts);
+oom_name:
+    free(t->name);
+oom_table:
+    free(t);
+oom:
+    errf(err, errlen, "table %s: out of memory", spec->name);
+    return TABLE_NOMEM;
+}
+
+void table_destroy(table *t)
+{
+    if (t == NULL)
+        return;
+    budget_give(t, t->own_bytes + table_held_bytes(t));
+    for (uint32_t i = 0; i < t->nparts; i++) {
+        partition_fini(&t->parts[i]);
+        pthread_rwlock_destroy(&t->parts[i].lock);
+    }
+    free(t->parts);
+    free(t->name);
+    free(t);
+}
+
+const char *table_name(const table *t)
+{
+    return t->name;
+}
+
+uint32_t table_dim(const table *t)
+{
+    return t->dim;
+}
+
+uint32_t table_row_floats(const table *t)
+{
+    return t->row_floats;
+}
+
+uint32_t table_partitions(const table *t)
+{
+    return t->nparts;
+}
+
+uint32_t table_partition_of(const table *t, int64_t id)
+{
+    return part_of(t, table_id_hash(id));
+}
+
+/* ---- pull -------------------------------------------------------------------------------- */
+
+void table_pull(table *t, const int64_t *ids, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = table_id_hash(ids[i]);
+        partition *p = &t->parts[part_of(t, h)];
+        float *dst = out + i * (size_t)t->dim;
+        pthread_rwlock_rdlock(&p->lock);
+        count_add(&p->lookups, 1);
+        uint32_t slot1 = table_index_find(&p->ix, ids[i], h);
+        if (slot1 != 0)
+            memcpy(dst, row_floats(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
+        else
+            count_add(&p->lookup_misses, 1);
+        pthread_rwlock_unlock(&p->lock);
+        if (slot1 == 0)
+            initializer_fill_row(&t->init, t->name_key, ids[i], dst, t->dim);
+    }
+}
+
+/* ---- making rows --------------------------------------------------------------------------- */
+
+/* Makes room for one more row under max_rows, evicting p's least recently updated row when
+ * the table is full. Returns false (nothing reserved) when the table is full and p has no
+ * row to give. On true the row is counted in t->rows. */
+/* Removes p's least recently updated row, counted in *counter. False when p has none. */
+static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
+{
+    if (p->lru_tail == 0)
+        return false;
+    row_header *victim = row_at(t, p, p->lru_tail - 1);
+    row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
+    count_add(counter, 1);
+    return true;
+}
+
+static bool reserve_row(table *t, partition *p)
+{
+    uint64_t after = atomic_fetch_add_explicit(&t->rows, 1, memory_order_relaxed) + 1;
+    if (t->max_rows == 0 || after <= t->max_rows)
+        return true;
+    if (!evict_lru(t, p, &p->evicted_max_rows)) {
+        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+/* Makes row id in p (write-locked, absent from the index) from the initializer and stores
+ * slot + 1 in *out. Returns TABLE_OK (with *out = 0 when max_rows leaves no room and p has no
+ * row to evict), TABLE_NOMEM, or TABLE_LIMIT when the budget refuses memory and p has no row
+ * to evict for room. */
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
+{
+    *out = 0;
+    if (table_index_full(&p->ix)) {
+        int rc = index_grow(t, p);
+        if (rc == TABLE_NOMEM)
+            return rc;
+        /* Over the budget: the partition's oldest row gives its index entry instead. */
+        if (rc == TABLE_LIMIT && !evict_lru(t, p, &p->evicted_memory))
+            return TABLE_LIMIT;
+    }
+    if (!reserve_row(t, p))
+        return TABLE_OK;
+    int fail = TABLE_OK;
+    uint32_t slot1 = slot_alloc(t, p, &fail);
+    /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
+    if (slot1 == 0 && fail == TABLE_LIMIT && evict_lru(t, p, &p->evicted_memory))
+        slot1 = slot_alloc(t, p, &fail);
+    if (slot1 == 0) {
+        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+        return fail;
+    }
+    row_header *r = row_at(t, p, slot1 - 1);
+    r->id = id;
+    r->updated_ms = 0;
+    float *w = row_floats(r);
+    initializer_fill_row(&t->init, t->name_key, id, w, t->dim);
+    float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+    for (uint32_t s = 0; s < t->nslots; s++)
+        slots[s] = w + (size_t)(s + 1) * t->dim;
+    optimizer_init_slots(&t->opt, slots, t->dim);
+    /* The probe runs again: an eviction above may have shifted entries. */
+    table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
+    lru_push_front(t, p, slot1);
+    count_add(&p->rows_created, 1);
+    *out = slot1;
+    return TABLE_OK;
+}
+
+/* ---- push -------------------------------------------------------------------------------- */
+
+typedef struct batch {
+    size_t nu;        /* distinct ids */
+    int64_t *uids;    /* [nu] */
+    uint64_t *hashes; /* [nu] */
+    float *sums;      /* [nu * dim] summed gradients */
+    uint32_t *order;  /* [nu] distinct ids grouped by partition */
+    uint32_t *starts; /* [nparts + 1] group bounds in order */
+} batch;
+
+static void batch_free(batch *b)
+{
+    free(b->uids);
+    free(b->hashes);
+    free(b->sums);
+    free(b->order);
+    free(b->starts);
+}
+
+/* Sums duplicates (first occurrence order) and groups the distinct ids by partition. */
+static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads, batch *b)
+{
+    memset(b, 0, sizeof(*b));
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint32_t *map = calloc(cap, sizeof(*map)); /* unique index + 1 */
+    b->uids = malloc(n * sizeof(*b->uids));
+    b->hashes = malloc(n * sizeof(*b->hashes));
+    b->sums = malloc(n * (size_t)t->dim * sizeof(float));
+    b->order = malloc(n * sizeof(*b->order));
+    b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
+    if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
+        b->order == NULL || b->starts == NULL) {
+        free(map);
+        batch_free(b);
+        return -1;
+    }
+    const size_t dim = t->dim, row = dim * sizeof(float);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = table_id_hash(ids[i]);
+        size_t j = (size_t)h & (cap - 1);
+        while (map[j] != 0 && b->uids[map[j] - 1] != ids[i])
+            j = (j + 1) & (cap - 1);
+        if (map[j] == 0) {
+            map[j] = (uint32_t)++b->nu;
+            b->uids[b->nu - 1] = ids[i];
+            b->hashes[b->nu - 1] = h;
+            memcpy(b->sums + (b->nu - 1) * dim, grads + i * row, row);
+            continue;
+        }
+        float *acc = b->sums + (map[j] - 1) * dim;
+        for (size_t k = 0; k < dim; k++) {
+            float g;
+            memcpy(&g, grads + i * row + k * sizeof(float), sizeof(g));
+            acc[k] += g;
+        }
+    }
+    free(map);
+    for (size_t u = 0; u < b->nu; u++)
+        b->starts[part_of(t, b->hashes[u]) + 1]++;
+    for (uint32_t q = 0; q < t->nparts; q++)
+        b->starts[q + 1] += b->starts[q];
+    uint32_t *fill = malloc(t->nparts * sizeof(*fill));
+    if (fill == NULL) {
+        batch_free(b);
+        return -1;
+    }
+    memcpy(fill, b->starts, t->nparts * sizeof(*fill));
+    for (size_t u = 0; u < b->nu; u++)
+        b->order[fill[part_of(t, b->hashes[u])]++] = (uint32_t)u;
+    free(fill);
+    return 0;
+}
+
+static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
+{
+    for (size_t i = 0; i < count; i++) {
+        float v;
+        memcpy(&v, g + i * sizeof(float), sizeof(v));
+        if (!isfinite(v)) {
+            *bad = i;
+            return false;
+        }
+    }
+    return true;
+}
+
+int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
+               size_t errlen)
+{
+    if (n == 0)
+        return TABLE_OK;
+    if (ids == NULL || grads == NULL) {
+        errf(err, errlen, "table %s: ids or gradients = NULL", t->name);
+        return TABLE_INVALID;
+    }
+    if (n > UINT32_MAX / 2) {
+        errf(err, errlen, "table %s: %zu ids in one push: too many", t->name, n);
+        return TABLE_INVALID;
+    }
+    size_t bad;
+    if (!all_finite(grads, n * t->dim, &bad)) {
+        errf(err, errlen,
+             "table %s: gradient of id %lld (index %zu, element %zu) is not finite: push refused",
+             t->name, (long long)ids[bad / t->dim], bad / t->dim, bad % t->dim);
+        return TABLE_INVALID;
+    }
+    batch b;
+    if (batch_build(t, ids, n, grads, &b) != 0) {
+        errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
+        return TABLE_NOMEM;
+    }
+    int rc = TABLE_OK;
+    uint64_t refused = 0;
+    int64_t first_refused = 0;
+    uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
+        uint32_t q = (first + k) & (t->nparts - 1);
+        if (b.starts[q] == b.starts[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        pthread_rwlock_wrlock(&p->lock);
+        for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
+            uint32_t u = b.order[e];
+            int64_t id = b.uids[u];
+            uint64_t h = b.hashes[u];
+            uint32_t slot1 = table_index_find(&p->ix, id, h);
+            if (slot1 == 0) {
+                if (t->min_count > 1 && !sketch_admit(t, p, h)) {
+                    count_add(&p->pushes_counted, 1);
+                    continue;
+                }
+                int mk = row_make(t, p, id, h, &slot1);
+                if (mk == TABLE_NOMEM) {
+                    errf(err, errlen, "table %s: out of memory making row %lld", t->name,
+                         (long long)id);
+                    rc = TABLE_NOMEM;
+                    break;
+                }
+                if (mk == TABLE_LIMIT) {
+                    if (refused++ == 0)
+                        first_refused = id;
+                    count_add(&p->rows_refused, 1);
+                    continue;
+                }
+                if (slot1 == 0) {
+                    count_add(&p->pushes_counted, 1);
+                    continue;
+                }
+            }
+            row_header *r = row_at(t, p, slot1 - 1);
+            float *w = row_floats(r);
+            float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+            for (uint32_t s = 0; s < t->nslots; s++)
+                slots[s] = w + (size_t)(s + 1) * t->dim;
+            optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
+            r->updated_ms = now_ms;
+            if (p->lru_head != slot1) {
+                lru_unlink(t, p, slot1);
+                lru_push_front(t, p, slot1);
+            }
+            count_add(&p->rows_updated, 1);
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    batch_free(&b);
+    if (rc == TABLE_OK && refused > 0) {
+        errf(err, errlen,
+             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, their "
+             "partitions have no row to evict; the batch's other rows were applied",
+             t->name, (unsigned long long)refused, (long long)first_refused);
+        rc = TABLE_LIMIT;
+    }
+    return rc;
+}
+
+/* ---- removal, sweep ------------------------------------------------------------------------ */
+
+size_t table_remove(table *t, const int64_t *ids, size_t n)
+{
+    size_t removed = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = table_id_hash(ids[i]);
+        partition *p = &t->parts[part_of(t, h)];
+        pthread_rwlock_wrlock(&p->lock);
+        uint32_t pos = table_index_probe(&p->ix, ids[i], h);
+        if (p->ix.e[pos].slot1 != 0) {
+            row_remove(t, p, pos);
+            count_add(&p->removed, 1);
+            removed++;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    return removed;
+}
+
+size_t table_sweep(table *t, int64_t now_ms)
+{
+    if (t->ttl_ms == 0)
+        return 0;
+    size_t removed = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_wrlock(&p->lock);
+        /* The LRU tail is the oldest update; a row updated at u expires once now - u > ttl. */
+        while (p->lru_tail != 0) {
+            row_header *r = row_at(t, p, p->lru_tail - 1);
+            if (!(now_ms - r->updated_ms > t->ttl_ms))
+                break;
+            row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
+            count_add(&p->evicted_ttl, 1);
+            removed++;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    return removed;
+}
+
+/* ---- stats, copies, restore --------------------------------------------------------------- */
+
+void table_stats_get(table *t, table_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->bytes = t->own_bytes;
+    out->row_bytes = t->row_bytes;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        out->rows += p->ix.count;
+        out->bytes += p->bytes;
+        pthread_rwlock_unlock(&p->lock);
+        out->lookups += count_get(&p->lookups);
+        out->lookup_misses += count_get(&p->lookup_misses);
+        out->rows_created += count_get(&p->rows_created);
+        out->pushes_counted += count_get(&p->pushes_counted);
+        out->rows_updated += count_get(&p->rows_updated);
+        out->evicted_ttl += count_get(&p->evicted_ttl);
+        out->evicted_max_rows += count_get(&p->evicted_max_rows);
+        out->evicted_memory += count_get(&p->evicted_memory);
+        out->rows_refused += count_get(&p->rows_refused);
+        out->removed += count_get(&p->removed);
+        out->index_growths += count_get(&p->index_growths);
+        uint64_t g = count_get(&p->longest_growth_ns);
+        out->longest_growth_ns = g > out->longest_growth_ns ? g : out->longest_growth_ns;
+    }
+}
+
+void table_rows_free(table_rows *rows)
+{
+    if (rows == NULL)
+        return;
+    free(rows->ids);
+    free(rows->updated_ms);
+    free(rows->floats);
+    memset(rows, 0, sizeof(*rows));
+}
+
+int table_copy_partition(table *t, uint32_t part, table_rows *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->row_floats = t->row_floats;
+    if (part >= t->nparts)
+        return -1;
+    partition *p = &t->parts[part];
+    pthread_rwlock_rdlock(&p->lock);
+    size_t n = p->ix.count;
+    if (n > 0) {
+        out->ids = malloc(n * sizeof(*out->ids));
+        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL) {
+            pthread_rwlock_unlock(&p->lock);
+            table_rows_free(out);
+            out->row_floats = t->row_floats;
+            return -1;
+        }
+        /* Oldest first, so that inserting them in order rebuilds the same LRU order. */
+        size_t i = 0;
+        for (uint32_t s1 = p->lru_tail; s1 != 0; s1 = row_at(t, p, s1 - 1)->prev, i++) {
+            row_header *r = row_at(t, p, s1 - 1);
+            out->ids[i] = r->id;
+            out->updated_ms[i] = r->updated_ms;
+            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        }
+    }
+    out->n = n;
+    pthread_rwlock_unlock(&p->lock);
+    return 0;
+}
+
+int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms)
+{
+    uint64_t h = table_id_hash(id);
+    partition *p = &t->parts[part_of(t, h)];
+    pthread_rwlock_wrlock(&p->lock);
+    uint32_t slot1 = table_index_find(&p->ix, id, h);
+    int rc = TABLE_OK;
+    if (slot1 == 0)
+        rc = row_make(t, p, id, h, &slot1);
+    if (rc == TABLE_OK && slot1 == 0)
+        rc = TABLE_LIMIT; /* max_rows, and the partition has no row to give */
+    if (slot1 != 0) {
+        row_header *r = row_at(t, p, slot1 - 1);
+        memcpy(row_floats(r), floats, t->row_floats * sizeof(float));
+        r->updated_ms = updated_ms;
+        lru_unlink(t, p, slot1);
+        lru_push_front(t, p, slot1);
+    }
+    pthread_rwlock_unlock(&p->lock);
+    return rc;
+}

@@ -1,0 +1,188 @@
+/* Sparse tables: int64 id -> a row of `dim` float32 and its optimizer's per-row slots.
+ *
+ * A table is the server-side store of one sparse embedding table's rows held by this server
+ * (which rows a server holds is common/placement.h's placement_table_owner). Rows are made
+ * on first touch, by a push, from the row initializer (initializer_fill_row: a pure function
+ * of (seed, table name, id)); a pull of an id that has no row returns that initializer row
+ * without making it.
+ *
+ * Storage. The table is split into `partitions` partitions (a power of two, default 64) by
+ * the top bits of a mix of the id; each has its own lock, its own open-addressing index
+ * (linear probing, deletion by backward shift: no tombstones; doubled by itself past 3/4
+ * full, so a growth stalls only that partition) and its own slabs of rows (a row is a
+ * 24-byte header (id, update time, LRU links) then dim parameters then dim floats per slot,
+ * contiguous; slabs are allocated SLAB_BYTES at a time, never per row; removed rows' slots are
+ * reused first). Pushes to different partitions apply in parallel; pulls take a partition's lock
+ * shared.
+ *
+ * ids: every int64 value is a valid id, negative ones included (they are hashed as their
+ * two's complement uint64; nothing is reserved).
+ *
+ * Gradients: a batch is applied as one sparse step: duplicate ids are summed first (in the
+ * batch's order), then each distinct row gets one optimizer update. Optimizers are lazy: only
+ * the rows of the batch change; Adam's step count t is per row (per element, as for dense
+ * variables), so a row's bias correction counts that row's updates. A batch holding a NaN or
+ * infinite gradient is refused whole (nothing applied).
+ *
+ * Admission and eviction (all optional, per table):
+ *   min_count  a row is made only by the push that brings its id's count to min_count (a
+ *              batch counts an id once); earlier pushes are only counted, in a per-partition
+ *              count-min sketch (4 x 1024 saturating 16-bit counters, every counter halved
+ *              after 8192 counted pushes so old counts fade), so an id may be admitted early
+ *              (the sketch over-counts), never late. Their gradients are dropped.
+ *   ttl_ms     table_sweep(now) removes rows whose last update is older than ttl_ms.
+ *   max_rows   making a row past max_rows first evicts the least recently updated row of the
+ *              new row's partition (exact LRU per partition, approximately LRU per table since
+ *              ids spread evenly over partitions). With max_rows < partitions a partition can
+ *              be empty when full: then the row is not made and the push only counted.
+ *   budget     every byte the table allocates (slabs, indexes, sketches, its own struct) is
+ *              first asked of an optional budget (the server's max-server-bytes). When it
+ *              refuses, the partition's least recently updated row makes room instead
+ *              (evicted_memory); only when the partition has none is the row refused
+ *              (TABLE_LIMIT). Memory is given back to the budget only by table_destroy: slabs
+ *              and indexes are kept for reuse.
+ * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
+ *
+ * Thread safety: every function may be called from any number of threads at once, except
+ * table_destroy. Private to the server. */
+#ifndef SERVER_TABLE_H
+#define SERVER_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "initializer.h"
+#include "optimizer.h"
+
+/* Limits of a table's settings. */
+#define TABLE_MAX_DIM 65536
+#define TABLE_MAX_NAME 255
+#define TABLE_MAX_PARTITIONS 256
+#define TABLE_DEFAULT_PARTITIONS 64
+
+typedef struct table table;
+
+/* Results of the calls that can fail. */
+enum {
+    TABLE_OK = 0,
+    TABLE_INVALID = -1, /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
+    TABLE_NOMEM = -2,   /* the allocator failed */
+    TABLE_LIMIT = -3,   /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+};
+
+/* Where the table's memory is accounted. take(arg, bytes) is called before an allocation, under
+ * a partition's lock, from any thread: true grants the bytes, false refuses them (it must not
+ * call back into the table). give(arg, bytes) returns bytes taken. Both NULL: no limit. */
+typedef struct table_budget {
+    bool (*take)(void *arg, uint64_t bytes);
+    void (*give)(void *arg, uint64_t bytes);
+    void *arg;
+} table_budget;
+
+/* Settings of a table, all fixed at creation. */
+typedef struct table_spec {
+    const char *name;        /* 1..TABLE_MAX_NAME bytes; copied */
+    uint32_t dim;            /* floats per row, 1..TABLE_MAX_DIM */
+    optimizer_params opt;    /* any kind of the registry, FTRL included; validated */
+    initializer_params init; /* ZEROS, CONSTANT, UNIFORM or NORMAL; validated */
+    uint32_t min_count;      /* pushes of an id before its row is made; 0 or 1: the first */
+    int64_t ttl_ms;          /* rows not updated for this long go at table_sweep; 0: never */
+    uint64_t max_rows;       /* rows kept at most (LRU eviction past it); 0: no limit */
+    uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default */
+    uint64_t expected_rows;  /* indexes sized for this many rows at creation (no growth stall
+                                until past it, up to 2^30 a partition); 0: grow from small */
+    table_budget budget;     /* memory accounting; zeroed: none */
+} table_spec;
+
+/* Counters since creation (table_stats). */
+typedef struct table_stats {
+    uint64_t rows;              /* rows held now */
+    uint64_t bytes;             /* memory held: slabs, indexes, sketches, the table itself */
+    uint64_t row_bytes;         /* bytes of one row in a slab (header, parameters, slots) */
+    uint64_t lookups;           /* ids looked up by table_pull */
+    uint64_t lookup_misses;     /* of which had no row (the initializer's row was returned) */
+    uint64_t rows_created;      /* rows made by pushes (admissions) and table_insert_row */
+    uint64_t pushes_counted;    /* pushed ids held back by min_count (gradient dropped) */
+    uint64_t rows_updated;      /* row updates applied (a distinct id per batch counts one) */
+    uint64_t evicted_ttl;       /* rows removed by table_sweep */
+    uint64_t evicted_max_rows;  /* rows removed to stay within max_rows */
+    uint64_t evicted_memory;    /* rows removed because the budget refused memory */
+    uint64_t rows_refused;      /* new rows not made: budget refused, nothing to evict */
+    uint64_t removed;           /* rows removed by table_remove */
+    uint64_t index_growths;     /* partition index doublings */
+    uint64_t longest_growth_ns; /* the longest of them */
+} table_stats;
+
+/* Makes an empty table in *out (the caller's). Returns TABLE_OK; TABLE_INVALID with a message
+ * naming the bad field in err (when non-NULL, errlen > 0) for an invalid spec (name empty or
+ * too long, dim 0 or over the limit, invalid optimizer or initializer, GLOROT_UNIFORM,
+ * min_count over 65535, negative ttl, partitions not a power of two in range, expected_rows
+ * over 2^30 a partition); TABLE_NOMEM;
+ * TABLE_LIMIT when the budget refuses the empty table's bytes. *out is NULL on failure. */
+int table_create(const table_spec *spec, table **out, char *err, size_t errlen);
+
+/* Frees the table and every row. NULL is a no-op. No other call may be in flight. */
+void table_destroy(table *t);
+
+const char *table_name(const table *t);
+uint32_t table_dim(const table *t);
+/* Floats per row in a slab: dim * (1 + slot count of the optimizer). */
+uint32_t table_row_floats(const table *t);
+
+/* Writes the rows of ids[0..n) into out[0..n*dim), in the given order (duplicates repeated):
+ * a row's current parameters, or its initializer row when it has none (no row is made). */
+void table_pull(table *t, const int64_t *ids, size_t n, float *out);
+
+/* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
+ * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
+ * made or counted as min_count and max_rows say, their update time set to now_ms. Returns
+ * TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite gradient
+ * or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
+ * (the message names the table and the first such id; every other row of the batch was
+ * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied). n = 0 is
+ * a no-op. */
+int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
+               size_t errlen);
+
+/* Removes the rows of ids[0..n) (ids without a row are skipped). Returns the number removed. */
+size_t table_remove(table *t, const int64_t *ids, size_t n);
+
+/* Removes every row whose last update is before now_ms - ttl_ms. Returns the number removed;
+ * 0 when the table has no ttl. Holds one partition's lock at a time. */
+size_t table_sweep(table *t, int64_t now_ms);
+
+/* Current counters (consistent per partition). */
+void table_stats_get(table *t, table_stats *out);
+
+/* A copy of one partition's rows (for checkpoints): ids[i], updated_ms[i] and the row
+ * floats[i*row_floats .. (i+1)*row_floats) (parameters then slots). */
+typedef struct table_rows {
+    size_t n;
+    uint32_t row_floats;
+    int64_t *ids;
+    int64_t *updated_ms;
+    float *floats;
+} table_rows;
+
+/* Number of partitions (0 .. table_partitions()-1 for table_copy_partition). */
+uint32_t table_partitions(const table *t);
+
+/* Copies partition `part`'s rows into *out under the partition's lock (shared): a consistent
+ * copy of that partition; other partitions keep taking updates. Returns 0, or -1 when part
+ * is out of range or memory runs out (*out then empty). Free with table_rows_free. */
+int table_copy_partition(table *t, uint32_t part, table_rows *out);
+
+/* Frees what table_copy_partition allocated (rows may be NULL or empty). */
+void table_rows_free(table_rows *rows);
+
+/* Inserts (or overwrites) row `id` with floats[0..row_floats) (parameters then slots, as
+ * table_copy_partition wrote them) and the given update time: the restore of a checkpoint.
+ * Obeys max_rows and the budget. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the row
+ * could not be placed (no room and nothing to evict in its partition). */
+int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
+
+/* The partition that holds id (for tests and benchmarks). */
+uint32_t table_partition_of(const table *t, int64_t id);
+
+#endif /* SERVER_TABLE_H */

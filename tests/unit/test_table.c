@@ -1,0 +1,954 @@
+/* Unit tests for server/table.c (sparse tables) and the per-row pieces it uses: the row
+ * initializer (initializer_fill_row) and the FTRL row of the optimizer registry. Every
+ * optimizer is checked against a naive per-id reference loop written here. */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "placement.h"
+#include "table.h"
+#include "table_index.h"
+
+static table_spec base_spec(const char *name, uint32_t dim, optimizer_kind kind)
+{
+    table_spec s;
+    memset(&s, 0, sizeof(s));
+    s.name = name;
+    s.dim = dim;
+    optimizer_params_default(&s.opt, kind);
+    s.init.kind = INITIALIZER_UNIFORM;
+    s.init.a = -0.5;
+    s.init.b = 0.5;
+    s.init.seed = 42;
+    return s;
+}
+
+static table *make(const table_spec *s)
+{
+    char err[256] = "";
+    table *t = (table *)1;
+    int rc = table_create(s, &t, err, sizeof(err));
+    if (rc != TABLE_OK)
+        print_error("table_create: %s\n", err);
+    assert_int_equal(rc, TABLE_OK);
+    assert_non_null(t);
+    return t;
+}
+
+/* table_create must refuse s with TABLE_INVALID and a message containing `what`. */
+static void expect_bad_spec(const table_spec *s, const char *what)
+{
+    char err[256] = "";
+    table *t = (table *)1;
+    assert_int_equal(table_create(s, &t, err, sizeof(err)), TABLE_INVALID);
+    assert_null(t);
+    if (strstr(err, what) == NULL) {
+        print_error("message \"%s\" does not name \"%s\"\n", err, what);
+        fail();
+    }
+}
+
+static void push_ok(table *t, const int64_t *ids, size_t n, const float *g, int64_t now)
+{
+    char err[256] = "";
+    int rc = table_push(t, ids, n, g, now, err, sizeof(err));
+    if (rc != 0)
+        print_error("table_push: %s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void init_row(const table *t, const table_spec *s, int64_t id, float *out)
+{
+    (void)t;
+    initializer_fill_row(&s->init, placement_hash(s->name), id, out, s->dim);
+}
+
+/* True when id has a row (looked up in a copy of its partition). */
+static bool has_row(table *t, int64_t id)
+{
+    table_rows rows;
+    assert_int_equal(table_copy_partition(t, table_partition_of(t, id), &rows), 0);
+    bool found = false;
+    for (size_t i = 0; i < rows.n; i++)
+        found |= rows.ids[i] == id;
+    table_rows_free(&rows);
+    return found;
+}
+
+/* ---- the row initializer ---- */
+
+static void test_initializer_rows_are_pure(void **state)
+{
+    (void)state;
+    initializer_params p = {.kind = INITIALIZER_UNIFORM, .a = -1.0, .b = 1.0, .seed = 7};
+    const int64_t ids[] = {0, 1, -1, INT64_MAX, INT64_MIN, 123456789012345LL};
+    float a[8], b[8];
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        initializer_fill_row(&p, placement_hash("emb"), ids[i], a, 8);
+        initializer_fill_row(&p, placement_hash("emb"), ids[i], b, 8);
+        assert_memory_equal(a, b, sizeof(a));
+        for (int j = 0; j < 8; j++)
+            assert_true(a[j] >= -1.0f && a[j] < 1.0f);
+    }
+    /* Known answers, computed by an independent Python transcription of the documented
+     * formulas: the same row in every process and build (UNIFORM is plain double arithmetic
+     * on the splitmix64 bits, no libm). */
+    assert_true(initializer_row_seed(7, placement_hash("emb"), 0) ==
+                initializer_row_seed(7, placement_hash("emb"), 0));
+    assert_true(initializer_row_seed(7, 1, 5) != initializer_row_seed(7, 1, 6));
+    assert_true(initializer_row_seed(7, 1, 5) != initializer_row_seed(8, 1, 5));
+    assert_true(initializer_row_seed(7, 1, 5) != initializer_row_seed(7, 2, 5));
+    assert_true(initializer_row_seed(0, 0, 0) == UINT64_C(0x33fe8bd4f9c57863));
+    initializer_fill_row(&p, placement_hash("emb"), 3, a, 2);
+    assert_true(a[0] == 0x1.97ba64p-4f);
+    assert_true(a[1] == 0x1.1295cep-1f);
+
+    /* Different tables, ids and seeds give different rows. */
+    initializer_fill_row(&p, placement_hash("emb"), 1, a, 8);
+    initializer_fill_row(&p, placement_hash("emb2"), 1, b, 8);
+    assert_memory_not_equal(a, b, sizeof(a));
+    initializer_fill_row(&p, placement_hash("emb"), 2, b, 8);
+    assert_memory_not_equal(a, b, sizeof(a));
+
+    /* NORMAL: finite, and a mean near a over many rows. */
+    initializer_params n = {.kind = INITIALIZER_NORMAL, .a = 0.25, .b = 0.1, .seed = 3};
+    double sum = 0;
+    for (int64_t id = -5000; id < 5000; id++) {
+        initializer_fill_row(&n, 99, id * 1000003, a, 1);
+        assert_true(isfinite(a[0]));
+        sum += a[0];
+    }
+    assert_true(fabs(sum / 10000 - 0.25) < 0.01);
+}
+
+/* ---- the index alone ---- */
+
+/* Random inserts and deletes at up to 3/4 load against a plain array, on a 64-entry index so
+ * that probe runs wrap around its end and backward shifts cross it. */
+static void test_index_against_reference(void **state)
+{
+    (void)state;
+    enum { CAP = 64, IDS = 200, OPS = 200000 };
+    table_index ix;
+    assert_int_equal(table_index_init(&ix, CAP), 0);
+    uint32_t ref[IDS] = {0}; /* slot + 1 by id; 0: absent */
+    uint64_t r = 88172645463325252ull;
+    for (int op = 0; op < OPS; op++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        int64_t id = (int64_t)(r % IDS) - IDS / 2; /* negative ids too */
+        uint32_t *want = &ref[id + IDS / 2];
+        uint64_t h = table_id_hash(id);
+        uint32_t pos = table_index_probe(&ix, id, h);
+        assert_int_equal(ix.e[pos].slot1, *want);
+        if (*want != 0) {
+            table_index_delete_at(&ix, pos);
+            *want = 0;
+        } else if (!table_index_full(&ix)) {
+            *want = (uint32_t)op + 1;
+            table_index_put(&ix, pos, id, *want);
+        }
+        if (op % 1000 == 0) {
+            uint32_t n = 0;
+            for (int k = 0; k < IDS; k++) {
+                int64_t kid = k - IDS / 2;
+                assert_int_equal(table_index_find(&ix, kid, table_id_hash(kid)), ref[k]);
+                n += ref[k] != 0;
+            }
+            assert_int_equal(ix.count, n);
+        }
+    }
+    /* Growth keeps every entry. */
+    assert_int_equal(table_index_grow(&ix), 0);
+    assert_int_equal(ix.cap, 2 * CAP);
+    for (int k = 0; k < IDS; k++)
+        assert_int_equal(table_index_find(&ix, k - IDS / 2, table_id_hash(k - IDS / 2)), ref[k]);
+    table_index_fini(&ix);
+    assert_int_equal(table_index_cap_for(0), 16);
+    assert_int_equal(table_index_cap_for(12), 16);
+    assert_int_equal(table_index_cap_for(13), 32);
+    assert_int_equal(table_index_cap_for(UINT64_MAX / 8), UINT32_C(1) << 31);
+}
+
+/* ---- basic storage ---- */
+
+static void test_pull_synthesizes_without_making(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("t", 4, OPTIMIZER_SGD);
+    table *t = make(&s);
+    int64_t ids[3] = {5, -9, 5};
+    float out[12], want[4];
+    table_pull(t, ids, 3, out);
+    init_row(t, &s, 5, want);
+    assert_memory_equal(out, want, sizeof(want));
+    assert_memory_equal(out + 8, want, sizeof(want));
+    init_row(t, &s, -9, want);
+    assert_memory_equal(out + 4, want, sizeof(want));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.lookups, 3);
+    assert_int_equal(st.lookup_misses, 3);
+    table_destroy(t);
+    table_destroy(NULL);
+}
+
+static void test_growth_and_values(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("grow", 3, OPTIMIZER_SGD);
+    s.opt.learning_rate = 0.5f;
+    table *t = make(&s);
+    enum { N = 100000, B = 1000 };
+    int64_t ids[B];
+    float g[B * 3];
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++) {
+            ids[i] = (int64_t)(base + i) * 7919 - 50000; /* negative ids too */
+            for (int k = 0; k < 3; k++)
+                g[i * 3 + k] = (float)k + 1.0f;
+        }
+        push_ok(t, ids, B, g, 1);
+    }
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, N);
+    assert_int_equal(st.rows_created, N);
+    assert_true(st.index_growths > 0);
+    assert_int_equal(st.row_bytes % 8, 0); /* 24 + 12 bytes, rounded: aligned headers */
+    assert_int_equal(st.row_bytes, 40);
+    for (int64_t i = 0; i < N; i += 997) {
+        int64_t id = i * 7919 - 50000;
+        float got[3], want[3];
+        table_pull(t, &id, 1, got);
+        init_row(t, &s, id, want);
+        for (int k = 0; k < 3; k++)
+            assert_true(got[k] == want[k] - 0.5f * ((float)k + 1.0f));
+    }
+    table_destroy(t);
+}
+
+/* expected_rows sizes the indexes at creation: no growth while filling up to it. */
+static void test_expected_rows_presized(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("presized", 2, OPTIMIZER_SGD);
+    s.expected_rows = 50000;
+    table *t = make(&s);
+    enum { N = 50000, B = 5000 };
+    int64_t ids[B];
+    float g[B * 2];
+    memset(g, 0, sizeof(g));
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, 1);
+    }
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, N);
+    assert_int_equal(st.index_growths, 0);
+    table_destroy(t);
+    s.expected_rows = 0; /* the same rows from a small index grow it */
+    t = make(&s);
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, 1);
+    }
+    table_stats_get(t, &st);
+    assert_true(st.index_growths >= 64);
+    table_destroy(t);
+    s.expected_rows = (UINT64_C(1) << 36) + 64 * 1024; /* 2^30 + 1024 a partition */
+    expect_bad_spec(&s, "expected_rows");
+}
+
+static void test_removal_and_slot_reuse(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("rm", 8, OPTIMIZER_ADAGRAD);
+    table *t = make(&s);
+    enum { N = 20000 };
+    int64_t *ids = malloc(N * sizeof(*ids));
+    float *g = calloc((size_t)N * 8, sizeof(float));
+    for (int i = 0; i < N; i++)
+        ids[i] = i;
+    for (int i = 0; i < N * 8; i++)
+        g[i] = 1.0f;
+    push_ok(t, ids, N, g, 1);
+    table_stats full;
+    table_stats_get(t, &full);
+    assert_int_equal(full.rows, N);
+
+    /* Remove the even ids (and one absent id). */
+    int64_t *even = malloc((N / 2 + 1) * sizeof(*even));
+    for (int i = 0; i < N / 2; i++)
+        even[i] = 2 * i;
+    even[N / 2] = -77;
+    assert_int_equal(table_remove(t, even, N / 2 + 1), N / 2);
+    assert_int_equal(table_remove(t, even, 1), 0);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, N / 2);
+    assert_int_equal(st.removed, N / 2);
+    float got[8], want[8];
+    int64_t id = 10;
+    table_pull(t, &id, 1, got);
+    init_row(t, &s, 10, want);
+    assert_memory_equal(got, want, sizeof(want)); /* removed: the initializer's row again */
+    id = 11;
+    table_pull(t, &id, 1, got);
+    assert_memory_not_equal(got, (init_row(t, &s, 11, want), want), sizeof(want));
+
+    /* As many new rows reuse the freed slots: no new slab, same bytes. */
+    for (int i = 0; i < N / 2; i++)
+        even[i] = N + i;
+    push_ok(t, even, N / 2, g, 2);
+    table_stats after;
+    table_stats_get(t, &after);
+    assert_int_equal(after.rows, N);
+    assert_true(after.bytes == full.bytes);
+    free(ids);
+    free(even);
+    free(g);
+    table_destroy(t);
+}
+
+static void test_memory_accounting(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("mem", 16, OPTIMIZER_ADAM);
+    table *t = make(&s);
+    table_stats empty, st;
+    table_stats_get(t, &empty);
+    assert_true(empty.bytes > 0);
+    /* 24-byte header + 16 parameters + 3 slots of 16. */
+    assert_int_equal(empty.row_bytes, 24 + 4 * 16 * 4);
+    assert_int_equal(table_row_floats(t), 64);
+    enum { N = 50000 };
+    int64_t *ids = malloc(N * sizeof(*ids));
+    float *g = calloc((size_t)N * 16, sizeof(float));
+    for (int i = 0; i < N; i++)
+        ids[i] = (int64_t)i << 20;
+    push_ok(t, ids, N, g, 1);
+    table_stats_get(t, &st);
+    uint64_t raw = (uint64_t)N * st.row_bytes;
+    assert_true(st.bytes >= raw);
+    /* Slabs are filled in order, the index at most 2/3 empty: well under 1.5x the rows. */
+    assert_true(st.bytes < raw + raw / 2);
+    free(ids);
+    free(g);
+    table_destroy(t);
+}
+
+/* ---- duplicates, optimizers against a naive loop ---- */
+
+static void test_duplicates_summed(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("dup", 2, OPTIMIZER_ADAM);
+    table *t = make(&s);
+    int64_t ids[4] = {5, 7, 5, 5};
+    float g[8] = {1, 2, 10, 20, 0.5f, 0.25f, -3, 4};
+    push_ok(t, ids, 4, g, 1);
+    /* One Adam step with the summed gradient {-1.5, 6.25}: at t = 1 the step is
+     * lr * g / (|g| + eps'), i.e. lr * sign(g) to float precision. */
+    float got[2], want[2];
+    table_pull(t, ids, 1, got);
+    init_row(t, &s, 5, want);
+    assert_true(fabsf(got[0] - (want[0] + 0.001f)) < 1e-6f);
+    assert_true(fabsf(got[1] - (want[1] - 0.001f)) < 1e-6f);
+    table_rows rows;
+    assert_int_equal(table_copy_partition(t, table_partition_of(t, 5), &rows), 0);
+    for (size_t i = 0; i < rows.n; i++) {
+        if (rows.ids[i] == 5) {
+            assert_true(rows.floats[i * rows.row_floats + 6] == 1.0f); /* t slot: one step */
+            assert_true(rows.floats[i * rows.row_floats + 2] == (1.0f - 0.9f) * -1.5f);
+        }
+    }
+    table_rows_free(&rows);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 2);
+    assert_int_equal(st.rows_updated, 2);
+    table_destroy(t);
+}
+
+#define REF_IDS 40
+#define REF_DIM 5
+
+/* The reference: each id's parameters and slots updated one element at a time, in double
+ * for the arithmetic, by the formulas of optimizer.h. */
+typedef struct ref_row {
+    bool made;
+    double w[REF_DIM], s[3][REF_DIM];
+} ref_row;
+
+static void ref_apply(const optimizer_params *p, ref_row *r, const double *g)
+{
+    double lr = p->learning_rate;
+    for (int k = 0; k < REF_DIM; k++) {
+        double gi = g[k], *w = &r->w[k];
+        switch (p->kind) {
+        case OPTIMIZER_SGD:
+            *w -= lr * gi;
+            break;
+        case OPTIMIZER_MOMENTUM:
+            r->s[0][k] = p->momentum * r->s[0][k] + gi;
+            *w -= lr * r->s[0][k];
+            break;
+        case OPTIMIZER_ADAGRAD:
+            r->s[0][k] += gi * gi;
+            *w -= lr * gi / (sqrt(r->s[0][k]) + p->epsilon);
+            break;
+        case OPTIMIZER_ADAMW:
+            *w *= 1.0 - lr * p->weight_decay;
+            /* fall through */
+        case OPTIMIZER_ADAM: {
+            double t = r->s[2][k] += 1.0;
+            r->s[0][k] = p->beta1 * r->s[0][k] + (1 - p->beta1) * gi;
+            r->s[1][k] = p->beta2 * r->s[1][k] + (1 - p->beta2) * gi * gi;
+            double mh = r->s[0][k] / (1 - pow(p->beta1, t));
+            double vh = r->s[1][k] / (1 - pow(p->beta2, t));
+            *w -= lr * mh / (sqrt(vh) + p->epsilon);
+            break;
+        }
+        case OPTIMIZER_FTRL: {
+            double *z = &r->s[0][k], *n = &r->s[1][k];
+            double sigma = (sqrt(*n + gi * gi) - sqrt(*n)) / lr;
+            *z += gi - sigma * *w;
+            *n += gi * gi;
+            if (fabs(*z) <= p->l1)
+                *w = 0;
+            else
+                *w = -(*z - (*z > 0 ? p->l1 : -p->l1)) / ((p->ftrl_beta + sqrt(*n)) / lr + p->l2);
+            break;
+        }
+        }
+    }
+}
+
+static void check_against_reference(optimizer_kind kind)
+{
+    table_spec s = base_spec("ref", REF_DIM, kind);
+    if (kind == OPTIMIZER_FTRL) {
+        s.opt.l1 = 0.05f;
+        s.opt.l2 = 0.1f;
+    }
+    if (kind == OPTIMIZER_MOMENTUM)
+        s.opt.learning_rate = 0.05f;
+    table *t = make(&s);
+    ref_row ref[REF_IDS];
+    memset(ref, 0, sizeof(ref));
+    unsigned seed = 12345u + (unsigned)kind;
+    enum { BATCH = 30, STEPS = 25 };
+    for (int step = 0; step < STEPS; step++) {
+        int64_t ids[BATCH];
+        float g[BATCH * REF_DIM];
+        double sum[REF_IDS][REF_DIM];
+        bool in[REF_IDS] = {false};
+        memset(sum, 0, sizeof(sum));
+        for (int i = 0; i < BATCH; i++) {
+            seed = seed * 1103515245u + 12345u;
+            int id = (int)((seed >> 16) % REF_IDS);
+            ids[i] = (int64_t)id * 1000 - 20000;
+            for (int k = 0; k < REF_DIM; k++) {
+                seed = seed * 1103515245u + 12345u;
+                /* Multiples of 1/64 in [-1, 1): duplicate sums are exact in float. */
+                g[i * REF_DIM + k] = (float)((int)((seed >> 16) % 128) - 64) / 64.0f;
+                sum[id][k] += g[i * REF_DIM + k];
+            }
+            in[id] = true;
+        }
+        push_ok(t, ids, BATCH, g, step);
+        for (int id = 0; id < REF_IDS; id++) {
+            if (!in[id])
+                continue; /* lazy: rows outside the batch do not change */
+            if (!ref[id].made) {
+                float w0[REF_DIM];
+                init_row(t, &s, (int64_t)id * 1000 - 20000, w0);
+                for (int k = 0; k < REF_DIM; k++) {
+                    ref[id].w[k] = w0[k];
+                    ref[id].s[0][k] = kind == OPTIMIZER_ADAGRAD ? s.opt.initial_accumulator : 0;
+                }
+                ref[id].made = true;
+            }
+            ref_apply(&s.opt, &ref[id], sum[id]);
+        }
+    }
+    for (int id = 0; id < REF_IDS; id++) {
+        int64_t tid = (int64_t)id * 1000 - 20000;
+        float got[REF_DIM], w0[REF_DIM];
+        table_pull(t, &tid, 1, got);
+        init_row(t, &s, tid, w0);
+        for (int k = 0; k < REF_DIM; k++) {
+            double want = ref[id].made ? ref[id].w[k] : w0[k];
+            double tol = 2e-5 * (fabs(want) > 1 ? fabs(want) : 1);
+            if (!(fabs(got[k] - want) <= tol)) {
+                print_error("%s: id %d [%d] = %.9g, want %.9g\n", optimizer_name(kind), id, k,
+                            (double)got[k], want);
+                fail();
+            }
+        }
+    }
+    table_destroy(t);
+}
+
+static void test_optimizers_against_reference(void **state)
+{
+    (void)state;
+    const optimizer_kind kinds[] = {OPTIMIZER_SGD,  OPTIMIZER_MOMENTUM, OPTIMIZER_ADAGRAD,
+                                    OPTIMIZER_ADAM, OPTIMIZER_ADAMW,    OPTIMIZER_FTRL};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        check_against_reference(kinds[i]);
+}
+
+static void test_ftrl_registry_row(void **state)
+{
+    (void)state;
+    optimizer_params p;
+    optimizer_params_default(&p, OPTIMIZER_FTRL);
+    assert_string_equal(optimizer_name(OPTIMIZER_FTRL), "ftrl");
+    optimizer_kind k;
+    assert_int_equal(optimizer_parse("FTRL", &k), 0);
+    assert_int_equal(k, OPTIMIZER_FTRL);
+    assert_int_equal(optimizer_slot_count(OPTIMIZER_FTRL), 2);
+    assert_true(p.learning_rate == 0.05f && p.ftrl_beta == 1.0f && p.l1 == 0.0f);
+    assert_int_equal(optimizer_validate(&p, NULL, 0), 0);
+    assert_false(optimizer_on_wire(OPTIMIZER_FTRL));
+    assert_true(optimizer_on_wire(OPTIMIZER_ADAMW));
+    char err[128];
+    p.l1 = -1.0f;
+    assert_int_equal(optimizer_validate(&p, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "l1"));
+    p.l1 = 0.0f;
+    p.ftrl_beta = NAN;
+    assert_int_equal(optimizer_validate(&p, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "ftrl_beta"));
+    /* Strong L1 keeps a weight at exactly 0 (sparsity). */
+    optimizer_params_default(&p, OPTIMIZER_FTRL);
+    p.l1 = 10.0f;
+    float w = 0.0f, z = 0.0f, n = 0.0f, g = 0.3f;
+    float *slots[2] = {&z, &n};
+    optimizer_apply(&p, &w, &g, slots, 1);
+    assert_true(w == 0.0f && z == 0.3f && n == 0.3f * 0.3f);
+}
+
+/* ---- admission, eviction ---- */
+
+static void test_min_count_admission(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("adm", 2, OPTIMIZER_SGD);
+    s.min_count = 3;
+    table *t = make(&s);
+    int64_t ids[2] = {9, 9};
+    float g[4] = {1, 1, 1, 1}, got[2], want[2];
+    init_row(t, &s, 9, want);
+    push_ok(t, ids, 2, g, 1); /* a batch counts an id once */
+    push_ok(t, ids, 1, g, 2);
+    table_pull(t, ids, 1, got);
+    assert_memory_equal(got, want, sizeof(want));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.pushes_counted, 2);
+    push_ok(t, ids, 1, g, 3); /* the third push makes the row and applies */
+    table_pull(t, ids, 1, got);
+    assert_true(got[0] == want[0] - 0.01f * 1.0f);
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 1);
+    assert_int_equal(st.rows_created, 1);
+    assert_true(st.bytes > 0);
+    table_destroy(t);
+}
+
+static void test_max_rows_evicts_least_recently_updated(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("lru", 1, OPTIMIZER_SGD);
+    s.max_rows = 3;
+    s.partitions = 1; /* one partition: exact LRU over the table */
+    table *t = make(&s);
+    float g[1] = {1};
+    for (int64_t id = 1; id <= 3; id++)
+        push_ok(t, &id, 1, g, id);
+    int64_t one = 1, four = 4, five = 5;
+    push_ok(t, &one, 1, g, 4);  /* 1 is now the most recent: 2 is the oldest */
+    push_ok(t, &four, 1, g, 5); /* evicts 2 */
+    assert_false(has_row(t, 2));
+    assert_true(has_row(t, 1) && has_row(t, 3) && has_row(t, 4));
+    push_ok(t, &five, 1, g, 6); /* evicts 3 */
+    assert_false(has_row(t, 3));
+    assert_true(has_row(t, 1) && has_row(t, 4) && has_row(t, 5));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 3);
+    assert_int_equal(st.evicted_max_rows, 2);
+    assert_int_equal(st.rows_created, 5);
+    table_destroy(t);
+
+    /* 64 partitions: the cap holds over the table. */
+    s.partitions = 0;
+    s.max_rows = 1000;
+    t = make(&s);
+    for (int64_t id = 0; id < 5000; id++)
+        push_ok(t, &id, 1, g, id);
+    table_stats_get(t, &st);
+    assert_true(st.rows <= 1000);
+    assert_true(st.rows >= 990);
+    assert_int_equal(st.evicted_max_rows + st.pushes_counted, 5000 - st.rows);
+    table_destroy(t);
+}
+
+static void test_ttl_sweep(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("ttl", 2, OPTIMIZER_SGD);
+    s.ttl_ms = 100;
+    table *t = make(&s);
+    float g[20] = {0};
+    int64_t old[5] = {1, 2, 3, 4, 5}, young[5] = {6, 7, 8, 9, 10};
+    push_ok(t, old, 5, g, 1000);
+    push_ok(t, young, 5, g, 1050);
+    assert_int_equal(table_sweep(t, 1100), 0); /* exactly ttl old: kept */
+    assert_int_equal(table_sweep(t, 1120), 5);
+    assert_false(has_row(t, 3));
+    assert_true(has_row(t, 8));
+    push_ok(t, young, 1, g, 1140); /* 6 touched again */
+    assert_int_equal(table_sweep(t, 1200), 4);
+    assert_true(has_row(t, 6));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 1);
+    assert_int_equal(st.evicted_ttl, 9);
+    table_destroy(t);
+    s.ttl_ms = 0;
+    t = make(&s);
+    push_ok(t, old, 5, g, 0);
+    assert_int_equal(table_sweep(t, INT64_MAX), 0);
+    table_destroy(t);
+}
+
+/* ---- bad input ---- */
+
+static void test_bad_specs_and_gradients(void **state)
+{
+    (void)state;
+    char err[256];
+    table_spec s = base_spec("bad", 0, OPTIMIZER_SGD);
+    expect_bad_spec(&s, "dim = 0");
+    s.dim = TABLE_MAX_DIM + 1;
+    expect_bad_spec(&s, "dim");
+    s.dim = 4;
+    s.name = "";
+    expect_bad_spec(&s, "name");
+    s.name = "bad";
+    s.init.kind = INITIALIZER_GLOROT_UNIFORM;
+    expect_bad_spec(&s, "glorot");
+    s.init.kind = INITIALIZER_ZEROS;
+    s.partitions = 3;
+    expect_bad_spec(&s, "partitions");
+    s.partitions = 0;
+    s.ttl_ms = -1;
+    expect_bad_spec(&s, "ttl");
+    s.ttl_ms = 0;
+    s.opt.learning_rate = -1;
+    expect_bad_spec(&s, "learning_rate");
+    s.opt.learning_rate = 0.1f;
+    s.min_count = 70000;
+    expect_bad_spec(&s, "min_count");
+    s.min_count = 0;
+
+    table *t = make(&s);
+    int64_t ids[2] = {1, 2};
+    float g[8] = {1, 1, 1, 1, 1, 1, INFINITY, 1};
+    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), TABLE_INVALID);
+    assert_non_null(strstr(err, "id 2"));
+    g[6] = NAN;
+    assert_int_equal(table_push(t, ids, 2, g, 1, err, sizeof(err)), TABLE_INVALID);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 0); /* nothing applied */
+    assert_int_equal(table_push(t, ids, 0, NULL, 1, err, sizeof(err)), 0);
+    table_rows rows;
+    assert_int_equal(table_copy_partition(t, 64, &rows), -1);
+    table_destroy(t);
+}
+
+/* ---- the memory budget ---- */
+
+typedef struct test_budget {
+    uint64_t cap, used, refusals;
+} test_budget;
+
+/* Called under one partition's lock; the tests below push from one thread. */
+static bool budget_take_cb(void *arg, uint64_t bytes)
+{
+    test_budget *b = arg;
+    if (b->used + bytes > b->cap) {
+        b->refusals++;
+        return false;
+    }
+    b->used += bytes;
+    return true;
+}
+
+static void budget_give_cb(void *arg, uint64_t bytes)
+{
+    test_budget *b = arg;
+    assert_true(bytes <= b->used);
+    b->used -= bytes;
+}
+
+static void test_memory_budget(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("budget", 4, OPTIMIZER_SGD);
+    s.partitions = 1;
+    test_budget b = {.cap = UINT64_MAX};
+    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    table *t = make(&s);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_true(b.used == st.bytes); /* every byte held was asked for */
+    uint64_t empty = st.bytes;
+    table_destroy(t);
+    assert_true(b.used == 0); /* and given back */
+
+    /* Room for about two slabs: new rows keep coming, the oldest make room. */
+    b = (test_budget){.cap = empty + 100 * 1024};
+    t = make(&s);
+    enum { B = 100, N = 10000 };
+    int64_t ids[B];
+    float g[B * 4];
+    for (int i = 0; i < B * 4; i++)
+        g[i] = 1.0f;
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, base);
+        table_stats_get(t, &st);
+        assert_true(b.used == st.bytes && b.used <= b.cap);
+    }
+    assert_true(b.refusals > 0);
+    assert_true(st.evicted_memory > 0);
+    assert_int_equal(st.rows + st.evicted_memory, N);
+    assert_int_equal(st.rows_refused, 0);
+    if (!(st.rows >= 1024 && st.rows < N))
+        fail_msg("rows %llu", (unsigned long long)st.rows);
+    assert_true(has_row(t, N - 1));
+    assert_false(has_row(t, 0)); /* the least recently updated went first */
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* Room for one slab (1024 rows of 40 bytes) and an index of 1024 entries, not 2048: the
+     * index may not grow past 3/4 of 1024, so the table settles at 768 rows, the oldest
+     * giving their index entries to the new ones. */
+    b = (test_budget){.cap = empty + 8 * sizeof(void *) + 1024 * 40 + (1024 - 16) * 12 + 1000};
+    t = make(&s);
+    for (int base = 0; base < N; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(t, ids, B, g, base);
+    }
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 768);
+    assert_int_equal(st.rows + st.evicted_memory, N);
+    assert_true(b.used == st.bytes && b.used <= b.cap);
+    assert_true(has_row(t, N - 1));
+    assert_false(has_row(t, N - 769));
+    assert_true(has_row(t, N - 768));
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* No room beyond the empty table and nothing to evict: the row is refused, named. */
+    s.partitions = 0;
+    b = (test_budget){.cap = UINT64_MAX};
+    t = make(&s);
+    table_stats_get(t, &st);
+    b.cap = b.used;
+    char err[256] = "";
+    int64_t id = 77;
+    assert_int_equal(table_push(t, &id, 1, g, 1, err, sizeof(err)), TABLE_LIMIT);
+    assert_non_null(strstr(err, "budget"));
+    assert_non_null(strstr(err, "memory limit"));
+    assert_non_null(strstr(err, "77"));
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.rows_refused, 1);
+    float row[4], want[4];
+    table_pull(t, &id, 1, row);
+    init_row(t, &s, id, want);
+    assert_memory_equal(row, want, sizeof(want));
+    table_destroy(t);
+    assert_true(b.used == 0);
+
+    /* Not even the empty table fits. */
+    b = (test_budget){.cap = 100};
+    table *none = (table *)1;
+    assert_int_equal(table_create(&s, &none, err, sizeof(err)), TABLE_LIMIT);
+    assert_null(none);
+    assert_non_null(strstr(err, "memory limit"));
+    assert_true(b.used == 0);
+}
+
+/* ---- copies and restore ---- */
+
+static void test_copy_and_restore(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("copy", 3, OPTIMIZER_ADAGRAD);
+    table *t = make(&s);
+    enum { N = 3000 };
+    int64_t ids[N];
+    float g[N * 3];
+    for (int i = 0; i < N; i++) {
+        ids[i] = INT64_MAX - i * 99991LL;
+        for (int k = 0; k < 3; k++)
+            g[i * 3 + k] = (float)(i % 7) * 0.25f;
+    }
+    push_ok(t, ids, N, g, 5);
+    table *r = make(&s);
+    size_t total = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++) {
+        table_rows rows;
+        assert_int_equal(table_copy_partition(t, q, &rows), 0);
+        assert_int_equal(rows.row_floats, 6);
+        for (size_t i = 0; i < rows.n; i++) {
+            assert_int_equal(table_partition_of(t, rows.ids[i]), q);
+            assert_int_equal(rows.updated_ms[i], 5);
+            assert_int_equal(table_insert_row(r, rows.ids[i], rows.floats + i * 6, 5), 0);
+        }
+        total += rows.n;
+        table_rows_free(&rows);
+    }
+    assert_int_equal(total, N);
+    float *a = malloc(sizeof(float) * N * 3), *b = malloc(sizeof(float) * N * 3);
+    table_pull(t, ids, N, a);
+    table_pull(r, ids, N, b);
+    assert_memory_equal(a, b, sizeof(float) * N * 3);
+    /* The slots came along: one more identical push keeps both equal. */
+    push_ok(t, ids, N, g, 6);
+    push_ok(r, ids, N, g, 6);
+    table_pull(t, ids, N, a);
+    table_pull(r, ids, N, b);
+    assert_memory_equal(a, b, sizeof(float) * N * 3);
+    free(a);
+    free(b);
+    table_destroy(t);
+    table_destroy(r);
+}
+
+/* ---- concurrency ---- */
+
+#define CONC_THREADS 4
+#define CONC_IDS 5000
+#define CONC_ROUNDS 20
+
+typedef struct conc_arg {
+    table *t;
+    int tid;
+} conc_arg;
+
+/* Thread tid pushes CONC_ROUNDS batches of every id (in a thread-specific order, each id
+ * twice) with gradient 1/8 + tid/16: exact float sums, so any order gives the same rows. */
+static void *conc_pusher(void *arg)
+{
+    conc_arg *a = arg;
+    enum { B = 2 * CONC_IDS };
+    int64_t *ids = malloc(B * sizeof(*ids));
+    float *g = malloc(B * 2 * sizeof(float));
+    for (int r = 0; r < CONC_ROUNDS; r++) {
+        for (int i = 0; i < B; i++) {
+            ids[i] = ((int64_t)(i % CONC_IDS) * 31 + a->tid * 17 + r) % CONC_IDS;
+            g[2 * i] = g[2 * i + 1] = 0.125f + (float)a->tid / 16.0f;
+        }
+        char err[128];
+        if (table_push(a->t, ids, B, g, r, err, sizeof(err)) != 0)
+            abort();
+    }
+    free(ids);
+    free(g);
+    return NULL;
+}
+
+static void test_concurrent_pushes_equal_serial(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("conc", 2, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_CONSTANT;
+    s.init.a = 0.0;
+    table *t = make(&s);
+    pthread_t th[CONC_THREADS];
+    conc_arg args[CONC_THREADS];
+    for (int i = 0; i < CONC_THREADS; i++) {
+        args[i] = (conc_arg){t, i};
+        assert_int_equal(pthread_create(&th[i], NULL, conc_pusher, &args[i]), 0);
+    }
+    /* Pulls and stats alongside. */
+    int64_t probe[4] = {0, 1, 2, 3};
+    float out[8];
+    for (int i = 0; i < 200; i++) {
+        table_pull(t, probe, 4, out);
+        table_stats st;
+        table_stats_get(t, &st);
+    }
+    for (int i = 0; i < CONC_THREADS; i++)
+        pthread_join(th[i], NULL);
+    /* Each id gets 2 * CONC_ROUNDS * sum_t (1/8 + t/16) = 40 * (0.5 + 6/16) = 35. */
+    double want = 0;
+    for (int i = 0; i < CONC_THREADS; i++)
+        want += 2.0 * CONC_ROUNDS * (0.125 + i / 16.0);
+    int64_t *ids = malloc(CONC_IDS * sizeof(*ids));
+    float *rows = malloc(CONC_IDS * 2 * sizeof(float));
+    for (int i = 0; i < CONC_IDS; i++)
+        ids[i] = i;
+    table_pull(t, ids, CONC_IDS, rows);
+    for (int i = 0; i < CONC_IDS * 2; i++)
+        assert_true(rows[i] == (float)-want);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, CONC_IDS);
+    assert_int_equal(st.rows_created, CONC_IDS);
+    assert_int_equal(st.rows_updated, (uint64_t)CONC_THREADS * CONC_ROUNDS * CONC_IDS);
+    free(ids);
+    free(rows);
+    table_destroy(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_initializer_rows_are_pure),
+        cmocka_unit_test(test_index_against_reference),
+        cmocka_unit_test(test_pull_synthesizes_without_making),
+        cmocka_unit_test(test_growth_and_values),
+        cmocka_unit_test(test_expected_rows_presized),
+        cmocka_unit_test(test_removal_and_slot_reuse),
+        cmocka_unit_test(test_memory_accounting),
+        cmocka_unit_test(test_duplicates_summed),
+        cmocka_unit_test(test_optimizers_against_reference),
+        cmocka_unit_test(test_ftrl_registry_row),
+        cmocka_unit_test(test_min_count_admission),
+        cmocka_unit_test(test_max_rows_evicts_least_recently_updated),
+        cmocka_unit_test(test_ttl_sweep),
+        cmocka_unit_test(test_bad_specs_and_gradients),
+        cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_copy_and_restore),
+        cmocka_unit_test(test_concurrent_pushes_equal_serial),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
