@@ -1,8 +1,8 @@
 """psd.torch.Embedding and EmbeddingBag against real servers: forward equals torch's modules on
 the same rows (sum and mean, 1-D input with offsets and 2-D input, per_sample_weights,
 duplicate and negative ids), one backward with the table's SGD gives torch.optim.SGD's rows,
-the push happens once per forward, refusals of bad inputs, and a small model trains. Skipped as
-a whole where torch is not installed."""
+the push happens once per forward, refusals of bad inputs, a small model trains, and CUDA ids (skipped without CUDA). Skipped
+as a whole where torch is not installed."""
 
 from __future__ import annotations
 
@@ -219,3 +219,22 @@ def test_small_model_trains(uname):
             dist.detach()
     finally:
         cluster.stop()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="CUDA is not available (torch.cuda.is_available() is False): the "
+                           "embedding modules' CUDA path is not exercised")
+def test_cuda_ids(client, uname):
+    bag = psd.torch.EmbeddingBag(client, uname, embedding_dim=4, mode="mean", lr=LR, seed=4)
+    ref = reference(torch.nn.EmbeddingBag, bag.table, mode="mean")
+    idx, offsets = BAGS_1D
+    out = bag(as_table_ids(idx).cuda(), offsets.cuda())
+    assert out.device.type == "cuda"
+    want = ref(idx, offsets)
+    torch.testing.assert_close(out.cpu(), want, rtol=0, atol=1e-6)
+    out.sum().backward()
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    want.sum().backward()
+    opt.step()
+    np.testing.assert_allclose(bag.table.pull(IDS), ref.weight.detach().numpy(), rtol=0,
+                               atol=1e-6)
