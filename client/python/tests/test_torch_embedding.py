@@ -1,8 +1,8 @@
 """psd.torch.Embedding and EmbeddingBag against real servers: forward equals torch's modules on
 the same rows (sum and mean, 1-D input with offsets and 2-D input, per_sample_weights,
 duplicate and negative ids), one backward with the table's SGD gives torch.optim.SGD's rows,
-the push happens once per forward, refusals of bad inputs, a small model trains, and CUDA ids (skipped without CUDA). Skipped
-as a whole where torch is not installed."""
+the push happens once per forward, refusals of bad inputs, a small model trains, and CUDA
+ids (skipped without CUDA). Skipped as a whole where torch is not installed."""
 
 from __future__ import annotations
 
