@@ -35,6 +35,10 @@ stream (then pushed from a background thread once the copy is done), and fresh v
 copied back on the side stream, which the compute stream then waits for. Only float32 parameters
 on the CPU or a CUDA device are accepted; anything else raises naming the parameter.
 
+Embedding and EmbeddingBag are torch.nn.Embedding and torch.nn.EmbeddingBag over a psd sparse
+table: forward pulls the rows of the batch's unique ids, backward pushes their gradients from a
+hook (synchronously, once per forward); they hold no parameters and need no step().
+
 torch is imported when this module is, not by ``import psd``.
 """
 
@@ -430,4 +434,241 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
                           hyper=hyper)
 
 
-__all__ = ["attach", "AttachedModule", "is_chief", "READY_MARKER"]
+# -- embedding modules over sparse tables --
+
+_MODES = ("sum", "mean")
+
+
+def _table_for(client: Client, name: str, embedding_dim: Optional[int],
+               table_kw: Dict[str, Any], who: str) -> Any:
+    """Creates (idempotent for the same spec) or, with embedding_dim None, finds the table."""
+    if embedding_dim is None:
+        given = [k for k, v in table_kw.items() if v is not None]
+        if given:
+            raise TypeError(f"psd.torch.{who}: {', '.join(given)} given without "
+                            f"embedding_dim (a table is found by name only when "
+                            f"embedding_dim is None)")
+        return client.table(name)
+    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) \
+            or embedding_dim < 1:
+        raise ValueError(f"psd.torch.{who}: embedding_dim must be a positive int, not "
+                         f"{embedding_dim!r}")
+    kw = {k: v for k, v in table_kw.items() if v is not None}
+    if "lr" in kw:
+        kw["learning_rate"] = kw.pop("lr")
+    return client.create_table(name, embedding_dim, **kw)
+
+
+class _TableModule(torch.nn.Module):
+    """What Embedding and EmbeddingBag share: the table, the ids' checks, the pull of the
+    unique ids' rows as a leaf tensor and the hook that pushes their gradient."""
+
+    def __init__(self, who: str, client: Client, name: str, num_embeddings: Optional[int],
+                 embedding_dim: Optional[int], optimizer: str, lr: Optional[float],
+                 initializer: str, init_a: float, init_b: float, seed: int,
+                 table_kw: Dict[str, Any]) -> None:
+        super().__init__()
+        self._who = who
+        for k in ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse",
+                  "_weight"):
+            if k in table_kw:
+                raise TypeError(f"psd.torch.{who}: {k} (an argument of torch's module) is not "
+                                f"supported over a table")
+        if num_embeddings is not None and (isinstance(num_embeddings, bool) or
+                                           not isinstance(num_embeddings, int) or
+                                           num_embeddings < 1):
+            raise ValueError(f"psd.torch.{who}: num_embeddings must be None (any int64 id) "
+                             f"or a positive int, not {num_embeddings!r}")
+        kw = dict(optimizer=optimizer, lr=lr, initializer=initializer, init_a=init_a,
+                  init_b=init_b, seed=seed, **table_kw)
+        if embedding_dim is None:
+            # the defaults do not count as given: only what the caller set does
+            defaults = dict(optimizer="sgd", lr=None, initializer="normal", init_a=0.0,
+                            init_b=1.0, seed=0)
+            kw = {k: (None if k in defaults and v == defaults[k] else v)
+                  for k, v in kw.items()}
+        self.table = _table_for(client, name, embedding_dim, kw, who)
+        self.client = client
+        self.name = name
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = self.table.dim
+
+    def extra_repr(self) -> str:
+        return (f"table={self.name!r}, num_embeddings={self.num_embeddings}, "
+                f"embedding_dim={self.embedding_dim}")
+
+    def _ids(self, x: Any, role: str = "input") -> "torch.Tensor":
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"psd.torch.{self._who}: {role} must be a torch.Tensor of int64 "
+                            f"ids, not {type(x).__name__}")
+        if x.dtype == torch.int32:
+            x = x.long()
+        elif x.dtype != torch.int64:
+            raise TypeError(f"psd.torch.{self._who}: {role} must hold torch.int64 (or int32) "
+                            f"ids, not {x.dtype}")
+        return x
+
+    def _check_range(self, flat: "torch.Tensor") -> None:
+        if self.num_embeddings is None or flat.numel() == 0:
+            return
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= self.num_embeddings:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"psd.torch.{self._who}: id {bad} is out of range "
+                             f"[0, {self.num_embeddings}) (num_embeddings=None allows any "
+                             f"int64 id)")
+
+    def _pull_unique(self, flat: "torch.Tensor") -> Any:
+        """(rows, inverse): rows holds the unique ids' rows (a leaf that requires grad when
+        autograd records, with the hook that pushes its gradient), inverse maps every id of
+        flat to its row."""
+        self._check_range(flat)
+        device = flat.device
+        uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+        uniq = uniq.contiguous()
+        ids = uniq.numpy()
+        rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
+        if ids.size:
+            self.table.pull(ids, rows)
+        if device.type != "cpu":
+            rows = rows.to(device)
+            inverse = inverse.to(device)
+        if torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            rows.register_hook(self._pusher(ids))
+        return rows, inverse
+
+    def _pusher(self, ids: Any) -> Any:
+        table, who = self.table, self._who
+        pushed = [False]
+
+        def push(grad: "torch.Tensor") -> None:
+            if pushed[0]:
+                raise RuntimeError(f"psd.torch.{who}: backward ran a second time through the "
+                                   f"same forward; its rows' gradient was already pushed "
+                                   f"(run forward again for each backward)")
+            pushed[0] = True
+            if ids.size:
+                g = grad.detach()
+                if g.device.type != "cpu":
+                    g = g.cpu()
+                table.push(ids, g.contiguous())
+            return None
+        return push
+
+
+class Embedding(_TableModule):
+    """torch.nn.Embedding over a psd sparse table: forward(input) -> input.shape + (dim,).
+
+    Forward pulls the rows of the batch's unique ids in one call; backward pushes their
+    gradient (one row per unique id) to the table, from a hook, synchronously, once per
+    forward; the table's optimizer (on the servers) updates the rows. There is no parameter
+    and nothing to do in a torch optimizer's step() or zero_grad(): the next forward pulls the
+    updated rows.
+
+    Args:
+        client: a psd.Client. name: the table's name.
+        num_embeddings: None (any int64 id, negative ones too) or N (ids must be in [0, N)).
+        embedding_dim: the rows' width; the table is created with it (idempotent: every
+            worker may create it; another spec raises AlreadyExistsError). None: the table
+            must exist (Client.table) and gives the width.
+        optimizer, lr, initializer, init_a, init_b, seed, and min_count, ttl_ms, max_rows,
+            momentum, beta1, ...: the table's (Client.create_table). The default initializer
+            is torch's: normal(0, 1).
+    """
+
+    def __init__(self, client: Client, name: str, num_embeddings: Optional[int] = None,
+                 embedding_dim: Optional[int] = None, *, optimizer: str = "sgd",
+                 lr: Optional[float] = None, initializer: str = "normal", init_a: float = 0.0,
+                 init_b: float = 1.0, seed: int = 0, **table_kw: Any) -> None:
+        super().__init__("Embedding", client, name, num_embeddings, embedding_dim, optimizer,
+                         lr, initializer, init_a, init_b, seed, table_kw)
+
+    def forward(self, input: "torch.Tensor") -> "torch.Tensor":  # noqa: A002 (torch's name)
+        x = self._ids(input)
+        rows, inverse = self._pull_unique(x.reshape(-1))
+        return torch.nn.functional.embedding(inverse.reshape(x.shape), rows)
+
+
+class EmbeddingBag(_TableModule):
+    """torch.nn.EmbeddingBag over a psd sparse table: forward(input, offsets=None,
+    per_sample_weights=None) -> (bags, dim), pooled by mode "sum" or "mean".
+
+    input: 1-D ids with offsets (1-D, the start of each bag; offsets[0] must be 0; with
+    include_last_offset=True the last offset is input's length), or 2-D (B, N): B bags of N
+    ids each, offsets None. per_sample_weights (input's shape, float32): mode "sum" only, as
+    torch has it. Ids: int64 (int32 converted).
+
+    The same constructor arguments as Embedding, and mode, include_last_offset. Forward pulls
+    the unique ids' rows in one call, pooling is torch's own embedding_bag over them, and
+    backward pushes their gradient (synchronously, from a hook, once per forward); nothing to
+    do in step() or zero_grad().
+    """
+
+    def __init__(self, client: Client, name: str, num_embeddings: Optional[int] = None,
+                 embedding_dim: Optional[int] = None, mode: str = "mean", *,
+                 include_last_offset: bool = False, optimizer: str = "sgd",
+                 lr: Optional[float] = None, initializer: str = "normal", init_a: float = 0.0,
+                 init_b: float = 1.0, seed: int = 0, **table_kw: Any) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"psd.torch.EmbeddingBag: mode must be one of "
+                             f"{', '.join(repr(m) for m in _MODES)}, not {mode!r}")
+        super().__init__("EmbeddingBag", client, name, num_embeddings, embedding_dim,
+                         optimizer, lr, initializer, init_a, init_b, seed, table_kw)
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mode={self.mode!r}"
+
+    def forward(self, input: "torch.Tensor", offsets: Optional["torch.Tensor"] = None,  # noqa: A002
+                per_sample_weights: Optional["torch.Tensor"] = None) -> "torch.Tensor":
+        who = "psd.torch.EmbeddingBag"
+        x = self._ids(input)
+        if x.dim() == 2:
+            if offsets is not None:
+                raise ValueError(f"{who}: offsets must be None with a 2-D input (each row "
+                                 f"of input is a bag)")
+        elif x.dim() == 1:
+            if offsets is None:
+                raise ValueError(f"{who}: a 1-D input needs offsets (the start of each bag)")
+            offsets = self._ids(offsets, "offsets")
+            if offsets.dim() != 1:
+                raise ValueError(f"{who}: offsets must be 1-D, not of shape "
+                                 f"{tuple(offsets.shape)}")
+            if offsets.numel() == 0:
+                raise ValueError(f"{who}: offsets is empty (one offset per bag)")
+            o = offsets.cpu()
+            if int(o[0]) != 0:
+                raise ValueError(f"{who}: offsets[0] must be 0, not {int(o[0])}")
+            if o.numel() > 1 and bool((o[1:] < o[:-1]).any()):
+                raise ValueError(f"{who}: offsets must not decrease")
+            if int(o[-1]) > x.numel():
+                raise ValueError(f"{who}: offset {int(o[-1])} is past the input's "
+                                 f"{x.numel()} ids")
+            if self.include_last_offset and int(o[-1]) != x.numel():
+                raise ValueError(f"{who}: with include_last_offset the last offset must be "
+                                 f"the input's length {x.numel()}, not {int(o[-1])}")
+        else:
+            raise ValueError(f"{who}: input must be 1-D (with offsets) or 2-D (bags of equal "
+                             f"size), not of shape {tuple(x.shape)}")
+        if per_sample_weights is not None:
+            if self.mode != "sum":
+                raise ValueError(f"{who}: per_sample_weights need mode 'sum', not "
+                                 f"{self.mode!r}")
+            if not isinstance(per_sample_weights, torch.Tensor) or \
+                    per_sample_weights.dtype != torch.float32:
+                raise TypeError(f"{who}: per_sample_weights must be a torch.float32 tensor")
+            if per_sample_weights.shape != x.shape:
+                raise ValueError(f"{who}: per_sample_weights has shape "
+                                 f"{tuple(per_sample_weights.shape)}, input "
+                                 f"{tuple(x.shape)}")
+        rows, inverse = self._pull_unique(x.reshape(-1))
+        return torch.nn.functional.embedding_bag(
+            inverse.reshape(x.shape), rows, offsets, mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset)
+
+
+__all__ = ["attach", "AttachedModule", "is_chief", "READY_MARKER", "Embedding",
+           "EmbeddingBag"]
