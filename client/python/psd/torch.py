@@ -27,7 +27,8 @@ the push is a push-pull, so the parameter's next values come back with the push'
 bounded staleness (BSP 0, SSP s > 0) step() waits for the pushes, then one request per server
 advances the clock and pulls every variable at the new clock (waiting for the bound). One backward
 per step: a second accumulation into a gradient already pushed raises (pass overlap=False to
-accumulate gradients over several backward passes; step() then pushes them all).
+accumulate gradients over several backward passes; step() then sends them all, CPU ones in the
+same one request per server that advances the clock and pulls).
 
 Tensors: CPU parameters and gradients are read and written in place (no copy). CUDA ones go
 through pinned host buffers: the gradient is copied on a side stream ordered after the compute
@@ -329,9 +330,14 @@ class AttachedModule:
         waits for every push, advances the clock and brings the fresh parameters into the
         module (in place: the Parameter objects stay the same). Returns the new clock.
         Raises the first failed push's PsError (the other pushes are still waited for)."""
+        fused: Dict[int, Any] = {}  # entry index -> gradient sent in the one client.step
         if not self.overlap:
-            for e in self._entries:
-                self._start_push(e)
+            for i, e in enumerate(self._entries):
+                g = e.param.grad
+                if e.stage is None and g is not None and not g.is_sparse:
+                    fused[i] = g if g.is_contiguous() else g.contiguous()
+                else:
+                    self._start_push(e)
         first: Optional[BaseException] = None
         for e in self._entries:
             if e.future is None:
@@ -351,7 +357,7 @@ class AttachedModule:
             raise first
         items = []
         landed: List[_Entry] = []
-        for e in self._entries:
+        for i, e in enumerate(self._entries):
             if e.pulled is not None:
                 if e.stage is None:
                     e.param.data.copy_(e.pulled)
@@ -359,7 +365,8 @@ class AttachedModule:
                     landed.append(e)
                 e.pulled = None
                 continue
-            items.append((e.var, None, e.stage.host_param if e.stage else e.param.data))
+            items.append((e.var, fused.get(i),
+                          e.stage.host_param if e.stage else e.param.data))
             if e.stage is not None:
                 landed.append(e)
         for e in landed:

@@ -122,6 +122,30 @@ def test_pushes_start_during_backward(cluster2, uname, overlap):
         dist.detach()
 
 
+def test_step_without_overlap_sends_gradients_with_the_pulls(cluster2, uname):
+    """overlap=False, CPU parameters: step() makes one Client.step carrying every gradient
+    and every pull (one request per server) instead of pushes before a pull-only step; the
+    values are the hand loop's."""
+    data = batches(2)
+    expected = hand_sgd(mlp(1), data, 0.1)
+    model = mlp(1)
+    with worker(cluster2, 0) as c:
+        dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, staleness=psd.STALENESS_BSP,
+                                prefix=uname + "/", chief=True, overlap=False)
+        calls = []
+        real_step = c.step
+        c.step = lambda items, **kw: (calls.append(list(items)), real_step(items, **kw))[1]
+        train(dist, model, data)
+        assert len(calls) == 2
+        for items in calls:
+            assert len(items) == 4
+            assert all(grad is not None and out is not None for _, grad, out in items)
+        got = values(model)
+        for n in expected:
+            np.testing.assert_array_equal(got[n], expected[n], err_msg=n)
+        dist.detach()
+
+
 def test_initial_values_come_from_the_module(cluster2, uname):
     chief_model = mlp(3)
     want = values(chief_model)
