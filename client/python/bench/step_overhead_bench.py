@@ -20,7 +20,8 @@ present) through the same psd.Client (same connections, worker id 0, clock), BSP
 
 The modes take turns (--steps each per round, --rounds rounds) so that they share the
 machine's load; each step is timed; medians over every step of a mode. Prints a Markdown table
-with the ratios to the C mode; with --results FILE appends it as a subsection.
+with the ratios to the C mode; with --results FILE appends it as a subsection at the end
+of FILE (bench/RESULTS.md keeps them under "PyTorch: psd.torch").
 
     PSD_LIBRARY=build/client/libpsclient.so /usr/bin/python3 \\
         client/python/bench/step_overhead_bench.py --build build [--model wide]
