@@ -8,6 +8,7 @@
  * c_torch_pattern_loop: the requests psd.torch's step makes for a non-asynchronous variable:
  *     ps_push_async of every gradient, wait for all, then one ps_step that pulls every
  *     variable with PS_STEP_CLOCK. */
+#define _POSIX_C_SOURCE 200809L
 #include <psclient.h>
 #include <stdint.h>
 #include <stdlib.h>
