@@ -17,8 +17,8 @@
 typedef struct http_endpoint http_endpoint;
 
 /* Starts serving on addr, "host:port" (port 0: any free port; host may be empty or "*" for
- * every interface, and a bare "port" means ":port"). Not ready until http_endpoint_set_ready(e, true, ...). Returns 0, or -1
- * with a message in err (bad address, port in use). */
+ * every interface, and a bare "port" means ":port"). Not ready until http_endpoint_set_ready(e,
+ * true, ...). Returns 0, or -1 with a message in err (bad address, port in use). */
 int http_endpoint_start(http_endpoint **out, const char *addr, char *err, size_t errlen);
 
 /* The TCP port it listens on (the one chosen when addr's port was 0). */
