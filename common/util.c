@@ -226,3 +226,17 @@ const char *enum_list(enum_names e, const char *sep, char *buf, size_t cap)
     }
     return buf;
 }
+
+bool name_valid(const char *name, size_t max_len)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > max_len)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '.' || ch == '/' || ch == ':' || ch == '-'))
+            return false;
+    }
+    return true;
+}

@@ -65,6 +65,10 @@ bool utf8_text_ok(const void *p, size_t n, size_t *bad_at);
  * Returns buf. */
 const char *utf8_sanitize(char *buf, size_t cap, const char *s);
 
+/* Whether name is a valid variable or table name: 1 to max_len bytes of ASCII letters, digits
+ * and _ . / : - (a name both the server and its logs can carry as it is). */
+bool name_valid(const char *name, size_t max_len);
+
 /* ASCII case-insensitive equality of two NUL-terminated strings (locale-independent). */
 bool ascii_ieq(const char *a, const char *b);
 

@@ -24,20 +24,6 @@
 /* name, quoted for a message: escaped, cut after 64 bytes (never raw client bytes). */
 #define QUOTED(buf, name) quote_text((buf), sizeof(buf), (name), 64)
 
-static bool name_ok(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n > 255)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '_' || ch == '.' || ch == '/' || ch == ':' || ch == '-'))
-            return false;
-    }
-    return true;
-}
-
 int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,
                       char *err, size_t errlen)
 {
@@ -45,7 +31,7 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
         snprintf(err, errlen, "missing variable spec");
         return STATUS_INVALID_ARGUMENT;
     }
-    if (!name_ok(spec->name)) {
+    if (!name_valid(spec->name, 255)) {
         char q[96];
         snprintf(err, errlen, "invalid variable name %s: 1 to 255 characters of [A-Za-z0-9_./:-]",
                  QUOTED(q, spec->name));

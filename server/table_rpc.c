@@ -65,20 +65,6 @@ void server_tables_free(server_state *st)
     st->tables = NULL;
 }
 
-static bool table_name_ok(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n > TABLE_MAX_NAME)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '_' || ch == '.' || ch == '/' || ch == ':' || ch == '-'))
-            return false;
-    }
-    return true;
-}
-
 static Psd__V1__TableSpec *spec_copy(const Psd__V1__TableSpec *s)
 {
     size_t len = psd__v1__table_spec__get_packed_size(s);
@@ -188,7 +174,7 @@ void handle_table_create(rpc_call *call, void *arg)
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "missing table spec");
         return;
     }
-    if (!table_name_ok(s->name)) {
+    if (!name_valid(s->name, TABLE_MAX_NAME)) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                         "invalid table name %s: 1 to 255 characters of [A-Za-z0-9_./:-]",
                         QUOTED(q, s->name));
