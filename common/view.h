@@ -1,0 +1,42 @@
+/* The view of a replicated cluster (replicas > 1): which servers hold a live lease and which
+ * server serves each replica group as its primary, numbered by an epoch that every change bumps.
+ *
+ * A replica group is one placement task's whole state (store, tables, dedup window, clocks):
+ * group g's members are servers g, g+1, ..., g+replicas-1 (mod num_servers) in ring order, its
+ * primary is the first of them while it lives. The view is kept in a coordinator (etcd, through
+ * its v3 HTTP/JSON gateway), never decided by a protocol of our own: a change is a compare-and-swap
+ * of the view key on its mod revision, so two servers that both see a primary's lease expire cannot
+ * both install a view. Every request and replication message carries the epoch it was sent under;
+ * a server refuses older epochs. With replicas = 1 there is no view and no coordinator. */
+#ifndef PSD_COMMON_VIEW_H
+#define PSD_COMMON_VIEW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VIEW_MAX_SERVERS 256
+
+typedef struct view {
+    uint64_t epoch;       /* 0: no view installed yet */
+    uint32_t num_servers; /* of the cluster spec */
+    uint32_t replicas;    /* members per group, 1..num_servers */
+    /* primary[g]: the server index that serves group g as primary, -1 when no member lives. */
+    int32_t primary[VIEW_MAX_SERVERS];
+    /* live[i]: server i is a member of this view (held a lease when it was installed). */
+    uint8_t live[VIEW_MAX_SERVERS];
+} view;
+
+/* The k-th member of group g in ring order (k = 0 is the placement server). */
+static inline uint32_t view_member(const view *v, uint32_t g, uint32_t k)
+{
+    return (g + k) % v->num_servers;
+}
+
+/* Whether server s is a member (primary or backup) of group g. */
+static inline bool view_is_member(const view *v, uint32_t g, uint32_t s)
+{
+    return (s + v->num_servers - g) % v->num_servers < v->replicas;
+}
+
+#endif
