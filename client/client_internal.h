@@ -82,6 +82,13 @@ struct ps_client {
     atomic_uint_fast64_t lost_pushes; /* this client's own acknowledged pushes among them */
 };
 
+/* A sparse table's handle (tables.c); step.c reads it too. */
+struct ps_table {
+    ps_client *c;
+    char *name;
+    uint32_t dim;
+};
+
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

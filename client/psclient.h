@@ -508,6 +508,41 @@ int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
 
+/* One sparse table's part of a step (ps_step_ex): n ids of table, with grads (n x dim floats,
+ * row i the gradient of ids[i]; NULL: no push) and/or room for their rows (n x dim floats;
+ * NULL: no pull). At least one of grads and rows is set; n may be 0 (nothing to move).
+ * struct_size is sizeof(ps_table_item) as the caller was compiled (PS_TABLE_ITEM_INIT sets
+ * it): later versions add fields only at the end and read only what the caller's size holds.
+ * It is also the array's stride, so every item of one array has the same struct_size. */
+typedef struct ps_table_item {
+    size_t struct_size;
+    ps_table *table;
+    const int64_t *ids;
+    size_t n;
+    const float *grads;
+    float *rows;
+} ps_table_item;
+#define PS_TABLE_ITEM_INIT                                                                         \
+    {                                                                                              \
+        sizeof(ps_table_item), NULL, NULL, 0, NULL, NULL                                           \
+    }
+
+/* ps_step with table items: a training step's dense items and table rows in one request per
+ * server (more only when a server's share exceeds chunk-bytes, as for ps_step). Each server
+ * gets, in this order: the dense pushes, the table pushes (each exactly once, like
+ * ps_table_push; duplicate ids of an item summed), with PS_STEP_CLOCK the clock, then the
+ * dense pulls and the table rows at that clock, each waiting for its variable's or table's
+ * staleness bound. Rows come back in each item's order, duplicates repeated, and include this
+ * step's pushes. Pushes and pulls travel in the client's wire-dtype (bfloat16 rounds them).
+ * ids, grads and rows are read and written until the call returns. Blocks. */
+int ps_step_ex(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
+               size_t ntables, unsigned flags);
+/* The same, asynchronous: items and table items are copied, but the buffers they point at
+ * must stay valid and untouched until the operation completes; cb, out_op as for
+ * ps_push_async. */
+int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
+                     size_t ntables, unsigned flags, ps_done_fn cb, void *arg, ps_op **out_op);
+
 #ifdef __cplusplus
 }
 #endif

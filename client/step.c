@@ -8,7 +8,12 @@
  * messages of up to chunk-bytes sent at once; once every one is acknowledged, its pulls
  * follow, packed the same way, each carrying the clock (recording a clock twice is harmless:
  * it never goes back). So a clock never reaches a server before the pushes it closes, and a
- * pull always reads after them, as with ps_push + ps_clock + ps_pull. */
+ * pull always reads after them, as with ps_push + ps_clock + ps_pull.
+ *
+ * Table items (ps_step_ex) go the same way: each item's ids are grouped by owning server
+ * (placement_table_owner) and cut into pieces that fit the same chunk (an id counts as two
+ * elements, a row as dim), riding in the same messages as the dense pieces. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +22,27 @@
 #include "placement.h"
 #include "status.h"
 
+/* Ids of one table item in one Step message at most (the server's SERVER_TABLE_MAX_IDS). */
+#define STEP_TABLE_MAX_IDS ((uint64_t)1 << 22)
+
 typedef struct step_piece {
-    size_t item;
-    uint64_t offset, count; /* in the variable's index space */
+    size_t item;            /* index into items, or into titems for a table piece */
+    uint64_t offset, count; /* in the variable's index space; a table piece's ids are
+                               order[offset .. offset + count) of its item */
     uint64_t seq;           /* push pieces */
-    bool push, pull;
+    bool push, pull, table;
 } step_piece;
+
+/* A table item, as the caller gave it, with its ids grouped by owning server. */
+typedef struct step_titem {
+    ps_table *t;
+    const int64_t *ids;
+    size_t n;
+    const float *grads;
+    float *rows;
+    size_t *order; /* indexes into ids: server s's are order[start[s] .. start[s + 1]) */
+    size_t *start; /* [nservers + 1] */
+} step_titem;
 
 typedef struct step_state step_state;
 
@@ -31,8 +51,11 @@ typedef struct step_msg {
     int server;
     bool phase1; /* pushes of a server that needs more than one message */
     bool advance_clock;
-    size_t first, npieces; /* s->pieces[first .. first + npieces) */
-    uint64_t push_elems, pull_elems;
+    size_t first, npieces;           /* s->pieces[first .. first + npieces) */
+    uint64_t push_elems, pull_elems; /* dense elements pushed and pulled */
+    uint64_t req_words, rep_words;   /* for the chunk: dense elements, ids x 2, rows x dim */
+    size_t ntable;                   /* table pieces among npieces */
+    uint64_t table_pull_elems;       /* row elements of the table pieces that pull */
 } step_msg;
 
 typedef struct step_server {
@@ -46,6 +69,8 @@ struct step_state {
     ps_op *op;
     ps_step_item *items;
     size_t nitems;
+    step_titem *titems;
+    size_t ntitems;
     int64_t push_clock;
     bool clock;
     int dtype;
@@ -64,6 +89,11 @@ static void step_state_free(void *arg)
     if (s == NULL)
         return;
     free(s->items);
+    for (size_t j = 0; s->titems && j < s->ntitems; j++) {
+        free(s->titems[j].order);
+        free(s->titems[j].start);
+    }
+    free(s->titems);
     free(s->pieces);
     free(s->msgs);
     free(s->srv);
@@ -72,7 +102,7 @@ static void step_state_free(void *arg)
 }
 
 static int add_piece(step_state *s, size_t item, uint64_t offset, uint64_t count, bool push,
-                     bool pull)
+                     bool pull, bool table)
 {
     if (s->npieces == s->cappieces) {
         size_t cap = s->cappieces ? 2 * s->cappieces : 16;
@@ -88,6 +118,7 @@ static int add_piece(step_state *s, size_t item, uint64_t offset, uint64_t count
     p->count = count;
     p->push = push;
     p->pull = pull;
+    p->table = table;
     p->seq = push ? atomic_fetch_add(&s->c->next_seq, 1) + 1 : 0;
     return 0;
 }
@@ -147,11 +178,46 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
                     return -1;
             }
-            if (add_piece(s, i, x, n, ps, pl) != 0)
+            if (add_piece(s, i, x, n, ps, pl, false) != 0)
                 return -1;
             m->npieces++;
             m->push_elems += ps ? n : 0;
             m->pull_elems += pl ? n : 0;
+            m->req_words += ps ? n : 0;
+            m->rep_words += pl ? n : 0;
+        }
+    }
+    for (size_t j = 0; j < s->ntitems; j++) {
+        const step_titem *ti = &s->titems[j];
+        bool ps = push && ti->grads != NULL, pl = pull && ti->rows != NULL;
+        if (!ps && !pl)
+            continue;
+        uint64_t dim = ti->t->dim, per_req = 2 + (ps ? dim : 0), per_rep = pl ? dim : 0;
+        uint64_t lo = ti->start[server], hi = ti->start[server + 1], n;
+        for (uint64_t x = lo; x < hi; x += n) {
+            /* As many ids as fit in one message's chunk (at least one), and the server's limit. */
+            n = hi - x;
+            if (chunk != UINT64_MAX) {
+                uint64_t room = chunk / per_req;
+                if (per_rep > 0 && chunk / per_rep < room)
+                    room = chunk / per_rep;
+                if (n > room)
+                    n = room > 0 ? room : 1;
+            }
+            if (n > STEP_TABLE_MAX_IDS)
+                n = STEP_TABLE_MAX_IDS;
+            if (m == NULL || (chunk != UINT64_MAX && (m->req_words + n * per_req > chunk ||
+                                                      m->rep_words + n * per_rep > chunk))) {
+                if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
+                    return -1;
+            }
+            if (add_piece(s, j, x, n, ps, pl, true) != 0)
+                return -1;
+            m->npieces++;
+            m->ntable++;
+            m->req_words += n * per_req;
+            m->rep_words += n * per_rep;
+            m->table_pull_elems += pl ? n * dim : 0;
         }
     }
     if (m == NULL && advance_clock && !phase1) /* nothing to move: the clock alone */
@@ -176,6 +242,14 @@ static int plan(step_state *s)
             push += s->items[i].grad ? hi - lo : 0;
             pull += s->items[i].dst ? hi - lo : 0;
         }
+        for (size_t j = 0; j < s->ntitems; j++) {
+            const step_titem *ti = &s->titems[j];
+            uint64_t ids = ti->start[sv + 1] - ti->start[sv];
+            if (ids > STEP_TABLE_MAX_IDS)
+                push = UINT64_MAX; /* more than one message can carry */
+            push = push == UINT64_MAX ? push : push + ids * (2 + (ti->grads ? ti->t->dim : 0));
+            pull += ti->rows ? ids * ti->t->dim : 0;
+        }
         if (push == 0 && pull == 0 && !s->clock)
             continue;
         if (push <= chunk && pull <= chunk) {
@@ -199,6 +273,19 @@ static int plan(step_state *s)
     return 0;
 }
 
+/* Bytes of the table pieces' part of a message's request segment (ids, then gradients). */
+static uint64_t msg_table_bytes(const step_msg *m, size_t esize)
+{
+    const step_state *s = m->s;
+    uint64_t b = 0;
+    for (size_t k = 0; k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        if (p->table)
+            b += 8 * p->count + (p->push ? esize * p->count * s->titems[p->item].t->dim : 0);
+    }
+    return b;
+}
+
 static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
     step_msg *m = arg;
@@ -206,53 +293,94 @@ static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     envelope env;
     client_envelope(s->c, &env, PSD__V1__METHOD__STEP, deadline_ms);
     env.clock = s->push_clock; /* fixed for resends: the clock these pushes belong to */
+    size_t nd = m->npieces - m->ntable, nt = m->ntable;
     Psd__V1__StepItem stack_items[16], *items = stack_items;
     Psd__V1__StepItem *stack_ptrs[16], **ptrs = stack_ptrs;
-    if (m->npieces > 16) {
-        items = malloc(m->npieces * sizeof(*items));
-        ptrs = malloc(m->npieces * sizeof(*ptrs));
-        if (items == NULL || ptrs == NULL) {
+    Psd__V1__StepTableItem *titems = NULL, **tptrs = NULL;
+    if (nd > 16) {
+        items = malloc(nd * sizeof(*items));
+        ptrs = malloc(nd * sizeof(*ptrs));
+    }
+    if (nt > 0) {
+        titems = malloc(nt * sizeof(*titems));
+        tptrs = malloc(nt * sizeof(*tptrs));
+    }
+    if (items == NULL || ptrs == NULL || (nt > 0 && (titems == NULL || tptrs == NULL))) {
+        if (items != stack_items) {
             free(items);
             free(ptrs);
-            return NNG_ENOMEM;
         }
+        free(titems);
+        free(tptrs);
+        return NNG_ENOMEM;
     }
+    size_t kd = 0, kt = 0;
     for (size_t k = 0; k < m->npieces; k++) {
         const step_piece *p = &s->pieces[m->first + k];
-        psd__v1__step_item__init(&items[k]);
-        items[k].name = s->items[p->item].var->name;
-        items[k].offset = p->offset;
-        items[k].count = p->count;
-        items[k].push = p->push;
-        items[k].seq = p->seq;
-        items[k].pull = p->pull;
-        ptrs[k] = &items[k];
+        if (p->table) {
+            psd__v1__step_table_item__init(&titems[kt]);
+            titems[kt].name = s->titems[p->item].t->name;
+            titems[kt].n = p->count;
+            titems[kt].push = p->push;
+            titems[kt].seq = p->seq;
+            titems[kt].pull = p->pull;
+            tptrs[kt] = &titems[kt];
+            kt++;
+            continue;
+        }
+        psd__v1__step_item__init(&items[kd]);
+        items[kd].name = s->items[p->item].var->name;
+        items[kd].offset = p->offset;
+        items[kd].count = p->count;
+        items[kd].push = p->push;
+        items[kd].seq = p->seq;
+        items[kd].pull = p->pull;
+        ptrs[kd] = &items[kd];
+        kd++;
     }
     Psd__V1__StepRequest req = PSD__V1__STEP_REQUEST__INIT;
-    req.n_items = m->npieces;
+    req.n_items = nd;
     req.items = ptrs;
+    req.n_table_items = nt;
+    req.table_items = tptrs;
     req.advance_clock = m->advance_clock;
-    /* The tensor describes the pushed gradients, and names the dtype the pulls come back in. */
+    /* The tensor describes the segment (dense gradients, then the table items' ids and
+     * gradients) and names the dtype the pulls come back in. */
+    size_t esize = frame_dtype_size(s->dtype);
+    uint64_t seg_bytes = m->push_elems * esize + msg_table_bytes(m, esize);
     Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
     t.dtype = (Psd__V1__DType)s->dtype;
-    t.count = m->push_elems;
-    if (m->push_elems > 0 || s->dtype != PSD__V1__DTYPE__FLOAT32)
+    t.count = seg_bytes / esize;
+    if (seg_bytes > 0 || s->dtype != PSD__V1__DTYPE__FLOAT32)
         env.tensor = &t;
-    size_t esize = frame_dtype_size(s->dtype);
     uint8_t *seg;
-    int rv = client_build_segment(&env, &req.base, (size_t)m->push_elems * esize, &seg, out);
+    int rv = client_build_segment(&env, &req.base, (size_t)seg_bytes, &seg, out);
     for (size_t k = 0; rv == 0 && k < m->npieces; k++) {
         const step_piece *p = &s->pieces[m->first + k];
-        if (!p->push)
+        if (!p->push || p->table)
             continue;
         const ps_step_item *it = &s->items[p->item];
         frame_put_floats(seg, it->grad + (p->offset - it->offset), (size_t)p->count, s->dtype);
         seg += esize * p->count;
     }
+    for (size_t k = 0; rv == 0 && k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        if (!p->table)
+            continue;
+        const step_titem *ti = &s->titems[p->item];
+        const size_t *ord = ti->order + p->offset;
+        size_t dim = ti->t->dim;
+        for (uint64_t x = 0; x < p->count; x++, seg += 8)
+            memcpy(seg, &ti->ids[ord[x]], 8);
+        for (uint64_t x = 0; p->push && x < p->count; x++, seg += esize * dim)
+            frame_put_floats(seg, ti->grads + ord[x] * dim, dim, s->dtype);
+    }
     if (items != stack_items) {
         free(items);
         free(ptrs);
     }
+    free(titems);
+    free(tptrs);
     return rv;
 }
 
@@ -280,16 +408,23 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
     size_t esize = frame_dtype_size(s->dtype);
     const Psd__V1__TensorMeta *t = reply->env->tensor;
     uint64_t got = t && reply->has_segment ? t->count : 0;
-    if (r->n_results != m->npieces || got != m->pull_elems ||
-        (m->pull_elems > 0 && (int)t->dtype != s->dtype)) {
+    uint64_t want = m->pull_elems + m->table_pull_elems;
+    if (m->ntable > 0 && r->n_table_results == 0) {
+        *message = "the server answered a step with table items without their results (a server "
+                   "that predates table items in Step)";
+        status = STATUS_FAILED_PRECONDITION;
+    } else if (r->n_results != m->npieces - m->ntable || r->n_table_results != m->ntable ||
+               got != want || (want > 0 && (int)t->dtype != s->dtype)) {
         *message = "step reply does not match the request (results or pulled elements)";
         status = STATUS_INTERNAL;
     }
     const uint8_t *seg = reply->segment;
-    for (size_t k = 0; status == STATUS_OK && k < m->npieces; k++) {
+    for (size_t k = 0, kd = 0; status == STATUS_OK && k < m->npieces; k++) {
         const step_piece *p = &s->pieces[m->first + k];
+        if (p->table)
+            continue;
         const ps_step_item *it = &s->items[p->item];
-        const Psd__V1__StepResult *res = r->results[k];
+        const Psd__V1__StepResult *res = r->results[kd++];
         if (p->push)
             client_note_push(s->c, it->var, m->server, reply->env->server_instance, res->version,
                              res->restored_version);
@@ -297,6 +432,16 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
             frame_get_floats(it->dst + (p->offset - it->offset), seg, (size_t)p->count, s->dtype);
             seg += esize * p->count;
         }
+    }
+    for (size_t k = 0; status == STATUS_OK && k < m->npieces; k++) {
+        const step_piece *p = &s->pieces[m->first + k];
+        if (!p->table || !p->pull)
+            continue;
+        const step_titem *ti = &s->titems[p->item];
+        const size_t *ord = ti->order + p->offset;
+        size_t dim = ti->t->dim;
+        for (uint64_t x = 0; x < p->count; x++, seg += esize * dim)
+            frame_get_floats(ti->rows + ord[x] * dim, seg, dim, s->dtype);
     }
     if (status == STATUS_OK && m->advance_clock) {
         pthread_mutex_lock(&s->lock);
@@ -353,11 +498,83 @@ static void step_complete(void *arg, int status)
     }
 }
 
-int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
-                  void *arg, ps_op **out_op)
+/* Copies the caller's table items (stride struct_size) into s->titems and groups each item's
+ * ids by owning server. Returns PS_OK or an error (ps_last_error set). */
+static int copy_table_items(step_state *s, const ps_table_item *tables, size_t nt)
 {
-    if (c == NULL || out_op == NULL || (items == NULL && n > 0))
-        return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items or op");
+    ps_client *c = s->c;
+    if (nt == 0)
+        return PS_OK;
+    size_t stride = tables[0].struct_size;
+    size_t v1 = offsetof(ps_table_item, rows) + sizeof(float *);
+    if (stride < v1)
+        return client_fail(PS_INVALID_ARGUMENT,
+                           "ps_step_ex: table item 0 has struct_size %zu: set it to "
+                           "sizeof(ps_table_item) (PS_TABLE_ITEM_INIT)",
+                           stride);
+    s->titems = calloc(nt, sizeof(*s->titems));
+    if (s->titems == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    s->ntitems = nt;
+    uint32_t ns = (uint32_t)c->nservers;
+    for (size_t j = 0; j < nt; j++) {
+        ps_table_item it = {0};
+        const ps_table_item *src = (const void *)((const char *)tables + j * stride);
+        if (src->struct_size != stride)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_step_ex: table item %zu has struct_size %zu, item 0 %zu (every "
+                               "item of the array must have the same)",
+                               j, src->struct_size, stride);
+        memcpy(&it, src, stride < sizeof(it) ? stride : sizeof(it));
+        if (it.table == NULL)
+            return client_fail(PS_INVALID_ARGUMENT, "ps_step_ex: table item %zu has no table", j);
+        if (it.table->c != c)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_step_ex: table item %zu (\"%s\") belongs to another client", j,
+                               it.table->name);
+        if (it.grads == NULL && it.rows == NULL)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_step_ex: table item %zu (\"%s\") has neither grads nor rows", j,
+                               it.table->name);
+        if (it.n > 0 && it.ids == NULL)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_step_ex: table item %zu (\"%s\") has %zu ids but ids = NULL", j,
+                               it.table->name, it.n);
+        step_titem *ti = &s->titems[j];
+        ti->t = it.table;
+        ti->ids = it.ids;
+        ti->n = it.n;
+        ti->grads = it.grads;
+        ti->rows = it.rows;
+        ti->order = malloc((it.n ? it.n : 1) * sizeof(*ti->order));
+        ti->start = calloc((size_t)ns + 1, sizeof(*ti->start));
+        uint32_t *owner = malloc((it.n ? it.n : 1) * sizeof(*owner));
+        size_t *fill = malloc((size_t)ns * sizeof(*fill));
+        if (ti->order == NULL || ti->start == NULL || owner == NULL || fill == NULL) {
+            free(owner);
+            free(fill);
+            return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+        }
+        for (size_t i = 0; i < it.n; i++) {
+            owner[i] = placement_table_owner(ti->t->name, it.ids[i], ns);
+            ti->start[owner[i] + 1]++;
+        }
+        for (uint32_t sv = 0; sv < ns; sv++)
+            ti->start[sv + 1] += ti->start[sv];
+        memcpy(fill, ti->start, (size_t)ns * sizeof(*fill));
+        for (size_t i = 0; i < it.n; i++)
+            ti->order[fill[owner[i]]++] = i;
+        free(owner);
+        free(fill);
+    }
+    return PS_OK;
+}
+
+int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
+                     size_t ntables, unsigned flags, ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    if (c == NULL || out_op == NULL || (items == NULL && n > 0) || (tables == NULL && ntables > 0))
+        return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items, table items or op");
     if (flags & ~(unsigned)PS_STEP_CLOCK)
         return client_fail(PS_INVALID_ARGUMENT, "ps_step: unknown flags 0x%x", flags);
     if ((flags & PS_STEP_CLOCK) && c->worker_id < 0)
@@ -390,6 +607,11 @@ int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned fl
     s->dtype = c->wire_dtype;
     s->push_clock = atomic_load(&c->clock);
     s->given_clock = INT64_MIN;
+    int rc = copy_table_items(s, tables, ntables);
+    if (rc != PS_OK) {
+        step_state_free(s);
+        return rc;
+    }
     s->items = malloc((n ? n : 1) * sizeof(*s->items));
     s->srv = calloc((size_t)c->nservers, sizeof(*s->srv));
     if (s->items != NULL && n > 0)
@@ -421,13 +643,25 @@ int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned fl
     return PS_OK;
 }
 
-int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags)
+int ps_step_ex(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
+               size_t ntables, unsigned flags)
 {
     ps_op *op;
-    int rc = ps_step_async(c, items, n, flags, NULL, NULL, &op);
+    int rc = ps_step_ex_async(c, items, n, tables, ntables, flags, NULL, NULL, &op);
     if (rc != PS_OK)
         return rc;
     rc = ps_op_wait(op);
     ps_op_destroy(op);
     return rc;
+}
+
+int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
+                  void *arg, ps_op **out_op)
+{
+    return ps_step_ex_async(c, items, n, NULL, 0, flags, cb, arg, out_op);
+}
+
+int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags)
+{
+    return ps_step_ex(c, items, n, NULL, 0, flags);
 }

@@ -14,12 +14,6 @@
 /* Room left in a request or reply for the frame header and envelope. */
 #define TABLE_ENVELOPE_ROOM 4096
 
-struct ps_table {
-    ps_client *c;
-    char *name;
-    uint32_t dim;
-};
-
 void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_optimizer opt)
 {
     if (spec == NULL)

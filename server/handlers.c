@@ -600,12 +600,29 @@ typedef struct step_ctx {
     int dtype; /* of both segments */
     uint64_t pull_total;
     int64_t clock, min_clock;
+    /* Table items (StepRequest.table_items), per item: */
+    size_t nt;
+    server_table **tabs;    /* referenced */
+    int64_t **ids;          /* the item's ids, checked as this server's */
+    const uint8_t **tgrads; /* push: its gradients in the request's segment */
+    Psd__V1__StepResult *tres;
+    Psd__V1__StepResult **tresp;
+    uint64_t table_pull_total; /* elements of the table rows pulled */
 } step_ctx;
 
 static void step_free(step_ctx *k)
 {
     for (size_t i = 0; k->vars && i < k->n; i++)
         variable_release(k->vars[i]);
+    for (size_t j = 0; k->tabs && j < k->nt; j++)
+        server_table_put(k->tabs[j]);
+    for (size_t j = 0; k->ids && j < k->nt; j++)
+        free(k->ids[j]);
+    free(k->tabs);
+    free(k->ids);
+    free(k->tgrads);
+    free(k->tres);
+    free(k->tresp);
     free(k->vars);
     free(k->res);
     free(k->resp);
@@ -642,9 +659,12 @@ static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min
     Psd__V1__StepReply rep = PSD__V1__STEP_REPLY__INIT;
     rep.n_results = k->n;
     rep.results = k->resp;
+    rep.n_table_results = k->nt;
+    rep.table_results = k->tresp;
     rep.clock = k->clock;
     rep.min_clock = k->min_clock;
-    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, k->dtype, 0, k->pull_total);
+    uint8_t *dst =
+        rpc_reply_ok_tensor(call, &rep.base, k->dtype, 0, k->pull_total + k->table_pull_total);
     if (dst != NULL) {
         size_t esize = frame_dtype_size(k->dtype);
         for (size_t i = 0; i < k->n; i++) {
@@ -657,6 +677,18 @@ static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min
             frame_put_floats(dst, v->params + first, (size_t)it->count, k->dtype);
             variable_unlock_range(v, first, it->count);
             dst += esize * it->count;
+        }
+        for (size_t j = 0; j < k->nt; j++) {
+            const Psd__V1__StepTableItem *ti = k->req->table_items[j];
+            if (!ti->pull)
+                continue;
+            if (server_table_read(k->tabs[j], k->ids[j], ti->n, dst, k->dtype) != 0) {
+                rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                                "out of memory reading the rows of table \"%s\"",
+                                server_table_name(k->tabs[j]));
+                break;
+            }
+            dst += esize * ti->n * server_table_dim(k->tabs[j]);
         }
     }
     step_free(k);
@@ -671,9 +703,10 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
     size_t seglen;
     (void)rpc_call_segment(call, &seglen);
     const Psd__V1__StepRequest *req = k->req;
-    if (req->n_items > STEP_MAX_ITEMS) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "step of %zu items: at most %d",
-                        req->n_items, STEP_MAX_ITEMS);
+    if (req->n_items > STEP_MAX_ITEMS || req->n_table_items > STEP_MAX_ITEMS) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "step of %zu items and %zu table items: at most %d of each", req->n_items,
+                        req->n_table_items, STEP_MAX_ITEMS);
         return false;
     }
     if (req->advance_clock && (env->worker_id < 0 || env->worker_id >= SERVER_MAX_WORKERS)) {
@@ -709,9 +742,10 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
         if (it->pull)
             k->pull_total += it->count;
     }
+    size_t esize = frame_dtype_size(k->dtype);
     uint64_t described = env->tensor ? env->tensor->count : 0;
-    if (push_total != described || (env->tensor && env->tensor->offset != 0) ||
-        (push_total > 0) != (seglen > 0)) {
+    if ((env->tensor && env->tensor->offset != 0) || (push_total > 0 && seglen == 0) ||
+        (k->nt == 0 && (push_total != described || (push_total > 0) != (seglen > 0)))) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                         "step pushes %llu elements but Envelope.tensor describes %llu at offset "
                         "%llu with %zu segment bytes (it must describe exactly the pushed items' "
@@ -720,14 +754,65 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
                         (unsigned long long)(env->tensor ? env->tensor->offset : 0), seglen);
         return false;
     }
-    size_t esize = frame_dtype_size(k->dtype);
+    /* Table items: their ids (and gradients) follow the dense gradients in the segment. */
+    const uint8_t *seg = rpc_call_segment(call, &seglen);
+    uint64_t at = push_total * esize;
+    for (size_t j = 0; j < k->nt; j++) {
+        const Psd__V1__StepTableItem *ti = req->table_items[j];
+        char err[512];
+        if (!ti->push && !ti->pull) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "step table item %zu (%s) neither pushes nor pulls", j,
+                            QUOTED(err, ti->name));
+            return false;
+        }
+        int status;
+        k->tabs[j] = server_table_get(st, ti->name, &status, err, sizeof(err));
+        if (k->tabs[j] == NULL) {
+            rpc_reply_error(call, status, "step table item %zu: %s", j, err);
+            return false;
+        }
+        uint64_t dim = server_table_dim(k->tabs[j]);
+        if (ti->n == 0 || ti->n > SERVER_TABLE_MAX_IDS) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "step table item %zu (table \"%s\"): n = %llu ids (must be 1..%llu)", j,
+                            server_table_name(k->tabs[j]), (unsigned long long)ti->n,
+                            (unsigned long long)SERVER_TABLE_MAX_IDS);
+            return false;
+        }
+        uint64_t need = 8 * ti->n + (ti->push ? esize * ti->n * dim : 0);
+        if (at > seglen || need > seglen - at) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "step table item %zu (table \"%s\"): the segment ends at byte %zu, "
+                            "before its %llu ids%s (from byte %llu)",
+                            j, server_table_name(k->tabs[j]), seglen, (unsigned long long)ti->n,
+                            ti->push ? " and their gradient rows" : "", (unsigned long long)at);
+            return false;
+        }
+        status = server_table_ids(st, k->tabs[j], seg + at, ti->n, &k->ids[j], err, sizeof(err));
+        if (status != STATUS_OK) {
+            rpc_reply_error(call, status, "step table item %zu: %s", j, err);
+            return false;
+        }
+        k->tgrads[j] = seg + at + 8 * ti->n;
+        at += need;
+        if (ti->pull)
+            k->table_pull_total += ti->n * dim;
+    }
+    if (k->nt > 0 && at != seglen) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "step segment is %zu bytes but its items need %llu (dense gradients, then "
+                        "each table item's ids and gradient rows)",
+                        seglen, (unsigned long long)at);
+        return false;
+    }
     size_t max = rpc_call_max_message(call);
-    if (k->pull_total > (max > 4096 ? max - 4096 : 0) / esize) {
+    if (k->pull_total + k->table_pull_total > (max > 4096 ? max - 4096 : 0) / esize) {
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
                         "step pulls %llu elements: the reply would exceed max-message-bytes "
                         "(%zu); pull less per step (the client library splits a step into "
                         "messages of chunk-bytes)",
-                        (unsigned long long)k->pull_total, max);
+                        (unsigned long long)(k->pull_total + k->table_pull_total), max);
         return false;
     }
     return true;
@@ -739,10 +824,15 @@ static void handle_step(rpc_call *call, void *arg)
     const envelope *env = rpc_call_envelope(call);
     step_ctx *k = calloc(1, sizeof(*k));
     Psd__V1__StepRequest *req = (void *)rpc_call_body(call);
-    size_t n = req->n_items;
+    size_t n = req->n_items, nt = req->n_table_items;
     if (k == NULL || (k->vars = calloc(n ? n : 1, sizeof(*k->vars))) == NULL ||
         (k->res = calloc(n ? n : 1, sizeof(*k->res))) == NULL ||
-        (k->resp = calloc(n ? n : 1, sizeof(*k->resp))) == NULL) {
+        (k->resp = calloc(n ? n : 1, sizeof(*k->resp))) == NULL ||
+        (k->tabs = calloc(nt ? nt : 1, sizeof(*k->tabs))) == NULL ||
+        (k->ids = calloc(nt ? nt : 1, sizeof(*k->ids))) == NULL ||
+        (k->tgrads = calloc(nt ? nt : 1, sizeof(*k->tgrads))) == NULL ||
+        (k->tres = calloc(nt ? nt : 1, sizeof(*k->tres))) == NULL ||
+        (k->tresp = calloc(nt ? nt : 1, sizeof(*k->tresp))) == NULL) {
         if (k)
             step_free(k);
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for a step of %zu items",
@@ -751,6 +841,7 @@ static void handle_step(rpc_call *call, void *arg)
     }
     k->req = req;
     k->n = n;
+    k->nt = nt;
     k->dtype = env->tensor ? (int)env->tensor->dtype : PSD__V1__DTYPE__FLOAT32;
     if (!step_check(st, call, k)) {
         step_free(k);
@@ -786,6 +877,24 @@ static void handle_step(rpc_call *call, void *arg)
             return;
         }
     }
+    for (size_t j = 0; j < nt; j++) {
+        const Psd__V1__StepTableItem *ti = req->table_items[j];
+        psd__v1__step_result__init(&k->tres[j]);
+        k->tresp[j] = &k->tres[j];
+        if (!ti->push)
+            continue;
+        char err[768];
+        bool dup = false;
+        int rc =
+            server_table_push(st, k->tabs[j], env->client_id, ti->seq, env->worker_id, k->ids[j],
+                              ti->n, k->tgrads[j], k->dtype, &dup, err, sizeof(err));
+        k->tres[j].duplicate = dup;
+        if (rc != STATUS_OK) {
+            rpc_reply_error(call, rc, "step table item %zu: %s", j, err);
+            step_free(k);
+            return;
+        }
+    }
     /* The clock, after every push of it. */
     k->clock = env->clock;
     if (req->advance_clock) {
@@ -809,14 +918,24 @@ static void handle_step(rpc_call *call, void *arg)
         if (s >= 0 && k->clock - s > need)
             need = k->clock - s;
     }
+    const char *first_name = first_pull < n ? k->vars[first_pull]->name : NULL;
+    for (size_t j = 0; j < nt; j++) {
+        if (!req->table_items[j]->pull)
+            continue;
+        pulls++;
+        if (first_name == NULL)
+            first_name = server_table_name(k->tabs[j]);
+        int32_t s = server_table_staleness(k->tabs[j]);
+        if (s >= 0 && k->clock - s > need)
+            need = k->clock - s;
+    }
     if (pulls == 0 || need == INT64_MIN) {
         step_answer(st, call, k, sync_min_clock(st), 0);
         return;
     }
     char what[160];
     snprintf(what, sizeof(what), "step pull of \"%.64s\"%s at clock %lld (bound: clock %lld)",
-             k->vars[first_pull]->name, pulls > 1 ? " and others" : "", (long long)k->clock,
-             (long long)need);
+             first_name, pulls > 1 ? " and others" : "", (long long)k->clock, (long long)need);
     sync_wait(st, call, env->worker_id, k->clock, need, what, step_answer, step_drop, k);
 }
 

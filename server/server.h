@@ -59,6 +59,32 @@ void handle_table_create(rpc_call *call, void *arg);
 void handle_table_lookup(rpc_call *call, void *arg);
 void handle_table_pull(rpc_call *call, void *arg);
 void handle_table_push(rpc_call *call, void *arg);
+/* A table as the Step handler uses it (table_rpc.c): found by name and referenced, so that it
+ * stays valid for the call. */
+typedef struct table_entry server_table;
+/* The table `name`, referenced (server_table_put), or NULL with *status NOT_FOUND and a
+ * message in err (saying so when the name is a dense variable's). */
+server_table *server_table_get(server_state *st, const char *name, int *status, char *err,
+                               size_t errlen);
+void server_table_put(server_table *e);
+const char *server_table_name(const server_table *e);
+uint32_t server_table_dim(const server_table *e);
+int32_t server_table_staleness(const server_table *e);
+/* Copies n ids (int64 little-endian, 8 x n bytes of seg, any alignment) into *ids (malloc'd)
+ * and checks that n is in 1..SERVER_TABLE_MAX_IDS and this server owns each. Returns
+ * STATUS_OK, or a status with a message naming the table, the id and its owner. */
+int server_table_ids(server_state *st, const server_table *e, const uint8_t *seg, uint64_t n,
+                     int64_t **ids, char *err, size_t errlen);
+/* Writes the rows of ids[0..n) into dst (n x dim values of dtype, any alignment). Returns 0,
+ * or -1 when memory runs out. */
+int server_table_read(server_table *e, const int64_t *ids, uint64_t n, uint8_t *dst, int dtype);
+/* A push of n gradient rows (n x dim values of dtype, any alignment), exactly once by
+ * (client, seq) like a dense push: STATUS_OK with *duplicate set, or ABORTED (dedup could not
+ * prove it new), INVALID_ARGUMENT (a non-finite gradient: nothing applied, seq not marked),
+ * RESOURCE_EXHAUSTED, each with a message in err. */
+int server_table_push(server_state *st, server_table *e, uint64_t client, uint64_t seq,
+                      int32_t worker, const int64_t *ids, uint64_t n, const uint8_t *grads,
+                      int dtype, bool *duplicate, char *err, size_t errlen);
 /* Checkpoints of tables: a copy of every table (its packed TableSpec and each partition's
  * rows, oldest first), taken while updates are held off. */
 typedef struct server_table_copy {

@@ -22,6 +22,7 @@ typedef struct table_entry {
     table *t;
     Psd__V1__TableSpec *spec; /* unpacked copy of the spec it was created with */
     _Atomic int64_t last_sweep_ms;
+    _Atomic uint64_t refs; /* the registry's reference and every call's that found it */
 } table_entry;
 
 struct server_tables {
@@ -29,10 +30,12 @@ struct server_tables {
     size_t n, cap;
 };
 
-/* One lock for the registry of every server_state (a process has one). Entries are never
- * removed while the server runs, so a found entry stays valid without holding it. */
+/* One lock for the registry of every server_state (a process has one). A call that finds an
+ * entry holds a reference on it (find_entry, entry_put), so an entry unlinked meanwhile stays
+ * valid until its last call is done. */
 static pthread_mutex_t tables_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The entry of `name`, referenced (entry_put), or NULL. */
 static table_entry *find_entry(server_state *st, const char *name)
 {
     table_entry *found = NULL;
@@ -40,26 +43,57 @@ static table_entry *find_entry(server_state *st, const char *name)
     for (size_t i = 0; st->tables && i < st->tables->n; i++)
         if (strcmp(table_name(st->tables->e[i]->t), name) == 0) {
             found = st->tables->e[i];
+            atomic_fetch_add(&found->refs, 1);
             break;
         }
     pthread_mutex_unlock(&tables_lock);
     return found;
 }
 
+static void entry_put(table_entry *e)
+{
+    if (e == NULL || atomic_fetch_sub(&e->refs, 1) != 1)
+        return;
+    table_destroy(e->t);
+    psd__v1__table_spec__free_unpacked(e->spec, NULL);
+    free(e);
+}
+
+/* Every entry, referenced (entries_release), in creation order; NULL with *n 0 when there is
+ * none, NULL with *n > 0 when memory runs out. */
+static table_entry **entries_list(server_state *st, size_t *n)
+{
+    pthread_mutex_lock(&tables_lock);
+    *n = st->tables ? st->tables->n : 0;
+    table_entry **es = *n ? malloc(*n * sizeof(*es)) : NULL;
+    for (size_t i = 0; es && i < *n; i++) {
+        es[i] = st->tables->e[i];
+        atomic_fetch_add(&es[i]->refs, 1);
+    }
+    pthread_mutex_unlock(&tables_lock);
+    return es;
+}
+
+static void entries_release(table_entry **es, size_t n)
+{
+    for (size_t i = 0; es && i < n; i++)
+        entry_put(es[i]);
+    free(es);
+}
+
 bool server_table_exists(server_state *st, const char *name)
 {
-    return find_entry(st, name) != NULL;
+    table_entry *e = find_entry(st, name);
+    entry_put(e);
+    return e != NULL;
 }
 
 void server_tables_free(server_state *st)
 {
     if (st->tables == NULL)
         return;
-    for (size_t i = 0; i < st->tables->n; i++) {
-        table_destroy(st->tables->e[i]->t);
-        psd__v1__table_spec__free_unpacked(st->tables->e[i]->spec, NULL);
-        free(st->tables->e[i]);
-    }
+    for (size_t i = 0; i < st->tables->n; i++)
+        entry_put(st->tables->e[i]);
     free(st->tables->e);
     free(st->tables);
     st->tables = NULL;
@@ -252,11 +286,14 @@ void handle_table_create(rpc_call *call, void *arg)
         }
         /* Another client may have created it meanwhile. */
         for (size_t i = 0; room && i < st->tables->n; i++)
-            if (strcmp(table_name(st->tables->e[i]->t), s->name) == 0)
+            if (strcmp(table_name(st->tables->e[i]->t), s->name) == 0) {
                 e = st->tables->e[i];
+                atomic_fetch_add(&e->refs, 1);
+            }
         if (room && ne && copy && e == NULL) {
             ne->t = t;
             ne->spec = copy;
+            atomic_init(&ne->refs, 2); /* the registry's and this call's */
             st->tables->e[st->tables->n++] = ne;
             e = ne;
             rep.created = true;
@@ -278,14 +315,17 @@ void handle_table_create(rpc_call *call, void *arg)
                         "table \"%s\" exists with another spec (dim %u, optimizer %d; requested "
                         "dim %u, optimizer %d)",
                         s->name, e->spec->dim, (int)e->spec->optimizer, s->dim, (int)s->optimizer);
+        entry_put(e);
         return;
     }
     rpc_reply_ok(call, &rep.base);
+    entry_put(e);
 }
 
-/* The table a call names; NULL after replying NOT_FOUND (saying so when the name is a dense
- * variable). */
-static table_entry *resolve_table(server_state *st, rpc_call *call, const char *name)
+/* ---- finding tables, reading ids, pulling and pushing rows (TablePull, TablePush, Step) ---- */
+
+server_table *server_table_get(server_state *st, const char *name, int *status, char *err,
+                               size_t errlen)
 {
     table_entry *e = find_entry(st, name);
     if (e)
@@ -294,25 +334,168 @@ static table_entry *resolve_table(server_state *st, rpc_call *call, const char *
     variable *v = store_find(st->vars, name);
     if (v) {
         variable_release(v);
-        rpc_reply_error(call, STATUS_NOT_FOUND,
-                        "%s is a dense variable, not a table (use Pull/Push for it)",
-                        QUOTED(q, name));
+        snprintf(err, errlen, "%s is a dense variable, not a table (use Pull/Push for it)",
+                 QUOTED(q, name));
     } else {
-        rpc_reply_error(call, STATUS_NOT_FOUND, "table %s not found on ps %u", QUOTED(q, name),
-                        st->task_index);
+        snprintf(err, errlen, "table %s not found on ps %u", QUOTED(q, name), st->task_index);
     }
+    *status = STATUS_NOT_FOUND;
     return NULL;
 }
 
-/* Checks a TablePull/TablePush's n and segment (ids, then for a push n rows of gradients),
- * copies the ids (aligned) into *ids_out and checks this server owns each. Replies with the
- * error and returns false otherwise. */
+void server_table_put(server_table *e)
+{
+    entry_put(e);
+}
+
+const char *server_table_name(const server_table *e)
+{
+    return table_name(e->t);
+}
+
+uint32_t server_table_dim(const server_table *e)
+{
+    return table_dim(e->t);
+}
+
+int32_t server_table_staleness(const server_table *e)
+{
+    return e->spec->staleness;
+}
+
+int server_table_ids(server_state *st, const server_table *e, const uint8_t *seg, uint64_t n,
+                     int64_t **ids_out, char *err, size_t errlen)
+{
+    const char *name = table_name(e->t);
+    *ids_out = NULL;
+    if (n == 0 || n > SERVER_TABLE_MAX_IDS) {
+        snprintf(err, errlen, "table \"%s\": n = %llu ids (must be 1..%llu per request)", name,
+                 (unsigned long long)n, (unsigned long long)SERVER_TABLE_MAX_IDS);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    int64_t *ids = malloc((size_t)n * sizeof(*ids));
+    if (ids == NULL) {
+        snprintf(err, errlen, "out of memory for %llu ids", (unsigned long long)n);
+        return STATUS_RESOURCE_EXHAUSTED;
+    }
+    memcpy(ids, seg, (size_t)n * 8); /* little-endian on the wire and on the hosts we build */
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t owner = placement_table_owner(name, ids[i], st->num_servers);
+        if (owner != st->task_index) {
+            snprintf(err, errlen,
+                     "table \"%s\": id %lld (index %llu) belongs on ps %u, not ps %u (split ids "
+                     "by placement_table_owner)",
+                     name, (long long)ids[i], (unsigned long long)i, owner, st->task_index);
+            free(ids);
+            return STATUS_INVALID_ARGUMENT;
+        }
+    }
+    *ids_out = ids;
+    return STATUS_OK;
+}
+
+int server_table_read(server_table *e, const int64_t *ids, uint64_t n, uint8_t *dst, int dtype)
+{
+    size_t count = (size_t)n * table_dim(e->t);
+    if (dtype == PSD__V1__DTYPE__FLOAT32 && (uintptr_t)dst % sizeof(float) == 0) {
+        table_pull(e->t, ids, (size_t)n, (float *)(void *)dst);
+        return 0;
+    }
+    float *tmp = malloc(count * sizeof(float));
+    if (tmp == NULL)
+        return -1;
+    table_pull(e->t, ids, (size_t)n, tmp);
+    frame_put_floats(dst, tmp, count, dtype);
+    free(tmp);
+    return 0;
+}
+
+int server_table_push(server_state *st, server_table *e, uint64_t client, uint64_t seq,
+                      int32_t worker, const int64_t *ids, uint64_t n, const uint8_t *grads,
+                      int dtype, bool *duplicate, char *errbuf, size_t errlen)
+{
+    char err[512];
+    const char *name = table_name(e->t);
+    *duplicate = false;
+    /* A BFLOAT16 gradient is widened before the dedup mark (nothing is held meanwhile). */
+    float *wide = NULL;
+    if (dtype != PSD__V1__DTYPE__FLOAT32) {
+        size_t count = (size_t)n * table_dim(e->t);
+        wide = malloc(count * sizeof(float));
+        if (wide == NULL) {
+            snprintf(errbuf, errlen, "table \"%s\": out of memory for %llu gradient rows", name,
+                     (unsigned long long)n);
+            return STATUS_RESOURCE_EXHAUSTED;
+        }
+        frame_get_floats(wide, grads, count, dtype);
+        grads = (const uint8_t *)wide;
+    }
+    store_update_begin(st->vars);
+    uint64_t floor = 0;
+    dedup_result d = dedup_begin_floor(st->dedup, client, seq, &floor);
+    if (d != DEDUP_NEW && d != DEDUP_DUPLICATE) {
+        store_update_end(st->vars);
+        free(wide);
+        server_push_refusal(d, client, seq, floor, errbuf, errlen);
+        return STATUS_ABORTED;
+    }
+    if (worker >= 0)
+        sync_heard(st, worker);
+    int64_t now = (int64_t)time_now_ms();
+    int rc = TABLE_OK;
+    if (d == DEDUP_NEW) {
+        rc = table_push(e->t, ids, (size_t)n, grads, now, err, sizeof(err));
+        if (rc == TABLE_INVALID)
+            dedup_unmark(st->dedup, client, seq); /* nothing was applied */
+    } else {
+        atomic_fetch_add(&st->duplicates_dropped, 1);
+    }
+    store_update_end(st->vars);
+    free(wide);
+    if (rc == TABLE_INVALID) {
+        snprintf(errbuf, errlen, "table \"%s\": %s: the batch was refused, nothing applied", name,
+                 err);
+        return STATUS_INVALID_ARGUMENT;
+    }
+    if (rc != TABLE_OK) {
+        snprintf(
+            errbuf, errlen, "table \"%s\": %s%s", name, rc == TABLE_NOMEM ? "out of memory" : err,
+            rc == TABLE_LIMIT ? " (max-server-bytes; the push's other rows were applied)" : "");
+        return STATUS_RESOURCE_EXHAUSTED;
+    }
+    if (d == DEDUP_NEW)
+        atomic_fetch_add(&st->updates_applied, 1);
+    *duplicate = d == DEDUP_DUPLICATE;
+    /* ttl_ms: expired rows are swept on a push, at most once a second per table. */
+    int64_t last = atomic_load(&e->last_sweep_ms);
+    if (e->spec->ttl_ms > 0 && now - last >= 1000 &&
+        atomic_compare_exchange_strong(&e->last_sweep_ms, &last, now))
+        table_sweep(e->t, now);
+    return STATUS_OK;
+}
+
+/* The table a call names, referenced; NULL after replying NOT_FOUND (saying so when the name
+ * is a dense variable). */
+static table_entry *resolve_table(server_state *st, rpc_call *call, const char *name)
+{
+    char err[512];
+    int status;
+    table_entry *e = server_table_get(st, name, &status, err, sizeof(err));
+    if (e == NULL)
+        rpc_reply_error(call, status, "%s", err);
+    return e;
+}
+
+/* Checks a TablePull/TablePush's n and segment (ids, then for a push n rows of gradients in
+ * the segment's dtype), copies the ids (aligned) into *ids_out and checks this server owns
+ * each. Replies with the error and returns false otherwise. */
 static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t n, bool push,
                       int64_t **ids_out, const uint8_t **grads_out)
 {
     const char *name = table_name(e->t);
     uint64_t dim = table_dim(e->t);
     const envelope *env = rpc_call_envelope(call);
+    char err[512];
     if (n == 0 || n > SERVER_TABLE_MAX_IDS) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                         "table \"%s\": n = %llu ids (must be 1..%llu per request)", name,
@@ -326,17 +509,18 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
                         name);
         return false;
     }
+    size_t esize = frame_dtype_size(env->tensor->dtype);
     size_t seglen;
     const uint8_t *seg = rpc_call_segment(call, &seglen);
-    uint64_t want = 8 * n + (push ? 4 * n * dim : 0);
+    uint64_t want = 8 * n + (push ? esize * n * dim : 0);
     if (seglen != want) {
         if (push)
             rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                             "table \"%s\": segment is %zu bytes, but n = %llu ids and rows of "
-                            "dim %llu need %llu (8 x n bytes of ids, then 4 x n x dim of "
+                            "dim %llu need %llu (8 x n bytes of ids, then %zu x n x dim of "
                             "gradients)",
                             name, seglen, (unsigned long long)n, (unsigned long long)dim,
-                            (unsigned long long)want);
+                            (unsigned long long)want, esize);
         else
             rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                             "table \"%s\": ids segment is %zu bytes, but n = %llu ids need 8 x n "
@@ -344,7 +528,7 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
                             name, seglen, (unsigned long long)n, (unsigned long long)want);
         return false;
     }
-    if (!push && 4 * n * dim + 4096 > rpc_call_max_message(call)) {
+    if (!push && esize * n * dim + 4096 > rpc_call_max_message(call)) {
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
                         "table \"%s\": %llu rows of dim %llu would exceed max-message-bytes (%zu) "
                         "in the reply; pull fewer ids per request",
@@ -352,25 +536,11 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
                         rpc_call_max_message(call));
         return false;
     }
-    int64_t *ids = malloc((size_t)n * sizeof(*ids));
-    if (ids == NULL) {
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for %llu ids",
-                        (unsigned long long)n);
+    int rc = server_table_ids(st, e, seg, n, ids_out, err, sizeof(err));
+    if (rc != STATUS_OK) {
+        rpc_reply_error(call, rc, "%s", err);
         return false;
     }
-    memcpy(ids, seg, (size_t)n * 8); /* little-endian on the wire and on the hosts we build */
-    for (uint64_t i = 0; i < n; i++) {
-        uint32_t owner = placement_table_owner(name, ids[i], st->num_servers);
-        if (owner != st->task_index) {
-            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                            "table \"%s\": id %lld (index %llu) belongs on ps %u, not ps %u "
-                            "(split ids by placement_table_owner)",
-                            name, (long long)ids[i], (unsigned long long)i, owner, st->task_index);
-            free(ids);
-            return false;
-        }
-    }
-    *ids_out = ids;
     if (grads_out)
         *grads_out = seg + 8 * n;
     return true;
@@ -386,6 +556,7 @@ void handle_table_lookup(rpc_call *call, void *arg)
     Psd__V1__TableLookupReply rep = PSD__V1__TABLE_LOOKUP_REPLY__INIT;
     rep.spec = e->spec;
     rpc_reply_ok(call, &rep.base);
+    entry_put(e);
 }
 
 void handle_table_pull(rpc_call *call, void *arg)
@@ -394,26 +565,20 @@ void handle_table_pull(rpc_call *call, void *arg)
     const Psd__V1__TablePullRequest *req = (const void *)rpc_call_body(call);
     table_entry *e = resolve_table(st, call, req->name);
     int64_t *ids;
-    if (e == NULL || !table_ids(st, call, e, req->n, false, &ids, NULL))
+    if (e == NULL)
         return;
+    if (!table_ids(st, call, e, req->n, false, &ids, NULL)) {
+        entry_put(e);
+        return;
+    }
+    int dtype = rpc_call_envelope(call)->tensor->dtype;
     size_t count = (size_t)req->n * table_dim(e->t);
     Psd__V1__TablePullReply rep = PSD__V1__TABLE_PULL_REPLY__INIT;
-    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, PSD__V1__DTYPE__FLOAT32, 0, count);
-    if (dst != NULL) {
-        if ((uintptr_t)dst % sizeof(float) == 0) {
-            table_pull(e->t, ids, (size_t)req->n, (float *)(void *)dst);
-        } else {
-            float *tmp = malloc(count * sizeof(float));
-            if (tmp == NULL) {
-                rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for rows");
-            } else {
-                table_pull(e->t, ids, (size_t)req->n, tmp);
-                memcpy(dst, tmp, count * sizeof(float));
-                free(tmp);
-            }
-        }
-    }
+    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, dtype, 0, count);
+    if (dst != NULL && server_table_read(e, ids, req->n, dst, dtype) != 0)
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for rows");
     free(ids);
+    entry_put(e);
 }
 
 void handle_table_push(rpc_call *call, void *arg)
@@ -424,56 +589,24 @@ void handle_table_push(rpc_call *call, void *arg)
     table_entry *e = resolve_table(st, call, req->name);
     int64_t *ids;
     const uint8_t *grads;
-    if (e == NULL || !table_ids(st, call, e, req->n, true, &ids, &grads))
+    if (e == NULL)
         return;
-    char err[512];
-    struct {
-        uint64_t client, seq;
-    } in = {env->client_id, env->seq};
-    store_update_begin(st->vars);
-    uint64_t floor = 0;
-    dedup_result d = dedup_begin_floor(st->dedup, in.client, in.seq, &floor);
-    if (d != DEDUP_NEW && d != DEDUP_DUPLICATE) {
-        store_update_end(st->vars);
-        server_push_refusal(d, in.client, in.seq, floor, err, sizeof(err));
-        rpc_reply_error(call, STATUS_ABORTED, "%s", err);
-        free(ids);
+    if (!table_ids(st, call, e, req->n, true, &ids, &grads)) {
+        entry_put(e);
         return;
     }
-    int64_t now = (int64_t)time_now_ms();
-    int rc = TABLE_OK;
-    if (d == DEDUP_NEW) {
-        rc = table_push(e->t, ids, (size_t)req->n, grads, now, err, sizeof(err));
-        if (rc == TABLE_INVALID)
-            dedup_unmark(st->dedup, in.client, in.seq); /* nothing was applied */
-    } else {
-        atomic_fetch_add(&st->duplicates_dropped, 1);
-    }
-    store_update_end(st->vars);
+    char err[768];
+    bool dup;
+    int rc = server_table_push(st, e, env->client_id, env->seq, env->worker_id, ids, req->n, grads,
+                               env->tensor->dtype, &dup, err, sizeof(err));
     free(ids);
-    if (rc == TABLE_INVALID) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "table \"%s\": %s: the batch was refused, nothing applied",
-                        table_name(e->t), err);
+    entry_put(e);
+    if (rc != STATUS_OK) {
+        rpc_reply_error(call, rc, "%s", err);
         return;
     }
-    if (rc != TABLE_OK) {
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "table \"%s\": %s%s", table_name(e->t),
-                        rc == TABLE_NOMEM ? "out of memory" : err,
-                        rc == TABLE_LIMIT ? " (max-server-bytes; the push's other rows were "
-                                            "applied)"
-                                          : "");
-        return;
-    }
-    if (d == DEDUP_NEW)
-        atomic_fetch_add(&st->updates_applied, 1);
-    /* ttl_ms: expired rows are swept on a push, at most once a second per table. */
-    int64_t last = atomic_load(&e->last_sweep_ms);
-    if (e->spec->ttl_ms > 0 && now - last >= 1000 &&
-        atomic_compare_exchange_strong(&e->last_sweep_ms, &last, now))
-        table_sweep(e->t, now);
     Psd__V1__TablePushReply rep = PSD__V1__TABLE_PUSH_REPLY__INIT;
-    rep.duplicate = d == DEDUP_DUPLICATE;
+    rep.duplicate = dup;
     rpc_reply_ok(call, &rep.base);
 }
 
@@ -483,17 +616,13 @@ int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    pthread_mutex_lock(&tables_lock);
-    size_t nt = st->tables ? st->tables->n : 0;
-    table_entry **es = nt ? malloc(nt * sizeof(*es)) : NULL;
-    if (es)
-        memcpy(es, st->tables->e, nt * sizeof(*es));
-    pthread_mutex_unlock(&tables_lock);
+    size_t nt;
+    table_entry **es = entries_list(st, &nt);
     if (nt == 0)
         return 0;
     server_table_copy *c = es ? calloc(nt, sizeof(*c)) : NULL;
     if (c == NULL) {
-        free(es);
+        entries_release(es, nt);
         return -1;
     }
     int rc = 0;
@@ -523,7 +652,7 @@ int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
         *out = NULL;
         *n = 0;
     }
-    free(es);
+    entries_release(es, nt);
     return rc;
 }
 
@@ -585,6 +714,7 @@ int server_table_register(server_state *st, table *t, const uint8_t *spec, size_
         if (!dup && st->tables->n < st->tables->cap) {
             ne->t = t;
             ne->spec = copy;
+            atomic_init(&ne->refs, 1);
             st->tables->e[st->tables->n++] = ne;
             ne = NULL;
             copy = NULL;
@@ -602,16 +732,12 @@ int server_table_register(server_state *st, table *t, const uint8_t *spec, size_
 
 void server_tables_metrics(metrics_out *out, server_state *st)
 {
-    pthread_mutex_lock(&tables_lock);
-    size_t n = st->tables ? st->tables->n : 0;
-    table_entry **es = n ? malloc(n * sizeof(*es)) : NULL;
-    if (es)
-        memcpy(es, st->tables->e, n * sizeof(*es));
-    pthread_mutex_unlock(&tables_lock);
+    size_t n;
+    table_entry **es = entries_list(st, &n);
     metrics_emit_one(out, "psd_server_tables", METRIC_GAUGE, "Sparse tables held.", (double)n);
     table_stats *ts = es ? calloc(n, sizeof(*ts)) : NULL;
     if (ts == NULL) {
-        free(es);
+        entries_release(es, n);
         return;
     }
     for (size_t i = 0; i < n; i++)
@@ -662,5 +788,5 @@ void server_tables_metrics(metrics_out *out, server_state *st)
         metrics_emit(out, "psd_table_evictions_total", l3, (double)ts[i].evicted_memory);
     }
     free(ts);
-    free(es);
+    entries_release(es, n);
 }

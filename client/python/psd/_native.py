@@ -112,6 +112,12 @@ class StepItem(Structure):
 PS_STEP_CLOCK = 1
 
 
+class TableItem(Structure):
+    """ps_table_item (struct_size: its size, set by the caller)."""
+    _fields_ = [("struct_size", c_size_t), ("table", c_void_p), ("ids", c_void_p),
+                ("n", c_size_t), ("grads", c_void_p), ("rows", c_void_p)]
+
+
 class StalenessStats(Structure):
     _fields_ = [
         ("max", c_int64),
@@ -191,6 +197,7 @@ _PROTOTYPES = {
     "ps_op_destroy": (None, [_P]),
     "ps_clock": (c_int, [_P, POINTER(c_int64)]),
     "ps_step": (c_int, [_P, POINTER(StepItem), c_size_t, c_uint]),
+    "ps_step_ex": (c_int, [_P, POINTER(StepItem), c_size_t, POINTER(TableItem), c_size_t, c_uint]),
     "ps_client_clock": (c_int64, [_P]),
     "ps_server_status": (c_int, [_P, c_int, POINTER(ServerStats)]),
     "ps_cluster_workers_live": (c_int, [_P, c_int, POINTER(c_ubyte)]),

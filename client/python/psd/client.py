@@ -635,17 +635,22 @@ class Client:
             _raise(rc)
         return out.value
 
-    def step(self, items: Sequence[Tuple[Any, ...]], *, clock: bool = True) -> List[Any]:
-        """One training step in one request per server (ps_step): pushes every gradient, then,
-        with `clock`, advances this client's clock on every server, then pulls every
-        variable's parameters at the new clock (waiting for its staleness bound). `items` are
-        (variable, grad) or (variable, grad, out) tuples for whole variables: each grad and out
-        is checked as by Variable.push and Variable.pull without a range (the variable's
-        number of elements; its shape for a buffer of two or more dimensions), else ValueError
-        before anything is sent. grad None: no push; out None (or absent): a new array of the
-        variable's shape, False: no pull. Returns the pulled arrays in item order (None where
+    def step(self, items: Sequence[Tuple[Any, ...]], *, clock: bool = True,
+             tables: Sequence[Tuple[Any, ...]] = ()) -> List[Any]:
+        """One training step in one request per server (ps_step_ex): pushes every gradient,
+        then, with `clock`, advances this client's clock on every server, then pulls every
+        variable's parameters and table rows at the new clock (waiting for each staleness
+        bound). `items` are (variable, grad) or (variable, grad, out) tuples for whole
+        variables: each grad and out is checked as by Variable.push and Variable.pull without
+        a range (the variable's number of elements; its shape for a buffer of two or more
+        dimensions), else ValueError before anything is sent. grad None: no push; out None (or
+        absent): a new array of the variable's shape, False: no pull. `tables` are (table,
+        ids, grads) or (table, ids, grads, out) tuples, checked as by Table.push and
+        Table.pull: grads None: no push; out None (or absent): a new (n, dim) array, False: no
+        pull. Returns the pulled arrays in item order, then one per table item (None where
         nothing was pulled). Blocks."""
         arr = (_native.StepItem * max(len(items), 1))()
+        tarr = (_native.TableItem * max(len(tables), 1))()
         outs: List[Any] = []
         keep: List[Any] = []
         for i, item in enumerate(items):
@@ -669,10 +674,44 @@ class Client:
                 arr[i].dst = addr
                 keep.append(okeep)
                 outs.append(out)
+        for i, item in enumerate(tables):
+            if not 3 <= len(item) <= 4:
+                raise ValueError(f"step table item {i}: expected (table, ids, grads[, out])")
+            tab, ids, grads = item[0], item[1], item[2]
+            out = item[3] if len(item) == 4 else None
+            if not isinstance(tab, Table):
+                raise TypeError(f"step table item {i}: {tab!r} is not a psd.Table")
+            if grads is None and out is False:
+                raise ValueError(f"step table item {i}: neither grads nor out")
+            addr, n, keep_ids = tab._ids(ids, "step")
+            keep.append(keep_ids)
+            t = tarr[i]
+            t.struct_size = ctypes.sizeof(_native.TableItem)
+            t.table = tab._h
+            t.ids = addr
+            t.n = n
+            if grads is not None:
+                gaddr, got, gkeep, _ = resolve(grads, writable=False,
+                                               what=f"step push of table {tab.name!r}")
+                tab._rows(n, got, "step push", "grads")
+                t.grads = gaddr
+                keep.append(gkeep)
+            if out is False:
+                outs.append(None)
+                continue
+            if out is None:
+                import numpy as np
+                out = np.empty((n, tab.dim), dtype=np.float32)
+            oaddr, got, okeep, _ = resolve(out, writable=True,
+                                           what=f"step pull of table {tab.name!r}")
+            tab._rows(n, got, "step pull", "out")
+            t.rows = oaddr
+            keep.append(okeep)
+            outs.append(out)
         c = self._enter()
         try:
-            rc = _native.lib().ps_step(c, arr, len(items),
-                                       _native.PS_STEP_CLOCK if clock else 0)
+            rc = _native.lib().ps_step_ex(c, arr, len(items), tarr, len(tables),
+                                          _native.PS_STEP_CLOCK if clock else 0)
         finally:
             self._leave()
         if rc != 0:

@@ -56,3 +56,37 @@ def test_table_errors(client: psd.Client, uname: str) -> None:
     with pytest.raises(psd.InvalidArgumentError, match="dim"):
         client.create_table(uname + "/zero", 0)
     np.testing.assert_array_equal(t.pull(np.array([1], dtype=np.int64)), [[0, 0]])
+
+
+def test_step_with_table_items(cluster2: Cluster, uname: str) -> None:
+    # no heartbeats: they are requests too, and the test counts requests
+    with psd.Client(cluster2.spec, use_env=False, worker_id=0, heartbeat_ms=0) as w:
+        t = w.create_table(uname + "/emb", 4, optimizer="sgd", learning_rate=0.5,
+                           initializer="constant", init_a=1.0)
+        v = w.create_variable(uname + "/w", (3,), optimizer="sgd", learning_rate=1.0)
+        ids = np.array([7, -3, 7, 2**40, 11, 12, 13, 14], dtype=np.int64)
+        grads = (np.arange(32, dtype=np.float32).reshape(8, 4) / 16).astype(np.float32)
+        before = [w.server_status(i).requests for i in range(2)]
+        c0 = w.current_clock
+        dense, rows = w.step([(v, np.ones(3, np.float32))], tables=[(t, ids, grads)])
+        assert w.current_clock == c0 + 1
+        after = [w.server_status(i).requests for i in range(2)]
+        # one step request per server, and the first status request of `after`
+        assert [a - b for a, b in zip(after, before)] == [2, 2]
+        np.testing.assert_array_equal(dense, -np.ones(3, np.float32))
+        assert rows.shape == (8, 4) and rows.dtype == np.float32
+        for k, i in enumerate(ids):
+            want = np.float32(1.0) - np.float32(0.5) * grads[ids == i].sum(axis=0)
+            np.testing.assert_array_equal(rows[k], want)
+        np.testing.assert_array_equal(t.pull(ids), rows)
+        # pull only, into a caller's buffer; push only (no result)
+        out = np.zeros(8 * 4, np.float32)
+        (got,) = w.step([], tables=[(t, ids, None, out)], clock=False)
+        assert got is out
+        np.testing.assert_array_equal(out.reshape(8, 4), rows)
+        (none,) = w.step([], tables=[(t, ids[:1], np.zeros((1, 4), np.float32), False)])
+        assert none is None
+        with pytest.raises(ValueError, match="need 8"):
+            w.step([], tables=[(t, ids[:2], np.zeros(3, np.float32))])
+        with pytest.raises(TypeError, match="psd.Table"):
+            w.step([], tables=[(v, ids, grads)])

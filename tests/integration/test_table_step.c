@@ -1,0 +1,410 @@
+/* Integration: sparse tables in the Step call (ps_step_ex) against 2 real ps-server
+ * processes: table rows pushed and pulled with dense items in one request per server, exact
+ * rows after known SGD pushes (duplicate ids, lists cut into chunks), a resent step applied
+ * once, and bad table items refused before anything is applied. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster_proc.h"
+#include "frame.h"
+#include "placement.h"
+#include "ps_proc.h"
+#include "psclient.h"
+#include "status.h"
+
+#define DIM 4
+#define LR 0.5f
+
+static const char *server_bin;
+static test_cluster tc;
+
+static int start(void **state)
+{
+    (void)state;
+    return test_cluster_start_workers(&tc, server_bin, 2, 1, NULL);
+}
+
+static int stop(void **state)
+{
+    (void)state;
+    return test_cluster_stop(&tc);
+}
+
+/* Worker 0's client with heartbeat-ms (NULL: the default), chunk-bytes and wire-dtype. */
+static ps_client *worker(const char *heartbeat, const char *chunk, const char *wire)
+{
+    const char *settings[12];
+    int k = 0;
+    settings[k++] = "deadline-ms";
+    settings[k++] = "20000";
+    if (heartbeat) {
+        settings[k++] = "heartbeat-ms";
+        settings[k++] = heartbeat;
+    }
+    if (chunk) {
+        settings[k++] = "chunk-bytes";
+        settings[k++] = chunk;
+    }
+    if (wire) {
+        settings[k++] = "wire-dtype";
+        settings[k++] = wire;
+    }
+    settings[k] = NULL;
+    return test_cluster_open_worker(&tc, 0, settings);
+}
+
+/* An SGD table (learning rate LR) whose rows start at 1.0. */
+static ps_table *make_table(ps_client *c, const char *name, uint32_t dim)
+{
+    ps_table_spec s;
+    ps_table_spec_init(&s, name, dim, PS_OPT_SGD);
+    s.learning_rate = LR;
+    s.initializer = PS_INIT_CONSTANT;
+    s.init_a = 1.0;
+    ps_table *t = NULL;
+    if (ps_table_create(c, &s, &t) != PS_OK)
+        fprintf(stderr, "create table %s: %s\n", name, ps_last_error());
+    return t;
+}
+
+/* n ids with duplicates (every 5th repeats an earlier one), spread over both servers. */
+static void some_ids(int64_t *ids, size_t n, int64_t base)
+{
+    for (size_t i = 0; i < n; i++)
+        ids[i] = i % 5 == 4 ? ids[i / 2] : base + (int64_t)i * 7919 - (int64_t)(i % 3) * 1000003;
+}
+
+/* Exactly representable gradients: row i is (i % 8 + 1) / 16 + k / 64. */
+static void some_grads(float *g, size_t n, uint32_t dim)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < dim; k++)
+            g[i * dim + k] = (float)(i % 8 + 1) / 16.0f + (float)k / 64.0f;
+}
+
+/* The rows after one SGD push of grads to ids from 1.0: 1 - LR x the sum of an id's rows. */
+static void expected_rows(const int64_t *ids, size_t n, const float *g, uint32_t dim, float *want)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < dim; k++) {
+            float sum = 0;
+            for (size_t j = 0; j < n; j++)
+                if (ids[j] == ids[i])
+                    sum += g[j * dim + k];
+            want[i * dim + k] = 1.0f - LR * sum;
+        }
+}
+
+/* ---- a step with dense and table items ----------------------------------------------------- */
+
+static void run_exact(const char *chunk, const char *prefix, size_t n)
+{
+    ps_client *c = worker(NULL, chunk, NULL);
+    char name[64];
+    snprintf(name, sizeof(name), "%s/emb", prefix);
+    ps_table *t = make_table(c, name, DIM);
+    assert_non_null(t);
+    snprintf(name, sizeof(name), "%s/dense", prefix);
+    ps_var *v = test_make_var_bound(c, name, 5, PS_STALENESS_ASYNC);
+    assert_non_null(v);
+    int64_t *ids = malloc(n * sizeof(*ids));
+    float *g = malloc(n * DIM * sizeof(float)), *rows = malloc(n * DIM * sizeof(float));
+    float *want = malloc(n * DIM * sizeof(float)), *again = malloc(n * DIM * sizeof(float));
+    some_ids(ids, n, -5000);
+    some_grads(g, n, DIM);
+    expected_rows(ids, n, g, DIM, want);
+    float dg[5] = {1, 2, 3, 4, 5}, dp[5] = {0};
+    ps_step_item items[1] = {{v, 0, 5, dg, dp}};
+    ps_table_item ti = PS_TABLE_ITEM_INIT;
+    ti.table = t;
+    ti.ids = ids;
+    ti.n = n;
+    ti.grads = g;
+    ti.rows = rows;
+    int64_t before = ps_client_clock(c);
+    assert_int_equal(ps_step_ex(c, items, 1, &ti, 1, PS_STEP_CLOCK), PS_OK);
+    assert_int_equal(ps_client_clock(c), before + 1);
+    /* The rows pulled include the step's own push, in the caller's order. */
+    assert_memory_equal(rows, want, n * DIM * sizeof(float));
+    for (int i = 0; i < 5; i++)
+        assert_true(dp[i] == -dg[i]);
+    /* And the servers hold them. */
+    assert_int_equal(ps_table_pull(t, ids, n, again), PS_OK);
+    assert_memory_equal(again, want, n * DIM * sizeof(float));
+    /* A pull-only table item next to a push-only dense one. */
+    ti.grads = NULL;
+    memset(rows, 0, n * DIM * sizeof(float));
+    items[0].dst = NULL;
+    assert_int_equal(ps_step_ex(c, items, 1, &ti, 1, 0), PS_OK);
+    assert_memory_equal(rows, want, n * DIM * sizeof(float));
+    free(ids);
+    free(g);
+    free(rows);
+    free(want);
+    free(again);
+    ps_table_free(t);
+    ps_client_close(c);
+}
+
+static void test_step_tables_exact(void **state)
+{
+    (void)state;
+    run_exact(NULL, "one", 40);
+}
+
+/* 4 KiB chunks: the ids of each server go in several messages (pushes first, then pulls). */
+static void test_step_tables_chunked(void **state)
+{
+    (void)state;
+    run_exact("4K", "chunked", 3000);
+}
+
+/* The number of requests the servers counted went up by exactly one per server per step. */
+static void test_step_tables_one_request_per_server(void **state)
+{
+    (void)state;
+    ps_client *c = worker("0", NULL, NULL); /* heartbeats are requests too */
+    ps_table *t1 = make_table(c, "count/t1", DIM), *t2 = make_table(c, "count/t2", 16);
+    ps_var *v = test_make_var_bound(c, "count/v", 20000, PS_STALENESS_ASYNC); /* split */
+    assert_non_null(t1);
+    assert_non_null(t2);
+    assert_non_null(v);
+    enum { N = 64 };
+    int64_t ids[N];
+    float g1[N * DIM], r1[N * DIM], g2[N * 16], r2[N * 16];
+    some_ids(ids, N, 1);
+    some_grads(g1, N, DIM);
+    some_grads(g2, N, 16);
+    float *dg = calloc(20000, sizeof(float)), *dp = calloc(20000, sizeof(float));
+    ps_step_item items[1] = {{v, 0, 20000, dg, dp}};
+    ps_table_item ti[2] = {PS_TABLE_ITEM_INIT, PS_TABLE_ITEM_INIT};
+    ti[0].table = t1, ti[0].ids = ids, ti[0].n = N, ti[0].grads = g1, ti[0].rows = r1;
+    ti[1].table = t2, ti[1].ids = ids, ti[1].n = N, ti[1].grads = g2, ti[1].rows = r2;
+    bool both[2] = {false, false};
+    for (int i = 0; i < N; i++)
+        both[placement_table_owner("count/t1", ids[i], 2)] = true;
+    assert_true(both[0] && both[1]);
+    ps_server_stats a[2], b[2];
+    for (int s = 0; s < 2; s++)
+        assert_int_equal(ps_server_status(c, s, &a[s]), PS_OK);
+    for (int k = 0; k < 10; k++)
+        assert_int_equal(ps_step_ex(c, items, 1, ti, 2, PS_STEP_CLOCK), PS_OK);
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(ps_server_status(c, s, &b[s]), PS_OK);
+        fprintf(stderr, "ps %d: %llu requests for 10 steps of a split variable and 2 tables\n", s,
+                (unsigned long long)(b[s].requests - a[s].requests - 1));
+        /* 10 steps, plus the status request itself (counted when it arrives). */
+        assert_int_equal(b[s].requests - a[s].requests, 10 + 1);
+    }
+    /* Each step applied the dense push on each shard and two table pushes on each server. */
+    assert_int_equal(b[0].updates_applied - a[0].updates_applied + b[1].updates_applied -
+                         a[1].updates_applied,
+                     10 * (ps_var_num_shards(v) + 2 * 2));
+    free(dg);
+    free(dp);
+    ps_table_free(t1);
+    ps_table_free(t2);
+    ps_client_close(c);
+}
+
+/* ---- raw Step requests with table items ---------------------------------------------------- */
+
+typedef struct raw_titem {
+    const char *name;
+    const int64_t *ids;
+    size_t n;
+    uint32_t dim;
+    const float *grads; /* NULL: no push */
+    uint64_t seq;
+    bool pull;
+} raw_titem;
+
+/* One Step request with one table item (FLOAT32 or BFLOAT16 segment, cut short by `short_by`
+ * bytes); returns the status, the duplicate flag and the pulled rows (widened to float). */
+static int raw_table_step(int port, uint64_t client, const raw_titem *it, int dtype,
+                          size_t short_by, bool *duplicate, float *rows, char *msg, size_t cap)
+{
+    Psd__V1__StepTableItem ti = PSD__V1__STEP_TABLE_ITEM__INIT;
+    ti.name = (char *)it->name;
+    ti.n = it->n;
+    ti.push = it->grads != NULL;
+    ti.seq = it->seq;
+    ti.pull = it->pull;
+    Psd__V1__StepTableItem *tis[1] = {&ti};
+    Psd__V1__StepRequest req = PSD__V1__STEP_REQUEST__INIT;
+    req.n_table_items = 1;
+    req.table_items = tis;
+    uint8_t body[512];
+    size_t blen = psd__v1__step_request__pack(&req, body);
+    size_t esize = frame_dtype_size(dtype);
+    size_t seglen = 8 * it->n + (it->grads ? esize * it->n * it->dim : 0);
+    uint8_t *seg = calloc(seglen + 8, 1);
+    memcpy(seg, it->ids, 8 * it->n);
+    if (it->grads)
+        frame_put_floats(seg + 8 * it->n, it->grads, it->n * it->dim, dtype);
+    seglen -= short_by;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__STEP;
+    env.request_id = it->seq + 1;
+    env.worker_id = -1;
+    env.client_id = client;
+    env.body.data = body;
+    env.body.len = blen;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = (Psd__V1__DType)dtype;
+    t.count = seglen / esize;
+    env.tensor = &t;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(port, &env, seg, seglen, &f, &m);
+    free(seg);
+    assert_true(st > -1000);
+    snprintf(msg, cap, "%s", f.env->message);
+    if (st == STATUS_OK) {
+        Psd__V1__StepReply *r =
+            psd__v1__step_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        assert_non_null(r);
+        assert_int_equal(r->n_results, 0);
+        assert_int_equal(r->n_table_results, 1);
+        *duplicate = r->table_results[0]->duplicate;
+        size_t want = it->pull ? it->n * it->dim : 0;
+        assert_int_equal(f.segment_len, want * esize);
+        if (want)
+            frame_get_floats(rows, f.segment, want, dtype);
+        psd__v1__step_reply__free_unpacked(r, NULL);
+    } else {
+        fprintf(stderr, "raw step: %s: %s\n", status_name(st), msg);
+    }
+    frame_fini(&f);
+    nng_msg_free(m);
+    return st;
+}
+
+/* An id of `table` owned by server `server`, from `from` up. */
+static int64_t id_on(const char *table, uint32_t server, int64_t from)
+{
+    while (placement_table_owner(table, from, 2) != server)
+        from++;
+    return from;
+}
+
+static void test_step_table_resent_applied_once(void **state)
+{
+    (void)state;
+    ps_client *c = worker(NULL, NULL, NULL);
+    ps_table *t = make_table(c, "once/emb", DIM);
+    assert_non_null(t);
+    int64_t ids[2];
+    ids[0] = id_on("once/emb", 1, 10);
+    ids[1] = ids[0];
+    float g[2 * DIM] = {1, 1, 1, 1, 1, 1, 1, 1}, rows[2 * DIM];
+    raw_titem it = {"once/emb", ids, 2, DIM, g, 5, true};
+    bool dup = true;
+    char msg[512];
+    assert_int_equal(raw_table_step(tc.ports[1], 0x77, &it, PSD__V1__DTYPE__FLOAT32, 0, &dup, rows,
+                                    msg, sizeof(msg)),
+                     STATUS_OK);
+    assert_false(dup);
+    for (int k = 0; k < 2 * DIM; k++)
+        assert_true(rows[k] == 1.0f - LR * 2.0f); /* duplicates summed */
+    /* The same request again (a resend): dropped, the rows unchanged. */
+    assert_int_equal(raw_table_step(tc.ports[1], 0x77, &it, PSD__V1__DTYPE__FLOAT32, 0, &dup, rows,
+                                    msg, sizeof(msg)),
+                     STATUS_OK);
+    assert_true(dup);
+    for (int k = 0; k < 2 * DIM; k++)
+        assert_true(rows[k] == 0.0f);
+    it.seq = 6;
+    assert_int_equal(raw_table_step(tc.ports[1], 0x77, &it, PSD__V1__DTYPE__FLOAT32, 0, &dup, rows,
+                                    msg, sizeof(msg)),
+                     STATUS_OK);
+    assert_false(dup);
+    assert_true(rows[0] == -1.0f);
+    ps_table_free(t);
+    ps_client_close(c);
+}
+
+static void test_step_table_bad_input(void **state)
+{
+    (void)state;
+    ps_client *c = worker(NULL, NULL, NULL);
+    ps_table *t = make_table(c, "bad/emb", DIM);
+    ps_var *v = test_make_var_bound(c, "bad/dense", 3, PS_STALENESS_ASYNC);
+    assert_non_null(t);
+    assert_non_null(v);
+    int64_t own0 = id_on("bad/emb", 0, 1), own1 = id_on("bad/emb", 1, 1);
+    int64_t ids[1] = {own1};
+    float g[DIM] = {1, 2, 3, 4}, rows[DIM];
+    bool dup;
+    char msg[512];
+    raw_titem it = {"bad/none", ids, 1, DIM, g, 3, true};
+    assert_int_equal(raw_table_step(tc.ports[0], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
+                     STATUS_NOT_FOUND);
+    assert_non_null(strstr(msg, "bad/none"));
+    it.name = "bad/dense";
+    assert_int_equal(raw_table_step(tc.ports[0], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
+                     STATUS_NOT_FOUND);
+    assert_non_null(strstr(msg, "dense variable"));
+    it.name = "bad/emb";
+    assert_int_equal(raw_table_step(tc.ports[0], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "belongs on ps 1"));
+    assert_int_equal(raw_table_step(tc.ports[1], 5, &it, 1, 4, &dup, rows, msg, sizeof(msg)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "segment"));
+    it.grads = NULL;
+    it.pull = false;
+    assert_int_equal(raw_table_step(tc.ports[1], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "neither pushes nor pulls"));
+    float nan_g[DIM] = {1, NAN, 3, 4};
+    it.grads = nan_g;
+    it.pull = true;
+    assert_int_equal(raw_table_step(tc.ports[1], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "not finite"));
+    /* Nothing was applied by any of them: the row is still the initializer's. */
+    float now[DIM];
+    assert_int_equal(ps_table_pull(t, ids, 1, now), PS_OK);
+    for (int k = 0; k < DIM; k++)
+        assert_true(now[k] == 1.0f);
+    /* The C API's own checks. */
+    ps_table_item ti = PS_TABLE_ITEM_INIT;
+    ti.table = t;
+    ti.ids = &own0;
+    ti.n = 1;
+    assert_int_equal(ps_step_ex(c, NULL, 0, &ti, 1, 0), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(ps_last_error(), "neither grads nor rows"));
+    ti.rows = rows;
+    ti.struct_size = 8;
+    assert_int_equal(ps_step_ex(c, NULL, 0, &ti, 1, 0), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(ps_last_error(), "struct_size"));
+    ti.struct_size = sizeof(ti);
+    ti.ids = NULL;
+    assert_int_equal(ps_step_ex(c, NULL, 0, &ti, 1, 0), PS_INVALID_ARGUMENT);
+    ti.ids = &own0;
+    assert_int_equal(ps_step_ex(c, NULL, 0, &ti, 1, 0), PS_OK);
+    ps_table_free(t);
+    ps_client_close(c);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_step_tables_exact, start, stop),
+        cmocka_unit_test_setup_teardown(test_step_tables_chunked, start, stop),
+        cmocka_unit_test_setup_teardown(test_step_tables_one_request_per_server, start, stop),
+        cmocka_unit_test_setup_teardown(test_step_table_resent_applied_once, start, stop),
+        cmocka_unit_test_setup_teardown(test_step_table_bad_input, start, stop),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
