@@ -489,7 +489,8 @@ uint32_t ps_table_dim(const ps_table *t);
 
 /* Rows of ids[0..n) into rows[0..n*dim), in the caller's order, duplicates repeated. The ids
  * are split by owning server and sent to all of them at once, in requests of at most
- * ps_table_max_ids ids. Blocks. */
+ * ps_table_max_ids ids. Rows (and ps_table_push's gradients) travel in the client's
+ * wire-dtype: bfloat16 rounds them on the wire, the servers keep and apply float32. Blocks. */
 int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows);
 /* Pushes gradients grads[i*dim .. (i+1)*dim) of ids[i]; the servers sum duplicate ids of a
  * request and apply their optimizer once per distinct row. Each request is applied exactly

@@ -186,10 +186,12 @@ static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     client_envelope(c, &env, tc->push ? PSD__V1__METHOD__TABLE_PUSH : PSD__V1__METHOD__TABLE_PULL,
                     deadline_ms);
     env.seq = p->seq;
-    size_t seglen = p->count * 8 + (tc->push ? p->count * dim * sizeof(float) : 0);
+    /* Rows and gradients in the wire dtype; count: the segment's length in its elements. */
+    size_t esize = frame_dtype_size(c->wire_dtype);
+    size_t seglen = p->count * 8 + (tc->push ? p->count * dim * esize : 0);
     Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
-    tm.dtype = PSD__V1__DTYPE__FLOAT32; /* count: the segment's length in 4-byte words */
-    tm.count = seglen / 4;
+    tm.dtype = (Psd__V1__DType)c->wire_dtype;
+    tm.count = seglen / esize;
     env.tensor = &tm;
     Psd__V1__TablePushRequest push = PSD__V1__TABLE_PUSH_REQUEST__INIT;
     Psd__V1__TablePullRequest pull = PSD__V1__TABLE_PULL_REQUEST__INIT;
@@ -205,7 +207,7 @@ static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     if (tc->push) {
         uint8_t *g = seg + 8 * p->count;
         for (size_t k = 0; k < p->count; k++)
-            memcpy(g + k * dim * sizeof(float), tc->grads + ord[k] * dim, dim * sizeof(float));
+            frame_put_floats(g + k * dim * esize, tc->grads + ord[k] * dim, dim, c->wire_dtype);
     }
     return 0;
 }
@@ -215,17 +217,19 @@ static void table_part_done(void *arg, int status, const char *message, const fr
     table_part *p = arg;
     table_call *tc = p->tc;
     size_t dim = tc->t->dim;
+    int dtype = tc->t->c->wire_dtype;
+    size_t esize = frame_dtype_size(dtype);
     if (status == STATUS_OK && !tc->push) {
         if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||
-            reply->env->tensor->dtype != PSD__V1__DTYPE__FLOAT32 ||
-            reply->segment_len != p->count * dim * sizeof(float)) {
+            (int)reply->env->tensor->dtype != dtype ||
+            reply->segment_len != p->count * dim * esize) {
             status = STATUS_INTERNAL;
-            message = "TablePull reply does not carry one row per id";
+            message = "TablePull reply does not carry one row per id in the wire dtype";
         } else {
             const size_t *ord = tc->order + p->start;
             for (size_t k = 0; k < p->count; k++)
-                memcpy(tc->rows + ord[k] * dim, reply->segment + k * dim * sizeof(float),
-                       dim * sizeof(float));
+                frame_get_floats(tc->rows + ord[k] * dim, reply->segment + k * dim * esize, dim,
+                                 dtype);
         }
     }
     client_op_release(tc->op, p->server, status, message);

@@ -487,8 +487,9 @@ static table_entry *resolve_table(server_state *st, rpc_call *call, const char *
 }
 
 /* Checks a TablePull/TablePush's n and segment (ids, then for a push n rows of gradients in
- * the segment's dtype), copies the ids (aligned) into *ids_out and checks this server owns
- * each. Replies with the error and returns false otherwise. */
+ * the segment's dtype, FLOAT32 or BFLOAT16: the frame layer refused any other), copies the ids
+ * (aligned) into *ids_out and checks this server owns each. Replies with the error and returns
+ * false otherwise. */
 static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t n, bool push,
                       int64_t **ids_out, const uint8_t **grads_out)
 {
@@ -500,13 +501,6 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
                         "table \"%s\": n = %llu ids (must be 1..%llu per request)", name,
                         (unsigned long long)n, (unsigned long long)SERVER_TABLE_MAX_IDS);
-        return false;
-    }
-    if (env->tensor->dtype != PSD__V1__DTYPE__FLOAT32) {
-        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "table \"%s\": Envelope.tensor.dtype must be FLOAT32 (its count is the "
-                        "segment's length in 4-byte words; BFLOAT16 is not supported for tables)",
-                        name);
         return false;
     }
     size_t esize = frame_dtype_size(env->tensor->dtype);

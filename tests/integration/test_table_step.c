@@ -396,6 +396,111 @@ static void test_step_table_bad_input(void **state)
     ps_client_close(c);
 }
 
+/* ---- bfloat16 on the wire -------------------------------------------------------------- */
+
+static ps_client *plain_client(const char *wire)
+{
+    char tf[1400];
+    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    ps_config *cfg;
+    ps_client *c = NULL;
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "wire-dtype", wire), PS_OK);
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static float bf16(float x)
+{
+    uint8_t b[2];
+    float y;
+    frame_put_floats(b, &x, 1, PSD__V1__DTYPE__BFLOAT16);
+    frame_get_floats(&y, b, 1, PSD__V1__DTYPE__BFLOAT16);
+    return y;
+}
+
+/* What the servers hold after one SGD push of g (rounded to bfloat16 when `round`) from 1.0,
+ * duplicates summed in order as the server does. */
+static void sgd_rows(const int64_t *ids, size_t n, const float *g, uint32_t dim, bool round,
+                     float *want)
+{
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < dim; k++) {
+            float sum = 0;
+            bool first = true;
+            for (size_t j = 0; j < n; j++) {
+                if (ids[j] != ids[i])
+                    continue;
+                float x = round ? bf16(g[j * dim + k]) : g[j * dim + k];
+                sum = first ? x : sum + x;
+                first = false;
+            }
+            volatile float step = LR * sum;
+            want[i * dim + k] = 1.0f - step;
+        }
+}
+
+/* TablePull, TablePush and table items in Step with wire-dtype bfloat16: the rows the servers
+ * hold are exactly float32 SGD on the bfloat16-rounded gradients, the rows pulled are those
+ * rounded to bfloat16, and both are within bfloat16 rounding of the float32 wire's rows. */
+static void test_bf16_wire(void **state)
+{
+    (void)state;
+    ps_client *c32 = plain_client("float32"), *c16 = plain_client("bfloat16");
+    ps_client *w16 = worker(NULL, NULL, "bfloat16");
+    ps_table *a = make_table(c32, "bf/a", DIM), *b = make_table(c16, "bf/b", DIM);
+    ps_table *b32 = NULL, *s16 = make_table(w16, "bf/s", DIM), *s32 = NULL;
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(s16);
+    assert_int_equal(ps_table_lookup(c32, "bf/b", &b32), PS_OK);
+    assert_int_equal(ps_table_lookup(c32, "bf/s", &s32), PS_OK);
+    enum { N = 50 };
+    int64_t ids[N];
+    float g[N * DIM], ra[N * DIM], rb[N * DIM], rb_held[N * DIM], want[N * DIM];
+    some_ids(ids, N, 77);
+    for (size_t i = 0; i < N * DIM; i++)
+        g[i] = 0.1f * (float)(i % 13 + 1) + 0.0137f * (float)(i % 5); /* not bfloat16 values */
+    assert_int_equal(ps_table_push(a, ids, N, g), PS_OK);
+    assert_int_equal(ps_table_push(b, ids, N, g), PS_OK);
+    assert_int_equal(ps_table_pull(a, ids, N, ra), PS_OK);
+    assert_int_equal(ps_table_pull(b, ids, N, rb), PS_OK);
+    assert_int_equal(ps_table_pull(b32, ids, N, rb_held), PS_OK);
+    sgd_rows(ids, N, g, DIM, false, want);
+    assert_memory_equal(ra, want, sizeof(ra)); /* float32: exact */
+    sgd_rows(ids, N, g, DIM, true, want);
+    assert_memory_equal(rb_held, want, sizeof(rb_held)); /* applied in float32 */
+    double worst = 0;
+    for (size_t i = 0; i < N * DIM; i++) {
+        assert_true(rb[i] == bf16(rb_held[i])); /* sent back rounded */
+        /* Each gradient within 2^-9 relative, the row within 2^-9 of its value. */
+        double bound = fabs(ra[i]) / 256.0 + LR * 2 * fabs(g[i]) * 3 / 256.0 + 1e-6;
+        double d = fabs((double)rb[i] - (double)ra[i]);
+        worst = d > worst ? d : worst;
+        assert_true(d <= bound);
+    }
+    fprintf(stderr, "bfloat16 wire: largest |row - float32 wire's row| = %g\n", worst);
+    /* A step's table item on a bfloat16 wire: the same rounding both ways. */
+    float rs[N * DIM];
+    ps_table_item ti = PS_TABLE_ITEM_INIT;
+    ti.table = s16, ti.ids = ids, ti.n = N, ti.grads = g, ti.rows = rs;
+    assert_int_equal(ps_step_ex(w16, NULL, 0, &ti, 1, PS_STEP_CLOCK), PS_OK);
+    assert_int_equal(ps_table_pull(s32, ids, N, rb_held), PS_OK);
+    assert_memory_equal(rb_held, want, sizeof(rb_held));
+    for (size_t i = 0; i < N * DIM; i++)
+        assert_true(rs[i] == bf16(want[i]));
+    ps_table_free(a);
+    ps_table_free(b);
+    ps_table_free(b32);
+    ps_table_free(s16);
+    ps_table_free(s32);
+    ps_client_close(c32);
+    ps_client_close(c16);
+    ps_client_close(w16);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -405,6 +510,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_step_tables_one_request_per_server, start, stop),
         cmocka_unit_test_setup_teardown(test_step_table_resent_applied_once, start, stop),
         cmocka_unit_test_setup_teardown(test_step_table_bad_input, start, stop),
+        cmocka_unit_test_setup_teardown(test_bf16_wire, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
