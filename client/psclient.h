@@ -454,8 +454,8 @@ int ps_shutdown_cluster(ps_client *c);
  * A row is made on a server the first time a push touches its id (from the initializer, a pure
  * function of (seed, table name, id)); a pull of an id without a row returns the initializer's
  * row without making it. Every int64 id is valid, negative ones included. Each id's row lives
- * on the server proto/README.md's table placement names. Tables are asynchronous (no
- * staleness bound), are not in checkpoints yet, and are kept until the servers exit. */
+ * on the server proto/README.md's table placement names. A table has a staleness bound like
+ * a variable (ps_table_spec.staleness; BSP excepted) and is in the servers' checkpoints. */
 typedef struct ps_table ps_table;
 
 typedef struct ps_table_spec {
@@ -473,10 +473,15 @@ typedef struct ps_table_spec {
     uint32_t min_count;       /* pushes of an id before its row is made (0, 1: the first) */
     int64_t ttl_ms;           /* rows not updated for this long are removed (0: never) */
     uint64_t max_rows; /* rows per server at most, least recently updated evicted (0: none) */
+    /* PS_STALENESS_DEFAULT (the servers' default-staleness), PS_STALENESS_ASYNC, or s >= 1
+     * (SSP: a pull by a worker at clock c waits until every live worker reached c - s, as for
+     * variables). PS_STALENESS_BSP is refused (PS_INVALID_ARGUMENT): see docs/design.md. */
+    int staleness;
 } ps_table_spec;
 
 /* Fills *spec with the defaults (zeros initializer, the optimizer's default settings as for
- * variables; FTRL: learning_rate 0.05, ftrl_beta 1, l1 = l2 = 0; no admission or eviction). */
+ * variables; FTRL: learning_rate 0.05, ftrl_beta 1, l1 = l2 = 0; no admission or eviction;
+ * staleness PS_STALENESS_DEFAULT). */
 void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_optimizer opt);
 
 /* Creates the table on every server (idempotent for the same spec; another spec under the

@@ -31,6 +31,7 @@ void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_
     spec->initial_accumulator = 0.1;
     spec->weight_decay = 0.01;
     spec->ftrl_beta = 1.0;
+    spec->staleness = PS_STALENESS_DEFAULT;
     if (opt == PS_OPT_ADAM || opt == PS_OPT_ADAMW)
         spec->learning_rate = 0.001;
     if (opt == PS_OPT_ADAGRAD)
@@ -98,7 +99,7 @@ int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
     w.init_a = spec->init_a;
     w.init_b = spec->init_b;
     w.seed = spec->seed;
-    w.staleness = -1;
+    w.staleness = spec->staleness;
     w.min_count = spec->min_count;
     w.ttl_ms = spec->ttl_ms;
     w.max_rows = spec->max_rows;

@@ -656,6 +656,14 @@ static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min
             sync_record(st, k->vars[i], k->clock, min_clock, wait_ns);
         k->res[i].version = atomic_load(&k->vars[i]->version);
     }
+    for (size_t j = 0; j < k->nt; j++) {
+        if (k->req->table_items[j]->pull && server_table_deleted(k->tabs[j])) {
+            rpc_reply_error(call, STATUS_NOT_FOUND, "table \"%s\" was deleted",
+                            server_table_name(k->tabs[j]));
+            step_free(k);
+            return;
+        }
+    }
     Psd__V1__StepReply rep = PSD__V1__STEP_REPLY__INIT;
     rep.n_results = k->n;
     rep.results = k->resp;

@@ -70,6 +70,8 @@ void server_table_put(server_table *e);
 const char *server_table_name(const server_table *e);
 uint32_t server_table_dim(const server_table *e);
 int32_t server_table_staleness(const server_table *e);
+/* True once the table was deleted (its calls in flight answer NOT_FOUND). */
+bool server_table_deleted(const server_table *e);
 /* Copies n ids (int64 little-endian, 8 x n bytes of seg, any alignment) into *ids (malloc'd)
  * and checks that n is in 1..SERVER_TABLE_MAX_IDS and this server owns each. Returns
  * STATUS_OK, or a status with a message naming the table, the id and its owner. */

@@ -23,6 +23,7 @@ typedef struct table_entry {
     Psd__V1__TableSpec *spec; /* unpacked copy of the spec it was created with */
     _Atomic int64_t last_sweep_ms;
     _Atomic uint64_t refs; /* the registry's reference and every call's that found it */
+    _Atomic bool deleted;  /* unlinked by TableDelete: calls still holding it answer NOT_FOUND */
 } table_entry;
 
 struct server_tables {
@@ -221,13 +222,23 @@ void handle_table_create(rpc_call *call, void *arg)
                         s->name, s->num_servers, st->num_servers);
         return;
     }
-    if (s->staleness == -2)
+    bool from_default = s->staleness == -2;
+    if (from_default)
         s->staleness = st->default_staleness;
-    if (s->staleness != -1) {
+    if (s->staleness < -1 || s->staleness > 1000000) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "table \"%s\": staleness %d: tables are asynchronous only for now "
-                        "(staleness -1)",
+                        "table \"%s\": staleness %d (use -1 async, 1..1000000 SSP, -2 the "
+                        "server's default)",
                         s->name, (int)s->staleness);
+        return;
+    }
+    if (s->staleness == 0) {
+        /* docs/design.md "Staleness of tables": why BSP is refused rather than half done. */
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "table \"%s\": staleness 0 (BSP%s) is not supported for sparse tables: "
+                        "give the table a staleness of -1 (asynchronous) or s >= 1 (SSP: a pull "
+                        "at clock c waits until every live worker reached c - s)",
+                        s->name, from_default ? ", this server's default-staleness" : "");
         return;
     }
     variable *v = store_find(st->vars, s->name);
@@ -361,6 +372,11 @@ uint32_t server_table_dim(const server_table *e)
 int32_t server_table_staleness(const server_table *e)
 {
     return e->spec->staleness;
+}
+
+bool server_table_deleted(const server_table *e)
+{
+    return atomic_load(&e->deleted);
 }
 
 int server_table_ids(server_state *st, const server_table *e, const uint8_t *seg, uint64_t n,
@@ -553,6 +569,41 @@ void handle_table_lookup(rpc_call *call, void *arg)
     entry_put(e);
 }
 
+/* A TablePull's ids and table, held until its rows are read (now, or when the staleness bound
+ * allows). */
+typedef struct table_pull_wait {
+    table_entry *e;
+    int64_t *ids;
+    uint64_t n;
+} table_pull_wait;
+
+static void table_pull_drop(void *arg, bool timed_out)
+{
+    (void)timed_out;
+    table_pull_wait *w = arg;
+    free(w->ids);
+    entry_put(w->e);
+    free(w);
+}
+
+static void table_pull_answer(server_state *st, rpc_call *call, void *arg, int64_t min_clock,
+                              uint64_t wait_ns)
+{
+    (void)st, (void)min_clock, (void)wait_ns;
+    table_pull_wait *w = arg;
+    if (atomic_load(&w->e->deleted)) {
+        rpc_reply_error(call, STATUS_NOT_FOUND, "table \"%s\" was deleted", table_name(w->e->t));
+    } else {
+        int dtype = rpc_call_envelope(call)->tensor->dtype;
+        size_t count = (size_t)w->n * table_dim(w->e->t);
+        Psd__V1__TablePullReply rep = PSD__V1__TABLE_PULL_REPLY__INIT;
+        uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, dtype, 0, count);
+        if (dst != NULL && server_table_read(w->e, w->ids, w->n, dst, dtype) != 0)
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for rows");
+    }
+    table_pull_drop(w, false);
+}
+
 void handle_table_pull(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -565,14 +616,26 @@ void handle_table_pull(rpc_call *call, void *arg)
         entry_put(e);
         return;
     }
-    int dtype = rpc_call_envelope(call)->tensor->dtype;
-    size_t count = (size_t)req->n * table_dim(e->t);
-    Psd__V1__TablePullReply rep = PSD__V1__TABLE_PULL_REPLY__INIT;
-    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, dtype, 0, count);
-    if (dst != NULL && server_table_read(e, ids, req->n, dst, dtype) != 0)
-        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for rows");
-    free(ids);
-    entry_put(e);
+    table_pull_wait *w = malloc(sizeof(*w));
+    if (w == NULL) {
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for a pull");
+        free(ids);
+        entry_put(e);
+        return;
+    }
+    *w = (table_pull_wait){e, ids, req->n};
+    const envelope *env = rpc_call_envelope(call);
+    int32_t bound = e->spec->staleness;
+    if (bound < 0) {
+        table_pull_answer(st, call, w, 0, 0);
+        return;
+    }
+    /* SSP: like a dense pull, at clock c it waits until every live worker reached c - s. */
+    char what[160];
+    snprintf(what, sizeof(what), "pull of table \"%.64s\" at clock %lld (bound: clock %lld)",
+             table_name(e->t), (long long)env->clock, (long long)(env->clock - bound));
+    sync_wait(st, call, env->worker_id, env->clock, env->clock - bound, what, table_pull_answer,
+              table_pull_drop, w);
 }
 
 void handle_table_push(rpc_call *call, void *arg)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cluster_proc.h"
 #include "frame.h"
@@ -501,6 +502,122 @@ static void test_bf16_wire(void **state)
     ps_client_close(w16);
 }
 
+/* ---- staleness bounds ------------------------------------------------------------------- */
+
+static int start_workers2(void **state)
+{
+    (void)state;
+    return test_cluster_start_workers(&tc, server_bin, 2, 2, NULL);
+}
+
+static int start_bsp_default(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--default-staleness", "0", NULL};
+    return test_cluster_start(&tc, server_bin, 2, flags);
+}
+
+static ps_table *make_table_bound(ps_client *c, const char *name, int staleness)
+{
+    ps_table_spec s;
+    ps_table_spec_init(&s, name, DIM, PS_OPT_SGD);
+    s.staleness = staleness;
+    ps_table *t = NULL;
+    int rc = ps_table_create(c, &s, &t);
+    if (rc != PS_OK)
+        fprintf(stderr, "create table %s (staleness %d): %s\n", name, staleness, ps_last_error());
+    return t;
+}
+
+/* BSP is refused for tables with a message that says what to use instead; -1 and SSP work. */
+static void test_table_bsp_refused(void **state)
+{
+    (void)state;
+    ps_client *c = plain_client("float32");
+    assert_null(make_table_bound(c, "bsp/explicit", PS_STALENESS_BSP));
+    assert_non_null(strstr(ps_last_error(), "staleness 0 (BSP) is not supported"));
+    /* The servers' default-staleness is 0 here: a table asking for the default says so. */
+    assert_null(make_table_bound(c, "bsp/default", PS_STALENESS_DEFAULT));
+    assert_non_null(strstr(ps_last_error(), "default-staleness"));
+    assert_null(make_table_bound(c, "bsp/huge", 2000000));
+    ps_table *a = make_table_bound(c, "bsp/async", PS_STALENESS_ASYNC);
+    ps_table *b = make_table_bound(c, "bsp/ssp", 3);
+    assert_non_null(a);
+    assert_non_null(b);
+    ps_table_free(a);
+    ps_table_free(b);
+    ps_client_close(c);
+}
+
+/* A table with staleness 1: worker 0 at clock 2 waits to pull (TablePull and a Step's table
+ * item) until worker 1 reaches clock 1; a pull of an asynchronous table and a non-worker's
+ * pull never wait; a wait past the deadline names the worker it waited for. */
+static void test_table_ssp_bound(void **state)
+{
+    (void)state;
+    const char *const s0[] = {"deadline-ms", "20000", NULL};
+    const char *const s1[] = {"deadline-ms", "20000", NULL};
+    ps_client *w0 = test_cluster_open_worker(&tc, 0, s0),
+              *w1 = test_cluster_open_worker(&tc, 1, s1);
+    ps_client *plain = plain_client("float32");
+    ps_table *t = make_table_bound(w0, "ssp/emb", 1), *fast = make_table_bound(w0, "ssp/a", -1);
+    assert_non_null(t);
+    assert_non_null(fast);
+    int64_t ids[8];
+    float rows[8 * DIM], g[8 * DIM];
+    some_ids(ids, 8, 3);
+    some_grads(g, 8, DIM);
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w0, NULL), PS_OK); /* worker 0 at 2, worker 1 at 0 */
+    ps_op *op;
+    assert_int_equal(ps_table_pull_async(t, ids, 8, rows, NULL, NULL, &op), PS_OK);
+    ps_table_item ti = PS_TABLE_ITEM_INIT;
+    ti.table = t, ti.ids = ids, ti.n = 8, ti.grads = g, ti.rows = rows;
+    float rows2[8 * DIM];
+    ps_table_item ti2 = ti;
+    ti2.rows = rows2;
+    ps_op *sop;
+    assert_int_equal(ps_step_ex_async(w0, NULL, 0, &ti2, 1, 0, NULL, NULL, &sop), PS_OK);
+    /* The asynchronous table and a client that is no worker read at once. */
+    assert_int_equal(ps_table_pull(fast, ids, 8, rows2), PS_OK);
+    ps_table *tp;
+    assert_int_equal(ps_table_lookup(plain, "ssp/emb", &tp), PS_OK);
+    assert_int_equal(ps_table_pull(tp, ids, 8, rows2), PS_OK);
+    struct timespec ts = {0, 400 * 1000000};
+    nanosleep(&ts, NULL);
+    assert_false(ps_op_done(op));
+    assert_false(ps_op_done(sop));
+    assert_int_equal(ps_clock(w1, NULL), PS_OK); /* worker 1 at 1 = 2 - 1: both may read */
+    assert_int_equal(ps_op_wait(op), PS_OK);
+    assert_int_equal(ps_op_wait(sop), PS_OK);
+    ps_op_destroy(op);
+    ps_op_destroy(sop);
+    /* The step's push was applied before its pull read the rows. */
+    float after[8 * DIM];
+    assert_int_equal(ps_table_pull(tp, ids, 8, after), PS_OK);
+    assert_memory_equal(rows2, after, sizeof(after));
+    /* A wait that outlasts its deadline names the worker it waits for. */
+    assert_int_equal(ps_clock(w0, NULL), PS_OK); /* worker 0 at 3: needs 2 */
+    ps_client_close(w0);
+    const char *const s0b[] = {"deadline-ms", "700", NULL};
+    w0 = test_cluster_open_worker(&tc, 0, s0b);
+    ps_table *t0;
+    assert_int_equal(ps_table_lookup(w0, "ssp/emb", &t0), PS_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    int rc = ps_table_pull(t0, ids, 8, rows);
+    fprintf(stderr, "pull past the deadline: %s: %s\n", ps_strerror(rc), ps_last_error());
+    assert_int_equal(rc, PS_DEADLINE_EXCEEDED);
+    assert_non_null(strstr(ps_last_error(), "worker 1"));
+    ps_table_free(t0);
+    ps_table_free(t);
+    ps_table_free(tp);
+    ps_table_free(fast);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    ps_client_close(plain);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -511,6 +628,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_step_table_resent_applied_once, start, stop),
         cmocka_unit_test_setup_teardown(test_step_table_bad_input, start, stop),
         cmocka_unit_test_setup_teardown(test_bf16_wire, start, stop),
+        cmocka_unit_test_setup_teardown(test_table_bsp_refused, start_bsp_default, stop),
+        cmocka_unit_test_setup_teardown(test_table_ssp_bound, start_workers2, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

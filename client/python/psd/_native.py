@@ -97,6 +97,7 @@ class TableSpec(Structure):
         ("min_count", c_uint32),
         ("ttl_ms", c_int64),
         ("max_rows", c_uint64),
+        ("staleness", c_int),
     ]
 
 

@@ -880,6 +880,7 @@ class Client:
                      min_count: int = 0,
                      ttl_ms: int = 0,
                      max_rows: int = 0,
+                     staleness: int = -2,
                      **hparams: float) -> Table:
         """Creates a sparse table on every server (idempotent for the same spec; another
         spec raises AlreadyExistsError).
@@ -891,6 +892,9 @@ class Client:
                 a row is a pure function of (seed, name, id).
             min_count: pushes of an id before its row is made; ttl_ms: rows not updated for
                 that long are removed; max_rows: rows per server at most (LRU eviction).
+            staleness: -2 the servers' default-staleness, -1 asynchronous, s >= 1 SSP (a
+                worker's pull at clock c waits until every live worker reached c - s); 0
+                (BSP) is refused for tables.
             hparams: learning_rate, momentum, nesterov, beta1, beta2, epsilon,
                 initial_accumulator, weight_decay, ftrl_beta, l1, l2.
         Blocks.
@@ -914,6 +918,7 @@ class Client:
         spec.min_count = min_count
         spec.ttl_ms = ttl_ms
         spec.max_rows = max_rows
+        spec.staleness = staleness
         known = {f for f, _ in _native.TableSpec._fields_}
         for field, value in hparams.items():
             if field not in known or field in ("name", "dim", "optimizer", "initializer"):
