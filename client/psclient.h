@@ -230,8 +230,9 @@ int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out);
  * Blocks (unless the handle is cached). */
 int ps_var_lookup(ps_client *c, const char *name, ps_var **out);
 
-/* Deletes the variable from every server that holds it (each shard of a split one); admin
- * (see docs/operations.md "Security": a loopback peer, or the admin token). Pulls waiting on it
+/* Deletes the variable (or sparse table: ps_table_delete) from every server that holds it
+ * (each shard of a split one); admin (see docs/operations.md "Security": a loopback peer, or
+ * the admin token). Pulls waiting on it
  * for the staleness bound are answered PS_NOT_FOUND. PS_NOT_FOUND if no server has it. The
  * client's cached handle for the name is dropped from its name cache (not freed: it stays
  * valid memory until ps_client_close), so a later create/lookup makes a fresh handle; calls on
@@ -487,6 +488,13 @@ void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_
 /* Creates the table on every server (idempotent for the same spec; another spec under the
  * name is PS_ALREADY_EXISTS). *out is a handle to free with ps_table_free. Blocks. */
 int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out);
+/* Deletes the table from every server (admin, as ps_var_delete, whose request it sends: that
+ * call deletes a table of the name too). Its rows and their memory go; calls on a handle still
+ * held get PS_NOT_FOUND (a pull parked for the staleness bound when its wait ends), and the
+ * name may be created again at once with fresh rows. Like a variable's delete, it is not waited
+ * on until durable: a server killed before its next checkpoint restarts with the table.
+ * PS_NOT_FOUND if no server has it. Blocks. */
+int ps_table_delete(ps_client *c, const char *name);
 /* A handle to an existing table (PS_NOT_FOUND if none). Blocks. */
 int ps_table_lookup(ps_client *c, const char *name, ps_table **out);
 void ps_table_free(ps_table *t);
@@ -513,6 +521,31 @@ int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *
                         ps_done_fn cb, void *arg, ps_op **out_op);
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
+
+/* A table as the servers hold it, summed over every server (ps_table_info_get). struct_size
+ * is set by the caller to sizeof(ps_table_info); later versions add fields at the end only. */
+typedef struct ps_table_info {
+    size_t struct_size;
+    uint32_t dim;
+    int staleness; /* the bound in force: -1 or s >= 1 */
+    ps_optimizer optimizer;
+    int servers;               /* servers that hold it (all of them) */
+    uint64_t rows;             /* rows held */
+    uint64_t bytes;            /* memory held: row slabs, indexes, admission sketches */
+    uint64_t rows_created;     /* rows made (admitted) */
+    uint64_t pushes_counted;   /* pushed ids held back by min_count */
+    uint64_t evicted_ttl;      /* rows removed by ttl_ms */
+    uint64_t evicted_max_rows; /* rows removed to stay within max_rows */
+    uint64_t evicted_memory;   /* rows removed because max-server-bytes was reached */
+    uint64_t lookups;          /* ids pulled */
+    uint64_t rows_updated;     /* row updates applied */
+} ps_table_info;
+
+/* Fills *out (its struct_size set) for the table `name` from every server's ServerStatus.
+ * PS_NOT_FOUND if no server has it. Blocks. */
+int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out);
+/* The names of the cluster's tables, in name order; free with ps_names_free. Blocks. */
+int ps_table_list(ps_client *c, char ***names, size_t *count);
 
 /* One sparse table's part of a step (ps_step_ex): n ids of table, with grads (n x dim floats,
  * row i the gradient of ids[i]; NULL: no push) and/or room for their rows (n x dim floats;

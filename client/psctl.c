@@ -26,7 +26,8 @@ static const char usage_text[] =
     "[--json] COMMAND [ARGS]\n"
     "Commands:\n"
     "  status             counters of every server, the slowest worker, staleness\n"
-    "  vars [NAME]        list the variables, or describe one (shape, shards, staleness bound)\n"
+    "  vars [NAME]        list the variables and sparse tables, or describe one (shape, shards,\n"
+    "                     staleness bound; a table's dim, rows, bytes, admissions, evictions)\n"
     "  dump VAR FILE      pull VAR into FILE: raw little-endian float32, or NumPy .npy if FILE\n"
     "                     ends in .npy\n"
     "  checkpoint         checkpoint every server now\n"
@@ -198,13 +199,51 @@ static int cmd_status(ps_client *c)
 
 /* ---- vars ------------------------------------------------------------------------------ */
 
+/* A table's line (text) or object (JSON) in `vars`. */
+static void print_table(const char *name, const ps_table_info *t, bool json)
+{
+    uint64_t evicted = t->evicted_ttl + t->evicted_max_rows + t->evicted_memory;
+    if (json) {
+        printf("{\"name\":");
+        json_str(stdout, name);
+        printf(",\"kind\":\"table\",\"dim\":%u,\"staleness_bound\":%d,\"optimizer\":\"%s\","
+               "\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"admissions\":%" PRIu64
+               ",\"pushes_held_back\":%" PRIu64 ",\"evictions\":{\"ttl\":%" PRIu64
+               ",\"max_rows\":%" PRIu64 ",\"memory\":%" PRIu64 "}}",
+               t->dim, t->staleness,
+               t->optimizer == PS_OPT_FTRL ? "ftrl" : ps_optimizer_name(t->optimizer), t->rows,
+               t->bytes, t->rows_created, t->pushes_counted, t->evicted_ttl, t->evicted_max_rows,
+               t->evicted_memory);
+    } else {
+        printf("%s\ttable dim=%u rows=%" PRIu64 " bytes=%" PRIu64 " admissions=%" PRIu64
+               " evictions=%" PRIu64 "\n",
+               name, t->dim, t->rows, t->bytes, t->rows_created, evicted);
+    }
+}
+
 static int cmd_vars_list(ps_client *c)
 {
-    char **names = NULL;
-    size_t count = 0;
+    char **names = NULL, **tables = NULL;
+    size_t count = 0, ntables = 0;
     int rc = ps_var_list(c, &names, &count);
     if (rc != PS_OK)
         return fail("list variables", rc);
+    rc = ps_table_list(c, &tables, &ntables);
+    if (rc != PS_OK) {
+        ps_names_free(names, count);
+        return fail("list tables", rc);
+    }
+    ps_table_info *infos = calloc(ntables ? ntables : 1, sizeof(*infos));
+    for (size_t i = 0; infos && rc == PS_OK && i < ntables; i++) {
+        infos[i].struct_size = sizeof(infos[i]);
+        rc = ps_table_info_get(c, tables[i], &infos[i]);
+    }
+    if (infos == NULL || rc != PS_OK) {
+        ps_names_free(names, count);
+        ps_names_free(tables, ntables);
+        free(infos);
+        return fail("describe tables", infos ? rc : PS_RESOURCE_EXHAUSTED);
+    }
     if (json_out) {
         printf("{\"count\":%zu,\"variables\":[", count);
         for (size_t i = 0; i < count; i++) {
@@ -212,12 +251,48 @@ static int cmd_vars_list(ps_client *c)
                 putchar(',');
             json_str(stdout, names[i]);
         }
+        printf("],\"tables\":[");
+        for (size_t i = 0; i < ntables; i++) {
+            if (i)
+                putchar(',');
+            print_table(tables[i], &infos[i], true);
+        }
         printf("]}\n");
     } else {
         for (size_t i = 0; i < count; i++)
             printf("%s\n", names[i]);
+        for (size_t i = 0; i < ntables; i++)
+            print_table(tables[i], &infos[i], false);
     }
+    free(infos);
     ps_names_free(names, count);
+    ps_names_free(tables, ntables);
+    return 0;
+}
+
+/* `vars NAME` for a table. */
+static int cmd_table_one(ps_client *c, const char *name)
+{
+    ps_table_info t = {.struct_size = sizeof(t)};
+    int rc = ps_table_info_get(c, name, &t);
+    if (rc != PS_OK) {
+        char what[300];
+        snprintf(what, sizeof(what), "look up variable or table %s", name);
+        return fail(what, rc);
+    }
+    if (json_out) {
+        print_table(name, &t, true);
+        putchar('\n');
+        return 0;
+    }
+    printf("name:            %s\nkind:            table\ndim:             %u\n"
+           "optimizer:       %s\nstaleness bound: %d%s\nservers:         %d\n"
+           "rows:            %" PRIu64 "\nbytes:           %" PRIu64 "\n"
+           "admissions:      %" PRIu64 " (pushes held back by min_count: %" PRIu64 ")\n"
+           "evictions:       ttl %" PRIu64 ", max_rows %" PRIu64 ", memory %" PRIu64 "\n",
+           name, t.dim, t.optimizer == PS_OPT_FTRL ? "ftrl" : ps_optimizer_name(t.optimizer),
+           t.staleness, t.staleness < 0 ? " (asynchronous)" : "", t.servers, t.rows, t.bytes,
+           t.rows_created, t.pushes_counted, t.evicted_ttl, t.evicted_max_rows, t.evicted_memory);
     return 0;
 }
 
@@ -236,6 +311,8 @@ static int cmd_vars_one(ps_client *c, const char *name)
 {
     ps_var *v = NULL;
     int rc = ps_var_lookup(c, name, &v);
+    if (rc == PS_NOT_FOUND)
+        return cmd_table_one(c, name);
     if (rc != PS_OK) {
         char what[300];
         snprintf(what, sizeof(what), "look up variable %s", name);

@@ -1,6 +1,7 @@
 /* Sparse tables: create, lookup, pull and push. A pull or push splits its ids by owning server
  * (placement_table_owner), cuts each server's list into requests of at most max_ids ids, sends
  * them all at once and scatters the rows back into the caller's order. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,19 @@ int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     *out = t;
     return PS_OK;
+}
+
+int ps_table_delete(ps_client *c, const char *name)
+{
+    if (c == NULL || name == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_delete: NULL argument");
+    /* DeleteVariable to every server: a server deletes the table of that name when it holds no
+     * variable of it (names are unique across variables and tables). */
+    int rc = ps_var_delete(c, name);
+    if (rc == PS_NOT_FOUND)
+        return client_fail(PS_NOT_FOUND, "table \"%s\" not found on any of %d server(s)", name,
+                           c->nservers);
+    return rc;
 }
 
 int ps_table_lookup(ps_client *c, const char *name, ps_table **out)
@@ -369,4 +383,97 @@ int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *
                         ps_done_fn cb, void *arg, ps_op **out_op)
 {
     return table_call_start(t, true, ids, n, grads, NULL, cb, arg, out_op);
+}
+
+/* ServerStatus of one server for its tables: `variable` names the table (no variable has its
+ * name), or with NULL every table and at most one variable. */
+static int table_status_call(ps_client *c, int server, const char *name, ProtobufCMessage **reply)
+{
+    Psd__V1__ServerStatusRequest req = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    req.max_variables = 1;
+    req.variable = (char *)(name ? name : "");
+    return client_unary(c, &server, 1, PSD__V1__METHOD__SERVER_STATUS, &req.base,
+                        &psd__v1__server_status_reply__descriptor, reply);
+}
+
+int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out)
+{
+    if (c == NULL || name == NULL || out == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_info_get: NULL argument");
+    size_t want = out->struct_size;
+    if (want < offsetof(ps_table_info, rows_updated) + sizeof(uint64_t))
+        return client_fail(PS_INVALID_ARGUMENT,
+                           "ps_table_info_get: struct_size %zu: set it to sizeof(ps_table_info)",
+                           want);
+    ps_table_info sum;
+    memset(&sum, 0, sizeof(sum));
+    int found = 0;
+    for (int s = 0; s < c->nservers; s++) {
+        ProtobufCMessage *reply = NULL;
+        int rc = table_status_call(c, s, name, &reply);
+        if (rc != PS_OK)
+            return rc;
+        const Psd__V1__ServerStatusReply *r = (const void *)reply;
+        for (size_t i = 0; i < r->n_tables; i++) {
+            const Psd__V1__TableStatus *t = r->tables[i];
+            if (t->name == NULL || strcmp(t->name, name) != 0)
+                continue;
+            found++;
+            sum.dim = t->dim;
+            sum.staleness = t->staleness;
+            sum.optimizer = (ps_optimizer)t->optimizer;
+            sum.rows += t->rows;
+            sum.bytes += t->bytes;
+            sum.rows_created += t->rows_created;
+            sum.pushes_counted += t->pushes_counted;
+            sum.evicted_ttl += t->evicted_ttl;
+            sum.evicted_max_rows += t->evicted_max_rows;
+            sum.evicted_memory += t->evicted_memory;
+            sum.lookups += t->lookups;
+            sum.rows_updated += t->rows_updated;
+        }
+        client_free_replies(&reply, 1);
+    }
+    if (found == 0)
+        return client_fail(PS_NOT_FOUND, "table \"%s\" not found on any of %d server(s)", name,
+                           c->nservers);
+    sum.struct_size = want;
+    sum.servers = found;
+    memcpy(out, &sum, want < sizeof(sum) ? want : sizeof(sum));
+    return PS_OK;
+}
+
+int ps_table_list(ps_client *c, char ***names, size_t *count)
+{
+    if (c == NULL || names == NULL || count == NULL)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_list: NULL argument");
+    *names = NULL;
+    *count = 0;
+    /* Every table spans every server: server 0 lists them all. */
+    ProtobufCMessage *reply = NULL;
+    int rc = table_status_call(c, 0, NULL, &reply);
+    if (rc != PS_OK)
+        return rc;
+    const Psd__V1__ServerStatusReply *r = (const void *)reply;
+    if (r->n_tables < r->num_tables) {
+        client_free_replies(&reply, 1);
+        return client_fail(PS_RESOURCE_EXHAUSTED,
+                           "ps 0 holds %llu tables, more than one status reply lists",
+                           (unsigned long long)r->num_tables);
+    }
+    char **out = calloc(r->n_tables ? r->n_tables : 1, sizeof(*out));
+    for (size_t i = 0; out && i < r->n_tables; i++) {
+        out[i] = strdup(r->tables[i]->name ? r->tables[i]->name : "");
+        if (out[i] == NULL) {
+            ps_names_free(out, i);
+            out = NULL;
+        }
+    }
+    size_t n = r->n_tables;
+    client_free_replies(&reply, 1);
+    if (out == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    *names = out;
+    *count = n;
+    return PS_OK;
 }

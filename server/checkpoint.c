@@ -66,7 +66,8 @@ typedef struct snapshot {
     size_t ntables;
 } snapshot;
 
-/* A CreateVariable call parked until its variable is durable (checkpointer_await_create). */
+/* A CreateVariable (or TableCreate: table) call parked until what it made is durable
+ * (checkpointer_await_create, checkpointer_await_table_create). */
 typedef struct create_wait {
     rpc_call *call;
     uint64_t gen;
@@ -74,6 +75,7 @@ typedef struct create_wait {
     uint64_t offset, count;
     int32_t staleness;
     bool created;
+    bool table;
 } create_wait;
 
 struct checkpointer {
@@ -920,6 +922,22 @@ static void reply_batch(rpc_call **calls, size_t n, int rc, const checkpoint_inf
 static void reply_creates(checkpointer *ck, create_wait *w, size_t n, int rc, const char *err)
 {
     for (size_t i = 0; i < n; i++) {
+        if (w[i].table) {
+            const Psd__V1__TableCreateRequest *req = (const void *)rpc_call_body(w[i].call);
+            const char *name = req && req->spec && req->spec->name ? req->spec->name : "?";
+            if (rc == 0) {
+                Psd__V1__TableCreateReply rep = PSD__V1__TABLE_CREATE_REPLY__INIT;
+                rep.created = w[i].created;
+                rpc_reply_ok(w[i].call, &rep.base);
+            } else {
+                rpc_reply_error(w[i].call, STATUS_UNAVAILABLE,
+                                "table \"%.200s\" exists on ps %u but is not durable: the "
+                                "checkpoint that would hold it failed (%s)",
+                                name, ck->st->task_index, err);
+            }
+            rpc_call_resume(w[i].call);
+            continue;
+        }
         const Psd__V1__CreateVariableRequest *req = (const void *)rpc_call_body(w[i].call);
         const char *name = req && req->spec && req->spec->name ? req->spec->name : "?";
         if (rc == 0) {
@@ -943,42 +961,14 @@ static void reply_creates(checkpointer *ck, create_wait *w, size_t n, int rc, co
     }
 }
 
+/* Parks `call` as *wait (gen: what must be durable; kind, name: for the messages). */
+static bool await_gen(checkpointer *ck, rpc_call *call, const create_wait *wait, const char *kind,
+                      const char *name);
+
 bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable *v,
                                const Psd__V1__CreateVariableReply *rep)
 {
-    pthread_mutex_lock(&ck->lock);
-    if (v->create_gen <= ck->durable_gen) {
-        pthread_mutex_unlock(&ck->lock);
-        return false;
-    }
-    if (ck->stop || !ck->running) {
-        pthread_mutex_unlock(&ck->lock);
-        rpc_reply_error(call, STATUS_UNAVAILABLE,
-                        "server is shutting down before variable \"%.200s\" was durable", v->name);
-        return true;
-    }
-    if (ck->ncwait == ck->cwcap) {
-        size_t nc = ck->cwcap ? 2 * ck->cwcap : 8;
-        create_wait *nw = realloc(ck->cwait, nc * sizeof(*nw));
-        if (nw == NULL) {
-            pthread_mutex_unlock(&ck->lock);
-            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
-                            "out of memory waiting for a checkpoint of variable \"%.200s\"",
-                            v->name);
-            return true;
-        }
-        ck->cwait = nw;
-        ck->cwcap = nc;
-    }
-    if (rpc_call_defer(call) != 0) {
-        pthread_mutex_unlock(&ck->lock);
-        rpc_reply_error(call, STATUS_UNAVAILABLE,
-                        "variable \"%.200s\" is not durable yet and too many calls wait on this "
-                        "server to wait for its checkpoint: retry",
-                        v->name);
-        return true;
-    }
-    ck->cwait[ck->ncwait++] = (create_wait){
+    create_wait w = {
         .call = call,
         .gen = v->create_gen,
         .server = rep->shard ? rep->shard->server : ck->st->task_index,
@@ -987,6 +977,51 @@ bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable 
         .staleness = rep->staleness,
         .created = rep->created,
     };
+    return await_gen(ck, call, &w, "variable", v->name);
+}
+
+bool checkpointer_await_table_create(checkpointer *ck, rpc_call *call, uint64_t gen,
+                                     const char *name, bool created)
+{
+    create_wait w = {.call = call, .gen = gen, .created = created, .table = true};
+    return await_gen(ck, call, &w, "table", name);
+}
+
+static bool await_gen(checkpointer *ck, rpc_call *call, const create_wait *wait, const char *kind,
+                      const char *name)
+{
+    pthread_mutex_lock(&ck->lock);
+    if (wait->gen <= ck->durable_gen) {
+        pthread_mutex_unlock(&ck->lock);
+        return false;
+    }
+    if (ck->stop || !ck->running) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server is shutting down before %s \"%.200s\" was durable", kind, name);
+        return true;
+    }
+    if (ck->ncwait == ck->cwcap) {
+        size_t nc = ck->cwcap ? 2 * ck->cwcap : 8;
+        create_wait *nw = realloc(ck->cwait, nc * sizeof(*nw));
+        if (nw == NULL) {
+            pthread_mutex_unlock(&ck->lock);
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                            "out of memory waiting for a checkpoint of %s \"%.200s\"", kind, name);
+            return true;
+        }
+        ck->cwait = nw;
+        ck->cwcap = nc;
+    }
+    if (rpc_call_defer(call) != 0) {
+        pthread_mutex_unlock(&ck->lock);
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "%s \"%.200s\" is not durable yet and too many calls wait on this "
+                        "server to wait for its checkpoint: retry",
+                        kind, name);
+        return true;
+    }
+    ck->cwait[ck->ncwait++] = *wait;
     pthread_cond_signal(&ck->cond);
     pthread_mutex_unlock(&ck->lock);
     return true;

@@ -132,6 +132,11 @@ void checkpointer_stop(checkpointer *ck);
  * written share the next one. */
 bool checkpointer_await_create(checkpointer *ck, rpc_call *call, const variable *v,
                                const Psd__V1__CreateVariableReply *rep);
+/* The same for a TableCreate call: gen is the table's create_gen (server_state.create_gen,
+ * bumped under the store's update lock when the table was registered; 0 for a restored one),
+ * the reply a TableCreateReply with `created`. */
+bool checkpointer_await_table_create(checkpointer *ck, rpc_call *call, uint64_t gen,
+                                     const char *name, bool created);
 /* Failures, age of the newest checkpoint and the last error. NULL ck: zeroed. */
 void checkpointer_health(checkpointer *ck, checkpoint_health *out);
 /* Writes the directory's record of this server (checkpoint_state.h) naming the newest durable

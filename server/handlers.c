@@ -991,7 +991,7 @@ static void handle_status(rpc_call *call, void *arg)
     rep.bytes_out = atomic_load(&rs->bytes_out);
     rep.updates_applied = atomic_load(&st->updates_applied);
     rep.duplicates_dropped = atomic_load(&st->duplicates_dropped);
-    rep.bytes_held = store_bytes(st->vars);
+    rep.bytes_held = store_bytes(st->vars) + atomic_load(&st->table_bytes);
     rep.version = PSD_VERSION;
     size_t n;
     variable **vars = sorted_vars(st, &n);
@@ -1060,7 +1060,23 @@ static void handle_status(rpc_call *call, void *arg)
     rep.n_variables = k;
     rep.variables = vsp;
     rep.variables_truncated = k < n;
+    /* The tables after the variables, in what is left of the body. */
+    Psd__V1__TableStatus **ts = NULL;
+    size_t nts = 0;
+    rep.num_tables = server_tables_count(st);
+    if (server_tables_status(st, req->variable, &ts, &nts) == 0) {
+        size_t kt = 0;
+        for (; kt < nts; kt++) {
+            size_t b = entry_bytes(psd__v1__table_status__get_packed_size(ts[kt]));
+            if (used + b > budget)
+                break;
+            used += b;
+        }
+        rep.tables = ts;
+        rep.n_tables = kt;
+    }
     rpc_reply_ok(call, &rep.base);
+    server_tables_status_free(ts, nts);
     sync_status_free(&rep);
     free(obs);
     free(hist);
@@ -1094,8 +1110,14 @@ static void handle_delete(rpc_call *call, void *arg)
     store_update_begin(st->vars);
     variable *v = store_remove(st->vars, req->name);
     store_update_end(st->vars);
+    if (v == NULL && server_table_delete(st, req->name) == 0) {
+        Psd__V1__DeleteVariableReply rep = PSD__V1__DELETE_VARIABLE_REPLY__INIT;
+        rep.deleted = true;
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
     if (v == NULL) {
-        rpc_reply_error(call, STATUS_NOT_FOUND, "variable %s not found on ps %u",
+        rpc_reply_error(call, STATUS_NOT_FOUND, "variable or table %s not found on ps %u",
                         QUOTED(q, req->name), st->task_index);
         return;
     }

@@ -53,6 +53,11 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
 /* Tables one server holds at most. */
 #define SERVER_MAX_TABLES 1024
 bool server_table_exists(server_state *st, const char *name);
+/* DeleteVariable naming a table: unlinks it (held against a checkpoint's copy like an update),
+ * so that calls still holding it answer NOT_FOUND and its memory goes back to
+ * max-server-bytes once the last of them is done; the name may be created again at once.
+ * Returns 0, or -1 when this server holds no table of that name. */
+int server_table_delete(server_state *st, const char *name);
 /* Frees every table (at exit, no call in flight). */
 void server_tables_free(server_state *st);
 void handle_table_create(rpc_call *call, void *arg);
@@ -107,6 +112,14 @@ int server_table_make(server_state *st, const uint8_t *spec, size_t len, struct 
 /* Registers t (made by server_table_make) under its name. Returns 0, or -1 when a table of
  * that name exists or memory runs out (t stays the caller's). */
 int server_table_register(server_state *st, struct table *t, const uint8_t *spec, size_t len);
+/* ServerStatus: this server's part of every table (only the one named `only` when it is
+ * non-empty), in name order, in *out (free with server_tables_status_free). Returns 0, or -1
+ * when memory runs out (*out NULL). */
+int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatus ***out,
+                         size_t *n);
+void server_tables_status_free(Psd__V1__TableStatus **ts, size_t n);
+/* Tables held. */
+size_t server_tables_count(server_state *st);
 struct metrics_out;
 /* Emits the tables' metrics (psd_server_tables, psd_table_*{table}) in a metrics collector. */
 void server_tables_metrics(struct metrics_out *out, server_state *st);

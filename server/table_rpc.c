@@ -1,13 +1,15 @@
 /* Sparse tables over the wire: TableCreate, TableLookup, TablePull and TablePush
  * (proto/README.md "Sparse tables"). Every table exists on every server; each server holds
- * the rows placement_table_owner gives it and refuses ids it does not own. Tables live until
- * the server exits (no delete yet). */
+ * the rows placement_table_owner gives it and refuses ids it does not own. A table lives until
+ * DeleteVariable names it (server_table_delete) or the server exits. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
+#include "log.h"
 #include "metrics.h"
 #include "placement.h"
 #include "server.h"
@@ -24,6 +26,7 @@ typedef struct table_entry {
     _Atomic int64_t last_sweep_ms;
     _Atomic uint64_t refs; /* the registry's reference and every call's that found it */
     _Atomic bool deleted;  /* unlinked by TableDelete: calls still holding it answer NOT_FOUND */
+    uint64_t create_gen;   /* server_state.create_gen at its creation; 0: restored */
 } table_entry;
 
 struct server_tables {
@@ -80,6 +83,33 @@ static void entries_release(table_entry **es, size_t n)
     for (size_t i = 0; es && i < n; i++)
         entry_put(es[i]);
     free(es);
+}
+
+int server_table_delete(server_state *st, const char *name)
+{
+    table_entry *e = NULL;
+    /* Held against a checkpoint's copy like an update: a snapshot has the table whole or not. */
+    store_update_begin(st->vars);
+    pthread_mutex_lock(&tables_lock);
+    for (size_t i = 0; st->tables && i < st->tables->n; i++)
+        if (strcmp(table_name(st->tables->e[i]->t), name) == 0) {
+            e = st->tables->e[i];
+            memmove(&st->tables->e[i], &st->tables->e[i + 1],
+                    (st->tables->n - i - 1) * sizeof(*st->tables->e));
+            st->tables->n--;
+            atomic_store(&e->deleted, true);
+            break;
+        }
+    pthread_mutex_unlock(&tables_lock);
+    store_update_end(st->vars);
+    if (e == NULL)
+        return -1;
+    table_stats ts;
+    table_stats_get(e->t, &ts);
+    log_info("table \"%s\" deleted (%llu rows, %llu bytes on this server)", name,
+             (unsigned long long)ts.rows, (unsigned long long)ts.bytes);
+    entry_put(e); /* the registry's reference: freed once the last call holding it is done */
+    return 0;
 }
 
 bool server_table_exists(server_state *st, const char *name)
@@ -282,6 +312,9 @@ void handle_table_create(rpc_call *call, void *arg)
         }
         table_entry *ne = calloc(1, sizeof(*ne));
         Psd__V1__TableSpec *copy = spec_copy(s);
+        /* Under the update lock, so that a checkpoint's copy holds exactly the tables created up
+         * to the create_gen it reads (as for variables). */
+        store_update_begin(st->vars);
         pthread_mutex_lock(&tables_lock);
         if (st->tables == NULL)
             st->tables = calloc(1, sizeof(*st->tables));
@@ -304,6 +337,7 @@ void handle_table_create(rpc_call *call, void *arg)
         if (room && ne && copy && e == NULL) {
             ne->t = t;
             ne->spec = copy;
+            ne->create_gen = atomic_fetch_add(&st->create_gen, 1) + 1;
             atomic_init(&ne->refs, 2); /* the registry's and this call's */
             st->tables->e[st->tables->n++] = ne;
             e = ne;
@@ -311,6 +345,7 @@ void handle_table_create(rpc_call *call, void *arg)
             t = NULL, ne = NULL, copy = NULL;
         }
         pthread_mutex_unlock(&tables_lock);
+        store_update_end(st->vars);
         table_destroy(t);
         free(ne);
         if (copy)
@@ -329,7 +364,11 @@ void handle_table_create(rpc_call *call, void *arg)
         entry_put(e);
         return;
     }
-    rpc_reply_ok(call, &rep.base);
+    /* Acknowledged once durable: a crash must not lose a table a client was told of. */
+    checkpointer *ck = checkpointer_of(st);
+    if (ck == NULL ||
+        !checkpointer_await_table_create(ck, call, e->create_gen, s->name, rep.created))
+        rpc_reply_ok(call, &rep.base);
     entry_put(e);
 }
 
@@ -783,6 +822,89 @@ int server_table_register(server_state *st, table *t, const uint8_t *spec, size_
     if (copy)
         psd__v1__table_spec__free_unpacked(copy, NULL);
     return rc;
+}
+
+/* ---- ServerStatus ---- */
+
+static int status_name_cmp(const void *a, const void *b)
+{
+    const Psd__V1__TableStatus *x = *(const Psd__V1__TableStatus *const *)a,
+                               *y = *(const Psd__V1__TableStatus *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatus ***out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t ne;
+    table_entry **es = entries_list(st, &ne);
+    if (ne == 0)
+        return 0;
+    Psd__V1__TableStatus **ts = es ? calloc(ne, sizeof(*ts)) : NULL;
+    if (ts == NULL) {
+        entries_release(es, ne);
+        return -1;
+    }
+    size_t k = 0;
+    int rc = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (only && only[0] && strcmp(only, table_name(es[i]->t)) != 0)
+            continue;
+        Psd__V1__TableStatus *x = malloc(sizeof(*x));
+        char *name = strdup(table_name(es[i]->t));
+        if (x == NULL || name == NULL) {
+            free(x);
+            free(name);
+            rc = -1;
+            break;
+        }
+        psd__v1__table_status__init(x);
+        table_stats s;
+        table_stats_get(es[i]->t, &s);
+        x->name = name;
+        x->dim = table_dim(es[i]->t);
+        x->staleness = es[i]->spec->staleness;
+        x->optimizer = es[i]->spec->optimizer;
+        x->rows = s.rows;
+        x->bytes = s.bytes;
+        x->rows_created = s.rows_created;
+        x->pushes_counted = s.pushes_counted;
+        x->evicted_ttl = s.evicted_ttl;
+        x->evicted_max_rows = s.evicted_max_rows;
+        x->evicted_memory = s.evicted_memory;
+        x->lookups = s.lookups;
+        x->rows_updated = s.rows_updated;
+        ts[k++] = x;
+    }
+    entries_release(es, ne);
+    if (k > 1)
+        qsort(ts, k, sizeof(*ts), status_name_cmp);
+    *out = ts;
+    *n = k;
+    if (rc != 0) {
+        server_tables_status_free(ts, k);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+void server_tables_status_free(Psd__V1__TableStatus **ts, size_t n)
+{
+    for (size_t i = 0; ts && i < n; i++) {
+        free(ts[i]->name);
+        free(ts[i]);
+    }
+    free(ts);
+}
+
+size_t server_tables_count(server_state *st)
+{
+    pthread_mutex_lock(&tables_lock);
+    size_t n = st->tables ? st->tables->n : 0;
+    pthread_mutex_unlock(&tables_lock);
+    return n;
 }
 
 /* ---- metrics ---- */

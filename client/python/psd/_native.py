@@ -207,6 +207,7 @@ _PROTOTYPES = {
     "ps_table_spec_init": (None, [POINTER(TableSpec), c_char_p, c_uint32, c_int]),
     "ps_table_create": (c_int, [_P, POINTER(TableSpec), POINTER(c_void_p)]),
     "ps_table_lookup": (c_int, [_P, c_char_p, POINTER(c_void_p)]),
+    "ps_table_delete": (c_int, [_P, c_char_p]),
     "ps_table_free": (None, [_P]),
     "ps_table_dim": (c_uint32, [_P]),
     "ps_table_max_ids": (c_size_t, [_P]),

@@ -934,6 +934,18 @@ class Client:
             _raise(rc)
         return Table(self, out.value, name)
 
+    def delete_table(self, name: str) -> None:
+        """Deletes a table from every server (admin: a loopback peer or the admin token); its
+        rows go and the name may be created again. Table handles still held get NotFoundError.
+        NotFoundError if no server has it. Blocks."""
+        c = self._enter()
+        try:
+            rc = _native.lib().ps_table_delete(c, name.encode())
+        finally:
+            self._leave()
+        if rc != 0:
+            _raise(rc)
+
     def table(self, name: str) -> Table:
         """Finds an existing table by name; NotFoundError if there is none. Blocks."""
         out = c_void_p()

@@ -90,3 +90,17 @@ def test_step_with_table_items(cluster2: Cluster, uname: str) -> None:
             w.step([], tables=[(t, ids[:2], np.zeros(3, np.float32))])
         with pytest.raises(TypeError, match="psd.Table"):
             w.step([], tables=[(v, ids, grads)])
+
+
+def test_delete_table(client: psd.Client, uname: str) -> None:
+    t = client.create_table(uname, 4, initializer="constant", init_a=1.0)
+    ids = np.array([1, 2, -3], dtype=np.int64)
+    t.push(ids, np.ones((3, 4), np.float32))
+    client.delete_table(uname)
+    with pytest.raises(psd.NotFoundError):
+        t.pull(ids)
+    with pytest.raises(psd.NotFoundError, match="not found on any"):
+        client.delete_table(uname)
+    # the name is free again, with fresh rows
+    t2 = client.create_table(uname, 2, initializer="constant", init_a=5.0)
+    np.testing.assert_array_equal(t2.pull(ids), np.full((3, 2), 5.0, np.float32))
