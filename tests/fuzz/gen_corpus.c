@@ -240,6 +240,35 @@ static void dispatch_corpus(void)
     memcpy(&tseg.g[5], &nan_bits, 4);
     env.seq = 12;
     put("table-push-nan", &env, &tseg, sizeof(tseg));
+    /* The same push on a bfloat16 wire: 3 ids (12 elements of 2 bytes), then 12 gradients. */
+    struct {
+        int64_t ids[3];
+        uint16_t g[12];
+    } bseg = {{1, -2, 1},
+              {0x3f00, 0xbf80, 0x4000, 0x3e80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f00, 0xbf80,
+               0x4000, 0x3e80}};
+    t.dtype = PSD__V1__DTYPE__BFLOAT16;
+    t.count = sizeof(bseg) / 2;
+    env.seq = 13;
+    put("table-push-bf16", &env, &bseg, sizeof(bseg));
+    /* A Step with a dense-free table item that pushes (its own seq) and pulls the same ids. */
+    Psd__V1__StepTableItem sti = PSD__V1__STEP_TABLE_ITEM__INIT;
+    sti.name = "emb";
+    sti.n = 3;
+    sti.push = true;
+    sti.seq = 14;
+    sti.pull = true;
+    Psd__V1__StepTableItem *stis[1] = {&sti};
+    Psd__V1__StepRequest tsr = PSD__V1__STEP_REQUEST__INIT;
+    tsr.n_table_items = 1;
+    tsr.table_items = stis;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = sizeof(tseg) / 4;
+    memcpy(&tseg.g[5], &(float){1.0f}, 4);
+    env.method = PSD__V1__METHOD__STEP;
+    env.seq = 0;
+    env.body.len = psd__v1__step_request__pack(&tsr, body);
+    put("table-step", &env, &tseg, sizeof(tseg));
 }
 int main(void)
 {
