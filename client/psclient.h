@@ -456,7 +456,7 @@ int ps_shutdown_cluster(ps_client *c);
  * function of (seed, table name, id)); a pull of an id without a row returns the initializer's
  * row without making it. Every int64 id is valid, negative ones included. Each id's row lives
  * on the server proto/README.md's table placement names. A table has a staleness bound like
- * a variable (ps_table_spec.staleness; BSP excepted) and is in the servers' checkpoints. */
+ * a variable (ps_table_spec.staleness) and is in the servers' checkpoints. */
 typedef struct ps_table ps_table;
 
 typedef struct ps_table_spec {
@@ -474,9 +474,11 @@ typedef struct ps_table_spec {
     uint32_t min_count;       /* pushes of an id before its row is made (0, 1: the first) */
     int64_t ttl_ms;           /* rows not updated for this long are removed (0: never) */
     uint64_t max_rows; /* rows per server at most, least recently updated evicted (0: none) */
-    /* PS_STALENESS_DEFAULT (the servers' default-staleness), PS_STALENESS_ASYNC, or s >= 1
-     * (SSP: a pull by a worker at clock c waits until every live worker reached c - s, as for
-     * variables). PS_STALENESS_BSP is refused (PS_INVALID_ARGUMENT): see docs/design.md. */
+    /* PS_STALENESS_DEFAULT (the servers' default-staleness), PS_STALENESS_ASYNC,
+     * PS_STALENESS_BSP (a worker's pushes of a clock are summed, or averaged per row, and
+     * applied once every live worker passed it; the name at most 251 bytes), or s >= 1 (SSP:
+     * a pull by a worker at clock c waits until every live worker reached c - s), as for
+     * variables (docs/design.md). */
     int staleness;
 } ps_table_spec;
 
@@ -527,7 +529,7 @@ size_t ps_table_max_ids(const ps_table *t);
 typedef struct ps_table_info {
     size_t struct_size;
     uint32_t dim;
-    int staleness; /* the bound in force: -1 or s >= 1 */
+    int staleness; /* the bound in force: -1, 0 or s >= 1 */
     ps_optimizer optimizer;
     int servers;               /* servers that hold it (all of them) */
     uint64_t rows;             /* rows held */

@@ -120,6 +120,11 @@ int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatu
 void server_tables_status_free(Psd__V1__TableStatus **ts, size_t n);
 /* Tables held. */
 size_t server_tables_count(server_state *st);
+/* BSP tables (staleness 0): applies each one's aggregate of the clock that every live worker
+ * has passed, as one push of the summed rows (divided per row by the number of pushes that
+ * touched it when mean). Called by the sync module when the slowest live worker's clock moves
+ * forward, before the pulls it allows are answered. */
+void server_tables_bsp_apply(server_state *st, bool mean);
 struct metrics_out;
 /* Emits the tables' metrics (psd_server_tables, psd_table_*{table}) in a metrics collector. */
 void server_tables_metrics(struct metrics_out *out, server_state *st);

@@ -331,6 +331,7 @@ static void advance(server_state *st)
             if (vars[i]->staleness == 0)
                 bsp_apply(st, vars[i]);
         store_list_release(vars, n);
+        server_tables_bsp_apply(st, s->mean);
     }
     waiter *ready = NULL;
     pthread_mutex_lock(&s->lock);

@@ -15,6 +15,7 @@
 #include "server.h"
 #include "status.h"
 #include "table.h"
+#include "table_index.h"
 #include "timeutil.h"
 #include "util.h"
 
@@ -24,10 +25,23 @@ typedef struct table_entry {
     table *t;
     Psd__V1__TableSpec *spec; /* unpacked copy of the spec it was created with */
     _Atomic int64_t last_sweep_ms;
-    _Atomic uint64_t refs; /* the registry's reference and every call's that found it */
-    _Atomic bool deleted;  /* unlinked by TableDelete: calls still holding it answer NOT_FOUND */
-    uint64_t create_gen;   /* server_state.create_gen at its creation; 0: restored */
+    _Atomic uint64_t refs;    /* the registry's reference and every call's that found it */
+    _Atomic bool deleted;     /* unlinked by a delete: calls holding it answer NOT_FOUND */
+    uint64_t create_gen;      /* server_state.create_gen at its creation; 0: restored */
+    pthread_mutex_t bsp_lock; /* BSP: its aggregate's pushes against their apply */
 } table_entry;
+
+/* A BSP table's aggregate (docs/design.md "Staleness of tables") is a table of its own, named
+ * the table's name and this suffix (a character no client name has), of dim + 1 floats a row:
+ * SGD with learning rate 1 from zeros (w -= g), pushed the negated gradients and -1 in the last
+ * column for each push that touches the row, holds their sum and the count of those pushes. */
+#define BSP_SUFFIX "#bsp"
+#define BSP_MAX_NAME (TABLE_MAX_NAME - 4)
+
+static bool is_bsp_aggregate(const char *name)
+{
+    return strchr(name, '#') != NULL;
+}
 
 struct server_tables {
     table_entry **e;
@@ -58,6 +72,7 @@ static void entry_put(table_entry *e)
 {
     if (e == NULL || atomic_fetch_sub(&e->refs, 1) != 1)
         return;
+    pthread_mutex_destroy(&e->bsp_lock);
     table_destroy(e->t);
     psd__v1__table_spec__free_unpacked(e->spec, NULL);
     free(e);
@@ -85,23 +100,36 @@ static void entries_release(table_entry **es, size_t n)
     free(es);
 }
 
-int server_table_delete(server_state *st, const char *name)
+/* Unlinks the entry `name` (tables_lock held); NULL if none. */
+static table_entry *unlink_locked(server_state *st, const char *name)
 {
-    table_entry *e = NULL;
-    /* Held against a checkpoint's copy like an update: a snapshot has the table whole or not. */
-    store_update_begin(st->vars);
-    pthread_mutex_lock(&tables_lock);
     for (size_t i = 0; st->tables && i < st->tables->n; i++)
         if (strcmp(table_name(st->tables->e[i]->t), name) == 0) {
-            e = st->tables->e[i];
+            table_entry *e = st->tables->e[i];
             memmove(&st->tables->e[i], &st->tables->e[i + 1],
                     (st->tables->n - i - 1) * sizeof(*st->tables->e));
             st->tables->n--;
             atomic_store(&e->deleted, true);
-            break;
+            return e;
         }
+    return NULL;
+}
+
+int server_table_delete(server_state *st, const char *name)
+{
+    if (is_bsp_aggregate(name))
+        return -1;
+    char aggname[TABLE_MAX_NAME + 8];
+    snprintf(aggname, sizeof(aggname), "%s" BSP_SUFFIX, name);
+    /* Held against a checkpoint's copy like an update: a snapshot has the table whole or not,
+     * with its BSP aggregate. */
+    store_update_begin(st->vars);
+    pthread_mutex_lock(&tables_lock);
+    table_entry *e = unlink_locked(st, name);
+    table_entry *agg = e ? unlink_locked(st, aggname) : NULL;
     pthread_mutex_unlock(&tables_lock);
     store_update_end(st->vars);
+    entry_put(agg);
     if (e == NULL)
         return -1;
     table_stats ts;
@@ -257,18 +285,18 @@ void handle_table_create(rpc_call *call, void *arg)
         s->staleness = st->default_staleness;
     if (s->staleness < -1 || s->staleness > 1000000) {
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "table \"%s\": staleness %d (use -1 async, 1..1000000 SSP, -2 the "
-                        "server's default)",
+                        "table \"%s\": staleness %d (use -1 async, 0 BSP, 1..1000000 SSP, -2 "
+                        "the server's default)",
                         s->name, (int)s->staleness);
         return;
     }
-    if (s->staleness == 0) {
-        /* docs/design.md "Staleness of tables": why BSP is refused rather than half done. */
+    if (s->staleness == 0 && strlen(s->name) > BSP_MAX_NAME) {
+        /* Its aggregate is a table named name + BSP_SUFFIX. */
         rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
-                        "table \"%s\": staleness 0 (BSP%s) is not supported for sparse tables: "
-                        "give the table a staleness of -1 (asynchronous) or s >= 1 (SSP: a pull "
-                        "at clock c waits until every live worker reached c - s)",
-                        s->name, from_default ? ", this server's default-staleness" : "");
+                        "table \"%.64s...\": staleness 0 (BSP%s) needs a name of at most %d "
+                        "characters (%zu given)",
+                        s->name, from_default ? ", this server's default-staleness" : "",
+                        BSP_MAX_NAME, strlen(s->name));
         return;
     }
     variable *v = store_find(st->vars, s->name);
@@ -311,6 +339,8 @@ void handle_table_create(rpc_call *call, void *arg)
             return;
         }
         table_entry *ne = calloc(1, sizeof(*ne));
+        if (ne)
+            pthread_mutex_init(&ne->bsp_lock, NULL);
         Psd__V1__TableSpec *copy = spec_copy(s);
         /* Under the update lock, so that a checkpoint's copy holds exactly the tables created up
          * to the create_gen it reads (as for variables). */
@@ -347,6 +377,8 @@ void handle_table_create(rpc_call *call, void *arg)
         pthread_mutex_unlock(&tables_lock);
         store_update_end(st->vars);
         table_destroy(t);
+        if (ne)
+            pthread_mutex_destroy(&ne->bsp_lock);
         free(ne);
         if (copy)
             psd__v1__table_spec__free_unpacked(copy, NULL);
@@ -377,7 +409,7 @@ void handle_table_create(rpc_call *call, void *arg)
 server_table *server_table_get(server_state *st, const char *name, int *status, char *err,
                                size_t errlen)
 {
-    table_entry *e = find_entry(st, name);
+    table_entry *e = is_bsp_aggregate(name) ? NULL : find_entry(st, name);
     if (e)
         return e;
     char q[96];
@@ -465,6 +497,153 @@ int server_table_read(server_table *e, const int64_t *ids, uint64_t n, uint8_t *
     return 0;
 }
 
+/* The aggregate of BSP table e (made on first use, under the caller's update lock, so that a
+ * checkpoint has it whole or not), referenced; NULL with a message when it can't be made. */
+static table_entry *bsp_aggregate(server_state *st, table_entry *e, char *err, size_t errlen)
+{
+    char name[TABLE_MAX_NAME + 1];
+    snprintf(name, sizeof(name), "%s" BSP_SUFFIX, table_name(e->t));
+    table_entry *agg = find_entry(st, name);
+    if (agg)
+        return agg;
+    Psd__V1__TableSpec spec = PSD__V1__TABLE_SPEC__INIT;
+    spec.name = name;
+    spec.dim = table_dim(e->t) + 1;
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_SGD;
+    spec.learning_rate = 1.0;
+    spec.initializer = PSD__V1__INITIALIZER__INIT_ZEROS;
+    spec.staleness = -1;
+    spec.num_servers = st->num_servers;
+    uint8_t buf[TABLE_MAX_NAME + 64];
+    size_t len = psd__v1__table_spec__pack(&spec, buf);
+    table *t = NULL;
+    if (server_table_make(st, buf, len, &t, err, errlen) != 0)
+        return NULL;
+    if (server_table_register(st, t, buf, len) != 0)
+        table_destroy(t); /* made meanwhile by another push (or out of memory) */
+    agg = find_entry(st, name);
+    if (agg == NULL)
+        snprintf(err, errlen, "table \"%s\": out of memory for its BSP aggregate",
+                 table_name(e->t));
+    return agg;
+}
+
+/* BSP push of n gradient rows (float32, any alignment) into e's aggregate. Returns a TABLE_*
+ * code with a message in err. */
+static int bsp_add(server_state *st, table_entry *e, const int64_t *ids, size_t n,
+                   const float *grads, int64_t now, char *err, size_t errlen)
+{
+    size_t dim = table_dim(e->t), w = dim + 1;
+    table_entry *agg = bsp_aggregate(st, e, err, errlen);
+    if (agg == NULL)
+        return TABLE_NOMEM;
+    /* Rows pushed to the aggregate: minus the gradient, and -1 in the count column for the
+     * first occurrence of an id in this push (a push counts once per row, as it is summed). */
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    float *rows = malloc(n * w * sizeof(float));
+    int64_t *seen = malloc(cap * sizeof(*seen));
+    unsigned char *used = calloc(cap, 1);
+    int rc = TABLE_NOMEM;
+    if (rows && seen && used) {
+        for (size_t i = 0; i < n; i++) {
+            const unsigned char *g = (const unsigned char *)grads + i * dim * sizeof(float);
+            for (size_t k = 0; k < dim; k++) {
+                float x;
+                memcpy(&x, g + k * sizeof(float), sizeof(x));
+                rows[i * w + k] = -x;
+            }
+            size_t j = (size_t)table_id_hash(ids[i]) & (cap - 1);
+            while (used[j] && seen[j] != ids[i])
+                j = (j + 1) & (cap - 1);
+            rows[i * w + dim] = used[j] ? 0.0f : -1.0f;
+            used[j] = 1;
+            seen[j] = ids[i];
+        }
+        pthread_mutex_lock(&e->bsp_lock);
+        rc = table_push(agg->t, ids, n, rows, now, err, errlen);
+        pthread_mutex_unlock(&e->bsp_lock);
+    } else {
+        snprintf(err, errlen, "table \"%s\": out of memory for a BSP push of %zu rows",
+                 table_name(e->t), n);
+    }
+    free(rows);
+    free(seen);
+    free(used);
+    entry_put(agg);
+    return rc;
+}
+
+/* Applies BSP table e's aggregate (update lock held by the caller). */
+static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
+{
+    char name[TABLE_MAX_NAME + 1], err[512];
+    snprintf(name, sizeof(name), "%s" BSP_SUFFIX, table_name(e->t));
+    table_entry *agg = find_entry(st, name);
+    if (agg == NULL)
+        return;
+    size_t dim = table_dim(e->t), w = dim + 1;
+    pthread_mutex_lock(&e->bsp_lock);
+    uint32_t nparts = table_partitions(agg->t);
+    table_rows *parts = calloc(nparts, sizeof(*parts));
+    size_t total = 0;
+    bool ok = parts != NULL;
+    for (uint32_t p = 0; ok && p < nparts; p++) {
+        ok = table_copy_partition(agg->t, p, &parts[p]) == 0 && parts[p].row_floats == w;
+        total += parts[p].n;
+    }
+    int64_t *ids = ok && total ? malloc(total * sizeof(*ids)) : NULL;
+    float *grads = ok && total ? malloc(total * dim * sizeof(float)) : NULL;
+    if (total > 0 && (ids == NULL || grads == NULL)) {
+        log_warn("table \"%s\": out of memory applying its BSP aggregate of %zu rows: kept "
+                 "for the next clock",
+                 table_name(e->t), total);
+    } else if (total > 0) {
+        size_t k = 0;
+        for (uint32_t p = 0; p < nparts; p++)
+            for (size_t i = 0; i < parts[p].n; i++, k++) {
+                const float *r = parts[p].floats + i * w;
+                float count = r[dim]; /* pushes that touched the row */
+                float scale = mean && count > 1.0f ? 1.0f / count : 1.0f;
+                ids[k] = parts[p].ids[i];
+                for (size_t j = 0; j < dim; j++)
+                    grads[k * dim + j] = r[j] * scale;
+            }
+        int rc = table_push(e->t, ids, total, grads, (int64_t)time_now_ms(), err, sizeof(err));
+        if (rc == TABLE_NOMEM)
+            log_warn("table \"%s\": applying its BSP aggregate: %s", table_name(e->t), err);
+        else if (rc == TABLE_LIMIT)
+            log_warn("table \"%s\": applying its BSP aggregate: %s", table_name(e->t), err);
+        if (rc == TABLE_OK || rc == TABLE_LIMIT) {
+            table_remove(agg->t, ids, total);
+            atomic_fetch_add(&st->updates_applied, 1);
+        }
+    }
+    pthread_mutex_unlock(&e->bsp_lock);
+    for (uint32_t p = 0; parts && p < nparts; p++)
+        table_rows_free(&parts[p]);
+    free(parts);
+    free(ids);
+    free(grads);
+    entry_put(agg);
+}
+
+void server_tables_bsp_apply(server_state *st, bool mean)
+{
+    size_t n;
+    table_entry **es = entries_list(st, &n);
+    for (size_t i = 0; es && i < n; i++) {
+        if (es[i]->spec->staleness != 0 || is_bsp_aggregate(table_name(es[i]->t)))
+            continue;
+        /* Held against a checkpoint's copy like an update: it has the aggregate or its rows. */
+        store_update_begin(st->vars);
+        bsp_apply_one(st, es[i], mean);
+        store_update_end(st->vars);
+    }
+    entries_release(es, n);
+}
+
 int server_table_push(server_state *st, server_table *e, uint64_t client, uint64_t seq,
                       int32_t worker, const int64_t *ids, uint64_t n, const uint8_t *grads,
                       int dtype, bool *duplicate, char *errbuf, size_t errlen)
@@ -498,7 +677,13 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
         sync_heard(st, worker);
     int64_t now = (int64_t)time_now_ms();
     int rc = TABLE_OK;
-    if (d == DEDUP_NEW) {
+    if (d == DEDUP_NEW && e->spec->staleness == 0 && worker >= 0) {
+        /* BSP: summed into the aggregate, applied once every live worker passed this clock. */
+        rc = bsp_add(st, e, ids, (size_t)n, (const float *)(const void *)grads, now, err,
+                     sizeof(err));
+        if (rc == TABLE_INVALID)
+            dedup_unmark(st->dedup, client, seq);
+    } else if (d == DEDUP_NEW) {
         rc = table_push(e->t, ids, (size_t)n, grads, now, err, sizeof(err));
         if (rc == TABLE_INVALID)
             dedup_unmark(st->dedup, client, seq); /* nothing was applied */
@@ -790,6 +975,8 @@ int server_table_make(server_state *st, const uint8_t *spec, size_t len, table *
 int server_table_register(server_state *st, table *t, const uint8_t *spec, size_t len)
 {
     table_entry *ne = calloc(1, sizeof(*ne));
+    if (ne)
+        pthread_mutex_init(&ne->bsp_lock, NULL);
     Psd__V1__TableSpec *copy = psd__v1__table_spec__unpack(NULL, len, spec);
     int rc = -1;
     pthread_mutex_lock(&tables_lock);
@@ -818,6 +1005,8 @@ int server_table_register(server_state *st, table *t, const uint8_t *spec, size_
         }
     }
     pthread_mutex_unlock(&tables_lock);
+    if (ne)
+        pthread_mutex_destroy(&ne->bsp_lock);
     free(ne);
     if (copy)
         psd__v1__table_spec__free_unpacked(copy, NULL);
@@ -849,7 +1038,8 @@ int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatu
     size_t k = 0;
     int rc = 0;
     for (size_t i = 0; i < ne; i++) {
-        if (only && only[0] && strcmp(only, table_name(es[i]->t)) != 0)
+        if ((only && only[0] && strcmp(only, table_name(es[i]->t)) != 0) ||
+            is_bsp_aggregate(table_name(es[i]->t)))
             continue;
         Psd__V1__TableStatus *x = malloc(sizeof(*x));
         char *name = strdup(table_name(es[i]->t));
@@ -901,8 +1091,10 @@ void server_tables_status_free(Psd__V1__TableStatus **ts, size_t n)
 
 size_t server_tables_count(server_state *st)
 {
+    size_t n = 0;
     pthread_mutex_lock(&tables_lock);
-    size_t n = st->tables ? st->tables->n : 0;
+    for (size_t i = 0; st->tables && i < st->tables->n; i++)
+        n += !is_bsp_aggregate(table_name(st->tables->e[i]->t));
     pthread_mutex_unlock(&tables_lock);
     return n;
 }
@@ -913,6 +1105,16 @@ void server_tables_metrics(metrics_out *out, server_state *st)
 {
     size_t n;
     table_entry **es = entries_list(st, &n);
+    /* BSP aggregates are part of their tables, not tables of their own. */
+    size_t kept = 0;
+    for (size_t i = 0; es && i < n; i++) {
+        if (is_bsp_aggregate(table_name(es[i]->t)))
+            entry_put(es[i]);
+        else
+            es[kept++] = es[i];
+    }
+    if (es)
+        n = kept;
     metrics_emit_one(out, "psd_server_tables", METRIC_GAUGE, "Sparse tables held.", (double)n);
     table_stats *ts = es ? calloc(n, sizeof(*ts)) : NULL;
     if (ts == NULL) {

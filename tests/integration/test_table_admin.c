@@ -120,6 +120,82 @@ static void test_create_is_durable(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A BSP table's aggregate is in checkpoints: a push acknowledged before a checkpoint and not
+ * yet applied (the other worker had not clocked) is applied after a SIGKILL and restart, once
+ * both workers clock. */
+static ps_client *worker_of(const test_ps *p, int w)
+{
+    char tf[512];
+    snprintf(tf, sizeof(tf),
+             "{\"cluster\":{\"ps\":[\"127.0.0.1:%d\"],\"worker\":[\"127.0.0.1:1\","
+             "\"127.0.0.1:2\"]},\"task\":{\"type\":\"worker\",\"index\":%d}}",
+             p->port, w);
+    ps_config *cfg;
+    ps_client *c = NULL;
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "tf-config", tf), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "deadline-ms", "20000"), PS_OK);
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static void test_bsp_aggregate_survives_restart(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-table-bsp");
+    snprintf(p.spec, sizeof(p.spec),
+             "{\"ps\":[\"127.0.0.1:%d\"],\"worker\":[\"127.0.0.1:1\",\"127.0.0.1:2\"]}", p.port);
+    const char *const flags[] = {"--checkpoint-dir", p.dir, NULL};
+    test_ps_start(&p, flags);
+    ps_client *w0 = worker_of(&p, 0), *w1 = worker_of(&p, 1);
+    ps_table_spec s;
+    ps_table_spec_init(&s, "bspck/emb", DIM, PS_OPT_SGD);
+    s.learning_rate = 0.5;
+    s.initializer = PS_INIT_CONSTANT;
+    s.init_a = 1.0;
+    s.staleness = PS_STALENESS_BSP;
+    ps_table *t;
+    assert_int_equal(ps_table_create(w0, &s, &t), PS_OK);
+    int64_t ids[3] = {5, -6, 5};
+    float g[3 * DIM];
+    for (int i = 0; i < 3 * DIM; i++)
+        g[i] = 0.25f;
+    assert_int_equal(ps_table_push(t, ids, 3, g), PS_OK); /* worker 0, clock 0: aggregated */
+    assert_int_equal(ps_checkpoint(w0), PS_OK);
+    ps_table_free(t);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+    test_ps_start(&p, flags);
+    w0 = worker_of(&p, 0);
+    w1 = worker_of(&p, 1);
+    assert_int_equal(ps_table_lookup(w0, "bspck/emb", &t), PS_OK);
+    float rows[3 * DIM];
+    ps_client *plain = test_ps_open_client(&p, NULL, NULL);
+    ps_table *tp;
+    assert_int_equal(ps_table_lookup(plain, "bspck/emb", &tp), PS_OK);
+    assert_int_equal(ps_table_pull(tp, ids, 3, rows), PS_OK);
+    for (int i = 0; i < 3 * DIM; i++)
+        assert_true(rows[i] == 1.0f); /* not applied yet */
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK); /* both past clock 0: applied */
+    assert_int_equal(ps_table_pull(tp, ids, 3, rows), PS_OK);
+    for (int k = 0; k < DIM; k++) {
+        assert_true(rows[k] == 1.0f - 0.5f * 0.5f);        /* id 5: 0.25 twice in one push */
+        assert_true(rows[DIM + k] == 1.0f - 0.5f * 0.25f); /* id -6 */
+        assert_true(rows[2 * DIM + k] == rows[k]);
+    }
+    ps_table_free(t);
+    ps_table_free(tp);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    ps_client_close(plain);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
 /* ---- delete ---------------------------------------------------------------------------------- */
 
 static uint64_t table_bytes_held(ps_client *c, int server)
@@ -287,6 +363,7 @@ int main(int argc, char **argv)
     psctl_bin = argc > 2 ? argv[2] : NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_is_durable),
+        cmocka_unit_test(test_bsp_aggregate_survives_restart),
         cmocka_unit_test_setup_teardown(test_delete, start, stop),
         cmocka_unit_test_setup_teardown(test_status_and_psctl, start, stop),
     };

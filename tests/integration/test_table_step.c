@@ -529,24 +529,131 @@ static ps_table *make_table_bound(ps_client *c, const char *name, int staleness)
     return t;
 }
 
-/* BSP is refused for tables with a message that says what to use instead; -1 and SSP work. */
-static void test_table_bsp_refused(void **state)
+/* The servers' default-staleness 0 makes a table BSP too; its name must leave room for its
+ * aggregate's; bounds out of range are refused. */
+static void test_table_bsp_create(void **state)
 {
     (void)state;
     ps_client *c = plain_client("float32");
-    assert_null(make_table_bound(c, "bsp/explicit", PS_STALENESS_BSP));
-    assert_non_null(strstr(ps_last_error(), "staleness 0 (BSP) is not supported"));
-    /* The servers' default-staleness is 0 here: a table asking for the default says so. */
-    assert_null(make_table_bound(c, "bsp/default", PS_STALENESS_DEFAULT));
-    assert_non_null(strstr(ps_last_error(), "default-staleness"));
+    char longname[260];
+    memset(longname, 'x', 253);
+    longname[253] = '\0';
+    assert_null(make_table_bound(c, longname, PS_STALENESS_DEFAULT));
+    assert_non_null(strstr(ps_last_error(), "at most 251 characters"));
     assert_null(make_table_bound(c, "bsp/huge", 2000000));
-    ps_table *a = make_table_bound(c, "bsp/async", PS_STALENESS_ASYNC);
-    ps_table *b = make_table_bound(c, "bsp/ssp", 3);
+    ps_table *a = make_table_bound(c, "bsp/default", PS_STALENESS_DEFAULT);
     assert_non_null(a);
-    assert_non_null(b);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(c, "bsp/default", &info), PS_OK);
+    assert_int_equal(info.staleness, 0);
     ps_table_free(a);
-    ps_table_free(b);
     ps_client_close(c);
+}
+
+/* BSP rows: a worker's push is not applied until every live worker has clocked past it; then
+ * the rows get one update per clock, the mean of the workers' gradients (per row, over the
+ * pushes that touched it), so an Adagrad row equals one push of that mean, not two pushes. */
+static void test_table_bsp_one_update_per_clock(void **state)
+{
+    (void)state;
+    const char *const s[] = {"deadline-ms", "20000", NULL};
+    ps_client *w0 = test_cluster_open_worker(&tc, 0, s), *w1 = test_cluster_open_worker(&tc, 1, s);
+    ps_client *plain = plain_client("float32");
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "bsp/emb", DIM, PS_OPT_ADAGRAD);
+    sp.learning_rate = 0.5;
+    sp.initializer = PS_INIT_CONSTANT;
+    sp.init_a = 1.0;
+    sp.staleness = PS_STALENESS_BSP;
+    ps_table *t0, *t1, *tp, *ref;
+    assert_int_equal(ps_table_create(w0, &sp, &t0), PS_OK);
+    assert_int_equal(ps_table_lookup(w1, "bsp/emb", &t1), PS_OK);
+    assert_int_equal(ps_table_lookup(plain, "bsp/emb", &tp), PS_OK);
+    sp.name = "bsp/ref";
+    sp.staleness = PS_STALENESS_ASYNC;
+    assert_int_equal(ps_table_create(plain, &sp, &ref), PS_OK);
+    /* Worker 0 pushes ids 0..7, worker 1 ids 4..11 (4..7 by both; 5 twice by worker 1). */
+    enum { N = 8 };
+    int64_t ids0[N], ids1[N + 1];
+    float g0[N * DIM], g1[(N + 1) * DIM];
+    for (int i = 0; i < N; i++) {
+        ids0[i] = 1000 + i;
+        ids1[i] = 1004 + i;
+    }
+    ids1[N] = 1005;
+    for (int i = 0; i < N * DIM; i++)
+        g0[i] = 0.25f + (float)(i % 5) * 0.125f;
+    for (int i = 0; i < (N + 1) * DIM; i++)
+        g1[i] = -0.5f + (float)(i % 3) * 0.375f;
+    float r0[N * DIM], r1[(N + 1) * DIM];
+    ps_table_item a = PS_TABLE_ITEM_INIT, b = PS_TABLE_ITEM_INIT;
+    a.table = t0, a.ids = ids0, a.n = N, a.grads = g0, a.rows = r0;
+    b.table = t1, b.ids = ids1, b.n = N + 1, b.grads = g1, b.rows = r1;
+    ps_op *op0;
+    assert_int_equal(ps_step_ex_async(w0, NULL, 0, &a, 1, PS_STEP_CLOCK, NULL, NULL, &op0), PS_OK);
+    struct timespec ts = {0, 300 * 1000000};
+    nanosleep(&ts, NULL);
+    assert_false(ps_op_done(op0)); /* its pull waits for worker 1 */
+    /* Worker 0's push is acknowledged but not applied: the rows are still the initial ones. */
+    float now[N * DIM];
+    assert_int_equal(ps_table_pull(tp, ids0, N, now), PS_OK);
+    for (int i = 0; i < N * DIM; i++)
+        assert_true(now[i] == 1.0f);
+    assert_int_equal(ps_step_ex(w1, NULL, 0, &b, 1, PS_STEP_CLOCK), PS_OK);
+    assert_int_equal(ps_op_wait(op0), PS_OK);
+    ps_op_destroy(op0);
+    /* The reference: one push of the mean gradient of each row. */
+    int64_t all[12];
+    float mean[12 * DIM];
+    for (int i = 0; i < 12; i++) {
+        all[i] = 1000 + i;
+        for (int k = 0; k < DIM; k++) {
+            float sum = 0;
+            int pushes = 0;
+            bool by0 = false, by1 = false;
+            for (int j = 0; j < N; j++)
+                if (ids0[j] == all[i]) {
+                    sum = by0 ? sum + g0[j * DIM + k] : sum + g0[j * DIM + k];
+                    by0 = true;
+                }
+            float s1 = 0;
+            for (int j = 0; j < N + 1; j++)
+                if (ids1[j] == all[i]) {
+                    s1 = by1 ? s1 + g1[j * DIM + k] : g1[j * DIM + k];
+                    by1 = true;
+                }
+            pushes = by0 + by1;
+            float total = by0 && by1 ? sum + s1 : (by0 ? sum : s1);
+            mean[i * DIM + k] = pushes > 1 ? total * (1.0f / (float)pushes) : total;
+        }
+    }
+    assert_int_equal(ps_table_push(ref, all, 12, mean), PS_OK);
+    float want[12 * DIM], got[12 * DIM];
+    assert_int_equal(ps_table_pull(ref, all, 12, want), PS_OK);
+    assert_int_equal(ps_table_pull(tp, all, 12, got), PS_OK);
+    assert_memory_equal(got, want, sizeof(want));
+    /* What each worker's step pulled: the rows after the clock's one update. */
+    for (int i = 0; i < N; i++)
+        assert_memory_equal(r0 + i * DIM, want + (ids0[i] - 1000) * DIM, DIM * sizeof(float));
+    for (int i = 0; i < N + 1; i++)
+        assert_memory_equal(r1 + i * DIM, want + (ids1[i] - 1000) * DIM, DIM * sizeof(float));
+    /* The aggregate is no table of its own in listings. */
+    char **names;
+    size_t n;
+    assert_int_equal(ps_table_list(plain, &names, &n), PS_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "bsp/emb");
+    assert_string_equal(names[1], "bsp/ref");
+    ps_names_free(names, n);
+    ps_table *agg;
+    assert_int_equal(ps_table_lookup(plain, "bsp/emb#bsp", &agg), PS_NOT_FOUND);
+    ps_table_free(t0);
+    ps_table_free(t1);
+    ps_table_free(tp);
+    ps_table_free(ref);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    ps_client_close(plain);
 }
 
 /* A table with staleness 1: worker 0 at clock 2 waits to pull (TablePull and a Step's table
@@ -628,7 +735,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_step_table_resent_applied_once, start, stop),
         cmocka_unit_test_setup_teardown(test_step_table_bad_input, start, stop),
         cmocka_unit_test_setup_teardown(test_bf16_wire, start, stop),
-        cmocka_unit_test_setup_teardown(test_table_bsp_refused, start_bsp_default, stop),
+        cmocka_unit_test_setup_teardown(test_table_bsp_create, start_bsp_default, stop),
+        cmocka_unit_test_setup_teardown(test_table_bsp_one_update_per_clock, start_workers2, stop),
         cmocka_unit_test_setup_teardown(test_table_ssp_bound, start_workers2, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -892,9 +892,9 @@ class Client:
                 a row is a pure function of (seed, name, id).
             min_count: pushes of an id before its row is made; ttl_ms: rows not updated for
                 that long are removed; max_rows: rows per server at most (LRU eviction).
-            staleness: -2 the servers' default-staleness, -1 asynchronous, s >= 1 SSP (a
-                worker's pull at clock c waits until every live worker reached c - s); 0
-                (BSP) is refused for tables.
+            staleness: -2 the servers' default-staleness, -1 asynchronous, 0 BSP (a clock's
+                pushes applied as one update once every live worker passed it), s >= 1 SSP (a
+                worker's pull at clock c waits until every live worker reached c - s).
             hparams: learning_rate, momentum, nesterov, beta1, beta2, epsilon,
                 initial_accumulator, weight_decay, ftrl_beta, l1, l2.
         Blocks.
