@@ -677,7 +677,8 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
         sync_heard(st, worker);
     int64_t now = (int64_t)time_now_ms();
     int rc = TABLE_OK;
-    if (d == DEDUP_NEW && e->spec->staleness == 0 && worker >= 0) {
+    bool bsp = e->spec->staleness == 0 && worker >= 0;
+    if (d == DEDUP_NEW && bsp) {
         /* BSP: summed into the aggregate, applied once every live worker passed this clock. */
         rc = bsp_add(st, e, ids, (size_t)n, (const float *)(const void *)grads, now, err,
                      sizeof(err));
@@ -703,7 +704,7 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
             rc == TABLE_LIMIT ? " (max-server-bytes; the push's other rows were applied)" : "");
         return STATUS_RESOURCE_EXHAUSTED;
     }
-    if (d == DEDUP_NEW)
+    if (d == DEDUP_NEW && !bsp) /* a BSP push counts when its aggregate is applied */
         atomic_fetch_add(&st->updates_applied, 1);
     *duplicate = d == DEDUP_DUPLICATE;
     /* ttl_ms: expired rows are swept on a push, at most once a second per table. */
