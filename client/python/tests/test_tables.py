@@ -69,7 +69,9 @@ def test_step_with_table_items(cluster2: Cluster, uname: str) -> None:
         before = [w.server_status(i).requests for i in range(2)]
         c0 = w.current_clock
         dense, rows = w.step([(v, np.ones(3, np.float32))], tables=[(t, ids, grads)])
-        assert w.current_clock == c0 + 1
+        # (other tests' workers 0 on these servers may have clocked further: the servers'
+        # clock for worker 0 wins)
+        assert w.current_clock >= c0 + 1
         after = [w.server_status(i).requests for i in range(2)]
         # one step request per server, and the first status request of `after`
         assert [a - b for a, b in zip(after, before)] == [2, 2]
