@@ -1,5 +1,6 @@
 /* RPC handlers of ps-server. The RPC layer has already checked the frame, the method, the
  * presence of a tensor range/segment, the body's type and the deadline. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -803,6 +804,19 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
             return false;
         }
         k->tgrads[j] = seg + at + 8 * ti->n;
+        /* A non-finite gradient refuses the step before anything of it is applied. */
+        for (uint64_t x = 0; ti->push && x < ti->n * dim; x++) {
+            float g;
+            frame_get_floats(&g, k->tgrads[j] + esize * x, 1, k->dtype);
+            if (!isfinite(g)) {
+                rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                                "step table item %zu (table \"%s\"): the gradient of id %lld "
+                                "(index %llu, element %llu) is not finite: nothing applied",
+                                j, server_table_name(k->tabs[j]), (long long)k->ids[j][x / dim],
+                                (unsigned long long)(x / dim), (unsigned long long)(x % dim));
+                return false;
+            }
+        }
         at += need;
         if (ti->pull)
             k->table_pull_total += ti->n * dim;

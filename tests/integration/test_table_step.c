@@ -372,6 +372,59 @@ static void test_step_table_bad_input(void **state)
     assert_int_equal(raw_table_step(tc.ports[1], 5, &it, 1, 0, &dup, rows, msg, sizeof(msg)),
                      STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "not finite"));
+    assert_non_null(strstr(msg, "nothing applied"));
+    /* A dense push in the same step is not applied either: found before anything. */
+    {
+        Psd__V1__StepItem di = PSD__V1__STEP_ITEM__INIT;
+        di.name = "bad/dense";
+        di.offset = 0;
+        di.count = 3;
+        di.push = true;
+        di.seq = 40;
+        Psd__V1__StepItem *dis[1] = {&di};
+        Psd__V1__StepTableItem ti2 = PSD__V1__STEP_TABLE_ITEM__INIT;
+        ti2.name = "bad/emb";
+        ti2.n = 1;
+        ti2.push = true;
+        ti2.seq = 41;
+        Psd__V1__StepTableItem *tis[1] = {&ti2};
+        Psd__V1__StepRequest req = PSD__V1__STEP_REQUEST__INIT;
+        req.n_items = 1;
+        req.items = dis;
+        req.n_table_items = 1;
+        req.table_items = tis;
+        uint8_t body[256];
+        envelope env = PSD__V1__ENVELOPE__INIT;
+        env.method = PSD__V1__METHOD__STEP;
+        env.request_id = 77;
+        env.worker_id = -1;
+        env.client_id = 5;
+        env.body.data = body;
+        env.body.len = psd__v1__step_request__pack(&req, body);
+        uint32_t owner = placement_owner("bad/dense", 2);
+        struct {
+            float dense[3];
+            int64_t id;
+            float g[DIM];
+        } __attribute__((packed)) sg = {{1, 1, 1}, id_on("bad/emb", owner, 1), {1, NAN, 1, 1}};
+        Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
+        tm.dtype = PSD__V1__DTYPE__FLOAT32;
+        tm.count = sizeof(sg) / 4;
+        env.tensor = &tm;
+        frame f;
+        nng_msg *m;
+        int st = test_raw_call(tc.ports[owner], &env, &sg, sizeof(sg), &f, &m);
+        assert_true(st > -1000);
+        fprintf(stderr, "ps %u: %s: %s\n", owner, status_name(st), f.env->message);
+        assert_int_equal(st, STATUS_INVALID_ARGUMENT);
+        assert_non_null(strstr(f.env->message, "not finite: nothing applied"));
+        frame_fini(&f);
+        nng_msg_free(m);
+        float dv[3];
+        assert_int_equal(ps_pull(c, v, dv), PS_OK);
+        for (int k = 0; k < 3; k++)
+            assert_true(dv[k] == 0.0f);
+    }
     /* Nothing was applied by any of them: the row is still the initializer's. */
     float now[DIM];
     assert_int_equal(ps_table_pull(t, ids, 1, now), PS_OK);
