@@ -59,17 +59,26 @@ void handle_table_create(rpc_call *call, void *arg);
 void handle_table_lookup(rpc_call *call, void *arg);
 void handle_table_pull(rpc_call *call, void *arg);
 void handle_table_push(rpc_call *call, void *arg);
-/* Checkpoints of tables: a copy of every table (its packed TableSpec and each partition's
- * rows, oldest first), taken while updates are held off. */
+/* Checkpoints of tables: a cut of every table (table.h's table_cut: its packed TableSpec and
+ * each partition's rows, oldest first, whole or changed since the previous cut). */
 typedef struct server_table_copy {
     uint8_t *spec;
     size_t spec_len;
     uint32_t row_floats, nparts;
-    uint64_t rows;
-    struct table_rows *parts;
+    uint64_t rows;                   /* rows copied (after server_tables_copy_finish) */
+    uint64_t removed;                /* removed ids copied (delta cuts) */
+    bool delta;                      /* changes since the cut `base`, else every row */
+    const struct table_rows *parts;  /* [nparts], after server_tables_copy_finish */
+    struct table_cut *cut;
 } server_table_copy;
-/* Returns 0 (*out NULL when there are no tables) or -1 when memory runs out. */
-int server_tables_copy(server_state *st, server_table_copy **out, size_t *n);
+/* Begins a cut of every table (table_cut_begin(t, base, seq, track)); call with every update
+ * held off (store_freeze): it only marks partitions. Returns 0 (*out NULL when there are no
+ * tables) or -1 when memory runs out. */
+int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+                       server_table_copy **out, size_t *n);
+/* Copies what the cuts still need, after updates are let go again (each partition under its
+ * own lock). Returns 0, or -1 when memory ran out. */
+int server_tables_copy_finish(server_table_copy *c, size_t n);
 void server_tables_copy_free(server_table_copy *c, size_t n);
 struct table;
 /* Makes an unregistered table from a packed TableSpec (restore). Returns 0, or -1 with a

@@ -479,7 +479,8 @@ void handle_table_push(rpc_call *call, void *arg)
 
 /* ---- checkpoints (server/checkpoint.c) ---- */
 
-int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
+int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+                       server_table_copy **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -503,27 +504,36 @@ int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
         tc->spec_len = psd__v1__table_spec__get_packed_size(es[i]->spec);
         tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
         tc->nparts = table_partitions(t);
-        tc->parts = calloc(tc->nparts, sizeof(*tc->parts));
         tc->row_floats = table_row_floats(t);
-        if (tc->spec == NULL || tc->parts == NULL) {
+        if (tc->spec == NULL || (tc->cut = table_cut_begin(t, base, seq, track)) == NULL) {
             rc = -1;
             break;
         }
+        tc->delta = table_cut_is_delta(tc->cut);
         psd__v1__table_spec__pack(es[i]->spec, tc->spec);
-        for (uint32_t p = 0; rc == 0 && p < tc->nparts; p++) {
-            rc = table_copy_partition(t, p, &tc->parts[p]);
-            tc->rows += tc->parts[p].n;
-        }
-        *n = i + 1;
     }
     *out = c;
-    if (rc != 0) {
-        *n = nt;
-        server_tables_copy_free(c, nt);
-        *out = NULL;
-        *n = 0;
-    }
+    *n = nt;
     free(es);
+    return rc;
+}
+
+int server_tables_copy_finish(server_table_copy *c, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        server_table_copy *tc = &c[i];
+        if (tc->cut == NULL || table_cut_finish(tc->cut) != 0) {
+            rc = -1;
+            continue;
+        }
+        tc->parts = table_cut_rows(tc->cut, 0);
+        tc->rows = tc->removed = 0;
+        for (uint32_t p = 0; p < tc->nparts; p++) {
+            tc->rows += tc->parts[p].n;
+            tc->removed += tc->parts[p].nremoved;
+        }
+    }
     return rc;
 }
 
@@ -531,9 +541,7 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
 {
     for (size_t i = 0; c && i < n; i++) {
         free(c[i].spec);
-        for (uint32_t p = 0; c[i].parts && p < c[i].nparts; p++)
-            table_rows_free(&c[i].parts[p]);
-        free(c[i].parts);
+        table_cut_free(c[i].cut);
     }
     free(c);
 }
