@@ -1,0 +1,317 @@
+/* Integration: delta checkpoints of sparse tables with a real ps-server. A full checkpoint and
+ * deltas restore exactly after SIGKILL (rows, optimizer slots, evicted rows, dense variables);
+ * a damaged delta falls back to the file before it and says so; pruning keeps whole chains. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster_proc.h"
+#include "ps_proc.h"
+#include "psclient.h"
+
+static const char *server_bin;
+
+#define DIM 4
+#define NI 2000
+
+typedef struct fixture {
+    test_ps p;
+    char ckdir[300];
+    const char *flags[12];
+    ps_client *c;
+    ps_table *ada, *cap;
+    ps_var *dense;
+    int64_t ids[NI];
+    float g[NI * DIM];
+} fixture;
+
+static void fx_open(fixture *f)
+{
+    f->c = test_ps_open_client(&f->p, NULL, NULL);
+    assert_non_null(f->c);
+}
+
+static void fx_close(fixture *f)
+{
+    ps_table_free(f->ada);
+    ps_table_free(f->cap);
+    f->ada = f->cap = NULL;
+    f->dense = NULL;
+    ps_client_close(f->c);
+    f->c = NULL;
+}
+
+/* An Adagrad table whose rows start at 0.25 (so that two tables of it are comparable). */
+static ps_table *make_ada(fixture *f, const char *name)
+{
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, name, DIM, PS_OPT_ADAGRAD);
+    sp.learning_rate = 0.5;
+    sp.initializer = PS_INIT_CONSTANT;
+    sp.init_a = 0.25;
+    ps_table *t;
+    assert_int_equal(ps_table_create(f->c, &sp, &t), PS_OK);
+    return t;
+}
+
+/* A server with checkpoint-full-every `every`, keep `keep`, no periodic checkpoints; a table
+ * "t/ada" (Adagrad), a table "t/cap" (SGD, max_rows 40: pushes evict) and a dense variable. */
+static void fx_start(fixture *f, const char *prefix, const char *every, const char *keep)
+{
+    memset(f, 0, sizeof(*f));
+    test_ps_init(&f->p, server_bin, prefix);
+    snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", f->p.dir);
+    const char *fl[] = {"--checkpoint-dir",      f->ckdir, "--checkpoint-full-every", every,
+                        "--checkpoint-keep",     keep,     "--checkpoint-interval-s", "0",
+                        NULL};
+    memcpy(f->flags, fl, sizeof(fl));
+    test_ps_start(&f->p, f->flags);
+    fx_open(f);
+    /* Its create writes checkpoint 1 (no tables yet): the tables' chain starts at 2. */
+    f->dense = test_make_var(f->c, "d/w", 1000);
+    f->ada = make_ada(f, "t/ada");
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/cap", DIM, PS_OPT_SGD);
+    sp.max_rows = 40;
+    assert_int_equal(ps_table_create(f->c, &sp, &f->cap), PS_OK);
+    for (int i = 0; i < NI; i++) {
+        f->ids[i] = (int64_t)i * 1000003 - 777777777;
+        for (int j = 0; j < DIM; j++)
+            f->g[i * DIM + j] = 0.125f * (float)((i + j) % 7) - 0.375f;
+    }
+}
+
+static void fx_reopen(fixture *f)
+{
+    fx_open(f);
+    assert_int_equal(ps_table_lookup(f->c, "t/ada", &f->ada), PS_OK);
+    assert_int_equal(ps_table_lookup(f->c, "t/cap", &f->cap), PS_OK);
+    f->dense = test_find_var(f->c, "d/w");
+}
+
+/* What a pull of everything returns now: t/ada's NI rows, t/cap's first 100 ids, d/w. */
+typedef struct state {
+    float ada[NI * DIM];
+    float cap[100 * DIM];
+    float dense[1000];
+} snap;
+
+static void fx_pull(fixture *f, snap *s)
+{
+    assert_int_equal(ps_table_pull(f->ada, f->ids, NI, s->ada), PS_OK);
+    assert_int_equal(ps_table_pull(f->cap, f->ids, 100, s->cap), PS_OK);
+    assert_int_equal(ps_pull(f->c, f->dense, s->dense), PS_OK);
+}
+
+static off_t file_size(const fixture *f, int seq)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/ckpt-0-%d.psc", f->ckdir, seq);
+    struct stat sb;
+    return stat(path, &sb) == 0 ? sb.st_size : -1;
+}
+
+static void flip_bytes(const fixture *f, int seq, double where)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/ckpt-0-%d.psc", f->ckdir, seq);
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long at = (long)((double)ftell(fp) * where);
+    fseek(fp, at, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, at, SEEK_SET);
+    fputc(c ^ 0x5a, fp);
+    fclose(fp);
+}
+
+/* Writes the chain full (2), delta (3), delta (4), each after some changes; after[k] is the
+ * state right after checkpoint k+2. */
+static void fx_chain(fixture *f, snap *after)
+{
+    assert_int_equal(ps_table_push(f->ada, f->ids, NI, f->g), PS_OK);
+    assert_int_equal(ps_table_push(f->cap, f->ids, 40, f->g), PS_OK);
+    test_push_const(f->c, f->dense, 1000, 1.0f);
+    assert_int_equal(ps_checkpoint(f->c), PS_OK); /* 2: full (the tables are new) */
+    fx_pull(f, &after[0]);
+    /* 1% of t/ada's rows changed; t/cap: 30 new rows evict 30 old ones. */
+    assert_int_equal(ps_table_push(f->ada, f->ids + 100, NI / 100, f->g), PS_OK);
+    assert_int_equal(ps_table_push(f->cap, f->ids + 40, 30, f->g), PS_OK);
+    assert_int_equal(ps_checkpoint(f->c), PS_OK); /* 3: delta of 2 */
+    fx_pull(f, &after[1]);
+    assert_int_equal(ps_table_push(f->ada, f->ids + 1500, 10, f->g), PS_OK);
+    assert_int_equal(ps_table_push(f->cap, f->ids + 70, 30, f->g), PS_OK);
+    test_push_const(f->c, f->dense, 1000, 0.5f); /* dense variables are whole in deltas */
+    assert_int_equal(ps_checkpoint(f->c), PS_OK); /* 4: delta of 3 */
+    fx_pull(f, &after[2]);
+}
+
+static void expect_state(fixture *f, const snap *want)
+{
+    snap *got = malloc(sizeof(*got));
+    fx_pull(f, got);
+    assert_memory_equal(got->ada, want->ada, sizeof(got->ada));
+    assert_memory_equal(got->cap, want->cap, sizeof(got->cap));
+    assert_memory_equal(got->dense, want->dense, sizeof(got->dense));
+    free(got);
+}
+
+/* Full + 2 deltas restore exactly after SIGKILL; the optimizer slots came back too. */
+static void test_delta_chain_restores_exactly(void **state)
+{
+    (void)state;
+    fixture *f = malloc(sizeof(*f));
+    snap *after = malloc(3 * sizeof(*after));
+    fx_start(f, "psd-tckpt-chain", "4", "3");
+    fx_chain(f, after);
+    off_t full = file_size(f, 2), d1 = file_size(f, 3);
+    fprintf(stderr, "full checkpoint %lld bytes, delta of 1%% of the rows %lld bytes\n",
+            (long long)full, (long long)d1);
+    assert_true(full > 0 && d1 > 0 && d1 * 5 < full);
+    assert_true(test_file_contains(f->p.log, "ckpt-0-2.psc (full)"));
+    assert_true(test_file_contains(f->p.log, "ckpt-0-3.psc (delta of 2)"));
+    assert_true(test_file_contains(f->p.log, "ckpt-0-4.psc (delta of 3)"));
+    assert_int_equal(ps_table_push(f->ada, f->ids, 5, f->g), PS_OK); /* after 4: lost */
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+    test_ps_start(&f->p, f->flags);
+    assert_true(test_file_contains(f->p.log, "checkpoint 4 (full 2 + 2 deltas)"));
+    fx_reopen(f);
+    expect_state(f, &after[2]);
+    /* One more push equals the same pushes into a table that never restarted: Adagrad's
+     * accumulators came back (rows start at a constant, so the reference's are the same). */
+    assert_int_equal(ps_table_push(f->ada, f->ids, NI, f->g), PS_OK);
+    float *got = malloc(sizeof(float) * NI * DIM), *want = malloc(sizeof(float) * NI * DIM);
+    assert_int_equal(ps_table_pull(f->ada, f->ids, NI, got), PS_OK);
+    ps_table *r = make_ada(f, "t/ada-ref");
+    assert_int_equal(ps_table_push(r, f->ids, NI, f->g), PS_OK);
+    assert_int_equal(ps_table_push(r, f->ids + 100, NI / 100, f->g), PS_OK);
+    assert_int_equal(ps_table_push(r, f->ids + 1500, 10, f->g), PS_OK);
+    assert_int_equal(ps_table_push(r, f->ids, NI, f->g), PS_OK);
+    assert_int_equal(ps_table_pull(r, f->ids, NI, want), PS_OK);
+    assert_memory_equal(got, want, sizeof(float) * NI * DIM);
+    ps_table_free(r);
+    free(got);
+    free(want);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGTERM, 0);
+    test_ps_cleanup(&f->p);
+    free(after);
+    free(f);
+}
+
+/* A damaged delta (bytes flipped inside a record) ends its chain at the file before it: the
+ * state of that checkpoint comes back and the log says which file was skipped; a damaged
+ * delta in the middle of a chain makes the ones after it unusable too. */
+static void test_corrupt_delta_falls_back(void **state)
+{
+    (void)state;
+    fixture *f = malloc(sizeof(*f));
+    snap *after = malloc(3 * sizeof(*after));
+    fx_start(f, "psd-tckpt-bad", "4", "3");
+    fx_chain(f, after);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+    flip_bytes(f, 4, 0.5);
+    test_ps_start(&f->p, f->flags);
+    assert_true(test_file_contains(f->p.log, "ckpt-0-4.psc is unusable ("));
+    assert_true(test_file_contains(f->p.log, "restoring checkpoint 3 instead"));
+    assert_true(test_file_contains(f->p.log, "checkpoint 3 (full 2 + 1 deltas)"));
+    /* The restart verdict names what was lost. */
+    assert_true(test_file_contains(f->p.log, "checkpoint 4, the newest the previous server wrote, "
+                                             "could not be restored; checkpoint 3 was"));
+    fx_reopen(f);
+    expect_state(f, &after[1]);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+    /* Now the first delta too (the restarted server wrote nothing: no periodic checkpoint). */
+    flip_bytes(f, 3, 0.6);
+    test_ps_start(&f->p, f->flags);
+    assert_true(test_file_contains(f->p.log, "restoring checkpoint 2 instead"));
+    assert_true(test_file_contains(f->p.log, "checkpoint 2 (full 2 + 0 deltas)"));
+    fx_reopen(f);
+    expect_state(f, &after[0]);
+    /* The server goes on: its next checkpoint is a full one (seq 5), restorable. */
+    assert_int_equal(ps_table_push(f->ada, f->ids, 10, f->g), PS_OK);
+    snap *now = malloc(sizeof(*now));
+    assert_int_equal(ps_checkpoint(f->c), PS_OK);
+    fx_pull(f, now);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+    test_ps_start(&f->p, f->flags);
+    assert_true(test_file_contains(f->p.log, "checkpoint 5 (full 5 + 0 deltas)"));
+    fx_reopen(f);
+    expect_state(f, now);
+    free(now);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGTERM, 0);
+    test_ps_cleanup(&f->p);
+    free(after);
+    free(f);
+}
+
+/* Which of ckpt-0-1 .. ckpt-0-n exist, as a string of 0/1. */
+static void present(const fixture *f, int n, char *out)
+{
+    for (int i = 1; i <= n; i++)
+        out[i - 1] = file_size(f, i) >= 0 ? '1' : '0';
+    out[n] = '\0';
+}
+
+/* checkpoint-keep counts restore points; each keeps its whole chain. */
+static void test_prune_keeps_chains(void **state)
+{
+    (void)state;
+    fixture *f = malloc(sizeof(*f));
+    fx_start(f, "psd-tckpt-prune", "3", "2");
+    char have[16];
+    /* 1 (the create's, no tables), then full-every 3: 2 F, 3 D, 4 D, 5 F, 6 D, 7 D, 8 F, 9 D;
+     * the 2 newest are kept with their chains. */
+    const char *want[] = {"11",     "011",      "0111",     "01111",
+                          "000011", "0000111", "00001111", "000000011"};
+    for (int k = 0; k < 8; k++) {
+        assert_int_equal(ps_table_push(f->ada, f->ids + 10 * k, 10, f->g), PS_OK);
+        assert_int_equal(ps_checkpoint(f->c), PS_OK);
+        present(f, k + 2, have);
+        if (strcmp(have, want[k]) != 0) {
+            fprintf(stderr, "after checkpoint %d the files are %s, expected %s\n", k + 1, have,
+                    want[k]);
+            fail();
+        }
+    }
+    assert_true(test_file_contains(f->p.log, "ckpt-0-9.psc (delta of 8)"));
+    snap *now = malloc(sizeof(*now));
+    fx_pull(f, now);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+    test_ps_start(&f->p, f->flags);
+    assert_true(test_file_contains(f->p.log, "checkpoint 9 (full 8 + 1 deltas)"));
+    fx_reopen(f);
+    expect_state(f, now);
+    free(now);
+    fx_close(f);
+    test_ps_signal_wait(&f->p, SIGTERM, 0);
+    test_ps_cleanup(&f->p);
+    free(f);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_delta_chain_restores_exactly),
+        cmocka_unit_test(test_corrupt_delta_falls_back),
+        cmocka_unit_test(test_prune_keeps_chains),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
