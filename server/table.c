@@ -90,11 +90,22 @@ struct table {
     _Atomic int refs;    /* 1 for the table's owner, 1 per cut not yet freed */
 };
 
+/* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
+ * each, so that the wait of a push that finds its partition pending is short), turned into
+ * table_rows by table_cut_finish outside the lock. */
+typedef struct raw_part {
+    unsigned char *bytes; /* nslabs slabs of slab_size bytes */
+    uint32_t nslabs;
+    uint32_t lru_tail;
+    size_t count;
+} raw_part;
+
 struct table_cut {
     table *t;
     bool delta, finished;
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
+    raw_part *raw;     /* [t->nparts] */
 };
 
 static inline uint64_t mix64(uint64_t z)
@@ -999,13 +1010,69 @@ static void clear_marks(table *t, partition *p)
     p->removed_lost = false;
 }
 
+static size_t slab_size(const table *t)
+{
+    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
+}
+
+/* Copies p's slabs as they are into raw. Returns 0 or -1 (memory). */
+static int copy_raw(table *t, partition *p, raw_part *raw)
+{
+    size_t ss = slab_size(t);
+    raw->nslabs = p->nslabs;
+    raw->lru_tail = p->lru_tail;
+    raw->count = p->ix.count;
+    if (p->nslabs == 0 || p->ix.count == 0)
+        return 0;
+    raw->bytes = malloc((size_t)p->nslabs * ss);
+    if (raw->bytes == NULL)
+        return -1;
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        memcpy(raw->bytes + (size_t)i * ss, p->slabs[i], ss);
+    return 0;
+}
+
+/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
+static int raw_rows(const table *t, raw_part *raw, table_rows *out)
+{
+    size_t n = raw->count, ss = slab_size(t);
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    out->full = true;
+    if (n > 0) {
+        out->ids = malloc(n * sizeof(*out->ids));
+        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+            return -1;
+    }
+    size_t i = 0;
+    for (uint32_t s1 = raw->lru_tail; s1 != 0 && i < n; i++) {
+        uint32_t slot = s1 - 1;
+        if ((slot >> t->slab_shift) >= raw->nslabs)
+            return -1; /* not the partition's links: an internal error */
+        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot >> t->slab_shift) * ss +
+                                               (size_t)(slot & mask) * t->row_bytes);
+        out->ids[i] = r->id;
+        out->updated_ms[i] = r->updated_ms;
+        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        s1 = r->prev;
+    }
+    out->n = i;
+    free(raw->bytes);
+    raw->bytes = NULL;
+    return i == n ? 0 : -1;
+}
+
 /* Copies p (write-locked, pending for cut generation gen) into the table's cut. */
 static void cut_copy(table *t, partition *p, uint64_t gen)
 {
     table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
-    table_rows *out = &c->parts[p - t->parts];
+    uint32_t q = (uint32_t)(p - t->parts);
+    table_rows *out = &c->parts[q];
     p->cut_gen = gen;
-    int rc = c->delta && !p->removed_lost ? copy_changed(t, p, out) : copy_all(t, p, out);
+    bool whole = !c->delta || p->removed_lost;
+    out->full = whole;
+    int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
     if (rc != 0) {
         table_rows_free(out);
         atomic_store(&c->failed, true);
@@ -1020,7 +1087,10 @@ table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
     if (c == NULL)
         return NULL;
     c->parts = calloc(t->nparts, sizeof(*c->parts));
-    if (c->parts == NULL) {
+    c->raw = calloc(t->nparts, sizeof(*c->raw));
+    if (c->parts == NULL || c->raw == NULL) {
+        free(c->parts);
+        free(c->raw);
         free(c);
         return NULL;
     }
@@ -1045,6 +1115,16 @@ int table_cut_finish(table_cut *c)
         pthread_rwlock_unlock(&p->lock);
     }
     c->finished = true;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        if (c->raw[q].nslabs > 0 && raw_rows(t, &c->raw[q], &c->parts[q]) != 0) {
+            table_rows_free(&c->parts[q]);
+            atomic_store(&c->failed, true);
+        }
+        free(c->raw[q].bytes);
+        c->raw[q].bytes = NULL;
+        c->raw[q].nslabs = 0;
+        c->parts[q].row_floats = t->row_floats;
+    }
     return atomic_load(&c->failed) ? -1 : 0;
 }
 
@@ -1065,9 +1145,12 @@ void table_cut_free(table_cut *c)
     table *t = c->t;
     if (!c->finished)
         (void)table_cut_finish(c); /* no partition may still point at c */
-    for (uint32_t q = 0; q < t->nparts; q++)
+    for (uint32_t q = 0; q < t->nparts; q++) {
         table_rows_free(&c->parts[q]);
+        free(c->raw[q].bytes);
+    }
     free(c->parts);
+    free(c->raw);
     free(c);
     table_unref(t);
 }
