@@ -455,7 +455,7 @@ int ps_shutdown_cluster(ps_client *c);
  * function of (seed, table name, id)); a pull of an id without a row returns the initializer's
  * row without making it. Every int64 id is valid, negative ones included. Each id's row lives
  * on the server proto/README.md's table placement names. Tables are asynchronous (no
- * staleness bound), are not in checkpoints yet, and are kept until the servers exit. */
+ * staleness bound), are in the servers' checkpoints, and are kept until the servers exit. */
 typedef struct ps_table ps_table;
 
 typedef struct ps_table_spec {
@@ -507,6 +507,13 @@ int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *
                         ps_done_fn cb, void *arg, ps_op **out_op);
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
+/* Admin (as ps_checkpoint): a page of the rows table t has on server `server`: their ids into
+ * ids[0..max) and parameters (no optimizer state) into rows[0..max*dim), *n of them. Start
+ * with *cursor = 0 and call again with the *cursor it sets until *done. Not a snapshot: a row
+ * present throughout the paging comes exactly once; rows made or removed meanwhile may or may
+ * not. Pages are at most ps_table_max_ids rows. Blocks. */
+int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64_t *ids,
+                    float *rows, size_t *n, bool *done);
 
 #ifdef __cplusplus
 }

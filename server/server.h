@@ -59,6 +59,7 @@ void handle_table_create(rpc_call *call, void *arg);
 void handle_table_lookup(rpc_call *call, void *arg);
 void handle_table_pull(rpc_call *call, void *arg);
 void handle_table_push(rpc_call *call, void *arg);
+void handle_table_export(rpc_call *call, void *arg);
 /* Checkpoints of tables: a cut of every table (table.h's table_cut: its packed TableSpec and
  * each partition's rows, oldest first, whole or changed since the previous cut). */
 typedef struct server_table_copy {

@@ -1172,6 +1172,31 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out)
     return rc;
 }
 
+size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows)
+{
+    size_t n = 0;
+    uint64_t q = *cursor >> 32, s = *cursor & 0xffffffffu;
+    for (; q < t->nparts && n < max; q++, s = 0) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        for (; s < p->used && n < max; s++) {
+            row_header *r = row_at(t, p, (uint32_t)s);
+            /* A live slot is the one the index gives its id (a free one's id is stale). */
+            if (table_index_find(&p->ix, r->id, table_id_hash(r->id)) != s + 1)
+                continue;
+            ids[n] = r->id;
+            memcpy(rows + n * (size_t)t->dim, row_floats(r), t->dim * sizeof(float));
+            n++;
+        }
+        bool more = s < p->used;
+        pthread_rwlock_unlock(&p->lock);
+        if (more)
+            break;
+    }
+    *cursor = q >= t->nparts ? UINT64_MAX : (q << 32) | s;
+    return n;
+}
+
 size_t table_partition_clear(table *t, uint32_t part)
 {
     if (part >= t->nparts)

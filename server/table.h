@@ -227,6 +227,13 @@ size_t table_partition_clear(table *t, uint32_t part);
  * could not be placed (no room and nothing to evict in its partition). */
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
 
+/* Export (psctl dump): copies rows from *cursor on (0: the start) into ids[0..max) and
+ * rows[0..max*dim) (parameters only), at most max, one partition's lock (shared) at a time;
+ * sets *cursor to where the next call goes on, UINT64_MAX after the last row. Returns the
+ * number copied. Not a snapshot: a row present throughout the calls is copied exactly once
+ * (rows do not move between slots), rows made or removed meanwhile may or may not be. */
+size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows);
+
 /* The partition that holds id (for tests and benchmarks). */
 uint32_t table_partition_of(const table *t, int64_t id);
 

@@ -477,6 +477,53 @@ void handle_table_push(rpc_call *call, void *arg)
     rpc_reply_ok(call, &rep.base);
 }
 
+/* TableExport (psctl dump): a page of this server's rows, ids then rows in the segment. */
+void handle_table_export(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__TableExportRequest *req = (const void *)rpc_call_body(call);
+    table_entry *e = resolve_table(st, call, req->name);
+    if (e == NULL)
+        return;
+    uint64_t dim = table_dim(e->t), per = 8 + 4 * dim;
+    size_t room = rpc_call_max_message(call);
+    uint64_t fit = room > 4096 ? (room - 4096) / per : 0;
+    uint64_t max = req->max_rows && req->max_rows < fit ? req->max_rows : fit;
+    if (max > SERVER_TABLE_MAX_IDS)
+        max = SERVER_TABLE_MAX_IDS;
+    if (max == 0) {
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "table \"%s\": a row of dim %llu does not fit in max-message-bytes (%zu)",
+                        table_name(e->t), (unsigned long long)dim, room);
+        return;
+    }
+    int64_t *ids = malloc((size_t)max * sizeof(*ids));
+    float *rows = malloc((size_t)max * dim * sizeof(float));
+    if (ids == NULL || rows == NULL) {
+        free(ids);
+        free(rows);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for %llu rows",
+                        (unsigned long long)max);
+        return;
+    }
+    uint64_t cursor = req->cursor;
+    size_t n = table_export(e->t, &cursor, (size_t)max, ids, rows);
+    Psd__V1__TableExportReply rep = PSD__V1__TABLE_EXPORT_REPLY__INIT;
+    rep.n = n;
+    rep.done = cursor == UINT64_MAX;
+    rep.next_cursor = rep.done ? 0 : cursor;
+    rep.dim = (uint32_t)dim;
+    /* count: the segment's length in 4-byte words (ids, then rows), as for the table calls. */
+    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, PSD__V1__DTYPE__FLOAT32, 0,
+                                       (uint64_t)n * (2 + dim));
+    if (dst != NULL) {
+        memcpy(dst, ids, n * 8);
+        memcpy(dst + n * 8, rows, n * dim * sizeof(float));
+    }
+    free(ids);
+    free(rows);
+}
+
 /* ---- checkpoints (server/checkpoint.c) ---- */
 
 int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,

@@ -1,6 +1,8 @@
 /* Integration: delta checkpoints of sparse tables with a real ps-server. A full checkpoint and
  * deltas restore exactly after SIGKILL (rows, optimizer slots, evicted rows, dense variables);
- * a damaged delta falls back to the file before it and says so; pruning keeps whole chains. */
+ * a damaged delta falls back to the file before it and says so; pruning keeps whole chains.
+ * And `psctl dump TABLE DIR` (TableExport) over 2 servers, read back with NumPy.
+ * Arguments: ps-server, psctl. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -19,6 +22,7 @@
 #include "psclient.h"
 
 static const char *server_bin;
+static const char *psctl_bin; /* second argument; NULL: the dump test is skipped */
 
 #define DIM 4
 #define NI 2000
@@ -305,13 +309,111 @@ static void test_prune_keeps_chains(void **state)
     free(f);
 }
 
+/* psctl dump TABLE DIR on a 2-server cluster: one .npy pair per server, read back with NumPy,
+ * together exactly the rows a pull returns (paged: the client's max-message-bytes is 64 KiB). */
+static void test_psctl_dump_table(void **state)
+{
+    (void)state;
+    if (psctl_bin == NULL)
+        skip();
+    if (system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+        fprintf(stderr, "no NumPy for /usr/bin/python3: skipped\n");
+        skip();
+    }
+    test_cluster tc;
+    assert_int_equal(test_cluster_start(&tc, server_bin, 2, NULL), 0);
+    char tf[1200];
+    snprintf(tf, sizeof(tf), "{\"cluster\":%s}", tc.spec);
+    ps_config *cfg;
+    ps_config_create(&cfg);
+    ps_config_set(cfg, "cluster", tf);
+    ps_config_set(cfg, "max-message-bytes", "65536");
+    ps_client *c = NULL;
+    assert_int_equal(ps_client_open(&c, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/dump", 8, PS_OPT_ADAGRAD);
+    sp.initializer = PS_INIT_UNIFORM;
+    sp.init_a = -1;
+    sp.init_b = 1;
+    ps_table *t;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    enum { N = 5000 };
+    int64_t *ids = malloc(N * sizeof(*ids));
+    float *g = malloc(N * 8 * sizeof(float)), *rows = malloc(N * 8 * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int64_t)(i - N / 2) * 2654435761LL;
+        for (int k = 0; k < 8; k++)
+            g[i * 8 + k] = 0.01f * (float)((i * 7 + k) % 13) - 0.06f;
+    }
+    assert_int_equal(ps_table_push(t, ids, N, g), PS_OK);
+    assert_int_equal(ps_table_pull(t, ids, N, rows), PS_OK);
+    char dir[] = "/tmp/psd-tdump-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[400], cmd[3000];
+    snprintf(path, sizeof(path), "%s/expect.bin", dir);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(ids, 8, N, f), N);
+    assert_int_equal(fwrite(rows, 32, N, f), N);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "'%s' --cluster '%s' --max-message-bytes 65536 dump t/dump %s/out > %s/psctl.out",
+             psctl_bin, tc.spec, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof(path), "%s/psctl.out", dir);
+    assert_true(test_file_contains(path, "wrote 5000 rows of table t/dump (dim 8) from 2 server"));
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/python3 - '%s' <<'EOF'\n"
+             "import sys, numpy as np\n"
+             "d = sys.argv[1]\n"
+             "raw = open(d + '/expect.bin', 'rb').read()\n"
+             "n = %d\n"
+             "eids = np.frombuffer(raw[:8 * n], '<i8')\n"
+             "erows = np.frombuffer(raw[8 * n:], '<f4').reshape(n, 8)\n"
+             "ids, rows = [], []\n"
+             "for k in range(2):\n"
+             "    i = np.load(d + '/out/t_dump.ps%%d.ids.npy' %% k)\n"
+             "    r = np.load(d + '/out/t_dump.ps%%d.rows.npy' %% k)\n"
+             "    assert i.dtype == np.int64 and r.dtype == np.float32, (i.dtype, r.dtype)\n"
+             "    assert i.ndim == 1 and r.shape == (len(i), 8), (i.shape, r.shape)\n"
+             "    assert 1000 < len(i) < 4000, len(i)  # both servers hold about half\n"
+             "    ids.append(i); rows.append(r)\n"
+             "ids = np.concatenate(ids); rows = np.concatenate(rows)\n"
+             "assert len(np.unique(ids)) == len(ids) == n, len(ids)\n"
+             "o, eo = np.argsort(ids), np.argsort(eids)\n"
+             "assert np.array_equal(ids[o], eids[eo])\n"
+             "assert np.array_equal(rows[o], erows[eo])\n"
+             "print('dump matches the pulled rows')\n"
+             "EOF\n",
+             dir, N);
+    assert_int_equal(system(cmd), 0);
+    /* A name that is neither a variable nor a table: exit status 1, the reason on stderr. */
+    snprintf(cmd, sizeof(cmd), "'%s' --cluster '%s' dump t/none %s/none 2> %s/err.txt",
+             psctl_bin, tc.spec, dir, dir);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    snprintf(path, sizeof(path), "%s/err.txt", dir);
+    assert_true(test_file_contains(path, "t/none"));
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    free(ids);
+    free(g);
+    free(rows);
+    ps_table_free(t);
+    ps_client_close(c);
+    assert_int_equal(test_cluster_stop(&tc), 0);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
+    psctl_bin = argc > 2 ? argv[2] : NULL;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta_chain_restores_exactly),
         cmocka_unit_test(test_corrupt_delta_falls_back),
         cmocka_unit_test(test_prune_keeps_chains),
+        cmocka_unit_test(test_psctl_dump_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
