@@ -77,7 +77,8 @@ static int push_ids(ps_table *t, uint64_t first, uint64_t stride, uint64_t n, ui
 static int table_mode(const char *bin, const char *dir, int argc, char **argv)
 {
     if (argc < 7) {
-        fprintf(stderr, "usage: ps-checkpoint-bench PS-SERVER DIR --table ROWS DIM PCT [FLAG...]\n");
+        fprintf(stderr,
+                "usage: ps-checkpoint-bench PS-SERVER DIR --table ROWS DIM PCT [FLAG...]\n");
         return 2;
     }
     uint64_t rows = strtoull(argv[4], NULL, 10);
@@ -87,8 +88,9 @@ static int table_mode(const char *bin, const char *dir, int argc, char **argv)
     char spec[128], log[600];
     snprintf(spec, sizeof(spec), "{\"ps\":[\"127.0.0.1:%d\"]}", port);
     snprintf(log, sizeof(log), "%s/bench-server.log", dir);
-    const char *extra[32] = {"--checkpoint-dir", dir, "--log-format", "text",
-                             "--checkpoint-interval-s", "0", "--checkpoint-full-every", "10"};
+    const char *extra[32] = {
+        "--checkpoint-dir",        dir, "--log-format", "text", "--checkpoint-interval-s", "0",
+        "--checkpoint-full-every", "10"};
     int ne = 8;
     for (int i = 7; i < argc && ne < 31; i++)
         extra[ne++] = argv[i];

@@ -393,11 +393,12 @@ static void npy_header128(unsigned char *buf, const char *descr, uint64_t n, uin
 {
     char dict[118];
     if (dim)
-        snprintf(dict, sizeof(dict), "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64
-                 ", %u), }", descr, n, dim);
+        snprintf(dict, sizeof(dict),
+                 "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", %u), }", descr, n,
+                 dim);
     else
-        snprintf(dict, sizeof(dict), "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64
-                 ",), }", descr, n);
+        snprintf(dict, sizeof(dict),
+                 "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ",), }", descr, n);
     memcpy(buf, "\x93NUMPY\x01\x00", 8);
     buf[8] = 128 - 10;
     buf[9] = 0;
@@ -467,8 +468,7 @@ static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const cha
                 swap_bytes(ids, got, 8);
                 swap_bytes(rows, got * dim, 4);
             }
-            ok = fwrite(ids, 8, got, fi) == got &&
-                 fwrite(rows, 4 * (size_t)dim, got, fr) == got;
+            ok = fwrite(ids, 8, got, fi) == got && fwrite(rows, 4 * (size_t)dim, got, fr) == got;
             n += got;
         }
         if (ok && st == PS_OK) {
@@ -503,8 +503,8 @@ static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const cha
     if (json_out)
         printf("],\"rows\":%" PRIu64 ",\"ok\":%s}\n", total, rc == 0 ? "true" : "false");
     else if (rc == 0)
-        printf("wrote %" PRIu64 " rows of table %s (dim %u) from %d server(s)\n", total, name,
-               dim, nservers);
+        printf("wrote %" PRIu64 " rows of table %s (dim %u) from %d server(s)\n", total, name, dim,
+               nservers);
     free(ids);
     free(rows);
     return rc;

@@ -405,8 +405,8 @@ static void export_done(void *arg, int status, const char *message, const frame 
     x->status = status;
     snprintf(x->message, sizeof(x->message), "%s", message);
     if (status == STATUS_OK && reply) {
-        Psd__V1__TableExportReply *r = psd__v1__table_export_reply__unpack(
-            NULL, reply->env->body.len, reply->env->body.data);
+        Psd__V1__TableExportReply *r =
+            psd__v1__table_export_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
         size_t dim = x->t->dim;
         size_t want = r ? (size_t)r->n * (8 + 4 * dim) : 0;
         if (r == NULL || r->dim != x->t->dim || r->n > x->max ||

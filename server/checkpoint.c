@@ -879,10 +879,9 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     uint64_t pause_ns = 0;
     /* A delta of the previous file of the chain, unless the chain is due for a full one (or
      * broken: none yet in this process, or the last write failed). */
-    uint64_t base =
-        ck->full_every > 1 && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every
-            ? ck->chain_prev
-            : 0;
+    uint64_t base = ck->full_every > 1 && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every
+                        ? ck->chain_prev
+                        : 0;
     if (snapshot_take(ck->st, &s, base, seq, ck->full_every > 1, &pause_ns, err, errlen) != 0) {
         ck->chain_prev = 0;
         note_failure(ck, err);
@@ -1565,8 +1564,7 @@ static int read_table_delta(reader *r, uint64_t len, loaded *l)
         memcpy(&nrem, d->body + off + 8, 8);
         memcpy(&nrows, d->body + off + 16, 8);
         off += 24;
-        if ((flags & ~(uint32_t)CKPT_PART_WHOLE) != 0 || pad != 0 ||
-            nrem > (d->body_len - off) / 8)
+        if ((flags & ~(uint32_t)CKPT_PART_WHOLE) != 0 || pad != 0 || nrem > (d->body_len - off) / 8)
             goto bad;
         off += nrem * 8;
         if (nrows > (d->body_len - off) / per)
@@ -1866,8 +1864,8 @@ static int apply_delta(loaded *l, loaded *d, char *err, size_t errlen)
             memcmp(l->table_specs[b], td->spec, td->spec_len) != 0 ||
             table_row_floats(l->tables[b]) != td->row_floats ||
             table_partitions(l->tables[b]) != td->nparts)
-            return errf(err, errlen, "table \"%s\": the delta's spec differs from the one before it",
-                        td->name);
+            return errf(err, errlen,
+                        "table \"%s\": the delta's spec differs from the one before it", td->name);
     }
     /* Deleted tables (in neither list of d) and tables d holds whole go. */
     for (size_t i = 0; i < l->ntables;) {
@@ -1903,9 +1901,9 @@ static int apply_delta(loaded *l, loaded *d, char *err, size_t errlen)
     for (size_t i = 0; i < d->ntdeltas; i++) {
         long b = loaded_find_table(l, d->tdeltas[i].name);
         if (b < 0 || apply_table_delta(l->tables[b], &d->tdeltas[i], err, errlen) != 0)
-            return b < 0 ? errf(err, errlen, "internal error: table \"%s\" lost",
-                                d->tdeltas[i].name)
-                         : -1;
+            return b < 0
+                       ? errf(err, errlen, "internal error: table \"%s\" lost", d->tdeltas[i].name)
+                       : -1;
     }
     /* The rest of the state is d's. */
     for (size_t i = 0; i < l->nvars; i++)
@@ -2051,8 +2049,7 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
             log_warn("checkpoint %s is unusable (%s)%s", path, why,
                      i + 1 < n ? ": trying the previous one" : "");
             if (off < errlen)
-                off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[full].name,
-                                        why);
+                off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[full].name, why);
             continue;
         }
         /* The deltas, oldest first; a damaged one ends the chain at the file before it. */

@@ -83,11 +83,11 @@ typedef struct checkpoint_info {
     uint64_t seq;
     uint64_t bytes;
     uint32_t variables;
-    uint64_t pause_us; /* checkpoint: time updates were held off */
-    uint64_t ms;       /* checkpoint: request to durable; restore: time to read */
-    uint64_t versions; /* sum of its variables' versions (updates applied, per shard) */
-    uint64_t base;     /* checkpoint: the previous file a delta is relative to (0: full);
-                          restore: the full file the chain started from */
+    uint64_t pause_us;   /* checkpoint: time updates were held off */
+    uint64_t ms;         /* checkpoint: request to durable; restore: time to read */
+    uint64_t versions;   /* sum of its variables' versions (updates applied, per shard) */
+    uint64_t base;       /* checkpoint: the previous file a delta is relative to (0: full);
+                            restore: the full file the chain started from */
     uint64_t table_rows; /* rows of sparse tables written or restored (a delta: changed) */
     uint32_t deltas;     /* restore: deltas applied over the full file */
     uint64_t skipped;    /* restore: seq of a newer delta of the chain found unusable (0: none) */

@@ -66,10 +66,10 @@ typedef struct server_table_copy {
     uint8_t *spec;
     size_t spec_len;
     uint32_t row_floats, nparts;
-    uint64_t rows;                   /* rows copied (after server_tables_copy_finish) */
-    uint64_t removed;                /* removed ids copied (delta cuts) */
-    bool delta;                      /* changes since the cut `base`, else every row */
-    const struct table_rows *parts;  /* [nparts], after server_tables_copy_finish */
+    uint64_t rows;                  /* rows copied (after server_tables_copy_finish) */
+    uint64_t removed;               /* removed ids copied (delta cuts) */
+    bool delta;                     /* changes since the cut `base`, else every row */
+    const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
     struct table_cut *cut;
 } server_table_copy;
 /* Begins a cut of every table (table_cut_begin(t, base, seq, track)); call with every update

@@ -52,8 +52,8 @@ typedef struct partition {
     /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
      * row was made or updated since the partition's last copy; ndirty counts them. */
     uint32_t ndirty;
-    uint64_t cut_gen;  /* the table's cut_gen this partition was copied for */
-    int64_t *gone;     /* ids removed since the last copy (recorded while t->track) */
+    uint64_t cut_gen; /* the table's cut_gen this partition was copied for */
+    int64_t *gone;    /* ids removed since the last copy (recorded while t->track) */
     size_t ngone, gone_cap;
     bool removed_lost; /* a removal could not be recorded: the next copy is whole */
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
@@ -85,9 +85,9 @@ struct table {
      * `cut` before anything changes it. */
     _Atomic uint64_t cut_gen;
     struct table_cut *_Atomic cut;
-    _Atomic bool track;  /* record removed ids (the next cut may be a delta) */
-    uint64_t last_cut;   /* the `seq` of the newest cut (the checkpointer's, serialised) */
-    _Atomic int refs;    /* 1 for the table's owner, 1 per cut not yet freed */
+    _Atomic bool track; /* record removed ids (the next cut may be a delta) */
+    uint64_t last_cut;  /* the `seq` of the newest cut (the checkpointer's, serialised) */
+    _Atomic int refs;   /* 1 for the table's owner, 1 per cut not yet freed */
 };
 
 /* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
@@ -168,8 +168,7 @@ static inline size_t slab_bitmap_bytes(const table *t)
     return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
 }
 
-static inline uint64_t *dirty_word(const table *t, const partition *p, uint32_t slot,
-                                   uint64_t *bit)
+static inline uint64_t *dirty_word(const table *t, const partition *p, uint32_t slot, uint64_t *bit)
 {
     uint32_t i = slot & ((1u << t->slab_shift) - 1);
     unsigned char *slab = p->slabs[slot >> t->slab_shift];

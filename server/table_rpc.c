@@ -514,8 +514,8 @@ void handle_table_export(rpc_call *call, void *arg)
     rep.next_cursor = rep.done ? 0 : cursor;
     rep.dim = (uint32_t)dim;
     /* count: the segment's length in 4-byte words (ids, then rows), as for the table calls. */
-    uint8_t *dst = rpc_reply_ok_tensor(call, &rep.base, PSD__V1__DTYPE__FLOAT32, 0,
-                                       (uint64_t)n * (2 + dim));
+    uint8_t *dst =
+        rpc_reply_ok_tensor(call, &rep.base, PSD__V1__DTYPE__FLOAT32, 0, (uint64_t)n * (2 + dim));
     if (dst != NULL) {
         memcpy(dst, ids, n * 8);
         memcpy(dst + n * 8, rows, n * dim * sizeof(float));

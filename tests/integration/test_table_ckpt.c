@@ -74,8 +74,14 @@ static void fx_start(fixture *f, const char *prefix, const char *every, const ch
     memset(f, 0, sizeof(*f));
     test_ps_init(&f->p, server_bin, prefix);
     snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", f->p.dir);
-    const char *fl[] = {"--checkpoint-dir",      f->ckdir, "--checkpoint-full-every", every,
-                        "--checkpoint-keep",     keep,     "--checkpoint-interval-s", "0",
+    const char *fl[] = {"--checkpoint-dir",
+                        f->ckdir,
+                        "--checkpoint-full-every",
+                        every,
+                        "--checkpoint-keep",
+                        keep,
+                        "--checkpoint-interval-s",
+                        "0",
                         NULL};
     memcpy(f->flags, fl, sizeof(fl));
     test_ps_start(&f->p, f->flags);
@@ -155,7 +161,7 @@ static void fx_chain(fixture *f, snap *after)
     fx_pull(f, &after[1]);
     assert_int_equal(ps_table_push(f->ada, f->ids + 1500, 10, f->g), PS_OK);
     assert_int_equal(ps_table_push(f->cap, f->ids + 70, 30, f->g), PS_OK);
-    test_push_const(f->c, f->dense, 1000, 0.5f); /* dense variables are whole in deltas */
+    test_push_const(f->c, f->dense, 1000, 0.5f);  /* dense variables are whole in deltas */
     assert_int_equal(ps_checkpoint(f->c), PS_OK); /* 4: delta of 3 */
     fx_pull(f, &after[2]);
 }
@@ -281,7 +287,7 @@ static void test_prune_keeps_chains(void **state)
     char have[16];
     /* 1 (the create's, no tables), then full-every 3: 2 F, 3 D, 4 D, 5 F, 6 D, 7 D, 8 F, 9 D;
      * the 2 newest are kept with their chains. */
-    const char *want[] = {"11",     "011",      "0111",     "01111",
+    const char *want[] = {"11",     "011",     "0111",     "01111",
                           "000011", "0000111", "00001111", "000000011"};
     for (int k = 0; k < 8; k++) {
         assert_int_equal(ps_table_push(f->ada, f->ids + 10 * k, 10, f->g), PS_OK);
@@ -389,8 +395,8 @@ static void test_psctl_dump_table(void **state)
              dir, N);
     assert_int_equal(system(cmd), 0);
     /* A name that is neither a variable nor a table: exit status 1, the reason on stderr. */
-    snprintf(cmd, sizeof(cmd), "'%s' --cluster '%s' dump t/none %s/none 2> %s/err.txt",
-             psctl_bin, tc.spec, dir, dir);
+    snprintf(cmd, sizeof(cmd), "'%s' --cluster '%s' dump t/none %s/none 2> %s/err.txt", psctl_bin,
+             tc.spec, dir, dir);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
     snprintf(path, sizeof(path), "%s/err.txt", dir);

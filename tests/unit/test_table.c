@@ -945,10 +945,9 @@ static void apply_cut(table *r, const table_cut *c, uint32_t nparts)
         table_remove(r, rows->removed, rows->nremoved);
         for (size_t i = 0; i < rows->n; i++) {
             assert_int_equal(table_partition_of(r, rows->ids[i]), q);
-            assert_int_equal(
-                table_insert_row(r, rows->ids[i], rows->floats + i * rows->row_floats,
-                                 rows->updated_ms[i]),
-                0);
+            assert_int_equal(table_insert_row(r, rows->ids[i], rows->floats + i * rows->row_floats,
+                                              rows->updated_ms[i]),
+                             0);
         }
     }
     assert_null(table_cut_rows(c, nparts));
@@ -1078,7 +1077,7 @@ static void test_cut_delta_carries_evictions(void **state)
     table *r = make(&s);
     apply_cut(r, c1, 1);
     table_cut_free(c1);
-    push_ok(t, ids + 100, 50, g, 500); /* evicts ids 0..49 (least recently updated) */
+    push_ok(t, ids + 100, 50, g, 500);          /* evicts ids 0..49 (least recently updated) */
     assert_int_equal(table_sweep(t, 1200), 50); /* expires 50..99 (updated at 0) */
     table_cut *c2 = table_cut_begin(t, 7, 8, true);
     assert_int_equal(table_cut_finish(c2), 0);
