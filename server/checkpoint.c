@@ -246,6 +246,13 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t 
     /* pre's references are kept until the copy below is matched against them: a variable
      * deleted meanwhile stays allocated, so no new one can take its address (sv->src). */
 
+    /* The tables' copies are prepared (memory allocated and faulted in) before the pause. */
+    if (server_tables_copy_prepare(st, base, &s->tables, &s->ntables) != 0) {
+        store_list_release(pre, npre);
+        snapshot_free(s);
+        return errf(err, errlen, "out of memory preparing the copy of the sparse tables");
+    }
+
     uint64_t t0 = time_now_ns();
     store_freeze(st->vars);
     variable **now;

@@ -72,9 +72,16 @@ typedef struct server_table_copy {
     const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
     struct table_cut *cut;
 } server_table_copy;
-/* Begins a cut of every table (table_cut_begin(t, base, seq, track)); call with every update
- * held off (store_freeze): it only marks partitions. Returns 0 (*out NULL when there are no
- * tables) or -1 when memory runs out. */
+/* Cuts of every table, in three steps. server_tables_copy_prepare (before holding updates
+ * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy
+ * (with every update held off, store_freeze) takes them, starts a cut of every table
+ * registered now (table_cut_start; a table created since the prepare is prepared there, one
+ * deleted since is dropped) and puts the started cuts in *out, *n: O(tables). base: the seq of
+ * the previous cut for deltas (0: whole), seq: this cut's, track: record removals. Both
+ * return 0 (*out NULL when there are no tables) or -1 when memory runs out (free *out
+ * anyway). Only the checkpointer may take cuts of the chain it writes (they consume the
+ * tables' change marks; a foreign cut makes the next one of that table whole). */
+int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n);
 int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
                        server_table_copy **out, size_t *n);
 /* Copies what the cuts still need, after updates are let go again (each partition under its

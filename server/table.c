@@ -94,15 +94,15 @@ struct table {
  * each, so that the wait of a push that finds its partition pending is short), turned into
  * table_rows by table_cut_finish outside the lock. */
 typedef struct raw_part {
-    unsigned char *bytes; /* nslabs slabs of slab_size bytes */
-    uint32_t nslabs;
+    unsigned char *bytes; /* nslabs slabs of slab_size bytes (room for cap) */
+    uint32_t nslabs, cap;
     uint32_t lru_tail;
     size_t count;
 } raw_part;
 
 struct table_cut {
     table *t;
-    bool delta, finished;
+    bool delta, started, finished;
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
     raw_part *raw;     /* [t->nparts] */
@@ -1023,9 +1023,14 @@ static int copy_raw(table *t, partition *p, raw_part *raw)
     raw->count = p->ix.count;
     if (p->nslabs == 0 || p->ix.count == 0)
         return 0;
-    raw->bytes = malloc((size_t)p->nslabs * ss);
-    if (raw->bytes == NULL)
-        return -1;
+    if (raw->bytes == NULL || raw->cap < p->nslabs) {
+        /* Grown since table_cut_prepare (or not prepared): fresh memory, slower to fill. */
+        free(raw->bytes);
+        raw->bytes = malloc((size_t)p->nslabs * ss);
+        raw->cap = p->nslabs;
+        if (raw->bytes == NULL)
+            return -1;
+    }
     for (uint32_t i = 0; i < p->nslabs; i++)
         memcpy(raw->bytes + (size_t)i * ss, p->slabs[i], ss);
     return 0;
@@ -1080,7 +1085,7 @@ static void cut_copy(table *t, partition *p, uint64_t gen)
     clear_marks(t, p);
 }
 
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
+table_cut *table_cut_prepare(table *t, uint64_t base)
 {
     table_cut *c = calloc(1, sizeof(*c));
     if (c == NULL)
@@ -1096,18 +1101,60 @@ table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
     for (uint32_t q = 0; q < t->nparts; q++)
         c->parts[q].row_floats = t->row_floats;
     c->t = t;
-    c->delta = base != 0 && t->last_cut == base;
-    t->last_cut = seq;
     atomic_fetch_add(&t->refs, 1);
+    /* last_cut changes only in table_cut_start, which the caller serialises with this. */
+    c->delta = base != 0 && t->last_cut == base;
+    if (c->delta)
+        return c;
+    /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
+     * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
+    size_t ss = slab_size(t);
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        uint32_t nslabs = p->nslabs;
+        pthread_rwlock_unlock(&p->lock);
+        if (nslabs == 0)
+            continue;
+        uint32_t cap = nslabs + nslabs / 8 + 1;
+        c->raw[q].bytes = malloc((size_t)cap * ss);
+        if (c->raw[q].bytes == NULL)
+            break; /* copy_raw allocates then */
+        /* Not 0: a compiler may turn malloc + memset 0 into calloc, which touches nothing. */
+        memset(c->raw[q].bytes, 0xa5, (size_t)cap * ss);
+        c->raw[q].cap = cap;
+    }
+    return c;
+}
+
+void table_cut_start(table_cut *c, uint64_t seq, bool track)
+{
+    table *t = c->t;
+    c->started = true;
+    t->last_cut = seq;
     atomic_store(&t->track, track);
     atomic_store_explicit(&t->cut, c, memory_order_release);
     atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
+}
+
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
+{
+    table_cut *c = table_cut_prepare(t, base);
+    if (c != NULL)
+        table_cut_start(c, seq, track);
     return c;
+}
+
+table *table_cut_table(const table_cut *c)
+{
+    return c->t;
 }
 
 int table_cut_finish(table_cut *c)
 {
     table *t = c->t;
+    if (!c->started)
+        return -1;
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
         write_lock(t, p); /* copies p if no change did first */
@@ -1142,7 +1189,7 @@ void table_cut_free(table_cut *c)
     if (c == NULL)
         return;
     table *t = c->t;
-    if (!c->finished)
+    if (c->started && !c->finished)
         (void)table_cut_finish(c); /* no partition may still point at c */
     for (uint32_t q = 0; q < t->nparts; q++) {
         table_rows_free(&c->parts[q]);

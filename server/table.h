@@ -210,6 +210,15 @@ void table_rows_free(table_rows *rows);
  * failed copy keeps its marks, but the chain is broken). */
 typedef struct table_cut table_cut;
 table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track);
+/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a whole cut,
+ * the copy's memory (faulted in, so that each partition's copy under its lock is a memcpy):
+ * call it before holding updates off; it may take long. table_cut_start is the O(1) part, to
+ * call with updates held off. Prepare and start of one table must not interleave with another
+ * cut's. A prepared cut not started is freed by table_cut_free. */
+table_cut *table_cut_prepare(table *t, uint64_t base);
+void table_cut_start(table_cut *c, uint64_t seq, bool track);
+/* The table of a cut. */
+table *table_cut_table(const table_cut *c);
 int table_cut_finish(table_cut *c);
 bool table_cut_is_delta(const table_cut *c);
 /* The copy of partition part (after table_cut_finish), or NULL when out of range. */

@@ -526,17 +526,37 @@ void handle_table_export(rpc_call *call, void *arg)
 
 /* ---- checkpoints (server/checkpoint.c) ---- */
 
-int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
-                       server_table_copy **out, size_t *n)
+/* The registered tables now (a malloc'd array, *n of them; NULL when none or no memory). */
+static table_entry **tables_now(server_state *st, size_t *n)
+{
+    pthread_mutex_lock(&tables_lock);
+    *n = st->tables ? st->tables->n : 0;
+    table_entry **es = *n ? malloc(*n * sizeof(*es)) : NULL;
+    if (es)
+        memcpy(es, st->tables->e, *n * sizeof(*es));
+    pthread_mutex_unlock(&tables_lock);
+    return es;
+}
+
+/* Prepares tc's cut of e's table (spec packed, memory allocated). Returns 0 or -1. */
+static int copy_prepare(server_table_copy *tc, table_entry *e, uint64_t base)
+{
+    tc->spec_len = psd__v1__table_spec__get_packed_size(e->spec);
+    tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
+    tc->nparts = table_partitions(e->t);
+    tc->row_floats = table_row_floats(e->t);
+    if (tc->spec == NULL || (tc->cut = table_cut_prepare(e->t, base)) == NULL)
+        return -1;
+    psd__v1__table_spec__pack(e->spec, tc->spec);
+    return 0;
+}
+
+int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    pthread_mutex_lock(&tables_lock);
-    size_t nt = st->tables ? st->tables->n : 0;
-    table_entry **es = nt ? malloc(nt * sizeof(*es)) : NULL;
-    if (es)
-        memcpy(es, st->tables->e, nt * sizeof(*es));
-    pthread_mutex_unlock(&tables_lock);
+    size_t nt;
+    table_entry **es = tables_now(st, &nt);
     if (nt == 0)
         return 0;
     server_table_copy *c = es ? calloc(nt, sizeof(*c)) : NULL;
@@ -545,23 +565,44 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track
         return -1;
     }
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < nt; i++) {
-        server_table_copy *tc = &c[i];
-        table *t = es[i]->t;
-        tc->spec_len = psd__v1__table_spec__get_packed_size(es[i]->spec);
-        tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
-        tc->nparts = table_partitions(t);
-        tc->row_floats = table_row_floats(t);
-        if (tc->spec == NULL || (tc->cut = table_cut_begin(t, base, seq, track)) == NULL) {
-            rc = -1;
-            break;
-        }
-        tc->delta = table_cut_is_delta(tc->cut);
-        psd__v1__table_spec__pack(es[i]->spec, tc->spec);
-    }
+    for (size_t i = 0; rc == 0 && i < nt; i++)
+        rc = copy_prepare(&c[i], es[i], base);
     *out = c;
     *n = nt;
     free(es);
+    return rc;
+}
+
+int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+                       server_table_copy **out, size_t *n)
+{
+    server_table_copy *pre = *out;
+    size_t npre = *n;
+    *out = NULL;
+    *n = 0;
+    size_t nt;
+    table_entry **es = tables_now(st, &nt);
+    server_table_copy *c = nt && es ? calloc(nt, sizeof(*c)) : NULL;
+    int rc = nt == 0 || c != NULL ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        /* Prepared before the pause, unless created since. */
+        for (size_t k = 0; k < npre; k++)
+            if (pre[k].cut != NULL && table_cut_table(pre[k].cut) == es[i]->t) {
+                c[i] = pre[k];
+                memset(&pre[k], 0, sizeof(pre[k]));
+                break;
+            }
+        if (c[i].cut == NULL && copy_prepare(&c[i], es[i], base) != 0)
+            rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        table_cut_start(c[i].cut, seq, track);
+        c[i].delta = table_cut_is_delta(c[i].cut);
+    }
+    server_tables_copy_free(pre, npre); /* tables deleted since the prepare, if any */
+    free(es);
+    *out = c;
+    *n = c ? nt : 0;
     return rc;
 }
 
