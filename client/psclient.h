@@ -523,6 +523,13 @@ int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *
                         ps_done_fn cb, void *arg, ps_op **out_op);
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
+/* Admin (as ps_checkpoint): a page of the rows table t has on server `server`: their ids into
+ * ids[0..max) and parameters (no optimizer state) into rows[0..max*dim), *n of them. Start
+ * with *cursor = 0 and call again with the *cursor it sets until *done. Not a snapshot: a row
+ * present throughout the paging comes exactly once; rows made or removed meanwhile may or may
+ * not. Pages are at most ps_table_max_ids rows. Blocks. */
+int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64_t *ids,
+                    float *rows, size_t *n, bool *done);
 
 /* A table as the servers hold it, summed over every server (ps_table_info_get). struct_size
  * is set by the caller to sizeof(ps_table_info); later versions add fields at the end only. */

@@ -2,6 +2,7 @@
  * shutdown, a live `top`), through libpsclient. Settings are the client's (OPT_SCOPE_CLIENT):
  * the cluster from TF_CONFIG or --cluster, deadline-ms, TLS, ... as every program takes them.
  * Exit status: 0 done, 1 a call to the cluster failed, 2 usage or configuration. */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +32,8 @@ static const char usage_text[] =
     "                     staleness bound; a table's dim, rows, bytes, admissions, evictions)\n"
     "  dump VAR FILE      pull VAR into FILE: raw little-endian float32, or NumPy .npy if FILE\n"
     "                     ends in .npy\n"
+    "  dump TABLE DIR     export a sparse table's rows from every server into DIR: per server k\n"
+    "                     TABLE.psK.ids.npy (int64 [n]) and TABLE.psK.rows.npy (float32 [n, dim])\n"
     "  checkpoint         checkpoint every server now\n"
     "  shutdown           shut every server down cleanly\n"
     "  top [--iterations N]  rates per server, refreshed every second (q or Ctrl-C quits)\n"
@@ -385,11 +389,19 @@ static size_t npy_header(const ps_var *v, unsigned char *buf, size_t cap)
     return total;
 }
 
+static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const char *dir);
+
 static int cmd_dump(ps_client *c, const char *name, const char *path)
 {
     ps_var *v = NULL;
     char what[600];
     int rc = ps_var_lookup(c, name, &v);
+    ps_table *table = NULL;
+    if (rc == PS_NOT_FOUND && ps_table_lookup(c, name, &table) == PS_OK) {
+        rc = cmd_dump_table(c, table, name, path);
+        ps_table_free(table);
+        return rc;
+    }
     if (rc != PS_OK) {
         snprintf(what, sizeof(what), "look up variable %s", name);
         return fail(what, rc);
@@ -451,6 +463,128 @@ static int cmd_dump(ps_client *c, const char *name, const char *path)
         printf("wrote %" PRIu64 " floats of %s to %s\n", numel, name, path);
     }
     return 0;
+}
+
+/* A .npy header of exactly 128 bytes (so that it can be written again once n is known). */
+static void npy_header128(unsigned char *buf, const char *descr, uint64_t n, uint32_t dim)
+{
+    char dict[118];
+    if (dim)
+        snprintf(dict, sizeof(dict),
+                 "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ", %u), }", descr, n,
+                 dim);
+    else
+        snprintf(dict, sizeof(dict),
+                 "{'descr': '%s', 'fortran_order': False, 'shape': (%" PRIu64 ",), }", descr, n);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = 128 - 10;
+    buf[9] = 0;
+    size_t len = strlen(dict);
+    memcpy(buf + 10, dict, len);
+    memset(buf + 10 + len, ' ', 128 - 10 - len - 1);
+    buf[127] = '\n';
+}
+
+static void swap_bytes(void *p, size_t n, size_t size)
+{
+    unsigned char *b = p;
+    for (size_t i = 0; i < n; i++, b += size)
+        for (size_t k = 0; k < size / 2; k++) {
+            unsigned char t = b[k];
+            b[k] = b[size - 1 - k];
+            b[size - 1 - k] = t;
+        }
+}
+
+/* dump TABLE DIR: every server's rows of the table, one .npy pair per server. */
+static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "psctl: dump %s: cannot create directory %s: %s\n", name, dir,
+                strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    char safe[300];
+    size_t k = 0;
+    for (const char *p = name; *p && k + 1 < sizeof(safe); p++)
+        safe[k++] = (isalnum((unsigned char)*p) || *p == '_' || *p == '-' || *p == '.') ? *p : '_';
+    safe[k] = '\0';
+    uint32_t dim = ps_table_dim(t);
+    size_t max = ps_table_max_ids(t);
+    int64_t *ids = malloc(max * sizeof(*ids));
+    float *rows = malloc(max * (size_t)dim * sizeof(float));
+    if (ids == NULL || rows == NULL) {
+        free(ids);
+        free(rows);
+        fprintf(stderr, "psctl: dump %s: out of memory\n", name);
+        return EXIT_RUNTIME;
+    }
+    int nservers = ps_client_num_servers(c), rc = 0;
+    uint64_t total = 0;
+    if (json_out) {
+        printf("{\"table\":");
+        json_str(stdout, name);
+        printf(",\"dim\":%u,\"servers\":[", dim);
+    }
+    for (int s = 0; s < nservers && rc == 0; s++) {
+        char pi[700], pr[700];
+        snprintf(pi, sizeof(pi), "%s/%s.ps%d.ids.npy", dir, safe, s);
+        snprintf(pr, sizeof(pr), "%s/%s.ps%d.rows.npy", dir, safe, s);
+        FILE *fi = fopen(pi, "wb"), *fr = fopen(pr, "wb");
+        unsigned char hdr[128] = {0};
+        bool ok = fi && fr && fwrite(hdr, 1, 128, fi) == 128 && fwrite(hdr, 1, 128, fr) == 128;
+        uint64_t cursor = 0, n = 0;
+        bool done = false;
+        int st = PS_OK;
+        while (ok && !done) {
+            size_t got = 0;
+            st = ps_table_export(t, s, &cursor, max, ids, rows, &got, &done);
+            if (st != PS_OK)
+                break;
+            if (!host_little_endian()) {
+                swap_bytes(ids, got, 8);
+                swap_bytes(rows, got * dim, 4);
+            }
+            ok = fwrite(ids, 8, got, fi) == got && fwrite(rows, 4 * (size_t)dim, got, fr) == got;
+            n += got;
+        }
+        if (ok && st == PS_OK) {
+            npy_header128(hdr, "<i8", n, 0);
+            ok = fseek(fi, 0, SEEK_SET) == 0 && fwrite(hdr, 1, 128, fi) == 128;
+            npy_header128(hdr, "<f4", n, dim);
+            ok = ok && fseek(fr, 0, SEEK_SET) == 0 && fwrite(hdr, 1, 128, fr) == 128;
+        }
+        int err = errno;
+        if (fi && fclose(fi) != 0 && ok)
+            ok = false, err = errno;
+        if (fr && fclose(fr) != 0 && ok)
+            ok = false, err = errno;
+        if (st != PS_OK) {
+            char what[400];
+            snprintf(what, sizeof(what), "export table %s from ps %d", name, s);
+            rc = fail(what, st);
+        } else if (!ok) {
+            fprintf(stderr, "psctl: dump %s: write %s or %s: %s\n", name, pi, pr, strerror(err));
+            rc = EXIT_RUNTIME;
+        } else if (json_out) {
+            printf("%s{\"ps\":%d,\"rows\":%" PRIu64 ",\"ids\":", s ? "," : "", s, n);
+            json_str(stdout, pi);
+            printf(",\"rows_file\":");
+            json_str(stdout, pr);
+            printf("}");
+        } else {
+            printf("ps %d: %" PRIu64 " rows of %s to %s and %s\n", s, n, name, pi, pr);
+        }
+        total += n;
+    }
+    if (json_out)
+        printf("],\"rows\":%" PRIu64 ",\"ok\":%s}\n", total, rc == 0 ? "true" : "false");
+    else if (rc == 0)
+        printf("wrote %" PRIu64 " rows of table %s (dim %u) from %d server(s)\n", total, name, dim,
+               nservers);
+    free(ids);
+    free(rows);
+    return rc;
 }
 
 /* ---- checkpoint, shutdown -------------------------------------------------------------- */
@@ -669,7 +803,7 @@ int main(int argc, char **argv)
             rc = usage_error("vars takes at most one variable name");
     } else if (strcmp(cmd, "dump") == 0) {
         if (nargs_cmd != 2)
-            rc = usage_error("dump needs VAR FILE");
+            rc = usage_error("dump needs VAR FILE or TABLE DIR");
     } else {
         char msg[300];
         snprintf(msg, sizeof(msg), "unknown command \"%s\"", cmd);

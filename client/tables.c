@@ -2,6 +2,7 @@
  * (placement_table_owner), cuts each server's list into requests of at most max_ids ids, sends
  * them all at once and scatters the rows back into the caller's order. */
 #include <stddef.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -475,5 +476,103 @@ int ps_table_list(ps_client *c, char ***names, size_t *count)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     *names = out;
     *count = n;
+    return PS_OK;
+}
+
+/* ---- export (admin): a page of one server's rows ---------------------------------------- */
+
+typedef struct export_call {
+    ps_table *t;
+    const Psd__V1__TableExportRequest *req;
+    size_t max;
+    int64_t *ids;
+    float *rows;
+    size_t n;
+    uint64_t next;
+    bool done;
+    int status;
+    char message[400];
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool finished;
+} export_call;
+
+static int export_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    export_call *x = arg;
+    envelope env;
+    client_envelope(x->t->c, &env, PSD__V1__METHOD__TABLE_EXPORT, deadline_ms);
+    return client_build(&env, &x->req->base, NULL, 0, out);
+}
+
+static void export_done(void *arg, int status, const char *message, const frame *reply)
+{
+    export_call *x = arg;
+    x->status = status;
+    snprintf(x->message, sizeof(x->message), "%s", message);
+    if (status == STATUS_OK && reply) {
+        Psd__V1__TableExportReply *r =
+            psd__v1__table_export_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        size_t dim = x->t->dim;
+        size_t want = r ? (size_t)r->n * (8 + 4 * dim) : 0;
+        if (r == NULL || r->dim != x->t->dim || r->n > x->max ||
+            (r->n > 0 && (!reply->has_segment || reply->segment_len != want))) {
+            x->status = STATUS_INTERNAL;
+            snprintf(x->message, sizeof(x->message),
+                     "TableExport reply of table \"%s\" does not match its request (rows, dim "
+                     "or segment length)",
+                     x->t->name);
+        } else {
+            x->n = (size_t)r->n;
+            x->next = r->next_cursor;
+            x->done = r->done;
+            if (x->n > 0) {
+                memcpy(x->ids, reply->segment, x->n * 8);
+                memcpy(x->rows, reply->segment + x->n * 8, x->n * dim * sizeof(float));
+            }
+        }
+        if (r)
+            psd__v1__table_export_reply__free_unpacked(r, NULL);
+    }
+    pthread_mutex_lock(&x->lock);
+    x->finished = true;
+    pthread_cond_signal(&x->cond);
+    pthread_mutex_unlock(&x->lock);
+}
+
+int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64_t *ids,
+                    float *rows, size_t *n, bool *done)
+{
+    if (t == NULL || cursor == NULL || ids == NULL || rows == NULL || n == NULL || done == NULL ||
+        max == 0)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_export: NULL argument or max = 0");
+    if (server < 0 || server >= t->c->nservers)
+        return client_fail(PS_INVALID_ARGUMENT, "ps_table_export: server %d: the cluster has %d",
+                           server, t->c->nservers);
+    size_t cap = ps_table_max_ids(t);
+    Psd__V1__TableExportRequest req = PSD__V1__TABLE_EXPORT_REQUEST__INIT;
+    req.name = t->name;
+    req.cursor = *cursor;
+    req.max_rows = (uint32_t)(max < cap ? max : cap);
+    export_call x = {.t = t, .req = &req, .max = req.max_rows, .ids = ids, .rows = rows};
+    pthread_mutex_init(&x.lock, NULL);
+    pthread_cond_init(&x.cond, NULL);
+    int rc = rpc_conn_call(t->c->servers[server], &t->c->call, export_build, export_done, &x);
+    if (rc != 0) {
+        x.status = rc;
+        snprintf(x.message, sizeof(x.message), "cannot start the call");
+    } else {
+        pthread_mutex_lock(&x.lock);
+        while (!x.finished)
+            pthread_cond_wait(&x.cond, &x.lock);
+        pthread_mutex_unlock(&x.lock);
+    }
+    pthread_mutex_destroy(&x.lock);
+    pthread_cond_destroy(&x.cond);
+    if (x.status != STATUS_OK)
+        return client_fail(x.status, "ps %d: %s", server, x.message);
+    *n = x.n;
+    *done = x.done;
+    *cursor = x.next;
     return PS_OK;
 }

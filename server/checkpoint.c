@@ -81,8 +81,12 @@ typedef struct create_wait {
 struct checkpointer {
     server_state *st;
     char *dir;
-    int keep;
+    int keep, full_every;
     int64_t interval_s, interval_updates;
+    /* The chain of deltas (write_lock): the previous durable file of this process's chain (0:
+     * none, the next is full) and how many deltas follow its full file. */
+    uint64_t chain_prev;
+    int chain_len;
     uint64_t cluster_hash;
     bool crash_mid_write;
     uint64_t next_seq;
@@ -211,8 +215,8 @@ static int snap_copy(snap_var *sv, variable *v)
 
 /* Takes the snapshot: buffers are made beforehand, the copy runs with updates held off.
  * *pause_ns: how long they were. */
-static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char *err,
-                         size_t errlen)
+static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t seq, bool track,
+                         uint64_t *pause_ns, char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
     variable **pre;
@@ -243,6 +247,13 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     s->nvars = npre;
     /* pre's references are kept until the copy below is matched against them: a variable
      * deleted meanwhile stays allocated, so no new one can take its address (sv->src). */
+
+    /* The tables' copies are prepared (memory allocated and faulted in) before the pause. */
+    if (server_tables_copy_prepare(st, base, &s->tables, &s->ntables) != 0) {
+        store_list_release(pre, npre);
+        snapshot_free(s);
+        return errf(err, errlen, "out of memory preparing the copy of the sparse tables");
+    }
 
     uint64_t t0 = time_now_ns();
     store_freeze(st->vars);
@@ -294,11 +305,15 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t *pause_ns, char
     if (rc == 0) {
         s->workers = sync_export(st, &s->nworkers, &s->applied_min);
     }
-    if (rc == 0 && server_tables_copy(st, &s->tables, &s->ntables) != 0)
-        rc = errf(err, errlen, "out of memory copying the sparse tables");
+    /* Tables are only marked here: each partition is copied after the thaw, before anything
+     * changes it (table.h, table_cut_begin), so the pause does not grow with the rows. */
+    if (rc == 0 && server_tables_copy(st, base, seq, track, &s->tables, &s->ntables) != 0)
+        rc = errf(err, errlen, "out of memory starting the copy of the sparse tables");
     s->create_gen = atomic_load(&st->create_gen);
     store_thaw(st->vars);
     *pause_ns = time_now_ns() - t0;
+    if (rc == 0 && server_tables_copy_finish(s->tables, s->ntables) != 0)
+        rc = errf(err, errlen, "out of memory copying the sparse tables");
     store_list_release(now, nnow);
     store_list_release(pre, npre);
     /* Variables deleted between the two lists were never copied (numel stays 0): drop them. */
@@ -498,11 +513,45 @@ static int write_table(writer *w, const server_table_copy *t)
     return w_rec_end(w);
 }
 
+/* A table delta record (CKPT_REC_TABLE_DELTA, checkpoint.h). */
+static uint64_t table_delta_len(const server_table_copy *t)
+{
+    uint64_t n = 4 + t->spec_len + 8;
+    for (uint32_t p = 0; p < t->nparts; p++)
+        n += 24 + 8 * (uint64_t)t->parts[p].nremoved +
+             t->parts[p].n * (16 + 4 * (uint64_t)t->row_floats);
+    return n;
+}
+
+static int write_table_delta(writer *w, const server_table_copy *t)
+{
+    if (w_rec_begin(w, CKPT_REC_TABLE_DELTA, table_delta_len(t)) ||
+        w_u32(w, (uint32_t)t->spec_len) || w_put(w, t->spec, t->spec_len) ||
+        w_u32(w, t->row_floats) || w_u32(w, t->nparts))
+        return -1;
+    for (uint32_t p = 0; p < t->nparts; p++) {
+        const table_rows *r = &t->parts[p];
+        if (w_u32(w, r->full ? CKPT_PART_WHOLE : 0) || w_u32(w, 0) || w_u64(w, r->nremoved) ||
+            w_u64(w, r->n) || (r->nremoved && w_put(w, r->removed, r->nremoved * 8)))
+            return -1;
+        for (size_t i = 0; i < r->n; i++)
+            if (w_u64(w, (uint64_t)r->ids[i]) || w_u64(w, (uint64_t)r->updated_ms[i]) ||
+                w_put(w, r->floats + i * r->row_floats, (size_t)r->row_floats * 4))
+                return -1;
+    }
+    return w_rec_end(w);
+}
+
+static uint64_t table_rec_len(const server_table_copy *t)
+{
+    return t->delta ? table_delta_len(t) : table_payload_len(t);
+}
+
 static uint64_t snapshot_file_size(const snapshot *s)
 {
     uint64_t n = CKPT_HEADER_SIZE;
     for (size_t i = 0; i < s->ntables; i++)
-        n += 20 + table_payload_len(&s->tables[i]);
+        n += 20 + table_rec_len(&s->tables[i]);
     for (size_t i = 0; i < s->nvars; i++)
         n += 20 + var_payload_len(&s->vars[i]);
     n += 20 + 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
@@ -512,13 +561,15 @@ static uint64_t snapshot_file_size(const snapshot *s)
     return n;
 }
 
-static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t seq)
+/* prev: the previous file of the chain for a delta (0: a full checkpoint). */
+static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t seq, uint64_t prev)
 {
     uint8_t hdr[CKPT_HEADER_SIZE] = {0};
     memcpy(hdr, CKPT_MAGIC, 8);
     uint32_t u32;
     uint64_t u64;
-    u32 = CKPT_FORMAT_VERSION;
+    u32 = prev ? CKPT_FORMAT_DELTA : CKPT_FORMAT_VERSION;
+    memcpy(hdr + 48, &prev, 8);
     memcpy(hdr + 8, &u32, 4);
     u32 = CKPT_HEADER_SIZE;
     memcpy(hdr + 12, &u32, 4);
@@ -542,10 +593,11 @@ static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t s
         total += var_payload_len(&s->vars[i]);
     }
     for (size_t i = 0; i < s->ntables; i++) {
-        if (write_table(w, &s->tables[i]))
+        const server_table_copy *t = &s->tables[i];
+        if (t->delta ? write_table_delta(w, t) : write_table(w, t))
             return -1;
         nrec++;
-        total += table_payload_len(&s->tables[i]);
+        total += table_rec_len(t);
     }
     uint64_t dlen = 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
     if (w_rec_begin(w, CKPT_REC_DEDUP, dlen) || w_u32(w, s->dedup_words) || w_u32(w, 0) ||
@@ -655,6 +707,10 @@ static long list_files(const char *dir, uint32_t task, bool remove_tmp, ckpt_fil
     return (long)n;
 }
 
+static int peek_prev(const char *path, uint64_t *prev, char *err, size_t errlen);
+
+/* Deletes old checkpoints: the newest `keep` files are restore points, and each keeps its
+ * whole chain (a delta needs every file back to its full checkpoint). */
 static void prune(checkpointer *ck)
 {
     ckpt_file *f;
@@ -664,12 +720,33 @@ static void prune(checkpointer *ck)
         log_warn("not deleting old checkpoints: %s", err);
         return;
     }
-    for (long i = ck->keep; i < n; i++) {
+    bool *keep = calloc(n ? (size_t)n : 1, sizeof(*keep));
+    if (keep == NULL) {
+        free(f);
+        log_warn("not deleting old checkpoints: out of memory");
+        return;
+    }
+    for (long i = 0; i < n && i < ck->keep; i++) {
+        for (long cur = i; cur < n && !keep[cur];) {
+            keep[cur] = true;
+            char path[4200];
+            uint64_t prev = 0;
+            snprintf(path, sizeof(path), "%s/%s", ck->dir, f[cur].name);
+            if (peek_prev(path, &prev, err, sizeof(err)) != 0 || prev == 0)
+                break;
+            while (cur < n && f[cur].seq != prev)
+                cur++;
+        }
+    }
+    for (long i = 0; i < n; i++) {
+        if (keep[i])
+            continue;
         char path[4200];
         snprintf(path, sizeof(path), "%s/%s", ck->dir, f[i].name);
         if (unlink(path) != 0)
             log_warn("cannot delete old checkpoint %s: %s", path, strerror(errno));
     }
+    free(keep);
     free(f);
 }
 
@@ -717,6 +794,7 @@ checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg
     }
     ck->st = st;
     ck->keep = cfg->keep < 1 ? 1 : cfg->keep;
+    ck->full_every = cfg->full_every < 1 ? 1 : cfg->full_every;
     ck->interval_s = cfg->interval_s;
     ck->interval_updates = cfg->interval_updates;
     ck->cluster_hash = cfg->cluster_hash;
@@ -808,7 +886,13 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     uint64_t updates = atomic_load(&ck->st->updates_applied);
     snapshot s;
     uint64_t pause_ns = 0;
-    if (snapshot_take(ck->st, &s, &pause_ns, err, errlen) != 0) {
+    /* A delta of the previous file of the chain, unless the chain is due for a full one (or
+     * broken: none yet in this process, or the last write failed). */
+    uint64_t base = ck->full_every > 1 && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every
+                        ? ck->chain_prev
+                        : 0;
+    if (snapshot_take(ck->st, &s, base, seq, ck->full_every > 1, &pause_ns, err, errlen) != 0) {
+        ck->chain_prev = 0;
         note_failure(ck, err);
         pthread_mutex_unlock(&ck->write_lock);
         return -1;
@@ -823,6 +907,13 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
         errf(err, errlen, "checkpoint path in %s is too long", ck->dir);
         goto out;
     }
+    /* A delta only when some table is one: otherwise the file holds everything anyway. */
+    bool delta = false;
+    for (size_t i = 0; i < s.ntables; i++) {
+        delta = delta || s.tables[i].delta;
+        info->table_rows += s.tables[i].rows;
+    }
+    uint64_t prev = delta ? base : 0;
     uint64_t size = snapshot_file_size(&s);
     if (ck->crash_mid_write)
         w.crash_at = size / 2 ? size / 2 : 1;
@@ -836,7 +927,7 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
         errf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
         goto out;
     }
-    if (write_file(ck, &s, &w, seq) != 0)
+    if (write_file(ck, &s, &w, seq, prev) != 0)
         goto out;
     if (w.written != size) {
         errf(err, errlen, "internal error: wrote %" PRIu64 " bytes to %s, expected %" PRIu64,
@@ -861,6 +952,9 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
         goto out;
     rc = 0;
     ck->next_seq = seq + 1;
+    ck->chain_prev = seq;
+    ck->chain_len = delta ? ck->chain_len + 1 : 0;
+    info->base = prev;
     info->seq = seq;
     info->bytes = size;
     info->variables = (uint32_t)s.nvars;
@@ -880,15 +974,20 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     pthread_mutex_unlock(&ck->lock);
     checkpointer_record(ck, false);
     checkpoint_metrics(info, (double)(time_now_ns() - t0) * 1e-9);
-    log_info("checkpoint %s: %u variables, %" PRIu64 " bytes in %" PRIu64
-             " ms; updates paused %.3f ms",
-             info->path, info->variables, info->bytes, info->ms, (double)pause_ns / 1e6);
+    char kind[64] = "full";
+    if (prev)
+        snprintf(kind, sizeof(kind), "delta of %" PRIu64, prev);
+    log_info("checkpoint %s (%s): %u variables, %zu tables (%" PRIu64 " rows), %" PRIu64
+             " bytes in %" PRIu64 " ms; updates paused %.3f ms",
+             info->path, kind, info->variables, s.ntables, info->table_rows, info->bytes, info->ms,
+             (double)pause_ns / 1e6);
     prune(ck);
 out:
     if (w.fd >= 0)
         close(w.fd);
     if (rc != 0) {
         unlink(tmp);
+        ck->chain_prev = 0; /* the tables' marks were taken by this cut: the next is full */
         note_failure(ck, err);
     }
     free(w.buf);
@@ -1235,6 +1334,16 @@ static int r_rec_end(reader *r, uint32_t type)
     return 0;
 }
 
+/* A table delta record, checked but not applied (its rows apply over the previous file's). */
+typedef struct table_delta {
+    char *name;
+    uint8_t *spec;
+    size_t spec_len;
+    uint32_t row_floats, nparts;
+    uint8_t *body; /* the partitions, as in the record */
+    uint64_t body_len;
+} table_delta;
+
 /* What a file restores, before it is applied. */
 typedef struct loaded {
     variable **vars;
@@ -1253,6 +1362,9 @@ typedef struct loaded {
     uint8_t **table_specs;
     size_t *table_spec_lens;
     size_t ntables;
+    table_delta *tdeltas; /* a delta file's table records 7 */
+    size_t ntdeltas;
+    uint64_t prev; /* a delta file: the previous file of its chain (0: a full file) */
 } loaded;
 
 static void loaded_free(loaded *l)
@@ -1270,6 +1382,12 @@ static void loaded_free(loaded *l)
     free(l->tables);
     free(l->table_specs);
     free(l->table_spec_lens);
+    for (size_t i = 0; i < l->ntdeltas; i++) {
+        free(l->tdeltas[i].name);
+        free(l->tdeltas[i].spec);
+        free(l->tdeltas[i].body);
+    }
+    free(l->tdeltas);
     memset(l, 0, sizeof(*l));
 }
 
@@ -1440,6 +1558,70 @@ static int read_table(reader *r, server_state *st, uint64_t len, loaded *l)
     return 0;
 }
 
+/* Reads a table delta record (checked, kept for apply_delta). */
+static int read_table_delta(reader *r, uint64_t len, loaded *l)
+{
+    uint32_t spec_len;
+    if (len < 12 || r_u32(r, &spec_len, "a table delta record"))
+        return -1;
+    if (spec_len > META_MAX || spec_len > len - 12)
+        return errf(r->err, r->errlen, "table delta record at byte %" PRIu64 ": bad spec size %u",
+                    r->pos, spec_len);
+    table_delta *nd = realloc(l->tdeltas, (l->ntdeltas + 1) * sizeof(*nd));
+    if (nd == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    l->tdeltas = nd;
+    table_delta *d = &l->tdeltas[l->ntdeltas];
+    memset(d, 0, sizeof(*d));
+    l->ntdeltas++; /* freed with l from here on */
+    d->spec_len = spec_len;
+    d->body_len = len - 12 - spec_len;
+    d->spec = malloc(spec_len ? spec_len : 1);
+    d->body = malloc(d->body_len ? (size_t)d->body_len : 1);
+    if (d->spec == NULL || d->body == NULL)
+        return errf(r->err, r->errlen, "out of memory for a table delta of %" PRIu64 " bytes", len);
+    if (r_get(r, d->spec, spec_len, "a table delta record") ||
+        r_u32(r, &d->row_floats, "a table delta record") ||
+        r_u32(r, &d->nparts, "a table delta record") ||
+        r_get(r, d->body, (size_t)d->body_len, "a table delta record"))
+        return -1;
+    Psd__V1__TableSpec *ts = psd__v1__table_spec__unpack(NULL, spec_len, d->spec);
+    if (ts == NULL || ts->name == NULL || (d->name = strdup(ts->name)) == NULL) {
+        if (ts)
+            psd__v1__table_spec__free_unpacked(ts, NULL);
+        return errf(r->err, r->errlen,
+                    "table delta record ending at byte %" PRIu64 ": its spec does not decode",
+                    r->pos);
+    }
+    psd__v1__table_spec__free_unpacked(ts, NULL);
+    /* The partitions must fill the record exactly. */
+    uint64_t per = 16 + 4 * (uint64_t)d->row_floats, off = 0;
+    for (uint32_t p = 0; p < d->nparts; p++) {
+        uint32_t flags, pad;
+        uint64_t nrem, nrows;
+        if (d->row_floats == 0 || d->row_floats > (1u << 24) || d->body_len - off < 24)
+            goto bad;
+        memcpy(&flags, d->body + off, 4);
+        memcpy(&pad, d->body + off + 4, 4);
+        memcpy(&nrem, d->body + off + 8, 8);
+        memcpy(&nrows, d->body + off + 16, 8);
+        off += 24;
+        if ((flags & ~(uint32_t)CKPT_PART_WHOLE) != 0 || pad != 0 || nrem > (d->body_len - off) / 8)
+            goto bad;
+        off += nrem * 8;
+        if (nrows > (d->body_len - off) / per)
+            goto bad;
+        off += nrows * per;
+    }
+    if (d->nparts == 0 || d->nparts > TABLE_MAX_PARTITIONS || off != d->body_len)
+        goto bad;
+    return 0;
+bad:
+    return errf(r->err, r->errlen,
+                "table delta of \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", d->name,
+                r->pos);
+}
+
 /* Reads a whole file into l. Returns 0, -1 (damaged: err says why) or CKPT_REFUSED. */
 static int read_file_ckpt(const char *path, const server_state *st, uint64_t cluster_hash,
                           uint64_t name_seq, loaded *l, uint64_t *seq_out, char *err, size_t errlen)
@@ -1471,10 +1653,16 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
         errf(err, errlen, "bad header CRC");
         goto out;
     }
-    if (ver < CKPT_FORMAT_VERSION_MIN || ver > CKPT_FORMAT_VERSION || hsize != CKPT_HEADER_SIZE) {
+    if (ver < CKPT_FORMAT_VERSION_MIN || ver > CKPT_FORMAT_DELTA || hsize != CKPT_HEADER_SIZE) {
         errf(err, errlen,
              "format version %u (header %u bytes); this server reads versions %u to %u", ver, hsize,
-             CKPT_FORMAT_VERSION_MIN, CKPT_FORMAT_VERSION);
+             CKPT_FORMAT_VERSION_MIN, CKPT_FORMAT_DELTA);
+        goto out;
+    }
+    memcpy(&l->prev, hdr + 48, 8);
+    if ((ver == CKPT_FORMAT_DELTA) != (l->prev != 0) || l->prev >= name_seq) {
+        errf(err, errlen, "header of a %s names previous file %" PRIu64,
+             ver == CKPT_FORMAT_DELTA ? "delta" : "full checkpoint", l->prev);
         goto out;
     }
     if (nserv != st->num_servers || task != st->task_index) {
@@ -1505,6 +1693,9 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
                 goto out;
         } else if (type == CKPT_REC_TABLE && flags == 0) {
             if (read_table(&r, (server_state *)st, len, l))
+                goto out;
+        } else if (type == CKPT_REC_TABLE_DELTA && flags == 0 && ver == CKPT_FORMAT_DELTA) {
+            if (read_table_delta(&r, len, l))
                 goto out;
         } else if (type == CKPT_REC_DEDUP) {
             uint32_t words, pad;
@@ -1641,6 +1832,169 @@ static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
     return 0;
 }
 
+static long loaded_find_table(const loaded *l, const char *name)
+{
+    for (size_t i = 0; i < l->ntables; i++)
+        if (l->tables[i] && strcmp(table_name(l->tables[i]), name) == 0)
+            return (long)i;
+    return -1;
+}
+
+static void loaded_drop_table(loaded *l, size_t i)
+{
+    table_destroy(l->tables[i]);
+    free(l->table_specs[i]);
+    l->tables[i] = l->tables[l->ntables - 1];
+    l->table_specs[i] = l->table_specs[l->ntables - 1];
+    l->table_spec_lens[i] = l->table_spec_lens[l->ntables - 1];
+    l->ntables--;
+}
+
+/* Applies one partition segment list of a table delta to t. Returns 0 or -1 (err). */
+static int apply_table_delta(table *t, const table_delta *d, char *err, size_t errlen)
+{
+    uint64_t per = 16 + 4 * (uint64_t)d->row_floats, off = 0;
+    float *row = malloc((size_t)d->row_floats * 4);
+    if (row == NULL)
+        return errf(err, errlen, "out of memory");
+    for (uint32_t p = 0; p < d->nparts; p++) {
+        uint32_t flags;
+        uint64_t nrem, nrows;
+        memcpy(&flags, d->body + off, 4);
+        memcpy(&nrem, d->body + off + 8, 8);
+        memcpy(&nrows, d->body + off + 16, 8);
+        off += 24;
+        if (flags & CKPT_PART_WHOLE)
+            table_partition_clear(t, p);
+        for (uint64_t i = 0; i < nrem; i++, off += 8) {
+            int64_t id;
+            memcpy(&id, d->body + off, 8);
+            table_remove(t, &id, 1);
+        }
+        for (uint64_t i = 0; i < nrows; i++, off += per) {
+            int64_t id, upd;
+            memcpy(&id, d->body + off, 8);
+            memcpy(&upd, d->body + off + 8, 8);
+            memcpy(row, d->body + off + 16, (size_t)d->row_floats * 4);
+            int rc = table_insert_row(t, id, row, upd);
+            if (rc != TABLE_OK) {
+                free(row);
+                return errf(err, errlen, "table \"%s\": row %" PRId64 " could not be restored%s",
+                            d->name, id,
+                            rc == TABLE_LIMIT ? " within max-server-bytes or max_rows"
+                                              : " (out of memory)");
+            }
+        }
+    }
+    free(row);
+    return 0;
+}
+
+/* Applies delta file d over l (the state of the previous file of the chain): tables as d
+ * says (changed rows, removed ids, new and deleted tables), everything else replaced by d's.
+ * Returns 0, or -1 with a message: a table delta without its base (nothing applied), or a
+ * row that does not fit (l then half applied: the restore fails). d is emptied. */
+static int apply_delta(loaded *l, loaded *d, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < d->ntdeltas; i++) {
+        const table_delta *td = &d->tdeltas[i];
+        long b = loaded_find_table(l, td->name);
+        if (b < 0)
+            return errf(err, errlen, "table \"%s\" changed in the delta but absent before it",
+                        td->name);
+        if (l->table_spec_lens[b] != td->spec_len ||
+            memcmp(l->table_specs[b], td->spec, td->spec_len) != 0 ||
+            table_row_floats(l->tables[b]) != td->row_floats ||
+            table_partitions(l->tables[b]) != td->nparts)
+            return errf(err, errlen,
+                        "table \"%s\": the delta's spec differs from the one before it", td->name);
+    }
+    /* Deleted tables (in neither list of d) and tables d holds whole go. */
+    for (size_t i = 0; i < l->ntables;) {
+        const char *name = table_name(l->tables[i]);
+        bool changed = false;
+        for (size_t k = 0; k < d->ntdeltas && !changed; k++)
+            changed = strcmp(d->tdeltas[k].name, name) == 0;
+        if (changed)
+            i++;
+        else
+            loaded_drop_table(l, i);
+    }
+    for (size_t i = 0; i < d->ntables; i++) {
+        table **nt = realloc(l->tables, (l->ntables + 1) * sizeof(*nt));
+        if (nt)
+            l->tables = nt;
+        uint8_t **ns = realloc(l->table_specs, (l->ntables + 1) * sizeof(*ns));
+        if (ns)
+            l->table_specs = ns;
+        size_t *nl = realloc(l->table_spec_lens, (l->ntables + 1) * sizeof(*nl));
+        if (nl)
+            l->table_spec_lens = nl;
+        if (nt == NULL || ns == NULL || nl == NULL)
+            return errf(err, errlen, "out of memory");
+        l->tables[l->ntables] = d->tables[i];
+        l->table_specs[l->ntables] = d->table_specs[i];
+        l->table_spec_lens[l->ntables] = d->table_spec_lens[i];
+        l->ntables++;
+        d->tables[i] = NULL;
+        d->table_specs[i] = NULL;
+    }
+    d->ntables = 0;
+    for (size_t i = 0; i < d->ntdeltas; i++) {
+        long b = loaded_find_table(l, d->tdeltas[i].name);
+        if (b < 0 || apply_table_delta(l->tables[b], &d->tdeltas[i], err, errlen) != 0)
+            return b < 0
+                       ? errf(err, errlen, "internal error: table \"%s\" lost", d->tdeltas[i].name)
+                       : -1;
+    }
+    /* The rest of the state is d's. */
+    for (size_t i = 0; i < l->nvars; i++)
+        variable_destroy(l->vars[i]);
+    free(l->vars);
+    free(l->dedup);
+    free(l->floors);
+    free(l->workers);
+    l->vars = d->vars;
+    l->nvars = d->nvars;
+    l->cap = d->cap;
+    l->dedup = d->dedup;
+    l->dedup_clients = d->dedup_clients;
+    l->dedup_words = d->dedup_words;
+    l->floors = d->floors;
+    l->nfloors = d->nfloors;
+    l->workers = d->workers;
+    l->nworkers = d->nworkers;
+    l->applied_min = d->applied_min;
+    l->have_sync = d->have_sync;
+    l->bytes += d->bytes;
+    l->prev = d->prev;
+    d->vars = NULL;
+    d->nvars = d->cap = 0;
+    d->dedup = NULL;
+    d->floors = NULL;
+    d->workers = NULL;
+    return 0;
+}
+
+/* The previous file a checkpoint's header names (0: a full checkpoint). Returns 0, or -1 with
+ * a message when the header can't be read or is damaged. */
+static int peek_prev(const char *path, uint64_t *prev, char *err, size_t errlen)
+{
+    uint8_t hdr[CKPT_HEADER_SIZE];
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return errf(err, errlen, "cannot open: %s", strerror(errno));
+    size_t got = fread(hdr, 1, sizeof(hdr), f);
+    fclose(f);
+    uint32_t hcrc;
+    memcpy(&hcrc, hdr + 60, 4);
+    if (got != sizeof(hdr) || memcmp(hdr, CKPT_MAGIC, 8) != 0 ||
+        hcrc != (uint32_t)crc32(0L, hdr, 60))
+        return errf(err, errlen, "bad or truncated header");
+    memcpy(prev, hdr + 48, 8);
+    return 0;
+}
+
 int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
                        uint64_t *max_seq, char *err, size_t errlen)
 {
@@ -1662,30 +2016,128 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
     size_t off = 0;
     off += (size_t)snprintf(err, errlen, "no valid checkpoint of ps %u in %s:", st->task_index,
                             cfg->dir);
-    for (long i = 0; i < n; i++) {
-        char path[4200];
-        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[i].name);
-        uint64_t t0 = time_now_ns();
-        loaded l;
-        uint64_t seq = 0;
-        char why[1024];
-        int r =
-            read_file_ckpt(path, st, cfg->cluster_hash, files[i].seq, &l, &seq, why, sizeof(why));
-        if (r == CKPT_REFUSED) {
-            errf(err, errlen, "checkpoint %s: %s", path, why);
-            rc = CKPT_REFUSED;
-            break;
+    /* bad[i]: files[i] can't be restored, nor any delta built on it. */
+    bool *bad = calloc((size_t)n, sizeof(*bad));
+    long *chain = calloc((size_t)n, sizeof(*chain));
+    if (bad == NULL || chain == NULL) {
+        free(bad);
+        free(chain);
+        free(files);
+        errf(err, errlen, "out of memory listing checkpoints");
+        return CKPT_FAILED;
+    }
+    for (long i = 0; i < n && rc == CKPT_FAILED; i++) {
+        if (bad[i])
+            continue;
+        char path[4200], why[1024];
+        /* The chain of files[i]: chain[0] = i, back to its full checkpoint chain[len-1]. */
+        long len = 0, cur = i;
+        bool broken = false;
+        while (!broken) {
+            chain[len++] = cur;
+            uint64_t prev = 0;
+            snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[cur].name);
+            if (peek_prev(path, &prev, why, sizeof(why)) != 0) {
+                broken = true;
+                bad[cur] = true;
+                break;
+            }
+            if (prev == 0)
+                break;
+            long j = cur + 1;
+            while (j < n && files[j].seq != prev)
+                j++;
+            if (j == n || bad[j] || len == n) {
+                snprintf(why, sizeof(why), "it is a delta of checkpoint %" PRIu64 ", which is %s",
+                         prev, j == n ? "missing" : "unusable");
+                broken = true;
+                break;
+            }
+            cur = j;
         }
-        if (r != 0) {
+        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[i].name);
+        if (broken) {
+            bad[i] = true;
+            if (info->skipped == 0)
+                info->skipped = files[i].seq;
             log_warn("checkpoint %s is unusable (%s)%s", path, why,
                      i + 1 < n ? ": trying the previous one" : "");
             if (off < errlen)
                 off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[i].name, why);
             continue;
         }
+        uint64_t t0 = time_now_ns();
+        long full = chain[len - 1];
+        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[full].name);
+        loaded l;
+        uint64_t seq = 0;
+        int r = read_file_ckpt(path, st, cfg->cluster_hash, files[full].seq, &l, &seq, why,
+                               sizeof(why));
+        if (r == CKPT_REFUSED) {
+            errf(err, errlen, "checkpoint %s: %s", path, why);
+            rc = CKPT_REFUSED;
+            break;
+        }
+        if (r == 0 && l.prev != 0) {
+            loaded_free(&l);
+            snprintf(why, sizeof(why), "its header changed while reading");
+            r = -1;
+        }
+        if (r != 0) {
+            bad[full] = true;
+            bad[i] = true;
+            if (info->skipped == 0)
+                info->skipped = files[i].seq;
+            log_warn("checkpoint %s is unusable (%s)%s", path, why,
+                     i + 1 < n ? ": trying the previous one" : "");
+            if (off < errlen)
+                off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[full].name, why);
+            continue;
+        }
+        /* The deltas, oldest first; a damaged one ends the chain at the file before it. */
+        long good = full;
+        uint32_t deltas = 0;
+        for (long k = len - 2; k >= 0 && rc == CKPT_FAILED; k--) {
+            char dpath[4200];
+            snprintf(dpath, sizeof(dpath), "%s/%s", cfg->dir, files[chain[k]].name);
+            loaded d;
+            uint64_t dseq = 0;
+            int dr = read_file_ckpt(dpath, st, cfg->cluster_hash, files[chain[k]].seq, &d, &dseq,
+                                    why, sizeof(why));
+            if (dr == 0 && d.prev != files[good].seq) {
+                loaded_free(&d);
+                snprintf(why, sizeof(why), "its header names another previous file");
+                dr = -1;
+            }
+            if (dr != 0) {
+                log_warn("checkpoint delta %s is unusable (%s): restoring checkpoint %" PRIu64
+                         " instead, the last consistent point of its chain; updates applied after "
+                         "it are lost",
+                         dpath, why, files[good].seq);
+                info->skipped = files[chain[k]].seq;
+                break;
+            }
+            int ar = apply_delta(&l, &d, why, sizeof(why));
+            loaded_free(&d);
+            if (ar != 0) {
+                errf(err, errlen, "restoring %s over checkpoint %" PRIu64 ": %s", dpath,
+                     files[good].seq, why);
+                rc = CKPT_FAILED;
+                loaded_free(&l);
+                goto done;
+            }
+            good = chain[k];
+            deltas++;
+        }
         uint64_t versions = 0;
         for (size_t k = 0; k < l.nvars; k++)
             versions += atomic_load(&l.vars[k]->version);
+        for (size_t k = 0; k < l.ntables; k++) {
+            table_stats ts;
+            table_stats_get(l.tables[k], &ts);
+            info->table_rows += ts.rows;
+        }
+        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[good].name);
         if (apply_loaded(st, &l, why, sizeof(why)) != 0) {
             loaded_free(&l);
             errf(err, errlen, "restoring %s: %s", path, why);
@@ -1693,15 +2145,19 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
             break;
         }
         snprintf(info->path, sizeof(info->path), "%s", path);
-        info->seq = seq;
+        info->seq = files[good].seq;
+        info->base = files[full].seq;
+        info->deltas = deltas;
         info->versions = versions;
         info->bytes = l.bytes;
         info->variables = (uint32_t)l.nvars;
         info->ms = (time_now_ns() - t0) / 1000000u;
         loaded_free(&l);
         rc = CKPT_RESTORED;
-        break;
     }
+done:
+    free(bad);
+    free(chain);
     free(files);
     return rc;
 }

@@ -16,6 +16,18 @@
  *     6 a sparse table (u32 spec length, packed TableSpec, u32 floats per row, u32 0, u64
  *     rows, then per row, oldest update first: i64 id, i64 update time in ms, its floats:
  *     parameters then optimizer slots); written only when the server holds tables.
+ *     7 (deltas only) a sparse table's changes since the previous file: u32 spec length,
+ *     packed TableSpec, u32 floats per row, u32 partitions, then per partition: u32 flags
+ *     (CKPT_PART_WHOLE: the partition's every row, replacing it), u32 0, u64 removed ids,
+ *     u64 rows, the removed ids (i64), the rows as in record 6.
+ * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
+ *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
+ *   the variables, dedup and clock records whole (as a full file), and of each table either
+ *   record 6 (a table new since the previous file, or one it could not diff) or record 7; a
+ *   table of the previous file absent from a delta was deleted. Restore reads the full file,
+ *   then each delta in order; the newest file of a chain whose deltas are all valid is the
+ *   restore point. A damaged delta ends the chain there: the state of the file before it is
+ *   restored and the log says which file was skipped and why. Pruning keeps whole chains.
  *     A file without its end record is truncated. Version 1 files (no record 5, no
  *     CKPT_VAR_INITIAL records) are read too.
  * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
@@ -34,7 +46,8 @@
 #include "server.h"
 
 #define CKPT_MAGIC "PSDCKPT"
-#define CKPT_FORMAT_VERSION 2u     /* written */
+#define CKPT_FORMAT_VERSION 2u     /* written for full checkpoints */
+#define CKPT_FORMAT_DELTA 3u       /* written for deltas (header names the previous file) */
 #define CKPT_FORMAT_VERSION_MIN 1u /* oldest read: no dedup tombstone record, no INITIAL flag */
 #define CKPT_HEADER_SIZE 64u
 
@@ -45,7 +58,10 @@ enum {
     CKPT_REC_END = 4,
     CKPT_REC_DEDUP_FLOORS = 5,
     CKPT_REC_TABLE = 6,
+    CKPT_REC_TABLE_DELTA = 7,
 };
+/* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
+enum { CKPT_PART_WHOLE = 1 };
 /* Flags of a variable record: INITIAL, never updated (version 0, no BSP aggregate): the
  * payload is the meta part alone, and the restore fills the values with the spec's
  * initializer (deterministic: a pure function of the spec), so that the checkpoint made for a
@@ -54,7 +70,8 @@ enum { CKPT_VAR_INITIAL = 1 };
 
 typedef struct checkpoint_config {
     const char *dir;          /* "" or NULL: checkpoints off */
-    int keep;                 /* files of this task kept (>= 1) */
+    int keep;                 /* restore points of this task kept (>= 1), whole chains */
+    int full_every;           /* every this many checkpoints one is full, the rest deltas */
     int64_t interval_s;       /* periodic checkpoints (0: none) */
     int64_t interval_updates; /* after this many updates (0: off) */
     uint64_t cluster_hash;    /* checkpoint_cluster_hash of the ps addresses */
@@ -66,9 +83,14 @@ typedef struct checkpoint_info {
     uint64_t seq;
     uint64_t bytes;
     uint32_t variables;
-    uint64_t pause_us; /* checkpoint: time updates were held off */
-    uint64_t ms;       /* checkpoint: request to durable; restore: time to read */
-    uint64_t versions; /* sum of its variables' versions (updates applied, per shard) */
+    uint64_t pause_us;   /* checkpoint: time updates were held off */
+    uint64_t ms;         /* checkpoint: request to durable; restore: time to read */
+    uint64_t versions;   /* sum of its variables' versions (updates applied, per shard) */
+    uint64_t base;       /* checkpoint: the previous file a delta is relative to (0: full);
+                            restore: the full file the chain started from */
+    uint64_t table_rows; /* rows of sparse tables written or restored (a delta: changed) */
+    uint32_t deltas;     /* restore: deltas applied over the full file */
+    uint64_t skipped;    /* restore: seq of a newer delta of the chain found unusable (0: none) */
 } checkpoint_info;
 
 /* How the checkpoints of a checkpointer fare (checkpointer_health). */

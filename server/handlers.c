@@ -1187,5 +1187,7 @@ const rpc_method server_methods[] = {
      handle_table_pull, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
      handle_table_push, RPC_SEGMENT},
+    {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
+     handle_table_export, RPC_ADMIN | RPC_POOL},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

@@ -292,6 +292,7 @@ int main(int argc, char **argv)
     checkpoint_config ck_cfg = {
         .dir = opt_str(prog.opts, OPT_CHECKPOINT_DIR),
         .keep = (int)opt_int(prog.opts, OPT_CHECKPOINT_KEEP),
+        .full_every = (int)opt_int(prog.opts, OPT_CHECKPOINT_FULL_EVERY),
         .interval_s = opt_int(prog.opts, OPT_CHECKPOINT_INTERVAL_S),
         .interval_updates = opt_int(prog.opts, OPT_CHECKPOINT_INTERVAL_UPDATES),
         .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
@@ -326,8 +327,10 @@ int main(int argc, char **argv)
         }
         if (fail == 0 && r == CKPT_RESTORED) {
             sync_resume(&st);
-            log_info("restored %s: checkpoint %llu, %u variables, %llu bytes in %llu ms", ri.path,
-                     (unsigned long long)ri.seq, ri.variables, (unsigned long long)ri.bytes,
+            log_info("restored %s: checkpoint %llu (full %llu + %u deltas), %u variables, %llu "
+                     "table rows, %llu bytes in %llu ms",
+                     ri.path, (unsigned long long)ri.seq, (unsigned long long)ri.base, ri.deltas,
+                     ri.variables, (unsigned long long)ri.table_rows, (unsigned long long)ri.bytes,
                      (unsigned long long)ri.ms);
         }
         if (fail == 0) {

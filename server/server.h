@@ -92,17 +92,34 @@ int server_table_read(server_table *e, const int64_t *ids, uint64_t n, uint8_t *
 int server_table_push(server_state *st, server_table *e, uint64_t client, uint64_t seq,
                       int32_t worker, const int64_t *ids, uint64_t n, const uint8_t *grads,
                       int dtype, bool *duplicate, char *err, size_t errlen);
-/* Checkpoints of tables: a copy of every table (its packed TableSpec and each partition's
- * rows, oldest first), taken while updates are held off. */
+void handle_table_export(rpc_call *call, void *arg);
+/* Checkpoints of tables: a cut of every table (table.h's table_cut: its packed TableSpec and
+ * each partition's rows, oldest first, whole or changed since the previous cut). */
 typedef struct server_table_copy {
     uint8_t *spec;
     size_t spec_len;
     uint32_t row_floats, nparts;
-    uint64_t rows;
-    struct table_rows *parts;
+    uint64_t rows;                  /* rows copied (after server_tables_copy_finish) */
+    uint64_t removed;               /* removed ids copied (delta cuts) */
+    bool delta;                     /* changes since the cut `base`, else every row */
+    const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
+    struct table_cut *cut;
 } server_table_copy;
-/* Returns 0 (*out NULL when there are no tables) or -1 when memory runs out. */
-int server_tables_copy(server_state *st, server_table_copy **out, size_t *n);
+/* Cuts of every table, in three steps. server_tables_copy_prepare (before holding updates
+ * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy
+ * (with every update held off, store_freeze) takes them, starts a cut of every table
+ * registered now (table_cut_start; a table created since the prepare is prepared there, one
+ * deleted since is dropped) and puts the started cuts in *out, *n: O(tables). base: the seq of
+ * the previous cut for deltas (0: whole), seq: this cut's, track: record removals. Both
+ * return 0 (*out NULL when there are no tables) or -1 when memory runs out (free *out
+ * anyway). Only the checkpointer may take cuts of the chain it writes (they consume the
+ * tables' change marks; a foreign cut makes the next one of that table whole). */
+int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n);
+int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+                       server_table_copy **out, size_t *n);
+/* Copies what the cuts still need, after updates are let go again (each partition under its
+ * own lock). Returns 0, or -1 when memory ran out. */
+int server_tables_copy_finish(server_table_copy *c, size_t n);
 void server_tables_copy_free(server_table_copy *c, size_t n);
 struct table;
 /* Makes an unregistered table from a packed TableSpec (restore). Returns 0, or -1 with a

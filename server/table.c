@@ -49,6 +49,13 @@ typedef struct partition {
     uint16_t *sketch;
     uint32_t sketch_events;
     uint64_t bytes;
+    /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
+     * row was made or updated since the partition's last copy; ndirty counts them. */
+    uint32_t ndirty;
+    uint64_t cut_gen; /* the table's cut_gen this partition was copied for */
+    int64_t *gone;    /* ids removed since the last copy (recorded while t->track) */
+    size_t ngone, gone_cap;
+    bool removed_lost; /* a removal could not be recorded: the next copy is whole */
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
     _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
         evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
@@ -74,6 +81,31 @@ struct table {
     _Atomic uint64_t rows;
     _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
     partition *parts;
+    /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
+     * `cut` before anything changes it. */
+    _Atomic uint64_t cut_gen;
+    struct table_cut *_Atomic cut;
+    _Atomic bool track; /* record removed ids (the next cut may be a delta) */
+    uint64_t last_cut;  /* the `seq` of the newest cut (the checkpointer's, serialised) */
+    _Atomic int refs;   /* 1 for the table's owner, 1 per cut not yet freed */
+};
+
+/* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
+ * each, so that the wait of a push that finds its partition pending is short), turned into
+ * table_rows by table_cut_finish outside the lock. */
+typedef struct raw_part {
+    unsigned char *bytes; /* nslabs slabs of slab_size bytes (room for cap) */
+    uint32_t nslabs, cap;
+    uint32_t lru_tail;
+    size_t count;
+} raw_part;
+
+struct table_cut {
+    table *t;
+    bool delta, started, finished;
+    _Atomic bool failed;
+    table_rows *parts; /* [t->nparts] */
+    raw_part *raw;     /* [t->nparts] */
 };
 
 static inline uint64_t mix64(uint64_t z)
@@ -130,6 +162,41 @@ static inline float *row_floats(row_header *h)
     return (float *)(h + 1);
 }
 
+/* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
+static inline size_t slab_bitmap_bytes(const table *t)
+{
+    return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
+}
+
+static inline uint64_t *dirty_word(const table *t, const partition *p, uint32_t slot, uint64_t *bit)
+{
+    uint32_t i = slot & ((1u << t->slab_shift) - 1);
+    unsigned char *slab = p->slabs[slot >> t->slab_shift];
+    uint64_t *bm = (uint64_t *)(void *)(slab + ((size_t)1 << t->slab_shift) * t->row_bytes);
+    *bit = UINT64_C(1) << (i & 63);
+    return bm + (i >> 6);
+}
+
+/* Marks slot1's row changed since the partition's last copy. */
+static inline void mark_dirty(const table *t, partition *p, uint32_t slot1)
+{
+    uint64_t bit, *w = dirty_word(t, p, slot1 - 1, &bit);
+    if (!(*w & bit)) {
+        *w |= bit;
+        p->ndirty++;
+    }
+}
+
+static inline bool clear_dirty(const table *t, partition *p, uint32_t slot1)
+{
+    uint64_t bit, *w = dirty_word(t, p, slot1 - 1, &bit);
+    if (!(*w & bit))
+        return false;
+    *w &= ~bit;
+    p->ndirty--;
+    return true;
+}
+
 /* A free slot: a reused one, else the next fresh one (a new slab when the last is full).
  * Returns slot + 1, or 0 when memory runs out (*fail = TABLE_NOMEM) or the budget refuses a
  * slab (*fail = TABLE_LIMIT). */
@@ -163,7 +230,7 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
             p->slabs = ns;
             p->slabs_cap = ncap;
         }
-        size_t bytes = (size_t)per_slab * t->row_bytes;
+        size_t bytes = (size_t)per_slab * t->row_bytes + slab_bitmap_bytes(t);
         if (!budget_take(t, bytes)) {
             *fail = TABLE_LIMIT;
             return 0;
@@ -174,6 +241,7 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
             *fail = TABLE_NOMEM;
             return 0;
         }
+        memset(slab + (size_t)per_slab * t->row_bytes, 0, slab_bitmap_bytes(t));
         p->slabs[p->nslabs++] = slab;
         p->bytes += bytes;
     }
@@ -213,6 +281,20 @@ static void lru_push_front(table *t, partition *p, uint32_t slot1)
     p->lru_head = slot1;
 }
 
+/* ---- checkpoint cuts: copy before the first change ------------------------------------- */
+
+static void cut_copy(table *t, partition *p, uint64_t gen);
+
+/* Takes p's lock to change it. When a cut is pending for p, p is copied into it first, so that
+ * the cut holds p as it was when the cut began (only this partition's callers wait). */
+static void write_lock(table *t, partition *p)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    uint64_t gen = atomic_load_explicit(&t->cut_gen, memory_order_acquire);
+    if (p->cut_gen != gen)
+        cut_copy(t, p, gen);
+}
+
 /* ---- the index --------------------------------------------------------------------------- */
 
 /* Doubles p's index, asking the budget first. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when
@@ -237,10 +319,34 @@ static int index_grow(table *t, partition *p)
     return 0;
 }
 
+/* Records a removed id for the next delta cut (while the table tracks removals). */
+static void note_removed(table *t, partition *p, int64_t id)
+{
+    if (!atomic_load_explicit(&t->track, memory_order_relaxed) || p->removed_lost)
+        return;
+    if (p->ngone == p->gone_cap) {
+        size_t cap = p->gone_cap ? 2 * p->gone_cap : 64;
+        int64_t *r = realloc(p->gone, cap * sizeof(*r));
+        if (r == NULL) {
+            /* Not recorded: this partition's next copy is whole instead of a delta. */
+            free(p->gone);
+            p->gone = NULL;
+            p->ngone = p->gone_cap = 0;
+            p->removed_lost = true;
+            return;
+        }
+        p->gone = r;
+        p->gone_cap = cap;
+    }
+    p->gone[p->ngone++] = id;
+}
+
 /* Removes row `id` (present at index position pos) from index, LRU and slots. */
 static void row_remove(table *t, partition *p, uint32_t pos)
 {
     uint32_t slot1 = p->ix.e[pos].slot1;
+    note_removed(t, p, p->ix.e[pos].id);
+    clear_dirty(t, p, slot1);
     table_index_delete_at(&p->ix, pos);
     lru_unlink(t, p, slot1);
     slot_free(t, p, slot1);
@@ -347,6 +453,7 @@ static void partition_fini(partition *p)
     for (uint32_t i = 0; i < p->nslabs; i++)
         free(p->slabs[i]);
     free(p->slabs);
+    free(p->gone);
     table_index_fini(&p->ix);
     free(p->sketch);
 }
@@ -384,6 +491,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->max_rows = spec->max_rows;
     t->expected_rows = spec->expected_rows;
     t->budget = spec->budget;
+    atomic_init(&t->refs, 1);
     t->parts = calloc(t->nparts, sizeof(*t->parts));
     if (t->parts == NULL)
         goto oom_name;
@@ -427,9 +535,10 @@ oom:
     return TABLE_NOMEM;
 }
 
-void table_destroy(table *t)
+/* Frees t once its owner and every cut have let go of it. */
+static void table_unref(table *t)
 {
-    if (t == NULL)
+    if (atomic_fetch_sub(&t->refs, 1) != 1)
         return;
     budget_give(t, t->own_bytes + table_held_bytes(t));
     for (uint32_t i = 0; i < t->nparts; i++) {
@@ -439,6 +548,12 @@ void table_destroy(table *t)
     free(t->parts);
     free(t->name);
     free(t);
+}
+
+void table_destroy(table *t)
+{
+    if (t != NULL)
+        table_unref(t);
 }
 
 const char *table_name(const table *t)
@@ -553,6 +668,7 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
     /* The probe runs again: an eviction above may have shifted entries. */
     table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
     lru_push_front(t, p, slot1);
+    mark_dirty(t, p, slot1);
     count_add(&p->rows_created, 1);
     *out = slot1;
     return TABLE_OK;
@@ -681,7 +797,7 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         if (b.starts[q] == b.starts[q + 1])
             continue;
         partition *p = &t->parts[q];
-        pthread_rwlock_wrlock(&p->lock);
+        write_lock(t, p);
         for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
             uint32_t u = b.order[e];
             int64_t id = b.uids[u];
@@ -717,6 +833,7 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
                 slots[s] = w + (size_t)(s + 1) * t->dim;
             optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
             r->updated_ms = now_ms;
+            mark_dirty(t, p, slot1);
             if (p->lru_head != slot1) {
                 lru_unlink(t, p, slot1);
                 lru_push_front(t, p, slot1);
@@ -744,7 +861,7 @@ size_t table_remove(table *t, const int64_t *ids, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint64_t h = table_id_hash(ids[i]);
         partition *p = &t->parts[part_of(t, h)];
-        pthread_rwlock_wrlock(&p->lock);
+        write_lock(t, p);
         uint32_t pos = table_index_probe(&p->ix, ids[i], h);
         if (p->ix.e[pos].slot1 != 0) {
             row_remove(t, p, pos);
@@ -763,7 +880,7 @@ size_t table_sweep(table *t, int64_t now_ms)
     size_t removed = 0;
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
-        pthread_rwlock_wrlock(&p->lock);
+        write_lock(t, p);
         /* The LRU tail is the oldest update; a row updated at u expires once now - u > ttl. */
         while (p->lru_tail != 0) {
             row_header *r = row_at(t, p, p->lru_tail - 1);
@@ -814,7 +931,274 @@ void table_rows_free(table_rows *rows)
     free(rows->ids);
     free(rows->updated_ms);
     free(rows->floats);
+    free(rows->removed);
     memset(rows, 0, sizeof(*rows));
+}
+
+/* Copies every row of p (oldest update first, so that inserting them in order rebuilds the
+ * LRU order) into out. Returns 0 or -1 (memory). */
+static int copy_all(table *t, partition *p, table_rows *out)
+{
+    size_t n = p->ix.count;
+    out->full = true;
+    if (n == 0)
+        return 0;
+    out->ids = malloc(n * sizeof(*out->ids));
+    out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+    out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+    if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+        return -1;
+    size_t i = 0;
+    for (uint32_t s1 = p->lru_tail; s1 != 0 && i < n; s1 = row_at(t, p, s1 - 1)->prev, i++) {
+        row_header *r = row_at(t, p, s1 - 1);
+        out->ids[i] = r->id;
+        out->updated_ms[i] = r->updated_ms;
+        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+    }
+    out->n = i;
+    return 0;
+}
+
+/* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
+ * are those updated since the last copy, so they lead the LRU list: the walk from its head
+ * stops once it has seen all ndirty of them. Returns 0 or -1 (memory). */
+static int copy_changed(table *t, partition *p, table_rows *out)
+{
+    size_t n = p->ndirty;
+    out->full = false;
+    if (n > 0) {
+        out->ids = malloc(n * sizeof(*out->ids));
+        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+            return -1;
+        size_t i = n;
+        for (uint32_t s1 = p->lru_head; s1 != 0 && i > 0; s1 = row_at(t, p, s1 - 1)->next) {
+            uint64_t bit, *w = dirty_word(t, p, s1 - 1, &bit);
+            if (!(*w & bit))
+                continue;
+            row_header *r = row_at(t, p, s1 - 1);
+            i--;
+            out->ids[i] = r->id;
+            out->updated_ms[i] = r->updated_ms;
+            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        }
+        if (i != 0) /* fewer marked rows than counted: an internal error, copy whole instead */
+            return -1;
+        out->n = n;
+    }
+    out->removed = p->gone;
+    out->nremoved = p->ngone;
+    p->gone = NULL;
+    p->ngone = p->gone_cap = 0;
+    return 0;
+}
+
+/* After a copy: nothing of p is changed since it. */
+static void clear_marks(table *t, partition *p)
+{
+    if (p->ndirty > 0) {
+        size_t off = ((size_t)1 << t->slab_shift) * t->row_bytes;
+        for (uint32_t i = 0; i < p->nslabs; i++)
+            memset(p->slabs[i] + off, 0, slab_bitmap_bytes(t));
+        p->ndirty = 0;
+    }
+    free(p->gone);
+    p->gone = NULL;
+    p->ngone = p->gone_cap = 0;
+    p->removed_lost = false;
+}
+
+static size_t slab_size(const table *t)
+{
+    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
+}
+
+/* Copies p's slabs as they are into raw. Returns 0 or -1 (memory). */
+static int copy_raw(table *t, partition *p, raw_part *raw)
+{
+    size_t ss = slab_size(t);
+    raw->nslabs = p->nslabs;
+    raw->lru_tail = p->lru_tail;
+    raw->count = p->ix.count;
+    if (p->nslabs == 0 || p->ix.count == 0)
+        return 0;
+    if (raw->bytes == NULL || raw->cap < p->nslabs) {
+        /* Grown since table_cut_prepare (or not prepared): fresh memory, slower to fill. */
+        free(raw->bytes);
+        raw->bytes = malloc((size_t)p->nslabs * ss);
+        raw->cap = p->nslabs;
+        if (raw->bytes == NULL)
+            return -1;
+    }
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        memcpy(raw->bytes + (size_t)i * ss, p->slabs[i], ss);
+    return 0;
+}
+
+/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
+static int raw_rows(const table *t, raw_part *raw, table_rows *out)
+{
+    size_t n = raw->count, ss = slab_size(t);
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    out->full = true;
+    if (n > 0) {
+        out->ids = malloc(n * sizeof(*out->ids));
+        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+            return -1;
+    }
+    size_t i = 0;
+    for (uint32_t s1 = raw->lru_tail; s1 != 0 && i < n; i++) {
+        uint32_t slot = s1 - 1;
+        if ((slot >> t->slab_shift) >= raw->nslabs)
+            return -1; /* not the partition's links: an internal error */
+        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot >> t->slab_shift) * ss +
+                                               (size_t)(slot & mask) * t->row_bytes);
+        out->ids[i] = r->id;
+        out->updated_ms[i] = r->updated_ms;
+        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        s1 = r->prev;
+    }
+    out->n = i;
+    free(raw->bytes);
+    raw->bytes = NULL;
+    return i == n ? 0 : -1;
+}
+
+/* Copies p (write-locked, pending for cut generation gen) into the table's cut. */
+static void cut_copy(table *t, partition *p, uint64_t gen)
+{
+    table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
+    uint32_t q = (uint32_t)(p - t->parts);
+    table_rows *out = &c->parts[q];
+    p->cut_gen = gen;
+    bool whole = !c->delta || p->removed_lost;
+    out->full = whole;
+    int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
+    if (rc != 0) {
+        table_rows_free(out);
+        atomic_store(&c->failed, true);
+        return; /* marks kept; the next cut after a failed one is whole anyway */
+    }
+    clear_marks(t, p);
+}
+
+table_cut *table_cut_prepare(table *t, uint64_t base)
+{
+    table_cut *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->parts = calloc(t->nparts, sizeof(*c->parts));
+    c->raw = calloc(t->nparts, sizeof(*c->raw));
+    if (c->parts == NULL || c->raw == NULL) {
+        free(c->parts);
+        free(c->raw);
+        free(c);
+        return NULL;
+    }
+    for (uint32_t q = 0; q < t->nparts; q++)
+        c->parts[q].row_floats = t->row_floats;
+    c->t = t;
+    atomic_fetch_add(&t->refs, 1);
+    /* last_cut changes only in table_cut_start, which the caller serialises with this. */
+    c->delta = base != 0 && t->last_cut == base;
+    if (c->delta)
+        return c;
+    /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
+     * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
+    size_t ss = slab_size(t);
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        uint32_t nslabs = p->nslabs;
+        pthread_rwlock_unlock(&p->lock);
+        if (nslabs == 0)
+            continue;
+        uint32_t cap = nslabs + nslabs / 8 + 1;
+        c->raw[q].bytes = malloc((size_t)cap * ss);
+        if (c->raw[q].bytes == NULL)
+            break; /* copy_raw allocates then */
+        /* Not 0: a compiler may turn malloc + memset 0 into calloc, which touches nothing. */
+        memset(c->raw[q].bytes, 0xa5, (size_t)cap * ss);
+        c->raw[q].cap = cap;
+    }
+    return c;
+}
+
+void table_cut_start(table_cut *c, uint64_t seq, bool track)
+{
+    table *t = c->t;
+    c->started = true;
+    t->last_cut = seq;
+    atomic_store(&t->track, track);
+    atomic_store_explicit(&t->cut, c, memory_order_release);
+    atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
+}
+
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
+{
+    table_cut *c = table_cut_prepare(t, base);
+    if (c != NULL)
+        table_cut_start(c, seq, track);
+    return c;
+}
+
+table *table_cut_table(const table_cut *c)
+{
+    return c->t;
+}
+
+int table_cut_finish(table_cut *c)
+{
+    table *t = c->t;
+    if (!c->started)
+        return -1;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        write_lock(t, p); /* copies p if no change did first */
+        pthread_rwlock_unlock(&p->lock);
+    }
+    c->finished = true;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        if (c->raw[q].nslabs > 0 && raw_rows(t, &c->raw[q], &c->parts[q]) != 0) {
+            table_rows_free(&c->parts[q]);
+            atomic_store(&c->failed, true);
+        }
+        free(c->raw[q].bytes);
+        c->raw[q].bytes = NULL;
+        c->raw[q].nslabs = 0;
+        c->parts[q].row_floats = t->row_floats;
+    }
+    return atomic_load(&c->failed) ? -1 : 0;
+}
+
+bool table_cut_is_delta(const table_cut *c)
+{
+    return c->delta;
+}
+
+const table_rows *table_cut_rows(const table_cut *c, uint32_t part)
+{
+    return part < c->t->nparts ? &c->parts[part] : NULL;
+}
+
+void table_cut_free(table_cut *c)
+{
+    if (c == NULL)
+        return;
+    table *t = c->t;
+    if (c->started && !c->finished)
+        (void)table_cut_finish(c); /* no partition may still point at c */
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        table_rows_free(&c->parts[q]);
+        free(c->raw[q].bytes);
+    }
+    free(c->parts);
+    free(c->raw);
+    free(c);
+    table_unref(t);
 }
 
 int table_copy_partition(table *t, uint32_t part, table_rows *out)
@@ -825,36 +1209,61 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out)
         return -1;
     partition *p = &t->parts[part];
     pthread_rwlock_rdlock(&p->lock);
-    size_t n = p->ix.count;
-    if (n > 0) {
-        out->ids = malloc(n * sizeof(*out->ids));
-        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
-        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
-        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL) {
-            pthread_rwlock_unlock(&p->lock);
-            table_rows_free(out);
-            out->row_floats = t->row_floats;
-            return -1;
-        }
-        /* Oldest first, so that inserting them in order rebuilds the same LRU order. */
-        size_t i = 0;
-        for (uint32_t s1 = p->lru_tail; s1 != 0; s1 = row_at(t, p, s1 - 1)->prev, i++) {
-            row_header *r = row_at(t, p, s1 - 1);
-            out->ids[i] = r->id;
-            out->updated_ms[i] = r->updated_ms;
-            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
-        }
-    }
-    out->n = n;
+    int rc = copy_all(t, p, out);
     pthread_rwlock_unlock(&p->lock);
-    return 0;
+    if (rc != 0) {
+        table_rows_free(out);
+        out->row_floats = t->row_floats;
+    }
+    return rc;
+}
+
+size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows)
+{
+    size_t n = 0;
+    uint64_t q = *cursor >> 32, s = *cursor & 0xffffffffu;
+    for (; q < t->nparts && n < max; q++, s = 0) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        for (; s < p->used && n < max; s++) {
+            row_header *r = row_at(t, p, (uint32_t)s);
+            /* A live slot is the one the index gives its id (a free one's id is stale). */
+            if (table_index_find(&p->ix, r->id, table_id_hash(r->id)) != s + 1)
+                continue;
+            ids[n] = r->id;
+            memcpy(rows + n * (size_t)t->dim, row_floats(r), t->dim * sizeof(float));
+            n++;
+        }
+        bool more = s < p->used;
+        pthread_rwlock_unlock(&p->lock);
+        if (more)
+            break;
+    }
+    *cursor = q >= t->nparts ? UINT64_MAX : (q << 32) | s;
+    return n;
+}
+
+size_t table_partition_clear(table *t, uint32_t part)
+{
+    if (part >= t->nparts)
+        return 0;
+    partition *p = &t->parts[part];
+    size_t removed = 0;
+    write_lock(t, p);
+    while (p->lru_tail != 0) {
+        row_header *r = row_at(t, p, p->lru_tail - 1);
+        row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
+        removed++;
+    }
+    pthread_rwlock_unlock(&p->lock);
+    return removed;
 }
 
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms)
 {
     uint64_t h = table_id_hash(id);
     partition *p = &t->parts[part_of(t, h)];
-    pthread_rwlock_wrlock(&p->lock);
+    write_lock(t, p);
     uint32_t slot1 = table_index_find(&p->ix, id, h);
     int rc = TABLE_OK;
     if (slot1 == 0)
@@ -867,6 +1276,7 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
         r->updated_ms = updated_ms;
         lru_unlink(t, p, slot1);
         lru_push_front(t, p, slot1);
+        mark_dirty(t, p, slot1);
     }
     pthread_rwlock_unlock(&p->lock);
     return rc;

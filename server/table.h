@@ -43,6 +43,9 @@
  *              and indexes are kept for reuse.
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
+ * Checkpoints: table_cut_begin/finish (below) copy the table as it was at one moment, whole
+ * or as a delta of the previous cut, without holding updates off for the copy.
+ *
  * Thread safety: every function may be called from any number of threads at once, except
  * table_destroy. Private to the server. */
 #ifndef SERVER_TABLE_H
@@ -156,13 +159,19 @@ size_t table_sweep(table *t, int64_t now_ms);
 void table_stats_get(table *t, table_stats *out);
 
 /* A copy of one partition's rows (for checkpoints): ids[i], updated_ms[i] and the row
- * floats[i*row_floats .. (i+1)*row_floats) (parameters then slots). */
+ * floats[i*row_floats .. (i+1)*row_floats) (parameters then slots), oldest update first.
+ * full: every row of the partition; else (a delta cut) only the rows made or updated since
+ * the previous cut, and removed[0..nremoved) the ids removed since it (evicted, expired,
+ * table_remove'd; an id may also be among the rows when it was made again after). */
 typedef struct table_rows {
     size_t n;
     uint32_t row_floats;
     int64_t *ids;
     int64_t *updated_ms;
     float *floats;
+    bool full;
+    size_t nremoved;
+    int64_t *removed;
 } table_rows;
 
 /* Number of partitions (0 .. table_partitions()-1 for table_copy_partition). */
@@ -176,11 +185,63 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out);
 /* Frees what table_copy_partition allocated (rows may be NULL or empty). */
 void table_rows_free(table_rows *rows);
 
+/* Checkpoint cuts: a copy of the whole table as it was at one moment, taken without holding
+ * updates off for the copy. table_cut_begin only marks every partition pending (O(1) work);
+ * from then on each partition is copied into the cut, under its own lock, by whichever comes
+ * first: the first call that changes it (push, remove, sweep, insert: it copies, then
+ * changes; only callers of that partition wait) or table_cut_finish. So every partition's
+ * copy is its state at table_cut_begin. Called while the server holds every update off (its
+ * checkpoint freeze), the cut is one point of the update order: exactly the pushes applied
+ * before it are in it, as the dedup windows copied in the same freeze say.
+ *
+ * Delta cuts: each slot has a dirty bit (made or updated since its partition's last copy)
+ * and, while tracking, each partition records the ids it removes. A delta cut copies only
+ * those (table_rows.full false); a partition whose removal record was lost (memory) is
+ * copied whole (full true).
+ *
+ * table_cut_begin: base is the seq of the cut this one is a delta of (0: a whole cut); the
+ * cut is a delta only when base is this table's previous cut (table_cut_is_delta), since
+ * marks are relative to it. seq names this cut. track: record removed ids from now on (the
+ * next cut may be a delta). One cut at a time per table (begin..finish; the checkpointer
+ * serialises them). Returns NULL when memory runs out (nothing started). The cut holds a
+ * reference on t: table_destroy while a cut exists frees t at table_cut_free.
+ * table_cut_finish: copies what is still pending, one partition at a time. Returns 0, or -1
+ * when memory ran out for some copy: the cut is unusable, and the next must be whole (a
+ * failed copy keeps its marks, but the chain is broken). */
+typedef struct table_cut table_cut;
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track);
+/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a whole cut,
+ * the copy's memory (faulted in, so that each partition's copy under its lock is a memcpy):
+ * call it before holding updates off; it may take long. table_cut_start is the O(1) part, to
+ * call with updates held off. Prepare and start of one table must not interleave with another
+ * cut's. A prepared cut not started is freed by table_cut_free. */
+table_cut *table_cut_prepare(table *t, uint64_t base);
+void table_cut_start(table_cut *c, uint64_t seq, bool track);
+/* The table of a cut. */
+table *table_cut_table(const table_cut *c);
+int table_cut_finish(table_cut *c);
+bool table_cut_is_delta(const table_cut *c);
+/* The copy of partition part (after table_cut_finish), or NULL when out of range. */
+const table_rows *table_cut_rows(const table_cut *c, uint32_t part);
+/* Frees the cut and its copies. NULL is a no-op. */
+void table_cut_free(table_cut *c);
+
+/* Removes every row of partition part (restoring a partition copied whole over an older
+ * copy). Returns the number removed. */
+size_t table_partition_clear(table *t, uint32_t part);
+
 /* Inserts (or overwrites) row `id` with floats[0..row_floats) (parameters then slots, as
  * table_copy_partition wrote them) and the given update time: the restore of a checkpoint.
  * Obeys max_rows and the budget. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the row
  * could not be placed (no room and nothing to evict in its partition). */
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
+
+/* Export (psctl dump): copies rows from *cursor on (0: the start) into ids[0..max) and
+ * rows[0..max*dim) (parameters only), at most max, one partition's lock (shared) at a time;
+ * sets *cursor to where the next call goes on, UINT64_MAX after the last row. Returns the
+ * number copied. Not a snapshot: a row present throughout the calls is copied exactly once
+ * (rows do not move between slots), rows made or removed meanwhile may or may not be. */
+size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows);
 
 /* The partition that holds id (for tests and benchmarks). */
 uint32_t table_partition_of(const table *t, int64_t id);

@@ -892,9 +892,75 @@ void handle_table_push(rpc_call *call, void *arg)
     rpc_reply_ok(call, &rep.base);
 }
 
+/* TableExport (psctl dump): a page of this server's rows, ids then rows in the segment. */
+static void export_page(rpc_call *call, const Psd__V1__TableExportRequest *req, table_entry *e)
+{
+    uint64_t dim = table_dim(e->t), per = 8 + 4 * dim;
+    size_t room = rpc_call_max_message(call);
+    uint64_t fit = room > 4096 ? (room - 4096) / per : 0;
+    uint64_t max = req->max_rows && req->max_rows < fit ? req->max_rows : fit;
+    if (max > SERVER_TABLE_MAX_IDS)
+        max = SERVER_TABLE_MAX_IDS;
+    if (max == 0) {
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "table \"%s\": a row of dim %llu does not fit in max-message-bytes (%zu)",
+                        table_name(e->t), (unsigned long long)dim, room);
+        return;
+    }
+    int64_t *ids = malloc((size_t)max * sizeof(*ids));
+    float *rows = malloc((size_t)max * dim * sizeof(float));
+    if (ids == NULL || rows == NULL) {
+        free(ids);
+        free(rows);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory for %llu rows",
+                        (unsigned long long)max);
+        return;
+    }
+    uint64_t cursor = req->cursor;
+    size_t n = table_export(e->t, &cursor, (size_t)max, ids, rows);
+    Psd__V1__TableExportReply rep = PSD__V1__TABLE_EXPORT_REPLY__INIT;
+    rep.n = n;
+    rep.done = cursor == UINT64_MAX;
+    rep.next_cursor = rep.done ? 0 : cursor;
+    rep.dim = (uint32_t)dim;
+    /* count: the segment's length in 4-byte words (ids, then rows), as for the table calls. */
+    uint8_t *dst =
+        rpc_reply_ok_tensor(call, &rep.base, PSD__V1__DTYPE__FLOAT32, 0, (uint64_t)n * (2 + dim));
+    if (dst != NULL) {
+        memcpy(dst, ids, n * 8);
+        memcpy(dst + n * 8, rows, n * dim * sizeof(float));
+    }
+    free(ids);
+    free(rows);
+}
+
+void handle_table_export(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__TableExportRequest *req = (const void *)rpc_call_body(call);
+    table_entry *e = resolve_table(st, call, req->name);
+    if (e == NULL)
+        return;
+    export_page(call, req, e);
+    entry_put(e);
+}
+
 /* ---- checkpoints (server/checkpoint.c) ---- */
 
-int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
+/* Prepares tc's cut of e's table (spec packed, memory allocated). Returns 0 or -1. */
+static int copy_prepare(server_table_copy *tc, table_entry *e, uint64_t base)
+{
+    tc->spec_len = psd__v1__table_spec__get_packed_size(e->spec);
+    tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
+    tc->nparts = table_partitions(e->t);
+    tc->row_floats = table_row_floats(e->t);
+    if (tc->spec == NULL || (tc->cut = table_cut_prepare(e->t, base)) == NULL)
+        return -1;
+    psd__v1__table_spec__pack(e->spec, tc->spec);
+    return 0;
+}
+
+int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
@@ -908,33 +974,63 @@ int server_tables_copy(server_state *st, server_table_copy **out, size_t *n)
         return -1;
     }
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i < nt; i++) {
-        server_table_copy *tc = &c[i];
-        table *t = es[i]->t;
-        tc->spec_len = psd__v1__table_spec__get_packed_size(es[i]->spec);
-        tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
-        tc->nparts = table_partitions(t);
-        tc->parts = calloc(tc->nparts, sizeof(*tc->parts));
-        tc->row_floats = table_row_floats(t);
-        if (tc->spec == NULL || tc->parts == NULL) {
-            rc = -1;
-            break;
-        }
-        psd__v1__table_spec__pack(es[i]->spec, tc->spec);
-        for (uint32_t p = 0; rc == 0 && p < tc->nparts; p++) {
-            rc = table_copy_partition(t, p, &tc->parts[p]);
-            tc->rows += tc->parts[p].n;
-        }
-        *n = i + 1;
-    }
+    for (size_t i = 0; rc == 0 && i < nt; i++)
+        rc = copy_prepare(&c[i], es[i], base);
     *out = c;
-    if (rc != 0) {
-        *n = nt;
-        server_tables_copy_free(c, nt);
-        *out = NULL;
-        *n = 0;
-    }
+    *n = nt;
     entries_release(es, nt);
+    return rc;
+}
+
+int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+                       server_table_copy **out, size_t *n)
+{
+    server_table_copy *pre = *out;
+    size_t npre = *n;
+    *out = NULL;
+    *n = 0;
+    size_t nt;
+    table_entry **es = entries_list(st, &nt);
+    server_table_copy *c = nt && es ? calloc(nt, sizeof(*c)) : NULL;
+    int rc = nt == 0 || c != NULL ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        /* Prepared before the pause, unless created since. */
+        for (size_t k = 0; k < npre; k++)
+            if (pre[k].cut != NULL && table_cut_table(pre[k].cut) == es[i]->t) {
+                c[i] = pre[k];
+                memset(&pre[k], 0, sizeof(pre[k]));
+                break;
+            }
+        if (c[i].cut == NULL && copy_prepare(&c[i], es[i], base) != 0)
+            rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        table_cut_start(c[i].cut, seq, track);
+        c[i].delta = table_cut_is_delta(c[i].cut);
+    }
+    server_tables_copy_free(pre, npre); /* tables deleted since the prepare, if any */
+    entries_release(es, nt);
+    *out = c;
+    *n = c ? nt : 0;
+    return rc;
+}
+
+int server_tables_copy_finish(server_table_copy *c, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        server_table_copy *tc = &c[i];
+        if (tc->cut == NULL || table_cut_finish(tc->cut) != 0) {
+            rc = -1;
+            continue;
+        }
+        tc->parts = table_cut_rows(tc->cut, 0);
+        tc->rows = tc->removed = 0;
+        for (uint32_t p = 0; p < tc->nparts; p++) {
+            tc->rows += tc->parts[p].n;
+            tc->removed += tc->parts[p].nremoved;
+        }
+    }
     return rc;
 }
 
@@ -942,9 +1038,7 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
 {
     for (size_t i = 0; c && i < n; i++) {
         free(c[i].spec);
-        for (uint32_t p = 0; c[i].parts && p < c[i].nparts; p++)
-            table_rows_free(&c[i].parts[p]);
-        free(c[i].parts);
+        table_cut_free(c[i].cut);
     }
     free(c);
 }

@@ -269,6 +269,17 @@ static void dispatch_corpus(void)
     env.seq = 0;
     env.body.len = psd__v1__step_request__pack(&tsr, body);
     put("table-step", &env, &tseg, sizeof(tseg));
+    /* A page of the table's rows (TableExport, admin), from a cursor in partition 3. */
+    Psd__V1__TableExportRequest ter = PSD__V1__TABLE_EXPORT_REQUEST__INIT;
+    ter.name = "emb";
+    ter.cursor = (3ull << 32) | 5;
+    ter.max_rows = 2;
+    env.method = PSD__V1__METHOD__TABLE_EXPORT;
+    env.tensor = NULL;
+    env.client_id = 0;
+    env.seq = 0;
+    env.body.len = psd__v1__table_export_request__pack(&ter, body);
+    put("table-export", &env, NULL, 0);
 }
 int main(void)
 {

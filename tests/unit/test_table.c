@@ -4,8 +4,10 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -929,6 +931,239 @@ static void test_concurrent_pushes_equal_serial(void **state)
     table_destroy(t);
 }
 
+/* ---- checkpoint cuts ---- */
+
+/* Applies a cut's copies to r (as a restore does: whole partitions replace, deltas remove then
+ * upsert). */
+static void apply_cut(table *r, const table_cut *c, uint32_t nparts)
+{
+    for (uint32_t q = 0; q < nparts; q++) {
+        const table_rows *rows = table_cut_rows(c, q);
+        assert_non_null(rows);
+        if (rows->full)
+            table_partition_clear(r, q);
+        table_remove(r, rows->removed, rows->nremoved);
+        for (size_t i = 0; i < rows->n; i++) {
+            assert_int_equal(table_partition_of(r, rows->ids[i]), q);
+            assert_int_equal(table_insert_row(r, rows->ids[i], rows->floats + i * rows->row_floats,
+                                              rows->updated_ms[i]),
+                             0);
+        }
+    }
+    assert_null(table_cut_rows(c, nparts));
+}
+
+/* The rows of ids[0..n) in t and r are equal (slots compared through one more push). */
+static void expect_same_rows(table *t, table *r, const int64_t *ids, size_t n, uint32_t dim)
+{
+    float *a = malloc(sizeof(float) * n * dim), *b = malloc(sizeof(float) * n * dim);
+    table_pull(t, ids, n, a);
+    table_pull(r, ids, n, b);
+    assert_memory_equal(a, b, sizeof(float) * n * dim);
+    free(a);
+    free(b);
+}
+
+/* A cut is the table as it was at table_cut_begin: changes made after it (to any partition,
+ * before or after table_cut_finish reaches it) are not in it; a delta of it holds exactly the
+ * rows changed and the ids removed since, and restoring full + delta gives the table. */
+static void test_cut_whole_then_delta(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cut", 4, OPTIMIZER_ADAGRAD);
+    table *t = make(&s);
+    enum { N = 4000 };
+    int64_t *ids = malloc(sizeof(int64_t) * N);
+    float *g = malloc(sizeof(float) * N * 4), *before = malloc(sizeof(float) * N * 4);
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int64_t)i * 7919 - 100000;
+        for (int k = 0; k < 4; k++)
+            g[i * 4 + k] = 0.25f * (float)((i + k) % 5) - 0.5f;
+    }
+    push_ok(t, ids, N, g, 10);
+    table_pull(t, ids, N, before);
+    table_cut *c1 = table_cut_begin(t, 0, 1, true);
+    assert_non_null(c1);
+    assert_false(table_cut_is_delta(c1));
+    /* Changes after the cut: half the ids pushed again (their partitions copy first). */
+    push_ok(t, ids, N / 2, g, 11);
+    assert_int_equal(table_cut_finish(c1), 0);
+    table *r = make(&s);
+    apply_cut(r, c1, table_partitions(t));
+    table_cut_free(c1);
+    float *got = malloc(sizeof(float) * N * 4);
+    table_pull(r, ids, N, got);
+    assert_memory_equal(got, before, sizeof(float) * N * 4); /* the state at the cut */
+
+    /* The delta against cut 1: the N/2 pushed after it, new ids, removed ids. */
+    int64_t fresh[3] = {INT64_MIN, -1, INT64_MAX};
+    float fg[3 * 4];
+    for (int k = 0; k < 12; k++)
+        fg[k] = 0.125f * (float)k;
+    push_ok(t, fresh, 3, fg, 12);
+    int64_t gone[5] = {ids[N - 1], ids[N - 2], ids[N - 3], ids[0], fresh[1]};
+    assert_int_equal(table_remove(t, gone, 5), 5);
+    table_cut *c2 = table_cut_begin(t, 1, 2, true);
+    assert_non_null(c2);
+    assert_true(table_cut_is_delta(c2));
+    assert_int_equal(table_cut_finish(c2), 0);
+    size_t nrows = 0, nremoved = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++) {
+        const table_rows *rows = table_cut_rows(c2, q);
+        assert_false(rows->full);
+        nrows += rows->n;
+        nremoved += rows->nremoved;
+    }
+    /* ids[1..N/2) changed (ids[0] removed since), fresh[0] and fresh[2] new. */
+    assert_int_equal(nrows, N / 2 - 1 + 2);
+    assert_int_equal(nremoved, 5);
+    apply_cut(r, c2, table_partitions(t));
+    table_cut_free(c2);
+    expect_same_rows(t, r, ids, N, 4);
+    expect_same_rows(t, r, fresh, 3, 4);
+    table_stats a, b;
+    table_stats_get(t, &a);
+    table_stats_get(r, &b);
+    assert_int_equal(a.rows, b.rows);
+    assert_int_equal(a.rows, N - 4 + 2);
+    /* Optimizer slots came along: one more equal push keeps them equal. */
+    push_ok(t, ids, N, g, 13);
+    push_ok(r, ids, N, g, 13);
+    expect_same_rows(t, r, ids, N, 4);
+
+    /* Nothing changed since cut 2: an empty delta. A cut against another base is whole. */
+    table_cut *c3 = table_cut_begin(t, 2, 3, true);
+    assert_true(table_cut_is_delta(c3));
+    assert_int_equal(table_cut_finish(c3), 0);
+    table_cut_free(c3);
+    table_cut *c4 = table_cut_begin(t, 3, 4, true);
+    assert_int_equal(table_cut_finish(c4), 0);
+    for (uint32_t q = 0; q < table_partitions(t); q++)
+        assert_int_equal(table_cut_rows(c4, q)->n + table_cut_rows(c4, q)->nremoved, 0);
+    table_cut_free(c4);
+    table_cut *c5 = table_cut_begin(t, 2, 5, true); /* 2 is not the previous cut (4) */
+    assert_false(table_cut_is_delta(c5));
+    /* table_destroy during a cut: the table lives until the cut is freed. */
+    table_destroy(t);
+    assert_int_equal(table_cut_finish(c5), 0);
+    size_t whole = 0;
+    for (uint32_t q = 0; q < table_partitions(r); q++)
+        whole += table_cut_rows(c5, q)->n;
+    assert_int_equal(whole, N + 2); /* the push at 13 made the 4 removed ids again */
+    table_cut_free(c5);
+    table_destroy(r);
+    free(ids);
+    free(g);
+    free(before);
+    free(got);
+}
+
+/* Evictions (max_rows, ttl) between two cuts are removals of the delta. */
+static void test_cut_delta_carries_evictions(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutev", 2, OPTIMIZER_SGD);
+    s.max_rows = 100;
+    s.partitions = 1;
+    s.ttl_ms = 1000;
+    table *t = make(&s);
+    int64_t ids[150];
+    float g[300] = {0};
+    for (int i = 0; i < 150; i++)
+        ids[i] = i;
+    push_ok(t, ids, 100, g, 0);
+    table_cut *c1 = table_cut_begin(t, 0, 7, true);
+    assert_int_equal(table_cut_finish(c1), 0);
+    table *r = make(&s);
+    apply_cut(r, c1, 1);
+    table_cut_free(c1);
+    push_ok(t, ids + 100, 50, g, 500);          /* evicts ids 0..49 (least recently updated) */
+    assert_int_equal(table_sweep(t, 1200), 50); /* expires 50..99 (updated at 0) */
+    table_cut *c2 = table_cut_begin(t, 7, 8, true);
+    assert_int_equal(table_cut_finish(c2), 0);
+    assert_int_equal(table_cut_rows(c2, 0)->nremoved, 100);
+    assert_int_equal(table_cut_rows(c2, 0)->n, 50);
+    apply_cut(r, c2, 1);
+    table_cut_free(c2);
+    table_stats st;
+    table_stats_get(r, &st);
+    assert_int_equal(st.rows, 50);
+    expect_same_rows(t, r, ids, 150, 2);
+    table_destroy(t);
+    table_destroy(r);
+}
+
+/* Pushes running while cuts are taken: a cut begun with pushes held off (as the server's
+ * checkpoint freeze does) holds exactly the pushes done before it, though its partitions are
+ * copied while pushes go on. Each push adds 1 to every element of one row (SGD, lr 1,
+ * gradient -1), so a row's value counts the pushes applied to it. */
+typedef struct cut_arg {
+    table *t;
+    pthread_rwlock_t *gate;
+    _Atomic long pushes;
+    _Atomic bool stop;
+} cut_arg;
+
+static void *cut_pusher(void *arg)
+{
+    cut_arg *a = arg;
+    int64_t ids[64];
+    float g[64];
+    for (int i = 0; i < 64; i++) {
+        ids[i] = i;
+        g[i] = -1.0f;
+    }
+    while (!atomic_load(&a->stop)) {
+        pthread_rwlock_rdlock(a->gate);
+        char err[128];
+        assert_int_equal(table_push(a->t, ids, 64, g, 1, err, sizeof(err)), 0);
+        atomic_fetch_add(&a->pushes, 1);
+        pthread_rwlock_unlock(a->gate);
+    }
+    return NULL;
+}
+
+static void test_cut_under_concurrent_pushes(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutconc", 1, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    table *t = make(&s);
+    pthread_rwlock_t gate;
+    pthread_rwlock_init(&gate, NULL);
+    cut_arg a = {.t = t, .gate = &gate};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, cut_pusher, &a), 0);
+    uint64_t prev = 0;
+    long last = 0;
+    for (uint64_t seq = 1; seq <= 30; seq++) {
+        while (atomic_load(&a.pushes) < last + 3) /* some pushes since the previous cut */
+            sched_yield();
+        pthread_rwlock_wrlock(&gate);
+        long at = atomic_load(&a.pushes);
+        last = at;
+        table_cut *c = table_cut_begin(t, prev, seq, true);
+        pthread_rwlock_unlock(&gate);
+        assert_non_null(c);
+        assert_int_equal(table_cut_finish(c), 0);
+        size_t seen = 0;
+        for (uint32_t q = 0; q < table_partitions(t); q++) {
+            const table_rows *rows = table_cut_rows(c, q);
+            for (size_t i = 0; i < rows->n; i++, seen++)
+                assert_true(rows->floats[i * rows->row_floats] == (float)at);
+        }
+        /* Whole: all 64 rows; a delta: the rows pushed since the previous cut (all 64 too). */
+        assert_int_equal(seen, 64);
+        table_cut_free(c);
+        prev = seq % 5 == 0 ? 0 : seq; /* a whole cut now and then */
+    }
+    atomic_store(&a.stop, true);
+    pthread_join(th, NULL);
+    pthread_rwlock_destroy(&gate);
+    table_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -949,6 +1184,9 @@ int main(void)
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
+        cmocka_unit_test(test_cut_whole_then_delta),
+        cmocka_unit_test(test_cut_delta_carries_evictions),
+        cmocka_unit_test(test_cut_under_concurrent_pushes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
