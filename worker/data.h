@@ -56,6 +56,12 @@ int data_load_idx_dir(const char *dir, const char *split, dataset *out, char *er
  * line. Returns 0, or -1 with the message in err. */
 int data_load_csv(const char *path, dataset *out, char *err, size_t errlen);
 
+/* Reads a sparse example file (data_sparse.c): one example per line, "LABEL ID ID ...", ids
+ * integers in [0, 2^24), at most max_ids per line. dim is the most ids a line has; each example's
+ * ids are x's first entries as floats, the rest -1 (the rows of an embedding bag, layer.h).
+ * Errors name the file and line. Returns 0, or -1 with the message in err. */
+int data_load_sparse(const char *path, size_t max_ids, dataset *out, char *err, size_t errlen);
+
 /* Smallest and largest feature value of d (0 and 1 for an empty set). */
 void dataset_minmax(const dataset *d, float *lo, float *hi);
 

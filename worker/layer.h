@@ -98,6 +98,46 @@ extern const layer_ops layer_relu_ops;     /* y = max(x, 0) */
 extern const layer_ops layer_tanh_ops;     /* y = tanh(x) */
 extern const layer_ops layer_identity_ops; /* y = x */
 
+/* Embedding bags (layer_embedding.c): y = the sum ("embbag") or the mean ("embbag_mean") of the
+ * rows the example's `in` entries name; spec: units = the row dimension. The input is the batch
+ * of row numbers (as floats, negative for padding) into the rows set by layer_embbag_set_rows, so
+ * the layer can only come first in a model. Its gradients are per row, read with
+ * layer_embbag_get_grads after the backward pass. */
+extern const layer_ops layer_embbag_ops;
+extern const layer_ops layer_embbag_mean_ops;
+
+/* Rows one batch may hold, and the ids a batch file may carry: row numbers and ids travel as
+ * float32, exact below 2^24. */
+#define LAYER_EMBBAG_MAX_ROWS (1 << 24)
+#define LAYER_EMBBAG_MAX_ID (1 << 24)
+
+/* Whether l is an embedding bag. */
+bool layer_is_embbag(const layer *l);
+/* Queues the upload of the current batch's rows: n x l->out floats (host, untouched until the
+ * upload completes, as backend_upload). Returns 0 or a backend_error (bad n, out of memory). */
+int layer_embbag_set_rows(layer *l, const float *rows, int n);
+/* Queues the download of the gradient of each of those n rows into grads (n x l->out floats):
+ * valid after backend_sync. Call after the model's backward pass. Returns 0 or a backend_error. */
+int layer_embbag_get_grads(layer *l, float *grads);
+
+/* The distinct ids of a batch, numbered in order of first appearance. */
+typedef struct embbag_ids {
+    size_t n;           /* distinct ids of the last batch mapped */
+    int64_t *ids;       /* n of them: row k of the batch's rows is ids[k]'s */
+    size_t max_entries; /* entries a batch may have (batch x ids per example) */
+    size_t hcap;        /* hash table */
+    int64_t *keys;
+    int32_t *slots;
+} embbag_ids;
+
+/* For batches of at most max_entries entries. Returns 0 or -1 (out of memory). */
+int embbag_ids_init(embbag_ids *b, size_t max_entries);
+void embbag_ids_fini(embbag_ids *b);
+/* Rewrites x (entries floats: ids in [0, LAYER_EMBBAG_MAX_ID), negative for none) in place into
+ * row numbers 0..n-1 of the batch's distinct ids (padding becomes -1) and fills b->ids/b->n.
+ * Returns 0, or -1 for more than max_entries entries or an id out of range. */
+int embbag_map_batch(embbag_ids *b, float *x, size_t entries);
+
 /* The ops of the layer type named `name`, or NULL when the table has none. */
 const layer_ops *layer_find(const char *name);
 
