@@ -83,11 +83,14 @@ struct layer_ops {
     int (*penalty)(layer *l, backend_buf *out);
     /* Writes every parameter's gradient into params[k].grad, from the input x, the output y
      * and the gradient dy (batch x out) of the loss with respect to y (see in_place for which
-     * of x and y it may read). NULL for layers without parameters. */
+     * of x and y it may read). NULL for layers without parameters; a layer with num_params 0
+     * that has it keeps its gradients itself (an embedding bag's rows): the model calls it in
+     * the same place. */
     int (*backward_params)(layer *l, const backend_buf *x, const backend_buf *y,
                            const backend_buf *dy, int batch);
     /* dx (batch x in) = the gradient of the loss with respect to the input, from x, y and
-     * dy. Never called for the first layer (the batch needs no gradient). */
+     * dy. Never called for the first layer (the batch needs no gradient); NULL for a layer that
+     * reads the batch itself and so can only come first (the model refuses it elsewhere). */
     int (*backward_input)(layer *l, const backend_buf *x, const backend_buf *y,
                           const backend_buf *dy, backend_buf *dx, int batch);
 };
