@@ -369,6 +369,11 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
                   tc.shard_count);
         rc = TRAIN_EXIT_CONFIG;
     }
+    if (rc == 0 && embbag && tc.save_model[0] != '\0') {
+        log_error("--save-model is not supported with --model embbag-mlp (its table stays on the "
+                  "servers)");
+        rc = TRAIN_EXIT_CONFIG;
+    }
     ps_config *pc = NULL;
     if (rc == 0)
         rc = client_config(o, tc.shard_index, &pc);

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Integration test of ps-worker --model embbag-mlp on apt's package index, with real processes.
 #
-#   test_embbag_apt.sh PS_LOCAL APT_FEATURES
+#   test_embbag_apt.sh PS_LOCAL PS_WORKER APT_FEATURES
 #       Converts a deterministic slice of the Packages lists apt has fetched (a quarter of the
 #       package names, by hash) with tools/apt_features.py, then ps-local (2 ps-server processes,
 #       1 ps-worker) trains the embedding bag over the sparse table and the MLP for 3 epochs.
 #       The test accuracy worker 0 prints must beat the majority-class baseline (the training
 #       set's most frequent section, scored on the test set, computed here) by 0.15. Also: the
 #       worker refuses --model embbag-mlp without sparse files, and a file with a bad id, with
-#       exit code 2 and a message naming the problem.
+#       exit code 2 and a message naming the problem, as it refuses --save-model with it.
 #
 # Exit 77 (skipped) when apt has no Packages list (apt-get update never ran) or Debian's
 # /usr/bin/python3 is missing.
 set -u
 PS_LOCAL=${1:?ps-local}
-APT_FEATURES=${2:?apt_features.py}
+PS_WORKER=${2:?ps-worker}
+APT_FEATURES=${3:?apt_features.py}
 
 if [ ! -x /usr/bin/python3 ]; then
     echo "skip: /usr/bin/python3 (Debian's Python) is not installed" >&2
@@ -62,19 +63,22 @@ awk -v a="$acc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
 echo "ok: test accuracy $acc against majority baseline $baseline"
 
 # Configuration errors: exit 2 with a message naming the problem.
-PS_WORKER=$(dirname "$PS_LOCAL")/../../worker/ps-worker
-if [ -x "$PS_WORKER" ]; then
-    cfg='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}'
-    TF_CONFIG=$cfg "$PS_WORKER" --model embbag-mlp --layers 8,4 >"$tmp/e1" 2>&1
-    rc=$?
-    [ $rc -eq 2 ] || fail "no sparse files: exit $rc (want 2): $(cat "$tmp/e1")"
-    grep -q -- "--model embbag-mlp needs --train-sparse and --test-sparse" "$tmp/e1" ||
-        fail "no sparse files: message: $(cat "$tmp/e1")"
-    printf '1 5 x7\n' >"$tmp/bad.txt"
-    TF_CONFIG=$cfg "$PS_WORKER" --model embbag-mlp --layers 8,4 --train-sparse "$tmp/bad.txt" \
-        --test-sparse "$tmp/test.txt" >"$tmp/e2" 2>&1
-    rc=$?
-    [ $rc -eq 2 ] || fail "bad id: exit $rc (want 2): $(cat "$tmp/e2")"
-    grep -q "bad.txt:1: 'x7' is not an integer id" "$tmp/e2" || fail "bad id: message: $(cat "$tmp/e2")"
-fi
+cfg='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}'
+expect_config_error() {
+    local what=$1 want=$2
+    shift 2
+    TF_CONFIG=$cfg "$PS_WORKER" --model embbag-mlp "$@" >"$tmp/err" 2>&1
+    local rc=$?
+    [ $rc -eq 2 ] || fail "$what: exit $rc (want 2): $(cat "$tmp/err")"
+    grep -qF -- "$want" "$tmp/err" || fail "$what: no '$want' in: $(cat "$tmp/err")"
+    echo "ok: $what refused"
+}
+expect_config_error "no sparse files" "--model embbag-mlp needs --train-sparse and --test-sparse" \
+    --layers 8,4
+printf '1 5 x7\n' >"$tmp/bad.txt"
+expect_config_error "a bad id" "bad.txt:1: 'x7' is not an integer id" --layers 8,4 \
+    --train-sparse "$tmp/bad.txt" --test-sparse "$tmp/test.txt"
+expect_config_error "--save-model" "--save-model is not supported with --model embbag-mlp" \
+    --layers "8,$classes" --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" \
+    --save-model "$tmp/m.bin"
 echo "ok"
