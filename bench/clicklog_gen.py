@@ -11,9 +11,6 @@ test.txt (--test-fraction of the examples, chosen by position) and prints, for t
 the Bayes-optimal accuracy and log loss (those of the true probabilities): the ceiling any
 model can reach, and the majority-class accuracy.
 
-ps-worker reads ids below 2^24 (they travel as float32 in its batches): --keys above that is
-for other readers (the ids are exact in the file).
-
 Usage: bench/clicklog_gen.py --out-dir DIR [--examples 200000] [--keys 1048576] [--ids 8]
                              [--zipf 1.1] [--sigma 1.0] [--bias -1.0] [--seed 1]
                              [--test-fraction 0.2]

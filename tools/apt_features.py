@@ -89,8 +89,8 @@ def main():
     ap.add_argument('--sample-percent', type=int, default=100)
     ap.add_argument('--max-ids', type=int, default=64)
     a = ap.parse_args()
-    if not 1 <= a.buckets <= 1 << 24:
-        ap.error('--buckets must be in 1..16777216 (ids travel as float32)')
+    if not 1 <= a.buckets <= 1 << 62:
+        ap.error('--buckets must be in 1..2^62')
     if a.max_ids < 1:
         ap.error('--max-ids must be >= 1')
     if not 0 < a.test_percent < 100 or not 0 < a.sample_percent <= 100:

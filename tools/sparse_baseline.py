@@ -14,7 +14,7 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 
 
-def load(path, width):
+def load(path):
     labels, indptr, indices = [], [0], []
     with open(path) as f:
         for line in f:
@@ -25,9 +25,7 @@ def load(path, width):
             labels.append(int(fields[0]))
             indices += [int(x) for x in fields[1:]]
             indptr.append(len(indices))
-    x = sp.csr_matrix((np.ones(len(indices), np.float32), indices, indptr),
-                      shape=(len(labels), width))
-    return x, np.array(labels)
+    return np.array(labels), np.array(indices, np.int64), np.array(indptr)
 
 
 def main():
@@ -37,12 +35,18 @@ def main():
     ap.add_argument('--C', type=float, default=1.0)
     ap.add_argument('--max-iter', type=int, default=200)
     a = ap.parse_args()
-    width = 1 << 24
-    xtr, ytr = load(a.train, width)
-    xte, yte = load(a.test, width)
-    # Only the columns the training set uses (the others have zero weight anyway).
-    used = np.unique(xtr.indices)
-    xtr, xte = xtr[:, used], xte[:, used]
+    ytr, itr, ptr = load(a.train)
+    yte, ite, pte = load(a.test)
+    # One column per id the training set uses (ids are any int64); the test set's other ids
+    # would have zero weight anyway and are dropped.
+    used = np.unique(itr)
+    col_tr = np.searchsorted(used, itr)
+    xtr = sp.csr_matrix((np.ones(len(itr), np.float32), col_tr, ptr), shape=(len(ytr), len(used)))
+    rows_te = np.repeat(np.arange(len(yte)), np.diff(pte))
+    pos = np.searchsorted(used, ite)
+    known = (pos < len(used)) & (used[np.minimum(pos, len(used) - 1)] == ite)
+    xte = sp.csr_matrix((np.ones(int(known.sum()), np.float32), (rows_te[known], pos[known])),
+                        shape=(len(yte), len(used)))
     t0 = time.time()
     clf = LogisticRegression(C=a.C, max_iter=a.max_iter)
     clf.fit(xtr, ytr)

@@ -1,7 +1,7 @@
 /* data_sparse.c - reader of sparse example files: a label and a list of feature ids per line.
  *
  * Format (text): one example per line, "LABEL ID ID ...", fields separated by blanks; LABEL an
- * integer class in [0, DATA_MAX_CLASSES), each ID an integer in [0, 2^24) (a hashed feature:
+ * integer class in [0, DATA_MAX_CLASSES), each ID an integer in [0, 2^63) (a hashed feature:
  * the row of an embedding table); an example may have no id. Blank lines and lines starting
  * with '#' are skipped. tools/apt_features.py writes such files from apt's package index. */
 #include "data.h"
@@ -14,10 +14,8 @@
 
 #include "util.h"
 
-#define SPARSE_MAX_ID (1L << 24)
-
 /* One parsed line: its label and ids (into a growing scratch array). */
-static int parse_line(const char *path, size_t lineno, char *line, int32_t *label, long **ids,
+static int parse_line(const char *path, size_t lineno, char *line, int32_t *label, int64_t **ids,
                       size_t *nids, size_t *idcap, char *err, size_t errlen)
 {
     char *p = line, *end = NULL;
@@ -35,25 +33,25 @@ static int parse_line(const char *path, size_t lineno, char *line, int32_t *labe
         if (*p == '\0')
             break;
         errno = 0;
-        long id = strtol(p, &end, 10);
+        long long id = strtoll(p, &end, 10);
         if (end == p || errno != 0 ||
             (*end != '\0' && *end != ' ' && *end != '\t' && *end != '\r' && *end != '\n')) {
             int len = (int)strcspn(p, " \t\r\n");
             return errf(err, errlen, "%s:%zu: '%.*s' is not an integer id", path, lineno,
                         len < 20 ? len : 20, p);
         }
-        if (id < 0 || id >= SPARSE_MAX_ID)
-            return errf(err, errlen, "%s:%zu: id %ld out of range 0..%ld", path, lineno, id,
-                        SPARSE_MAX_ID - 1);
+        if (id < 0)
+            return errf(err, errlen, "%s:%zu: id %lld is negative (ids are 0..2^63-1)", path,
+                        lineno, id);
         if (*nids == *idcap) {
             size_t ncap = *idcap ? *idcap * 2 : 64;
-            long *n = realloc(*ids, ncap * sizeof(long));
+            int64_t *n = realloc(*ids, ncap * sizeof(int64_t));
             if (n == NULL)
                 return errf(err, errlen, "%s:%zu: out of memory", path, lineno);
             *ids = n;
             *idcap = ncap;
         }
-        (*ids)[(*nids)++] = id;
+        (*ids)[(*nids)++] = (int64_t)id;
         p = end;
     }
     return 0;
@@ -73,7 +71,7 @@ int data_load_sparse(const char *path, size_t max_ids, dataset *out, char *err, 
     /* Two passes: the widest line sets dim, then the examples are filled in. */
     char *line = NULL;
     size_t linecap = 0, lineno = 0, n = 0, width = 0, nids = 0, idcap = 0;
-    long *ids = NULL;
+    int64_t *ids = NULL;
     int rc = 0, maxlab = -1;
     int32_t label = 0;
     for (int pass = 0; pass < 2 && rc == 0; pass++) {
@@ -103,9 +101,9 @@ int data_load_sparse(const char *path, size_t max_ids, dataset *out, char *err, 
                 n++;
                 continue;
             }
-            float *x = out->x + row * width;
+            int64_t *x = out->ids + row * width;
             for (size_t j = 0; j < width; j++)
-                x[j] = j < nids ? (float)ids[j] : -1.0f;
+                x[j] = j < nids ? ids[j] : -1;
             out->y[row++] = label;
         }
         if (rc == 0 && ferror(f))
@@ -117,14 +115,14 @@ int data_load_sparse(const char *path, size_t max_ids, dataset *out, char *err, 
             }
             if (width == 0)
                 width = 1; /* every example without ids: one padding column */
-            if ((uint64_t)n * width * sizeof(float) > DATA_MAX_BYTES) {
+            if ((uint64_t)n * width * sizeof(int64_t) > DATA_MAX_BYTES) {
                 rc = errf(err, errlen, "%s: %zu examples of %zu ids exceed %llu bytes", path, n,
                           width, (unsigned long long)DATA_MAX_BYTES);
                 break;
             }
-            out->x = malloc(n * width * sizeof(float));
+            out->ids = malloc(n * width * sizeof(int64_t));
             out->y = malloc(n * sizeof(int32_t));
-            if (out->x == NULL || out->y == NULL)
+            if (out->ids == NULL || out->y == NULL)
                 rc = errf(err, errlen, "%s: out of memory for %zu examples", path, n);
             out->n = n;
             out->dim = width;

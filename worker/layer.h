@@ -109,10 +109,8 @@ extern const layer_ops layer_identity_ops; /* y = x */
 extern const layer_ops layer_embbag_ops;
 extern const layer_ops layer_embbag_mean_ops;
 
-/* Rows one batch may hold, and the ids a batch file may carry: row numbers and ids travel as
- * float32, exact below 2^24. */
+/* Rows one batch may hold: the batch's row numbers travel as float32, exact below 2^24. */
 #define LAYER_EMBBAG_MAX_ROWS (1 << 24)
-#define LAYER_EMBBAG_MAX_ID (1 << 24)
 
 /* Whether l is an embedding bag. */
 bool layer_is_embbag(const layer *l);
@@ -133,13 +131,15 @@ typedef struct embbag_ids {
     int32_t *slots;
 } embbag_ids;
 
-/* For batches of at most max_entries entries. Returns 0 or -1 (out of memory). */
+/* For batches of at most max_entries (<= LAYER_EMBBAG_MAX_ROWS) entries. Returns 0 or -1 (out
+ * of memory, or too many entries). */
 int embbag_ids_init(embbag_ids *b, size_t max_entries);
 void embbag_ids_fini(embbag_ids *b);
-/* Rewrites x (entries floats: ids in [0, LAYER_EMBBAG_MAX_ID), negative for none) in place into
- * row numbers 0..n-1 of the batch's distinct ids (padding becomes -1) and fills b->ids/b->n.
- * Returns 0, or -1 for more than max_entries entries or an id out of range. */
-int embbag_map_batch(embbag_ids *b, float *x, size_t entries);
+/* Writes into x (entries floats, the layer's input) the row number 0..n-1 of each of ids[0 ..
+ * entries) among the batch's distinct ids (-1 for a negative id: padding) and fills b->ids/b->n
+ * with those distinct ids in order of first appearance. Returns 0, or -1 for more than
+ * max_entries entries. */
+int embbag_map_batch(embbag_ids *b, const int64_t *ids, size_t entries, float *x);
 
 /* The ops of the layer type named `name`, or NULL when the table has none. */
 const layer_ops *layer_find(const char *name);

@@ -3,7 +3,7 @@
  * An embedding bag maps each example's list of ids (rows of a sparse table on the parameter
  * servers) to the sum or the mean of their rows. The table is too large to hold: the trainer
  * gives the layer, per batch, only the rows of the batch's distinct ids (embbag_map_batch
- * numbers them 0..n-1 and rewrites the batch's ids as those numbers; layer_embbag_set_rows
+ * numbers them 0..n-1 and writes the batch as those numbers; layer_embbag_set_rows
  * uploads the rows pulled for them), and after the backward pass reads the gradient of each of
  * those rows (layer_embbag_get_grads): one row per distinct id, the contributions of every
  * example that holds it summed, ready for one push.
@@ -145,6 +145,8 @@ int layer_embbag_get_grads(layer *l, float *grads)
 int embbag_ids_init(embbag_ids *b, size_t max_entries)
 {
     memset(b, 0, sizeof(*b));
+    if (max_entries > LAYER_EMBBAG_MAX_ROWS)
+        return -1;
     size_t hcap = 16;
     while (hcap < 2 * max_entries)
         hcap *= 2;
@@ -168,7 +170,7 @@ void embbag_ids_fini(embbag_ids *b)
     memset(b, 0, sizeof(*b));
 }
 
-int embbag_map_batch(embbag_ids *b, float *x, size_t entries)
+int embbag_map_batch(embbag_ids *b, const int64_t *ids, size_t entries, float *x)
 {
     if (entries > b->max_entries)
         return -1;
@@ -176,14 +178,11 @@ int embbag_map_batch(embbag_ids *b, float *x, size_t entries)
         b->slots[i] = -1;
     b->n = 0;
     for (size_t i = 0; i < entries; i++) {
-        float v = x[i];
-        if (!(v >= 0.0f)) {
+        int64_t id = ids[i];
+        if (id < 0) {
             x[i] = -1.0f;
             continue;
         }
-        if (v >= (float)LAYER_EMBBAG_MAX_ID)
-            return -1;
-        int64_t id = (int64_t)v;
         /* Fibonacci hashing into the power-of-two table; linear probing. */
         size_t h = (size_t)(((uint64_t)id * 0x9e3779b97f4a7c15ull) >> 32) & (b->hcap - 1);
         while (b->slots[h] >= 0 && b->keys[h] != id)

@@ -37,14 +37,14 @@ int train_embbag_same_width(dataset *a, dataset *b)
     size_t width = a->dim < b->dim ? b->dim : a->dim;
     if (narrow->dim == width)
         return 0;
-    float *x = malloc(narrow->n * width * sizeof(float));
-    if (x == NULL)
+    int64_t *ids = malloc(narrow->n * width * sizeof(int64_t));
+    if (ids == NULL)
         return -1;
     for (size_t i = 0; i < narrow->n; i++)
         for (size_t j = 0; j < width; j++)
-            x[i * width + j] = j < narrow->dim ? narrow->x[i * narrow->dim + j] : -1.0f;
-    free(narrow->x);
-    narrow->x = x;
+            ids[i * width + j] = j < narrow->dim ? narrow->ids[i * narrow->dim + j] : -1;
+    free(narrow->ids);
+    narrow->ids = ids;
     narrow->dim = width;
     return 0;
 }
@@ -159,13 +159,14 @@ static int on_grad(model *m, int i, void *arg)
     return rc;
 }
 
-/* Maps a gathered batch (count examples in x) to row numbers, pulls and sets its rows and
+/* Maps a batch (the ids of count examples) to row numbers in x, pulls and sets its rows and
  * uploads it. Returns PS_OK, a client status (logged) or -1 (model error, logged). */
-static int prepare_batch(emb_trainer *t, float *x, const int32_t *y, int count, bool dense)
+static int prepare_batch(emb_trainer *t, const int64_t *ids, float *x, const int32_t *y, int count,
+                         bool dense)
 {
     size_t entries = (size_t)count * (size_t)t->bag->in;
-    if (embbag_map_batch(&t->ids, x, entries) != 0) {
-        log_error("a batch holds an id outside 0..%d", LAYER_EMBBAG_MAX_ID - 1);
+    if (embbag_map_batch(&t->ids, ids, entries, x) != 0) {
+        log_error("a batch of %zu ids is more than the %zu planned", entries, t->ids.max_entries);
         return -1;
     }
     int rc = pull_step(t, dense);
@@ -180,17 +181,14 @@ static int prepare_batch(emb_trainer *t, float *x, const int32_t *y, int count, 
     return PS_OK;
 }
 
-static int evaluate(emb_trainer *t, const dataset *test, float *xb, int32_t *yb, double *loss,
-                    double *acc)
+static int evaluate(emb_trainer *t, const dataset *test, float *xb, double *loss, double *acc)
 {
     int batch = model_max_batch(t->m);
     double loss_sum = 0.0, correct = 0.0;
     bool first = true;
     for (size_t at = 0; at < test->n; at += (size_t)batch) {
         int count = (int)(test->n - at < (size_t)batch ? test->n - at : (size_t)batch);
-        memcpy(xb, test->x + at * test->dim, (size_t)count * test->dim * sizeof(float));
-        memcpy(yb, test->y + at, (size_t)count * sizeof(int32_t));
-        int rc = prepare_batch(t, xb, yb, count, first);
+        int rc = prepare_batch(t, test->ids + at * test->dim, xb, test->y + at, count, first);
         if (rc != PS_OK)
             return rc;
         first = false;
@@ -268,6 +266,12 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
         if (l < mc->num_sizes - 1)
             specs[ns++] = (layer_spec){.type = model_activation_name(mc->act)};
     }
+    if ((uint64_t)cfg->batch_size * train->dim > LAYER_EMBBAG_MAX_ROWS) {
+        log_error("--batch-size %d x %zu ids per example is more than the %d ids a batch may "
+                  "hold: use a smaller batch",
+                  cfg->batch_size, train->dim, LAYER_EMBBAG_MAX_ROWS);
+        return TRAIN_EXIT_CONFIG;
+    }
     char err[512];
     if (model_create_layers(be, (int)train->dim, specs, ns, cfg->batch_size, cfg->model_name, &t.m,
                             err, sizeof(err)) != 0) {
@@ -281,10 +285,11 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
     size_t entries = (size_t)cfg->batch_size * train->dim;
     size_t dim = (size_t)mc->sizes[0];
     float *xb = malloc(entries * sizeof(float));
+    int64_t *idb = malloc(entries * sizeof(int64_t));
     int32_t *yb = malloc((size_t)cfg->batch_size * sizeof(int32_t));
     t.rows = malloc(entries * dim * sizeof(float));
     t.grads = malloc(entries * dim * sizeof(float));
-    if (xb == NULL || yb == NULL || t.rows == NULL || t.grads == NULL ||
+    if (xb == NULL || idb == NULL || yb == NULL || t.rows == NULL || t.grads == NULL ||
         embbag_ids_init(&t.ids, entries) != 0) {
         log_error("out of memory for a batch of %d", cfg->batch_size);
         goto out;
@@ -320,10 +325,14 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
         int epoch = (int)(step / per_epoch);
         while (shuffled < epoch)
             data_shard_shuffle(&shard, (uint64_t)++shuffled);
-        data_gather(train, shard.index + (size_t)(step % per_epoch) * (size_t)batch, (size_t)batch,
-                    xb, yb);
+        const uint32_t *order = shard.index + (size_t)(step % per_epoch) * (size_t)batch;
+        for (int i = 0; i < batch; i++) {
+            memcpy(idb + (size_t)i * train->dim, train->ids + (size_t)order[i] * train->dim,
+                   train->dim * sizeof(int64_t));
+            yb[i] = train->y[order[i]];
+        }
         uint64_t c0 = time_now_ns();
-        if ((rc = prepare_batch(&t, xb, yb, batch, true)) != PS_OK) {
+        if ((rc = prepare_batch(&t, idb, xb, yb, batch, true)) != PS_OK) {
             exit_code = rc < 0 ? TRAIN_EXIT_FAILED : exit_for(rc);
             goto out;
         }
@@ -400,7 +409,7 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
                  ps_last_error());
     if (cfg->shard_index == 0) {
         double loss, acc;
-        if ((rc = evaluate(&t, test, xb, yb, &loss, &acc)) != PS_OK) {
+        if ((rc = evaluate(&t, test, xb, &loss, &acc)) != PS_OK) {
             exit_code = rc < 0 ? TRAIN_EXIT_FAILED : exit_for(rc);
             goto out;
         }
@@ -418,6 +427,7 @@ out:
     ps_table_free(t.table);
     embbag_ids_fini(&t.ids);
     free(xb);
+    free(idb);
     free(yb);
     free(t.rows);
     free(t.grads);

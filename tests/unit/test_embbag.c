@@ -195,25 +195,27 @@ static void test_map_batch(void **state)
 {
     embbag_ids b;
     assert_int_equal(embbag_ids_init(&b, 8), 0);
-    float x[8] = {70000, 5, -1, 70000, 16777215, 5, -3, 0};
-    assert_int_equal(embbag_map_batch(&b, x, 8), 0);
+    int64_t ids[8] = {70000, 5, -1, 70000, INT64_MAX, 5, -3, 0};
+    float x[8];
+    assert_int_equal(embbag_map_batch(&b, ids, 8, x), 0);
     assert_int_equal(b.n, 4);
-    int64_t want_ids[] = {70000, 5, 16777215, 0};
+    int64_t want_ids[] = {70000, 5, INT64_MAX, 0};
     for (int i = 0; i < 4; i++)
-        assert_int_equal(b.ids[i], want_ids[i]);
+        assert_true(b.ids[i] == want_ids[i]);
     float want_x[8] = {0, 1, -1, 0, 2, 1, -1, 3};
     for (int i = 0; i < 8; i++)
         assert_true(x[i] == want_x[i]);
-    /* Mapped again, another batch starts from nothing. */
-    float x2[2] = {5, 9};
-    assert_int_equal(embbag_map_batch(&b, x2, 2), 0);
-    assert_int_equal(b.n, 2);
-    assert_true(x2[0] == 0.0f && x2[1] == 1.0f);
-    float big[1] = {16777216.0f};
-    assert_int_equal(embbag_map_batch(&b, big, 1), -1);
-    float many[9] = {0};
-    assert_int_equal(embbag_map_batch(&b, many, 9), -1);
+    /* Mapped again, another batch starts from nothing; ids past float32's exact range stay
+     * distinct (100000000 and 100000001 are the same float). */
+    int64_t ids2[3] = {100000000, 100000001, 5};
+    assert_int_equal(embbag_map_batch(&b, ids2, 3, x), 0);
+    assert_int_equal(b.n, 3);
+    assert_true(x[0] == 0.0f && x[1] == 1.0f && x[2] == 2.0f);
+    assert_true(b.ids[1] == 100000001);
+    int64_t many[9] = {0};
+    assert_int_equal(embbag_map_batch(&b, many, 9, x), -1);
     embbag_ids_fini(&b);
+    assert_int_equal(embbag_ids_init(&b, (size_t)LAYER_EMBBAG_MAX_ROWS + 1), -1);
 }
 
 static void test_only_first(void **state)
@@ -249,29 +251,30 @@ static void expect_load_error(const char *text, size_t max_ids, const char *need
     unlink(path);
     if (strstr(err, needle) == NULL)
         fail_msg("error '%s' does not say '%s'", err, needle);
-    assert_null(d.x);
+    assert_null(d.ids);
 }
 
 static void test_sparse_reader(void **state)
 {
     dataset d;
     char err[512];
-    char *path = write_tmp("# comment\n3 10 20 30\n\n0\n1 16777215\r\n");
+    char *path = write_tmp("# comment\n3 10 20 30\n\n0\n1 9223372036854775807\r\n");
     assert_int_equal(data_load_sparse(path, 8, &d, err, sizeof(err)), 0);
     unlink(path);
     assert_int_equal(d.n, 3);
     assert_int_equal(d.dim, 3);
     assert_int_equal(d.num_classes, 4);
-    float want[9] = {10, 20, 30, -1, -1, -1, 16777215, -1, -1};
+    assert_null(d.x);
+    int64_t want[9] = {10, 20, 30, -1, -1, -1, INT64_MAX, -1, -1};
     for (int i = 0; i < 9; i++)
-        assert_true(d.x[i] == want[i]);
+        assert_true(d.ids[i] == want[i]);
     assert_int_equal(d.y[0], 3);
     assert_int_equal(d.y[1], 0);
     assert_int_equal(d.y[2], 1);
     dataset_free(&d);
     expect_load_error("1 2 x\n", 8, ":1: 'x' is not an integer id");
-    expect_load_error("1 2\n1 -4\n", 8, ":2: id -4 out of range");
-    expect_load_error("1 16777216\n", 8, "out of range");
+    expect_load_error("1 2\n1 -4\n", 8, ":2: id -4 is negative");
+    expect_load_error("1 9223372036854775808\n", 8, "'9223372036854775808' is not an integer id");
     expect_load_error("-1 2\n", 8, ":1: the label");
     expect_load_error("1 2 3 4\n", 2, "3 ids, more than the 2");
     expect_load_error("# nothing\n", 2, "no examples");
