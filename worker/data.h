@@ -28,7 +28,7 @@ typedef struct dataset {
     int num_classes; /* 1 + largest label */
     float *x;        /* n * dim, row-major, in [0, 1]; NULL in a sparse set */
     int32_t *y;      /* n */
-    int64_t *ids;    /* sparse sets (data_load_sparse): n * dim feature ids, -1 padding; else NULL */
+    int64_t *ids;    /* sparse sets (data_load_sparse): n * dim ids, -1 padding; else NULL */
 } dataset;
 
 /* Frees the arrays and zeroes *d. NULL is a no-op. */
