@@ -349,7 +349,16 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     memset(&train, 0, sizeof(train));
     memset(&test, 0, sizeof(test));
     bool embbag = strcmp(opt_enum(o, OPT_MODEL), "embbag-mlp") == 0;
-    int rc = embbag ? load_sparse(o, &train, &test, mc) : load_data(o, &train, &test);
+    int rc;
+    if (!embbag &&
+        (opt_str(o, OPT_TRAIN_SPARSE)[0] != '\0' || opt_str(o, OPT_TEST_SPARSE)[0] != '\0')) {
+        log_error("--train-sparse and --test-sparse are the data of --model embbag-mlp (the model "
+                  "is %s)",
+                  opt_enum(o, OPT_MODEL));
+        rc = TRAIN_EXIT_CONFIG;
+    } else {
+        rc = embbag ? load_sparse(o, &train, &test, mc) : load_data(o, &train, &test);
+    }
     if (embbag) {
         /* check_data's width test is of dense examples: only the classes apply here. */
         model_config classes = *mc;

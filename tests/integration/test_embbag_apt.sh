@@ -81,4 +81,11 @@ expect_config_error "a bad id" "bad.txt:1: 'x7' is not an integer id" --layers 8
 expect_config_error "--save-model" "--save-model is not supported with --model embbag-mlp" \
     --layers "8,$classes" --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" \
     --save-model "$tmp/m.bin"
+TF_CONFIG=$cfg "$PS_WORKER" --layers 8,4 --train-sparse "$tmp/train.txt" \
+    --test-sparse "$tmp/test.txt" >"$tmp/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "sparse files without --model embbag-mlp: exit $rc (want 2)"
+grep -qF -- "--train-sparse and --test-sparse are the data of --model embbag-mlp" "$tmp/err" ||
+    fail "sparse files without --model embbag-mlp: $(cat "$tmp/err")"
+echo "ok: sparse files without --model embbag-mlp refused"
 echo "ok"
