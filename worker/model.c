@@ -600,6 +600,8 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
 
 int model_evaluate(model *m, const dataset *d, double *loss, double *accuracy)
 {
+    if (d->x == NULL)
+        return merr(m, "evaluate: the data set is sparse (ids, no features)");
     if ((int)d->dim != m->inputs)
         return merr(m, "evaluate: data has %zu features, model expects %d", d->dim, m->inputs);
     double loss_sum = 0.0, correct = 0.0;
