@@ -271,6 +271,14 @@ static void test_sparse_reader(void **state)
     assert_int_equal(d.y[0], 3);
     assert_int_equal(d.y[1], 0);
     assert_int_equal(d.y[2], 1);
+    /* A dense model cannot evaluate it: no features (an error, not a NULL read). */
+    model_config cfg = {.num_sizes = 2, .sizes = {3, 4}, .act = BACKEND_ACT_RELU};
+    model *m = NULL;
+    assert_int_equal(model_create(be, &cfg, 4, "s", &m, err, sizeof(err)), 0);
+    double loss, acc;
+    assert_int_equal(model_evaluate(m, &d, &loss, &acc), -1);
+    assert_non_null(strstr(model_errmsg(m), "sparse"));
+    model_destroy(m);
     dataset_free(&d);
     expect_load_error("1 2 x\n", 8, ":1: 'x' is not an integer id");
     expect_load_error("1 2\n1 -4\n", 8, ":2: id -4 is negative");
