@@ -7,12 +7,22 @@
  * over the ROWS ids (ranks scrambled into ids), counting ids per second (a batch's duplicates
  * included, as a client sends them).
  *
- * Last, THREADS threads (default 2) push Zipf batches into the same table at once: the total
- * ids per second shows how far pushes to different partitions apply in parallel.
+ * Last, THREADS threads (default 2) push Zipf batches into the same table at once, each only
+ * ids of its own partitions (partition % THREADS == thread): the total ids per second shows how
+ * far pushes to different partitions apply in parallel.
+ *
+ * With --wire PS_SERVER, the same is then done over the wire for each dim: SERVERS ps-server
+ * processes (started here on loopback, stopped after the dim) hold the table, and one client
+ * makes the rows by first touch and pushes and pulls the same Zipf batches with ps_table_push_async
+ * and ps_table_pull_async, INFLIGHT calls in flight; then two clients (two threads) push at
+ * once. A second table compares those ids/s with the in-process ones of the same run.
  *
  * usage: ps-table-bench [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S]
  *                       [--optimizer adagrad] [--threads T] [--quick]
- * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself. */
+ *                       [--wire PS_SERVER [--servers N] [--inflight K]] [--fill-only]
+ * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself.
+ * --fill-only: only make the rows and report memory (no Zipf phases: no CDF of --rows doubles),
+ * for the largest tables. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster_proc.h"
+#include "psclient.h"
 #include "table.h"
 
 static double now_s(void)
@@ -95,12 +107,15 @@ static uint64_t zipf_draw(zipf *z)
     return lo;
 }
 
-/* One of the threads of the parallel push phase: its own draws from the shared CDF. */
+/* One of the threads of the parallel push phase: its own draws from the shared CDF, made
+ * before the timed part starts (the barrier). */
 typedef struct pusher {
     table *t;
     const zipf *shared;
     uint64_t seed;
     uint32_t batch, batches, dim;
+    uint32_t part, parts; /* pushes only ids whose partition % parts == part */
+    pthread_barrier_t *go;
     int failed;
 } pusher;
 
@@ -109,21 +124,26 @@ static void *pusher_run(void *arg)
     pusher *a = arg;
     zipf z = *a->shared;
     z.state = a->seed;
-    int64_t *ids = malloc(a->batch * sizeof(*ids));
+    size_t n = (size_t)a->batch * a->batches;
+    int64_t *ids = malloc(n * sizeof(*ids));
     float *g = malloc((size_t)a->batch * a->dim * sizeof(float));
     if (ids == NULL || g == NULL) {
         a->failed = 1;
     } else {
         for (size_t i = 0; i < (size_t)a->batch * a->dim; i++)
             g[i] = 0.001f;
-        char err[256];
-        for (uint32_t k = 0; k < a->batches && !a->failed; k++) {
-            for (uint32_t i = 0; i < a->batch; i++)
-                ids[i] = rank_id(zipf_draw(&z));
-            if (table_push(a->t, ids, a->batch, g, 1000 + k, err, sizeof(err)) != TABLE_OK) {
-                fprintf(stderr, "table_push: %s\n", err);
-                a->failed = 1;
-            }
+        for (size_t i = 0; i < n;) {
+            ids[i] = rank_id(zipf_draw(&z));
+            i += table_partition_of(a->t, ids[i]) % a->parts == a->part;
+        }
+    }
+    pthread_barrier_wait(a->go);
+    char err[256];
+    for (uint32_t k = 0; k < a->batches && !a->failed; k++) {
+        if (table_push(a->t, ids + (size_t)k * a->batch, a->batch, g, 1000 + k, err, sizeof(err)) !=
+            TABLE_OK) {
+            fprintf(stderr, "table_push: %s\n", err);
+            a->failed = 1;
         }
     }
     free(ids);
@@ -131,24 +151,29 @@ static void *pusher_run(void *arg)
     return NULL;
 }
 
-/* Ids per second pushed by `threads` threads at once, each `batches` batches. */
+/* Ids per second pushed by `threads` threads at once, each `batches` batches of ids of its own
+ * partitions. */
 static double parallel_push(table *t, const zipf *zf, uint32_t threads, uint32_t batch,
                             uint32_t batches, uint32_t dim)
 {
     pthread_t th[16];
     pusher args[16];
-    double a = now_s();
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, threads + 1);
     for (uint32_t i = 0; i < threads; i++) {
-        args[i] = (pusher){t, zf, 1000 + i, batch, batches, dim, 0};
+        args[i] = (pusher){t, zf, 1000 + i, batch, batches, dim, i, threads, &go, 0};
         if (pthread_create(&th[i], NULL, pusher_run, &args[i]) != 0)
             return -1;
     }
+    pthread_barrier_wait(&go);
+    double a = now_s();
     int failed = 0;
     for (uint32_t i = 0; i < threads; i++) {
         pthread_join(th[i], NULL);
         failed |= args[i].failed;
     }
     double dt = now_s() - a;
+    pthread_barrier_destroy(&go);
     return failed ? -1 : (double)threads * batch * batches / dt;
 }
 
@@ -161,9 +186,18 @@ typedef struct config {
     optimizer_kind opt;
     uint32_t threads;
     int quick;
+    int fill_only;
+    const char *wire; /* ps-server binary, or NULL */
+    int servers;
+    int inflight;
 } config;
 
-static int run_dim(const config *c, uint32_t dim, zipf *zf)
+/* In-process figures of one dim, for the wire's ratios. */
+typedef struct inproc {
+    double push, pull; /* ids/s */
+} inproc;
+
+static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
 {
     table_spec s;
     memset(&s, 0, sizeof(s));
@@ -211,6 +245,19 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf)
                 (unsigned long long)c->rows);
         return -1;
     }
+    if (c->fill_only) {
+        printf("| %u | %s | %llu | %.2f | %.0f | | | | | | %.3f | %.1f | %.1f | %.2f | %.2f |\n",
+               dim, optimizer_name(c->opt), (unsigned long long)c->rows, fill_s,
+               (double)c->rows / fill_s, (double)st.longest_growth_ns / 1e6,
+               (double)st.bytes / (double)st.rows, raw / (double)st.rows, (double)st.bytes / raw,
+               (double)rss / raw);
+        fflush(stdout);
+        free(ids);
+        free(g);
+        free(out);
+        table_destroy(t);
+        return 0;
+    }
 
     /* Zipf pushes, then pulls. */
     double push_s = 0, pull_s = 0;
@@ -243,14 +290,17 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf)
         fprintf(stderr, "rows changed or pulls missed\n");
         return -1;
     }
+    double par1 = parallel_push(t, zf, 1, c->batch, c->batches, dim);
     double par = parallel_push(t, zf, c->threads, c->batch, c->batches, dim);
-    if (par < 0)
+    if (par < 0 || par1 < 0)
         return -1;
     double ids_total = (double)b * c->batches;
-    printf("| %u | %s | %llu | %.2f | %.0f | %.0f | %.0f | %.0f | %.3f | %.1f | %.1f | %.2f | "
-           "%.2f |\n",
+    res->push = ids_total / push_s;
+    res->pull = ids_total / pull_s;
+    printf("| %u | %s | %llu | %.2f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.1f | %.1f | "
+           "%.2f | %.2f |\n",
            dim, optimizer_name(c->opt), (unsigned long long)c->rows, fill_s,
-           (double)c->rows / fill_s, ids_total / push_s, ids_total / pull_s, par,
+           (double)c->rows / fill_s, ids_total / push_s, ids_total / pull_s, par1, par,
            (double)st.longest_growth_ns / 1e6, (double)st.bytes / (double)st.rows,
            raw / (double)st.rows, (double)st.bytes / raw, (double)rss / raw);
     fflush(stdout);
@@ -259,6 +309,185 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf)
     free(out);
     table_destroy(t);
     return 0;
+}
+
+/* ---- over the wire ---- */
+
+static ps_client *wire_client(const test_cluster *tc)
+{
+    char tf[1200];
+    test_cluster_tf_config(tc, NULL, 0, tf, sizeof(tf));
+    ps_config *cfg = NULL;
+    ps_client *cl = NULL;
+    if (ps_config_create(&cfg) != PS_OK)
+        return NULL;
+    ps_config_set(cfg, "cluster", tf);
+    ps_config_set(cfg, "deadline-ms", "600000");
+    if (ps_client_open(&cl, cfg) != PS_OK) {
+        fprintf(stderr, "ps_client_open: %s\n", ps_last_error());
+        cl = NULL;
+    }
+    ps_config_destroy(cfg);
+    return cl;
+}
+
+/* `batches` calls on tb, `inflight` at a time: pushes of g (or pulls into out, a buffer per
+ * slot) of the batches ids[k * batch ..]; when ids is NULL, batch k is the sequential ids
+ * k * batch .. (first touch, the last one shorter to end at `rows`). Returns seconds, or -1. */
+static double wire_calls(ps_table *tb, bool push, const int64_t *ids, uint64_t rows, size_t batch,
+                         uint32_t batches, int inflight, const float *g, float *out, size_t dim)
+{
+    ps_op *ops[64] = {0};
+    int64_t *seq = NULL;
+    if (ids == NULL && (seq = malloc((size_t)inflight * batch * sizeof(int64_t))) == NULL)
+        return -1;
+    double t0 = now_s();
+    int rc = PS_OK;
+    for (uint32_t k = 0; k < batches + (uint32_t)inflight && rc == PS_OK; k++) {
+        int slot = (int)(k % (uint32_t)inflight);
+        if (ops[slot] != NULL) {
+            rc = ps_op_wait(ops[slot]);
+            if (rc != PS_OK)
+                fprintf(stderr, "%s: %s\n", push ? "push" : "pull", ps_op_message(ops[slot]));
+            ps_op_destroy(ops[slot]);
+            ops[slot] = NULL;
+        }
+        if (k >= batches || rc != PS_OK)
+            continue;
+        const int64_t *b = ids ? ids + (size_t)k * batch : seq + (size_t)slot * batch;
+        size_t n = batch;
+        if (ids == NULL) {
+            uint64_t first = (uint64_t)k * batch;
+            n = rows - first < batch ? (size_t)(rows - first) : batch;
+            for (size_t i = 0; i < n; i++)
+                seq[(size_t)slot * batch + i] = rank_id(first + i);
+        }
+        rc = push ? ps_table_push_async(tb, b, n, g, NULL, NULL, &ops[slot])
+                  : ps_table_pull_async(tb, b, n, out + (size_t)slot * batch * dim, NULL, NULL,
+                                        &ops[slot]);
+        if (rc != PS_OK)
+            fprintf(stderr, "%s: %s\n", push ? "push" : "pull", ps_last_error());
+    }
+    double dt = now_s() - t0;
+    for (int i = 0; i < inflight; i++)
+        ps_op_destroy(ops[i]);
+    free(seq);
+    return rc == PS_OK ? dt : -1;
+}
+
+typedef struct wire_pusher {
+    const test_cluster *tc;
+    const char *name;
+    const int64_t *ids;
+    size_t batch;
+    uint32_t batches;
+    int inflight;
+    const float *g;
+    size_t dim;
+    pthread_barrier_t *ready;
+    double secs;
+} wire_pusher;
+
+static void *wire_pusher_run(void *arg)
+{
+    wire_pusher *a = arg;
+    ps_client *cl = wire_client(a->tc);
+    ps_table *tb = NULL;
+    if (cl != NULL && ps_table_lookup(cl, a->name, &tb) != PS_OK) {
+        fprintf(stderr, "ps_table_lookup: %s\n", ps_last_error());
+        tb = NULL;
+    }
+    a->secs = -1;
+    pthread_barrier_wait(a->ready);
+    if (tb != NULL)
+        a->secs =
+            wire_calls(tb, true, a->ids, 0, a->batch, a->batches, a->inflight, a->g, NULL, a->dim);
+    ps_table_free(tb);
+    ps_client_close(cl);
+    return NULL;
+}
+
+/* The wire phase of one dim; appends its row to `rows`. */
+static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, char *rows,
+                    size_t cap)
+{
+    test_cluster tc;
+    const char *extra[] = {"--log-level", "warn", NULL};
+    if (test_cluster_start(&tc, c->wire, c->servers, extra) != 0) {
+        fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
+        return -1;
+    }
+    int rc = -1;
+    ps_client *cl = wire_client(&tc);
+    ps_table *tb = NULL;
+    const size_t b = c->batch;
+    size_t nids = b * c->batches;
+    int64_t *ids = malloc(nids * sizeof(int64_t));
+    float *g = malloc(b * dim * sizeof(float));
+    float *out = malloc((size_t)c->inflight * b * dim * sizeof(float));
+    if (cl == NULL || ids == NULL || g == NULL || out == NULL)
+        goto out;
+    for (size_t i = 0; i < b * dim; i++)
+        g[i] = 0.001f * (float)((i % 7) + 1);
+    ps_table_spec ts;
+    ps_table_spec_init(&ts, "bench/emb", dim, (ps_optimizer)c->opt);
+    ts.initializer = PS_INIT_UNIFORM;
+    ts.init_a = -0.05;
+    ts.init_b = 0.05;
+    ts.seed = 1;
+    if (ps_table_create(cl, &ts, &tb) != PS_OK) {
+        fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
+        goto out;
+    }
+    uint32_t fill_batches = (uint32_t)((c->rows + b - 1) / b);
+    double fill = wire_calls(tb, true, NULL, c->rows, b, fill_batches, c->inflight, g, NULL, dim);
+    for (size_t i = 0; i < nids; i++)
+        ids[i] = rank_id(zipf_draw(zf));
+    double push = wire_calls(tb, true, ids, 0, b, c->batches, c->inflight, g, NULL, dim);
+    for (size_t i = 0; i < nids; i++)
+        ids[i] = rank_id(zipf_draw(zf));
+    double pull = wire_calls(tb, false, ids, 0, b, c->batches, c->inflight, NULL, out, dim);
+    if (fill < 0 || push < 0 || pull < 0)
+        goto out;
+    for (size_t i = 0; i < (size_t)c->inflight * b * dim; i++)
+        if (!isfinite(out[i]) || fabsf(out[i]) > 10.0f) {
+            fprintf(stderr, "wire pull: value %g out of range\n", (double)out[i]);
+            goto out;
+        }
+    /* Two clients at once, each half of the batches (the same ids as the single client). */
+    pthread_t th[2];
+    wire_pusher wp[2];
+    pthread_barrier_t ready;
+    pthread_barrier_init(&ready, NULL, 3);
+    uint32_t half = c->batches / 2;
+    for (int i = 0; i < 2; i++) {
+        wp[i] = (wire_pusher){
+            &tc, "bench/emb", ids + (size_t)i * half * b, b, half, c->inflight, g, dim, &ready, -1};
+        pthread_create(&th[i], NULL, wire_pusher_run, &wp[i]);
+    }
+    pthread_barrier_wait(&ready);
+    double t0 = now_s();
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    double two = now_s() - t0;
+    pthread_barrier_destroy(&ready);
+    if (wp[0].secs < 0 || wp[1].secs < 0)
+        goto out;
+    double total = (double)b * c->batches;
+    size_t used = strlen(rows);
+    snprintf(rows + used, cap - used,
+             "| %u | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", dim, c->servers,
+             c->inflight, (double)c->rows / fill, total / push, total / pull,
+             (double)b * half * 2 / two, total / push / in->push, total / pull / in->pull);
+    rc = 0;
+out:
+    ps_table_free(tb);
+    ps_client_close(cl);
+    test_cluster_stop(&tc);
+    free(ids);
+    free(g);
+    free(out);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -270,7 +499,9 @@ int main(int argc, char **argv)
                 .batches = 200,
                 .zipf_s = 1.1,
                 .opt = OPTIMIZER_ADAGRAD,
-                .threads = 2};
+                .threads = 2,
+                .servers = 1,
+                .inflight = 4};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -281,6 +512,17 @@ int main(int argc, char **argv)
             c.batch = 512;
             c.batches = 20;
             c.quick = 1;
+        } else if (strcmp(a, "--fill-only") == 0) {
+            c.fill_only = 1;
+        } else if (strcmp(a, "--wire") == 0 && v) {
+            c.wire = v;
+            i++;
+        } else if (strcmp(a, "--servers") == 0 && v) {
+            c.servers = atoi(v);
+            i++;
+        } else if (strcmp(a, "--inflight") == 0 && v) {
+            c.inflight = atoi(v);
+            i++;
         } else if (strcmp(a, "--threads") == 0 && v) {
             c.threads = (uint32_t)strtoul(v, NULL, 10);
             i++;
@@ -315,19 +557,23 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S] "
-                    "[--optimizer NAME] [--threads T] [--quick]\n",
+                    "[--optimizer NAME] [--threads T] [--quick] [--fill-only] "
+                    "[--wire PS_SERVER [--servers N] [--inflight K]]\n",
                     argv[0]);
             return 2;
         }
     }
     if (c.rows == 0 || c.batch == 0 || c.batches == 0 || c.ndims == 0 || !(c.zipf_s > 0) ||
-        c.threads == 0 || c.threads > 16) {
-        fprintf(stderr, "%s: rows, batch, batches, dims and zipf must be > 0, threads 1..16\n",
-                argv[0]);
+        c.threads == 0 || c.threads > 16 || c.servers < 1 || c.servers > TEST_MAX_SERVERS ||
+        c.inflight < 1 || c.inflight > 64 || (c.wire && c.fill_only)) {
+        fprintf(stderr,
+                "%s: rows, batch, batches, dims and zipf must be > 0, threads 1..16, servers "
+                "1..%d, inflight 1..64; --wire without --fill-only\n",
+                argv[0], TEST_MAX_SERVERS);
         return 2;
     }
-    zipf zf;
-    if (zipf_init(&zf, c.rows, c.zipf_s, 7) != 0) {
+    zipf zf = {0};
+    if (!c.fill_only && zipf_init(&zf, c.rows, c.zipf_s, 7) != 0) {
         fprintf(stderr, "out of memory for the Zipf table\n");
         return 1;
     }
@@ -336,17 +582,28 @@ int main(int argc, char **argv)
            (unsigned long long)c.rows, c.batch, c.batches, c.zipf_s, c.threads);
     printf(
         "| dim | optimizer | rows | fill s | rows made/s | push ids/s | pull ids/s | push ids/s, "
-        "%u threads | longest growth ms | bytes/row | raw bytes/row | table/raw | RSS/raw |\n",
+        "1 thread, own draws | push ids/s, %u threads, own partitions | longest growth ms | "
+        "bytes/row | raw bytes/row | table/raw | RSS/raw |\n",
         c.threads);
-    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int rc = 0;
+    static char wire_rows[4096];
     for (int d = 0; d < c.ndims && rc == 0; d++) {
         if (c.dims[d] == 0 || c.dims[d] > TABLE_MAX_DIM) {
             fprintf(stderr, "dim %u: must be in 1..%d\n", c.dims[d], TABLE_MAX_DIM);
             rc = 2;
             break;
         }
-        rc = run_dim(&c, c.dims[d], &zf) == 0 ? 0 : 1;
+        inproc in;
+        rc = run_dim(&c, c.dims[d], &zf, &in) == 0 ? 0 : 1;
+        if (rc == 0 && c.wire != NULL)
+            rc = run_wire(&c, c.dims[d], &zf, &in, wire_rows, sizeof(wire_rows)) == 0 ? 0 : 1;
+    }
+    if (c.wire != NULL) {
+        printf("\n# over the wire: %d ps-server(s) on loopback, the same batches\n", c.servers);
+        printf("| dim | servers | calls in flight | rows made/s | push ids/s | pull ids/s | push "
+               "ids/s, 2 clients | push / in-process | pull / in-process |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", wire_rows);
     }
     free(zf.cdf);
     return rc;

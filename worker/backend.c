@@ -324,3 +324,27 @@ int backend_sum_squares(backend *be, const backend_buf *x, size_t n, float alpha
         return backend_fail(be, BACKEND_EINVAL, "sum_squares: bad arguments (n=%zu)", n);
     return be->vt->sum_squares(be, x, n, alpha, beta, out);
 }
+
+int backend_embbag_forward(backend *be, const backend_buf *idx, const backend_buf *rows, int m,
+                           int s, int r, int d, bool mean, backend_buf *y)
+{
+    if (m < 0 || s < 0 || r < 0 || d < 1 || r > (1 << 24) || !holds2(idx, m, s, F4) ||
+        !holds2(rows, r, d, F4) || !holds2(y, m, d, F4) || y == idx || y == rows)
+        return backend_fail(be, BACKEND_EINVAL, "embbag_forward: bad shape m=%d s=%d r=%d d=%d", m,
+                            s, r, d);
+    if (m == 0)
+        return 0;
+    return be->vt->embbag_forward(be, idx, rows, m, s, r, d, mean, y);
+}
+
+int backend_embbag_backward(backend *be, const backend_buf *idx, const backend_buf *dy, int m,
+                            int s, int r, int d, bool mean, backend_buf *drows)
+{
+    if (m < 0 || s < 0 || r < 0 || d < 1 || r > (1 << 24) || !holds2(idx, m, s, F4) ||
+        !holds2(dy, m, d, F4) || !holds2(drows, r, d, F4) || drows == idx || drows == dy)
+        return backend_fail(be, BACKEND_EINVAL, "embbag_backward: bad shape m=%d s=%d r=%d d=%d", m,
+                            s, r, d);
+    if (r == 0)
+        return 0;
+    return be->vt->embbag_backward(be, idx, dy, m, s, r, d, mean, drows);
+}

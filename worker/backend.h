@@ -181,6 +181,20 @@ int backend_scale(backend *be, size_t n, float alpha, backend_buf *x);
 int backend_sum_squares(backend *be, const backend_buf *x, size_t n, float alpha, float beta,
                         backend_buf *out);
 
+/* Embedding bag (sum or mean pooling of gathered rows). idx is an m x s matrix of float32 row
+ * numbers into rows (r x d): example i pools the rows idx[i, 0..s) that lie in [0, r) (negative
+ * entries pad, as do any >= r, which a caller should not pass); the numbers are exact integers
+ * below 2^24. Y (m x d) = for each example the sum of its rows, or with `mean` their mean (an
+ * example with no row gets zeros). Y must not alias idx or rows. */
+int backend_embbag_forward(backend *be, const backend_buf *idx, const backend_buf *rows, int m,
+                           int s, int r, int d, bool mean, backend_buf *y);
+/* The gradient of backend_embbag_forward with respect to rows: dRows (r x d) = 0, then for every
+ * example i and each of its valid entries j, dRows[idx[i, j]] += dY[i] (divided by the example's
+ * count of valid entries with `mean`). A row named twice gets both contributions. dRows must not
+ * alias idx or dY. */
+int backend_embbag_backward(backend *be, const backend_buf *idx, const backend_buf *dy, int m,
+                            int s, int r, int d, bool mean, backend_buf *drows);
+
 /* ---- implementation side ----------------------------------------------------------------- */
 
 /* Each backend implements this table; backend.c dispatches to it after the
@@ -218,6 +232,10 @@ typedef struct backend_vtable {
     int (*scale)(backend *be, size_t n, float alpha, backend_buf *x);
     int (*sum_squares)(backend *be, const backend_buf *x, size_t n, float alpha, float beta,
                        backend_buf *out);
+    int (*embbag_forward)(backend *be, const backend_buf *idx, const backend_buf *rows, int m,
+                          int s, int r, int d, bool mean, backend_buf *y);
+    int (*embbag_backward)(backend *be, const backend_buf *idx, const backend_buf *dy, int m, int s,
+                           int r, int d, bool mean, backend_buf *drows);
 } backend_vtable;
 
 /* Common head of every backend object: implementations embed it first. */

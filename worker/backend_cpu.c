@@ -315,6 +315,66 @@ static int cpu_sum_squares(backend *be, const backend_buf *x, size_t n, float al
     return 0;
 }
 
+/* The row number idx holds, or -1 when it names no row of r (padding). */
+static inline long embbag_row(float v, int r)
+{
+    return v >= 0.0f && v < (float)r ? (long)v : -1;
+}
+
+static int cpu_embbag_forward(backend *be, const backend_buf *idx, const backend_buf *rows, int m,
+                              int s, int r, int d, bool mean, backend_buf *y)
+{
+    (void)be;
+    const float *ix = fdata(idx), *R = fdata(rows);
+    float *Y = fdata(y);
+    for (int i = 0; i < m; i++) {
+        float *yi = Y + (size_t)i * (size_t)d;
+        memset(yi, 0, (size_t)d * sizeof(float));
+        int count = 0;
+        for (int j = 0; j < s; j++) {
+            long row = embbag_row(ix[(size_t)i * (size_t)s + (size_t)j], r);
+            if (row < 0)
+                continue;
+            const float *src = R + (size_t)row * (size_t)d;
+            for (int k = 0; k < d; k++)
+                yi[k] += src[k];
+            count++;
+        }
+        if (mean && count > 1)
+            for (int k = 0; k < d; k++)
+                yi[k] /= (float)count;
+    }
+    return 0;
+}
+
+static int cpu_embbag_backward(backend *be, const backend_buf *idx, const backend_buf *dy, int m,
+                               int s, int r, int d, bool mean, backend_buf *drows)
+{
+    (void)be;
+    const float *ix = fdata(idx), *dY = fdata(dy);
+    float *dR = fdata(drows);
+    memset(dR, 0, (size_t)r * (size_t)d * sizeof(float));
+    for (int i = 0; i < m; i++) {
+        const float *iv = ix + (size_t)i * (size_t)s;
+        int count = 0;
+        for (int j = 0; j < s; j++)
+            count += embbag_row(iv[j], r) >= 0;
+        if (count == 0)
+            continue;
+        float w = mean ? 1.0f / (float)count : 1.0f;
+        const float *g = dY + (size_t)i * (size_t)d;
+        for (int j = 0; j < s; j++) {
+            long row = embbag_row(iv[j], r);
+            if (row < 0)
+                continue;
+            float *dst = dR + (size_t)row * (size_t)d;
+            for (int k = 0; k < d; k++)
+                dst[k] += w * g[k];
+        }
+    }
+    return 0;
+}
+
 static const backend_vtable cpu_vtable = {
     .name = "cpu",
     .close = cpu_close,
@@ -340,6 +400,8 @@ static const backend_vtable cpu_vtable = {
     .axpy = cpu_axpy,
     .scale = cpu_scale,
     .sum_squares = cpu_sum_squares,
+    .embbag_forward = cpu_embbag_forward,
+    .embbag_backward = cpu_embbag_backward,
 };
 
 const char *backend_cpu_blas_core(void)

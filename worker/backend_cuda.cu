@@ -30,7 +30,10 @@
  *  - sum_squares: double throughout, as the CPU backend.
  * The reductions over rows and blocks write per-block partials and sum them
  * in a fixed order in a second kernel (no atomics), so results are
- * bit-for-bit reproducible from run to run on the same device.
+ * bit-for-bit reproducible from run to run on the same device. The one
+ * exception is embbag_backward: rows that several examples share get their
+ * sums by atomicAdd, in an order that may change between runs (float rounding
+ * only).
  *
  * Errors. Every CUDA and cuBLAS status is checked; a failure records a
  * message such as "cudaMalloc(12.0 MiB): out of memory
@@ -466,6 +469,60 @@ __global__ void k_softmax_xent_final(const double *partial, int np, float *loss,
         correct[0] = (float)sk;
 }
 
+/* The row number v names, or -1 when it names no row of r (padding). */
+__device__ inline long embbag_row(float v, int r)
+{
+    return v >= 0.0f && v < (float)r ? (long)v : -1;
+}
+
+/* Embedding bag forward: one block per example (strided by gridDim.x), threads over the row's
+ * d columns; each output is summed in the order of the example's entries, as the CPU does. */
+__global__ void k_embbag_forward(const float *idx, const float *rows, int m, int s, int r, int d,
+                                 bool mean, float *y)
+{
+    for (int i = blockIdx.x; i < m; i += gridDim.x) {
+        const float *iv = idx + (size_t)i * (size_t)s;
+        int count = 0;
+        for (int j = 0; j < s; j++)
+            count += embbag_row(iv[j], r) >= 0;
+        for (int k = threadIdx.x; k < d; k += blockDim.x) {
+            float acc = 0.0f;
+            for (int j = 0; j < s; j++) {
+                long row = embbag_row(iv[j], r);
+                if (row >= 0)
+                    acc += rows[(size_t)row * (size_t)d + k];
+            }
+            if (mean && count > 1)
+                acc /= (float)count;
+            y[(size_t)i * (size_t)d + k] = acc;
+        }
+    }
+}
+
+/* Embedding bag backward: one block per example, threads over columns, each valid entry's
+ * share of dy added into its row with atomicAdd (rows shared by examples collide). */
+__global__ void k_embbag_backward(const float *idx, const float *dy, int m, int s, int r, int d,
+                                  bool mean, float *drows)
+{
+    for (int i = blockIdx.x; i < m; i += gridDim.x) {
+        const float *iv = idx + (size_t)i * (size_t)s;
+        int count = 0;
+        for (int j = 0; j < s; j++)
+            count += embbag_row(iv[j], r) >= 0;
+        if (count == 0)
+            continue;
+        float w = mean ? 1.0f / (float)count : 1.0f;
+        for (int k = threadIdx.x; k < d; k += blockDim.x) {
+            float g = w * dy[(size_t)i * (size_t)d + k];
+            for (int j = 0; j < s; j++) {
+                long row = embbag_row(iv[j], r);
+                if (row >= 0)
+                    atomicAdd(&drows[(size_t)row * (size_t)d + k], g);
+            }
+        }
+    }
+}
+
 /* Blocks for a grid-stride loop over n values. */
 unsigned grid_for(size_t n)
 {
@@ -888,6 +945,37 @@ int cu_sum_squares(backend *be, const backend_buf *x, size_t n, float alpha, flo
     return 0;
 }
 
+int cu_embbag_forward(backend *be, const backend_buf *idx, const backend_buf *rows, int m, int s,
+                      int r, int d, bool mean, backend_buf *y)
+{
+    cuda_backend *cb = cbe(be);
+    TRY(begin_op(cb, {idx, rows}, {y}));
+    unsigned blocks = (unsigned)(m < 65535 ? m : 65535);
+    unsigned threads = (unsigned)(d < kThreads ? ((d + 31) / 32) * 32 : kThreads);
+    k_embbag_forward<<<blocks, threads, 0, cb->compute>>>(fptr(idx), fptr(rows), m, s, r, d, mean,
+                                                          fptr(y));
+    LAUNCH_CHECK(cb, "embbag_forward");
+    return 0;
+}
+
+int cu_embbag_backward(backend *be, const backend_buf *idx, const backend_buf *dy, int m, int s,
+                       int r, int d, bool mean, backend_buf *drows)
+{
+    cuda_backend *cb = cbe(be);
+    TRY(begin_op(cb, {idx, dy}, {drows}));
+    size_t rd = (size_t)r * (size_t)d;
+    k_scale_or_zero<<<grid_for(rd), kThreads, 0, cb->compute>>>(fptr(drows), rd, 0.0f);
+    LAUNCH_CHECK(cb, "embbag_backward (zero)");
+    if (m > 0) {
+        unsigned blocks = (unsigned)(m < 65535 ? m : 65535);
+        unsigned threads = (unsigned)(d < kThreads ? ((d + 31) / 32) * 32 : kThreads);
+        k_embbag_backward<<<blocks, threads, 0, cb->compute>>>(fptr(idx), fptr(dy), m, s, r, d,
+                                                               mean, fptr(drows));
+        LAUNCH_CHECK(cb, "embbag_backward");
+    }
+    return 0;
+}
+
 backend_vtable make_vtable()
 {
     backend_vtable vt;
@@ -915,6 +1003,8 @@ backend_vtable make_vtable()
     vt.axpy = cu_axpy;
     vt.scale = cu_scale;
     vt.sum_squares = cu_sum_squares;
+    vt.embbag_forward = cu_embbag_forward;
+    vt.embbag_backward = cu_embbag_backward;
     return vt;
 }
 

@@ -10,6 +10,7 @@ void dataset_free(dataset *d)
         return;
     free(d->x);
     free(d->y);
+    free(d->ids);
     memset(d, 0, sizeof(*d));
 }
 

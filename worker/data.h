@@ -26,8 +26,9 @@ typedef struct dataset {
     size_t n;
     size_t dim;
     int num_classes; /* 1 + largest label */
-    float *x;        /* n * dim, row-major, in [0, 1] */
+    float *x;        /* n * dim, row-major, in [0, 1]; NULL in a sparse set */
     int32_t *y;      /* n */
+    int64_t *ids;    /* sparse sets (data_load_sparse): n * dim ids, -1 padding; else NULL */
 } dataset;
 
 /* Frees the arrays and zeroes *d. NULL is a no-op. */
@@ -55,6 +56,13 @@ int data_load_idx_dir(const char *dir, const char *split, dataset *out, char *er
  * unscaled: use dataset_minmax / dataset_scale. Errors name the file and
  * line. Returns 0, or -1 with the message in err. */
 int data_load_csv(const char *path, dataset *out, char *err, size_t errlen);
+
+/* Reads a sparse example file (data_sparse.c): one example per line, "LABEL ID ID ...", ids
+ * integers in [0, 2^63), at most max_ids per line. dim is the most ids a line has; each example's
+ * ids are the first of its dim entries of `ids`, the rest -1 (x stays NULL: the ids name rows of
+ * an embedding bag, layer.h). Errors name the file and line. Returns 0, or -1 with the message
+ * in err. */
+int data_load_sparse(const char *path, size_t max_ids, dataset *out, char *err, size_t errlen);
 
 /* Smallest and largest feature value of d (0 and 1 for an empty set). */
 void dataset_minmax(const dataset *d, float *lo, float *hi);

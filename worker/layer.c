@@ -12,6 +12,8 @@ static const layer_ops *const layer_table[] = {
     &layer_relu_ops,
     &layer_tanh_ops,
     &layer_identity_ops,
+    &layer_embbag_ops,
+    &layer_embbag_mean_ops,
 };
 
 #define LAYER_TABLE_LEN (sizeof(layer_table) / sizeof(layer_table[0]))

@@ -83,11 +83,14 @@ struct layer_ops {
     int (*penalty)(layer *l, backend_buf *out);
     /* Writes every parameter's gradient into params[k].grad, from the input x, the output y
      * and the gradient dy (batch x out) of the loss with respect to y (see in_place for which
-     * of x and y it may read). NULL for layers without parameters. */
+     * of x and y it may read). NULL for layers without parameters; a layer with num_params 0
+     * that has it keeps its gradients itself (an embedding bag's rows): the model calls it in
+     * the same place. */
     int (*backward_params)(layer *l, const backend_buf *x, const backend_buf *y,
                            const backend_buf *dy, int batch);
     /* dx (batch x in) = the gradient of the loss with respect to the input, from x, y and
-     * dy. Never called for the first layer (the batch needs no gradient). */
+     * dy. Never called for the first layer (the batch needs no gradient); NULL for a layer that
+     * reads the batch itself and so can only come first (the model refuses it elsewhere). */
     int (*backward_input)(layer *l, const backend_buf *x, const backend_buf *y,
                           const backend_buf *dy, backend_buf *dx, int batch);
 };
@@ -97,6 +100,46 @@ extern const layer_ops layer_dense_ops;    /* y = x W + b; spec: units, l2 */
 extern const layer_ops layer_relu_ops;     /* y = max(x, 0) */
 extern const layer_ops layer_tanh_ops;     /* y = tanh(x) */
 extern const layer_ops layer_identity_ops; /* y = x */
+
+/* Embedding bags (layer_embedding.c): y = the sum ("embbag") or the mean ("embbag_mean") of the
+ * rows the example's `in` entries name; spec: units = the row dimension. The input is the batch
+ * of row numbers (as floats, negative for padding) into the rows set by layer_embbag_set_rows, so
+ * the layer can only come first in a model. Its gradients are per row, read with
+ * layer_embbag_get_grads after the backward pass. */
+extern const layer_ops layer_embbag_ops;
+extern const layer_ops layer_embbag_mean_ops;
+
+/* Rows one batch may hold: the batch's row numbers travel as float32, exact below 2^24. */
+#define LAYER_EMBBAG_MAX_ROWS (1 << 24)
+
+/* Whether l is an embedding bag. */
+bool layer_is_embbag(const layer *l);
+/* Queues the upload of the current batch's rows: n x l->out floats (host, untouched until the
+ * upload completes, as backend_upload). Returns 0 or a backend_error (bad n, out of memory). */
+int layer_embbag_set_rows(layer *l, const float *rows, int n);
+/* Queues the download of the gradient of each of those n rows into grads (n x l->out floats):
+ * valid after backend_sync. Call after the model's backward pass. Returns 0 or a backend_error. */
+int layer_embbag_get_grads(layer *l, float *grads);
+
+/* The distinct ids of a batch, numbered in order of first appearance. */
+typedef struct embbag_ids {
+    size_t n;           /* distinct ids of the last batch mapped */
+    int64_t *ids;       /* n of them: row k of the batch's rows is ids[k]'s */
+    size_t max_entries; /* entries a batch may have (batch x ids per example) */
+    size_t hcap;        /* hash table */
+    int64_t *keys;
+    int32_t *slots;
+} embbag_ids;
+
+/* For batches of at most max_entries (<= LAYER_EMBBAG_MAX_ROWS) entries. Returns 0 or -1 (out
+ * of memory, or too many entries). */
+int embbag_ids_init(embbag_ids *b, size_t max_entries);
+void embbag_ids_fini(embbag_ids *b);
+/* Writes into x (entries floats, the layer's input) the row number 0..n-1 of each of ids[0 ..
+ * entries) among the batch's distinct ids (-1 for a negative id: padding) and fills b->ids/b->n
+ * with those distinct ids in order of first appearance. Returns 0, or -1 for more than
+ * max_entries entries. */
+int embbag_map_batch(embbag_ids *b, const int64_t *ids, size_t entries, float *x);
 
 /* The ops of the layer type named `name`, or NULL when the table has none. */
 const layer_ops *layer_find(const char *name);

@@ -20,6 +20,7 @@
 #include "model.h"
 #include "program.h"
 #include "train.h"
+#include "train_embbag.h"
 
 static const char usage[] =
     "[options]\n"
@@ -111,6 +112,34 @@ fail:
     log_error("%s", err);
     dataset_free(&range_src);
     return TRAIN_EXIT_CONFIG;
+}
+
+/* The sparse sets of --model embbag-mlp, made the same width. Returns 0 or TRAIN_EXIT_CONFIG
+ * (logged). */
+static int load_sparse(const options *o, dataset *train, dataset *test, const model_config *mc)
+{
+    const char *paths[2] = {opt_str(o, OPT_TRAIN_SPARSE), opt_str(o, OPT_TEST_SPARSE)};
+    if (paths[0][0] == '\0' || paths[1][0] == '\0') {
+        log_error("--model embbag-mlp needs --train-sparse and --test-sparse");
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (mc->num_sizes < 2) {
+        log_error("--model embbag-mlp: --layers needs the row dimension and the classes");
+        return TRAIN_EXIT_CONFIG;
+    }
+    char err[1024];
+    if (data_load_sparse(paths[0], 4096, train, err, sizeof(err)) != 0 ||
+        data_load_sparse(paths[1], 4096, test, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return TRAIN_EXIT_CONFIG;
+    }
+    if (train_embbag_same_width(train, test) != 0) {
+        log_error("out of memory");
+        return TRAIN_EXIT_CONFIG;
+    }
+    log_info("sparse examples: %zu training, %zu test, up to %zu ids each", train->n, test->n,
+             train->dim);
+    return 0;
 }
 
 static int check_data(const dataset *d, const char *what, const model_config *mc)
@@ -319,14 +348,39 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     dataset train, test;
     memset(&train, 0, sizeof(train));
     memset(&test, 0, sizeof(test));
-    int rc = load_data(o, &train, &test);
-    if (rc == 0)
+    bool embbag = strcmp(opt_enum(o, OPT_MODEL), "embbag-mlp") == 0;
+    int rc;
+    if (!embbag &&
+        (opt_str(o, OPT_TRAIN_SPARSE)[0] != '\0' || opt_str(o, OPT_TEST_SPARSE)[0] != '\0')) {
+        log_error("--train-sparse and --test-sparse are the data of --model embbag-mlp (the model "
+                  "is %s)",
+                  opt_enum(o, OPT_MODEL));
+        rc = TRAIN_EXIT_CONFIG;
+    } else {
+        rc = embbag ? load_sparse(o, &train, &test, mc) : load_data(o, &train, &test);
+    }
+    if (embbag) {
+        /* check_data's width test is of dense examples: only the classes apply here. */
+        model_config classes = *mc;
+        classes.sizes[0] = (int)train.dim;
+        if (rc == 0)
+            rc = check_data(&train, "training", &classes);
+        classes.sizes[0] = (int)test.dim;
+        if (rc == 0)
+            rc = check_data(&test, "test", &classes);
+    }
+    if (rc == 0 && !embbag)
         rc = check_data(&train, "training", mc);
-    if (rc == 0)
+    if (rc == 0 && !embbag)
         rc = check_data(&test, "test", mc);
     if (rc == 0 && train.n < (size_t)tc.shard_count) {
         log_error("the training set has %zu examples, fewer than the %d workers", train.n,
                   tc.shard_count);
+        rc = TRAIN_EXIT_CONFIG;
+    }
+    if (rc == 0 && embbag && tc.save_model[0] != '\0') {
+        log_error("--save-model is not supported with --model embbag-mlp (its table stays on the "
+                  "servers)");
         rc = TRAIN_EXIT_CONFIG;
     }
     ps_config *pc = NULL;
@@ -343,7 +397,12 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     ps_config_destroy(pc);
     if (rc == 0) {
         train_result res;
-        rc = train_run(client, be, &tc, &train, &test, &res);
+        if (embbag)
+            rc = train_embbag_run(client, be, &tc,
+                                  strcmp(opt_enum(o, OPT_EMBED_POOLING), "mean") == 0, &train,
+                                  &test, &res);
+        else
+            rc = train_run(client, be, &tc, &train, &test, &res);
     }
     ps_client_close(client);
     dataset_free(&train);

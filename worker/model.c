@@ -190,6 +190,9 @@ static int create_layers(model *m, const layer_spec *specs, int num_specs, const
         if (l->out < 1 || l->out > MODEL_MAX_WIDTH)
             return errf(err, errlen, "model: layer %d (%s): width %d out of range 1..%d", k + 1,
                         l->ops->name, l->out, MODEL_MAX_WIDTH);
+        if (k > 0 && l->ops->backward_input == NULL)
+            return errf(err, errlen, "model: layer %d (%s) reads the batch: it must come first",
+                        k + 1, l->ops->name);
         in = l->out;
         m->first_param[k] = m->num_params;
         if (l->num_params == 0)
@@ -383,6 +386,11 @@ size_t model_total_params(const model *m)
     return t;
 }
 
+layer *model_get_layer(model *m, int k)
+{
+    return k >= 0 && k < m->num_layers ? m->layers[k] : NULL;
+}
+
 const char *model_errmsg(const model *m)
 {
     return m->errmsg;
@@ -570,6 +578,11 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
             newer = k;
             if (queue_layer_grads(m, k) != 0)
                 return -1;
+        } else if (l->ops->backward_params != NULL) {
+            /* Gradients the layer keeps itself (an embedding bag's rows). */
+            rc = l->ops->backward_params(l, m->y[k], m->y[k + 1], m->dy[k + 1], m->batch);
+            if (rc != 0)
+                return berr(m, rc, "backward");
         }
         /* The batch needs no gradient. */
         if (k > 0) {
@@ -587,6 +600,8 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
 
 int model_evaluate(model *m, const dataset *d, double *loss, double *accuracy)
 {
+    if (d->x == NULL)
+        return merr(m, "evaluate: the data set is sparse (ids, no features)");
     if ((int)d->dim != m->inputs)
         return merr(m, "evaluate: data has %zu features, model expects %d", d->dim, m->inputs);
     double loss_sum = 0.0, correct = 0.0;

@@ -100,6 +100,8 @@ int model_num_params(const model *m);
 /* Parameter i (0 .. num_params-1), in layer order and each layer's order: kernel of layer 1,
  * bias of layer 1, kernel of layer 2, ... */
 model_param *model_get_param(model *m, int i);
+/* Layer k (0-based, in model order), or NULL past the last. */
+layer *model_get_layer(model *m, int k);
 /* Total number of floats over all parameters. */
 size_t model_total_params(const model *m);
 

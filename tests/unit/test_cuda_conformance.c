@@ -199,6 +199,37 @@ static void test_bias_and_col_sum(void **state)
     pair_free(&out);
 }
 
+/* Embedding bag: gather-pool forward and scatter backward, sum and mean, with padding, rows
+ * shared by many examples (the atomics' collisions) and an example without rows. */
+static void test_embbag(void **state)
+{
+    int m = 300, s = 17, r = 64, d = 40;
+    float *idx = malloc((size_t)m * s * sizeof(float));
+    assert_non_null(idx);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < s; j++)
+            idx[(size_t)i * s + j] =
+                i == 5 || next_u64() % 4 == 0 ? -1.0f : (float)(next_u64() % (uint64_t)r);
+    pair ix = pair_new(idx, (size_t)m * s * sizeof(float));
+    pair rows = pair_rnd((size_t)r * d, NULL), dy = pair_rnd((size_t)m * d, NULL);
+    pair y = pair_new(NULL, (size_t)m * d * sizeof(float));
+    pair drows = pair_new(NULL, (size_t)r * d * sizeof(float));
+    for (int mean = 0; mean < 2; mean++) {
+        assert_int_equal(backend_embbag_forward(cpu, ix.c, rows.c, m, s, r, d, mean, y.c), 0);
+        assert_int_equal(backend_embbag_forward(gpu, ix.g, rows.g, m, s, r, d, mean, y.g), 0);
+        expect_close(&y, "embbag_forward mean=%d", mean);
+        assert_int_equal(backend_embbag_backward(cpu, ix.c, dy.c, m, s, r, d, mean, drows.c), 0);
+        assert_int_equal(backend_embbag_backward(gpu, ix.g, dy.g, m, s, r, d, mean, drows.g), 0);
+        expect_close(&drows, "embbag_backward mean=%d", mean);
+    }
+    pair_free(&ix);
+    pair_free(&rows);
+    pair_free(&dy);
+    pair_free(&y);
+    pair_free(&drows);
+    free(idx);
+}
+
 static void test_activations(void **state)
 {
     static const backend_act acts[] = {BACKEND_ACT_RELU, BACKEND_ACT_TANH, BACKEND_ACT_IDENTITY};
@@ -408,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_bias_and_col_sum),
         cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_embbag),
         cmocka_unit_test(test_softmax_xent),
         cmocka_unit_test(test_blas1),
         cmocka_unit_test(test_training_step_relu),

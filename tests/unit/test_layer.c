@@ -102,7 +102,8 @@ static void test_table(void **state)
     assert_null(layer_find("sigmoid"));
     assert_null(layer_find(NULL));
     char buf[128];
-    assert_string_equal(layer_names(buf, sizeof(buf)), "dense, relu, tanh, identity");
+    assert_string_equal(layer_names(buf, sizeof(buf)),
+                        "dense, relu, tanh, identity, embbag, embbag_mean");
 
     /* Bad specs are refused with a message. */
     char err[256] = "";

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Integration test of ps-worker --model embbag-mlp on apt's package index, with real processes.
+#
+#   test_embbag_apt.sh PS_LOCAL PS_WORKER APT_FEATURES
+#       Converts a deterministic slice of the Packages lists apt has fetched (a quarter of the
+#       package names, by hash) with tools/apt_features.py, then ps-local (2 ps-server processes,
+#       1 ps-worker) trains the embedding bag over the sparse table and the MLP for 3 epochs.
+#       The test accuracy worker 0 prints must beat the majority-class baseline (the training
+#       set's most frequent section, scored on the test set, computed here) by 0.15. Also: the
+#       worker refuses --model embbag-mlp without sparse files, and a file with a bad id, with
+#       exit code 2 and a message naming the problem, as it refuses --save-model with it.
+#
+# Exit 77 (skipped) when apt has no Packages list (apt-get update never ran) or Debian's
+# /usr/bin/python3 is missing.
+set -u
+PS_LOCAL=${1:?ps-local}
+PS_WORKER=${2:?ps-worker}
+APT_FEATURES=${3:?apt_features.py}
+
+if [ ! -x /usr/bin/python3 ]; then
+    echo "skip: /usr/bin/python3 (Debian's Python) is not installed" >&2
+    exit 77
+fi
+if [ -z "$(apt-get indextargets --format '$(FILENAME)' 'Created-By: Packages' 2>/dev/null |
+    while read -r f; do [ -e "$f" ] && echo "$f"; done)" ]; then
+    echo "skip: apt has no Packages list on this machine (apt-get update never ran)" >&2
+    exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+/usr/bin/python3 "$APT_FEATURES" --out-dir "$tmp" --sample-percent 25 --buckets 262144 \
+    >"$tmp/convert.out" 2>&1
+rc=$?
+[ $rc -eq 77 ] && exit 77
+[ $rc -eq 0 ] || fail "apt_features.py exited $rc: $(cat "$tmp/convert.out")"
+cat "$tmp/convert.out"
+ntrain=$(wc -l <"$tmp/train.txt")
+ntest=$(wc -l <"$tmp/test.txt")
+[ "$ntrain" -gt 5000 ] && [ "$ntest" -gt 1000 ] || fail "slice too small: $ntrain train, $ntest test"
+
+# Majority baseline: the training set's most frequent label, scored on the test set.
+major=$(cut -d' ' -f1 "$tmp/train.txt" | sort | uniq -c | sort -k1,1nr -k2,2n | head -1 |
+    awk '{print $2}')
+baseline=$(awk -v m="$major" '$1 == m {k++} END {printf "%.4f", k / NR}' "$tmp/test.txt")
+echo "majority class $major: baseline accuracy $baseline on $ntest test packages"
+
+classes=$(wc -l <"$tmp/sections.txt")
+"$PS_LOCAL" --ps 2 --workers 1 --timeout 120 -- --model embbag-mlp \
+    --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" --layers "32,64,$classes" \
+    --batch-size 64 --epochs 3 --lr 0.003 --log-every 100 >"$tmp/run.out" 2>"$tmp/run.err"
+rc=$?
+[ $rc -eq 0 ] || fail "ps-local exited $rc: $(tail -20 "$tmp/run.err")"
+cat "$tmp/run.out"
+acc=$(sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' "$tmp/run.out")
+[ -n "$acc" ] || fail "no test_accuracy line on stdout: $(cat "$tmp/run.out")"
+awk -v a="$acc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
+    fail "test accuracy $acc is not 0.15 above the majority baseline $baseline"
+echo "ok: test accuracy $acc against majority baseline $baseline"
+
+# Configuration errors: exit 2 with a message naming the problem.
+cfg='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}'
+expect_config_error() {
+    local what=$1 want=$2
+    shift 2
+    TF_CONFIG=$cfg "$PS_WORKER" --model embbag-mlp "$@" >"$tmp/err" 2>&1
+    local rc=$?
+    [ $rc -eq 2 ] || fail "$what: exit $rc (want 2): $(cat "$tmp/err")"
+    grep -qF -- "$want" "$tmp/err" || fail "$what: no '$want' in: $(cat "$tmp/err")"
+    echo "ok: $what refused"
+}
+expect_config_error "no sparse files" "--model embbag-mlp needs --train-sparse and --test-sparse" \
+    --layers 8,4
+printf '1 5 x7\n' >"$tmp/bad.txt"
+expect_config_error "a bad id" "bad.txt:1: 'x7' is not an integer id" --layers 8,4 \
+    --train-sparse "$tmp/bad.txt" --test-sparse "$tmp/test.txt"
+expect_config_error "--save-model" "--save-model is not supported with --model embbag-mlp" \
+    --layers "8,$classes" --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" \
+    --save-model "$tmp/m.bin"
+TF_CONFIG=$cfg "$PS_WORKER" --layers 8,4 --train-sparse "$tmp/train.txt" \
+    --test-sparse "$tmp/test.txt" >"$tmp/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "sparse files without --model embbag-mlp: exit $rc (want 2)"
+grep -qF -- "--train-sparse and --test-sparse are the data of --model embbag-mlp" "$tmp/err" ||
+    fail "sparse files without --model embbag-mlp: $(cat "$tmp/err")"
+echo "ok: sparse files without --model embbag-mlp refused"
+echo "ok"
