@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +51,7 @@ static int spawn(etcd_proc *e)
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
         int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
