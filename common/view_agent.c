@@ -94,7 +94,8 @@ view_change view_decide(const view_inputs *in, view_record *next)
             }
         if (in->reg[self] == 0 || (registered < n && !in->grace_over))
             return VIEW_KEEP;
-        next->v.epoch = (cur ? cur->v.epoch : 0) + 1;
+        uint64_t e = cur ? cur->v.epoch : 0;
+        next->v.epoch = (e > in->known_epoch ? e : in->known_epoch) + 1;
         next->v.num_servers = n;
         next->v.replicas = in->replicas;
         for (uint32_t i = 0; i < n; i++)
@@ -107,8 +108,9 @@ view_change view_decide(const view_inputs *in, view_record *next)
         return lowest == self ? VIEW_PROPOSE : VIEW_FALLBACK;
     }
     *next = *cur;
-    next->v.epoch = cur->v.epoch + 1;
-    bool changed = false, self_added = false;
+    next->v.epoch = (cur->v.epoch > in->known_epoch ? cur->v.epoch : in->known_epoch) + 1;
+    /* Epochs never go back: a view below one seen is installed again above it. */
+    bool changed = cur->v.epoch < in->known_epoch, self_added = false;
     for (uint32_t i = 0; i < n; i++)
         if (cur->v.live[i] && in->reg[i] != cur->lease[i]) {
             next->v.live[i] = 0;
@@ -146,7 +148,7 @@ view_change view_decide(const view_inputs *in, view_record *next)
         }
     if (!changed)
         return VIEW_KEEP;
-    if (self_added)
+    if (self_added || cur->v.epoch < in->known_epoch)
         return VIEW_PROPOSE;
     for (uint32_t i = 0; designated < 0 && i < n; i++)
         if (next->v.live[i])
@@ -381,6 +383,24 @@ static void poll_once(view_agent *a)
         }
         if (have)
             adopt(a, &rec);
+        uint64_t known_epoch;
+        pthread_mutex_lock(&a->mu);
+        known_epoch = a->known.v.epoch;
+        pthread_mutex_unlock(&a->mu);
+        bool regressed = have && rec.v.epoch < known_epoch;
+        if (regressed) {
+            int64_t t = mono_ms();
+            pthread_mutex_lock(&a->mu);
+            regressed = t - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+            if (regressed)
+                a->mismatch_log_ms = t;
+            pthread_mutex_unlock(&a->mu);
+        }
+        if (regressed)
+            log_warn("the view in etcd (%s/view) is at epoch %" PRIu64 ", below epoch %" PRIu64
+                     " seen before (etcd lost its data, or the key was deleted): installing it "
+                     "again above that",
+                     a->prefix, rec.v.epoch, known_epoch);
         int64_t reg[VIEW_MAX_SERVERS];
         rc = view_etcd_servers(a->etcd, a->prefix, a->cfg.num_servers, reg, NULL, err, sizeof(err));
         if (rc != 0) {
@@ -394,6 +414,7 @@ static void poll_once(view_agent *a)
             .self = a->cfg.self,
             .num_servers = a->cfg.num_servers,
             .replicas = a->cfg.replicas,
+            .known_epoch = known_epoch,
         };
         int64_t now = mono_ms();
         pthread_mutex_lock(&a->mu);

@@ -16,6 +16,9 @@
  *       * a live server's lease is gone (absent key, or another lease: it restarted): the view
  *         without it; each group whose primary it was gets its first live member in ring order
  *         as primary (-1 when none lives);
+ *       * the view in etcd has a lower epoch than one this server saw (etcd lost its data, or
+ *         the key was deleted): the same view again above the highest epoch seen, so that
+ *         epochs never go back;
  *       * this server is registered but not live, and view_agent_mark_caught_up was called for
  *         every group it is a member of that has a primary: the view with it live (and primary
  *         of its groups that had none).
@@ -126,6 +129,7 @@ typedef struct view_inputs {
     uint32_t self, num_servers, replicas;
     bool caught_up[VIEW_MAX_SERVERS]; /* view_agent_mark_caught_up marks of self */
     bool grace_over;                  /* start_grace_ms passed since the agent started */
+    uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
 } view_inputs;
 
 typedef enum view_change {
@@ -134,7 +138,8 @@ typedef enum view_change {
     VIEW_FALLBACK, /* a change is due but another server should propose it first */
 } view_change;
 
-/* The next view from the inputs (rules above); next->v.epoch = cur's + 1. */
+/* The next view from the inputs (rules above); next->v.epoch = 1 + the higher of cur's and
+ * known_epoch. */
 view_change view_decide(const view_inputs *in, view_record *next);
 
 #endif

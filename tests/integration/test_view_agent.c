@@ -272,6 +272,29 @@ static void test_lease_lost(void **state)
     assert_true(test_file_contains(logs[0], "lease lost"));
 }
 
+static uint64_t seen_epoch;
+static bool above_seen(const view *v)
+{
+    return v->epoch > seen_epoch && live_is(v, 1, 1, 1);
+}
+
+/* The view key deleted (as if etcd lost its data): a view comes back above every epoch seen. */
+static void test_view_deleted(void **state)
+{
+    (void)state;
+    view_record v;
+    char err[1024], key[128];
+    seen_epoch = read_view().v.epoch;
+    assert_true(seen_epoch > 0);
+    snprintf(key, sizeof(key), "%s/view", prefix);
+    assert_int_equal(etcd_delete(etc, key, err, sizeof(err)), 0);
+    int64_t took = wait_view(above_seen, 10000, &v);
+    assert_true(took >= 0);
+    assert_int_equal(v.v.epoch, seen_epoch + 1);
+    for (int g = 0; g < N; g++)
+        assert_int_equal(v.v.primary[g], g);
+}
+
 static void test_clean_stop(void **state)
 {
     (void)state;
@@ -349,9 +372,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_failover),      cmocka_unit_test(test_etcd_down),
-        cmocka_unit_test(test_lease_lost),    cmocka_unit_test(test_clean_stop),
-        cmocka_unit_test(test_other_cluster),
+        cmocka_unit_test(test_failover),   cmocka_unit_test(test_etcd_down),
+        cmocka_unit_test(test_lease_lost), cmocka_unit_test(test_view_deleted),
+        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_other_cluster),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < N; i++)
