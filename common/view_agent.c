@@ -418,6 +418,31 @@ static void poll_once(view_agent *a)
         };
         int64_t now = mono_ms();
         pthread_mutex_lock(&a->mu);
+        int64_t own = a->lease_id, own_valid = a->lease_valid_ms;
+        pthread_mutex_unlock(&a->mu);
+        /* Our key gone while our lease lives (deleted by hand): put it back. Another lease on
+         * it: a second process runs as this task (the newest registration wins the key). */
+        if (own != 0 && now < own_valid && reg[a->cfg.self] != own) {
+            bool gone = reg[a->cfg.self] == 0;
+            if (gone && view_etcd_register(a->etcd, a->prefix, a->cfg.self, a->url, own, err,
+                                           sizeof(err)) == 0) {
+                log_warn("%s/servers/%u had disappeared while lease %" PRId64
+                         " lives: registered again",
+                         a->prefix, a->cfg.self, own);
+                reg[a->cfg.self] = own;
+            } else if (!gone) {
+                pthread_mutex_lock(&a->mu);
+                bool say = now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+                if (say)
+                    a->mismatch_log_ms = now;
+                pthread_mutex_unlock(&a->mu);
+                if (say)
+                    log_error("%s/servers/%u holds lease %" PRId64 ", not this server's %" PRId64
+                              ": another process runs as ps %u (one process per task)",
+                              a->prefix, a->cfg.self, reg[a->cfg.self], own, a->cfg.self);
+            }
+        }
+        pthread_mutex_lock(&a->mu);
         /* Only a server whose own registration is current and renewed proposes. */
         bool may = a->lease_id != 0 && reg[a->cfg.self] == a->lease_id && now < a->lease_valid_ms;
         memcpy(in.caught_up, a->caught_up, sizeof(in.caught_up));

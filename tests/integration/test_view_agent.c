@@ -293,6 +293,19 @@ static void test_view_deleted(void **state)
     assert_int_equal(v.v.epoch, seen_epoch + 1);
     for (int g = 0; g < N; g++)
         assert_int_equal(v.v.primary[g], g);
+
+    /* Server 2's key deleted while its lease lives: it puts the key back (and, dropped from
+     * the view meanwhile or not, ends up live again). */
+    seen_epoch = v.v.epoch;
+    snprintf(key, sizeof(key), "%s/servers/2", prefix);
+    assert_int_equal(etcd_delete(etc, key, err, sizeof(err)), 0);
+    int64_t t0 = now_ms();
+    while (!test_file_contains(logs[2], "had disappeared") && now_ms() - t0 < 5000)
+        usleep(50 * 1000);
+    assert_true(test_file_contains(logs[2], "registered again"));
+    usleep(500 * 1000);
+    assert_true(wait_view(all_live, 10000, &v) >= 0);
+    assert_true(v.v.epoch >= seen_epoch);
 }
 
 static void test_clean_stop(void **state)
