@@ -694,6 +694,16 @@ bool view_agent_serving(view_agent *a)
     return ok;
 }
 
+bool view_agent_in_view(view_agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    uint32_t s = a->cfg.self;
+    bool ok = a->lease_id != 0 && a->known.v.epoch > 0 && a->known.v.live[s] &&
+              a->known.lease[s] == a->lease_id;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
 void view_agent_get_stats(view_agent *a, view_agent_stats *out)
 {
     int64_t now = mono_ms();

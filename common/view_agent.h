@@ -110,6 +110,12 @@ void view_agent_mark_caught_up(view_agent *a, uint32_t g);
  * renewed within its TTL. */
 bool view_agent_serving(view_agent *a);
 
+/* Whether the newest view names this server live with its current lease (this incarnation, not
+ * a previous process of the same task), whether or not the lease was renewed in time: the test
+ * for "is a view that names me about me" that a late renewal on a busy machine does not
+ * disturb. */
+bool view_agent_in_view(view_agent *a);
+
 typedef struct view_agent_stats {
     uint64_t epoch;              /* of the newest view known; 0: none */
     uint64_t views_installed;    /* by this agent's compare-and-swaps */

@@ -62,8 +62,9 @@ static void child_event(void *arg, view_event ev, const view *v)
 {
     (void)arg;
     static const char *names[] = {"view", "lease-lost", "lease-uncertain", "lease-ok"};
-    log_info("EVENT %s epoch %" PRIu64 " live %d%d%d primaries %d %d %d", names[ev], v->epoch,
-             v->live[0], v->live[1], v->live[2], v->primary[0], v->primary[1], v->primary[2]);
+    log_info("EVENT %s epoch %" PRIu64 " live %d%d%d primaries %d %d %d%s", names[ev], v->epoch,
+             v->live[0], v->live[1], v->live[2], v->primary[0], v->primary[1], v->primary[2],
+             ev == VIEW_EVENT_VIEW && view_agent_in_view(child_agent) ? " (in it)" : "");
     if (ev == VIEW_EVENT_VIEW || ev == VIEW_EVENT_LEASE_OK) {
         view cur;
         if (view_agent_current(child_agent, &cur))
@@ -169,6 +170,18 @@ static bool zero_gone(const view *v)
     return live_is(v, 0, 1, 1) && v->primary[0] == 1;
 }
 
+/* Waits up to ms for text in the log at path (an agent logs a view just after installing it). */
+static bool wait_log(const char *path, const char *text, int64_t ms)
+{
+    int64_t t0 = now_ms();
+    while (!test_file_contains(path, text)) {
+        if (now_ms() - t0 >= ms)
+            return false;
+        usleep(20 * 1000);
+    }
+    return true;
+}
+
 static void dump_logs(void)
 {
     for (int i = 0; i < N; i++) {
@@ -214,9 +227,10 @@ static void test_failover(void **state)
     assert_int_equal(v.v.primary[2], 2);
     usleep(1000 * 1000);
     assert_int_equal(read_view().v.epoch, 2);
-    assert_true(test_file_contains(logs[2], "installed the view epoch 2"));
+    assert_true(wait_log(logs[2], "installed the view epoch 2", 3000));
     assert_false(test_file_contains(logs[0], "installed the view epoch 2"));
-    assert_true(test_file_contains(logs[0], "EVENT view epoch 2 live 101 primaries 0 2 2"));
+    assert_true(wait_log(logs[0], "EVENT view epoch 2 live 101 primaries 0 2 2 (in it)", 3000));
+    assert_true(test_file_contains(logs[2], "EVENT view epoch 1 live 111 primaries 0 1 2 (in it)"));
 
     /* Server 1 restarts, is caught up at once: live again, group 1's primary stays 2. */
     agents[1] = spawn_agent(1);
@@ -269,6 +283,11 @@ static void test_lease_lost(void **state)
     assert_int_equal(v.v.epoch, before.v.epoch + 2);
     assert_int_equal(v.v.primary[0], 1);
     assert_true(test_file_contains(logs[0], "EVENT lease-lost"));
+    /* Live again as its new incarnation. */
+    char line[96];
+    snprintf(line, sizeof(line), "EVENT view epoch %" PRIu64 " live 111 primaries 1 2 2 (in it)",
+             before.v.epoch + 2);
+    assert_true(wait_log(logs[0], line, 3000));
     assert_true(test_file_contains(logs[0], "lease lost"));
 }
 
