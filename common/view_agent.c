@@ -13,6 +13,8 @@
 #include "metrics.h"
 #include "util.h"
 
+/* Events waiting for the callback at most; beyond, the oldest is dropped (logged). */
+#define AGENT_QUEUE 64
 /* Errors of etcd are logged at most this often (the count is in the metric). */
 #define AGENT_ERROR_LOG_MS 5000
 
@@ -46,8 +48,17 @@ struct view_agent {
     view_agent_fn fn;
     void *fn_arg;
 
-    pthread_t lease_thread, poll_thread;
-    bool lease_started, poll_started;
+    /* Events wait here for the notify thread, so that neither the lease thread nor the poll
+     * thread ever waits for the callback (a slow callback must not delay a renewal). */
+    struct queued_event {
+        view_event ev;
+        view v;
+    } queue[AGENT_QUEUE];
+    unsigned q_head, q_len;   /* under mu */
+    uint64_t delivered_epoch; /* under cb_mu: the newest view given to the callback */
+
+    pthread_t lease_thread, poll_thread, notify_thread;
+    bool lease_started, poll_started, notify_started;
     metric *m_epoch, *m_failovers, *m_errors;
 };
 
@@ -158,12 +169,54 @@ view_change view_decide(const view_inputs *in, view_record *next)
 
 /* ---- callback, errors, logging ---- */
 
+/* Queues an event for the notify thread; never waits for the callback. */
 static void emit(view_agent *a, view_event ev, const view *v)
 {
-    pthread_mutex_lock(&a->cb_mu);
-    if (a->fn)
-        a->fn(a->fn_arg, ev, v);
-    pthread_mutex_unlock(&a->cb_mu);
+    bool dropped = false;
+    pthread_mutex_lock(&a->mu);
+    if (a->q_len == AGENT_QUEUE) {
+        a->q_head = (a->q_head + 1) % AGENT_QUEUE;
+        a->q_len--;
+        dropped = true;
+    }
+    struct queued_event *q = &a->queue[(a->q_head + a->q_len) % AGENT_QUEUE];
+    q->ev = ev;
+    q->v = *v;
+    a->q_len++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (dropped)
+        log_warn("view agent: the callback is %d events behind; the oldest was dropped",
+                 AGENT_QUEUE);
+}
+
+/* Delivers queued events in order, one at a time; a view not newer than one delivered is
+ * skipped (view_agent_on_change may have given it already). */
+static void *notify_main(void *arg)
+{
+    view_agent *a = arg;
+    struct queued_event e;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        while (a->q_len == 0 && !a->stopping)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->q_len == 0) {
+            pthread_mutex_unlock(&a->mu);
+            break;
+        }
+        e = a->queue[a->q_head];
+        a->q_head = (a->q_head + 1) % AGENT_QUEUE;
+        a->q_len--;
+        pthread_mutex_unlock(&a->mu);
+        pthread_mutex_lock(&a->cb_mu);
+        bool stale = e.ev == VIEW_EVENT_VIEW && e.v.epoch <= a->delivered_epoch;
+        if (e.ev == VIEW_EVENT_VIEW && !stale)
+            a->delivered_epoch = e.v.epoch;
+        if (a->fn && !stale)
+            a->fn(a->fn_arg, e.ev, &e.v);
+        pthread_mutex_unlock(&a->cb_mu);
+    }
+    return NULL;
 }
 
 static void note_error(view_agent *a, const char *what, const char *err)
@@ -615,6 +668,11 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
         return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
     }
     a->lease_started = true;
+    if (pthread_create(&a->notify_thread, NULL, notify_main, a) != 0) {
+        view_agent_stop(a);
+        return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
+    }
+    a->notify_started = true;
     if (pthread_create(&a->poll_thread, NULL, poll_main, a) != 0) {
         view_agent_stop(a);
         return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
@@ -640,6 +698,8 @@ void view_agent_stop(view_agent *a)
         pthread_join(a->lease_thread, NULL);
     if (a->poll_started)
         pthread_join(a->poll_thread, NULL);
+    if (a->notify_started) /* delivers what is queued, then ends */
+        pthread_join(a->notify_thread, NULL);
     if (a->lease_id != 0) {
         char err[1536];
         if (etcd_lease_revoke(a->etcd, a->lease_id, err, sizeof(err)) == 0)
@@ -660,8 +720,10 @@ void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg)
     pthread_mutex_lock(&a->mu);
     view v = a->known.v;
     pthread_mutex_unlock(&a->mu);
-    if (fn && v.epoch > 0)
+    if (fn && v.epoch > 0 && v.epoch > a->delivered_epoch) {
+        a->delivered_epoch = v.epoch;
         fn(arg, VIEW_EVENT_VIEW, &v);
+    }
     pthread_mutex_unlock(&a->cb_mu);
 }
 

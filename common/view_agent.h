@@ -33,7 +33,8 @@
  * moved, over the views this server saw), psd_coordinator_errors_total (failed etcd requests).
  *
  * Thread-safety: every function may be called from any thread once view_agent_start returned,
- * view_agent_stop aside. */
+ * view_agent_stop aside, which must be the last call (no other thread may use the agent during
+ * or after it: stop the server's users of the agent, or detach them, first). */
 #ifndef PSD_COMMON_VIEW_AGENT_H
 #define PSD_COMMON_VIEW_AGENT_H
 
@@ -65,9 +66,12 @@ typedef enum view_event {
     VIEW_EVENT_LEASE_OK,
 } view_event;
 
-/* Called on the agent's threads, one call at a time, never with an agent lock held: it may
- * call any view_agent_* function but view_agent_stop, and should return soon (the poll waits
- * for it). */
+/* Called on the agent's notify thread, one call at a time and in the order the events
+ * happened, never with an agent lock held: it may call any view_agent_* function but
+ * view_agent_stop. The lease and poll threads never wait for it (events queue up, 64 at
+ * most), but a slow callback delays the events after it: to decide whether it may
+ * acknowledge, a server asks view_agent_serving() at that moment rather than relying on when
+ * LEASE_UNCERTAIN arrives. */
 typedef void (*view_agent_fn)(void *arg, view_event ev, const view *v);
 
 typedef struct view_agent_config {

@@ -1,5 +1,6 @@
 /* Failover agents (common/view_agent.c) in separate processes against a real etcd: the first
- * view, a primary killed with SIGKILL (one epoch bump, within the lease), a rejoin, etcd down
+ * view, a primary killed with SIGKILL (one epoch bump, within the lease, installed by an agent
+ * whose callback still takes 6 s over the first view), a rejoin, etcd down
  * (the view stays), a server frozen past its lease (it learns "lease lost" and rejoins), a
  * clean stop (no wait for the lease), and a view of another shape refused at start.
  *
@@ -65,6 +66,10 @@ static void child_event(void *arg, view_event ev, const view *v)
     log_info("EVENT %s epoch %" PRIu64 " live %d%d%d primaries %d %d %d%s", names[ev], v->epoch,
              v->live[0], v->live[1], v->live[2], v->primary[0], v->primary[1], v->primary[2],
              ev == VIEW_EVENT_VIEW && view_agent_in_view(child_agent) ? " (in it)" : "");
+    /* A slow callback (agent 2, first view) must not hold up what the agent proposes. */
+    const char *slow = getenv("PSD_TEST_SLOW_VIEW_MS");
+    if (slow && ev == VIEW_EVENT_VIEW && v->epoch == 1)
+        usleep((useconds_t)atoi(slow) * 1000);
     if (ev == VIEW_EVENT_VIEW || ev == VIEW_EVENT_LEASE_OK) {
         view cur;
         if (view_agent_current(child_agent, &cur))
@@ -118,6 +123,8 @@ static pid_t spawn_agent(int i)
         snprintf(n, sizeof(n), "%d", N);
         snprintf(r, sizeof(r), "%d", R);
         snprintf(lease, sizeof(lease), "%d", LEASE_MS);
+        if (i == 2)
+            setenv("PSD_TEST_SLOW_VIEW_MS", "6000", 1);
         execl(self_path, self_path, "--agent", etcd.endpoint, prefix, self, n, r, lease, logs[i],
               (char *)NULL);
         _exit(127);
