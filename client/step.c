@@ -353,8 +353,9 @@ static void step_complete(void *arg, int status)
     }
 }
 
-int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
-                  void *arg, ps_op **out_op)
+/* ps_step_async, at the client's clock or at_clock if that is higher (ps_pull_at_async). */
+static int step_start(ps_client *c, const ps_step_item *items, size_t n, unsigned flags,
+                      int64_t at_clock, ps_done_fn cb, void *arg, ps_op **out_op)
 {
     if (c == NULL || out_op == NULL || (items == NULL && n > 0))
         return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items or op");
@@ -389,6 +390,8 @@ int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned fl
     s->clock = (flags & PS_STEP_CLOCK) != 0;
     s->dtype = c->wire_dtype;
     s->push_clock = atomic_load(&c->clock);
+    if (at_clock > s->push_clock)
+        s->push_clock = at_clock;
     s->given_clock = INT64_MIN;
     s->items = malloc((n ? n : 1) * sizeof(*s->items));
     s->srv = calloc((size_t)c->nservers, sizeof(*s->srv));
@@ -419,6 +422,28 @@ int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned fl
     }
     client_op_release(op, -1, STATUS_OK, "");
     return PS_OK;
+}
+
+int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
+                  void *arg, ps_op **out_op)
+{
+    return step_start(c, items, n, flags, INT64_MIN, cb, arg, out_op);
+}
+
+int ps_pull_at_async(ps_client *c, const ps_step_item *items, size_t n, int64_t clock,
+                     ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    if (c == NULL || out_op == NULL || (items == NULL && n > 0))
+        return client_fail(PS_INVALID_ARGUMENT, "ps_pull_at_async: NULL client, items or op");
+    if (c->worker_id < 0)
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "ps_pull_at_async needs a worker id: run as a worker task or set "
+                           "worker-id");
+    for (size_t i = 0; i < n; i++)
+        if (items[i].grad != NULL || items[i].dst == NULL)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_pull_at_async: item %zu pushes or has no dst: it only pulls", i);
+    return step_start(c, items, n, 0, clock, cb, arg, out_op);
 }
 
 int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags)
