@@ -46,8 +46,8 @@
 #       model bit-identical to the one trained with --overlap=false (1 per step); under SSP
 #       s = 1 with a slow worker, worker 0's observed staleness is 1.
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
-#       ps-local trains 1 epoch (1 ps, 2 workers) with its default transport (ipc:// sockets in
-#       a private directory, removed at exit) and again with --transport tcp: both reach
+#       ps-local trains 1 epoch (1 ps, 2 workers) with --transport ipc (ipc:// sockets in a
+#       private directory, removed at exit) and with its default transport (tcp): both reach
 #       test accuracy >= 0.75; prints both runs' samples/s. Also: ps-server removes a stale
 #       socket file left by a dead server, refuses a path a live server listens on, refuses
 #       TLS with ipc:// (exit 2), and a cluster entry with another scheme is an exit-2 error
@@ -702,8 +702,10 @@ run_ipc() {
     local common=(--layers "784,128,10" --epochs 1 --batch-size 64 --optimizer adam --seed 3
         --log-format json --data-dir "$DATA_DIR")
     local sps_ipc sps_tcp
-    for transport in auto tcp; do
-        TMPDIR="$tmp" "$PS_LOCAL" --ps 1 --workers 2 --timeout 55 --transport "$transport" \
+    for transport in ipc default; do
+        local flag=(--transport "$transport")
+        [ "$transport" = default ] && flag=()
+        TMPDIR="$tmp" "$PS_LOCAL" --ps 1 --workers 2 --timeout 55 "${flag[@]}" \
             -- "${common[@]}" --model-name "ipc_$transport" \
             >"$tmp/$transport.out" 2>"$tmp/$transport.log" &
         local l=$!
@@ -715,15 +717,16 @@ run_ipc() {
         [ -n "$acc" ] || fail "$transport: no test_accuracy= line"
         awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "$transport: test accuracy $acc < 0.75"
         sps=$(sed -n 's/.*test_accuracy=.* samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/$transport.out" | tail -n 1)
-        if [ "$transport" = auto ]; then
+        if [ "$transport" = ipc ]; then
             # (the spec is logged as a JSON string: its quotes are escaped)
-            grep -Eq 'ps\\":\[\\"ipc://'"$tmp"'/ps-local\.[^/]*/ps-0\.sock\\"' "$tmp/auto.log" ||
-                fail "auto: the cluster spec has no ipc:// ps address"
-            grep -qF 'worker\":[\"127.0.0.1:' "$tmp/auto.log" || fail "auto: worker entries changed"
-            compgen -G "$tmp/ps-local.*" >/dev/null && fail "auto: the socket directory was not removed"
+            grep -Eq 'ps\\":\[\\"ipc://'"$tmp"'/ps-local\.[^/]*/ps-0\.sock\\"' "$tmp/ipc.log" ||
+                fail "ipc: the cluster spec has no ipc:// ps address"
+            grep -qF 'worker\":[\"127.0.0.1:' "$tmp/ipc.log" || fail "ipc: worker entries changed"
+            compgen -G "$tmp/ps-local.*" >/dev/null && fail "ipc: the socket directory was not removed"
             sps_ipc=$sps
         else
-            grep -qF 'ps\":[\"127.0.0.1:' "$tmp/tcp.log" || fail "tcp: the ps address is not host:port"
+            grep -qF 'ps\":[\"127.0.0.1:' "$tmp/default.log" ||
+                fail "default: the ps address is not host:port (tcp)"
             sps_tcp=$sps
         fi
         echo "$transport: test accuracy $acc, worker 0 at $sps samples/s"
