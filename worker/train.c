@@ -18,8 +18,8 @@
 
 volatile int train_stop_signal = 0;
 
-/* Push groups of a step at most: with a prefetch and the clock in the last group, a server gets
- * at most this many requests + 1 per step (each more only beyond chunk-bytes). */
+/* Push groups of a BSP step at most: a server gets at most this many requests per step (each
+ * more only beyond chunk-bytes). */
 #define OVERLAP_MAX_GROUPS 3
 
 /* Bookkeeping of one run. */
@@ -43,7 +43,13 @@ typedef struct trainer {
     /* overlap (train.h): layers' gradients go out in push groups as backward produces them;
      * group 0 (the first layers, produced last) goes out after the pass with the clock */
     bool overlap;
-    bool prefetch; /* the next step's parameters are fetched while a step computes */
+    /* With a bound, whose reads must be at the clock of the step that uses them: */
+    bool prefetch; /* SSP: the next step's parameters are fetched while a step computes */
+    /* ASP: each step's Step (gradients, clock, the parameters after them) goes out after its
+     * backward pass and completes while the next step computes; its parameters serve the step
+     * after that (final_pulls) */
+    bool pipelined;
+    bool final_pulls; /* final_op pulls into the back buffers */
     int ngroups;
     int group_of[2 * MODEL_MAX_LAYERS];  /* parameter -> push group */
     int group_first[OVERLAP_MAX_GROUPS]; /* its parameters: [first, first + count) */
@@ -442,28 +448,39 @@ static int pipeline_wait(trainer *t)
         log_error("step: %s: %s", ps_strerror(rc), ps_op_message(t->final_op));
     ps_op_destroy(t->final_op);
     t->final_op = NULL;
+    t->final_pulls = false;
     return rc;
 }
 
-/* With a prefetch, after the backward pass: once the previous step's pushes and clock are
- * acknowledged (its clock is the one this step's pushes belong to), this step's gradients and
- * the clock go out in one Step per server, asynchronously, and the next step's backward pass
- * writes the other gradient buffers: these stay untouched until the Step completes. */
-static int pipeline_push(trainer *t)
+/* Pipelined or with a prefetch, after the backward pass: once the previous step's Step is
+ * acknowledged (its clock is the one this step's pushes belong to; the parameters it pulled
+ * become the current ones), this step's gradients and the clock go out in one Step per server,
+ * asynchronously, with (pull_next) the parameters after them into the back buffers. The next
+ * step's backward pass writes the other gradient buffers: these stay untouched until the Step
+ * completes. */
+static int pipeline_push(trainer *t, bool pull_next)
 {
+    bool pulled = t->final_pulls;
     int rc = pipeline_wait(t);
     if (rc != PS_OK)
         return rc;
+    if (pulled)
+        model_params_swap(t->m);
     t->clock_acked = ps_client_clock(t->client);
     int n = model_num_params(t->m);
     for (int i = 0; i < n; i++) {
         model_param *p = model_get_param(t->m, i);
-        t->items[i] = (ps_step_item){.var = t->vars[i], .count = p->numel, .grad = p->grad_host};
+        t->items[i] = (ps_step_item){.var = t->vars[i],
+                                     .count = p->numel,
+                                     .grad = p->grad_host,
+                                     .dst = pull_next ? p->host_back : NULL};
     }
     pthread_mutex_lock(&t->pf_lock);
     t->pf_final_done = false;
     pthread_mutex_unlock(&t->pf_lock);
-    rc = ps_step_async(t->client, t->items, (size_t)n, PS_STEP_CLOCK, final_done, t, &t->final_op);
+    t->final_pulls = pull_next;
+    rc = ps_step_async(t->client, t->items, (size_t)n, PS_STEP_CLOCK,
+                       t->prefetch ? final_done : NULL, t, &t->final_op);
     if (rc != PS_OK) {
         log_error("step: %s: %s", ps_strerror(rc), ps_last_error());
         return rc;
@@ -927,10 +944,11 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
      * without waiting for this worker's own clock: none (ASP) or s >= 1 (SSP). Under BSP the
      * next parameters are the aggregate of every worker's step: they come after the clock. */
     t.overlap = t.step && cfg->overlap;
-    t.prefetch = t.overlap && bound != 0;
+    t.prefetch = t.overlap && bound > 0;
+    t.pipelined = t.overlap && bound < 0;
     if (t.overlap)
         overlap_plan(&t);
-    if (t.prefetch && model_double_buffer(t.m) != 0) {
+    if ((t.prefetch || t.pipelined) && model_double_buffer(t.m) != 0) {
         log_error("%s", model_errmsg(t.m));
         goto out;
     }
@@ -941,11 +959,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
              cfg->model_name, layers, model_total_params(t.m), cfg->shard_index, cfg->shard_count,
              shard.n, batch, total, steps_per_epoch, ps_optimizer_name(cfg->optimizer), cfg->lr,
              bound, backend_name(be),
-             t.prefetch  ? ", pushes per layer group and prefetch"
-             : t.overlap ? ", pushes per layer group"
-             : t.step    ? ", one step call per server"
-             : t.fused   ? ", fused push-pull"
-                         : "");
+             t.pipelined  ? ", pipelined steps"
+             : t.prefetch ? ", prefetch"
+             : t.overlap  ? ", pushes per layer group"
+             : t.step     ? ", one step call per server"
+             : t.fused    ? ", fused push-pull"
+                          : "");
 
     if (t.fused || t.step) {
         rc = pull_all(&t);
@@ -1007,10 +1026,10 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         for (int g = 0; g < t.ngroups; g++)
             t.group_left[g] = t.group_count[g];
         rc = model_train_step(t.m,
-                              t.prefetch  ? NULL
-                              : t.overlap ? overlap_on_grad
-                              : t.step    ? NULL
-                                          : on_grad,
+                              t.prefetch || t.pipelined ? NULL
+                              : t.overlap               ? overlap_on_grad
+                              : t.step                  ? NULL
+                                                        : on_grad,
                               &t, &st);
         uint64_t c2 = time_now_ns();
         int prc = t.overlap ? overlap_wait_groups(&t) : t.step ? PS_OK : wait_pushes(&t);
@@ -1024,8 +1043,8 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             exit_code = client_failure(prc);
             goto out;
         }
-        if (t.prefetch) {
-            rc = pipeline_push(&t);
+        if (t.prefetch || t.pipelined) {
+            rc = pipeline_push(&t, t.pipelined && step + 1 < total);
         } else if (t.overlap) {
             rc = overlap_finish_step(&t, step + 1 < total);
         } else if (t.step) {
@@ -1038,11 +1057,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             goto out;
         }
         int64_t done_steps = step + 1;
-        /* Steps acknowledged and clocked, and the client's clock after them: with a prefetch,
-         * this step's pushes and clock were only sent, and the previous step's are done. */
-        int64_t acked = t.prefetch ? step : done_steps;
-        int64_t clk = t.prefetch ? t.clock_acked : ps_client_clock(client);
-        if (t.prefetch && step == first) {
+        /* Steps acknowledged and clocked, and the client's clock after them: pipelined or with
+         * a prefetch, this step's pushes and clock were only sent, the previous step's are done. */
+        bool async = t.prefetch || t.pipelined;
+        int64_t acked = async ? step : done_steps;
+        int64_t clk = async ? t.clock_acked : ps_client_clock(client);
+        if (async && step == first) {
             /* nothing acknowledged yet */
         } else if (clock_base == INT64_MIN) {
             clock_base = clk - acked;
@@ -1061,12 +1081,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                      clk - clock_base - acked, clk, acked + 1, to, to, total);
             res->skipped += to - acked;
             /* With a prefetch, this step was sent at the new clock: one more done. */
-            done_steps = t.prefetch && to < total ? to + 1 : to;
+            done_steps = async && to < total ? to + 1 : to;
             acked = to;
             step = done_steps - 1;
             /* Parameters fetched for the step that went by are not this worker's next ones. */
-            if (t.prefetch && ((rc = prefetch_finish(&t, false)) != PS_OK ||
-                               (step + 1 < total && (rc = pull_all(&t)) != PS_OK))) {
+            if (async && ((rc = prefetch_finish(&t, false)) != PS_OK ||
+                          (step + 1 < total && (rc = pull_all(&t)) != PS_OK))) {
                 exit_code = client_failure(rc);
                 goto out;
             }

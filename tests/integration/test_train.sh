@@ -41,10 +41,10 @@
 #       made durable at their creation, so both workers finish (no NOT_FOUND).
 #   test_train.sh overlap PS_SERVER PS_WORKER PS_LOCAL
 #       1 ps-server (its /metrics counting Step requests) and 2 ps-workers, 40 steps each: with
-#       overlap (the default) under ASP exactly 2 Step requests per worker step (pushes with the
-#       clock, the prefetch) but the last; under BSP 3 per step (a 3-layer model) and a saved
-#       model bit-identical to the one trained with --overlap=false (1 per step); under SSP
-#       s = 1 with a slow worker, worker 0's observed staleness is 1.
+#       overlap (the default) under ASP exactly 1 Step request per worker step (pipelined); under
+#       BSP 3 per step (a 3-layer model) and a saved model bit-identical to the one trained with
+#       --overlap=false (1 per step); under SSP s = 1 with a slow worker 2 per step but the last
+#       (pushes with the clock, the prefetch) and worker 0's observed staleness is 1.
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
 #       ps-local trains 1 epoch (1 ps, 2 workers) with --transport ipc (ipc:// sockets in a
 #       private directory, removed at exit) and with its default transport (tcp): both reach
@@ -830,12 +830,11 @@ run_overlap() {
         echo "$name: $requests Step requests for 2 x $steps steps, $(grep -o 'test_accuracy=[0-9.]*' "$tmp/$name.w0.out")"
     }
 
-    # ASP, overlap on (the default): per worker step one Step with the gradients and the clock,
-    # one prefetching the next step's parameters (none after the last step).
+    # ASP, overlap on (the default): pipelined, one Step per worker step (gradients, clock and
+    # the parameters for the step after next).
     run asp_on
-    grep -q "pushes per layer group and prefetch" "$tmp/asp_on.w0.log" || fail "asp_on: no prefetch"
-    [ "$requests" -eq $((2 * (2 * steps - 1))) ] ||
-        fail "asp_on: $requests Step requests, expected $((2 * (2 * steps - 1)))"
+    grep -q "pipelined steps" "$tmp/asp_on.w0.log" || fail "asp_on: not pipelined"
+    [ "$requests" -eq $((2 * steps)) ] || fail "asp_on: $requests Step requests, expected $((2 * steps))"
     acc=$(accuracy_of "$tmp/asp_on.w0.out")
     awk -v a="$acc" 'BEGIN { exit !(a >= 0.5) }' || fail "asp_on: test accuracy $acc < 0.5 (0.1 is chance)"
 
@@ -853,7 +852,9 @@ run_overlap() {
     cmp -s "$tmp/bsp_on.bin" "$tmp/bsp_off.bin" ||
         fail "BSP with overlap trained another model than without"
 
-    # SSP, s = 1, worker 1 slow: the prefetched reads stay within the bound, which is reached.
+    # SSP, s = 1, worker 1 slow: per worker step one Step with the gradients and the clock, one
+    # prefetching the next step's parameters (none after the last step); the prefetched reads
+    # stay within the bound, which is reached.
     start_server
     run ssp_on --staleness 1 --slow-worker 1 --slow-delay-ms 5
     [ "$requests" -eq $((2 * (2 * steps - 1))) ] ||
