@@ -57,7 +57,7 @@ typedef struct trainer {
     int group_left[OVERLAP_MAX_GROUPS];   /* gradients not yet delivered this step */
     ps_op *group_ops[OVERLAP_MAX_GROUPS]; /* push groups in flight */
     ps_op *prefetch_op;                   /* the next step's parameters, into host_back */
-    ps_op *final_op;                      /* with a prefetch: the last step's pushes and clock */
+    ps_op *final_op;                      /* pipelined or with a prefetch: the last step's Step */
     /* The next step's prefetch starts once the back buffers are free (this step's parameters
      * swapped in) and the previous step's pushes and clock are acknowledged (final_op's
      * callback), whichever comes last; under pf_lock. */

@@ -832,7 +832,7 @@ run_overlap() {
 
     # ASP, overlap on (the default): pipelined, one Step per worker step (gradients, clock and
     # the parameters for the step after next).
-    run asp_on
+    run asp_on --overlap=true
     grep -q "pipelined steps" "$tmp/asp_on.w0.log" || fail "asp_on: not pipelined"
     [ "$requests" -eq $((2 * steps)) ] || fail "asp_on: $requests Step requests, expected $((2 * steps))"
     acc=$(accuracy_of "$tmp/asp_on.w0.out")
@@ -842,7 +842,7 @@ run_overlap() {
     # gradients with the clock and the pulls), and the model is bit-identical to the one
     # trained without overlap (one Step per worker step).
     start_server
-    run bsp_on --staleness 0
+    run bsp_on --staleness 0 --overlap=true
     [ "$requests" -eq $((2 * 3 * steps)) ] ||
         fail "bsp_on: $requests Step requests, expected $((2 * 3 * steps))"
     start_server
@@ -856,7 +856,7 @@ run_overlap() {
     # prefetching the next step's parameters (none after the last step); the prefetched reads
     # stay within the bound, which is reached.
     start_server
-    run ssp_on --staleness 1 --slow-worker 1 --slow-delay-ms 5
+    run ssp_on --staleness 1 --slow-worker 1 --slow-delay-ms 5 --overlap=true
     [ "$requests" -eq $((2 * (2 * steps - 1))) ] ||
         fail "ssp_on: $requests Step requests, expected $((2 * (2 * steps - 1)))"
     smax=$(sed -n 's/.*test_accuracy=.* staleness_max=\([0-9-]*\).*/\1/p' "$tmp/ssp_on.w0.out")
