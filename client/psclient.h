@@ -365,6 +365,19 @@ int ps_step(ps_client *c, const ps_step_item *items, size_t n, unsigned flags);
 int ps_step_async(ps_client *c, const ps_step_item *items, size_t n, unsigned flags, ps_done_fn cb,
                   void *arg, ps_op **out_op);
 
+/* Prefetch: pulls every item's range (items only pull: grad NULL, dst set) at `clock`, or at
+ * this client's clock if that is higher, without pushing or advancing the clock. Each server
+ * answers once the variables' bounds allow a read at that clock (every live worker at clock - s
+ * or later), with the updates it has applied by then. A worker at clock c fetches step c + 1's
+ * parameters while it computes step c with clock c + 1: under SSP (s >= 1) its own clock c
+ * meets the bound, so the read does not wait for its own step; under ASP nothing waits; under
+ * BSP (s = 0) the answer waits until this worker has clocked too. The values hold this
+ * client's own pushes only as far as the servers applied them before answering. One message
+ * per server (more only beyond chunk-bytes). dst buffers are written until the operation
+ * completes. PS_FAILED_PRECONDITION without a worker id. Otherwise as ps_step_async. */
+int ps_pull_at_async(ps_client *c, const ps_step_item *items, size_t n, int64_t clock,
+                     ps_done_fn cb, void *arg, ps_op **out_op);
+
 /* ---- clock and cluster ------------------------------------------------------------------ */
 
 /* Advances this client's clock by one and reports it to every server. Call it after the

@@ -570,8 +570,10 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
     return PS_OK;
 }
 
-int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
-                     size_t ntables, unsigned flags, ps_done_fn cb, void *arg, ps_op **out_op)
+/* ps_step_ex_async, at the client's clock or at_clock if that is higher (ps_pull_at_async). */
+static int step_start(ps_client *c, const ps_step_item *items, size_t n,
+                      const ps_table_item *tables, size_t ntables, unsigned flags,
+                      int64_t at_clock, ps_done_fn cb, void *arg, ps_op **out_op)
 {
     if (c == NULL || out_op == NULL || (items == NULL && n > 0) || (tables == NULL && ntables > 0))
         return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items, table items or op");
@@ -606,6 +608,8 @@ int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps
     s->clock = (flags & PS_STEP_CLOCK) != 0;
     s->dtype = c->wire_dtype;
     s->push_clock = atomic_load(&c->clock);
+    if (at_clock > s->push_clock)
+        s->push_clock = at_clock;
     s->given_clock = INT64_MIN;
     int rc = copy_table_items(s, tables, ntables);
     if (rc != PS_OK) {
@@ -641,6 +645,28 @@ int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps
     }
     client_op_release(op, -1, STATUS_OK, "");
     return PS_OK;
+}
+
+int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,
+                     size_t ntables, unsigned flags, ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    return step_start(c, items, n, tables, ntables, flags, INT64_MIN, cb, arg, out_op);
+}
+
+int ps_pull_at_async(ps_client *c, const ps_step_item *items, size_t n, int64_t clock,
+                     ps_done_fn cb, void *arg, ps_op **out_op)
+{
+    if (c == NULL || out_op == NULL || (items == NULL && n > 0))
+        return client_fail(PS_INVALID_ARGUMENT, "ps_pull_at_async: NULL client, items or op");
+    if (c->worker_id < 0)
+        return client_fail(PS_FAILED_PRECONDITION,
+                           "ps_pull_at_async needs a worker id: run as a worker task or set "
+                           "worker-id");
+    for (size_t i = 0; i < n; i++)
+        if (items[i].grad != NULL || items[i].dst == NULL)
+            return client_fail(PS_INVALID_ARGUMENT,
+                               "ps_pull_at_async: item %zu pushes or has no dst: it only pulls", i);
+    return step_start(c, items, n, NULL, 0, 0, clock, cb, arg, out_op);
 }
 
 int ps_step_ex(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,

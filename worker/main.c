@@ -331,6 +331,8 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     tc.target_accuracy = opt_double(o, OPT_TARGET_ACCURACY);
     tc.fused_push_pull = opt_bool(o, OPT_FUSED_PUSH_PULL);
     tc.step_call = opt_bool(o, OPT_STEP_CALL);
+    tc.overlap = opt_bool(o, OPT_OVERLAP);
+    tc.prefetch = opt_bool(o, OPT_PREFETCH);
     tc.seed = (uint64_t)opt_int(o, OPT_SEED);
     tc.eval_every = opt_int(o, OPT_EVAL_EVERY);
     tc.log_every = opt_int(o, OPT_LOG_EVERY);

@@ -155,6 +155,12 @@ void model_destroy(model *m)
             backend_host_free(be, p->host);
             backend_host_free(be, p->grad_host);
         }
+        if (!p->host_is_device) {
+            backend_host_free(be, p->host_back);
+            backend_host_free(be, p->grad_host_back);
+        }
+        backend_buf_free(be, p->value_back);
+        backend_buf_free(be, p->grad_back);
         backend_buf_free(be, p->value);
         backend_buf_free(be, p->grad);
         backend_event_destroy(be, p->grad_ready);
@@ -413,6 +419,79 @@ void model_init_glorot(model *m, uint64_t seed)
     }
 }
 
+/* A back buffer for a parameter's device buffer: the device one and its host copy. */
+static int alloc_back(model *m, const model_param *p, backend_buf **buf, float **host)
+{
+    size_t bytes = p->numel * sizeof(float);
+    if (*buf != NULL)
+        return 0;
+    if (berr(m, backend_buf_alloc(m->be, bytes, buf), p->name) != 0)
+        return -1;
+    *host =
+        p->host_is_device ? backend_buf_host_ptr(m->be, *buf) : backend_host_alloc(m->be, bytes);
+    if (*host == NULL) {
+        backend_buf_free(m->be, *buf);
+        *buf = NULL;
+        return merr(m, "%s: out of memory for its back buffers", p->name);
+    }
+    return 0;
+}
+
+int model_double_buffer(model *m)
+{
+    for (int i = 0; i < m->num_params; i++) {
+        model_param *p = &m->params[i];
+        if (alloc_back(m, p, &p->value_back, &p->host_back) != 0 ||
+            alloc_back(m, p, &p->grad_back, &p->grad_host_back) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Points the layers at the model's current buffers. */
+static void relink_layers(model *m)
+{
+    for (int k = 0; k < m->num_layers; k++) {
+        layer *l = m->layers[k];
+        for (int j = 0; j < l->num_params; j++) {
+            l->params[j].value = m->params[m->first_param[k] + j].value;
+            l->params[j].grad = m->params[m->first_param[k] + j].grad;
+        }
+    }
+}
+
+void model_grads_swap(model *m)
+{
+    for (int i = 0; i < m->num_params; i++) {
+        model_param *p = &m->params[i];
+        if (p->grad_back == NULL)
+            continue;
+        float *h = p->grad_host;
+        p->grad_host = p->grad_host_back;
+        p->grad_host_back = h;
+        backend_buf *g = p->grad;
+        p->grad = p->grad_back;
+        p->grad_back = g;
+    }
+    relink_layers(m);
+}
+
+void model_params_swap(model *m)
+{
+    for (int i = 0; i < m->num_params; i++) {
+        model_param *p = &m->params[i];
+        if (p->value_back == NULL)
+            continue;
+        float *h = p->host;
+        p->host = p->host_back;
+        p->host_back = h;
+        backend_buf *v = p->value;
+        p->value = p->value_back;
+        p->value_back = v;
+    }
+    relink_layers(m);
+}
+
 int model_upload_param(model *m, int i)
 {
     model_param *p = &m->params[i];
@@ -569,6 +648,9 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
      * the pass reaches the second layer with parameters below it (or ends), so the host
      * pushes them while the backend computes the layers in between. */
     int older = -1, newer = -1;
+    /* A backend computing in host memory has a layer's gradients when queue_layer_grads
+     * returns: hand them out then, so that their pushes overlap the layers below. */
+    bool at_once = m->num_params > 0 && m->params[0].host_is_device;
     for (int k = L - 1; k >= 0; k--) {
         layer *l = m->layers[k];
         if (l->num_params > 0) {
@@ -578,6 +660,11 @@ int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st
             newer = k;
             if (queue_layer_grads(m, k) != 0)
                 return -1;
+            if (at_once) {
+                if ((rc = deliver_layer(m, k, on_grad, arg)) != 0)
+                    return rc;
+                newer = -1;
+            }
         } else if (l->ops->backward_params != NULL) {
             /* Gradients the layer keeps itself (an embedding bag's rows). */
             rc = l->ops->backward_params(l, m->y[k], m->y[k + 1], m->dy[k + 1], m->batch);

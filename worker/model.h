@@ -71,6 +71,14 @@ typedef struct model_param {
     backend_buf *value; /* device */
     backend_buf *grad;  /* device */
     backend_event *grad_ready;
+    /* The back buffers (model_double_buffer; NULL without): the next step's parameters are
+     * written into host_back while a step computes with host and value (model_params_swap
+     * exchanges them), and the previous step's gradients are read from grad_host_back while a
+     * step writes grad_host (model_grads_swap). */
+    float *host_back;
+    backend_buf *value_back;
+    float *grad_host_back;
+    backend_buf *grad_back;
 } model_param;
 
 typedef struct model model;
@@ -110,6 +118,20 @@ size_t model_total_params(const model *m);
  * cluster; this is for tests and for models trained without a server. */
 void model_init_glorot(model *m, uint64_t seed);
 
+/* Gives every parameter a second set of buffers (host_back, value_back, grad_host_back,
+ * grad_back), so that the next step's parameters can be written (a prefetch) and the previous
+ * step's gradients read (a push in flight) while a step computes. Idempotent. Returns 0, or -1
+ * (out of memory; message via model_errmsg). */
+int model_double_buffer(model *m);
+/* Exchanges every parameter's buffers with its back buffers (model_double_buffer): the
+ * values written into host_back become the parameters (after model_upload_params where the
+ * host copies are not the device buffers), and the old ones the back buffers. Nothing is
+ * copied; no backend work may be queued on the parameters. No-op without back buffers. */
+void model_params_swap(model *m);
+/* Exchanges every parameter's gradient buffers with their back buffers: the next
+ * model_train_step writes the others. No-op without back buffers. */
+void model_grads_swap(model *m);
+
 /* Queues the upload of every host copy to the device. Returns 0 or -1 (message
  * via model_errmsg). */
 int model_upload_params(model *m);
@@ -138,8 +160,10 @@ typedef int (*model_grad_fn)(model *m, int param_index, void *arg);
 /* Forward and backward over the uploaded batch. Gradients come out last
  * layer first (parameter indices descending); on_grad is called for each parameter once its host
  * gradient is ready, while the backend computes the layers below (so pushes of layer k overlap
- * compute of layer k-1). st (may be NULL) receives loss and accuracy. Returns 0, -1 (backend error,
- * message via model_errmsg) or on_grad's non-zero value. */
+ * compute of layer k-1; on a backend whose device memory is host memory, as soon as the layer's
+ * gradients are computed, before the pass goes on to the layer below). st (may be NULL) receives
+ * loss and accuracy. Returns 0, -1 (backend error, message via model_errmsg) or on_grad's non-zero
+ * value. */
 int model_train_step(model *m, model_grad_fn on_grad, void *arg, model_stats *st);
 
 /* Whether model_train_step copies the gradients to grad_host (on, the default).

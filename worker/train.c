@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,10 @@
 #include "timeutil.h"
 
 volatile int train_stop_signal = 0;
+
+/* Push groups of a BSP step at most: a server gets at most this many requests per step (each
+ * more only beyond chunk-bytes). */
+#define OVERLAP_MAX_GROUPS 3
 
 /* Bookkeeping of one run. */
 typedef struct trainer {
@@ -35,6 +40,33 @@ typedef struct trainer {
     bool fused; /* push-pull: the reply carries the next step's parameters */
     bool step;  /* ps_step: one request per server carries the step's pushes, clock, pulls */
     ps_step_item items[2 * MODEL_MAX_LAYERS];
+    /* overlap (train.h): layers' gradients go out in push groups as backward produces them;
+     * group 0 (the first layers, produced last) goes out after the pass with the clock */
+    bool overlap;
+    /* With a bound, whose reads must be at the clock of the step that uses them: */
+    bool prefetch; /* SSP: the next step's parameters are fetched while a step computes */
+    /* ASP: each step's Step (gradients, clock, the parameters after them) goes out after its
+     * backward pass and completes while the next step computes; its parameters serve the step
+     * after that (final_pulls) */
+    bool pipelined;
+    bool final_pulls; /* final_op pulls into the back buffers */
+    int ngroups;
+    int group_of[2 * MODEL_MAX_LAYERS];  /* parameter -> push group */
+    int group_first[OVERLAP_MAX_GROUPS]; /* its parameters: [first, first + count) */
+    int group_count[OVERLAP_MAX_GROUPS];
+    int group_left[OVERLAP_MAX_GROUPS];   /* gradients not yet delivered this step */
+    ps_op *group_ops[OVERLAP_MAX_GROUPS]; /* push groups in flight */
+    ps_op *prefetch_op;                   /* the next step's parameters, into host_back */
+    ps_op *final_op;                      /* pipelined or with a prefetch: the last step's Step */
+    /* The next step's prefetch starts once the back buffers are free (this step's parameters
+     * swapped in) and the previous step's pushes and clock are acknowledged (final_op's
+     * callback), whichever comes last; under pf_lock. */
+    pthread_mutex_t pf_lock;
+    bool pf_wanted;      /* buffers free, waiting for final_op */
+    bool pf_final_done;  /* final_op has completed */
+    int pf_error;        /* a prefetch the callback could not start */
+    int64_t clock_acked; /* the client's clock when final_op's predecessor was done */
+    uint64_t send_ns;    /* this step's time starting push groups */
     int failed_param;
     int failed_status;
     /* progress */
@@ -301,6 +333,227 @@ static int step_call(trainer *t, bool pull_next)
     int rc = ps_step(t->client, t->items, (size_t)n, PS_STEP_CLOCK);
     if (rc != PS_OK)
         log_error("step: %s: %s", ps_strerror(rc), ps_last_error());
+    return rc;
+}
+
+/* ---- overlap ---- */
+
+/* Splits the parameters into push groups: the layers with parameters, in order, cut into at most
+ * OVERLAP_MAX_GROUPS runs of about equal numbers of layers (a layer's kernel and bias always
+ * together). Backward produces the last group first; group 0 holds the first layer. */
+static void overlap_plan(trainer *t)
+{
+    int n = model_num_params(t->m);
+    int layers = model_get_param(t->m, n - 1)->layer; /* 1-based, counting layers with params */
+    t->ngroups = layers < OVERLAP_MAX_GROUPS ? layers : OVERLAP_MAX_GROUPS;
+    for (int g = 0; g < t->ngroups; g++) {
+        t->group_first[g] = n;
+        t->group_count[g] = 0;
+    }
+    for (int i = 0; i < n; i++) {
+        int g = (model_get_param(t->m, i)->layer - 1) * t->ngroups / layers;
+        t->group_of[i] = g;
+        if (i < t->group_first[g])
+            t->group_first[g] = i;
+        t->group_count[g]++;
+    }
+}
+
+/* Items of group g's pushes, from items[first] on (pulls: none). */
+static int group_items(trainer *t, int g, ps_step_item *items)
+{
+    int k = 0;
+    for (int i = t->group_first[g]; i < t->group_first[g] + t->group_count[g]; i++) {
+        model_param *p = model_get_param(t->m, i);
+        items[k++] = (ps_step_item){.var = t->vars[i], .count = p->numel, .grad = p->grad_host};
+    }
+    return k;
+}
+
+/* model_train_step callback with overlap: once every gradient of a group other than 0 is
+ * there, its pushes go out in one asynchronous Step (no clock). */
+static int overlap_on_grad(model *m, int i, void *arg)
+{
+    (void)m;
+    trainer *t = arg;
+    int g = t->group_of[i];
+    if (--t->group_left[g] > 0 || g == 0)
+        return 0;
+    uint64_t t0 = time_now_ns();
+    ps_step_item items[2 * MODEL_MAX_LAYERS];
+    int n = group_items(t, g, items);
+    int rc = ps_step_async(t->client, items, (size_t)n, 0, NULL, NULL, &t->group_ops[g]);
+    t->send_ns += time_now_ns() - t0;
+    if (rc != PS_OK) {
+        t->failed_param = i;
+        t->failed_status = rc;
+        log_error("push of layers' gradients (%s, ...): %s: %s", model_get_param(m, i)->name,
+                  ps_strerror(rc), ps_last_error());
+        return rc;
+    }
+    return 0;
+}
+
+/* Waits for the push groups in flight; returns the first failure. */
+static int overlap_wait_groups(trainer *t)
+{
+    int rc = PS_OK;
+    for (int g = 0; g < t->ngroups; g++) {
+        if (t->group_ops[g] == NULL)
+            continue;
+        int st = ps_op_wait(t->group_ops[g]);
+        if (st != PS_OK && rc == PS_OK) {
+            log_error("push of layers' gradients: %s: %s", ps_strerror(st),
+                      ps_op_message(t->group_ops[g]));
+            rc = st;
+        }
+        ps_op_destroy(t->group_ops[g]);
+        t->group_ops[g] = NULL;
+    }
+    return rc;
+}
+
+/* After the backward pass: once the other groups are acknowledged (a clock never reaches a
+ * server before the pushes it closes), group 0's pushes and the clock in one Step per server,
+ * with (pull_next) the next step's parameters at the new clock into the host copies. */
+static int overlap_finish_step(trainer *t, bool pull_next)
+{
+    int rc = overlap_wait_groups(t);
+    if (rc != PS_OK)
+        return rc;
+    int n = group_items(t, 0, t->items);
+    if (pull_next) {
+        for (int i = 0; i < n; i++)
+            t->items[i].dst = model_get_param(t->m, i)->host;
+        for (int i = t->group_count[0]; i < model_num_params(t->m); i++)
+            t->items[n++] = (ps_step_item){.var = t->vars[i],
+                                           .count = model_get_param(t->m, i)->numel,
+                                           .dst = model_get_param(t->m, i)->host};
+    }
+    rc = ps_step(t->client, t->items, (size_t)n, PS_STEP_CLOCK);
+    if (rc != PS_OK)
+        log_error("step: %s: %s", ps_strerror(rc), ps_last_error());
+    return rc;
+}
+
+static void final_done(ps_op *op, void *arg);
+
+/* Waits for the last step's pushes and clock, if in flight. */
+static int pipeline_wait(trainer *t)
+{
+    if (t->final_op == NULL)
+        return PS_OK;
+    int rc = ps_op_wait(t->final_op);
+    if (rc != PS_OK)
+        log_error("step: %s: %s", ps_strerror(rc), ps_op_message(t->final_op));
+    ps_op_destroy(t->final_op);
+    t->final_op = NULL;
+    t->final_pulls = false;
+    return rc;
+}
+
+/* Pipelined or with a prefetch, after the backward pass: once the previous step's Step is
+ * acknowledged (its clock is the one this step's pushes belong to; the parameters it pulled
+ * become the current ones), this step's gradients and the clock go out in one Step per server,
+ * asynchronously, with (pull_next) the parameters after them into the back buffers. The next
+ * step's backward pass writes the other gradient buffers: these stay untouched until the Step
+ * completes. */
+static int pipeline_push(trainer *t, bool pull_next)
+{
+    bool pulled = t->final_pulls;
+    int rc = pipeline_wait(t);
+    if (rc != PS_OK)
+        return rc;
+    if (pulled)
+        model_params_swap(t->m);
+    t->clock_acked = ps_client_clock(t->client);
+    int n = model_num_params(t->m);
+    for (int i = 0; i < n; i++) {
+        model_param *p = model_get_param(t->m, i);
+        t->items[i] = (ps_step_item){.var = t->vars[i],
+                                     .count = p->numel,
+                                     .grad = p->grad_host,
+                                     .dst = pull_next ? p->host_back : NULL};
+    }
+    pthread_mutex_lock(&t->pf_lock);
+    t->pf_final_done = false;
+    pthread_mutex_unlock(&t->pf_lock);
+    t->final_pulls = pull_next;
+    rc = ps_step_async(t->client, t->items, (size_t)n, PS_STEP_CLOCK,
+                       t->prefetch ? final_done : NULL, t, &t->final_op);
+    if (rc != PS_OK) {
+        log_error("step: %s: %s", ps_strerror(rc), ps_last_error());
+        return rc;
+    }
+    model_grads_swap(t->m);
+    return PS_OK;
+}
+
+/* Starts fetching the next step's parameters into the back buffers, at the clock of the next
+ * step: the previous step's clock is acknowledged, this one's is not sent yet, so that is the
+ * client's clock + 1 (a read within the staleness bound of the step that uses it). Called with
+ * pf_lock held, from the training thread or final_op's callback. */
+static int prefetch_start(trainer *t)
+{
+    int n = model_num_params(t->m);
+    ps_step_item items[2 * MODEL_MAX_LAYERS];
+    for (int i = 0; i < n; i++) {
+        model_param *p = model_get_param(t->m, i);
+        items[i] = (ps_step_item){.var = t->vars[i], .count = p->numel, .dst = p->host_back};
+    }
+    int rc = ps_pull_at_async(t->client, items, (size_t)n, ps_client_clock(t->client) + 1, NULL,
+                              NULL, &t->prefetch_op);
+    if (rc != PS_OK)
+        log_error("prefetch of the next step's parameters: %s: %s", ps_strerror(rc),
+                  ps_last_error());
+    return rc;
+}
+
+/* final_op's callback: starts the prefetch if the training thread asked for it already. */
+static void final_done(ps_op *op, void *arg)
+{
+    (void)op;
+    trainer *t = arg;
+    pthread_mutex_lock(&t->pf_lock);
+    t->pf_final_done = true;
+    if (t->pf_wanted) {
+        t->pf_wanted = false;
+        t->pf_error = prefetch_start(t);
+    }
+    pthread_mutex_unlock(&t->pf_lock);
+}
+
+/* The back buffers are free: the prefetch of the next step's parameters starts now, or once
+ * the previous step's pushes and clock are acknowledged. */
+static int prefetch_request(trainer *t)
+{
+    int rc = PS_OK;
+    pthread_mutex_lock(&t->pf_lock);
+    if (t->final_op == NULL || t->pf_final_done)
+        rc = prefetch_start(t);
+    else
+        t->pf_wanted = true;
+    pthread_mutex_unlock(&t->pf_lock);
+    return rc;
+}
+
+/* Waits for the prefetch in flight, if any; with `use`, its parameters become the current ones
+ * (else they are dropped). */
+static int prefetch_finish(trainer *t, bool use)
+{
+    if (t->prefetch_op == NULL) {
+        int rc = t->pf_error;
+        t->pf_error = PS_OK;
+        return rc;
+    }
+    int rc = ps_op_wait(t->prefetch_op);
+    if (rc != PS_OK)
+        log_error("prefetch of the next step's parameters: %s: %s", ps_strerror(rc),
+                  ps_op_message(t->prefetch_op));
+    ps_op_destroy(t->prefetch_op);
+    t->prefetch_op = NULL;
+    if (rc == PS_OK && use)
+        model_params_swap(t->m);
     return rc;
 }
 
@@ -632,6 +885,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         model_destroy(t.m);
         return TRAIN_EXIT_CONFIG;
     }
+    pthread_mutex_init(&t.pf_lock, NULL);
     int exit_code = TRAIN_EXIT_FAILED;
     size_t in_dim = (size_t)cfg->model.sizes[0];
     float *xb = backend_host_alloc(be, (size_t)cfg->batch_size * in_dim * sizeof(float));
@@ -686,6 +940,18 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     int bound = ps_var_staleness_bound(t.vars[0]);
     t.step = cfg->step_call;
     t.fused = !t.step && cfg->fused_push_pull && bound < 0;
+    /* Overlap rides on the Step call. A prefetch needs a bound a read one clock ahead meets
+     * without waiting for this worker's own clock: none (ASP) or s >= 1 (SSP). Under BSP the
+     * next parameters are the aggregate of every worker's step: they come after the clock. */
+    t.overlap = t.step && cfg->overlap;
+    t.prefetch = t.overlap && cfg->prefetch && bound > 0;
+    t.pipelined = t.overlap && cfg->prefetch && bound < 0;
+    if (t.overlap)
+        overlap_plan(&t);
+    if ((t.prefetch || t.pipelined) && model_double_buffer(t.m) != 0) {
+        log_error("%s", model_errmsg(t.m));
+        goto out;
+    }
     char layers[160];
     model_format_layers(&cfg->model, layers, sizeof(layers));
     log_info("training %s (layers %s, %zu parameters) on shard %d of %d: %zu examples, batch %d, "
@@ -693,9 +959,12 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
              cfg->model_name, layers, model_total_params(t.m), cfg->shard_index, cfg->shard_count,
              shard.n, batch, total, steps_per_epoch, ps_optimizer_name(cfg->optimizer), cfg->lr,
              bound, backend_name(be),
-             t.step    ? ", one step call per server"
-             : t.fused ? ", fused push-pull"
-                       : "");
+             t.pipelined  ? ", pipelined steps"
+             : t.prefetch ? ", prefetch"
+             : t.overlap  ? ", pushes per layer group"
+             : t.step     ? ", one step call per server"
+             : t.fused    ? ", fused push-pull"
+                          : "");
 
     if (t.fused || t.step) {
         rc = pull_all(&t);
@@ -710,6 +979,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     getrusage(RUSAGE_SELF, &ru0);
     uint64_t t_start = time_now_ns();
     uint64_t comm_ns = 0, win_comm_ns = 0, win_start = t_start;
+    uint64_t wait_ns = 0; /* of comm_ns: blocked for the prefetched parameters */
     double win_loss = 0.0, win_correct = 0.0;
     int64_t win_steps = 0;
     uint64_t win_samples = 0;
@@ -736,15 +1006,33 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             exit_code = client_failure(rc);
             goto out;
         }
+        if (t.prefetch && (rc = prefetch_finish(&t, true)) != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
         uint64_t c1 = time_now_ns();
         if (model_upload_params(t.m) != 0 || model_set_batch(t.m, xb, yb, batch) != 0) {
             log_error("%s", model_errmsg(t.m));
             goto out;
         }
+        /* The back buffers are free (the step before last computed with them): fill them with
+         * the next step's parameters while this one computes. */
+        if (t.prefetch && step + 1 < total && (rc = prefetch_request(&t)) != PS_OK) {
+            exit_code = client_failure(rc);
+            goto out;
+        }
         model_stats st;
-        rc = model_train_step(t.m, t.step ? NULL : on_grad, &t, &st);
+        t.send_ns = 0;
+        for (int g = 0; g < t.ngroups; g++)
+            t.group_left[g] = t.group_count[g];
+        rc = model_train_step(t.m,
+                              t.prefetch || t.pipelined ? NULL
+                              : t.overlap               ? overlap_on_grad
+                              : t.step                  ? NULL
+                                                        : on_grad,
+                              &t, &st);
         uint64_t c2 = time_now_ns();
-        int prc = t.step ? PS_OK : wait_pushes(&t);
+        int prc = t.overlap ? overlap_wait_groups(&t) : t.step ? PS_OK : wait_pushes(&t);
         if (rc != 0) {
             if (rc < 0)
                 log_error("%s", model_errmsg(t.m));
@@ -755,7 +1043,11 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             exit_code = client_failure(prc);
             goto out;
         }
-        if (t.step) {
+        if (t.prefetch || t.pipelined) {
+            rc = pipeline_push(&t, t.pipelined && step + 1 < total);
+        } else if (t.overlap) {
+            rc = overlap_finish_step(&t, step + 1 < total);
+        } else if (t.step) {
             rc = step_call(&t, step + 1 < total);
         } else if ((rc = ps_clock(client, NULL)) != PS_OK) {
             log_error("clock: %s: %s", ps_strerror(rc), ps_last_error());
@@ -765,10 +1057,16 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
             goto out;
         }
         int64_t done_steps = step + 1;
-        int64_t clk = ps_client_clock(client);
-        if (clock_base == INT64_MIN) {
-            clock_base = clk - done_steps;
-        } else if (bound >= 0 && clk - clock_base > done_steps) {
+        /* Steps acknowledged and clocked, and the client's clock after them: pipelined or with
+         * a prefetch, this step's pushes and clock were only sent, the previous step's are done. */
+        bool async = t.prefetch || t.pipelined;
+        int64_t acked = async ? step : done_steps;
+        int64_t clk = async ? t.clock_acked : ps_client_clock(client);
+        if (async && step == first) {
+            /* nothing acknowledged yet */
+        } else if (clock_base == INT64_MIN) {
+            clock_base = clk - acked;
+        } else if (bound >= 0 && clk - clock_base > acked) {
             /* Evicted (silent past the servers' worker-timeout-ms: paused, stalled) and back:
              * the servers re-registered this worker at the clock the others had reached, and
              * the barrier went on without it meanwhile. Take up the run where it stands, so
@@ -780,14 +1078,22 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                      ", where the other workers are; its steps %" PRId64 " to %" PRId64
                      " went by without it (not trained): it continues with %" PRId64 " of %" PRId64
                      " steps done",
-                     clk - clock_base - done_steps, clk, done_steps + 1, to, to, total);
-            res->skipped += to - done_steps;
-            done_steps = to;
-            step = to - 1;
+                     clk - clock_base - acked, clk, acked + 1, to, to, total);
+            res->skipped += to - acked;
+            /* With a prefetch, this step was sent at the new clock: one more done. */
+            done_steps = async && to < total ? to + 1 : to;
+            acked = to;
+            step = done_steps - 1;
+            /* Parameters fetched for the step that went by are not this worker's next ones. */
+            if (async && ((rc = prefetch_finish(&t, false)) != PS_OK ||
+                          (step + 1 < total && (rc = pull_all(&t)) != PS_OK))) {
+                exit_code = client_failure(rc);
+                goto out;
+            }
         }
-        /* This step's pushes are acknowledged and clocked: record it, without waiting. */
-        if (t.progress_var != NULL && done_steps % cfg->progress_every == 0 && done_steps < total &&
-            (rc = progress_set(&t, done_steps, false)) != PS_OK) {
+        /* Steps whose pushes are acknowledged and clocked: record them, without waiting. */
+        if (t.progress_var != NULL && acked % cfg->progress_every == 0 && acked < total &&
+            acked > 0 && (rc = progress_set(&t, acked, false)) != PS_OK) {
             exit_code = client_failure(rc);
             goto out;
         }
@@ -806,7 +1112,9 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         metric_set(wm.loss, st.loss);
         metric_set(wm.acc, batch > 0 ? st.correct / (double)batch : 0.0);
         metric_set(wm.clock, (double)done_steps);
-        uint64_t step_comm = (c1 - c0) + (c3 - c2);
+        uint64_t step_comm = (c1 - c0) + (c3 - c2) + t.send_ns;
+        if (t.prefetch)
+            wait_ns += c1 - c0;
         comm_ns += step_comm;
         win_comm_ns += step_comm;
         if (!isfinite(st.loss)) {
@@ -881,24 +1189,35 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         }
     }
     bar_clear(&t);
+    if ((rc = pipeline_wait(&t)) != PS_OK || (rc = prefetch_finish(&t, false)) != PS_OK) {
+        exit_code = client_failure(rc);
+        goto out;
+    }
     res->steps = step - first - res->skipped;
     res->wall_s = secs(time_now_ns() - t_start);
     res->samples_per_s = res->wall_s > 0 ? (double)res->samples / res->wall_s : 0.0;
     res->comm_ms_per_step = res->steps > 0 ? (double)comm_ns / 1e6 / (double)res->steps : 0.0;
+    res->wait_ms_per_step = res->steps > 0 ? (double)wait_ns / 1e6 / (double)res->steps : 0.0;
     res->compute_ms_per_step =
         res->steps > 0 ? res->wall_s * 1e3 / (double)res->steps - res->comm_ms_per_step : 0.0;
     res->final_loss = last_loss;
     getrusage(RUSAGE_SELF, &ru1);
     double csw = (double)((ru1.ru_nvcsw - ru0.ru_nvcsw) + (ru1.ru_nivcsw - ru0.ru_nivcsw));
+    double cpu_s = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                   (double)(ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                   (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec) * 1e-6 +
+                   (double)(ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
     {
-        char fields[448];
+        char fields[512];
         snprintf(fields, sizeof(fields),
                  "\"steps\":%" PRId64 ",\"samples\":%" PRIu64 ",\"wall_s\":%.3f,"
                  "\"samples_per_s\":%.1f,\"comm_ms_per_step\":%.3f,\"compute_ms_per_step\":%.3f,"
-                 "\"loss\":%.5f,\"first_step\":%" PRId64 ",\"context_switches_per_step\":%.1f",
+                 "\"wait_ms_per_step\":%.3f,\"loss\":%.5f,\"first_step\":%" PRId64
+                 ",\"context_switches_per_step\":%.1f,\"cpu_ms_per_step\":%.3f",
                  res->steps, res->samples, res->wall_s, res->samples_per_s, res->comm_ms_per_step,
-                 res->compute_ms_per_step, res->final_loss, res->first_step,
-                 res->steps > 0 ? csw / (double)res->steps : 0.0);
+                 res->compute_ms_per_step, res->wait_ms_per_step, res->final_loss, res->first_step,
+                 res->steps > 0 ? csw / (double)res->steps : 0.0,
+                 res->steps > 0 ? cpu_s * 1e3 / (double)res->steps : 0.0);
         log_fields(LOG_INFO, fields,
                    "trained %" PRId64 " steps in %.2f s: %.0f samples/s, %.3f ms/step in "
                    "communication, %.3f ms/step computing%s",
@@ -951,10 +1270,15 @@ out:
     bar_clear(&t);
     for (int i = 0; i < 2 * MODEL_MAX_LAYERS; i++)
         ps_op_destroy(t.ops[i]);
+    for (int g = 0; g < OVERLAP_MAX_GROUPS; g++)
+        ps_op_destroy(t.group_ops[g]);
+    ps_op_destroy(t.final_op);
+    ps_op_destroy(t.prefetch_op);
     ps_op_destroy(t.progress_op);
     backend_host_free(be, xb);
     backend_host_free(be, yb);
     data_shard_free(&shard);
     model_destroy(t.m);
+    pthread_mutex_destroy(&t.pf_lock);
     return exit_code;
 }

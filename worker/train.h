@@ -35,6 +35,8 @@ typedef struct train_config {
     int staleness; /* PS_STALENESS_DEFAULT, _ASYNC, _BSP or s > 0 */
     bool fused_push_pull;
     bool step_call; /* one Step request per server per step (ps_step) */
+    bool overlap;   /* with step_call: pushes per layer group during backward (train.c) */
+    bool prefetch;  /* with overlap, ASP/SSP: the next step's parameters while one computes */
     uint64_t seed;
     int64_t eval_every; /* steps; 0 = every epoch */
     int64_t log_every;
@@ -60,6 +62,7 @@ typedef struct train_result {
     double samples_per_s;       /* this worker */
     double comm_ms_per_step;    /* time blocked on the cluster per step */
     double compute_ms_per_step; /* the rest of the step */
+    double wait_ms_per_step;    /* of comm: blocked for prefetched parameters (overlap) */
     double final_loss;          /* mean training loss of the last log window */
     double test_accuracy;       /* worker 0 only, else -1 */
     double test_loss;

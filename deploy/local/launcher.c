@@ -13,8 +13,7 @@
  * interpreter.
  *
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
- * by binding (or taken from --base-port up). With --transport ipc (auto without
- * --base-port) the ps tasks listen on ipc:// sockets in a private directory under $TMPDIR
+ * by binding (or taken from --base-port up). With --transport ipc the ps tasks listen on ipc:// sockets in a private directory under $TMPDIR
  * (or /tmp), ps-local.PID.XXXXXX, removed at exit and on SIGTERM, SIGINT and SIGHUP; one that a
  * SIGKILLed launcher left (its PID gone, no socket listening) is removed by the next ps-local
  * that starts. The workers' entries stay host:port. The children share a process
@@ -1105,7 +1104,7 @@ static int run(const launch_config *lc)
     remove_stale_ipc_dirs();
     /* Workers never listen: their entries stay host:port whatever the transport. */
     const char *transport = opt_enum(o, OPT_LOCAL_TRANSPORT);
-    bool ipc = strcmp(transport, "ipc") == 0 || (strcmp(transport, "auto") == 0 && base_port == 0);
+    bool ipc = strcmp(transport, "ipc") == 0; /* auto: tcp, the faster for training */
     if (ipc && make_ipc_dir((int)n_ps) != 0) {
         say_error("cannot create a directory for the ipc sockets: %s", strerror(errno));
         return 1;

@@ -27,7 +27,7 @@ chmod +x "$tmp/sleeper" "$tmp/quick"
 
 # start_local LOG WORKER: ps-local with 2 ps-servers on ipc:// and 1 worker; sets $l.
 start_local() {
-    "$PS_LOCAL" --ps 2 --workers 1 --grace-ms 3000 --server "$PS_SERVER" --worker "$2" \
+    "$PS_LOCAL" --ps 2 --workers 1 --transport ipc --grace-ms 3000 --server "$PS_SERVER" --worker "$2" \
         >"$tmp/$1.out" 2>"$tmp/$1.log" &
     l=$!
     pids+=("$l")

@@ -520,6 +520,65 @@ static void test_step_wait_deadline_names_the_worker(void **state)
     ps_client_close(c);
 }
 
+/* ---- prefetch: ps_pull_at_async reads at the clock it names ------------------------------ */
+
+static void test_pull_at_waits_for_its_clock(void **state)
+{
+    (void)state;
+    ps_client *c0 = test_cluster_open_worker(&tc, 0, NULL);
+    ps_client *c1 = test_cluster_open_worker(&tc, 1, NULL);
+    assert_non_null(c0);
+    assert_non_null(c1);
+    ps_var *v = test_make_var_bound(c0, "ahead/w", 2, 1); /* SSP, s = 1 */
+    assert_non_null(v);
+    float g[2] = {1, 1}, w[2] = {7, 7};
+    assert_int_equal(ps_clock(c0, NULL), PS_OK);
+    assert_int_equal(ps_clock(c1, NULL), PS_OK); /* both at clock 1 */
+
+    /* Bad input: an item that pushes, no dst, a client without a worker id. */
+    ps_step_item bad = {v, 0, 2, g, w};
+    ps_op *op = NULL;
+    assert_int_equal(ps_pull_at_async(c0, &bad, 1, 2, NULL, NULL, &op), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(ps_last_error(), "only pulls"));
+    bad.grad = NULL;
+    bad.dst = NULL;
+    assert_int_equal(ps_pull_at_async(c0, &bad, 1, 2, NULL, NULL, &op), PS_INVALID_ARGUMENT);
+    ps_client *plain = open_client(-1, NULL, NULL);
+    assert_non_null(plain);
+    ps_step_item it = {v, 0, 2, NULL, w};
+    assert_int_equal(ps_pull_at_async(plain, &it, 1, 2, NULL, NULL, &op), PS_FAILED_PRECONDITION);
+    assert_null(op);
+    ps_client_close(plain);
+
+    /* At clock 2 (the next one of c0): the bound needs every worker at 1: answered at once,
+     * with the push made before it, and the client's clock does not move. */
+    assert_int_equal(ps_push(c0, v, g), PS_OK);
+    assert_int_equal(ps_pull_at_async(c0, &it, 1, 2, NULL, NULL, &op), PS_OK);
+    assert_int_equal(ps_op_wait(op), PS_OK);
+    ps_op_destroy(op);
+    assert_true(w[0] == -1.0f && w[1] == -1.0f);
+    assert_int_equal(ps_client_clock(c0), 1);
+
+    /* c0 at clock 2 reads at 3: the bound needs every worker at 2, and worker 1 is at 1: the
+     * read waits until it clocks. */
+    assert_int_equal(ps_clock(c0, NULL), PS_OK);
+    assert_int_equal(ps_pull_at_async(c0, &it, 1, 3, NULL, NULL, &op), PS_OK);
+    struct timespec ts = {0, 300000000};
+    nanosleep(&ts, NULL);
+    assert_false(ps_op_done(op));
+    assert_int_equal(ps_push(c1, v, g), PS_OK);
+    assert_int_equal(ps_clock(c1, NULL), PS_OK);
+    assert_int_equal(ps_op_wait(op), PS_OK);
+    ps_op_destroy(op);
+    assert_true(w[0] == -2.0f); /* worker 1's push of its clock 1 is in */
+    ps_staleness_stats ss;
+    assert_int_equal(ps_var_staleness(c0, v, &ss), PS_OK);
+    assert_true(ss.waits >= 1);
+    assert_true(ss.max <= 1);
+    ps_client_close(c1);
+    ps_client_close(c0);
+}
+
 /* ---- bfloat16 on the wire ---------------------------------------------------------------- */
 
 static void test_bf16_wire(void **state)
@@ -610,6 +669,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_step_ssp_bound_holds, start_workers2, stop),
         cmocka_unit_test_setup_teardown(test_step_wait_deadline_names_the_worker, start_workers2,
                                         stop),
+        cmocka_unit_test_setup_teardown(test_pull_at_waits_for_its_clock, start_workers2, stop),
         cmocka_unit_test_setup_teardown(test_bf16_wire, start2, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,9 +39,16 @@
 #       server says nothing was lost, and no worker says otherwise; (c) SIGKILL with the
 #       default checkpoint interval (30 s), before any periodic checkpoint: the variables were
 #       made durable at their creation, so both workers finish (no NOT_FOUND).
+#   test_train.sh overlap PS_SERVER PS_WORKER PS_LOCAL
+#       1 ps-server (its /metrics counting Step requests) and 2 ps-workers, 40 steps each: with
+#       --prefetch under ASP exactly 1 Step request per worker step (pipelined); under BSP 3 per
+#       step (a 3-layer model) and a saved model bit-identical to the one trained with
+#       --overlap=false (1 per step); under SSP s = 1 with a slow worker and --prefetch 2 per
+#       step but the last (pushes with the clock, the prefetch) and worker 0's observed
+#       staleness is 1; the defaults under ASP (overlap inside the step) 3 per step.
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
-#       ps-local trains 1 epoch (1 ps, 2 workers) with its default transport (ipc:// sockets in
-#       a private directory, removed at exit) and again with --transport tcp: both reach
+#       ps-local trains 1 epoch (1 ps, 2 workers) with --transport ipc (ipc:// sockets in a
+#       private directory, removed at exit) and with its default transport (tcp): both reach
 #       test accuracy >= 0.75; prints both runs' samples/s. Also: ps-server removes a stale
 #       socket file left by a dead server, refuses a path a live server listens on, refuses
 #       TLS with ipc:// (exit 2), and a cluster entry with another scheme is an exit-2 error
@@ -696,8 +703,10 @@ run_ipc() {
     local common=(--layers "784,128,10" --epochs 1 --batch-size 64 --optimizer adam --seed 3
         --log-format json --data-dir "$DATA_DIR")
     local sps_ipc sps_tcp
-    for transport in auto tcp; do
-        TMPDIR="$tmp" "$PS_LOCAL" --ps 1 --workers 2 --timeout 55 --transport "$transport" \
+    for transport in ipc default; do
+        local flag=(--transport "$transport")
+        [ "$transport" = default ] && flag=()
+        TMPDIR="$tmp" "$PS_LOCAL" --ps 1 --workers 2 --timeout 55 "${flag[@]}" \
             -- "${common[@]}" --model-name "ipc_$transport" \
             >"$tmp/$transport.out" 2>"$tmp/$transport.log" &
         local l=$!
@@ -709,15 +718,16 @@ run_ipc() {
         [ -n "$acc" ] || fail "$transport: no test_accuracy= line"
         awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "$transport: test accuracy $acc < 0.75"
         sps=$(sed -n 's/.*test_accuracy=.* samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/$transport.out" | tail -n 1)
-        if [ "$transport" = auto ]; then
+        if [ "$transport" = ipc ]; then
             # (the spec is logged as a JSON string: its quotes are escaped)
-            grep -Eq 'ps\\":\[\\"ipc://'"$tmp"'/ps-local\.[^/]*/ps-0\.sock\\"' "$tmp/auto.log" ||
-                fail "auto: the cluster spec has no ipc:// ps address"
-            grep -qF 'worker\":[\"127.0.0.1:' "$tmp/auto.log" || fail "auto: worker entries changed"
-            compgen -G "$tmp/ps-local.*" >/dev/null && fail "auto: the socket directory was not removed"
+            grep -Eq 'ps\\":\[\\"ipc://'"$tmp"'/ps-local\.[^/]*/ps-0\.sock\\"' "$tmp/ipc.log" ||
+                fail "ipc: the cluster spec has no ipc:// ps address"
+            grep -qF 'worker\":[\"127.0.0.1:' "$tmp/ipc.log" || fail "ipc: worker entries changed"
+            compgen -G "$tmp/ps-local.*" >/dev/null && fail "ipc: the socket directory was not removed"
             sps_ipc=$sps
         else
-            grep -qF 'ps\":[\"127.0.0.1:' "$tmp/tcp.log" || fail "tcp: the ps address is not host:port"
+            grep -qF 'ps\":[\"127.0.0.1:' "$tmp/default.log" ||
+                fail "default: the ps address is not host:port (tcp)"
             sps_tcp=$sps
         fi
         echo "$transport: test accuracy $acc, worker 0 at $sps samples/s"
@@ -763,7 +773,110 @@ run_ipc() {
     echo "PASS"
 }
 
+# ---------------------------------------------------------------------------------------------
+# Step requests the server answered (its /metrics counter), summed over reply statuses.
+step_requests() {
+    curl -sf "http://127.0.0.1:$1/metrics" |
+        awk '/^psd_rpc_requests_total\{/ && /method="Step"/ { n += $NF } END { printf "%d\n", n }'
+}
+
+run_overlap() {
+    local steps=40
+    local common=(--layers "784,64,32,10" --batch-size 64 --optimizer adam --seed 5
+        --steps "$steps" --progress-every 0 --log-every 1000 --log-format json
+        --data-dir "$DATA_DIR")
+    mapfile -t ports < <("$PS_LOCAL" --print-ports 4)
+    [ "${#ports[@]}" -eq 4 ] || fail "no free ports"
+    cluster="{\"ps\":[\"127.0.0.1:${ports[0]}\"],\"worker\":[\"127.0.0.1:${ports[1]}\",\"127.0.0.1:${ports[2]}\"]}"
+    tf() { echo "{\"cluster\":$cluster,\"task\":{\"type\":\"$1\",\"index\":$2}}"; }
+    # A fresh server: BSP and SSP runs start from the same clocks.
+    start_server() {
+        if [ -n "${server:-}" ]; then
+            kill -TERM "$server" 2>/dev/null
+            wait_for "$server" 10
+        fi
+        TF_CONFIG=$(tf ps 0) "$PS_SERVER" --http-listen "127.0.0.1:${ports[3]}" \
+            --log-format json >>"$tmp/ps0.log" 2>&1 &
+        server=$!
+        pids+=("$server")
+        for _ in $(seq 100); do
+            step_requests "${ports[3]}" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+    }
+    server=
+    start_server
+
+    # run NAME ARGS...: both workers, then the Step requests they made (in $requests).
+    run() {
+        local name=$1
+        shift
+        local before
+        before=$(step_requests "${ports[3]}") || fail "$name: no /metrics"
+        TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --model-name "$name" "$@" \
+            --save-model "$tmp/$name.bin" >"$tmp/$name.w0.out" 2>"$tmp/$name.w0.log" &
+        local w0=$!
+        pids+=("$w0")
+        TF_CONFIG=$(tf worker 1) "$PS_WORKER" "${common[@]}" --model-name "$name" "$@" \
+            >"$tmp/$name.w1.out" 2>"$tmp/$name.w1.log" &
+        local w1=$!
+        pids+=("$w1")
+        wait_for "$w1" 60
+        local rc1=$?
+        wait_for "$w0" 60
+        local rc0=$?
+        [ "$rc0" -eq 0 ] || { tail -n 5 "$tmp/$name.w0.log" >&2; fail "$name: worker 0 exited $rc0"; }
+        [ "$rc1" -eq 0 ] || { tail -n 5 "$tmp/$name.w1.log" >&2; fail "$name: worker 1 exited $rc1"; }
+        requests=$(($(step_requests "${ports[3]}") - before))
+        echo "$name: $requests Step requests for 2 x $steps steps, $(grep -o 'test_accuracy=[0-9.]*' "$tmp/$name.w0.out")"
+    }
+
+    # ASP with prefetch: pipelined, one Step per worker step (gradients, clock and the
+    # parameters for the step after next).
+    run asp_on --overlap=true --prefetch=true
+    grep -q "pipelined steps" "$tmp/asp_on.w0.log" || fail "asp_on: not pipelined"
+    [ "$requests" -eq $((2 * steps)) ] || fail "asp_on: $requests Step requests, expected $((2 * steps))"
+    acc=$(accuracy_of "$tmp/asp_on.w0.out")
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.5) }' || fail "asp_on: test accuracy $acc < 0.5 (0.1 is chance)"
+
+    # BSP: overlap stays inside the step (3 layers: 2 push groups, then the first layer's
+    # gradients with the clock and the pulls), and the model is bit-identical to the one
+    # trained without overlap (one Step per worker step).
+    start_server
+    run bsp_on --staleness 0 --overlap=true
+    [ "$requests" -eq $((2 * 3 * steps)) ] ||
+        fail "bsp_on: $requests Step requests, expected $((2 * 3 * steps))"
+    start_server
+    run bsp_off --staleness 0 --overlap=false
+    [ "$requests" -eq $((2 * steps)) ] || fail "bsp_off: $requests Step requests, expected $((2 * steps))"
+    [ -s "$tmp/bsp_on.bin" ] || fail "bsp_on: no model saved"
+    cmp -s "$tmp/bsp_on.bin" "$tmp/bsp_off.bin" ||
+        fail "BSP with overlap trained another model than without"
+
+    # SSP, s = 1, worker 1 slow: per worker step one Step with the gradients and the clock, one
+    # prefetching the next step's parameters (none after the last step); the prefetched reads
+    # stay within the bound, which is reached.
+    start_server
+    run ssp_on --staleness 1 --slow-worker 1 --slow-delay-ms 5 --overlap=true --prefetch=true
+    [ "$requests" -eq $((2 * (2 * steps - 1))) ] ||
+        fail "ssp_on: $requests Step requests, expected $((2 * (2 * steps - 1)))"
+    smax=$(sed -n 's/.*test_accuracy=.* staleness_max=\([0-9-]*\).*/\1/p' "$tmp/ssp_on.w0.out")
+    [ "$smax" = 1 ] || fail "ssp_on: staleness_max '$smax', expected 1 (the bound, reached)"
+
+    # ASP with overlap alone (the defaults): inside the step, as under BSP (2 push groups, then
+    # the first layer's gradients with the clock and the pulls).
+    start_server
+    run asp_default
+    [ "$requests" -eq $((2 * 3 * steps)) ] ||
+        fail "asp_default: $requests Step requests, expected $((2 * 3 * steps))"
+    grep -q "pushes per layer group" "$tmp/asp_default.w0.log" || fail "asp_default: no overlap"
+    kill -TERM "$server" 2>/dev/null
+    wait_for "$server" 10
+    echo "PASS"
+}
+
 case "$mode" in
+overlap) run_overlap ;;
 ps-crash) run_ps_crash ;;
 train) run_train ;;
 worker-resume) run_worker_resume ;;

@@ -468,6 +468,89 @@ static void test_config_is_sequence(void **state)
     model_destroy(b);
 }
 
+/* on_grad for test_double_buffer: records the order in which gradients are handed out. */
+static int record_grad(model *m, int i, void *arg)
+{
+    (void)m;
+    int *order = arg;
+    order[order[0]++ + 1] = i;
+    return 0;
+}
+
+/* The back buffers of a prefetch (model_double_buffer): parameters written into host_back and
+ * swapped in compute as parameters written into host; gradients written after model_grads_swap
+ * leave the previous ones (a push in flight reads them) untouched. */
+static void test_double_buffer(void **state)
+{
+    enum { B = 8, IN = 7 };
+    uint64_t s = 5;
+    float x[B * IN];
+    int32_t y[B];
+    fill(x, B * IN, 0, 1, &s);
+    for (int i = 0; i < B; i++)
+        y[i] = (int32_t)(data_rng_next(&s) % 3);
+    char err[256];
+    model_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    assert_int_equal(model_parse_layers("7,6,5,3", &cfg, err, sizeof(err)), 0);
+    cfg.act = BACKEND_ACT_RELU;
+    model *a = NULL, *b = NULL;
+    assert_int_equal(model_create(be, &cfg, B, "mlp", &a, err, sizeof(err)), 0);
+    assert_int_equal(model_create(be, &cfg, B, "mlp", &b, err, sizeof(err)), 0);
+    model_init_glorot(a, 11);
+    assert_int_equal(model_double_buffer(b), 0);
+    assert_int_equal(model_double_buffer(b), 0); /* idempotent */
+    int n = model_num_params(b);
+    for (int i = 0; i < n; i++) {
+        model_param *pa = model_get_param(a, i), *pb = model_get_param(b, i);
+        assert_non_null(pb->host_back);
+        assert_non_null(pb->grad_host_back);
+        assert_ptr_not_equal(pb->host_back, pb->host);
+        memcpy(pb->host_back, pa->host, pa->numel * sizeof(float));
+        for (size_t j = 0; j < pb->numel; j++)
+            pb->host[j] = 7.0f; /* not the parameters: must not be used after the swap */
+    }
+    model_params_swap(b);
+    model_stats sa, sb;
+    int order[1 + 2 * MODEL_MAX_LAYERS] = {0};
+    assert_int_equal(model_upload_params(a), 0);
+    assert_int_equal(model_set_batch(a, x, y, B), 0);
+    assert_int_equal(model_train_step(a, NULL, NULL, &sa), 0);
+    assert_int_equal(model_upload_params(b), 0);
+    assert_int_equal(model_set_batch(b, x, y, B), 0);
+    assert_int_equal(model_train_step(b, record_grad, order, &sb), 0);
+    assert_memory_equal(&sa.loss, &sb.loss, sizeof(double));
+    /* every gradient handed out once, last layer first */
+    assert_int_equal(order[0], n);
+    for (int k = 0; k < n; k++)
+        assert_int_equal(order[k + 1], n - 1 - k);
+    float *before[2 * MODEL_MAX_LAYERS], *copy[2 * MODEL_MAX_LAYERS];
+    for (int i = 0; i < n; i++) {
+        model_param *pa = model_get_param(a, i), *pb = model_get_param(b, i);
+        assert_memory_equal(pa->grad_host, pb->grad_host, pa->numel * sizeof(float));
+        before[i] = pb->grad_host;
+        copy[i] = malloc(pb->numel * sizeof(float));
+        assert_non_null(copy[i]);
+        memcpy(copy[i], pb->grad_host, pb->numel * sizeof(float));
+    }
+    /* Another batch into the other gradient buffers: the first ones keep their values. */
+    model_grads_swap(b);
+    fill(x, B * IN, 0, 1, &s);
+    assert_int_equal(model_set_batch(b, x, y, B), 0);
+    assert_int_equal(model_train_step(b, NULL, NULL, &sb), 0);
+    for (int i = 0; i < n; i++) {
+        model_param *pb = model_get_param(b, i);
+        assert_ptr_equal(pb->grad_host_back, before[i]);
+        assert_ptr_not_equal(pb->grad_host, before[i]);
+        assert_memory_equal(before[i], copy[i], pb->numel * sizeof(float));
+        free(copy[i]);
+    }
+    assert_memory_not_equal(model_get_param(b, 0)->grad_host, before[0],
+                            model_get_param(b, 0)->numel * sizeof(float));
+    model_destroy(a);
+    model_destroy(b);
+}
+
 static void test_bad_sequences(void **state)
 {
     char err[256] = "";
@@ -505,6 +588,7 @@ int main(void)
         cmocka_unit_test(test_model_through_table),
         cmocka_unit_test(test_config_is_sequence),
         cmocka_unit_test(test_bad_sequences),
+        cmocka_unit_test(test_double_buffer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
