@@ -6,7 +6,11 @@
 #                                     when it exists; the debootstrapped tree is kept as a
 #                                     tarball in PSD_CACHE_DIR and imported from there next
 #                                     time (up to 30 days old)
-#   deploy/container.sh build         build the image (default localhost/psd:latest)
+#   deploy/container.sh build [--etcd]
+#                                     build the image (default localhost/psd:latest); --etcd
+#                                     also the etcd image (default localhost/psd-etcd:latest,
+#                                     the Containerfile's target etcd: Debian's etcd-server,
+#                                     the coordinator of replicated servers)
 #   deploy/container.sh run-example [ps-worker flags]
 #                                     1 ps and 2 workers as containers (--network host), each
 #                                     with its own TF_CONFIG and distinct ports; waits for them
@@ -15,7 +19,8 @@
 #   deploy/container.sh podman ARGS   podman ARGS with the OCI runtime chosen as below, and
 #                                     podman's exit code (tests/integration/test_container.sh)
 #
-# Environment: PSD_IMAGE (image name), PSD_BASE_IMAGE (base image name), PODMAN_RUNTIME (the
+# Environment: PSD_IMAGE (image name), PSD_ETCD_IMAGE (etcd image name), PSD_BASE_IMAGE (base
+# image name), PODMAN_RUNTIME (the
 # OCI runtime podman uses; runc when installed, else podman's default), DEBIAN_MIRROR (for
 # debootstrap and the image's apt sources, with bookworm-updates and bookworm-security; default
 # the first .../debian URI of this machine's apt sources),
@@ -27,6 +32,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 IMAGE=${PSD_IMAGE:-localhost/psd:latest}
+ETCD_IMAGE=${PSD_ETCD_IMAGE:-localhost/psd-etcd:latest}
 BASE_IMAGE=${PSD_BASE_IMAGE:-localhost/debian:bookworm}
 
 podman_cmd=(podman)
@@ -108,6 +114,16 @@ cmd_base() {
 }
 
 cmd_build() {
+    local etcd=no arg
+    for arg in "$@"; do
+        case "$arg" in
+        --etcd) etcd=yes ;;
+        *)
+            say "build: unknown argument '$arg' (usage: $0 build [--etcd])"
+            exit 2
+            ;;
+        esac
+    done
     need podman podman
     pm image exists "$BASE_IMAGE" || die "no base image $BASE_IMAGE: run '$0 base' first"
     local t0=$SECONDS old
@@ -127,6 +143,16 @@ cmd_build() {
     local size
     size=$(pm image inspect --format '{{.Size}}' "$IMAGE")
     say "built $IMAGE in $((SECONDS - t0)) s; size $size bytes ($((size / 1048576)) MiB)"
+    [ "$etcd" = yes ] || return 0
+    t0=$SECONDS
+    old=$(pm image inspect --format '{{.Id}}' "$ETCD_IMAGE" 2>/dev/null || true)
+    pm build --pull=never --network host --build-arg "BASE_IMAGE=$BASE_IMAGE" --target etcd \
+        -f "$root/deploy/Containerfile" -t "$ETCD_IMAGE" "$root"
+    if [ -n "$old" ] && [ "$old" != "$(pm image inspect --format '{{.Id}}' "$ETCD_IMAGE")" ]; then
+        pm rmi "$old" >/dev/null 2>&1 || true
+    fi
+    size=$(pm image inspect --format '{{.Size}}' "$ETCD_IMAGE")
+    say "built $ETCD_IMAGE in $((SECONDS - t0)) s; size $size bytes ($((size / 1048576)) MiB)"
 }
 
 # Free TCP ports of the host (the containers share its network).
@@ -212,7 +238,7 @@ sub=${1:-}
 [ $# -gt 0 ] && shift
 case "$sub" in
 base) cmd_base ;;
-build) cmd_build ;;
+build) cmd_build "$@" ;;
 run-example) cmd_run_example "$@" ;;
 all)
     cmd_base

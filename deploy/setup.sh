@@ -3,7 +3,7 @@
 #
 #   deploy/setup.sh          what the build, the tests and the programs need
 #   deploy/setup.sh --test   that, and what only some tests use (tests/run.sh passes it): podman,
-#                            runc, debootstrap and podman-compose (the container image and
+#                            runc, debootstrap, curl and podman-compose (the container image and
 #                            compose tests, with netavark and aardvark-dns for the compose
 #                            network's service names), python3-torch (the PyTorch glue) and
 #                            etcd-server (the coordinator of replicated servers)
@@ -43,7 +43,7 @@ packages=(
 )
 if [ "$with_tests" = yes ]; then
   packages+=(
-    podman runc debootstrap podman-compose netavark aardvark-dns
+    podman runc debootstrap curl podman-compose netavark aardvark-dns
     python3-torch
     etcd-server
   )

@@ -12,6 +12,10 @@
 # test accuracy >= 0.7; `podman-compose stop` stops both servers with SIGTERM, they exit 0 and
 # log their last checkpoint. `podman-compose down -v` and the exit trap remove the project's
 # containers, its volume and its network; the test checks that none is left.
+# Then the same with deploy/compose.replicated.yaml added (another project): replicas 2 with
+# the etcd service of our own etcd image (deploy/container.sh build --etcd): both servers
+# register in etcd and install a view with both live, both workers train to their bound and
+# exit 0; down -v leaves nothing.
 #
 # Exit 77 (skipped), saying why, unless run as root with podman, runc, debootstrap and
 # podman-compose installed (deploy/setup.sh --test installs them).
@@ -34,19 +38,25 @@ pm() { "$CS" podman "$@"; }
 # podman-compose runs podman through this, with the OCI runtime deploy/container.sh uses.
 printf '#!/bin/sh\nexec "%s" podman "$@"\n' "$CS" >"$tmp/podman"
 chmod +x "$tmp/podman"
+files=(-f "$SRC/deploy/compose.yaml")
 compose() {
-    podman-compose --podman-path "$tmp/podman" -p "$project" -f "$SRC/deploy/compose.yaml" \
+    podman-compose --podman-path "$tmp/podman" -p "$project" "${files[@]}" \
         -f "$tmp/override.yaml" "$@"
 }
-cleanup() {
+remove_project() {
     compose down -v -t 5 >>"$tmp/down.log" 2>&1
-    local c
+    local c v
     for c in $(pm ps -a --filter "label=io.podman.compose.project=$project" --format '{{.Names}}' 2>/dev/null); do
         pm rm -f -t 2 "$c" >/dev/null 2>&1
     done
-    pm volume rm -f "${project}_psd-checkpoints" >/dev/null 2>&1
+    for v in psd-checkpoints psd-etcd; do
+        pm volume rm -f "${project}_$v" >/dev/null 2>&1
+    done
     pm network rm -f "${project}_default" >/dev/null 2>&1
     pm pod rm -f "pod_$project" >/dev/null 2>&1
+}
+cleanup() {
+    remove_project
     rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -58,8 +68,8 @@ fail() {
 
 "$CS" base || fail "container.sh base"
 start=$SECONDS
-"$CS" build >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build.log" >&2; fail "container.sh build"; }
-echo "image ready in $((SECONDS - start)) s"
+"$CS" build --etcd >"$tmp/build.log" 2>&1 || { tail -n 40 "$tmp/build.log" >&2; fail "container.sh build --etcd"; }
+echo "images ready in $((SECONDS - start)) s"
 
 cat >"$tmp/override.yaml" <<EOF
 services:
@@ -144,4 +154,45 @@ pm volume exists "${project}_psd-checkpoints" && fail "volume ${project}_psd-che
 if pm network exists "${project}_default"; then
     pm network rm "${project}_default" >/dev/null || fail "cannot remove the network ${project}_default"
 fi
-echo "PASS ($((SECONDS - start)) s from up to down)"
+echo "plain: $((SECONDS - start)) s from up to down"
+
+# ---- replicated: compose.replicated.yaml added, the etcd service from our etcd image -------
+project="psdtestr$$"
+files+=(-f "$SRC/deploy/compose.replicated.yaml")
+start=$SECONDS
+compose up -d >"$tmp/up.log" 2>&1 || { cat "$tmp/up.log" >&2; fail "replicated: podman-compose up failed"; }
+etcd=$(name etcd)
+w0=$(name worker0)
+w1=$(name worker1)
+ps0=$(name ps0)
+ps1=$(name ps1)
+[ -n "$etcd" ] && [ -n "$w0" ] && [ -n "$w1" ] && [ -n "$ps0" ] && [ -n "$ps1" ] ||
+    { cat "$tmp/up.log" >&2; pm ps -a >&2; fail "replicated: no containers for the 5 services"; }
+for c in "$etcd" "$ps0" "$ps1" "$w0" "$w1"; do
+    started=$(pm inspect --format '{{.State.StartedAt.IsZero}}' "$c")
+    [ "$started" = false ] || { grep -B2 -A3 "Error" "$tmp/up.log" | tail -n 20 >&2; fail "replicated: $c was never started"; }
+done
+image=$(pm inspect --format '{{.ImageName}}' "$etcd")
+[ "$image" = localhost/psd-etcd:latest ] || fail "replicated: the etcd service runs $image"
+rc0=$(timeout 300 "$CS" podman wait "$w0" 2>/dev/null) || rc0=timeout
+rc1=$(timeout 120 "$CS" podman wait "$w1" 2>/dev/null) || rc1=timeout
+[ "$rc0" = 0 ] && [ "$rc1" = 0 ] ||
+    { show_logs; pm logs "$etcd" 2>&1 | tail -n 10 >&2; fail "replicated: workers exited $rc0 and $rc1, expected 0"; }
+grep_log() { pm logs "$1" 2>&1 | grep -q "$2"; }
+for c in "$ps0" "$ps1"; do
+    grep_log "$c" "registered in etcd http://etcd:2379" &&
+        grep_log "$c" "view epoch [0-9]*, primaries \[0 1\], live \[0 1\]" ||
+        { show_logs; fail "replicated: $c did not register in etcd and see both servers live"; }
+done
+acc=$(pm logs "$w0" 2>&1 | sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' | tail -n 1)
+[ -n "$acc" ] || { show_logs; fail "replicated: no test_accuracy= line from worker 0"; }
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.7) }' || fail "replicated: test accuracy $acc < 0.7"
+compose down -v -t 5 >"$tmp/down.log" 2>&1 || { cat "$tmp/down.log" >&2; fail "replicated: podman-compose down failed"; }
+left=$(pm ps -a --filter "label=io.podman.compose.project=$project" --format '{{.Names}}')
+[ -z "$left" ] || fail "replicated: containers left after down: $left"
+pm volume exists "${project}_psd-etcd" && fail "volume ${project}_psd-etcd left after down -v"
+if pm network exists "${project}_default"; then
+    pm network rm "${project}_default" >/dev/null || fail "cannot remove the network ${project}_default"
+fi
+echo "replicated (replicas 2, etcd from $image): both servers registered and saw both live, test accuracy $acc; $((SECONDS - start)) s from up to down"
+echo "PASS"

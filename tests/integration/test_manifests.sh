@@ -24,6 +24,13 @@
 #    Bad specs must be refused with exit 2 (negative controls).
 # 4. systemd units: systemd-analyze verify (when systemd-analyze exists), no warning about
 #    our units.
+# 5. Images: no file under deploy/ names an image that is not our own (localhost/...): every
+#    image: of a manifest (${VAR:-default} by its default), every FROM and *IMAGE* ARG default
+#    of the Containerfile, every NAME=${..:-image} default of a script, and no registry host
+#    (docker.io, gcr.io, quay.io, ...) anywhere; a copy of deploy/ with a registry image put
+#    back must fail. The etcd service (compose.replicated.yaml, k8s/etcd.yaml) runs
+#    localhost/psd-etcd built from the Containerfile's target etcd, and every etcd flag it
+#    passes is one etcd 3.4 knows (`etcd --help` of Debian's etcd-server, when installed).
 #
 # Needs python3 with venv and network access to PyPI the first time (the venv is kept under
 # BUILD_DIR/manifests-venv); otherwise exit 77 (skipped) saying why.
@@ -340,5 +347,134 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     echo "systemd-analyze verify: ps-server@.service and ps-worker@.service clean"
 else
     echo "systemd-analyze not found: the systemd units were not verified"
+fi
+# ---- 5. images: our own only, and etcd 3.4's flags ----------------------------------------
+cat >"$tmp/images.py" <<'EOF'
+import os, re, sys, yaml
+root = sys.argv[1]
+REGISTRY = re.compile(r"\b(docker\.io|gcr\.io|quay\.io|ghcr\.io|registry\.k8s\.io|"
+                      r"registry\.gitlab\.com|mcr\.microsoft\.com|public\.ecr\.aws|"
+                      r"[a-z0-9-]+\.pkg\.dev|[a-z0-9.-]*azurecr\.io)\b")
+def resolve(v):
+    # ${VAR:-default} / ${VAR-default} stands for its default.
+    m = re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?-([^}]*)\}", v.strip())
+    return m.group(1) if m else v.strip()
+bad, seen = [], []
+def check(where, ref):
+    ref = resolve(ref.strip().strip("'\""))
+    seen.append(ref)
+    if not ref.startswith("localhost/"):
+        bad.append(f"{where}: image {ref} is not ours (localhost/...)")
+def walk_yaml(where, node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "image" and isinstance(v, str):
+                check(where, v)
+            else:
+                walk_yaml(where, v)
+    elif isinstance(node, list):
+        for v in node:
+            walk_yaml(where, v)
+for d, _, files in os.walk(root):
+    for f in sorted(files):
+        path = os.path.join(d, f)
+        rel = os.path.relpath(path, os.path.dirname(root))
+        try:
+            text = open(path, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            m = REGISTRY.search(line)
+            if m:
+                bad.append(f"{rel}:{n}: names the registry {m.group(1)}")
+        if f.endswith((".yaml", ".yml")):
+            for doc in yaml.safe_load_all(text):
+                walk_yaml(rel, doc)
+        elif f.startswith(("Containerfile", "Dockerfile")):
+            args, stages = {}, set()
+            for n, line in enumerate(text.splitlines(), 1):
+                m = re.match(r"\s*ARG\s+([A-Za-z_]+)=(\S+)", line)
+                if m:
+                    args[m.group(1)] = m.group(2).strip('"')
+                    if "IMAGE" in m.group(1):
+                        check(f"{rel}:{n} ARG {m.group(1)}", m.group(2))
+                m = re.match(r"\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", line, re.I)
+                if m:
+                    ref = re.sub(r"\$\{?([A-Za-z_]+)\}?", lambda a: args.get(a.group(1), ""),
+                                 m.group(1))
+                    if ref not in stages:
+                        check(f"{rel}:{n} FROM", ref)
+                    if m.group(2):
+                        stages.add(m.group(2))
+        else:
+            for n, line in enumerate(text.splitlines(), 1):
+                m = re.search(r"\b([A-Z_]*IMAGE[A-Z_]*)=(\$\{[A-Z_]+:?-[^}]*\})", line)
+                if m:
+                    check(f"{rel}:{n} {m.group(1)}", m.group(2))
+print(f"{len(seen)} image references under {os.path.basename(root)}/")
+if bad:
+    print("\n".join(bad))
+    sys.exit(1)
+EOF
+"$PY" "$tmp/images.py" "$SRC/deploy" >"$tmp/images.log" 2>&1 ||
+    { cat "$tmp/images.log" >&2; fail "deploy/ names an image that is not ours"; }
+grep -q "^[0-9]* image references" "$tmp/images.log" && [ "$(cut -d' ' -f1 "$tmp/images.log")" -ge 9 ] ||
+    { cat "$tmp/images.log" >&2; fail "too few image references found under deploy/"; }
+# Negative controls: a registry image back in a manifest, a Containerfile base from a registry.
+for bad in "k8s/etcd.yaml|localhost/psd-etcd:latest|quay.io/coreos/etcd:v3.4.23" \
+    "compose.replicated.yaml|localhost/psd-etcd:latest|etcd:3.4" \
+    "Containerfile|BASE_IMAGE=localhost/debian:bookworm|BASE_IMAGE=debian:bookworm" \
+    "container.sh|localhost/psd:latest|psd:latest"; do
+    IFS='|' read -r f from to <<<"$bad"
+    rm -rf "$tmp/deploy" && cp -r "$SRC/deploy" "$tmp/deploy" &&
+        sed -i "s#$from#$to#" "$tmp/deploy/$f" && ! cmp -s "$SRC/deploy/$f" "$tmp/deploy/$f" ||
+        fail "could not make the negative control for $f"
+    "$PY" "$tmp/images.py" "$tmp/deploy" >"$tmp/images-bad.log" 2>&1 &&
+        fail "the image check accepted $to in $f"
+done
+rm -rf "$tmp/deploy"
+echo "images: $(head -n 1 "$tmp/images.log"), all localhost/; registry images put back are refused"
+# The etcd service: our image, built from the Containerfile's target etcd; etcd 3.4's flags.
+"$PY" - "$SRC" "$tmp/etcd-flags.txt" <<'EOF' || fail "the etcd service"
+import os, re, sys, yaml
+src, out = sys.argv[1], sys.argv[2]
+load = lambda p: [d for d in yaml.safe_load_all(open(os.path.join(src, p))) if d]
+cf = open(os.path.join(src, "deploy/Containerfile")).read()
+assert re.search(r"^FROM\s+\S+\s+AS\s+etcd\s*$", cf, re.M), "Containerfile: no target etcd"
+assert re.search(r"apt-get install[^\n]*etcd-server", cf), "Containerfile: etcd is not Debian's etcd-server"
+svc = load("deploy/compose.replicated.yaml")[0]["services"]["etcd"]
+assert svc["image"].endswith("localhost/psd-etcd:latest}"), f"compose etcd image {svc['image']}"
+b = svc["build"]
+assert b["dockerfile"] == "deploy/Containerfile" and b["target"] == "etcd" and b["context"] == "..", b
+sts = [d for d in load("deploy/k8s/etcd.yaml") if d["kind"] == "StatefulSet"][0]
+c = sts["spec"]["template"]["spec"]["containers"][0]
+assert c["image"] == "localhost/psd-etcd:latest", f"k8s etcd image {c['image']}"
+assert "command" not in c, "k8s etcd: the image's entrypoint (etcd) takes args"
+sc = sts["spec"]["template"]["spec"]["securityContext"]
+assert sc.get("runAsUser") == 10002 and sc.get("fsGroup") == 10002, "k8s etcd: not the image's user etcd"
+assert re.search(r"--uid 10002 .*etcd", cf), "Containerfile: the etcd user is not uid 10002"
+flags = set()
+for where, args in (("compose", svc["command"]), ("k8s", c["args"])):
+    assert all(a.startswith("--") for a in args), f"{where} etcd: not all arguments are flags: {args}"
+    got = dict(a[2:].split("=", 1) for a in args)
+    assert got.get("data-dir") == "/var/lib/etcd", f"{where} etcd: data-dir {got.get('data-dir')}"
+    assert got.get("listen-client-urls") == "http://0.0.0.0:2379", f"{where} etcd: client port"
+    flags |= set(got)
+vol = [m["mountPath"] for m in c["volumeMounts"]]
+assert "/var/lib/etcd" in vol, "k8s etcd: data-dir is not the volume"
+assert any(v.endswith(":/var/lib/etcd") for v in svc["volumes"]), "compose etcd: data-dir is not the volume"
+open(out, "w").write("\n".join(sorted(flags)) + "\n")
+EOF
+if [ -x /usr/bin/etcd ]; then
+    /usr/bin/etcd --help >"$tmp/etcd-help.txt" 2>&1
+    grep -q -- "--listen-client-urls" "$tmp/etcd-help.txt" || fail "etcd --help lists no flags"
+    while read -r flag; do
+        grep -q -- "^  --$flag\b" "$tmp/etcd-help.txt" ||
+            fail "the etcd manifests pass --$flag, which $(/usr/bin/etcd --version | head -n 1) does not know"
+    done <"$tmp/etcd-flags.txt"
+    grep -q -- "^  --no-such-flag\b" "$tmp/etcd-help.txt" && fail "the etcd flag check cannot fail"
+    echo "etcd service: localhost/psd-etcd (target etcd); its $(wc -l <"$tmp/etcd-flags.txt") flags known to $(/usr/bin/etcd --version | head -n 1)"
+else
+    echo "etcd service: localhost/psd-etcd (target etcd); /usr/bin/etcd not installed: its flags were not checked"
 fi
 echo "PASS"
