@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "log.h"
 #include "placement.h"
+#include "replica.h"
 #include "server.h"
 #include "status.h"
 #include "timeutil.h"
@@ -1024,5 +1025,7 @@ const rpc_method server_methods[] = {
      handle_table_pull, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
      handle_table_push, RPC_SEGMENT},
+    {PSD__V1__METHOD__REPLICATE, "Replicate", &psd__v1__replicate_request__descriptor,
+     replica_handle_replicate, RPC_ADMIN | RPC_POOL | RPC_MAY_SEGMENT},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);
