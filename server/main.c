@@ -424,6 +424,7 @@ int main(int argc, char **argv)
             .max_vars = (uint64_t)opt_int(prog.opts, OPT_MAX_VARIABLES),
             .dedup_max_clients = (uint64_t)opt_int(prog.opts, OPT_DEDUP_MAX_CLIENTS),
             .dedup_idle_ms = (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS),
+            .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
         };
         if (rfail == 0 && replica_start(&rcfg, &st, err, sizeof(err)) != 0) {
             log_error("%s", err);

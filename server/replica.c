@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "checkpoint.h"
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
@@ -35,10 +37,12 @@ struct rgroup;
 typedef struct rpeer {
     struct rgroup *grp;
     uint32_t server;
-    uint32_t rank;  /* ring distance from the group's placement server (1 .. r-1, 0: it) */
-    uint64_t acked; /* highest lsn it reported applied (q) */
-    bool in_view;   /* live in the view and not the primary (q) */
-    bool started;   /* thread running */
+    uint32_t rank;    /* ring distance from the group's placement server (1 .. r-1, 0: it) */
+    uint64_t acked;   /* highest lsn it reported applied (q) */
+    bool in_view;     /* live in the view and not the primary (q) */
+    bool catching_up; /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
+    bool told;        /* catching up: it saw the log's end once (q) */
+    bool started;     /* thread running */
     pthread_t thread;
     rpc_conn *conn;
     uint64_t errors_logged_ns;
@@ -60,7 +64,15 @@ typedef struct rgroup {
     bool serving;         /* this server is the group's primary in the view (q) */
     int32_t primary;      /* the group's primary in the view (q) */
     uint64_t epoch;       /* the view's epoch (q) */
-    bool degraded_logged;
+    bool ready;           /* the copy is usable: REPLICATE applies (order) */
+    bool copying;         /* a rejoin copy thread runs (q) */
+    bool marked;          /* caught up after a copy, told the coordinator (q) */
+    pthread_t copy_thread;
+    bool copy_started;
+    /* Primary: the image of a copy being fetched by a rejoining backup (q). */
+    uint8_t *img;
+    size_t img_len;
+    uint64_t img_lsn;
     rpeer peers[REPLICA_MAX];
     uint32_t npeers;
 } rgroup;
@@ -77,6 +89,8 @@ static struct node {
     size_t n_methods;
     char local_token[33];
     atomic_uint_fast64_t replicated_ops, failovers;
+    server_state *retired[VIEW_MAX_SERVERS * 2]; /* states replaced by copies, freed at the end */
+    size_t nretired;
 } node = {.vlock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- the log (primary side) ---- */
@@ -93,18 +107,23 @@ static void rop_free(rop *o)
  * every one of them applied off the log and returns their parked calls (q held). */
 static rop *progress_locked(rgroup *G)
 {
-    uint64_t low = G->last_lsn;
-    for (uint32_t i = 0; i < G->npeers; i++)
+    uint64_t low = G->last_lsn, keep = G->last_lsn;
+    for (uint32_t i = 0; i < G->npeers; i++) {
         if (G->peers[i].in_view && G->peers[i].acked < low)
             low = G->peers[i].acked;
+        if (G->peers[i].catching_up && G->peers[i].acked < keep)
+            keep = G->peers[i].acked;
+    }
     if (!G->serving)
         return NULL;
     if (low > G->committed) {
         G->committed = low;
         pthread_cond_broadcast(&G->acked);
     }
+    if (keep > G->committed)
+        keep = G->committed;
     rop *done = NULL, **tail = &done;
-    while (G->head && G->head->lsn <= G->committed) {
+    while (G->head && G->head->lsn <= keep) {
         rop *o = G->head;
         G->head = o->next;
         if (G->head == NULL)
@@ -112,6 +131,18 @@ static rop *progress_locked(rgroup *G)
         o->next = NULL;
         *tail = o;
         tail = &o->next;
+    }
+    /* Calls of operations kept for a catching-up backup are answered all the same. */
+    for (rop *o = G->head; o && o->lsn <= G->committed; o = o->next) {
+        if (o->call == NULL)
+            continue;
+        rop *a = calloc(1, sizeof(*a));
+        if (a == NULL)
+            continue; /* answered once the catching-up backup has it */
+        a->call = o->call;
+        o->call = NULL;
+        *tail = a;
+        tail = &a->next;
     }
     return done;
 }
@@ -222,8 +253,10 @@ static void *peer_main(void *arg)
         budget = BATCH_MAX_BYTES;
     pthread_mutex_lock(&G->q);
     while (!atomic_load(&node.stopping)) {
-        uint64_t lim = G->serving && p->in_view ? send_limit_locked(G, p) : 0;
-        if (lim <= p->acked) {
+        bool to = G->serving && (p->in_view || p->catching_up);
+        uint64_t lim = to ? send_limit_locked(G, p) : 0;
+        bool tell = to && p->catching_up && !p->told && lim <= p->acked;
+        if (lim <= p->acked && !tell) {
             pthread_cond_wait(&G->qcond, &G->q);
             continue;
         }
@@ -241,7 +274,9 @@ static void *peer_main(void *arg)
             nops++;
             seg += padded;
         }
-        if (nops == 0 || first != p->acked + 1) {
+        if (tell) {
+            first = p->acked + 1;
+        } else if (nops == 0 || first != p->acked + 1) {
             /* What it needs is no longer in the log: only a fresh copy brings it back. */
             uint64_t now = time_now_ns();
             if (now - p->errors_logged_ns > 5000000000ull) {
@@ -258,11 +293,13 @@ static void *peer_main(void *arg)
             continue;
         }
         Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
-        uint64_t *lens = malloc(nops * sizeof(*lens));
+        uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
         rq.group = G->g;
         rq.epoch = G->epoch;
         rq.first_lsn = first;
         rq.committed_lsn = G->committed;
+        rq.last_lsn = G->last_lsn;
+        uint64_t sent_last = G->last_lsn;
         rq.n_op_len = nops;
         rq.op_len = lens;
         size_t i = 0;
@@ -316,6 +353,8 @@ static void *peer_main(void *arg)
             /* applied_lsn is its next lsn: it applied everything below. A backup behind what we
              * sent (it lost state) rewinds the stream to where it stands. */
             p->acked = sc.applied ? sc.applied - 1 : 0;
+            if (p->catching_up && p->acked >= sent_last)
+                p->told = true;
             rop *done = progress_locked(G);
             if (done) {
                 pthread_mutex_unlock(&G->q);
@@ -325,7 +364,7 @@ static void *peer_main(void *arg)
             pthread_cond_broadcast(&G->qcond);
         } else if (!atomic_load(&node.stopping)) {
             uint64_t now = time_now_ns();
-            if (now - p->errors_logged_ns > 2000000000ull) {
+            if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
                 p->errors_logged_ns = now;
                 log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
                          "view drops it",
@@ -572,6 +611,134 @@ static uint64_t group_checksum(server_state *st, uint32_t *nvars)
     return h;
 }
 
+/* Primary: the chunk of a copy image at rq->copy_offset, for the rejoining server rq->from - 1.
+ * Offset 0 takes a new image: a checkpoint of the group written while its updates wait, at
+ * log position copy_lsn, from which the backup is streamed as catching up. */
+static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq)
+{
+    Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
+    rpeer *p = NULL;
+    for (uint32_t i = 0; i < G->npeers; i++)
+        if (rq->from != 0 && G->peers[i].server == rq->from - 1)
+            p = &G->peers[i];
+    if (p == NULL) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "copy of group %u asked for by server %d, which is no member of it", G->g,
+                        (int)rq->from - 1);
+        return;
+    }
+    pthread_mutex_lock(&G->q);
+    bool serving = G->serving;
+    pthread_mutex_unlock(&G->q);
+    if (!serving) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "copy of group %u: server %u does not serve it as primary", G->g,
+                        node.cfg.self);
+        return;
+    }
+    if (rq->copy_offset == 0) {
+        char dir[] = "/tmp/psd-copy-XXXXXX", err[4400];
+        if (mkdtemp(dir) == NULL) {
+            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: mkdtemp: %s", G->g,
+                            strerror(errno));
+            return;
+        }
+        checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = node.cfg.cluster_hash};
+        checkpointer *ck = checkpointer_create(G->st, &cc, 1, err, sizeof(err));
+        checkpoint_info info;
+        int rc = -1;
+        uint64_t lsn = 0;
+        if (ck) {
+            pthread_mutex_lock(&G->order);
+            rc = checkpoint_write(ck, &info, err, sizeof(err));
+            lsn = G->next_lsn;
+            if (rc == 0) {
+                pthread_mutex_lock(&G->q);
+                p->catching_up = true;
+                p->told = false;
+                p->acked = lsn - 1;
+                pthread_mutex_unlock(&G->q);
+            }
+            pthread_mutex_unlock(&G->order);
+            checkpointer_destroy(ck);
+        }
+        uint8_t *img = NULL;
+        size_t len = 0;
+        if (rc == 0) {
+            FILE *f = fopen(info.path, "rb");
+            if (f && fseek(f, 0, SEEK_END) == 0) {
+                long n = ftell(f);
+                if (n > 0 && (img = malloc((size_t)n)) != NULL) {
+                    rewind(f);
+                    if (fread(img, 1, (size_t)n, f) == (size_t)n) {
+                        len = (size_t)n;
+                    } else {
+                        free(img);
+                        img = NULL;
+                    }
+                }
+            }
+            if (f)
+                fclose(f);
+            if (img == NULL) {
+                rc = -1;
+                snprintf(err, sizeof(err), "cannot read back %s", info.path);
+            }
+            unlink(info.path);
+        }
+        char path[64];
+        snprintf(path, sizeof(path), "%s/.state-%u", dir, G->g);
+        unlink(path);
+        rmdir(dir);
+        if (rc != 0) {
+            pthread_mutex_lock(&G->q);
+            p->catching_up = false;
+            pthread_mutex_unlock(&G->q);
+            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
+            return;
+        }
+        pthread_mutex_lock(&G->q);
+        free(G->img);
+        G->img = img;
+        G->img_len = len;
+        G->img_lsn = lsn;
+        pthread_cond_broadcast(&G->qcond);
+        pthread_mutex_unlock(&G->q);
+        log_info("group %u: copy for rejoining server %u: %zu bytes at lsn %llu", G->g, p->server,
+                 len, (unsigned long long)lsn);
+    }
+    pthread_mutex_lock(&G->q);
+    if (G->img == NULL || rq->copy_offset > G->img_len) {
+        pthread_mutex_unlock(&G->q);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "copy of group %u: no image at offset %llu (ask from offset 0)", G->g,
+                        (unsigned long long)rq->copy_offset);
+        return;
+    }
+    size_t chunk =
+        rpc_call_max_message(call) > (1u << 17) ? rpc_call_max_message(call) - 65536 : 65536;
+    if (chunk > (4u << 20))
+        chunk = 4u << 20;
+    size_t n = G->img_len - (size_t)rq->copy_offset;
+    if (n > chunk)
+        n = chunk;
+    rep.copy_total = G->img_len;
+    rep.copy_len = n;
+    rep.copy_lsn = G->img_lsn;
+    uint64_t words = (n + 3) / 4;
+    uint8_t *seg = rpc_reply_ok_segment(call, &rep.base, 0, words);
+    if (seg) {
+        memcpy(seg, G->img + rq->copy_offset, n);
+        memset(seg + n, 0, (size_t)words * 4 - n);
+    }
+    if (rq->copy_offset + n == G->img_len) {
+        free(G->img);
+        G->img = NULL;
+        G->img_len = 0;
+    }
+    pthread_mutex_unlock(&G->q);
+}
+
 void replica_handle_replicate(rpc_call *call, void *arg)
 {
     (void)arg;
@@ -596,6 +763,10 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         rep.checksum = group_checksum(G->st, &rep.variables);
         pthread_mutex_unlock(&G->order);
         rpc_reply_ok(call, &rep.base);
+        return;
+    }
+    if (rq->copy) {
+        copy_serve(call, G, rq);
         return;
     }
     pthread_mutex_lock(&node.vlock);
@@ -637,6 +808,13 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         return;
     }
     pthread_mutex_lock(&G->order);
+    if (!G->ready) {
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u is copying group %u from its primary: not ready for its log yet",
+                        self, rq->group);
+        return;
+    }
     size_t at = 0;
     for (size_t i = 0; i < rq->n_op_len; i++) {
         uint64_t lsn = rq->first_lsn + i;
@@ -673,7 +851,19 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         at += (len + 3) & ~(size_t)3;
     }
     rep.applied_lsn = G->next_lsn;
+    bool caught_up = G->next_lsn > rq->last_lsn;
     pthread_mutex_unlock(&G->order);
+    pthread_mutex_lock(&G->q);
+    bool mark = caught_up && !G->marked;
+    if (mark)
+        G->marked = true;
+    pthread_mutex_unlock(&G->q);
+    if (mark) {
+        log_info("group %u: caught up with its primary at lsn %llu", G->g,
+                 (unsigned long long)rep.applied_lsn);
+        if (node.cfg.caught_up)
+            node.cfg.caught_up(node.cfg.caught_up_arg, G->g);
+    }
     if (rq->committed_lsn) {
         pthread_mutex_lock(&G->q);
         if (!G->serving) {
@@ -690,6 +880,238 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         pthread_mutex_unlock(&G->q);
     }
     rpc_reply_ok(call, &rep.base);
+}
+
+static server_state *make_state(uint32_t g, char *err, size_t errlen);
+
+/* ---- rejoin (the backup's side) ---- */
+
+typedef struct copy_call {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    bool done;
+    int status;
+    char message[512];
+    uint8_t body[64];
+    size_t body_len;
+    uint8_t *dst; /* the image being filled */
+    size_t cap, total, len;
+    uint64_t lsn;
+} copy_call;
+
+static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    copy_call *k = arg;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.deadline_ms = deadline_ms;
+    env.worker_id = -1;
+    env.body.data = k->body;
+    env.body.len = k->body_len;
+    const char *tok = node.cfg.admin_token;
+    if (tok && tok[0]) {
+        env.auth_token.data = (uint8_t *)tok;
+        env.auth_token.len = strlen(tok);
+    }
+    return frame_build(out, &env, NULL, 0, NULL);
+}
+
+static void copy_done(void *arg, int status, const char *message, const frame *reply)
+{
+    copy_call *k = arg;
+    pthread_mutex_lock(&k->m);
+    k->status = status;
+    snprintf(k->message, sizeof(k->message), "%s", message);
+    if (status == STATUS_OK && reply) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        size_t at = k->len;
+        if (r == NULL || r->copy_total == 0 || (k->total && r->copy_total != k->total) ||
+            r->copy_len > reply->segment_len || at + r->copy_len > r->copy_total) {
+            k->status = STATUS_INTERNAL;
+            snprintf(k->message, sizeof(k->message), "copy reply does not fit the image");
+        } else {
+            if (k->dst == NULL) {
+                k->dst = malloc((size_t)r->copy_total);
+                k->cap = (size_t)r->copy_total;
+                k->total = (size_t)r->copy_total;
+                k->lsn = r->copy_lsn;
+            }
+            if (k->dst == NULL) {
+                k->status = STATUS_RESOURCE_EXHAUSTED;
+                snprintf(k->message, sizeof(k->message), "out of memory for the copy");
+            } else {
+                memcpy(k->dst + at, reply->segment, (size_t)r->copy_len);
+                k->len += (size_t)r->copy_len;
+            }
+        }
+        if (r)
+            psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    k->done = true;
+    pthread_cond_signal(&k->c);
+    pthread_mutex_unlock(&k->m);
+}
+
+/* Fetches a whole image of group G from server prim. Returns 0 with it in k. */
+static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
+{
+    char label[64], err[512];
+    snprintf(label, sizeof(label), "ps %d (primary of group %u)", prim, G->g);
+    rpc_conn_config cc = {
+        .url = node.cfg.urls[prim],
+        .connections = 1,
+        .max_message = node.cfg.max_message + 65536,
+        .label = label,
+        .tls = node.cfg.tls,
+    };
+    rpc_conn *conn;
+    if (rpc_conn_open(&conn, &cc, err, sizeof(err)) != 0) {
+        log_warn("group %u: cannot reach its primary %d for a copy: %s", G->g, prim, err);
+        return -1;
+    }
+    int rc = 0;
+    free(k->dst);
+    k->dst = NULL;
+    k->total = k->len = 0;
+    do {
+        Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+        rq.group = G->g;
+        rq.epoch = epoch;
+        rq.copy = true;
+        rq.copy_offset = k->len;
+        rq.from = node.cfg.self + 1;
+        k->body_len = psd__v1__replicate_request__pack(&rq, k->body);
+        k->done = false;
+        rpc_call_opts o = {.deadline_ms = 60000, .retries = 3, .backoff_ms = 100};
+        if (rpc_conn_call(conn, &o, copy_build, copy_done, k) != 0) {
+            rc = -1;
+            break;
+        }
+        pthread_mutex_lock(&k->m);
+        while (!k->done)
+            pthread_cond_wait(&k->c, &k->m);
+        pthread_mutex_unlock(&k->m);
+        if (k->status != STATUS_OK) {
+            log_warn("group %u: copy from primary %d failed: %s: %s", G->g, prim,
+                     status_name(k->status), k->message);
+            rc = -1;
+            break;
+        }
+    } while (k->len < k->total && !atomic_load(&node.stopping));
+    rpc_conn_close(conn);
+    return rc == 0 && k->len == k->total ? 0 : -1;
+}
+
+/* Restores an image into a fresh state of group G and makes it G's copy at log position lsn. */
+static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
+{
+    char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128], err[4400];
+    if (mkdtemp(dir) == NULL) {
+        log_error("group %u: mkdtemp: %s", G->g, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/ckpt-%u-1.psc", dir, G->g);
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(img, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        ok = false;
+    server_state *st = ok ? make_state(G->g, err, sizeof(err)) : NULL;
+    int rc = -1;
+    if (st) {
+        checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = node.cfg.cluster_hash};
+        checkpoint_info info;
+        uint64_t max_seq;
+        int r = checkpoint_restore(st, &cc, &info, &max_seq, err, sizeof(err));
+        if (r == CKPT_RESTORED) {
+            rc = 0;
+        } else {
+            log_error("group %u: the copy does not restore: %s", G->g,
+                      r == CKPT_NONE ? "no image" : err);
+        }
+    }
+    unlink(path);
+    rmdir(dir);
+    if (rc != 0) {
+        if (st) {
+            store_destroy(st->vars);
+            dedup_destroy(st->dedup);
+            sync_destroy(st->sync);
+            free(st);
+        }
+        return -1;
+    }
+    rpc_server_config lc = {
+        .max_message = node.cfg.max_message,
+        .default_deadline_ms = 60000,
+        .methods = server_methods,
+        .n_methods = server_methods_len,
+        .handler_arg = st,
+        .trusted = true,
+    };
+    rpc_server *local = rpc_server_open_local(&lc);
+    if (local == NULL)
+        return -1; /* st leaks: out of memory anyway */
+    pthread_mutex_lock(&G->order);
+    if (node.nretired < sizeof(node.retired) / sizeof(node.retired[0]) && G->owned)
+        node.retired[node.nretired++] = G->st;
+    rpc_server_close_local(G->local);
+    G->local = local;
+    G->st = st;
+    G->owned = true;
+    G->next_lsn = lsn;
+    G->ready = true;
+    pthread_mutex_unlock(&G->order);
+    log_info("group %u: installed a copy of %zu bytes at lsn %llu; catching up on its log", G->g,
+             len, (unsigned long long)lsn);
+    return 0;
+}
+
+static void *copy_main(void *arg)
+{
+    rgroup *G = arg;
+    copy_call k;
+    memset(&k, 0, sizeof(k));
+    pthread_mutex_init(&k.m, NULL);
+    pthread_cond_init(&k.c, NULL);
+    while (!atomic_load(&node.stopping)) {
+        pthread_mutex_lock(&node.vlock);
+        int32_t prim = node.cur.primary[G->g];
+        uint64_t epoch = node.cur.epoch;
+        pthread_mutex_unlock(&node.vlock);
+        if (prim >= 0 && prim != (int32_t)node.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
+            copy_install(G, k.dst, k.len, k.lsn) == 0)
+            break;
+        struct timespec ts = {0, 300 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    free(k.dst);
+    pthread_mutex_destroy(&k.m);
+    pthread_cond_destroy(&k.c);
+    pthread_mutex_lock(&G->q);
+    G->copying = false;
+    pthread_mutex_unlock(&G->q);
+    return NULL;
+}
+
+/* Out of the view: every copy this server holds is stale from now on; copy each group again
+ * from its primary (order and q held). */
+static void rejoin_locked(rgroup *G)
+{
+    if (G->copying)
+        return;
+    G->ready = false;
+    G->marked = false;
+    if (G->copy_started) {
+        pthread_join(G->copy_thread, NULL); /* finished: copying is false */
+        G->copy_started = false;
+    }
+    if (pthread_create(&G->copy_thread, NULL, copy_main, G) == 0) {
+        G->copying = true;
+        G->copy_started = true;
+    } else {
+        log_error("group %u: cannot start the copy thread", G->g);
+    }
 }
 
 /* ---- life cycle ---- */
@@ -766,6 +1188,7 @@ static void group_free(rgroup *G)
         G->head = o->next;
         rop_free(o);
     }
+    free(G->img);
     pthread_mutex_destroy(&G->order);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
@@ -802,6 +1225,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         pthread_cond_init(&G->qcond, NULL);
         pthread_cond_init(&G->acked, NULL);
         G->next_lsn = 1;
+        G->ready = true;
         if (k == 0) {
             G->st = own;
         } else {
@@ -916,6 +1340,7 @@ void replica_set_view(const view *v)
         rgroup *G = node.groups[g];
         if (G == NULL)
             continue;
+        pthread_mutex_lock(&G->order); /* order before q, as updates take them */
         pthread_mutex_lock(&G->q);
         bool was = G->serving;
         G->serving = v->primary[g] == (int32_t)self;
@@ -924,9 +1349,7 @@ void replica_set_view(const view *v)
         if (G->serving && !was && old.epoch != 0) {
             atomic_fetch_add(&node.failovers, 1);
             /* Taking over: the log it kept as a backup is still to reach the others. */
-            pthread_mutex_lock(&G->order);
             G->last_lsn = G->next_lsn - 1;
-            pthread_mutex_unlock(&G->order);
             for (uint32_t i = 0; i < G->npeers; i++)
                 G->peers[i].acked = G->committed; /* every member had applied that much */
             log_warn("view epoch %llu: serving group %u as its primary from lsn %llu",
@@ -939,12 +1362,17 @@ void replica_set_view(const view *v)
         for (uint32_t i = 0; i < G->npeers; i++) {
             rpeer *p = &G->peers[i];
             bool in = v->live[p->server] && v->primary[g] != (int32_t)p->server;
-            if (G->serving && in && !p->in_view)
-                p->acked = G->committed; /* what every member in the view had applied */
+            if (in && p->catching_up) {
+                p->catching_up = false; /* caught up, added back: waited for from now on */
+                log_info("view epoch %llu: server %u is a backup of group %u again",
+                         (unsigned long long)v->epoch, p->server, g);
+            }
             p->in_view = in;
             if (!in)
                 degraded = true;
         }
+        if (!v->live[self] && !G->serving)
+            rejoin_locked(G);
         if (G->serving) {
             if (degraded)
                 log_warn("view epoch %llu: group %u runs degraded (a backup is out of the "
@@ -955,6 +1383,7 @@ void replica_set_view(const view *v)
         rop *done = progress_locked(G);
         pthread_cond_broadcast(&G->qcond);
         pthread_mutex_unlock(&G->q);
+        pthread_mutex_unlock(&G->order);
         answer(done);
     }
     pthread_mutex_unlock(&node.vlock);
@@ -1003,6 +1432,9 @@ void replica_stop(void)
             rpc_conn_close(p->conn);
             p->conn = NULL;
         }
+        if (G->copy_started)
+            pthread_join(G->copy_thread, NULL);
+        G->copy_started = false;
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
@@ -1021,10 +1453,22 @@ void replica_stop(void)
     }
 }
 
+static void state_free(server_state *st)
+{
+    server_tables_free(st);
+    store_destroy(st->vars);
+    dedup_destroy(st->dedup);
+    sync_destroy(st->sync);
+    free(st);
+}
+
 void replica_free(void)
 {
     if (!node.on)
         return;
+    for (size_t i = 0; i < node.nretired; i++)
+        state_free(node.retired[i]);
+    node.nretired = 0;
     for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
         group_free(node.groups[g]);
         node.groups[g] = NULL;

@@ -40,6 +40,12 @@ typedef struct replica_config {
     uint32_t worker_timeout_ms;
     bool bsp_mean;
     uint64_t max_bytes, max_vars, dedup_max_clients, dedup_idle_ms;
+    uint64_t cluster_hash; /* checkpoint_cluster_hash: copies travel as checkpoint images */
+    /* Rejoin: called once per group when this server, out of the view, has copied the group
+     * from its primary and applied its log up to the end (the coordinator then adds it back).
+     * NULL: nobody to tell. */
+    void (*caught_up)(void *arg, uint32_t group);
+    void *caught_up_arg;
 } replica_config;
 
 /* Makes the backup groups and the replication streams of this server around its own group's
