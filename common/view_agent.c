@@ -1,0 +1,648 @@
+/* view_agent.c - the failover agent of a replicated ps-server (view_agent.h). */
+#include "view_agent.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "util.h"
+
+/* Errors of etcd are logged at most this often (the count is in the metric). */
+#define AGENT_ERROR_LOG_MS 5000
+
+struct view_agent {
+    view_agent_config cfg;
+    char *endpoints, *prefix, *url;
+    etcd_client *etcd;
+    int64_t started_ms;
+
+    pthread_mutex_t mu; /* everything below but the callback */
+    pthread_cond_t cv;
+    bool stopping;
+    /* the lease */
+    int64_t lease_id;       /* 0: not registered */
+    int64_t lease_ttl_ms;   /* as granted */
+    int64_t lease_valid_ms; /* renewed until (monotonic ms; from the renewal's send time) */
+    bool lease_uncertain;   /* LEASE_UNCERTAIN reported, not yet renewed */
+    bool lease_was_lost;    /* LEASE_LOST reported, not yet registered again */
+    /* the view */
+    view_record known; /* the newest view given to the callback (epoch 0: none) */
+    bool caught_up[VIEW_MAX_SERVERS];
+    int64_t pending_rev, pending_since_ms;
+    /* stats */
+    uint64_t views_installed, failovers, errors;
+    char last_error[512];
+    int64_t last_error_log_ms;
+    bool etcd_failing;
+    int64_t mismatch_log_ms;
+
+    pthread_mutex_t cb_mu; /* held while the callback runs; never taken under mu */
+    view_agent_fn fn;
+    void *fn_arg;
+
+    pthread_t lease_thread, poll_thread;
+    bool lease_started, poll_started;
+    metric *m_epoch, *m_failovers, *m_errors;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- the decision ---- */
+
+/* The first live member of group g in ring order, -1 when none lives. */
+static int32_t first_live(const view *v, uint32_t g)
+{
+    for (uint32_t k = 0; k < v->replicas; k++) {
+        uint32_t s = view_member(v, g, k);
+        if (v->live[s])
+            return (int32_t)s;
+    }
+    return -1;
+}
+
+view_change view_decide(const view_inputs *in, view_record *next)
+{
+    const view_record *cur = in->cur;
+    uint32_t n = in->num_servers, self = in->self;
+    memset(next, 0, sizeof(*next));
+    if (cur && (cur->v.num_servers != n || cur->v.replicas != in->replicas))
+        return VIEW_KEEP; /* another cluster's view: the caller says so */
+    /* A view none of whose live servers still holds the lease it joined with is left over
+     * from a cluster that stopped (or whose every server died): install a new one. */
+    bool stale = true;
+    for (uint32_t i = 0; cur && i < n; i++)
+        if (cur->v.live[i] && in->reg[i] == cur->lease[i])
+            stale = false;
+    if (stale) {
+        uint32_t registered = 0, lowest = n;
+        for (uint32_t i = 0; i < n; i++)
+            if (in->reg[i] != 0) {
+                registered++;
+                if (lowest == n)
+                    lowest = i;
+            }
+        if (in->reg[self] == 0 || (registered < n && !in->grace_over))
+            return VIEW_KEEP;
+        next->v.epoch = (cur ? cur->v.epoch : 0) + 1;
+        next->v.num_servers = n;
+        next->v.replicas = in->replicas;
+        for (uint32_t i = 0; i < n; i++)
+            if (in->reg[i] != 0) {
+                next->v.live[i] = 1;
+                next->lease[i] = in->reg[i];
+            }
+        for (uint32_t g = 0; g < n; g++)
+            next->v.primary[g] = first_live(&next->v, g);
+        return lowest == self ? VIEW_PROPOSE : VIEW_FALLBACK;
+    }
+    *next = *cur;
+    next->v.epoch = cur->v.epoch + 1;
+    bool changed = false, self_added = false;
+    for (uint32_t i = 0; i < n; i++)
+        if (cur->v.live[i] && in->reg[i] != cur->lease[i]) {
+            next->v.live[i] = 0;
+            next->lease[i] = 0;
+            changed = true;
+        }
+    for (uint32_t g = 0; g < n; g++) {
+        int32_t p = next->v.primary[g];
+        if (p < 0 || !next->v.live[p])
+            next->v.primary[g] = first_live(&next->v, g);
+    }
+    /* A rejoining self: live once caught up on every group of it that has a primary. */
+    if (in->reg[self] != 0 && !cur->v.live[self]) {
+        bool ready = true;
+        for (uint32_t k = 0; k < in->replicas; k++) {
+            uint32_t g = (self + n - k) % n;
+            if (next->v.primary[g] >= 0 && !in->caught_up[g])
+                ready = false;
+        }
+        if (ready) {
+            next->v.live[self] = 1;
+            next->lease[self] = in->reg[self];
+            for (uint32_t g = 0; g < n; g++)
+                if (next->v.primary[g] < 0)
+                    next->v.primary[g] = first_live(&next->v, g);
+            changed = self_added = true;
+        }
+    }
+    int32_t designated = -1;
+    for (uint32_t g = 0; g < n; g++)
+        if (next->v.primary[g] != cur->v.primary[g]) {
+            changed = true;
+            if (designated < 0 && next->v.primary[g] >= 0)
+                designated = next->v.primary[g];
+        }
+    if (!changed)
+        return VIEW_KEEP;
+    if (self_added)
+        return VIEW_PROPOSE;
+    for (uint32_t i = 0; designated < 0 && i < n; i++)
+        if (next->v.live[i])
+            designated = (int32_t)i;
+    return designated == (int32_t)self || designated < 0 ? VIEW_PROPOSE : VIEW_FALLBACK;
+}
+
+/* ---- callback, errors, logging ---- */
+
+static void emit(view_agent *a, view_event ev, const view *v)
+{
+    pthread_mutex_lock(&a->cb_mu);
+    if (a->fn)
+        a->fn(a->fn_arg, ev, v);
+    pthread_mutex_unlock(&a->cb_mu);
+}
+
+static void note_error(view_agent *a, const char *what, const char *err)
+{
+    metric_inc(a->m_errors);
+    int64_t now = mono_ms();
+    bool say;
+    pthread_mutex_lock(&a->mu);
+    a->errors++;
+    snprintf(a->last_error, sizeof(a->last_error), "%s: %s", what, err);
+    say = !a->etcd_failing || now - a->last_error_log_ms >= AGENT_ERROR_LOG_MS;
+    if (say)
+        a->last_error_log_ms = now;
+    a->etcd_failing = true;
+    pthread_mutex_unlock(&a->mu);
+    if (say)
+        log_warn("failover waits for etcd: %s: %s (the current view stays; retrying)", what, err);
+}
+
+static void note_ok(view_agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    bool was = a->etcd_failing;
+    a->etcd_failing = false;
+    pthread_mutex_unlock(&a->mu);
+    if (was)
+        log_info("etcd answers again (%s)", etcd_client_endpoint(a->etcd));
+}
+
+static void describe(const view *v, char *buf, size_t cap)
+{
+    size_t o = (size_t)snprintf(buf, cap, "epoch %" PRIu64 ", primaries [", v->epoch);
+    for (uint32_t g = 0; g < v->num_servers && o < cap; g++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%d", g ? " " : "", (int)v->primary[g]);
+    if (o < cap)
+        o += (size_t)snprintf(buf + o, cap - o, "], live [");
+    bool first = true;
+    for (uint32_t i = 0; i < v->num_servers && o < cap; i++)
+        if (v->live[i]) {
+            o += (size_t)snprintf(buf + o, cap - o, "%s%u", first ? "" : " ", i);
+            first = false;
+        }
+    if (o < cap)
+        snprintf(buf + o, cap - o, "]");
+}
+
+/* Waits on the agent's condition up to ms; returns whether the agent is stopping. */
+static bool agent_sleep(view_agent *a, int64_t ms)
+{
+    pthread_mutex_lock(&a->mu);
+    if (!a->stopping && ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += ms / 1000;
+        ts.tv_nsec += (ms % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+    }
+    bool stop = a->stopping;
+    pthread_mutex_unlock(&a->mu);
+    return stop;
+}
+
+/* ---- the lease thread ---- */
+
+static void *lease_main(void *arg)
+{
+    view_agent *a = arg;
+    char err[1536];
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        bool stopping = a->stopping;
+        int64_t id = a->lease_id, ttl_ms = a->lease_ttl_ms, valid = a->lease_valid_ms;
+        pthread_mutex_unlock(&a->mu);
+        if (stopping)
+            break;
+        int64_t wait_ms;
+        if (id == 0) {
+            int64_t t0 = mono_ms(), ttl_s = 0, nid = 0;
+            int rc = etcd_lease_grant(a->etcd, a->cfg.lease_ms, &nid, &ttl_s, err, sizeof(err));
+            if (rc == 0)
+                rc = view_etcd_register(a->etcd, a->prefix, a->cfg.self, a->url, nid, err,
+                                        sizeof(err));
+            if (rc != 0) {
+                note_error(a, "cannot register this server", err);
+                wait_ms = 200;
+            } else {
+                note_ok(a);
+                pthread_mutex_lock(&a->mu);
+                a->lease_id = nid;
+                a->lease_ttl_ms = ttl_s * 1000;
+                a->lease_valid_ms = t0 + ttl_s * 1000;
+                a->lease_uncertain = false;
+                bool was_lost = a->lease_was_lost;
+                a->lease_was_lost = false;
+                view v = a->known.v;
+                pthread_mutex_unlock(&a->mu);
+                log_info("registered in etcd %s as %s/servers/%u (lease %" PRId64 ", TTL %" PRId64
+                         " s)",
+                         etcd_client_endpoint(a->etcd), a->prefix, a->cfg.self, nid, ttl_s);
+                if (was_lost)
+                    emit(a, VIEW_EVENT_LEASE_OK, &v);
+                wait_ms = ttl_s * 1000 / 3;
+            }
+        } else {
+            int64_t t0 = mono_ms(), ttl_s = 0;
+            int rc = etcd_lease_keepalive(a->etcd, id, &ttl_s, err, sizeof(err));
+            if (rc == 0) {
+                note_ok(a);
+                pthread_mutex_lock(&a->mu);
+                bool was = a->lease_uncertain;
+                a->lease_uncertain = false;
+                if (a->lease_id == id)
+                    a->lease_valid_ms = t0 + ttl_s * 1000;
+                view v = a->known.v;
+                pthread_mutex_unlock(&a->mu);
+                if (was) {
+                    log_info("lease %" PRId64 " renewed again", id);
+                    emit(a, VIEW_EVENT_LEASE_OK, &v);
+                }
+                wait_ms = ttl_ms / 3;
+            } else if (rc == ETCD_ELEASE) {
+                pthread_mutex_lock(&a->mu);
+                a->lease_id = 0;
+                a->lease_uncertain = false;
+                a->lease_was_lost = true;
+                memset(a->caught_up, 0, sizeof(a->caught_up));
+                view v = a->known.v;
+                pthread_mutex_unlock(&a->mu);
+                log_warn("lease lost: %s; this server is out of the view until it rejoins", err);
+                emit(a, VIEW_EVENT_LEASE_LOST, &v);
+                wait_ms = 0;
+            } else {
+                note_error(a, "cannot renew the lease", err);
+                wait_ms = 200;
+            }
+            int64_t now = mono_ms();
+            pthread_mutex_lock(&a->mu);
+            bool report = a->lease_id == id && !a->lease_uncertain && now >= a->lease_valid_ms;
+            if (report)
+                a->lease_uncertain = true;
+            valid = a->lease_valid_ms;
+            view v = a->known.v;
+            pthread_mutex_unlock(&a->mu);
+            if (report) {
+                log_warn("lease %" PRId64 " not renewed within its TTL: etcd cannot be reached "
+                         "(%s)",
+                         id, a->last_error);
+                emit(a, VIEW_EVENT_LEASE_UNCERTAIN, &v);
+            } else if (rc != 0 && rc != ETCD_ELEASE && valid - now < wait_ms) {
+                wait_ms = valid - now; /* wake to report it in time */
+            }
+        }
+        if (wait_ms < 20 && wait_ms != 0)
+            wait_ms = 20;
+        if (agent_sleep(a, wait_ms))
+            break;
+    }
+    return NULL;
+}
+
+/* ---- the poll thread ---- */
+
+/* Takes rec as the newest view when its epoch is higher than the known one's. */
+static void adopt(view_agent *a, const view_record *rec)
+{
+    pthread_mutex_lock(&a->mu);
+    if (rec->v.epoch <= a->known.v.epoch) {
+        pthread_mutex_unlock(&a->mu);
+        return;
+    }
+    uint64_t moved = 0;
+    for (uint32_t g = 0; a->known.v.epoch > 0 && g < rec->v.num_servers; g++)
+        if (a->known.v.primary[g] >= 0 && a->known.v.primary[g] != rec->v.primary[g])
+            moved++;
+    a->known = *rec;
+    a->failovers += moved;
+    pthread_mutex_unlock(&a->mu);
+    metric_set(a->m_epoch, (double)rec->v.epoch);
+    metric_add(a->m_failovers, moved);
+    char d[VIEW_MAX_SERVERS * 9 + 64];
+    describe(&rec->v, d, sizeof(d));
+    log_info("view %s", d);
+    emit(a, VIEW_EVENT_VIEW, &rec->v);
+}
+
+/* One round: read, decide, maybe compare-and-swap (a lost race reads again, up to 3 times). */
+static void poll_once(view_agent *a)
+{
+    char err[1536];
+    for (int attempt = 0; attempt < 3; attempt++) {
+        view_record rec;
+        int64_t rev = 0;
+        int rc = view_etcd_read(a->etcd, a->prefix, &rec, &rev, err, sizeof(err));
+        if (rc != 0 && rc != ETCD_ENOTFOUND) {
+            note_error(a, "cannot read the view", err);
+            return;
+        }
+        bool have = rc == 0;
+        if (have &&
+            (rec.v.num_servers != a->cfg.num_servers || rec.v.replicas != a->cfg.replicas)) {
+            int64_t now = mono_ms();
+            pthread_mutex_lock(&a->mu);
+            bool say = a->mismatch_log_ms == 0 || now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+            if (say)
+                a->mismatch_log_ms = now;
+            pthread_mutex_unlock(&a->mu);
+            if (say)
+                log_error("the view in etcd (%s/view) is for %u servers with %u replicas, this "
+                          "cluster has %u with %u: another cluster uses coordinator-prefix %s",
+                          a->prefix, rec.v.num_servers, rec.v.replicas, a->cfg.num_servers,
+                          a->cfg.replicas, a->prefix);
+            return;
+        }
+        if (have)
+            adopt(a, &rec);
+        int64_t reg[VIEW_MAX_SERVERS];
+        rc = view_etcd_servers(a->etcd, a->prefix, a->cfg.num_servers, reg, NULL, err, sizeof(err));
+        if (rc != 0) {
+            note_error(a, "cannot read the registered servers", err);
+            return;
+        }
+        note_ok(a);
+        view_inputs in = {
+            .cur = have ? &rec : NULL,
+            .reg = reg,
+            .self = a->cfg.self,
+            .num_servers = a->cfg.num_servers,
+            .replicas = a->cfg.replicas,
+        };
+        int64_t now = mono_ms();
+        pthread_mutex_lock(&a->mu);
+        /* Only a server whose own registration is current and renewed proposes. */
+        bool may = a->lease_id != 0 && reg[a->cfg.self] == a->lease_id && now < a->lease_valid_ms;
+        memcpy(in.caught_up, a->caught_up, sizeof(in.caught_up));
+        in.grace_over = now - a->started_ms >= a->cfg.start_grace_ms;
+        pthread_mutex_unlock(&a->mu);
+        if (!may)
+            return;
+        view_record next;
+        view_change ch = view_decide(&in, &next);
+        pthread_mutex_lock(&a->mu);
+        bool go = ch == VIEW_PROPOSE;
+        if (ch == VIEW_FALLBACK) {
+            if (a->pending_rev != rev) {
+                a->pending_rev = rev;
+                a->pending_since_ms = now;
+            }
+            go = now - a->pending_since_ms >= 2 * a->cfg.lease_ms;
+        } else {
+            a->pending_rev = -1;
+        }
+        pthread_mutex_unlock(&a->mu);
+        if (!go)
+            return;
+        int64_t new_rev = 0;
+        rc = view_etcd_cas(a->etcd, a->prefix, &next, have ? rev : 0, &new_rev, err, sizeof(err));
+        if (rc == ETCD_ECONFLICT)
+            continue; /* another server installed a view first: decide on that one */
+        if (rc != 0) {
+            note_error(a, "cannot install a view", err);
+            return;
+        }
+        char d[VIEW_MAX_SERVERS * 9 + 64];
+        describe(&next.v, d, sizeof(d));
+        log_info("installed the view %s%s", d,
+                 ch == VIEW_FALLBACK ? " (in place of the server "
+                                       "that should have)"
+                                     : "");
+        pthread_mutex_lock(&a->mu);
+        a->views_installed++;
+        a->pending_rev = -1;
+        pthread_mutex_unlock(&a->mu);
+        adopt(a, &next);
+        return;
+    }
+}
+
+static void *poll_main(void *arg)
+{
+    view_agent *a = arg;
+    do
+        poll_once(a);
+    while (!agent_sleep(a, a->cfg.poll_ms));
+    return NULL;
+}
+
+/* ---- life cycle ---- */
+
+static void agent_free(view_agent *a)
+{
+    etcd_client_destroy(a->etcd);
+    free(a->endpoints);
+    free(a->prefix);
+    free(a->url);
+    pthread_mutex_destroy(&a->mu);
+    pthread_mutex_destroy(&a->cb_mu);
+    pthread_cond_destroy(&a->cv);
+    free(a);
+}
+
+int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (cfg->num_servers < 2 || cfg->num_servers > VIEW_MAX_SERVERS)
+        return errf(err, errlen, "replicas > 1 needs 2 to %d ps tasks (the cluster has %u)",
+                    VIEW_MAX_SERVERS, cfg->num_servers),
+               ETCD_EFAILED;
+    if (cfg->replicas < 2 || cfg->replicas > cfg->num_servers)
+        return errf(err, errlen, "replicas %u: must be 2 to the number of ps tasks (%u)",
+                    cfg->replicas, cfg->num_servers),
+               ETCD_EFAILED;
+    if (cfg->self >= cfg->num_servers || cfg->lease_ms < 1 || cfg->prefix == NULL ||
+        cfg->prefix[0] != '/' || cfg->url == NULL || strlen(cfg->prefix) > 400)
+        return errf(err, errlen,
+                    "view agent: bad configuration (task index %u of %u, lease %" PRId64
+                    " ms, prefix \"%s\": it must start with '/')",
+                    cfg->self, cfg->num_servers, cfg->lease_ms, cfg->prefix ? cfg->prefix : ""),
+               ETCD_EFAILED;
+    view_agent *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return errf(err, errlen, "out of memory"), ETCD_EFAILED;
+    a->cfg = *cfg;
+    if (a->cfg.poll_ms <= 0) {
+        a->cfg.poll_ms = cfg->lease_ms / 8;
+        a->cfg.poll_ms = a->cfg.poll_ms < 25 ? 25 : a->cfg.poll_ms > 500 ? 500 : a->cfg.poll_ms;
+    }
+    if (a->cfg.start_grace_ms <= 0)
+        a->cfg.start_grace_ms = 10 * cfg->lease_ms;
+    if (a->cfg.request_timeout_ms <= 0) {
+        int64_t t = cfg->lease_ms / 4;
+        a->cfg.request_timeout_ms = t < 100 ? 100 : t > 2000 ? 2000 : (int)t;
+    }
+    a->endpoints = strdup(cfg->endpoints ? cfg->endpoints : "");
+    a->prefix = strdup(cfg->prefix);
+    a->url = strdup(cfg->url);
+    size_t pl = a->prefix ? strlen(a->prefix) : 0;
+    while (pl > 1 && a->prefix[pl - 1] == '/')
+        a->prefix[--pl] = '\0';
+    a->cfg.endpoints = a->endpoints;
+    a->cfg.prefix = a->prefix;
+    a->cfg.url = a->url;
+    a->pending_rev = -1;
+    a->started_ms = mono_ms();
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_mutex_init(&a->cb_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&a->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (a->endpoints == NULL || a->prefix == NULL || a->url == NULL) {
+        agent_free(a);
+        return errf(err, errlen, "out of memory"), ETCD_EFAILED;
+    }
+    int rc = etcd_client_create(&a->etcd, a->endpoints, a->cfg.request_timeout_ms, err, errlen);
+    if (rc != 0) {
+        agent_free(a);
+        return rc;
+    }
+    a->m_epoch = metrics_gauge("psd_view_epoch",
+                               "Epoch of the newest view of the replicated cluster this server "
+                               "knows (0: none yet).");
+    a->m_failovers = metrics_counter("psd_failovers_total",
+                                     "Replica groups whose primary moved to another server, over "
+                                     "the views this server saw.");
+    a->m_errors = metrics_counter("psd_coordinator_errors_total",
+                                  "Requests to the coordinator (etcd) that failed.");
+    /* A view of another shape at the prefix is a configuration error: say so at start. */
+    view_record rec;
+    char e1[1536];
+    rc = view_etcd_read(a->etcd, a->prefix, &rec, NULL, e1, sizeof(e1));
+    if (rc == 0 && (rec.v.num_servers != cfg->num_servers || rec.v.replicas != cfg->replicas)) {
+        errf(err, errlen,
+             "the view in etcd (%s/view, epoch %" PRIu64 ") is for %u servers with %u replicas, "
+             "this cluster has %u with %u: another cluster uses coordinator-prefix %s (set "
+             "another prefix, or delete the key if that cluster is gone)",
+             a->prefix, rec.v.epoch, rec.v.num_servers, rec.v.replicas, cfg->num_servers,
+             cfg->replicas, a->prefix);
+        agent_free(a);
+        return ETCD_EFAILED;
+    }
+    if (rc == ETCD_EUNREACHABLE || rc == ETCD_EFAILED)
+        note_error(a, "cannot read the view", e1);
+    if (pthread_create(&a->lease_thread, NULL, lease_main, a) != 0) {
+        agent_free(a);
+        return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
+    }
+    a->lease_started = true;
+    if (pthread_create(&a->poll_thread, NULL, poll_main, a) != 0) {
+        view_agent_stop(a);
+        return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
+    }
+    a->poll_started = true;
+    log_info("view agent: ps %u of %u, %u replicas, coordinator %s, prefix %s, lease %" PRId64
+             " ms, poll every %" PRId64 " ms",
+             cfg->self, cfg->num_servers, cfg->replicas, a->endpoints, a->prefix, cfg->lease_ms,
+             a->cfg.poll_ms);
+    *out = a;
+    return 0;
+}
+
+void view_agent_stop(view_agent *a)
+{
+    if (a == NULL)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->stopping = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (a->lease_started)
+        pthread_join(a->lease_thread, NULL);
+    if (a->poll_started)
+        pthread_join(a->poll_thread, NULL);
+    if (a->lease_id != 0) {
+        char err[1536];
+        if (etcd_lease_revoke(a->etcd, a->lease_id, err, sizeof(err)) == 0)
+            log_info("revoked lease %" PRId64 ": the others fail over without waiting for it",
+                     a->lease_id);
+        else
+            log_warn("cannot revoke lease %" PRId64 " (it expires by itself): %s", a->lease_id,
+                     err);
+    }
+    agent_free(a);
+}
+
+void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg)
+{
+    pthread_mutex_lock(&a->cb_mu);
+    a->fn = fn;
+    a->fn_arg = arg;
+    pthread_mutex_lock(&a->mu);
+    view v = a->known.v;
+    pthread_mutex_unlock(&a->mu);
+    if (fn && v.epoch > 0)
+        fn(arg, VIEW_EVENT_VIEW, &v);
+    pthread_mutex_unlock(&a->cb_mu);
+}
+
+bool view_agent_current(view_agent *a, view *out)
+{
+    pthread_mutex_lock(&a->mu);
+    *out = a->known.v;
+    pthread_mutex_unlock(&a->mu);
+    return out->epoch > 0;
+}
+
+void view_agent_mark_caught_up(view_agent *a, uint32_t g)
+{
+    if (g >= a->cfg.num_servers)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->caught_up[g] = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+bool view_agent_serving(view_agent *a)
+{
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&a->mu);
+    uint32_t s = a->cfg.self;
+    bool ok = a->lease_id != 0 && now < a->lease_valid_ms && a->known.v.epoch > 0 &&
+              a->known.v.live[s] && a->known.lease[s] == a->lease_id;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
+void view_agent_get_stats(view_agent *a, view_agent_stats *out)
+{
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&a->mu);
+    out->epoch = a->known.v.epoch;
+    out->views_installed = a->views_installed;
+    out->failovers = a->failovers;
+    out->coordinator_errors = a->errors;
+    out->lease_id = a->lease_id;
+    out->lease_valid = a->lease_id != 0 && now < a->lease_valid_ms;
+    snprintf(out->last_error, sizeof(out->last_error), "%s", a->last_error);
+    pthread_mutex_unlock(&a->mu);
+}

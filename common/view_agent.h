@@ -1,0 +1,140 @@
+/* view_agent.h - the failover agent of one ps-server of a replicated cluster (replicas > 1):
+ * keeps the server's lease in etcd, installs and changes the view (view.h) by compare-and-swap,
+ * and tells the server about every new view and about its own lease.
+ *
+ * What it does (two threads):
+ *   - lease: grants a lease of lease_ms (etcd rounds up to whole seconds, and raises TTLs below
+ *     its minimum, 2 s with etcd's defaults), puts prefix/servers/<self> = url under it and
+ *     renews it every third of its TTL. A lease etcd no longer has (it expired while this server
+ *     could not renew it) is LOST: this server's incarnation is out of every later view; the
+ *     agent registers again with a new lease, as a rejoining server.
+ *   - poll (every poll_ms): reads prefix/view and prefix/servers/, and proposes a new view when
+ *       * there is none (or none of its live servers still holds the lease it joined with: the
+ *         whole cluster restarted): epoch (old + 1, or 1), every registered server live,
+ *         primary[g] = the first live member of g in ring order; it waits up to start_grace_ms
+ *         for every server to register first;
+ *       * a live server's lease is gone (absent key, or another lease: it restarted): the view
+ *         without it; each group whose primary it was gets its first live member in ring order
+ *         as primary (-1 when none lives);
+ *       * this server is registered but not live, and view_agent_mark_caught_up was called for
+ *         every group it is a member of that has a primary: the view with it live (and primary
+ *         of its groups that had none).
+ *     Each proposal is epoch + 1 and a compare-and-swap on the view's mod revision: of servers
+ *     that see the same change, one installs it and the others re-read. A change is proposed
+ *     by the server it concerns first (the new primary; for a gone backup the lowest live
+ *     server; a rejoin by the rejoining server), by anyone once it waited 2 lease_ms.
+ *   - etcd unreachable: the current view stays, the server keeps serving on it; the agent logs
+ *     "failover waits for etcd: <cause>" (at most every 5 s) and counts the errors.
+ *
+ * Metrics (metrics.h registry): psd_view_epoch, psd_failovers_total (groups whose primary
+ * moved, over the views this server saw), psd_coordinator_errors_total (failed etcd requests).
+ *
+ * Thread-safety: every function may be called from any thread once view_agent_start returned,
+ * view_agent_stop aside. */
+#ifndef PSD_COMMON_VIEW_AGENT_H
+#define PSD_COMMON_VIEW_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "view.h"
+#include "view_etcd.h"
+
+typedef struct view_agent view_agent;
+
+typedef enum view_event {
+    /* A view with a higher epoch than any before (v: it). */
+    VIEW_EVENT_VIEW,
+    /* etcd says this server's lease is gone: other servers may already have installed a view
+     * without it, so it must not acknowledge anything (as primary or backup) until it rejoined.
+     * v: the last view this server knew. */
+    VIEW_EVENT_LEASE_LOST,
+    /* The lease was not renewed within its TTL because etcd could not be reached. If etcd is
+     * only down, no view can change (and etcd keeps the lease when it comes back); if this
+     * server is cut off from etcd but not from the others, they may install a view without
+     * it. Acknowledging what every other replica of the current view applied stays safe (a
+     * new primary, a replica of the current view, refuses the old epoch as soon as it
+     * installed the new view); acknowledging alone (no other live replica) is not. */
+    VIEW_EVENT_LEASE_UNCERTAIN,
+    /* The lease is renewed again after LEASE_UNCERTAIN (same incarnation), or a new one was
+     * registered after LEASE_LOST (a new incarnation: rejoin before serving). */
+    VIEW_EVENT_LEASE_OK,
+} view_event;
+
+/* Called on the agent's threads, one call at a time, never with an agent lock held: it may
+ * call any view_agent_* function but view_agent_stop, and should return soon (the poll waits
+ * for it). */
+typedef void (*view_agent_fn)(void *arg, view_event ev, const view *v);
+
+typedef struct view_agent_config {
+    const char *endpoints;  /* coordinator: "http://h1:2379,http://h2:2379" */
+    const char *prefix;     /* coordinator-prefix, e.g. /psd/0123456789abcdef */
+    uint32_t self;          /* this server's ps task index */
+    uint32_t num_servers;   /* ps tasks of the cluster spec (2..VIEW_MAX_SERVERS) */
+    uint32_t replicas;      /* 2..num_servers */
+    const char *url;        /* this server's address, the value of prefix/servers/<self> */
+    int64_t lease_ms;       /* lease TTL (>= 1) */
+    int64_t poll_ms;        /* 0: lease_ms / 8, within 25..500 */
+    int64_t start_grace_ms; /* 0: 10 * lease_ms */
+    int request_timeout_ms; /* 0: lease_ms / 4, within 100..2000 */
+} view_agent_config;
+
+/* Checks cfg, makes one attempt at registering and reading the view, and starts the threads.
+ * Returns 0; or ETCD_EFAILED with err saying why for a bad configuration, or a view in etcd
+ * made for another number of servers or replicas (a configuration error: another cluster uses
+ * the prefix). etcd being unreachable is not an error: the agent keeps trying (logged). */
+int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, size_t errlen);
+
+/* Stops the threads and revokes the lease (so that the others fail over at once instead of
+ * after the TTL). NULL: nothing. Call it after the server stopped acknowledging. */
+void view_agent_stop(view_agent *a);
+
+/* Sets the one callback (NULL: none). If a view is known already, fn is called with it
+ * (VIEW_EVENT_VIEW) before this returns. */
+void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg);
+
+/* Copies the newest view this agent knows into *out; false (and epoch 0) when none yet. */
+bool view_agent_current(view_agent *a, view *out);
+
+/* This server (rejoining: registered, not live) has a copy of group g's state that is caught
+ * up with the primary's stream. Once every group it is a member of that has a primary is
+ * marked, the agent installs a view with this server live. Marks are cleared when the lease
+ * is lost. g >= num_servers: ignored. */
+void view_agent_mark_caught_up(view_agent *a, uint32_t g);
+
+/* Whether this server is live in the newest view with its current lease, and that lease was
+ * renewed within its TTL. */
+bool view_agent_serving(view_agent *a);
+
+typedef struct view_agent_stats {
+    uint64_t epoch;              /* of the newest view known; 0: none */
+    uint64_t views_installed;    /* by this agent's compare-and-swaps */
+    uint64_t failovers;          /* groups whose primary moved, over the views seen */
+    uint64_t coordinator_errors; /* failed etcd requests */
+    int64_t lease_id;            /* 0: none */
+    bool lease_valid;            /* renewed within its TTL */
+    char last_error[512];        /* the last etcd error ("" if none yet) */
+} view_agent_stats;
+void view_agent_get_stats(view_agent *a, view_agent_stats *out);
+
+/* ---- the decision, apart for tests ---- */
+
+typedef struct view_inputs {
+    const view_record *cur; /* the installed view, NULL when none */
+    const int64_t *reg;     /* reg[i]: lease of registered server i, 0 when absent */
+    uint32_t self, num_servers, replicas;
+    bool caught_up[VIEW_MAX_SERVERS]; /* view_agent_mark_caught_up marks of self */
+    bool grace_over;                  /* start_grace_ms passed since the agent started */
+} view_inputs;
+
+typedef enum view_change {
+    VIEW_KEEP = 0, /* nothing to change */
+    VIEW_PROPOSE,  /* self is the first to propose *next */
+    VIEW_FALLBACK, /* a change is due but another server should propose it first */
+} view_change;
+
+/* The next view from the inputs (rules above); next->v.epoch = cur's + 1. */
+view_change view_decide(const view_inputs *in, view_record *next);
+
+#endif
