@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "status.h"
 #include "timeutil.h"
+#include "view_agent.h"
 
 #define REPLICA_MAX 8 /* members of a group at most */
 /* Bytes of operations one REPLICATE batch carries at most (less when max-message-bytes is). */
@@ -89,6 +90,8 @@ static struct node {
     size_t n_methods;
     char local_token[33];
     atomic_uint_fast64_t replicated_ops, failovers;
+    view_agent *agent;     /* the coordinator's agent (NULL: a fixed view) */
+    atomic_bool uncertain; /* the lease could not be renewed: acknowledge nothing alone */
     server_state *retired[VIEW_MAX_SERVERS * 2]; /* states replaced by copies, freed at the end */
     size_t nretired;
 } node = {.vlock = PTHREAD_MUTEX_INITIALIZER};
@@ -116,6 +119,12 @@ static rop *progress_locked(rgroup *G)
     }
     if (!G->serving)
         return NULL;
+    bool alone = true;
+    for (uint32_t i = 0; i < G->npeers; i++)
+        if (G->peers[i].in_view)
+            alone = false;
+    if (alone && atomic_load(&node.uncertain))
+        low = G->committed; /* perhaps out of the view already: acknowledge nothing alone */
     if (low > G->committed) {
         G->committed = low;
         pthread_cond_broadcast(&G->acked);
@@ -531,6 +540,13 @@ static void dispatch(rpc_call *call, void *arg)
                         (unsigned long long)env->epoch, (unsigned long long)epoch, g, prim);
         return;
     }
+    if (epoch == 0) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server %u has no view of the replicated cluster yet (waiting for the "
+                        "coordinator): retry",
+                        self);
+        return;
+    }
     if (G == NULL || prim != (int32_t)self) {
         if (prim >= 0)
             rpc_call_set_primary(call, (uint32_t)prim);
@@ -861,8 +877,8 @@ void replica_handle_replicate(rpc_call *call, void *arg)
     if (mark) {
         log_info("group %u: caught up with its primary at lsn %llu", G->g,
                  (unsigned long long)rep.applied_lsn);
-        if (node.cfg.caught_up)
-            node.cfg.caught_up(node.cfg.caught_up_arg, G->g);
+        if (node.agent)
+            view_agent_mark_caught_up(node.agent, G->g);
     }
     if (rq->committed_lsn) {
         pthread_mutex_lock(&G->q);
@@ -1256,15 +1272,20 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
             p->rank = j;
         }
     }
-    /* The initial view: everyone up, every group at its placement server. */
+    /* The initial view. With a coordinator, none: nothing is served until its first view.
+     * Without, a fixed one: everyone up, every group at its placement server. */
     view v;
     memset(&v, 0, sizeof(v));
     v.epoch = 1;
     v.num_servers = cfg->num_servers;
     v.replicas = cfg->replicas;
     for (uint32_t i = 0; i < cfg->num_servers; i++) {
-        v.primary[i] = (int32_t)i;
-        v.live[i] = 1;
+        v.primary[i] = cfg->coordinated ? -1 : (int32_t)i;
+        v.live[i] = !cfg->coordinated;
+    }
+    if (cfg->coordinated) {
+        node.cur = v;
+        node.cur.epoch = 0;
     }
     node.methods = calloc(server_methods_len, sizeof(*node.methods));
     if (node.methods == NULL) {
@@ -1278,7 +1299,8 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
     }
     node.n_methods = server_methods_len;
     node.on = true;
-    replica_set_view(&v);
+    if (!cfg->coordinated)
+        replica_set_view(&v);
     metrics_add_collector(collect, NULL);
     log_info("replicas %u: serving group %u as primary, holding backup copies of %u group(s)",
              cfg->replicas, cfg->self, cfg->replicas - 1);
@@ -1387,6 +1409,67 @@ void replica_set_view(const view *v)
         answer(done);
     }
     pthread_mutex_unlock(&node.vlock);
+}
+
+/* Installs v with this server out of it: its incarnation is not the one v names live. */
+static void set_view_without_self(const view *v, bool force)
+{
+    view w = *v;
+    uint32_t self = node.cfg.self;
+    w.live[self] = 0;
+    for (uint32_t g = 0; g < w.num_servers; g++)
+        if (w.primary[g] == (int32_t)self)
+            w.primary[g] = -1;
+    if (force) {
+        pthread_mutex_lock(&node.vlock);
+        if (w.epoch == node.cur.epoch)
+            node.cur.epoch--; /* the same epoch again, this time without this server */
+        pthread_mutex_unlock(&node.vlock);
+    }
+    replica_set_view(&w);
+}
+
+void replica_attach_agent(view_agent *a)
+{
+    node.agent = a;
+}
+
+void replica_on_view_event(void *arg, view_event ev, const view *v)
+{
+    (void)arg;
+    if (!node.on)
+        return;
+    switch (ev) {
+    case VIEW_EVENT_VIEW:
+        if (v->live[node.cfg.self] && node.agent && !view_agent_serving(node.agent))
+            set_view_without_self(v, false); /* the view names a previous incarnation */
+        else
+            replica_set_view(v);
+        break;
+    case VIEW_EVENT_LEASE_LOST:
+        log_warn("lease lost: serving no group until this server has rejoined");
+        set_view_without_self(v, true);
+        break;
+    case VIEW_EVENT_LEASE_UNCERTAIN:
+        log_warn("lease not renewed in time: groups without a live backup acknowledge nothing "
+                 "until it is");
+        atomic_store(&node.uncertain, true);
+        break;
+    case VIEW_EVENT_LEASE_OK:
+        atomic_store(&node.uncertain, false);
+        for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+            rgroup *G = node.groups[g];
+            if (G == NULL)
+                continue;
+            pthread_mutex_lock(&G->q);
+            rop *done = progress_locked(G);
+            pthread_mutex_unlock(&G->q);
+            answer(done);
+        }
+        break;
+    default:
+        break;
+    }
 }
 
 uint32_t replica_degraded_groups(void)

@@ -23,6 +23,7 @@
 #include "rpc_server.h"
 #include "server.h"
 #include "view.h"
+#include "view_agent.h"
 
 typedef struct replica_config {
     uint32_t self;        /* this server's task index */
@@ -41,11 +42,9 @@ typedef struct replica_config {
     bool bsp_mean;
     uint64_t max_bytes, max_vars, dedup_max_clients, dedup_idle_ms;
     uint64_t cluster_hash; /* checkpoint_cluster_hash: copies travel as checkpoint images */
-    /* Rejoin: called once per group when this server, out of the view, has copied the group
-     * from its primary and applied its log up to the end (the coordinator then adds it back).
-     * NULL: nobody to tell. */
-    void (*caught_up)(void *arg, uint32_t group);
-    void *caught_up_arg;
+    /* A coordinator keeps the view (replica_attach_agent, replica_on_view_event): nothing is
+     * served until its first view. false: a fixed view, every server up (tests). */
+    bool coordinated;
 } replica_config;
 
 /* Makes the backup groups and the replication streams of this server around its own group's
@@ -71,6 +70,14 @@ void replica_set_server(rpc_server *rpc);
  * sent under older epochs are refused from now on. Views not newer than the current one are
  * ignored. Any thread. */
 void replica_set_view(const view *v);
+
+/* The coordinator's agent (view_agent.h): rejoining groups that caught up are marked on it,
+ * and whether its lease is this incarnation's decides whether a view's self is this one. */
+void replica_attach_agent(view_agent *a);
+/* The agent's callback (view_agent_fn, arg unused): new views, lease lost (out of every view
+ * from now on: rejoin), lease uncertain (groups without a backup in the view acknowledge nothing
+ * until it is renewed). */
+void replica_on_view_event(void *arg, view_event ev, const view *v);
 
 /* The view in force (a copy). */
 void replica_get_view(view *out);
