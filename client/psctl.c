@@ -19,6 +19,7 @@
 #include "options.h"
 #include "program.h"
 #include "psclient.h"
+#include "psctl_view.h"
 
 #define EXIT_RUNTIME 1
 
@@ -32,6 +33,8 @@ static const char usage_text[] =
     "  checkpoint         checkpoint every server now\n"
     "  shutdown           shut every server down cleanly\n"
     "  top [--iterations N]  rates per server, refreshed every second (q or Ctrl-C quits)\n"
+    "  view               replicated clusters: the view in etcd (coordinator): epoch, each\n"
+    "                     group's primary and backups, servers live, rejoining or down\n"
     "Flags of psctl itself: --json (one JSON object per command, one line per top refresh),\n"
     "--iterations N (top: stop after N refreshes).";
 
@@ -582,9 +585,9 @@ int main(int argc, char **argv)
     const char *cmd = p.npositional > 0 ? p.positional[0] : NULL;
     int nargs_cmd = p.npositional - 1;
     if (cmd == NULL)
-        rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top)");
+        rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top, view)");
     else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "checkpoint") == 0 ||
-             strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0) {
+             strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0 || strcmp(cmd, "view") == 0) {
         if (nargs_cmd != 0)
             rc = usage_error("this command takes no arguments");
     } else if (strcmp(cmd, "vars") == 0) {
@@ -602,6 +605,12 @@ int main(int argc, char **argv)
         rc = usage_error("--iterations applies to top only");
 
     ps_client *c = NULL;
+    if (rc == 0 && strcmp(cmd, "view") == 0) { /* from etcd, not from the servers */
+        rc = psctl_view(p.opts, &p.cluster, json_out);
+        program_end(&p);
+        free(args);
+        return rc;
+    }
     if (rc == 0)
         rc = client_open(p.opts, &c);
     if (rc == 0) {

@@ -406,6 +406,21 @@ static void poll_once(view_agent *a)
             return;
         view_record next;
         view_change ch = view_decide(&in, &next);
+        if (!have && ch == VIEW_KEEP) {
+            uint32_t regs = 0;
+            for (uint32_t i = 0; i < a->cfg.num_servers; i++)
+                regs += reg[i] != 0;
+            pthread_mutex_lock(&a->mu);
+            bool say = now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+            if (say)
+                a->mismatch_log_ms = now;
+            pthread_mutex_unlock(&a->mu);
+            if (say)
+                log_info("the first view waits for every server to register: %u of %u so far "
+                         "(at most %" PRId64 " s more)",
+                         regs, a->cfg.num_servers,
+                         (a->cfg.start_grace_ms - (now - a->started_ms)) / 1000);
+        }
         pthread_mutex_lock(&a->mu);
         bool go = ch == VIEW_PROPOSE;
         if (ch == VIEW_FALLBACK) {

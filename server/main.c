@@ -22,6 +22,7 @@
 #include "replica.h"
 #include "server.h"
 #include "timeutil.h"
+#include "view_agent.h"
 
 /* /metrics of the state that lives in the server's structures (metrics.h collector). */
 static void server_collect(metrics_out *out, void *arg)
@@ -247,6 +248,25 @@ int main(int argc, char **argv)
         }
     }
 
+    /* Replication needs a coordinator, and a group of distinct servers (exit 2 otherwise). */
+    uint32_t n_replicas = (uint32_t)opt_int(prog.opts, OPT_REPLICAS);
+    const char *coordinator = opt_str(prog.opts, OPT_COORDINATOR);
+    if (n_replicas > 1 && (coordinator == NULL || coordinator[0] == '\0')) {
+        log_error("replicas %u needs a coordinator: set coordinator to the etcd endpoints that "
+                  "keep the cluster's view, e.g. --coordinator http://127.0.0.1:2379 "
+                  "(docs/operations.md, Replication)",
+                  n_replicas);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    if (n_replicas > 1 && (n_replicas > cl->n_ps || cl->n_ps > VIEW_MAX_SERVERS)) {
+        log_error("replicas %u: the cluster has %zu ps tasks; a replica group needs that many "
+                  "distinct servers (and at most %d ps tasks)",
+                  n_replicas, cl->n_ps, VIEW_MAX_SERVERS);
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+
     /* Signals are taken synchronously by the main thread only. */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -368,6 +388,35 @@ int main(int argc, char **argv)
         log_warn("checkpoint-interval-s/-updates are set but checkpoint-dir is empty: "
                  "checkpoints are off");
     }
+    /* The failover agent: this server's lease and the view in etcd (replicas > 1). */
+    if (n_replicas > 1) {
+        char prefix[64], self_url[300];
+        const char *pfx = opt_str(prog.opts, OPT_COORDINATOR_PREFIX);
+        if (pfx == NULL || pfx[0] == '\0') {
+            view_default_prefix((const char *const *)cl->ps, cl->n_ps, prefix, sizeof(prefix));
+            pfx = prefix;
+        }
+        if (cluster_url(cl->ps[cl->task_index], self_url, sizeof(self_url)) != 0)
+            snprintf(self_url, sizeof(self_url), "%s", plain);
+        view_agent_config va_cfg = {
+            .endpoints = coordinator,
+            .prefix = pfx,
+            .self = st.task_index,
+            .num_servers = st.num_servers,
+            .replicas = n_replicas,
+            .url = self_url,
+            .lease_ms = opt_int(prog.opts, OPT_LEASE_MS),
+        };
+        if (view_agent_start(&st.view_agent, &va_cfg, err, sizeof(err)) != 0) {
+            log_error("%s", err);
+            metrics_remove_collector(server_collect, &st);
+            http_endpoint_stop(http);
+            checkpointer_destroy(ck);
+            ckpt_dir_unlock(ck_lock);
+            program_end(&prog);
+            return PROGRAM_EXIT_CONFIG;
+        }
+    }
     rpc_server_config rc_cfg = {
         .url = url,
         .contexts = (int)opt_int(prog.opts, OPT_RPC_CONTEXTS),
@@ -457,6 +506,7 @@ int main(int argc, char **argv)
         ckpt_dir_unlock(ck_lock);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
+        view_agent_stop(st.view_agent);
         program_end(&prog);
         return 1;
     }
@@ -503,6 +553,7 @@ int main(int argc, char **argv)
     http_endpoint_set_ready(http, false, "shutting down");
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
+    view_agent_stop(st.view_agent); /* revokes the lease: the others fail over at once */
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     replica_stop(); /* answers calls still waiting for backups */
     rpc_server_stop(st.rpc);

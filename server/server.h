@@ -32,6 +32,7 @@ typedef struct server_state {
     struct server_tables *tables;     /* sparse tables (table_rpc.c); NULL: none yet */
     uint64_t max_bytes;               /* max-server-bytes in force (server_set_limits) */
     atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
+    struct view_agent *view_agent;    /* replicas > 1: the failover agent (view_agent.h) */
 } server_state;
 
 /* The method table served by ps-server. */
