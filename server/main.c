@@ -436,17 +436,11 @@ int main(int argc, char **argv)
         .tls = tls,
         .admin_token = admin_token,
     };
-    uint32_t replicas = (uint32_t)opt_int(prog.opts, OPT_REPLICAS);
+    uint32_t replicas = n_replicas;
     static char peer_urls[VIEW_MAX_SERVERS][300];
     static const char *peer_url_ptrs[VIEW_MAX_SERVERS];
     if (replicas > 1) {
         int rfail = 0;
-        if (replicas > (uint32_t)cl->n_ps || cl->n_ps > VIEW_MAX_SERVERS) {
-            log_error("replicas %u: the cluster has %zu ps tasks (at most %d), and a group needs "
-                      "that many distinct servers",
-                      replicas, cl->n_ps, VIEW_MAX_SERVERS);
-            rfail = PROGRAM_EXIT_CONFIG;
-        }
         for (size_t i = 0; rfail == 0 && i < cl->n_ps; i++) {
             char p[300];
             if (cluster_url(cl->ps[i], p, sizeof(p)) != 0 ||
@@ -474,12 +468,14 @@ int main(int argc, char **argv)
             .dedup_max_clients = (uint64_t)opt_int(prog.opts, OPT_DEDUP_MAX_CLIENTS),
             .dedup_idle_ms = (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS),
             .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
+            .coordinated = true,
         };
         if (rfail == 0 && replica_start(&rcfg, &st, err, sizeof(err)) != 0) {
             log_error("%s", err);
             rfail = 1;
         }
         if (rfail) {
+            view_agent_stop(st.view_agent);
             metrics_remove_collector(server_collect, &st);
             http_endpoint_stop(http);
             checkpointer_destroy(ck);
@@ -489,6 +485,9 @@ int main(int argc, char **argv)
         }
         rc_cfg.methods = replica_methods(&rc_cfg.n_methods);
         rc_cfg.handler_arg = replica_handler_arg();
+        /* From here the agent's views reach the groups (the one it knows already at once). */
+        replica_attach_agent(st.view_agent);
+        view_agent_on_change(st.view_agent, replica_on_view_event, NULL);
     }
     if (rc_cfg.default_deadline_ms > rc_cfg.max_deadline_ms) {
         log_warn("default-deadline-ms %u is above max-deadline-ms %u: requests that carry no "
@@ -498,6 +497,7 @@ int main(int argc, char **argv)
     }
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
+        view_agent_stop(st.view_agent); /* no view reaches the groups after this */
         replica_stop();
         replica_free();
         metrics_remove_collector(server_collect, &st);
@@ -506,7 +506,6 @@ int main(int argc, char **argv)
         ckpt_dir_unlock(ck_lock);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
-        view_agent_stop(st.view_agent);
         program_end(&prog);
         return 1;
     }

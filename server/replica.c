@@ -18,7 +18,7 @@
 #include "timeutil.h"
 #include "view_agent.h"
 
-#define REPLICA_MAX 8 /* members of a group at most */
+#define REPLICA_MAX 16 /* members of a group at most */
 /* Bytes of operations one REPLICATE batch carries at most (less when max-message-bytes is). */
 #define BATCH_MAX_BYTES (8u << 20)
 

@@ -2,7 +2,8 @@
  * processes push integer gradients (SGD, lr 1, from zeros: values are minus the exact sums) to a
  * split variable (every group) and a small one, some with Adam (optimizer slots); afterwards
  * every group's primary and its backup copy hold bit-identical state (checksums over names,
- * versions, values and slots, asked with REPLICATE). Requests naming a group a server does not
+ * versions, values and slots, asked with REPLICATE). The view comes from a real etcd the
+ * test starts (skipped, exit 77, without one). Requests naming a group a server does not
  * serve are refused naming the primary; BSP variables are refused with replicas > 1; a
  * REPLICATE under a view epoch older than the server's is refused. */
 #include <setjmp.h>
@@ -18,6 +19,7 @@
 #include <nng/nng.h>
 
 #include "cluster_proc.h"
+#include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
 
@@ -29,18 +31,23 @@
 
 static const char *server_bin;
 static test_cluster tc;
+static etcd_proc etcd;
 
 static int setup(void **state)
 {
     (void)state;
-    const char *extra[] = {"--replicas", "2", NULL};
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    const char *extra[] = {"--replicas", "2", "--coordinator", etcd.endpoint, NULL};
     return test_cluster_start(&tc, server_bin, NSERVERS, extra);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    return test_cluster_stop(&tc);
+    int rc = test_cluster_stop(&tc);
+    etcd_proc_stop(&etcd);
+    return rc;
 }
 
 static ps_client *open_client(void)
@@ -230,7 +237,7 @@ static void test_not_primary_names_primary(void **state)
         assert_int_equal(st, PS_FAILED_PRECONDITION);
         fprintf(stderr, "server %d: %s\n", server, f.env->message);
         assert_int_equal(f.env->primary, 1 + 0);
-        assert_int_equal(f.env->epoch, 1);
+        assert_true(f.env->epoch >= 1);
         assert_non_null(strstr(f.env->message, "primary is server 0"));
         frame_fini(&f);
         nng_msg_free(m);
@@ -272,6 +279,11 @@ static void test_bsp_refused(void **state)
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
+    if (etcd_proc_binary() == NULL) {
+        fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
+                        "replicated clusters need one as their coordinator\n");
+        return 77;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_sums_and_identical_replicas),
         cmocka_unit_test(test_not_primary_names_primary),
