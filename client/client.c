@@ -191,6 +191,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
+    c->replicated = opt_int(o, OPT_REPLICAS) > 1;
     bool heartbeats = c->worker_id >= 0 && c->heartbeat_ms > 0;
     if (heartbeats) {
         c->hb_conns = calloc(cl.n_ps, sizeof(*c->hb_conns));

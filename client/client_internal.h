@@ -84,6 +84,7 @@ struct ps_client {
      * so far) and, per placement task, the server its calls go to (its group's primary). */
     atomic_uint_fast64_t view_epoch;
     atomic_int *route;
+    bool replicated; /* the replicas setting is above 1: follow primaries from the start */
 };
 
 /* Starts a call for placement task `server` (route.c): rpc_conn_call on its connection, or on

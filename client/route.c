@@ -4,7 +4,8 @@
  * (same seq: the group's replicated exactly-once window drops it if it was applied before the
  * failover). A server that does not answer within a probe interval is passed over for the next
  * server in ring order, which either serves the group (it took over) or names its primary.
- * Until a reply says the cluster is replicated (Envelope.epoch > 0), calls go as they are. */
+ * Until a reply says the cluster is replicated (Envelope.epoch > 0), or the client's replicas
+ * setting does, calls go as they are. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ typedef struct routed {
     int group;  /* placement task the call is for */
     int target; /* server of the current attempt */
     int hops;
+    uint64_t sent_epoch; /* Envelope.epoch of the latest attempt */
     rpc_call_opts opts;
     uint64_t deadline_ns;
     rpc_build_fn build;
@@ -45,6 +47,7 @@ static int routed_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     }
     f.env->group = (uint32_t)r->group + 1;
     f.env->epoch = atomic_load(&r->c->view_epoch);
+    r->sent_epoch = f.env->epoch;
     nng_msg *m;
     rv = frame_build(&m, f.env, f.has_segment ? f.segment : NULL, f.segment_len, NULL);
     frame_fini(&f);
@@ -64,14 +67,15 @@ static void routed_done(void *arg, int status, const char *message, const frame 
         while (e > cur && !atomic_compare_exchange_weak(&c->view_epoch, &cur, e))
             ;
     }
-    bool replicated = atomic_load(&c->view_epoch) != 0;
+    bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
     bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
     int next = -1;
     if (replicated && time_left && r->hops < ROUTE_MAX_HOPS) {
         if (status == STATUS_FAILED_PRECONDITION && reply && reply->env->primary != 0 &&
-            (int)reply->env->primary - 1 != r->target &&
-            (int)reply->env->primary - 1 < c->nservers) {
-            next = (int)reply->env->primary - 1; /* the group moved */
+            (int)reply->env->primary - 1 < c->nservers &&
+            ((int)reply->env->primary - 1 != r->target || reply->env->epoch > r->sent_epoch)) {
+            /* The group moved, or the request named an older epoch than the server's. */
+            next = (int)reply->env->primary - 1;
         } else if (reply == NULL &&
                    (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED)) {
             next = (r->target + 1) % c->nservers; /* no answer: ask the next server */
@@ -97,7 +101,7 @@ static int attempt(routed *r)
         return STATUS_DEADLINE_EXCEEDED;
     rpc_call_opts o = r->opts;
     o.deadline_ms = (uint32_t)left_ms;
-    if (atomic_load(&c->view_epoch) != 0 && o.deadline_ms > ROUTE_PROBE_MS)
+    if ((c->replicated || atomic_load(&c->view_epoch) != 0) && o.deadline_ms > ROUTE_PROBE_MS)
         o.deadline_ms = ROUTE_PROBE_MS;
     return rpc_conn_call(c->servers[r->target], &o, routed_build, routed_done, r);
 }

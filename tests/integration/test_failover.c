@@ -1,0 +1,246 @@
+/* Integration: failover and rejoin of replica groups on real processes and a real etcd (the
+ * test starts one; skipped, exit 77, without an etcd binary).
+ *
+ * 3 ps-servers with replicas 2. Client processes push integer gradients (SGD, lr 1, from zeros)
+ * to a variable split over every group while server 1, primary of group 1, is killed with
+ * SIGKILL. Every push must be acknowledged (the clients resend in-flight ones to the new
+ * primary with the same seqs), and the final values must be minus the exact sum of the
+ * acknowledged pushes: none lost, none applied twice. No client may report lost updates. Then
+ * server 1 is started again: it copies its groups from their primaries while pushes go on,
+ * catches up, is added back to the view, and its copies are bit-identical to the primaries'. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "cluster_proc.h"
+#include "etcd_proc.h"
+#include "ps_proc.h"
+#include "psclient.h"
+
+#define NSERVERS 3
+#define NCLIENTS 3
+#define ROUNDS 1500
+#define VAR_N (3 * 1024) /* split: 1024 elements on each server */
+
+static const char *server_bin;
+static test_cluster tc;
+static etcd_proc etcd;
+static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+
+static int setup(void **state)
+{
+    (void)state;
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[3] = etcd.endpoint;
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    test_cluster_stop(&tc);
+    etcd_proc_stop(&etcd);
+    return 0;
+}
+
+static ps_client *open_client(void)
+{
+    ps_config *cfg;
+    ps_client *c = NULL;
+    char tf[1200];
+    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    if (ps_config_create(&cfg) != PS_OK)
+        return NULL;
+    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
+        ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
+        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
+        ps_config_set(cfg, "replicas", "2") != PS_OK)
+        fprintf(stderr, "config: %s\n", ps_last_error());
+    else if (ps_client_open(&c, cfg) != PS_OK)
+        fprintf(stderr, "open: %s\n", ps_last_error());
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static ps_var *make_var(ps_client *c)
+{
+    ps_var_spec s;
+    ps_var_spec_init(&s, "fo/v");
+    s.ndims = 1;
+    s.dims[0] = VAR_N;
+    s.learning_rate = 1.0;
+    ps_var *v = NULL;
+    if (ps_var_create(c, &s, &v) != PS_OK)
+        fprintf(stderr, "create: %s\n", ps_last_error());
+    return v;
+}
+
+/* A client process: ROUNDS pushes of (id + 1) to every element; exits 0 when every push was
+ * acknowledged and the client saw no lost update. */
+static int client_main(int id)
+{
+    ps_client *c = open_client();
+    if (c == NULL)
+        return 10;
+    ps_var *v = make_var(c);
+    if (v == NULL)
+        return 11;
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = (float)(id + 1);
+    int rc = 0;
+    for (int r = 0; r < ROUNDS && rc == 0; r++) {
+        if (ps_push(c, v, g) != PS_OK) {
+            fprintf(stderr, "client %d push %d: %s\n", id, r, ps_last_error());
+            rc = 12;
+        }
+    }
+    uint64_t lost = ps_client_lost_updates(c);
+    if (lost) {
+        fprintf(stderr, "client %d reports %llu lost updates\n", id, (unsigned long long)lost);
+        rc = 13;
+    }
+    free(g);
+    ps_client_close(c);
+    return rc;
+}
+
+static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *lsn)
+{
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = group;
+    rq.checksum = true;
+    uint8_t body[64];
+    size_t blen = psd__v1__replicate_request__pack(&rq, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = blen;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st == 0) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        assert_non_null(r);
+        *sum = r->checksum;
+        *lsn = r->applied_lsn;
+        psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void check_all(ps_client *c, ps_var *v, float want)
+{
+    float *w = malloc(VAR_N * sizeof(float));
+    assert_int_equal(ps_pull(c, v, w), PS_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < VAR_N; i++)
+        if (w[i] != want && wrong++ < 5)
+            fprintf(stderr, "v[%zu] = %.1f, expected %.1f\n", i, w[i], want);
+    free(w);
+    assert_int_equal(wrong, 0);
+}
+
+static void test_kill_primary_exact_sums_then_rejoin(void **state)
+{
+    (void)state;
+    /* Clients first, before this process uses nng (a forked child can't use it after). */
+    pid_t kids[NCLIENTS];
+    for (int k = 0; k < NCLIENTS; k++) {
+        kids[k] = fork();
+        assert_true(kids[k] >= 0);
+        if (kids[k] == 0)
+            _exit(client_main(k));
+    }
+    usleep(1500 * 1000);
+    double t_kill = now_s();
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    fprintf(stderr, "killed ps 1 (primary of group 1) while %d clients push\n", NCLIENTS);
+    for (int k = 0; k < NCLIENTS; k++) {
+        int st;
+        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    fprintf(stderr, "clients done %.1f s after the kill\n", now_s() - t_kill);
+    /* Every push acknowledged, each applied once: v = -ROUNDS * (1 + 2 + 3) everywhere. */
+    float want = -(float)ROUNDS * (float)(NCLIENTS * (NCLIENTS + 1) / 2);
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, want);
+    /* Group 2 (servers 2 and 0) never lost a member: identical copies. */
+    uint64_t s0, s1, l0, l1;
+    assert_int_equal(group_checksum(2, 2, &s0, &l0), 0);
+    assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
+    assert_true(s0 == s1 && l0 == l1);
+
+    /* Server 1 comes back: it copies groups 0 and 1 from their primaries (0 and 2) while pushes
+     * go on, and is added back once caught up; pushes then wait for it again. */
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    double t0 = now_s();
+    bool same = false;
+    int pushes = 0;
+    while (!same && now_s() - t0 < 40) {
+        for (int k = 0; k < 20; k++, pushes++)
+            assert_int_equal(ps_push(c, v, g), PS_OK);
+        uint64_t a0, a1, b0, b1, la0, la1, lb0, lb1;
+        same = group_checksum(0, 0, &a0, &la0) == 0 && group_checksum(1, 0, &a1, &la1) == 0 &&
+               group_checksum(2, 1, &b0, &lb0) == 0 && group_checksum(1, 1, &b1, &lb1) == 0 &&
+               a0 == a1 && la0 == la1 && b0 == b1 && lb0 == lb1;
+        if (!same)
+            usleep(200 * 1000);
+    }
+    fprintf(stderr,
+            "ps 1 rejoined: copies identical %.1f s after its restart (%d pushes "
+            "meanwhile)\n",
+            now_s() - t0, pushes);
+    assert_true(same);
+    check_all(c, v, want - (float)pushes);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    if (etcd_proc_binary() == NULL) {
+        fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
+                        "replicated clusters need one as their coordinator\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kill_primary_exact_sums_then_rejoin),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
