@@ -225,6 +225,32 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
             "meanwhile)\n",
             now_s() - t0, pushes);
     assert_true(same);
+    /* ... and is live in a newer view (epoch 3: the kill made 2), which every reply carries. */
+    uint64_t epoch = 0;
+    for (int i = 0; i < 100 && epoch < 3; i++) {
+        Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+        uint8_t body[16];
+        envelope env = PSD__V1__ENVELOPE__INIT;
+        env.method = PSD__V1__METHOD__SERVER_STATUS;
+        env.body.data = body;
+        env.body.len = psd__v1__server_status_request__pack(&sr, body);
+        frame f;
+        nng_msg *m;
+        assert_int_equal(test_raw_call(tc.ports[0], &env, NULL, 0, &f, &m), 0);
+        epoch = f.env->epoch;
+        frame_fini(&f);
+        nng_msg_free(m);
+        if (epoch < 3)
+            usleep(100 * 1000);
+    }
+    fprintf(stderr, "view epoch %llu\n", (unsigned long long)epoch);
+    assert_true(epoch >= 3);
+    for (int k = 0; k < 20; k++, pushes++)
+        assert_int_equal(ps_push(c, v, g), PS_OK);
+    uint64_t a0, a1, la0, la1;
+    assert_int_equal(group_checksum(0, 0, &a0, &la0), 0);
+    assert_int_equal(group_checksum(1, 0, &a1, &la1), 0);
+    assert_true(a0 == a1 && la0 == la1);
     check_all(c, v, want - (float)pushes);
     assert_int_equal(ps_client_lost_updates(c), 0);
     free(g);
