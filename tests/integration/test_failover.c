@@ -34,18 +34,32 @@
 #define ROUNDS 1500
 #define VAR_N (3 * 1024) /* split: 1024 elements on each server */
 
-static const char *server_bin;
+static const char *server_bin, *self_bin;
 static test_cluster tc;
 static etcd_proc etcd;
 static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+static const char *client_replicas = "2";
+
+static int start(const char *replicas)
+{
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[1] = replicas;
+    extra[3] = etcd.endpoint;
+    client_replicas = replicas;
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
 
 static int setup(void **state)
 {
     (void)state;
-    if (etcd_proc_start(&etcd) != 0)
-        return -1;
-    extra[3] = etcd.endpoint;
-    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+    return start("2");
+}
+
+static int setup3(void **state)
+{
+    (void)state;
+    return start("3");
 }
 
 static int teardown(void **state)
@@ -67,7 +81,7 @@ static ps_client *open_client(void)
     if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
         ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
         ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
-        ps_config_set(cfg, "replicas", "2") != PS_OK)
+        ps_config_set(cfg, "replicas", client_replicas) != PS_OK)
         fprintf(stderr, "config: %s\n", ps_last_error());
     else if (ps_client_open(&c, cfg) != PS_OK)
         fprintf(stderr, "open: %s\n", ps_last_error());
@@ -90,7 +104,7 @@ static ps_var *make_var(ps_client *c)
 
 /* A client process: ROUNDS pushes of (id + 1) to every element; exits 0 when every push was
  * acknowledged and the client saw no lost update. */
-static int client_main(int id)
+static int client_main(int id, int rounds)
 {
     ps_client *c = open_client();
     if (c == NULL)
@@ -102,7 +116,7 @@ static int client_main(int id)
     for (size_t i = 0; i < VAR_N; i++)
         g[i] = (float)(id + 1);
     int rc = 0;
-    for (int r = 0; r < ROUNDS && rc == 0; r++) {
+    for (int r = 0; r < rounds && rc == 0; r++) {
         if (ps_push(c, v, g) != PS_OK) {
             fprintf(stderr, "client %d push %d: %s\n", id, r, ps_last_error());
             rc = 12;
@@ -169,13 +183,11 @@ static void check_all(ps_client *c, ps_var *v, float want)
 static void test_kill_primary_exact_sums_then_rejoin(void **state)
 {
     (void)state;
-    /* Clients first, before this process uses nng (a forked child can't use it after). */
+    /* Client processes: this binary run again (nng can't be used in a plain fork). */
     pid_t kids[NCLIENTS];
     for (int k = 0; k < NCLIENTS; k++) {
-        kids[k] = fork();
-        assert_true(kids[k] >= 0);
-        if (kids[k] == 0)
-            _exit(client_main(k));
+        kids[k] = test_spawn_child(self_bin, server_bin, client_replicas, k, ROUNDS, tc.spec);
+        assert_true(kids[k] > 0);
     }
     usleep(1500 * 1000);
     double t_kill = now_s();
@@ -257,16 +269,109 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     ps_client_close(c);
 }
 
+static uint64_t view_epoch_of(int server)
+{
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.body.data = body;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    frame f;
+    nng_msg *m;
+    if (test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m) != 0)
+        return 0;
+    uint64_t e = f.env->epoch;
+    frame_fini(&f);
+    nng_msg_free(m);
+    return e;
+}
+
+/* replicas 3 on 3 servers (each holds every group): kill the primary of group 0 (ps 0), then
+ * the new one (ps 1) while clients push; ps 2 ends up serving every group; every push is
+ * acknowledged and applied once. Then both come back, copy every group from ps 2 and rejoin:
+ * the three copies of each group are identical. */
+static void test_three_replicas_kill_two_then_rejoin(void **state)
+{
+    (void)state;
+    pid_t kids[NCLIENTS];
+    for (int k = 0; k < NCLIENTS; k++) {
+        kids[k] = test_spawn_child(self_bin, server_bin, client_replicas, k, ROUNDS * 2, tc.spec);
+        assert_true(kids[k] > 0);
+    }
+    usleep(1500 * 1000);
+    assert_int_equal(kill(tc.pids[0], SIGKILL), 0);
+    fprintf(stderr, "killed ps 0 (primary of group 0)\n");
+    /* Wait until ps 1 took group 0 over (a view without ps 0), then kill it too. */
+    double t0 = now_s();
+    while (view_epoch_of(2) < 2 && now_s() - t0 < 20)
+        usleep(100 * 1000);
+    assert_true(view_epoch_of(2) >= 2);
+    usleep(500 * 1000);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    fprintf(stderr, "killed ps 1 (the new primary of group 0) %.1f s later\n", now_s() - t0);
+    for (int k = 0; k < NCLIENTS; k++) {
+        int st;
+        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    float want = -(float)(ROUNDS * 2) * (float)(NCLIENTS * (NCLIENTS + 1) / 2);
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, want);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    t0 = now_s();
+    bool same = false;
+    int pushes = 0;
+    while (!same && now_s() - t0 < 60) {
+        for (int k = 0; k < 20; k++, pushes++)
+            assert_int_equal(ps_push(c, v, g), PS_OK);
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t sum[NSERVERS], lsn[NSERVERS];
+            for (int s = 0; s < NSERVERS && same; s++)
+                same = group_checksum(s, grp, &sum[s], &lsn[s]) == 0 &&
+                       (s == 0 || (sum[s] == sum[0] && lsn[s] == lsn[0]));
+        }
+        if (!same)
+            usleep(200 * 1000);
+    }
+    fprintf(stderr,
+            "ps 0 and ps 1 rejoined: 3 identical copies of every group %.1f s after "
+            "their restart (%d pushes meanwhile)\n",
+            now_s() - t0, pushes);
+    assert_true(same);
+    check_all(c, v, want - (float)pushes);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
+    self_bin = argv[0];
+    if (argc >= 7 && strcmp(argv[2], "--child") == 0) {
+        /* self SERVER_BIN --child REPLICAS ID ROUNDS SPEC: one client process */
+        client_replicas = argv[3];
+        snprintf(tc.spec, sizeof(tc.spec), "%s", argv[6]);
+        return client_main(atoi(argv[4]), atoi(argv[5]));
+    }
     if (etcd_proc_binary() == NULL) {
         fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
                         "replicated clusters need one as their coordinator\n");
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kill_primary_exact_sums_then_rejoin),
+        cmocka_unit_test_setup_teardown(test_kill_primary_exact_sums_then_rejoin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_three_replicas_kill_two_then_rejoin, setup3, teardown),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
