@@ -362,8 +362,11 @@ static void *peer_main(void *arg)
             /* applied_lsn is its next lsn: it applied everything below. A backup behind what we
              * sent (it lost state) rewinds the stream to where it stands. */
             p->acked = sc.applied ? sc.applied - 1 : 0;
-            if (p->catching_up && p->acked >= sent_last)
+            if (p->catching_up && p->acked >= sent_last) {
                 p->told = true;
+                if (p->in_view)
+                    p->catching_up = false; /* a copy refreshed in the view: a backup again */
+            }
             rop *done = progress_locked(G);
             if (done) {
                 pthread_mutex_unlock(&G->q);
@@ -1062,19 +1065,34 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
         .default_deadline_ms = 60000,
         .methods = server_methods,
         .n_methods = server_methods_len,
-        .handler_arg = st,
+        .handler_arg = G->owned ? st : G->st, /* the own group keeps its address */
         .trusted = true,
     };
     rpc_server *local = rpc_server_open_local(&lc);
     if (local == NULL)
         return -1; /* st leaks: out of memory anyway */
+    server_state *old = NULL;
+    if (!G->owned && (old = malloc(sizeof(*old))) == NULL) {
+        rpc_server_close_local(local);
+        return -1;
+    }
     pthread_mutex_lock(&G->order);
-    if (node.nretired < sizeof(node.retired) / sizeof(node.retired[0]) && G->owned)
-        node.retired[node.nretired++] = G->st;
+    if (!G->owned) {
+        /* The server's own group keeps its address (its checkpoints and metrics use it): the
+         * copy's contents move in, the previous ones out. */
+        memcpy(old, G->st, sizeof(*old));
+        memcpy(G->st, st, sizeof(*st));
+        free(st);
+        st = G->st;
+        old->rpc = NULL;
+    } else {
+        old = G->st;
+    }
+    if (node.nretired < sizeof(node.retired) / sizeof(node.retired[0]))
+        node.retired[node.nretired++] = old;
     rpc_server_close_local(G->local);
     G->local = local;
     G->st = st;
-    G->owned = true;
     G->next_lsn = lsn;
     G->ready = true;
     pthread_mutex_unlock(&G->order);
@@ -1393,8 +1411,8 @@ void replica_set_view(const view *v)
             if (!in)
                 degraded = true;
         }
-        if (!v->live[self] && !G->serving)
-            rejoin_locked(G);
+        if ((!v->live[self] || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
+            rejoin_locked(G); /* out of the view, or the first view: copy from the primary */
         if (G->serving) {
             if (degraded)
                 log_warn("view epoch %llu: group %u runs degraded (a backup is out of the "
