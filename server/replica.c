@@ -43,7 +43,11 @@ typedef struct rpeer {
     bool in_view;     /* live in the view and not the primary (q) */
     bool catching_up; /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
     bool told;        /* catching up: it saw the log's end once (q) */
-    bool started;     /* thread running */
+    /* Primary: the image of a copy this peer is fetching (q). */
+    uint8_t *img;
+    size_t img_len;
+    uint64_t img_lsn;
+    bool started; /* thread running */
     pthread_t thread;
     rpc_conn *conn;
     uint64_t errors_logged_ns;
@@ -70,10 +74,7 @@ typedef struct rgroup {
     bool marked;          /* caught up after a copy, told the coordinator (q) */
     pthread_t copy_thread;
     bool copy_started;
-    /* Primary: the image of a copy being fetched by a rejoining backup (q). */
-    uint8_t *img;
-    size_t img_len;
-    uint64_t img_lsn;
+    bool fresh; /* a copy was installed since this server was last live (q) */
     rpeer peers[REPLICA_MAX];
     uint32_t npeers;
 } rgroup;
@@ -114,7 +115,9 @@ static rop *progress_locked(rgroup *G)
     for (uint32_t i = 0; i < G->npeers; i++) {
         if (G->peers[i].in_view && G->peers[i].acked < low)
             low = G->peers[i].acked;
-        if (G->peers[i].catching_up && G->peers[i].acked < keep)
+        /* Kept until every backup streamed to has it, also one that joined the view behind
+         * what was committed without it. */
+        if ((G->peers[i].catching_up || G->peers[i].in_view) && G->peers[i].acked < keep)
             keep = G->peers[i].acked;
     }
     if (!G->serving)
@@ -717,17 +720,17 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
             return;
         }
         pthread_mutex_lock(&G->q);
-        free(G->img);
-        G->img = img;
-        G->img_len = len;
-        G->img_lsn = lsn;
+        free(p->img);
+        p->img = img;
+        p->img_len = len;
+        p->img_lsn = lsn;
         pthread_cond_broadcast(&G->qcond);
         pthread_mutex_unlock(&G->q);
         log_info("group %u: copy for rejoining server %u: %zu bytes at lsn %llu", G->g, p->server,
                  len, (unsigned long long)lsn);
     }
     pthread_mutex_lock(&G->q);
-    if (G->img == NULL || rq->copy_offset > G->img_len) {
+    if (p->img == NULL || rq->copy_offset > p->img_len) {
         pthread_mutex_unlock(&G->q);
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
                         "copy of group %u: no image at offset %llu (ask from offset 0)", G->g,
@@ -738,22 +741,22 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
         rpc_call_max_message(call) > (1u << 17) ? rpc_call_max_message(call) - 65536 : 65536;
     if (chunk > (4u << 20))
         chunk = 4u << 20;
-    size_t n = G->img_len - (size_t)rq->copy_offset;
+    size_t n = p->img_len - (size_t)rq->copy_offset;
     if (n > chunk)
         n = chunk;
-    rep.copy_total = G->img_len;
+    rep.copy_total = p->img_len;
     rep.copy_len = n;
-    rep.copy_lsn = G->img_lsn;
+    rep.copy_lsn = p->img_lsn;
     uint64_t words = (n + 3) / 4;
     uint8_t *seg = rpc_reply_ok_segment(call, &rep.base, 0, words);
     if (seg) {
-        memcpy(seg, G->img + rq->copy_offset, n);
+        memcpy(seg, p->img + rq->copy_offset, n);
         memset(seg + n, 0, (size_t)words * 4 - n);
     }
-    if (rq->copy_offset + n == G->img_len) {
-        free(G->img);
-        G->img = NULL;
-        G->img_len = 0;
+    if (rq->copy_offset + n == p->img_len) {
+        free(p->img);
+        p->img = NULL;
+        p->img_len = 0;
     }
     pthread_mutex_unlock(&G->q);
 }
@@ -1096,6 +1099,9 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
     G->next_lsn = lsn;
     G->ready = true;
     pthread_mutex_unlock(&G->order);
+    pthread_mutex_lock(&G->q);
+    G->fresh = true;
+    pthread_mutex_unlock(&G->q);
     log_info("group %u: installed a copy of %zu bytes at lsn %llu; catching up on its log", G->g,
              len, (unsigned long long)lsn);
     return 0;
@@ -1132,8 +1138,8 @@ static void *copy_main(void *arg)
  * from its primary (order and q held). */
 static void rejoin_locked(rgroup *G)
 {
-    if (G->copying)
-        return;
+    if (G->copying || G->fresh)
+        return; /* one copy per time out of the view: the stream keeps it up to date */
     G->ready = false;
     G->marked = false;
     if (G->copy_started) {
@@ -1222,7 +1228,8 @@ static void group_free(rgroup *G)
         G->head = o->next;
         rop_free(o);
     }
-    free(G->img);
+    for (uint32_t i = 0; i < G->npeers; i++)
+        free(G->peers[i].img);
     pthread_mutex_destroy(&G->order);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
@@ -1411,6 +1418,8 @@ void replica_set_view(const view *v)
             if (!in)
                 degraded = true;
         }
+        if (v->live[self] && old.epoch != 0)
+            G->fresh = false; /* live: the next time out of the view needs a new copy */
         if ((!v->live[self] || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
             rejoin_locked(G); /* out of the view, or the first view: copy from the primary */
         if (G->serving) {
@@ -1466,6 +1475,13 @@ void replica_on_view_event(void *arg, view_event ev, const view *v)
         break;
     case VIEW_EVENT_LEASE_LOST:
         log_warn("lease lost: serving no group until this server has rejoined");
+        for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+            if (node.groups[g] == NULL)
+                continue;
+            pthread_mutex_lock(&node.groups[g]->q);
+            node.groups[g]->fresh = false;
+            pthread_mutex_unlock(&node.groups[g]->q);
+        }
         set_view_without_self(v, true);
         break;
     case VIEW_EVENT_LEASE_UNCERTAIN:

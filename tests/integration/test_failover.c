@@ -168,6 +168,14 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static void push_ok(ps_client *c, ps_var *v, const float *g)
+{
+    int rc = ps_push(c, v, g);
+    if (rc != PS_OK)
+        fprintf(stderr, "push: %s\n", ps_last_error());
+    assert_int_equal(rc, PS_OK);
+}
+
 static void check_all(ps_client *c, ps_var *v, float want)
 {
     float *w = malloc(VAR_N * sizeof(float));
@@ -224,7 +232,7 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     int pushes = 0;
     while (!same && now_s() - t0 < 40) {
         for (int k = 0; k < 20; k++, pushes++)
-            assert_int_equal(ps_push(c, v, g), PS_OK);
+            push_ok(c, v, g);
         uint64_t a0, a1, b0, b1, la0, la1, lb0, lb1;
         same = group_checksum(0, 0, &a0, &la0) == 0 && group_checksum(1, 0, &a1, &la1) == 0 &&
                group_checksum(2, 1, &b0, &lb0) == 0 && group_checksum(1, 1, &b1, &lb1) == 0 &&
@@ -258,7 +266,7 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     fprintf(stderr, "view epoch %llu\n", (unsigned long long)epoch);
     assert_true(epoch >= 3);
     for (int k = 0; k < 20; k++, pushes++)
-        assert_int_equal(ps_push(c, v, g), PS_OK);
+        push_ok(c, v, g);
     uint64_t a0, a1, la0, la1;
     assert_int_equal(group_checksum(0, 0, &a0, &la0), 0);
     assert_int_equal(group_checksum(1, 0, &a1, &la1), 0);
@@ -332,7 +340,7 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
     int pushes = 0;
     while (!same && now_s() - t0 < 60) {
         for (int k = 0; k < 20; k++, pushes++)
-            assert_int_equal(ps_push(c, v, g), PS_OK);
+            push_ok(c, v, g);
         same = true;
         for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
             uint64_t sum[NSERVERS], lsn[NSERVERS];
