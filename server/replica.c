@@ -804,7 +804,9 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         rq->group, (unsigned long long)rq->epoch, (unsigned long long)epoch, prim);
         return;
     }
-    if (prim == (int32_t)self && rq->epoch == epoch) {
+    if (prim == (int32_t)self) {
+        /* Even from a newer epoch: until this server installed that view it numbers the
+         * group's log itself; the sender retries. */
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
                         "REPLICATE of group %u refused: this server is its primary in epoch %llu",
                         rq->group, (unsigned long long)epoch);

@@ -260,6 +260,65 @@ static void test_not_primary_names_primary(void **state)
     nng_msg_free(m);
 }
 
+/* REPLICATE requests that do not add up are refused with a message naming what is wrong. */
+static void test_replicate_bad_input(void **state)
+{
+    (void)state;
+    uint64_t lens[1] = {10};
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = 0;
+    rq.epoch = 1000; /* not older than the server's */
+    rq.first_lsn = 1;
+    rq.n_op_len = 1;
+    rq.op_len = lens;
+    uint8_t body[64], seg[8] = {0};
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 2;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    env.tensor = &t;
+    frame f;
+    nng_msg *m;
+    /* Server 1 holds the backup of group 0: an operation longer than the segment. */
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_INVALID_ARGUMENT);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_non_null(strstr(f.env->message, "operation 0 has length 10"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* Lengths that do not fill the segment. */
+    lens[0] = 4;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(f.env->message, "in a segment of 8 bytes"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* An epoch older than the server's view. */
+    rq.epoch = 0;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_FAILED_PRECONDITION);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_non_null(strstr(f.env->message, "under view epoch 0 refused"));
+    assert_int_equal(f.env->primary, 1 + 0);
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* The primary itself refuses a stream of its own group, even under a newer epoch. */
+    rq.epoch = 1000;
+    lens[0] = 8;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    int st = test_raw_call(tc.ports[0], &env, seg, sizeof(seg), &f, &m);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_int_equal(st, PS_FAILED_PRECONDITION);
+    assert_non_null(strstr(f.env->message, "this server is its primary"));
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
 static void test_bsp_refused(void **state)
 {
     (void)state;
@@ -287,6 +346,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_sums_and_identical_replicas),
         cmocka_unit_test(test_not_primary_names_primary),
+        cmocka_unit_test(test_replicate_bad_input),
         cmocka_unit_test(test_bsp_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
