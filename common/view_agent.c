@@ -13,6 +13,8 @@
 #include "metrics.h"
 #include "util.h"
 
+/* Events waiting for the callback at most; beyond, the oldest is dropped (logged). */
+#define AGENT_QUEUE 64
 /* Errors of etcd are logged at most this often (the count is in the metric). */
 #define AGENT_ERROR_LOG_MS 5000
 
@@ -46,8 +48,17 @@ struct view_agent {
     view_agent_fn fn;
     void *fn_arg;
 
-    pthread_t lease_thread, poll_thread;
-    bool lease_started, poll_started;
+    /* Events wait here for the notify thread, so that neither the lease thread nor the poll
+     * thread ever waits for the callback (a slow callback must not delay a renewal). */
+    struct queued_event {
+        view_event ev;
+        view v;
+    } queue[AGENT_QUEUE];
+    unsigned q_head, q_len;   /* under mu */
+    uint64_t delivered_epoch; /* under cb_mu: the newest view given to the callback */
+
+    pthread_t lease_thread, poll_thread, notify_thread;
+    bool lease_started, poll_started, notify_started;
     metric *m_epoch, *m_failovers, *m_errors;
 };
 
@@ -94,7 +105,8 @@ view_change view_decide(const view_inputs *in, view_record *next)
             }
         if (in->reg[self] == 0 || (registered < n && !in->grace_over))
             return VIEW_KEEP;
-        next->v.epoch = (cur ? cur->v.epoch : 0) + 1;
+        uint64_t e = cur ? cur->v.epoch : 0;
+        next->v.epoch = (e > in->known_epoch ? e : in->known_epoch) + 1;
         next->v.num_servers = n;
         next->v.replicas = in->replicas;
         for (uint32_t i = 0; i < n; i++)
@@ -107,8 +119,9 @@ view_change view_decide(const view_inputs *in, view_record *next)
         return lowest == self ? VIEW_PROPOSE : VIEW_FALLBACK;
     }
     *next = *cur;
-    next->v.epoch = cur->v.epoch + 1;
-    bool changed = false, self_added = false;
+    next->v.epoch = (cur->v.epoch > in->known_epoch ? cur->v.epoch : in->known_epoch) + 1;
+    /* Epochs never go back: a view below one seen is installed again above it. */
+    bool changed = cur->v.epoch < in->known_epoch, self_added = false;
     for (uint32_t i = 0; i < n; i++)
         if (cur->v.live[i] && in->reg[i] != cur->lease[i]) {
             next->v.live[i] = 0;
@@ -146,7 +159,7 @@ view_change view_decide(const view_inputs *in, view_record *next)
         }
     if (!changed)
         return VIEW_KEEP;
-    if (self_added)
+    if (self_added || cur->v.epoch < in->known_epoch)
         return VIEW_PROPOSE;
     for (uint32_t i = 0; designated < 0 && i < n; i++)
         if (next->v.live[i])
@@ -156,12 +169,54 @@ view_change view_decide(const view_inputs *in, view_record *next)
 
 /* ---- callback, errors, logging ---- */
 
+/* Queues an event for the notify thread; never waits for the callback. */
 static void emit(view_agent *a, view_event ev, const view *v)
 {
-    pthread_mutex_lock(&a->cb_mu);
-    if (a->fn)
-        a->fn(a->fn_arg, ev, v);
-    pthread_mutex_unlock(&a->cb_mu);
+    bool dropped = false;
+    pthread_mutex_lock(&a->mu);
+    if (a->q_len == AGENT_QUEUE) {
+        a->q_head = (a->q_head + 1) % AGENT_QUEUE;
+        a->q_len--;
+        dropped = true;
+    }
+    struct queued_event *q = &a->queue[(a->q_head + a->q_len) % AGENT_QUEUE];
+    q->ev = ev;
+    q->v = *v;
+    a->q_len++;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (dropped)
+        log_warn("view agent: the callback is %d events behind; the oldest was dropped",
+                 AGENT_QUEUE);
+}
+
+/* Delivers queued events in order, one at a time; a view not newer than one delivered is
+ * skipped (view_agent_on_change may have given it already). */
+static void *notify_main(void *arg)
+{
+    view_agent *a = arg;
+    struct queued_event e;
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        while (a->q_len == 0 && !a->stopping)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->q_len == 0) {
+            pthread_mutex_unlock(&a->mu);
+            break;
+        }
+        e = a->queue[a->q_head];
+        a->q_head = (a->q_head + 1) % AGENT_QUEUE;
+        a->q_len--;
+        pthread_mutex_unlock(&a->mu);
+        pthread_mutex_lock(&a->cb_mu);
+        bool stale = e.ev == VIEW_EVENT_VIEW && e.v.epoch <= a->delivered_epoch;
+        if (e.ev == VIEW_EVENT_VIEW && !stale)
+            a->delivered_epoch = e.v.epoch;
+        if (a->fn && !stale)
+            a->fn(a->fn_arg, e.ev, &e.v);
+        pthread_mutex_unlock(&a->cb_mu);
+    }
+    return NULL;
 }
 
 static void note_error(view_agent *a, const char *what, const char *err)
@@ -381,6 +436,24 @@ static void poll_once(view_agent *a)
         }
         if (have)
             adopt(a, &rec);
+        uint64_t known_epoch;
+        pthread_mutex_lock(&a->mu);
+        known_epoch = a->known.v.epoch;
+        pthread_mutex_unlock(&a->mu);
+        bool regressed = have && rec.v.epoch < known_epoch;
+        if (regressed) {
+            int64_t t = mono_ms();
+            pthread_mutex_lock(&a->mu);
+            regressed = t - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+            if (regressed)
+                a->mismatch_log_ms = t;
+            pthread_mutex_unlock(&a->mu);
+        }
+        if (regressed)
+            log_warn("the view in etcd (%s/view) is at epoch %" PRIu64 ", below epoch %" PRIu64
+                     " seen before (etcd lost its data, or the key was deleted): installing it "
+                     "again above that",
+                     a->prefix, rec.v.epoch, known_epoch);
         int64_t reg[VIEW_MAX_SERVERS];
         rc = view_etcd_servers(a->etcd, a->prefix, a->cfg.num_servers, reg, NULL, err, sizeof(err));
         if (rc != 0) {
@@ -394,8 +467,34 @@ static void poll_once(view_agent *a)
             .self = a->cfg.self,
             .num_servers = a->cfg.num_servers,
             .replicas = a->cfg.replicas,
+            .known_epoch = known_epoch,
         };
         int64_t now = mono_ms();
+        pthread_mutex_lock(&a->mu);
+        int64_t own = a->lease_id, own_valid = a->lease_valid_ms;
+        pthread_mutex_unlock(&a->mu);
+        /* Our key gone while our lease lives (deleted by hand): put it back. Another lease on
+         * it: a second process runs as this task (the newest registration wins the key). */
+        if (own != 0 && now < own_valid && reg[a->cfg.self] != own) {
+            bool gone = reg[a->cfg.self] == 0;
+            if (gone && view_etcd_register(a->etcd, a->prefix, a->cfg.self, a->url, own, err,
+                                           sizeof(err)) == 0) {
+                log_warn("%s/servers/%u had disappeared while lease %" PRId64
+                         " lives: registered again",
+                         a->prefix, a->cfg.self, own);
+                reg[a->cfg.self] = own;
+            } else if (!gone) {
+                pthread_mutex_lock(&a->mu);
+                bool say = now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
+                if (say)
+                    a->mismatch_log_ms = now;
+                pthread_mutex_unlock(&a->mu);
+                if (say)
+                    log_error("%s/servers/%u holds lease %" PRId64 ", not this server's %" PRId64
+                              ": another process runs as ps %u (one process per task)",
+                              a->prefix, a->cfg.self, reg[a->cfg.self], own, a->cfg.self);
+            }
+        }
         pthread_mutex_lock(&a->mu);
         /* Only a server whose own registration is current and renewed proposes. */
         bool may = a->lease_id != 0 && reg[a->cfg.self] == a->lease_id && now < a->lease_valid_ms;
@@ -569,6 +668,11 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
         return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
     }
     a->lease_started = true;
+    if (pthread_create(&a->notify_thread, NULL, notify_main, a) != 0) {
+        view_agent_stop(a);
+        return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
+    }
+    a->notify_started = true;
     if (pthread_create(&a->poll_thread, NULL, poll_main, a) != 0) {
         view_agent_stop(a);
         return errf(err, errlen, "cannot start a thread"), ETCD_EFAILED;
@@ -594,6 +698,8 @@ void view_agent_stop(view_agent *a)
         pthread_join(a->lease_thread, NULL);
     if (a->poll_started)
         pthread_join(a->poll_thread, NULL);
+    if (a->notify_started) /* delivers what is queued, then ends */
+        pthread_join(a->notify_thread, NULL);
     if (a->lease_id != 0) {
         char err[1536];
         if (etcd_lease_revoke(a->etcd, a->lease_id, err, sizeof(err)) == 0)
@@ -614,8 +720,10 @@ void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg)
     pthread_mutex_lock(&a->mu);
     view v = a->known.v;
     pthread_mutex_unlock(&a->mu);
-    if (fn && v.epoch > 0)
+    if (fn && v.epoch > 0 && v.epoch > a->delivered_epoch) {
+        a->delivered_epoch = v.epoch;
         fn(arg, VIEW_EVENT_VIEW, &v);
+    }
     pthread_mutex_unlock(&a->cb_mu);
 }
 
@@ -644,6 +752,16 @@ bool view_agent_serving(view_agent *a)
     uint32_t s = a->cfg.self;
     bool ok = a->lease_id != 0 && now < a->lease_valid_ms && a->known.v.epoch > 0 &&
               a->known.v.live[s] && a->known.lease[s] == a->lease_id;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
+bool view_agent_in_view(view_agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    uint32_t s = a->cfg.self;
+    bool ok = a->lease_id != 0 && a->known.v.epoch > 0 && a->known.v.live[s] &&
+              a->known.lease[s] == a->lease_id;
     pthread_mutex_unlock(&a->mu);
     return ok;
 }

@@ -16,6 +16,9 @@
  *       * a live server's lease is gone (absent key, or another lease: it restarted): the view
  *         without it; each group whose primary it was gets its first live member in ring order
  *         as primary (-1 when none lives);
+ *       * the view in etcd has a lower epoch than one this server saw (etcd lost its data, or
+ *         the key was deleted): the same view again above the highest epoch seen, so that
+ *         epochs never go back;
  *       * this server is registered but not live, and view_agent_mark_caught_up was called for
  *         every group it is a member of that has a primary: the view with it live (and primary
  *         of its groups that had none).
@@ -30,7 +33,8 @@
  * moved, over the views this server saw), psd_coordinator_errors_total (failed etcd requests).
  *
  * Thread-safety: every function may be called from any thread once view_agent_start returned,
- * view_agent_stop aside. */
+ * view_agent_stop aside, which must be the last call (no other thread may use the agent during
+ * or after it: stop the server's users of the agent, or detach them, first). */
 #ifndef PSD_COMMON_VIEW_AGENT_H
 #define PSD_COMMON_VIEW_AGENT_H
 
@@ -62,9 +66,12 @@ typedef enum view_event {
     VIEW_EVENT_LEASE_OK,
 } view_event;
 
-/* Called on the agent's threads, one call at a time, never with an agent lock held: it may
- * call any view_agent_* function but view_agent_stop, and should return soon (the poll waits
- * for it). */
+/* Called on the agent's notify thread, one call at a time and in the order the events
+ * happened, never with an agent lock held: it may call any view_agent_* function but
+ * view_agent_stop. The lease and poll threads never wait for it (events queue up, 64 at
+ * most), but a slow callback delays the events after it: to decide whether it may
+ * acknowledge, a server asks view_agent_serving() at that moment rather than relying on when
+ * LEASE_UNCERTAIN arrives. */
 typedef void (*view_agent_fn)(void *arg, view_event ev, const view *v);
 
 typedef struct view_agent_config {
@@ -107,6 +114,12 @@ void view_agent_mark_caught_up(view_agent *a, uint32_t g);
  * renewed within its TTL. */
 bool view_agent_serving(view_agent *a);
 
+/* Whether the newest view names this server live with its current lease (this incarnation, not
+ * a previous process of the same task), whether or not the lease was renewed in time: the test
+ * for "is a view that names me about me" that a late renewal on a busy machine does not
+ * disturb. */
+bool view_agent_in_view(view_agent *a);
+
 typedef struct view_agent_stats {
     uint64_t epoch;              /* of the newest view known; 0: none */
     uint64_t views_installed;    /* by this agent's compare-and-swaps */
@@ -126,6 +139,7 @@ typedef struct view_inputs {
     uint32_t self, num_servers, replicas;
     bool caught_up[VIEW_MAX_SERVERS]; /* view_agent_mark_caught_up marks of self */
     bool grace_over;                  /* start_grace_ms passed since the agent started */
+    uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
 } view_inputs;
 
 typedef enum view_change {
@@ -134,7 +148,8 @@ typedef enum view_change {
     VIEW_FALLBACK, /* a change is due but another server should propose it first */
 } view_change;
 
-/* The next view from the inputs (rules above); next->v.epoch = cur's + 1. */
+/* The next view from the inputs (rules above); next->v.epoch = 1 + the higher of cur's and
+ * known_epoch. */
 view_change view_decide(const view_inputs *in, view_record *next);
 
 #endif

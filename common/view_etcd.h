@@ -92,7 +92,7 @@ void etcd_kvs_free(etcd_kv *kvs, size_t n);
 int etcd_cas(etcd_client *c, const char *key, int64_t expect_mod_rev, const void *value,
              size_t vlen, int64_t *new_rev, char *err, size_t errlen);
 
-/* ---- the view in etcd ---- */
+/* ---- the view in etcd (view_record.c) ---- */
 
 /* A view as stored: the view plus, for each live server, the lease it held when it joined
  * (a server that restarts gets another lease, so the view sees the restart even when the new

@@ -7,6 +7,8 @@
 #                            compose tests, with netavark and aardvark-dns for the compose
 #                            network's service names), python3-torch (the PyTorch glue) and
 #                            etcd-server (the coordinator of replicated servers)
+#   deploy/setup.sh --etcd   also etcd-server, for replicated servers (replicas > 1) on this
+#                            machine: `ps-local --replicas N` starts it itself
 #
 # Run it as yourself or as root on Debian 12: it does nothing when everything is there already,
 # and otherwise installs the missing packages with apt-get, as root directly, else through sudo
@@ -15,15 +17,17 @@
 set -euo pipefail
 
 with_tests=no
+with_etcd=no
 for arg in "$@"; do
   case "$arg" in
   --test) with_tests=yes ;;
+  --etcd) with_etcd=yes ;;
   -h | --help)
     sed -n '2,/^set /{/^set /d;p}' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
-    echo "setup: unknown argument '$arg' (usage: deploy/setup.sh [--test])" >&2
+    echo "setup: unknown argument '$arg' (usage: deploy/setup.sh [--test] [--etcd])" >&2
     exit 2
     ;;
   esac
@@ -43,6 +47,8 @@ if [ "$with_tests" = yes ]; then
     python3-torch
     etcd-server
   )
+elif [ "$with_etcd" = yes ]; then
+  packages+=(etcd-server)
 fi
 
 missing=()

@@ -552,7 +552,8 @@ int main(int argc, char **argv)
     http_endpoint_set_ready(http, false, "shutting down");
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
-    view_agent_stop(st.view_agent); /* revokes the lease: the others fail over at once */
+    /* Revokes the lease: the others fail over at once. */
+    view_agent_stop(st.view_agent);
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     replica_stop(); /* answers calls still waiting for backups */
     rpc_server_stop(st.rpc);

@@ -59,6 +59,8 @@
 
 #include <json-c/json.h>
 
+#include "local_etcd.h"
+
 #include "log.h"
 #include "options.h"
 #include "program.h"
@@ -1040,11 +1042,35 @@ static int run(const launch_config *lc)
         set_psd_library();
     }
 
-    int ports[MAX_TASKS * 2];
+    /* Replication: an etcd of our own on loopback (its 2 ports after the tasks'). */
+    long n_replicas = (long)opt_int(o, OPT_LOCAL_REPLICAS);
+    int n_etcd_ports = n_replicas > 1 ? 2 : 0;
+    char etcd_bin[PATH_MAX] = "";
+    if (n_replicas > n_ps) {
+        say_error("--replicas %ld: more than --ps %ld (each copy of a task's state needs its own "
+                  "server)",
+                  n_replicas, n_ps);
+        return 2;
+    }
+    if (n_replicas > 1 &&
+        local_etcd_find(opt_str(o, OPT_LOCAL_ETCD), etcd_bin, sizeof(etcd_bin)) != 0) {
+        say_error("--replicas %ld needs etcd (the coordinator), found neither %s: install "
+                  "Debian's etcd-server (deploy/setup.sh --etcd) or give --etcd PATH",
+                  n_replicas,
+                  opt_str(o, OPT_LOCAL_ETCD)[0] ? opt_str(o, OPT_LOCAL_ETCD)
+                                                : "/usr/bin/etcd nor etcd in PATH");
+        return 2;
+    }
+    int ports[MAX_TASKS * 2 + 2];
     if (base_port != 0) {
-        for (int k = 0; k < n_tasks; k++)
+        if (base_port + n_tasks + n_etcd_ports - 1 > 65535) {
+            say_error("--base-port %ld: not enough ports below 65536 for %d tasks and etcd",
+                      base_port, n_tasks);
+            return 2;
+        }
+        for (int k = 0; k < n_tasks + n_etcd_ports; k++)
             ports[k] = (int)base_port + k;
-    } else if (probe_ports(host, n_tasks, ports) != 0) {
+    } else if (probe_ports(host, n_tasks + n_etcd_ports, ports) != 0) {
         say_error("cannot find %d free ports on %s: %s", n_tasks, host, strerror(errno));
         return 1;
     }
@@ -1100,6 +1126,33 @@ static int run(const launch_config *lc)
         chief ? " (worker 0 as chief)" : "", server_path, python != NULL ? python : "",
         python != NULL ? " " : "", worker_path);
 
+    static local_etcd etcd;
+    const char **all_server_args = calloc((size_t)n_server_args + 3, sizeof(char *));
+    static char replicas_arg[64], coordinator_arg[96];
+    if (all_server_args == NULL) {
+        say_error("out of memory");
+        return 1;
+    }
+    if (n_replicas > 1) {
+        char eerr[2048];
+        if (local_etcd_start(&etcd, etcd_bin, ipc_parent(), ports[n_tasks], ports[n_tasks + 1],
+                             eerr, sizeof(eerr)) != 0) {
+            say_error("%s", eerr);
+            free(all_server_args);
+            return 1;
+        }
+        say("etcd %s (pid %d) at %s, data in %s, for --replicas %ld", etcd_bin, (int)etcd.pid,
+            etcd.endpoint, etcd.dir, n_replicas);
+        snprintf(replicas_arg, sizeof(replicas_arg), "--replicas=%ld", n_replicas);
+        snprintf(coordinator_arg, sizeof(coordinator_arg), "--coordinator=%s", etcd.endpoint);
+        all_server_args[0] = replicas_arg;
+        all_server_args[1] = coordinator_arg;
+    }
+    for (int j = 0; j < n_server_args; j++) /* the user's come last and win */
+        all_server_args[j + (n_replicas > 1 ? 2 : 0)] = server_args[j];
+    server_args = all_server_args;
+    n_server_args += n_replicas > 1 ? 2 : 0;
+
     child kids[MAX_TASKS];
     int n_kids = 0;
     pid_t pgid = 0, self = getpid();
@@ -1107,6 +1160,8 @@ static int run(const launch_config *lc)
     char **cargv = calloc((size_t)(n_worker_args + n_server_args + 4), sizeof(char *));
     if (cargv == NULL) {
         say_error("out of memory");
+        local_etcd_stop(&etcd);
+        free(all_server_args);
         return 1;
     }
     int exit_code = 0;
@@ -1226,7 +1281,9 @@ static int run(const launch_config *lc)
             }
         }
     }
+    local_etcd_stop(&etcd); /* after the servers: they revoke their leases as they stop */
     free(cargv);
+    free(all_server_args);
     summarize(kids, n_kids, now_s() - start);
     say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed", exit_code);
     return exit_code;

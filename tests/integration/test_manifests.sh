@@ -215,6 +215,28 @@ for sname, s in comp["services"].items():
     out.append(f"compose {sname}\t{tfc}")
 want = {(t, i) for t, l in seen_cluster.items() for i in range(len(l))}
 assert tasks == want, f"compose: tasks {sorted(tasks)} != cluster {sorted(want)}"
+# -- compose.replicated.yaml (optional override): etcd, and replicas/coordinator for every task
+rep = load("deploy/compose.replicated.yaml")[0]
+etcd_cmd = rep["services"]["etcd"]["command"]
+assert "--listen-client-urls=http://0.0.0.0:2379" in etcd_cmd, "compose etcd: not on 2379"
+for sname, s in rep["services"].items():
+    if sname == "etcd":
+        continue
+    assert sname in comp["services"], f"compose.replicated: {sname} is not a service of compose.yaml"
+    env = s["environment"]
+    assert env["PS_COORDINATOR"] == "http://etcd:2379", f"compose.replicated {sname}: coordinator"
+    assert 2 <= int(env["PS_REPLICAS"]) <= len(seen_cluster["ps"]), \
+        f"compose.replicated {sname}: replicas {env['PS_REPLICAS']} for {len(seen_cluster['ps'])} ps"
+assert set(rep["services"]) - {"etcd"} == set(comp["services"]), \
+    "compose.replicated: every task needs replicas and coordinator"
+# -- k8s/etcd.yaml (optional): the Service named in its instructions selects the etcd pods
+ek = load("deploy/k8s/etcd.yaml")
+esvc = [d for d in ek if d["kind"] == "Service"][0]
+ests = [d for d in ek if d["kind"] == "StatefulSet"][0]
+assert esvc["metadata"]["name"] == "psd-etcd" and esvc["spec"]["ports"][0]["port"] == 2379
+elabels = ests["spec"]["template"]["metadata"]["labels"]
+assert all(elabels.get(k) == v for k, v in esvc["spec"]["selector"].items()), \
+    "the etcd Service does not select the etcd pod"
 with open(out_path, "w") as f:
     f.write("\n".join(out) + "\n")
 print("manifests consistent: k8s ps/worker DNS names, replicas, volumes; TFJob; compose "

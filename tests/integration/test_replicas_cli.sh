@@ -34,10 +34,17 @@ fi
 
 tmp=$(mktemp -d /tmp/psd-replicas-cli-XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$tmp" "${shm:-$tmp}"
+}
 trap cleanup EXIT
 cp=$(port); pp=$(port)
-"$etcd" --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
+# etcd's data on tmpfs when there is one (fsyncs on a busy disk stall it for seconds).
+shm=$tmp
+[ -w /dev/shm ] && shm=$(mktemp -d /dev/shm/psd-replicas-cli-XXXXXX)
+"$etcd" --data-dir "$shm/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
   --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
   --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
   --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd.log" 2>&1 &

@@ -1,5 +1,6 @@
 /* Failover agents (common/view_agent.c) in separate processes against a real etcd: the first
- * view, a primary killed with SIGKILL (one epoch bump, within the lease), a rejoin, etcd down
+ * view, a primary killed with SIGKILL (one epoch bump, within the lease, installed by an agent
+ * whose callback still takes 6 s over the first view), a rejoin, etcd down
  * (the view stays), a server frozen past its lease (it learns "lease lost" and rejoins), a
  * clean stop (no wait for the lease), and a view of another shape refused at start.
  *
@@ -62,8 +63,13 @@ static void child_event(void *arg, view_event ev, const view *v)
 {
     (void)arg;
     static const char *names[] = {"view", "lease-lost", "lease-uncertain", "lease-ok"};
-    log_info("EVENT %s epoch %" PRIu64 " live %d%d%d primaries %d %d %d", names[ev], v->epoch,
-             v->live[0], v->live[1], v->live[2], v->primary[0], v->primary[1], v->primary[2]);
+    log_info("EVENT %s epoch %" PRIu64 " live %d%d%d primaries %d %d %d%s", names[ev], v->epoch,
+             v->live[0], v->live[1], v->live[2], v->primary[0], v->primary[1], v->primary[2],
+             ev == VIEW_EVENT_VIEW && view_agent_in_view(child_agent) ? " (in it)" : "");
+    /* A slow callback (agent 2, first view) must not hold up what the agent proposes. */
+    const char *slow = getenv("PSD_TEST_SLOW_VIEW_MS");
+    if (slow && ev == VIEW_EVENT_VIEW && v->epoch == 1)
+        usleep((useconds_t)atoi(slow) * 1000);
     if (ev == VIEW_EVENT_VIEW || ev == VIEW_EVENT_LEASE_OK) {
         view cur;
         if (view_agent_current(child_agent, &cur))
@@ -117,6 +123,8 @@ static pid_t spawn_agent(int i)
         snprintf(n, sizeof(n), "%d", N);
         snprintf(r, sizeof(r), "%d", R);
         snprintf(lease, sizeof(lease), "%d", LEASE_MS);
+        if (i == 2)
+            setenv("PSD_TEST_SLOW_VIEW_MS", "6000", 1);
         execl(self_path, self_path, "--agent", etcd.endpoint, prefix, self, n, r, lease, logs[i],
               (char *)NULL);
         _exit(127);
@@ -169,6 +177,18 @@ static bool zero_gone(const view *v)
     return live_is(v, 0, 1, 1) && v->primary[0] == 1;
 }
 
+/* Waits up to ms for text in the log at path (an agent logs a view just after installing it). */
+static bool wait_log(const char *path, const char *text, int64_t ms)
+{
+    int64_t t0 = now_ms();
+    while (!test_file_contains(path, text)) {
+        if (now_ms() - t0 >= ms)
+            return false;
+        usleep(20 * 1000);
+    }
+    return true;
+}
+
 static void dump_logs(void)
 {
     for (int i = 0; i < N; i++) {
@@ -214,9 +234,10 @@ static void test_failover(void **state)
     assert_int_equal(v.v.primary[2], 2);
     usleep(1000 * 1000);
     assert_int_equal(read_view().v.epoch, 2);
-    assert_true(test_file_contains(logs[2], "installed the view epoch 2"));
+    assert_true(wait_log(logs[2], "installed the view epoch 2", 3000));
     assert_false(test_file_contains(logs[0], "installed the view epoch 2"));
-    assert_true(test_file_contains(logs[0], "EVENT view epoch 2 live 101 primaries 0 2 2"));
+    assert_true(wait_log(logs[0], "EVENT view epoch 2 live 101 primaries 0 2 2 (in it)", 3000));
+    assert_true(test_file_contains(logs[2], "EVENT view epoch 1 live 111 primaries 0 1 2 (in it)"));
 
     /* Server 1 restarts, is caught up at once: live again, group 1's primary stays 2. */
     agents[1] = spawn_agent(1);
@@ -269,7 +290,48 @@ static void test_lease_lost(void **state)
     assert_int_equal(v.v.epoch, before.v.epoch + 2);
     assert_int_equal(v.v.primary[0], 1);
     assert_true(test_file_contains(logs[0], "EVENT lease-lost"));
+    /* Live again as its new incarnation. */
+    char line[96];
+    snprintf(line, sizeof(line), "EVENT view epoch %" PRIu64 " live 111 primaries 1 2 2 (in it)",
+             before.v.epoch + 2);
+    assert_true(wait_log(logs[0], line, 3000));
     assert_true(test_file_contains(logs[0], "lease lost"));
+}
+
+static uint64_t seen_epoch;
+static bool above_seen(const view *v)
+{
+    return v->epoch > seen_epoch && live_is(v, 1, 1, 1);
+}
+
+/* The view key deleted (as if etcd lost its data): a view comes back above every epoch seen. */
+static void test_view_deleted(void **state)
+{
+    (void)state;
+    view_record v;
+    char err[1024], key[128];
+    seen_epoch = read_view().v.epoch;
+    assert_true(seen_epoch > 0);
+    snprintf(key, sizeof(key), "%s/view", prefix);
+    assert_int_equal(etcd_delete(etc, key, err, sizeof(err)), 0);
+    int64_t took = wait_view(above_seen, 10000, &v);
+    assert_true(took >= 0);
+    assert_int_equal(v.v.epoch, seen_epoch + 1);
+    for (int g = 0; g < N; g++)
+        assert_int_equal(v.v.primary[g], g);
+
+    /* Server 2's key deleted while its lease lives: it puts the key back (and, dropped from
+     * the view meanwhile or not, ends up live again). */
+    seen_epoch = v.v.epoch;
+    snprintf(key, sizeof(key), "%s/servers/2", prefix);
+    assert_int_equal(etcd_delete(etc, key, err, sizeof(err)), 0);
+    int64_t t0 = now_ms();
+    while (!test_file_contains(logs[2], "had disappeared") && now_ms() - t0 < 5000)
+        usleep(50 * 1000);
+    assert_true(test_file_contains(logs[2], "registered again"));
+    usleep(500 * 1000);
+    assert_true(wait_view(all_live, 10000, &v) >= 0);
+    assert_true(v.v.epoch >= seen_epoch);
 }
 
 static void test_clean_stop(void **state)
@@ -349,9 +411,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_failover),      cmocka_unit_test(test_etcd_down),
-        cmocka_unit_test(test_lease_lost),    cmocka_unit_test(test_clean_stop),
-        cmocka_unit_test(test_other_cluster),
+        cmocka_unit_test(test_failover),   cmocka_unit_test(test_etcd_down),
+        cmocka_unit_test(test_lease_lost), cmocka_unit_test(test_view_deleted),
+        cmocka_unit_test(test_clean_stop), cmocka_unit_test(test_other_cluster),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < N; i++)

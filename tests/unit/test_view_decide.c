@@ -226,6 +226,28 @@ static void test_whole_cluster_restart(void **state)
     }
 }
 
+static void test_epochs_never_go_back(void **state)
+{
+    (void)state;
+    /* etcd lost its data: a new first view starts above the highest epoch seen. */
+    int64_t reg[VIEW_MAX_SERVERS] = {100, 101, 102};
+    view_record next;
+    view_inputs in = inputs(NULL, reg, 0, 3, 2);
+    in.known_epoch = 41;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.epoch, 42);
+    /* A view below the highest epoch seen: the same view again above it, by whoever sees it. */
+    view_record cur = full(3, 2, 3);
+    in = inputs(&cur, reg, 2, 3, 2);
+    in.known_epoch = 9;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.epoch, 10);
+    for (int g = 0; g < 3; g++)
+        assert_int_equal(next.v.primary[g], g);
+    in.known_epoch = 3;
+    assert_int_equal(view_decide(&in, &next), VIEW_KEEP);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -237,6 +259,7 @@ int main(void)
         cmocka_unit_test(test_rejoin),
         cmocka_unit_test(test_group_without_members),
         cmocka_unit_test(test_whole_cluster_restart),
+        cmocka_unit_test(test_epochs_never_go_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

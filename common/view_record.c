@@ -1,0 +1,213 @@
+/* view_record.c - the view of a replicated cluster as JSON, and its keys in etcd
+ * (view_etcd.h). */
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+#include "view_etcd.h"
+
+static json_object *j_obj(json_object *obj, const char *field)
+{
+    json_object *f;
+    return obj && json_object_object_get_ex(obj, field, &f) ? f : NULL;
+}
+
+char *view_to_json(const view_record *r)
+{
+    const view *v = &r->v;
+    size_t n = v->num_servers <= VIEW_MAX_SERVERS ? v->num_servers : VIEW_MAX_SERVERS;
+    size_t cap = 128 + n * 40;
+    char *s = malloc(cap);
+    if (s == NULL)
+        return NULL;
+    size_t o = (size_t)snprintf(s, cap,
+                                "{\"epoch\":%" PRIu64 ",\"num_servers\":%u,\"replicas\":%u,"
+                                "\"primary\":[",
+                                v->epoch, v->num_servers, v->replicas);
+    for (size_t g = 0; g < n; g++)
+        o += (size_t)snprintf(s + o, cap - o, "%s%d", g ? "," : "", (int)v->primary[g]);
+    o += (size_t)snprintf(s + o, cap - o, "],\"live\":[");
+    bool first = true;
+    for (size_t i = 0; i < n; i++)
+        if (v->live[i]) {
+            o += (size_t)snprintf(s + o, cap - o, "%s%zu", first ? "" : ",", i);
+            first = false;
+        }
+    o += (size_t)snprintf(s + o, cap - o, "],\"lease\":[");
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(s + o, cap - o, "%s\"%" PRId64 "\"", i ? "," : "",
+                              v->live[i] ? r->lease[i] : 0);
+    snprintf(s + o, cap - o, "]}");
+    return s;
+}
+
+static bool j_get_uint(json_object *o, const char *field, uint64_t max, uint64_t *out)
+{
+    json_object *f = j_obj(o, field);
+    if (f == NULL || !json_object_is_type(f, json_type_int))
+        return false;
+    int64_t x = json_object_get_int64(f);
+    if (x < 0 || (uint64_t)x > max)
+        return false;
+    *out = (uint64_t)x;
+    return true;
+}
+
+int view_from_json(const char *text, view_record *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    json_tokener *tok = json_tokener_new();
+    json_object *j = tok ? json_tokener_parse_ex(tok, text, (int)strlen(text)) : NULL;
+    bool complete = tok && json_tokener_get_error(tok) == json_tokener_success &&
+                    text[strspn(text + json_tokener_get_parse_end(tok), " \t\r\n") +
+                         json_tokener_get_parse_end(tok)] == '\0';
+    json_tokener_free(tok);
+    int rc = ETCD_EFAILED;
+    uint64_t epoch, ns, rep;
+    json_object *prim, *live, *lease;
+    if (j == NULL || !complete || !json_object_is_type(j, json_type_object)) {
+        errf(err, errlen, "view: not a JSON object");
+        goto out;
+    }
+    if (!j_get_uint(j, "epoch", INT64_MAX, &epoch) || epoch == 0) {
+        errf(err, errlen, "view: \"epoch\" is missing or not a positive integer");
+        goto out;
+    }
+    if (!j_get_uint(j, "num_servers", VIEW_MAX_SERVERS, &ns) || ns == 0) {
+        errf(err, errlen, "view: \"num_servers\" is missing or not in 1..%d", VIEW_MAX_SERVERS);
+        goto out;
+    }
+    if (!j_get_uint(j, "replicas", ns, &rep) || rep == 0) {
+        errf(err, errlen, "view: \"replicas\" is missing or not in 1..num_servers");
+        goto out;
+    }
+    r->v.epoch = epoch;
+    r->v.num_servers = (uint32_t)ns;
+    r->v.replicas = (uint32_t)rep;
+    prim = j_obj(j, "primary");
+    live = j_obj(j, "live");
+    lease = j_obj(j, "lease");
+    if (prim == NULL || !json_object_is_type(prim, json_type_array) ||
+        json_object_array_length(prim) != ns) {
+        errf(err, errlen, "view: \"primary\" must be an array of num_servers (%u) entries",
+             (unsigned)ns);
+        goto out;
+    }
+    if (live == NULL || !json_object_is_type(live, json_type_array)) {
+        errf(err, errlen, "view: \"live\" must be an array of server indices");
+        goto out;
+    }
+    for (size_t i = 0; i < json_object_array_length(live); i++) {
+        json_object *e = json_object_array_get_idx(live, i);
+        int64_t x = json_object_get_int64(e);
+        if (!json_object_is_type(e, json_type_int) || x < 0 || (uint64_t)x >= ns) {
+            errf(err, errlen, "view: \"live\"[%zu] is not a server index below %u", i,
+                 (unsigned)ns);
+            goto out;
+        }
+        r->v.live[x] = 1;
+    }
+    for (size_t g = 0; g < ns; g++) {
+        json_object *e = json_object_array_get_idx(prim, g);
+        int64_t x = json_object_get_int64(e);
+        if (!json_object_is_type(e, json_type_int) || x < -1 || x >= (int64_t)ns ||
+            (x >= 0 && !view_is_member(&r->v, (uint32_t)g, (uint32_t)x))) {
+            errf(err, errlen, "view: \"primary\"[%zu] is not -1 or a member of group %zu", g, g);
+            goto out;
+        }
+        r->v.primary[g] = (int32_t)x;
+    }
+    if (lease != NULL) {
+        if (!json_object_is_type(lease, json_type_array) || json_object_array_length(lease) != ns) {
+            errf(err, errlen, "view: \"lease\" must be an array of num_servers (%u) entries",
+                 (unsigned)ns);
+            goto out;
+        }
+        for (size_t i = 0; i < ns; i++)
+            r->lease[i] = json_object_get_int64(json_object_array_get_idx(lease, i));
+    }
+    rc = 0;
+out:
+    json_object_put(j);
+    return rc;
+}
+
+int view_etcd_read(etcd_client *c, const char *prefix, view_record *r, int64_t *mod_rev, char *err,
+                   size_t errlen)
+{
+    char key[600], *text = NULL;
+    snprintf(key, sizeof(key), "%s/view", prefix);
+    int rc = etcd_get(c, key, &text, NULL, mod_rev, err, errlen);
+    if (rc != 0)
+        return rc;
+    char e1[300];
+    rc = view_from_json(text, r, e1, sizeof(e1));
+    if (rc != 0)
+        errf(err, errlen, "etcd %s: %s holds no valid view: %s", etcd_client_endpoint(c), key, e1);
+    free(text);
+    return rc;
+}
+
+int view_etcd_cas(etcd_client *c, const char *prefix, const view_record *r, int64_t expect_mod_rev,
+                  int64_t *new_rev, char *err, size_t errlen)
+{
+    char key[600];
+    snprintf(key, sizeof(key), "%s/view", prefix);
+    char *text = view_to_json(r);
+    if (text == NULL)
+        return errf(err, errlen, "out of memory"), ETCD_EFAILED;
+    int rc = etcd_cas(c, key, expect_mod_rev, text, strlen(text), new_rev, err, errlen);
+    free(text);
+    return rc;
+}
+
+int view_etcd_register(etcd_client *c, const char *prefix, uint32_t index, const char *url,
+                       int64_t lease_id, char *err, size_t errlen)
+{
+    char key[600];
+    snprintf(key, sizeof(key), "%s/servers/%u", prefix, index);
+    return etcd_put(c, key, url, strlen(url), lease_id, err, errlen);
+}
+
+int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
+                      int64_t lease[VIEW_MAX_SERVERS], char (*urls)[VIEW_URL_MAX], char *err,
+                      size_t errlen)
+{
+    char key[600];
+    int kl = snprintf(key, sizeof(key), "%s/servers/", prefix);
+    memset(lease, 0, sizeof(int64_t) * VIEW_MAX_SERVERS);
+    if (urls)
+        memset(urls, 0, (size_t)VIEW_URL_MAX * VIEW_MAX_SERVERS);
+    etcd_kv *kvs;
+    size_t n;
+    int rc = etcd_get_prefix(c, key, &kvs, &n, err, errlen);
+    if (rc != 0)
+        return rc;
+    for (size_t k = 0; k < n; k++) {
+        const char *idx = kvs[k].key + kl;
+        char *end;
+        unsigned long i = strtoul(idx, &end, 10);
+        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || i >= num_servers ||
+            i >= VIEW_MAX_SERVERS)
+            continue;
+        lease[i] = kvs[k].lease ? kvs[k].lease : -1; /* a key without a lease still counts */
+        if (urls)
+            snprintf(urls[i], VIEW_URL_MAX, "%s", kvs[k].value);
+    }
+    etcd_kvs_free(kvs, n);
+    return 0;
+}
+
+void view_default_prefix(const char *const *ps, size_t n_ps, char *buf, size_t cap)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the addresses, NUL-separated */
+    for (size_t i = 0; i < n_ps; i++) {
+        for (const unsigned char *p = (const unsigned char *)ps[i]; *p; p++)
+            h = (h ^ *p) * 1099511628211ull;
+        h = (h ^ 0) * 1099511628211ull;
+    }
+    snprintf(buf, cap, "/psd/%016" PRIx64, h);
+}
