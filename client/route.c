@@ -16,7 +16,11 @@
 /* Time one attempt at a group's server may take before the next server is asked, once the
  * cluster is known to be replicated. A leased primary is replaced within a few seconds. */
 #define ROUTE_PROBE_MS 2000
-#define ROUTE_MAX_HOPS 64
+/* The same for a server none of whose connections is up (it died, or is not there yet). */
+#define ROUTE_DOWN_PROBE_MS 300
+/* Attempts of one call at most: the deadline ends it first while a failover is awaited (two
+ * hops per ROUTE_DOWN_PROBE_MS at most). */
+#define ROUTE_MAX_HOPS 1000
 
 typedef struct routed {
     ps_client *c;
@@ -101,8 +105,12 @@ static int attempt(routed *r)
         return STATUS_DEADLINE_EXCEEDED;
     rpc_call_opts o = r->opts;
     o.deadline_ms = (uint32_t)left_ms;
-    if ((c->replicated || atomic_load(&c->view_epoch) != 0) && o.deadline_ms > ROUTE_PROBE_MS)
-        o.deadline_ms = ROUTE_PROBE_MS;
+    if (c->replicated || atomic_load(&c->view_epoch) != 0) {
+        uint32_t cap =
+            rpc_conn_sockets_up(c->servers[r->target]) > 0 ? ROUTE_PROBE_MS : ROUTE_DOWN_PROBE_MS;
+        if (o.deadline_ms > cap)
+            o.deadline_ms = cap;
+    }
     return rpc_conn_call(c->servers[r->target], &o, routed_build, routed_done, r);
 }
 
