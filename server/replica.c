@@ -159,6 +159,17 @@ static rop *progress_locked(rgroup *G)
     return done;
 }
 
+/* Drops the whole log (q held; no call left in it). */
+static void free_log_locked(rgroup *G)
+{
+    while (G->head) {
+        rop *o = G->head;
+        G->head = o->next;
+        rop_free(o);
+    }
+    G->tail = NULL;
+}
+
 /* Answers the parked calls of done and frees it (no lock held). */
 static void answer(rop *done)
 {
@@ -482,7 +493,7 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
     bool parked = rpc_call_deferred_here(call);
     o->lsn = G->next_lsn++;
     pthread_mutex_lock(&G->q);
-    bool wait = false;
+    bool wait = atomic_load(&node.uncertain); /* alone and uncertain: hold the reply */
     for (uint32_t i = 0; i < G->npeers; i++)
         if (G->peers[i].in_view)
             wait = true;
@@ -1100,10 +1111,15 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
     G->st = st;
     G->next_lsn = lsn;
     G->ready = true;
-    pthread_mutex_unlock(&G->order);
     pthread_mutex_lock(&G->q);
     G->fresh = true;
+    if (!G->serving) {
+        free_log_locked(G); /* operations of the copy it replaced */
+        G->last_lsn = G->committed = lsn - 1;
+    }
     pthread_mutex_unlock(&G->q);
+    pthread_mutex_unlock(&G->order);
+
     log_info("group %u: installed a copy of %zu bytes at lsn %llu; catching up on its log", G->g,
              len, (unsigned long long)lsn);
     return 0;
@@ -1391,6 +1407,7 @@ void replica_set_view(const view *v)
             continue;
         pthread_mutex_lock(&G->order); /* order before q, as updates take them */
         pthread_mutex_lock(&G->q);
+        rop *moved = NULL; /* calls answered: no longer the primary */
         bool was = G->serving;
         G->serving = v->primary[g] == (int32_t)self;
         G->primary = v->primary[g];
@@ -1406,6 +1423,26 @@ void replica_set_view(const view *v)
         } else if (!G->serving && was) {
             log_warn("view epoch %llu: group %u is now served by server %d",
                      (unsigned long long)v->epoch, g, v->primary[g]);
+            /* Calls still waiting for backups are not acknowledged here: the client sends
+             * them again (same seq) to the new primary, whose window drops what it has. */
+            for (rop *o = G->head; o; o = o->next) {
+                if (o->call == NULL)
+                    continue;
+                rop *a = calloc(1, sizeof(*a));
+                if (a == NULL)
+                    continue;
+                if (v->primary[g] >= 0)
+                    rpc_call_set_primary(o->call, (uint32_t)v->primary[g]);
+                rpc_reply_error(o->call, STATUS_FAILED_PRECONDITION,
+                                "server %u no longer serves group %u (view epoch %llu): its "
+                                "primary is server %d; the update was not acknowledged",
+                                self, g, (unsigned long long)v->epoch, v->primary[g]);
+                a->call = o->call;
+                o->call = NULL;
+                a->next = moved;
+                moved = a;
+            }
+            free_log_locked(G);
         }
         bool degraded = false;
         for (uint32_t i = 0; i < G->npeers; i++) {
@@ -1436,6 +1473,7 @@ void replica_set_view(const view *v)
         pthread_mutex_unlock(&G->q);
         pthread_mutex_unlock(&G->order);
         answer(done);
+        answer(moved);
     }
     pthread_mutex_unlock(&node.vlock);
 }
