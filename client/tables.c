@@ -328,8 +328,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
     client_op_hold(op, (int)tc->nparts);
     for (size_t i = 0; i < tc->nparts; i++) {
         table_part *p = &tc->parts[i];
-        int rc =
-            client_call(c, p->server, &c->call, table_part_build, table_part_done, p);
+        int rc = client_call(c, p->server, &c->call, table_part_build, table_part_done, p);
         if (rc != 0)
             client_op_release(op, p->server, rc, "could not start the call");
     }

@@ -49,8 +49,9 @@ struct rpc_call {
     bool parked;    /* deferred: left the receive loop, replied to later */
     bool counted;   /* counted in its connection's requests in progress */
     uint32_t pipe;  /* id of the connection it came on */
-    int64_t primary; /* Envelope.primary of the reply (rpc_call_set_primary); -1: none */
     rpc_call *next; /* work queue link or idle list */
+    /* Envelope.primary of the reply (rpc_call_set_primary); -1: none */
+    int64_t primary;
 };
 
 struct rpc_server {
@@ -986,6 +987,7 @@ static rpc_call *call_new(rpc_server *s)
     if (c == NULL)
         return NULL;
     c->srv = s;
+    c->primary = -1;
     if (nng_aio_alloc(&c->aio, call_cb, c) != 0) {
         free(c);
         return NULL;

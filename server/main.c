@@ -555,7 +555,8 @@ int main(int argc, char **argv)
     /* Revokes the lease: the others fail over at once. */
     view_agent_stop(st.view_agent);
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
-    replica_stop(); /* answers calls still waiting for backups */
+    /* Answers the calls still waiting for backups. */
+    replica_stop();
     rpc_server_stop(st.rpc);
     replica_free();
     int exit_code = 0;
