@@ -1177,11 +1177,6 @@ static void rejoin_locked(rgroup *G)
 static void collect(metrics_out *out, void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&node.vlock);
-    double epoch = (double)node.cur.epoch;
-    pthread_mutex_unlock(&node.vlock);
-    metrics_emit_one(out, "psd_replica_view_epoch", METRIC_GAUGE,
-                     "Epoch of the replica view this server holds.", epoch);
     metrics_emit_one(out, "psd_replica_degraded_groups", METRIC_GAUGE,
                      "Groups this server serves as primary with a backup out of the view.",
                      (double)replica_degraded_groups());
