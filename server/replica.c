@@ -593,6 +593,20 @@ static void dispatch(rpc_call *call, void *arg)
             return;
         }
     }
+    if (m->method == PSD__V1__METHOD__TABLE_CREATE) {
+        const Psd__V1__TableCreateRequest *rq =
+            (const Psd__V1__TableCreateRequest *)rpc_call_body(call);
+        int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
+        if (s == -2)
+            s = G->st->default_staleness;
+        if (s >= 0) {
+            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                            "table %s: staleness %d (BSP/SSP) is not supported with replicas %u "
+                            "yet: create it with staleness -1 (asynchronous)",
+                            rq->spec->name, s, node.cfg.replicas);
+            return;
+        }
+    }
     if (!is_update(m->method)) {
         h(call, G->st);
         return;
