@@ -37,7 +37,8 @@
 static const char *server_bin, *self_bin;
 static test_cluster tc;
 static etcd_proc etcd;
-static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL,
+                              NULL,         NULL};
 static const char *client_replicas = "2";
 
 static int start(const char *replicas)
@@ -54,6 +55,36 @@ static int setup(void **state)
 {
     (void)state;
     return start("2");
+}
+
+static int teardown(void **state);
+static char ckpt_dir[64];
+
+static int setup_ckpt(void **state)
+{
+    (void)state;
+    snprintf(ckpt_dir, sizeof(ckpt_dir), "/tmp/psd-fo-ckpt-XXXXXX");
+    if (mkdtemp(ckpt_dir) == NULL)
+        return -1;
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[1] = "2";
+    extra[3] = etcd.endpoint;
+    extra[6] = "--checkpoint-dir";
+    extra[7] = ckpt_dir;
+    client_replicas = "2";
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
+
+static int teardown_ckpt(void **state)
+{
+    int rc = teardown(state);
+    extra[6] = NULL;
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", ckpt_dir);
+    if (system(cmd) != 0)
+        rc = -1;
+    return rc;
 }
 
 static int setup3(void **state)
@@ -366,6 +397,51 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
     ps_client_close(c);
 }
 
+/* A whole replicated cluster stopped and started again restores from the primaries'
+ * checkpoints; the backups copy their groups from the primaries at the first view. */
+static void test_whole_cluster_restart_restores(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    for (int k = 0; k < 50; k++)
+        push_ok(c, v, g);
+    ps_client_close(c);
+    assert_int_equal(test_cluster_stop(&tc), 0); /* SIGTERM: each writes a final checkpoint */
+    for (int i = 0; i < NSERVERS; i++)
+        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
+    c = open_client();
+    assert_non_null(c);
+    v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, -50.0f);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -60.0f);
+    /* Every group's copies agree (the backups copied and followed their primaries). */
+    bool same = false;
+    for (int tries = 0; tries < 50 && !same; tries++) {
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t a, b, la, lb;
+            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
+                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
+                   la == lb;
+        }
+        if (!same)
+            usleep(100 * 1000);
+    }
+    assert_true(same);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -384,6 +460,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_kill_primary_exact_sums_then_rejoin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_three_replicas_kill_two_then_rejoin, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_whole_cluster_restart_restores, setup_ckpt,
+                                        teardown_ckpt),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
