@@ -1517,7 +1517,7 @@ void replica_on_view_event(void *arg, view_event ev, const view *v)
         return;
     switch (ev) {
     case VIEW_EVENT_VIEW:
-        if (v->live[node.cfg.self] && node.agent && !view_agent_serving(node.agent))
+        if (v->live[node.cfg.self] && node.agent && !view_agent_in_view(node.agent))
             set_view_without_self(v, false); /* the view names a previous incarnation */
         else
             replica_set_view(v);
