@@ -181,13 +181,17 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     atomic_store(&c->next_seq, (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
     c->nservers = (int)cl.n_ps;
     c->servers = calloc(cl.n_ps, sizeof(*c->servers));
-    if (c->servers == NULL) {
+    c->route = calloc(cl.n_ps, sizeof(*c->route));
+    for (size_t i = 0; c->route && i < cl.n_ps; i++)
+        atomic_init(&c->route[i], (int)i);
+    if (c->servers == NULL || c->route == NULL) {
         cluster_fini(&cl);
         ps_config_destroy(own);
         ps_client_close(c);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
+    c->replicated = opt_int(o, OPT_REPLICAS) > 1;
     bool heartbeats = c->worker_id >= 0 && c->heartbeat_ms > 0;
     if (heartbeats) {
         c->hb_conns = calloc(cl.n_ps, sizeof(*c->hb_conns));
@@ -285,6 +289,7 @@ void ps_client_close(ps_client *c)
     for (int i = 0; c->servers && i < c->nservers; i++)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
     free(c->servers);
+    free(c->route);
     for (int i = 0; c->hb && i < c->nservers; i++)
         pthread_mutex_destroy(&c->hb[i].lock);
     free(c->hb);
@@ -380,8 +385,12 @@ void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, ui
     if (a && instance != a->prev_instance) { /* else: a late reply of the process before */
         if (a->instance != 0 && instance != a->instance) {
             acked = a->acked;
-            lost = acked > restored_version ? acked - restored_version : 0;
-            own_lost = own_lost_since(a, restored_version, &own_bound);
+            /* Replicated: another process is the group's new primary (failover or rejoin),
+             * holding every update its predecessor acknowledged; only a version below the
+             * acknowledged one shows a loss. Otherwise a restart from its checkpoint. */
+            uint64_t kept = atomic_load(&c->view_epoch) != 0 ? version : restored_version;
+            lost = acked > kept ? acked - kept : 0;
+            own_lost = lost || kept == restored_version ? own_lost_since(a, kept, &own_bound) : 0;
             a->prev_instance = a->instance;
             a->acked = 0;
         }
@@ -517,7 +526,7 @@ int client_unary_opts(ps_client *c, const rpc_call_opts *opts, const int *server
         pthread_mutex_lock(&u.lock);
         u.pending++;
         pthread_mutex_unlock(&u.lock);
-        int rc = rpc_conn_call(c->servers[servers[i]], opts, unary_build, unary_done, &parts[i]);
+        int rc = client_call(c, servers[i], opts, unary_build, unary_done, &parts[i]);
         if (rc != 0) {
             parts[i].status = rc;
             snprintf(parts[i].message, sizeof(parts[i].message), "cannot start the call");

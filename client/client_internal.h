@@ -80,6 +80,11 @@ struct ps_client {
     pthread_mutex_t ack_lock;
     atomic_uint_fast64_t lost_updates;
     atomic_uint_fast64_t lost_pushes; /* this client's own acknowledged pushes among them */
+    /* Replicated clusters (route.c): the highest view epoch a reply carried (0: unreplicated
+     * so far) and, per placement task, the server its calls go to (its group's primary). */
+    atomic_uint_fast64_t view_epoch;
+    atomic_int *route;
+    bool replicated; /* the replicas setting is above 1: follow primaries from the start */
 };
 
 /* A sparse table's handle (tables.c); step.c reads it too. */
@@ -88,6 +93,11 @@ struct ps_table {
     char *name;
     uint32_t dim;
 };
+/* Starts a call for placement task `server` (route.c): rpc_conn_call on its connection, or on
+ * its replica group's primary's once the cluster is known to be replicated, following the
+ * primary across failovers until o->deadline_ms. Same contract as rpc_conn_call. */
+int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
+                rpc_done_fn done, void *arg);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

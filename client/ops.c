@@ -249,8 +249,8 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
      * operation can't complete (and be freed by a callback) before every part is started. */
     client_op_hold(op, (int)nparts);
     for (size_t i = 0; i < nparts; i++) {
-        int rc = rpc_conn_call(c->servers[op->parts[i].server], &c->call, part_build, part_done,
-                               &op->parts[i]);
+        int rc =
+            client_call(c, op->parts[i].server, &c->call, part_build, part_done, &op->parts[i]);
         if (rc != 0)
             part_done(&op->parts[i], rc, "cannot start the request", NULL);
     }

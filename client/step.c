@@ -389,7 +389,7 @@ static void msg_done(void *arg, int status, const char *message, const frame *re
 static void msg_start(step_msg *m)
 {
     ps_client *c = m->s->c;
-    int rc = rpc_conn_call(c->servers[m->server], &c->call, msg_build, msg_done, m);
+    int rc = client_call(c, m->server, &c->call, msg_build, msg_done, m);
     if (rc != 0)
         msg_done(m, rc, "cannot start the request", NULL);
 }

@@ -342,8 +342,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
     client_op_hold(op, (int)tc->nparts);
     for (size_t i = 0; i < tc->nparts; i++) {
         table_part *p = &tc->parts[i];
-        int rc =
-            rpc_conn_call(c->servers[p->server], &c->call, table_part_build, table_part_done, p);
+        int rc = client_call(c, p->server, &c->call, table_part_build, table_part_done, p);
         if (rc != 0)
             client_op_release(op, p->server, rc, "could not start the call");
     }
@@ -557,7 +556,7 @@ int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64
     export_call x = {.t = t, .req = &req, .max = req.max_rows, .ids = ids, .rows = rows};
     pthread_mutex_init(&x.lock, NULL);
     pthread_cond_init(&x.cond, NULL);
-    int rc = rpc_conn_call(t->c->servers[server], &t->c->call, export_build, export_done, &x);
+    int rc = client_call(t->c, server, &t->c->call, export_build, export_done, &x);
     if (rc != 0) {
         x.status = rc;
         snprintf(x.message, sizeof(x.message), "cannot start the call");

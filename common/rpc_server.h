@@ -73,6 +73,10 @@ typedef struct rpc_server_config {
      * must carry it (Envelope.auth_token; none: UNAUTHENTICATED, another: PERMISSION_DENIED);
      * without one (NULL or ""), only loopback peers may call them (else PERMISSION_DENIED). */
     const char *admin_token;
+    /* rpc_server_open_local only: requests come from a trusted source (a replica applying what
+     * its primary accepted and logged), so admin methods need no token and deadlines are not
+     * checked. */
+    bool trusted;
 } rpc_server_config;
 
 typedef struct rpc_stats {
@@ -101,7 +105,21 @@ const rpc_stats *rpc_server_stats(const rpc_server *s);
  * (Envelope.server_instance): a client that sees it change knows the server restarted. */
 uint64_t rpc_server_instance(const rpc_server *s);
 
+/* Replicated clusters: the view epoch every reply carries from now on (Envelope.epoch). */
+void rpc_server_set_epoch(rpc_server *s, uint64_t epoch);
+
 /* ---- inside a handler ---- */
+
+/* The whole request message as received (frame header, envelope, segment), e.g. to forward it
+ * to replicas. Valid until the reply is sent. */
+const uint8_t *rpc_call_request(const rpc_call *c, size_t *len);
+/* The status of the reply set so far, -1 when none is set. */
+int rpc_call_reply_status(const rpc_call *c);
+/* Names the server that serves the request's replica group (Envelope.primary of the reply). */
+void rpc_call_set_primary(rpc_call *c, uint32_t primary);
+/* Whether the handler that just returned on this thread parked c (rpc_call_defer): then c is
+ * no longer the caller's to touch. Compares pointers only. */
+bool rpc_call_deferred_here(const rpc_call *c);
 
 const envelope *rpc_call_envelope(const rpc_call *c);
 /* The unpacked Envelope.body, of the method's request type. */

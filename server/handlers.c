@@ -11,6 +11,7 @@
 #include "checkpoint.h"
 #include "log.h"
 #include "placement.h"
+#include "replica.h"
 #include "server.h"
 #include "status.h"
 #include "timeutil.h"
@@ -1189,5 +1190,7 @@ const rpc_method server_methods[] = {
      handle_table_push, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
      handle_table_export, RPC_ADMIN | RPC_POOL},
+    {PSD__V1__METHOD__REPLICATE, "Replicate", &psd__v1__replicate_request__descriptor,
+     replica_handle_replicate, RPC_ADMIN | RPC_POOL | RPC_MAY_SEGMENT},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "program.h"
+#include "replica.h"
 #include "server.h"
 #include "timeutil.h"
 #include "view_agent.h"
@@ -438,6 +439,59 @@ int main(int argc, char **argv)
         .tls = tls,
         .admin_token = admin_token,
     };
+    uint32_t replicas = n_replicas;
+    static char peer_urls[VIEW_MAX_SERVERS][300];
+    static const char *peer_url_ptrs[VIEW_MAX_SERVERS];
+    if (replicas > 1) {
+        int rfail = 0;
+        for (size_t i = 0; rfail == 0 && i < cl->n_ps; i++) {
+            char p[300];
+            if (cluster_url(cl->ps[i], p, sizeof(p)) != 0 ||
+                rpc_tls_url(p, rpc_tls_on(&tls), peer_urls[i], sizeof(peer_urls[i])) != 0) {
+                log_error("cluster address \"%s\" is too long", cl->ps[i]);
+                rfail = PROGRAM_EXIT_CONFIG;
+            }
+            peer_url_ptrs[i] = peer_urls[i];
+        }
+        replica_config rcfg = {
+            .self = st.task_index,
+            .num_servers = st.num_servers,
+            .replicas = replicas,
+            .urls = peer_url_ptrs,
+            .tls = tls,
+            .admin_token = admin_token,
+            .max_message = rc_cfg.max_message,
+            .dedup_window = (uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW),
+            .default_staleness = st.default_staleness,
+            .n_workers = n_workers,
+            .worker_timeout_ms = (uint32_t)opt_int(prog.opts, OPT_WORKER_TIMEOUT_MS),
+            .bsp_mean = strcmp(opt_enum(prog.opts, OPT_BSP_AGGREGATION), "mean") == 0,
+            .max_bytes = (uint64_t)opt_int(prog.opts, OPT_MAX_SERVER_BYTES),
+            .max_vars = (uint64_t)opt_int(prog.opts, OPT_MAX_VARIABLES),
+            .dedup_max_clients = (uint64_t)opt_int(prog.opts, OPT_DEDUP_MAX_CLIENTS),
+            .dedup_idle_ms = (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS),
+            .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
+            .coordinated = true,
+        };
+        if (rfail == 0 && replica_start(&rcfg, &st, err, sizeof(err)) != 0) {
+            log_error("%s", err);
+            rfail = 1;
+        }
+        if (rfail) {
+            view_agent_stop(st.view_agent);
+            metrics_remove_collector(server_collect, &st);
+            http_endpoint_stop(http);
+            checkpointer_destroy(ck);
+            ckpt_dir_unlock(ck_lock);
+            program_end(&prog);
+            return rfail;
+        }
+        rc_cfg.methods = replica_methods(&rc_cfg.n_methods);
+        rc_cfg.handler_arg = replica_handler_arg();
+        /* From here the agent's views reach the groups (the one it knows already at once). */
+        replica_attach_agent(st.view_agent);
+        view_agent_on_change(st.view_agent, replica_on_view_event, NULL);
+    }
     if (rc_cfg.default_deadline_ms > rc_cfg.max_deadline_ms) {
         log_warn("default-deadline-ms %u is above max-deadline-ms %u: requests that carry no "
                  "deadline get %u ms",
@@ -446,16 +500,20 @@ int main(int argc, char **argv)
     }
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
+        view_agent_stop(st.view_agent); /* no view reaches the groups after this */
+        replica_stop();
+        replica_free();
         metrics_remove_collector(server_collect, &st);
         http_endpoint_stop(http);
         checkpointer_destroy(ck);
         ckpt_dir_unlock(ck_lock);
         store_destroy(st.vars);
         dedup_destroy(st.dedup);
-        view_agent_stop(st.view_agent);
         program_end(&prog);
         return 1;
     }
+    if (replicas > 1)
+        replica_set_server(st.rpc);
     if (ck) {
         checkpointer_record(ck, false); /* a restart before the next record: a crash */
         http_endpoint_set_detail_fn(http, checkpoint_detail, &st);
@@ -500,7 +558,10 @@ int main(int argc, char **argv)
     /* Revokes the lease: the others fail over at once. */
     view_agent_stop(st.view_agent);
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
+    /* Answers the calls still waiting for backups. */
+    replica_stop();
     rpc_server_stop(st.rpc);
+    replica_free();
     int exit_code = 0;
     /* Both read the checkpointer, freed below. */
     http_endpoint_set_detail_fn(http, NULL, NULL);

@@ -1,0 +1,137 @@
+/* Calls to a placement task's server, following its replica group's primary when the cluster
+ * is replicated (replicas > 1): a reply refused by a server that does not serve the group names
+ * the one that does (Envelope.primary), and the call goes there again, as the same request
+ * (same seq: the group's replicated exactly-once window drops it if it was applied before the
+ * failover). A server that does not answer within a probe interval is passed over for the next
+ * server in ring order, which either serves the group (it took over) or names its primary.
+ * Until a reply says the cluster is replicated (Envelope.epoch > 0), or the client's replicas
+ * setting does, calls go as they are. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+#include "status.h"
+#include "timeutil.h"
+
+/* Time one attempt at a group's server may take before the next server is asked, once the
+ * cluster is known to be replicated. A leased primary is replaced within a few seconds. */
+#define ROUTE_PROBE_MS 2000
+/* The same for a server none of whose connections is up (it died, or is not there yet). */
+#define ROUTE_DOWN_PROBE_MS 300
+/* Attempts of one call at most: the deadline ends it first while a failover is awaited (two
+ * hops per ROUTE_DOWN_PROBE_MS at most). */
+#define ROUTE_MAX_HOPS 1000
+
+typedef struct routed {
+    ps_client *c;
+    int group;  /* placement task the call is for */
+    int target; /* server of the current attempt */
+    int hops;
+    uint64_t sent_epoch; /* Envelope.epoch of the latest attempt */
+    rpc_call_opts opts;
+    uint64_t deadline_ns;
+    rpc_build_fn build;
+    rpc_done_fn done;
+    void *arg;
+} routed;
+
+static int routed_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    routed *r = arg;
+    int rv = r->build(r->arg, deadline_ms, out);
+    if (rv != 0 || r->target == r->group)
+        return rv;
+    /* Another server than the task's own: name the group and the epoch the client knows. */
+    frame f;
+    char err[128];
+    if (frame_parse(*out, &f, err, sizeof(err)) != STATUS_OK) {
+        nng_msg_free(*out);
+        *out = NULL;
+        return NNG_EINVAL;
+    }
+    f.env->group = (uint32_t)r->group + 1;
+    f.env->epoch = atomic_load(&r->c->view_epoch);
+    r->sent_epoch = f.env->epoch;
+    nng_msg *m;
+    rv = frame_build(&m, f.env, f.has_segment ? f.segment : NULL, f.segment_len, NULL);
+    frame_fini(&f);
+    nng_msg_free(*out);
+    *out = rv == 0 ? m : NULL;
+    return rv;
+}
+
+static int attempt(routed *r);
+
+static void routed_done(void *arg, int status, const char *message, const frame *reply)
+{
+    routed *r = arg;
+    ps_client *c = r->c;
+    if (reply && reply->env) {
+        uint64_t e = reply->env->epoch, cur = atomic_load(&c->view_epoch);
+        while (e > cur && !atomic_compare_exchange_weak(&c->view_epoch, &cur, e))
+            ;
+    }
+    bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
+    bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
+    int next = -1;
+    if (replicated && time_left && r->hops < ROUTE_MAX_HOPS) {
+        if (status == STATUS_FAILED_PRECONDITION && reply && reply->env->primary != 0 &&
+            (int)reply->env->primary - 1 < c->nservers &&
+            ((int)reply->env->primary - 1 != r->target || reply->env->epoch > r->sent_epoch)) {
+            /* The group moved, or the request named an older epoch than the server's. */
+            next = (int)reply->env->primary - 1;
+        } else if (reply == NULL &&
+                   (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED)) {
+            next = (r->target + 1) % c->nservers; /* no answer: ask the next server */
+        }
+    }
+    if (next >= 0) {
+        atomic_store(&c->route[r->group], next);
+        r->target = next;
+        r->hops++;
+        if (attempt(r) == 0)
+            return;
+    }
+    r->done(r->arg, status, message, reply);
+    free(r);
+}
+
+static int attempt(routed *r)
+{
+    ps_client *c = r->c;
+    uint64_t now = time_now_ns();
+    uint64_t left_ms = r->deadline_ns > now ? (r->deadline_ns - now) / 1000000u : 0;
+    if (left_ms == 0)
+        return STATUS_DEADLINE_EXCEEDED;
+    rpc_call_opts o = r->opts;
+    o.deadline_ms = (uint32_t)left_ms;
+    if (c->replicated || atomic_load(&c->view_epoch) != 0) {
+        uint32_t cap =
+            rpc_conn_sockets_up(c->servers[r->target]) > 0 ? ROUTE_PROBE_MS : ROUTE_DOWN_PROBE_MS;
+        if (o.deadline_ms > cap)
+            o.deadline_ms = cap;
+    }
+    return rpc_conn_call(c->servers[r->target], &o, routed_build, routed_done, r);
+}
+
+int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
+                rpc_done_fn done, void *arg)
+{
+    if (c->route == NULL || server < 0 || server >= c->nservers)
+        return rpc_conn_call(c->servers[server], o, build, done, arg);
+    routed *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return STATUS_RESOURCE_EXHAUSTED;
+    r->c = c;
+    r->group = server;
+    r->target = atomic_load(&c->route[server]);
+    r->opts = *o;
+    r->deadline_ns = time_now_ns() + (uint64_t)o->deadline_ms * 1000000u;
+    r->build = build;
+    r->done = done;
+    r->arg = arg;
+    int rv = attempt(r);
+    if (rv != 0)
+        free(r);
+    return rv;
+}

@@ -1,0 +1,1645 @@
+/* Replica groups: routing by group and epoch, the ordered update log, its streams to the
+ * backups, and the backups' side of it (replica.h). */
+#include "replica.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "log.h"
+#include "metrics.h"
+#include "status.h"
+#include "timeutil.h"
+#include "view_agent.h"
+
+#define REPLICA_MAX 16 /* members of a group at most */
+/* Bytes of operations one REPLICATE batch carries at most (less when max-message-bytes is). */
+#define BATCH_MAX_BYTES (8u << 20)
+
+/* One logged operation: a whole request message as the primary received it. */
+typedef struct rop {
+    uint64_t lsn;
+    uint8_t *bytes;
+    size_t len;
+    rpc_call *call; /* the client's parked call, answered once every backup applied it */
+    struct rop *next;
+} rop;
+
+struct rgroup;
+
+/* A member of a group other than this server: where this server streams the group's log
+ * while it serves the group as primary. */
+typedef struct rpeer {
+    struct rgroup *grp;
+    uint32_t server;
+    uint32_t rank;    /* ring distance from the group's placement server (1 .. r-1, 0: it) */
+    uint64_t acked;   /* highest lsn it reported applied (q) */
+    bool in_view;     /* live in the view and not the primary (q) */
+    bool catching_up; /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
+    bool told;        /* catching up: it saw the log's end once (q) */
+    /* Primary: the image of a copy this peer is fetching (q). */
+    uint8_t *img;
+    size_t img_len;
+    uint64_t img_lsn;
+    bool started; /* thread running */
+    pthread_t thread;
+    rpc_conn *conn;
+    uint64_t errors_logged_ns;
+} rpeer;
+
+typedef struct rgroup {
+    uint32_t g;
+    server_state *st;
+    bool owned;            /* st made here (a backup copy), freed at stop */
+    rpc_server *local;     /* runs logged requests through the handlers on st */
+    pthread_mutex_t order; /* one update at a time: apply order = log order */
+    uint64_t next_lsn;     /* next lsn to assign (primary) or to apply (backup); order */
+    pthread_mutex_t q;
+    pthread_cond_t qcond; /* new operations, acks, view changes, stop */
+    pthread_cond_t acked; /* committed moved (handlers waiting without a parked call) */
+    rop *head, *tail;     /* operations not yet applied by every backup in the view */
+    uint64_t last_lsn;    /* highest lsn in the log (q) */
+    uint64_t committed;   /* every backup in the view applied up to here (q) */
+    bool serving;         /* this server is the group's primary in the view (q) */
+    int32_t primary;      /* the group's primary in the view (q) */
+    uint64_t epoch;       /* the view's epoch (q) */
+    bool ready;           /* the copy is usable: REPLICATE applies (order) */
+    bool copying;         /* a rejoin copy thread runs (q) */
+    bool marked;          /* caught up after a copy, told the coordinator (q) */
+    pthread_t copy_thread;
+    bool copy_started;
+    bool fresh; /* a copy was installed since this server was last live (q) */
+    rpeer peers[REPLICA_MAX];
+    uint32_t npeers;
+} rgroup;
+
+static struct node {
+    bool on;
+    replica_config cfg;
+    rgroup *groups[VIEW_MAX_SERVERS]; /* NULL where this server is no member */
+    pthread_mutex_t vlock;
+    view cur;
+    rpc_server *rpc;
+    atomic_bool stopping;
+    rpc_method *methods;
+    size_t n_methods;
+    char local_token[33];
+    atomic_uint_fast64_t replicated_ops, failovers;
+    view_agent *agent;     /* the coordinator's agent (NULL: a fixed view) */
+    atomic_bool uncertain; /* the lease could not be renewed: acknowledge nothing alone */
+    server_state *retired[VIEW_MAX_SERVERS * 2]; /* states replaced by copies, freed at the end */
+    size_t nretired;
+} node = {.vlock = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- the log (primary side) ---- */
+
+static void rop_free(rop *o)
+{
+    if (o) {
+        free(o->bytes);
+        free(o);
+    }
+}
+
+/* Moves committed to the lowest lsn every peer in the view applied, takes the operations
+ * every one of them applied off the log and returns their parked calls (q held). */
+static rop *progress_locked(rgroup *G)
+{
+    uint64_t low = G->last_lsn, keep = G->last_lsn;
+    for (uint32_t i = 0; i < G->npeers; i++) {
+        if (G->peers[i].in_view && G->peers[i].acked < low)
+            low = G->peers[i].acked;
+        /* Kept until every backup streamed to has it, also one that joined the view behind
+         * what was committed without it. */
+        if ((G->peers[i].catching_up || G->peers[i].in_view) && G->peers[i].acked < keep)
+            keep = G->peers[i].acked;
+    }
+    if (!G->serving)
+        return NULL;
+    bool alone = true;
+    for (uint32_t i = 0; i < G->npeers; i++)
+        if (G->peers[i].in_view)
+            alone = false;
+    if (alone && atomic_load(&node.uncertain))
+        low = G->committed; /* perhaps out of the view already: acknowledge nothing alone */
+    if (low > G->committed) {
+        G->committed = low;
+        pthread_cond_broadcast(&G->acked);
+    }
+    if (keep > G->committed)
+        keep = G->committed;
+    rop *done = NULL, **tail = &done;
+    while (G->head && G->head->lsn <= keep) {
+        rop *o = G->head;
+        G->head = o->next;
+        if (G->head == NULL)
+            G->tail = NULL;
+        o->next = NULL;
+        *tail = o;
+        tail = &o->next;
+    }
+    /* Calls of operations kept for a catching-up backup are answered all the same. */
+    for (rop *o = G->head; o && o->lsn <= G->committed; o = o->next) {
+        if (o->call == NULL)
+            continue;
+        rop *a = calloc(1, sizeof(*a));
+        if (a == NULL)
+            continue; /* answered once the catching-up backup has it */
+        a->call = o->call;
+        o->call = NULL;
+        *tail = a;
+        tail = &a->next;
+    }
+    return done;
+}
+
+/* Drops the whole log (q held; no call left in it). */
+static void free_log_locked(rgroup *G)
+{
+    while (G->head) {
+        rop *o = G->head;
+        G->head = o->next;
+        rop_free(o);
+    }
+    G->tail = NULL;
+}
+
+/* Answers the parked calls of done and frees it (no lock held). */
+static void answer(rop *done)
+{
+    while (done) {
+        rop *n = done->next;
+        if (done->call)
+            rpc_call_resume(done->call);
+        rop_free(done);
+        done = n;
+    }
+}
+
+/* The sender of one peer's stream: batches of the log after what it applied, in lsn order,
+ * one in flight at a time. Chain order: a peer gets an operation only once every peer of
+ * lower rank in the view applied it, so that the first live backup (the next primary) is
+ * always the most advanced one. */
+typedef struct sync_call {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    bool done;
+    int status;
+    char message[512];
+    uint64_t applied;
+    uint8_t *msg; /* the REPLICATE body and segment, built once */
+    size_t body_len, seg_len;
+    uint32_t deadline_ms;
+} sync_call;
+
+static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    sync_call *s = arg;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.deadline_ms = deadline_ms;
+    env.worker_id = -1;
+    env.body.data = s->msg;
+    env.body.len = s->body_len;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = s->seg_len / 4;
+    env.tensor = &t;
+    const char *tok = node.cfg.admin_token;
+    if (tok && tok[0]) {
+        env.auth_token.data = (uint8_t *)tok;
+        env.auth_token.len = strlen(tok);
+    }
+    return frame_build(out, &env, s->msg + s->body_len, s->seg_len, NULL);
+}
+
+static void batch_done(void *arg, int status, const char *message, const frame *reply)
+{
+    sync_call *s = arg;
+    pthread_mutex_lock(&s->m);
+    s->status = status;
+    snprintf(s->message, sizeof(s->message), "%s", message);
+    if (status == STATUS_OK && reply && reply->env) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        if (r) {
+            s->applied = r->applied_lsn;
+            psd__v1__replicate_reply__free_unpacked(r, NULL);
+        } else {
+            s->status = STATUS_INTERNAL;
+            snprintf(s->message, sizeof(s->message), "REPLICATE reply does not decode");
+        }
+    }
+    s->done = true;
+    pthread_cond_signal(&s->c);
+    pthread_mutex_unlock(&s->m);
+}
+
+/* Highest lsn peer p may be sent now (q held): the log's end, or what the peer of next lower
+ * rank in the view applied. */
+static uint64_t send_limit_locked(rgroup *G, const rpeer *p)
+{
+    uint64_t lim = G->last_lsn;
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < G->npeers; i++) {
+        const rpeer *o = &G->peers[i];
+        if (o == p || !o->in_view)
+            continue;
+        /* Ring distance from the primary: lower ranks come first in the chain. */
+        uint32_t prim = G->primary >= 0 ? (uint32_t)G->primary : G->g;
+        uint32_t N = node.cfg.num_servers;
+        uint32_t d_o = (o->server + N - prim) % N, d_p = (p->server + N - prim) % N;
+        if (d_o < d_p && d_o > best) {
+            best = d_o;
+            lim = o->acked < lim ? o->acked : lim;
+        }
+    }
+    return lim;
+}
+
+static void *peer_main(void *arg)
+{
+    rpeer *p = arg;
+    rgroup *G = p->grp;
+    sync_call sc;
+    memset(&sc, 0, sizeof(sc));
+    pthread_mutex_init(&sc.m, NULL);
+    pthread_cond_init(&sc.c, NULL);
+    size_t budget = node.cfg.max_message > 4096 ? node.cfg.max_message - 4096 : 4096;
+    if (budget > BATCH_MAX_BYTES)
+        budget = BATCH_MAX_BYTES;
+    pthread_mutex_lock(&G->q);
+    while (!atomic_load(&node.stopping)) {
+        bool to = G->serving && (p->in_view || p->catching_up);
+        uint64_t lim = to ? send_limit_locked(G, p) : 0;
+        bool tell = to && p->catching_up && !p->told && lim <= p->acked;
+        if (lim <= p->acked && !tell) {
+            pthread_cond_wait(&G->qcond, &G->q);
+            continue;
+        }
+        /* The batch: operations (p->acked, lim], as many as fit. */
+        size_t nops = 0, seg = 0;
+        uint64_t first = 0;
+        for (rop *o = G->head; o && o->lsn <= lim; o = o->next) {
+            if (o->lsn <= p->acked)
+                continue;
+            size_t padded = (o->len + 3) & ~(size_t)3;
+            if (nops > 0 && seg + padded > budget)
+                break;
+            if (nops == 0)
+                first = o->lsn;
+            nops++;
+            seg += padded;
+        }
+        if (tell) {
+            first = p->acked + 1;
+        } else if (nops == 0 || first != p->acked + 1) {
+            /* What it needs is no longer in the log: only a fresh copy brings it back. */
+            uint64_t now = time_now_ns();
+            if (now - p->errors_logged_ns > 5000000000ull) {
+                p->errors_logged_ns = now;
+                log_error("group %u: backup %u applied up to lsn %llu but the log starts at "
+                          "%llu: it needs a fresh copy of the group (restart it to rejoin)",
+                          G->g, p->server, (unsigned long long)p->acked,
+                          (unsigned long long)(G->head ? G->head->lsn : G->last_lsn + 1));
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&G->qcond, &G->q, &ts);
+            continue;
+        }
+        Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+        uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
+        rq.group = G->g;
+        rq.epoch = G->epoch;
+        rq.first_lsn = first;
+        rq.committed_lsn = G->committed;
+        rq.last_lsn = G->last_lsn;
+        uint64_t sent_last = G->last_lsn;
+        rq.n_op_len = nops;
+        rq.op_len = lens;
+        size_t i = 0;
+        for (rop *o = G->head; o && lens && i < nops; o = o->next)
+            if (o->lsn >= first)
+                lens[i++] = o->len;
+        size_t blen = lens ? psd__v1__replicate_request__get_packed_size(&rq) : 0;
+        uint8_t *msg = lens ? malloc(blen + seg + 1) : NULL;
+        if (msg) {
+            psd__v1__replicate_request__pack(&rq, msg);
+            size_t at = blen;
+            i = 0;
+            for (rop *o = G->head; o && i < nops; o = o->next) {
+                if (o->lsn < first)
+                    continue;
+                memcpy(msg + at, o->bytes, o->len);
+                size_t padded = (o->len + 3) & ~(size_t)3;
+                memset(msg + at + o->len, 0, padded - o->len);
+                at += padded;
+                i++;
+            }
+        }
+        free(lens);
+        pthread_mutex_unlock(&G->q);
+        int st = STATUS_RESOURCE_EXHAUSTED;
+        if (msg) {
+            sc.done = false;
+            sc.msg = msg;
+            sc.body_len = blen;
+            sc.seg_len = seg;
+            sc.applied = 0;
+            rpc_call_opts o = {
+                .deadline_ms = 3000, .retries = 0, .backoff_ms = 20, .max_backoff_ms = 200};
+            st = rpc_conn_call(p->conn, &o, build_batch, batch_done, &sc);
+            if (st == 0) {
+                pthread_mutex_lock(&sc.m);
+                while (!sc.done)
+                    pthread_cond_wait(&sc.c, &sc.m);
+                pthread_mutex_unlock(&sc.m);
+                st = sc.status;
+            } else {
+                snprintf(sc.message, sizeof(sc.message), "could not start the call");
+            }
+            free(msg);
+        } else {
+            snprintf(sc.message, sizeof(sc.message), "out of memory");
+        }
+        pthread_mutex_lock(&G->q);
+        if (st == STATUS_OK) {
+            atomic_fetch_add(&node.replicated_ops, sc.applied > first ? sc.applied - first : 0);
+            /* applied_lsn is its next lsn: it applied everything below. A backup behind what we
+             * sent (it lost state) rewinds the stream to where it stands. */
+            p->acked = sc.applied ? sc.applied - 1 : 0;
+            if (p->catching_up && p->acked >= sent_last) {
+                p->told = true;
+                if (p->in_view)
+                    p->catching_up = false; /* a copy refreshed in the view: a backup again */
+            }
+            rop *done = progress_locked(G);
+            if (done) {
+                pthread_mutex_unlock(&G->q);
+                answer(done);
+                pthread_mutex_lock(&G->q);
+            }
+            pthread_cond_broadcast(&G->qcond);
+        } else if (!atomic_load(&node.stopping)) {
+            uint64_t now = time_now_ns();
+            if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
+                p->errors_logged_ns = now;
+                log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
+                         "view drops it",
+                         G->g, p->server, status_name(st), sc.message);
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 50 * 1000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&G->qcond, &G->q, &ts);
+        }
+    }
+    pthread_mutex_unlock(&G->q);
+    pthread_mutex_destroy(&sc.m);
+    pthread_cond_destroy(&sc.c);
+    return NULL;
+}
+
+/* Starts the streams of a group this server now serves (q held). */
+static void start_peers_locked(rgroup *G)
+{
+    for (uint32_t i = 0; i < G->npeers; i++) {
+        rpeer *p = &G->peers[i];
+        if (p->started)
+            continue;
+        if (p->conn == NULL) {
+            char label[64], err[512];
+            snprintf(label, sizeof(label), "ps %u (backup of group %u)", p->server, G->g);
+            rpc_conn_config cc = {
+                .url = node.cfg.urls[p->server],
+                .connections = 1,
+                .resend_ms = 0,
+                .max_message = 1u << 20,
+                .label = label,
+                .tls = node.cfg.tls,
+            };
+            if (rpc_conn_open(&p->conn, &cc, err, sizeof(err)) != 0) {
+                log_error("group %u: cannot open a stream to backup %u: %s", G->g, p->server, err);
+                continue;
+            }
+        }
+        if (pthread_create(&p->thread, NULL, peer_main, p) == 0)
+            p->started = true;
+        else
+            log_error("group %u: cannot start the stream to backup %u", G->g, p->server);
+    }
+}
+
+/* ---- routing ---- */
+
+static bool is_update(int method)
+{
+    switch (method) {
+    case PSD__V1__METHOD__CREATE_VARIABLE:
+    case PSD__V1__METHOD__PUSH:
+    case PSD__V1__METHOD__PUSH_PULL:
+    case PSD__V1__METHOD__ASSIGN:
+    case PSD__V1__METHOD__CLOCK:
+    case PSD__V1__METHOD__DELETE_VARIABLE:
+    case PSD__V1__METHOD__STEP:
+    case PSD__V1__METHOD__TABLE_CREATE:
+    case PSD__V1__METHOD__TABLE_PUSH:
+    case PSD__V1__METHOD__TABLE_PULL: /* may make rows on first touch */
+        return true;
+    default:
+        return false;
+    }
+}
+
+static rpc_handler_fn original_handler(const rpc_method *m)
+{
+    for (size_t i = 0; i < server_methods_len; i++)
+        if (server_methods[i].method == m->method)
+            return server_methods[i].handler;
+    return NULL;
+}
+
+/* Runs an updating request on the group this server serves: in log order, streamed, answered
+ * once every backup in the view applied it. */
+static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
+{
+    size_t len;
+    const uint8_t *req = rpc_call_request(call, &len);
+    rop *o = calloc(1, sizeof(*o));
+    uint8_t *copy = o ? malloc(len ? len : 1) : NULL;
+    if (copy == NULL) {
+        free(o);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "out of memory logging the request for the replicas");
+        return;
+    }
+    memcpy(copy, req, len);
+    o->bytes = copy;
+    o->len = len;
+    pthread_mutex_lock(&G->order);
+    h(call, G->st);
+    bool parked = rpc_call_deferred_here(call);
+    o->lsn = G->next_lsn++;
+    pthread_mutex_lock(&G->q);
+    bool wait = atomic_load(&node.uncertain); /* alone and uncertain: hold the reply */
+    for (uint32_t i = 0; i < G->npeers; i++)
+        if (G->peers[i].in_view)
+            wait = true;
+    bool blocking = false;
+    if (wait && !parked) {
+        if (rpc_call_defer(call) == 0)
+            o->call = call;
+        else
+            blocking = true; /* no room to park: this thread waits instead */
+    }
+    if (G->tail)
+        G->tail->next = o;
+    else
+        G->head = o;
+    G->tail = o;
+    G->last_lsn = o->lsn;
+    uint64_t lsn = o->lsn;
+    rop *done = progress_locked(G); /* with no backup in the view: itself at once */
+    pthread_cond_broadcast(&G->qcond);
+    pthread_mutex_unlock(&G->order);
+    if (blocking) {
+        while (G->committed < lsn && !atomic_load(&node.stopping))
+            pthread_cond_wait(&G->acked, &G->q);
+    }
+    pthread_mutex_unlock(&G->q);
+    answer(done);
+}
+
+static void dispatch(rpc_call *call, void *arg)
+{
+    (void)arg;
+    const envelope *env = rpc_call_envelope(call);
+    const rpc_method *m = rpc_call_method(call);
+    rpc_handler_fn h = original_handler(m);
+    uint32_t N = node.cfg.num_servers, self = node.cfg.self;
+    uint32_t g = env->group ? env->group - 1 : self;
+    if (g >= N) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "group %u does not exist: the cluster has %u servers (groups 0..%u)", g, N,
+                        N - 1);
+        return;
+    }
+    rgroup *G = node.groups[g];
+    if (m->method == PSD__V1__METHOD__SERVER_STATUS || m->method == PSD__V1__METHOD__SHUTDOWN ||
+        m->method == PSD__V1__METHOD__CHECKPOINT) {
+        /* Not a group's data: status of the group asked (when held), admin calls of the
+         * process (checkpoints are of the server's own group). */
+        h(call, G && m->method == PSD__V1__METHOD__SERVER_STATUS ? G->st : node.groups[self]->st);
+        return;
+    }
+    pthread_mutex_lock(&node.vlock);
+    uint64_t epoch = node.cur.epoch;
+    int32_t prim = node.cur.primary[g];
+    pthread_mutex_unlock(&node.vlock);
+    if (env->epoch != 0 && env->epoch < epoch) {
+        if (prim >= 0)
+            rpc_call_set_primary(call, (uint32_t)prim);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "request sent under view epoch %llu, the current epoch is %llu: group "
+                        "%u is served by server %d",
+                        (unsigned long long)env->epoch, (unsigned long long)epoch, g, prim);
+        return;
+    }
+    if (epoch == 0) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server %u has no view of the replicated cluster yet (waiting for the "
+                        "coordinator): retry",
+                        self);
+        return;
+    }
+    if (G == NULL || prim != (int32_t)self) {
+        if (prim >= 0)
+            rpc_call_set_primary(call, (uint32_t)prim);
+        if (prim >= 0)
+            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                            "server %u does not serve group %u in view epoch %llu: its primary "
+                            "is server %d",
+                            self, g, (unsigned long long)epoch, prim);
+        else
+            rpc_reply_error(call, STATUS_UNAVAILABLE,
+                            "group %u has no live member in view epoch %llu: wait for one of "
+                            "its servers to come back",
+                            g, (unsigned long long)epoch);
+        return;
+    }
+    if (m->method == PSD__V1__METHOD__CREATE_VARIABLE) {
+        const Psd__V1__CreateVariableRequest *rq =
+            (const Psd__V1__CreateVariableRequest *)rpc_call_body(call);
+        int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
+        if (s == -2)
+            s = G->st->default_staleness;
+        if (s >= 0) {
+            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                            "variable %s: staleness %d (BSP/SSP) is not supported with replicas "
+                            "%u yet: create it with staleness -1 (asynchronous)",
+                            rq->spec->name, s, node.cfg.replicas);
+            return;
+        }
+    }
+    if (m->method == PSD__V1__METHOD__TABLE_CREATE) {
+        const Psd__V1__TableCreateRequest *rq =
+            (const Psd__V1__TableCreateRequest *)rpc_call_body(call);
+        int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
+        if (s == -2)
+            s = G->st->default_staleness;
+        if (s >= 0) {
+            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                            "table %s: staleness %d (BSP/SSP) is not supported with replicas %u "
+                            "yet: create it with staleness -1 (asynchronous)",
+                            rq->spec->name, s, node.cfg.replicas);
+            return;
+        }
+    }
+    if (!is_update(m->method)) {
+        h(call, G->st);
+        return;
+    }
+    run_update(call, G, h);
+}
+
+/* ---- the backups' side ---- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static int var_cmp(const void *a, const void *b)
+{
+    return strcmp((*(variable *const *)a)->name, (*(variable *const *)b)->name);
+}
+
+/* FNV-1a over every variable of st by name: name, version, range, values and optimizer slots
+ * (updates held off meanwhile). */
+static uint64_t group_checksum(server_state *st, uint32_t *nvars)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    store_freeze(st->vars);
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    if (n)
+        qsort(vars, n, sizeof(*vars), var_cmp);
+    for (size_t i = 0; i < n; i++) {
+        variable *v = vars[i];
+        uint64_t ver = atomic_load(&v->version);
+        h = fnv(h, v->name, strlen(v->name) + 1);
+        h = fnv(h, &ver, sizeof(ver));
+        h = fnv(h, &v->offset, sizeof(v->offset));
+        h = fnv(h, &v->count, sizeof(v->count));
+        h = fnv(h, v->params, v->count * sizeof(float));
+        for (size_t k = 0; k < v->nslots; k++)
+            h = fnv(h, v->slots[k], v->count * sizeof(float));
+    }
+    store_list_release(vars, n);
+    store_thaw(st->vars);
+    *nvars = (uint32_t)n;
+    return h;
+}
+
+/* Primary: the chunk of a copy image at rq->copy_offset, for the rejoining server rq->from - 1.
+ * Offset 0 takes a new image: a checkpoint of the group written while its updates wait, at
+ * log position copy_lsn, from which the backup is streamed as catching up. */
+static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq)
+{
+    Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
+    rpeer *p = NULL;
+    for (uint32_t i = 0; i < G->npeers; i++)
+        if (rq->from != 0 && G->peers[i].server == rq->from - 1)
+            p = &G->peers[i];
+    if (p == NULL) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "copy of group %u asked for by server %d, which is no member of it", G->g,
+                        (int)rq->from - 1);
+        return;
+    }
+    pthread_mutex_lock(&G->q);
+    bool serving = G->serving;
+    pthread_mutex_unlock(&G->q);
+    if (!serving) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "copy of group %u: server %u does not serve it as primary", G->g,
+                        node.cfg.self);
+        return;
+    }
+    if (rq->copy_offset == 0) {
+        char dir[] = "/tmp/psd-copy-XXXXXX", err[4400];
+        if (mkdtemp(dir) == NULL) {
+            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: mkdtemp: %s", G->g,
+                            strerror(errno));
+            return;
+        }
+        checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = node.cfg.cluster_hash};
+        checkpointer *ck = checkpointer_create(G->st, &cc, 1, err, sizeof(err));
+        checkpoint_info info;
+        int rc = -1;
+        uint64_t lsn = 0;
+        if (ck) {
+            pthread_mutex_lock(&G->order);
+            rc = checkpoint_write(ck, &info, err, sizeof(err));
+            lsn = G->next_lsn;
+            if (rc == 0) {
+                pthread_mutex_lock(&G->q);
+                p->catching_up = true;
+                p->told = false;
+                p->acked = lsn - 1;
+                pthread_mutex_unlock(&G->q);
+            }
+            pthread_mutex_unlock(&G->order);
+            checkpointer_destroy(ck);
+        }
+        uint8_t *img = NULL;
+        size_t len = 0;
+        if (rc == 0) {
+            FILE *f = fopen(info.path, "rb");
+            if (f && fseek(f, 0, SEEK_END) == 0) {
+                long n = ftell(f);
+                if (n > 0 && (img = malloc((size_t)n)) != NULL) {
+                    rewind(f);
+                    if (fread(img, 1, (size_t)n, f) == (size_t)n) {
+                        len = (size_t)n;
+                    } else {
+                        free(img);
+                        img = NULL;
+                    }
+                }
+            }
+            if (f)
+                fclose(f);
+            if (img == NULL) {
+                rc = -1;
+                snprintf(err, sizeof(err), "cannot read back %s", info.path);
+            }
+            unlink(info.path);
+        }
+        char path[64];
+        snprintf(path, sizeof(path), "%s/.state-%u", dir, G->g);
+        unlink(path);
+        rmdir(dir);
+        if (rc != 0) {
+            pthread_mutex_lock(&G->q);
+            p->catching_up = false;
+            pthread_mutex_unlock(&G->q);
+            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
+            return;
+        }
+        pthread_mutex_lock(&G->q);
+        free(p->img);
+        p->img = img;
+        p->img_len = len;
+        p->img_lsn = lsn;
+        pthread_cond_broadcast(&G->qcond);
+        pthread_mutex_unlock(&G->q);
+        log_info("group %u: copy for rejoining server %u: %zu bytes at lsn %llu", G->g, p->server,
+                 len, (unsigned long long)lsn);
+    }
+    pthread_mutex_lock(&G->q);
+    if (p->img == NULL || rq->copy_offset > p->img_len) {
+        pthread_mutex_unlock(&G->q);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "copy of group %u: no image at offset %llu (ask from offset 0)", G->g,
+                        (unsigned long long)rq->copy_offset);
+        return;
+    }
+    size_t chunk =
+        rpc_call_max_message(call) > (1u << 17) ? rpc_call_max_message(call) - 65536 : 65536;
+    if (chunk > (4u << 20))
+        chunk = 4u << 20;
+    size_t n = p->img_len - (size_t)rq->copy_offset;
+    if (n > chunk)
+        n = chunk;
+    rep.copy_total = p->img_len;
+    rep.copy_len = n;
+    rep.copy_lsn = p->img_lsn;
+    uint64_t words = (n + 3) / 4;
+    uint8_t *seg = rpc_reply_ok_segment(call, &rep.base, 0, words);
+    if (seg) {
+        memcpy(seg, p->img + rq->copy_offset, n);
+        memset(seg + n, 0, (size_t)words * 4 - n);
+    }
+    if (rq->copy_offset + n == p->img_len) {
+        free(p->img);
+        p->img = NULL;
+        p->img_len = 0;
+    }
+    pthread_mutex_unlock(&G->q);
+}
+
+void replica_handle_replicate(rpc_call *call, void *arg)
+{
+    (void)arg;
+    if (!node.on) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "this server runs with replicas 1: it holds no replica group");
+        return;
+    }
+    const Psd__V1__ReplicateRequest *rq = (const Psd__V1__ReplicateRequest *)rpc_call_body(call);
+    uint32_t N = node.cfg.num_servers, self = node.cfg.self;
+    if (rq->group >= N || node.groups[rq->group] == NULL) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u holds no copy of group %u (replicas %u of %u servers)", self,
+                        rq->group, node.cfg.replicas, N);
+        return;
+    }
+    rgroup *G = node.groups[rq->group];
+    Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
+    if (rq->checksum) {
+        pthread_mutex_lock(&G->order);
+        rep.applied_lsn = G->next_lsn;
+        rep.checksum = group_checksum(G->st, &rep.variables);
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
+    if (rq->copy) {
+        copy_serve(call, G, rq);
+        return;
+    }
+    pthread_mutex_lock(&node.vlock);
+    uint64_t epoch = node.cur.epoch;
+    int32_t prim = node.cur.primary[rq->group];
+    pthread_mutex_unlock(&node.vlock);
+    if (rq->epoch < epoch) {
+        if (prim >= 0)
+            rpc_call_set_primary(call, (uint32_t)prim);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u under view epoch %llu refused: this server is at "
+                        "epoch %llu, where the group's primary is server %d",
+                        rq->group, (unsigned long long)rq->epoch, (unsigned long long)epoch, prim);
+        return;
+    }
+    if (prim == (int32_t)self) {
+        /* Even from a newer epoch: until this server installed that view it numbers the
+         * group's log itself; the sender retries. */
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u refused: this server is its primary in epoch %llu",
+                        rq->group, (unsigned long long)epoch);
+        return;
+    }
+    size_t seglen;
+    const uint8_t *seg = rpc_call_segment(call, &seglen);
+    size_t total = 0;
+    for (size_t i = 0; i < rq->n_op_len; i++) {
+        if (rq->op_len[i] == 0 || rq->op_len[i] > seglen) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "REPLICATE operation %zu has length %llu (segment of %zu bytes)", i,
+                            (unsigned long long)rq->op_len[i], seglen);
+            return;
+        }
+        total += ((size_t)rq->op_len[i] + 3) & ~(size_t)3;
+    }
+    if (total != seglen || (rq->n_op_len > 0 && rq->first_lsn == 0)) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "REPLICATE: %zu operations of %zu padded bytes in a segment of %zu bytes "
+                        "(first lsn %llu)",
+                        rq->n_op_len, total, seglen, (unsigned long long)rq->first_lsn);
+        return;
+    }
+    pthread_mutex_lock(&G->order);
+    if (!G->ready) {
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u is copying group %u from its primary: not ready for its log yet",
+                        self, rq->group);
+        return;
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < rq->n_op_len; i++) {
+        uint64_t lsn = rq->first_lsn + i;
+        size_t len = (size_t)rq->op_len[i];
+        if (lsn == G->next_lsn) {
+            void *reply = NULL;
+            size_t rlen = 0;
+            if (rpc_server_handle_bytes(G->local, seg + at, len, &reply, &rlen) != 0)
+                log_error("group %u: out of memory applying lsn %llu", G->g,
+                          (unsigned long long)lsn);
+            free(reply);
+            G->next_lsn++;
+            if (node.cfg.replicas > 2) {
+                /* Kept until every replica applied it: this copy may become the primary that
+                 * brings a backup behind it up to date. */
+                rop *o = calloc(1, sizeof(*o));
+                if (o && (o->bytes = malloc(len)) != NULL) {
+                    memcpy(o->bytes, seg + at, len);
+                    o->len = len;
+                    o->lsn = lsn;
+                    pthread_mutex_lock(&G->q);
+                    if (G->tail)
+                        G->tail->next = o;
+                    else
+                        G->head = o;
+                    G->tail = o;
+                    G->last_lsn = lsn;
+                    pthread_mutex_unlock(&G->q);
+                } else {
+                    free(o);
+                }
+            }
+        }
+        at += (len + 3) & ~(size_t)3;
+    }
+    rep.applied_lsn = G->next_lsn;
+    bool caught_up = G->next_lsn > rq->last_lsn;
+    pthread_mutex_unlock(&G->order);
+    pthread_mutex_lock(&G->q);
+    bool mark = caught_up && !G->marked;
+    if (mark)
+        G->marked = true;
+    pthread_mutex_unlock(&G->q);
+    if (mark) {
+        log_info("group %u: caught up with its primary at lsn %llu", G->g,
+                 (unsigned long long)rep.applied_lsn);
+        if (node.agent)
+            view_agent_mark_caught_up(node.agent, G->g);
+    }
+    if (rq->committed_lsn) {
+        pthread_mutex_lock(&G->q);
+        if (!G->serving) {
+            while (G->head && G->head->lsn <= rq->committed_lsn) {
+                rop *o = G->head;
+                G->head = o->next;
+                if (G->head == NULL)
+                    G->tail = NULL;
+                rop_free(o);
+            }
+            if (rq->committed_lsn > G->committed)
+                G->committed = rq->committed_lsn;
+        }
+        pthread_mutex_unlock(&G->q);
+    }
+    rpc_reply_ok(call, &rep.base);
+}
+
+static server_state *make_state(uint32_t g, char *err, size_t errlen);
+
+/* ---- rejoin (the backup's side) ---- */
+
+typedef struct copy_call {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    bool done;
+    int status;
+    char message[512];
+    uint8_t body[64];
+    size_t body_len;
+    uint8_t *dst; /* the image being filled */
+    size_t cap, total, len;
+    uint64_t lsn;
+} copy_call;
+
+static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    copy_call *k = arg;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.deadline_ms = deadline_ms;
+    env.worker_id = -1;
+    env.body.data = k->body;
+    env.body.len = k->body_len;
+    const char *tok = node.cfg.admin_token;
+    if (tok && tok[0]) {
+        env.auth_token.data = (uint8_t *)tok;
+        env.auth_token.len = strlen(tok);
+    }
+    return frame_build(out, &env, NULL, 0, NULL);
+}
+
+static void copy_done(void *arg, int status, const char *message, const frame *reply)
+{
+    copy_call *k = arg;
+    pthread_mutex_lock(&k->m);
+    k->status = status;
+    snprintf(k->message, sizeof(k->message), "%s", message);
+    if (status == STATUS_OK && reply) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
+        size_t at = k->len;
+        if (r == NULL || r->copy_total == 0 || (k->total && r->copy_total != k->total) ||
+            r->copy_len > reply->segment_len || at + r->copy_len > r->copy_total) {
+            k->status = STATUS_INTERNAL;
+            snprintf(k->message, sizeof(k->message), "copy reply does not fit the image");
+        } else {
+            if (k->dst == NULL) {
+                k->dst = malloc((size_t)r->copy_total);
+                k->cap = (size_t)r->copy_total;
+                k->total = (size_t)r->copy_total;
+                k->lsn = r->copy_lsn;
+            }
+            if (k->dst == NULL) {
+                k->status = STATUS_RESOURCE_EXHAUSTED;
+                snprintf(k->message, sizeof(k->message), "out of memory for the copy");
+            } else {
+                memcpy(k->dst + at, reply->segment, (size_t)r->copy_len);
+                k->len += (size_t)r->copy_len;
+            }
+        }
+        if (r)
+            psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    k->done = true;
+    pthread_cond_signal(&k->c);
+    pthread_mutex_unlock(&k->m);
+}
+
+/* Fetches a whole image of group G from server prim. Returns 0 with it in k. */
+static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
+{
+    char label[64], err[512];
+    snprintf(label, sizeof(label), "ps %d (primary of group %u)", prim, G->g);
+    rpc_conn_config cc = {
+        .url = node.cfg.urls[prim],
+        .connections = 1,
+        .max_message = node.cfg.max_message + 65536,
+        .label = label,
+        .tls = node.cfg.tls,
+    };
+    rpc_conn *conn;
+    if (rpc_conn_open(&conn, &cc, err, sizeof(err)) != 0) {
+        log_warn("group %u: cannot reach its primary %d for a copy: %s", G->g, prim, err);
+        return -1;
+    }
+    int rc = 0;
+    free(k->dst);
+    k->dst = NULL;
+    k->total = k->len = 0;
+    do {
+        Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+        rq.group = G->g;
+        rq.epoch = epoch;
+        rq.copy = true;
+        rq.copy_offset = k->len;
+        rq.from = node.cfg.self + 1;
+        k->body_len = psd__v1__replicate_request__pack(&rq, k->body);
+        k->done = false;
+        rpc_call_opts o = {.deadline_ms = 60000, .retries = 3, .backoff_ms = 100};
+        if (rpc_conn_call(conn, &o, copy_build, copy_done, k) != 0) {
+            rc = -1;
+            break;
+        }
+        pthread_mutex_lock(&k->m);
+        while (!k->done)
+            pthread_cond_wait(&k->c, &k->m);
+        pthread_mutex_unlock(&k->m);
+        if (k->status != STATUS_OK) {
+            log_warn("group %u: copy from primary %d failed: %s: %s", G->g, prim,
+                     status_name(k->status), k->message);
+            rc = -1;
+            break;
+        }
+    } while (k->len < k->total && !atomic_load(&node.stopping));
+    rpc_conn_close(conn);
+    return rc == 0 && k->len == k->total ? 0 : -1;
+}
+
+/* Restores an image into a fresh state of group G and makes it G's copy at log position lsn. */
+static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
+{
+    char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128], err[4400];
+    if (mkdtemp(dir) == NULL) {
+        log_error("group %u: mkdtemp: %s", G->g, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof(path), "%s/ckpt-%u-1.psc", dir, G->g);
+    FILE *f = fopen(path, "wb");
+    bool ok = f && fwrite(img, 1, len, f) == len;
+    if (f && fclose(f) != 0)
+        ok = false;
+    server_state *st = ok ? make_state(G->g, err, sizeof(err)) : NULL;
+    int rc = -1;
+    if (st) {
+        checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = node.cfg.cluster_hash};
+        checkpoint_info info;
+        uint64_t max_seq;
+        int r = checkpoint_restore(st, &cc, &info, &max_seq, err, sizeof(err));
+        if (r == CKPT_RESTORED) {
+            rc = 0;
+        } else {
+            log_error("group %u: the copy does not restore: %s", G->g,
+                      r == CKPT_NONE ? "no image" : err);
+        }
+    }
+    unlink(path);
+    rmdir(dir);
+    if (rc != 0) {
+        if (st) {
+            store_destroy(st->vars);
+            dedup_destroy(st->dedup);
+            sync_destroy(st->sync);
+            free(st);
+        }
+        return -1;
+    }
+    rpc_server_config lc = {
+        .max_message = node.cfg.max_message,
+        .default_deadline_ms = 60000,
+        .methods = server_methods,
+        .n_methods = server_methods_len,
+        .handler_arg = G->owned ? st : G->st, /* the own group keeps its address */
+        .trusted = true,
+    };
+    rpc_server *local = rpc_server_open_local(&lc);
+    if (local == NULL)
+        return -1; /* st leaks: out of memory anyway */
+    server_state *old = NULL;
+    if (!G->owned && (old = malloc(sizeof(*old))) == NULL) {
+        rpc_server_close_local(local);
+        return -1;
+    }
+    pthread_mutex_lock(&G->order);
+    if (!G->owned) {
+        /* The server's own group keeps its address (its checkpoints and metrics use it): the
+         * copy's contents move in, the previous ones out. */
+        memcpy(old, G->st, sizeof(*old));
+        memcpy(G->st, st, sizeof(*st));
+        free(st);
+        st = G->st;
+        old->rpc = NULL;
+    } else {
+        old = G->st;
+    }
+    if (node.nretired < sizeof(node.retired) / sizeof(node.retired[0]))
+        node.retired[node.nretired++] = old;
+    rpc_server_close_local(G->local);
+    G->local = local;
+    G->st = st;
+    G->next_lsn = lsn;
+    G->ready = true;
+    pthread_mutex_lock(&G->q);
+    G->fresh = true;
+    if (!G->serving) {
+        free_log_locked(G); /* operations of the copy it replaced */
+        G->last_lsn = G->committed = lsn - 1;
+    }
+    pthread_mutex_unlock(&G->q);
+    pthread_mutex_unlock(&G->order);
+
+    log_info("group %u: installed a copy of %zu bytes at lsn %llu; catching up on its log", G->g,
+             len, (unsigned long long)lsn);
+    return 0;
+}
+
+static void *copy_main(void *arg)
+{
+    rgroup *G = arg;
+    copy_call k;
+    memset(&k, 0, sizeof(k));
+    pthread_mutex_init(&k.m, NULL);
+    pthread_cond_init(&k.c, NULL);
+    while (!atomic_load(&node.stopping)) {
+        pthread_mutex_lock(&node.vlock);
+        int32_t prim = node.cur.primary[G->g];
+        uint64_t epoch = node.cur.epoch;
+        pthread_mutex_unlock(&node.vlock);
+        if (prim >= 0 && prim != (int32_t)node.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
+            copy_install(G, k.dst, k.len, k.lsn) == 0)
+            break;
+        struct timespec ts = {0, 300 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    free(k.dst);
+    pthread_mutex_destroy(&k.m);
+    pthread_cond_destroy(&k.c);
+    pthread_mutex_lock(&G->q);
+    G->copying = false;
+    pthread_mutex_unlock(&G->q);
+    return NULL;
+}
+
+/* Out of the view: every copy this server holds is stale from now on; copy each group again
+ * from its primary (order and q held). */
+static void rejoin_locked(rgroup *G)
+{
+    if (G->copying || G->fresh)
+        return; /* one copy per time out of the view: the stream keeps it up to date */
+    G->ready = false;
+    G->marked = false;
+    if (G->copy_started) {
+        pthread_join(G->copy_thread, NULL); /* finished: copying is false */
+        G->copy_started = false;
+    }
+    if (pthread_create(&G->copy_thread, NULL, copy_main, G) == 0) {
+        G->copying = true;
+        G->copy_started = true;
+    } else {
+        log_error("group %u: cannot start the copy thread", G->g);
+    }
+}
+
+/* ---- life cycle ---- */
+
+static void collect(metrics_out *out, void *arg)
+{
+    (void)arg;
+    metrics_emit_one(out, "psd_replica_degraded_groups", METRIC_GAUGE,
+                     "Groups this server serves as primary with a backup out of the view.",
+                     (double)replica_degraded_groups());
+    metrics_emit_one(out, "psd_replica_ops_streamed_total", METRIC_COUNTER,
+                     "Logged operations applied by backups of groups this server serves.",
+                     (double)atomic_load(&node.replicated_ops));
+    uint64_t lag = 0;
+    for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+        rgroup *G = node.groups[g];
+        if (G == NULL)
+            continue;
+        pthread_mutex_lock(&G->q);
+        if (G->serving)
+            lag += G->last_lsn - G->committed;
+        pthread_mutex_unlock(&G->q);
+    }
+    metrics_emit_one(out, "psd_replica_lag_ops", METRIC_GAUGE,
+                     "Logged operations not yet applied by every backup in the view.", (double)lag);
+}
+
+static server_state *make_state(uint32_t g, char *err, size_t errlen)
+{
+    const replica_config *c = &node.cfg;
+    server_state *st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        goto oom;
+    st->task_index = g;
+    st->num_servers = c->num_servers;
+    st->start_ns = time_now_ns();
+    st->vars = store_create();
+    st->dedup = dedup_create(c->dedup_window);
+    st->default_staleness = c->default_staleness;
+    st->sync = sync_create(c->n_workers, c->worker_timeout_ms, c->bsp_mean, SERVER_MAX_WORKERS);
+    st->rpc = node.groups[c->self]->st->rpc;
+    if (st->vars && st->dedup && st->sync &&
+        server_set_limits(st, c->max_bytes, c->max_vars, c->dedup_max_clients, c->dedup_idle_ms) ==
+            0)
+        return st;
+    store_destroy(st->vars);
+    dedup_destroy(st->dedup);
+    sync_destroy(st->sync);
+    free(st);
+oom:
+    snprintf(err, errlen, "out of memory making the copy of group %u", g);
+    return NULL;
+}
+
+static void group_free(rgroup *G)
+{
+    if (G == NULL)
+        return;
+    rpc_server_close_local(G->local);
+    if (G->owned) {
+        server_tables_free(G->st);
+        store_destroy(G->st->vars);
+        dedup_destroy(G->st->dedup);
+        sync_destroy(G->st->sync);
+        free(G->st);
+    }
+    while (G->head) {
+        rop *o = G->head;
+        G->head = o->next;
+        rop_free(o);
+    }
+    for (uint32_t i = 0; i < G->npeers; i++)
+        free(G->peers[i].img);
+    pthread_mutex_destroy(&G->order);
+    pthread_mutex_destroy(&G->q);
+    pthread_cond_destroy(&G->qcond);
+    pthread_cond_destroy(&G->acked);
+    free(G);
+}
+
+int replica_start(const replica_config *cfg, server_state *own, char *err, size_t errlen)
+{
+    if (cfg->replicas < 2 || cfg->replicas > REPLICA_MAX || cfg->replicas > cfg->num_servers ||
+        cfg->num_servers > VIEW_MAX_SERVERS) {
+        snprintf(err, errlen,
+                 "replicas %u: must be 2..%u and at most the %u servers of the cluster",
+                 cfg->replicas, REPLICA_MAX, cfg->num_servers);
+        return -1;
+    }
+    node.cfg = *cfg;
+    atomic_store(&node.stopping, false);
+    uint64_t r1 = time_now_ns() ^ ((uint64_t)cfg->self << 48), r2 = (uint64_t)(uintptr_t)&node;
+    snprintf(node.local_token, sizeof(node.local_token), "%016llx%016llx", (unsigned long long)r1,
+             (unsigned long long)r2);
+    /* Every group this server is a member of: its own first (make_state copies its rpc). */
+    for (uint32_t k = 0; k < cfg->replicas; k++) {
+        uint32_t g = (cfg->self + cfg->num_servers - k) % cfg->num_servers;
+        rgroup *G = calloc(1, sizeof(*G));
+        if (G == NULL) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        G->g = g;
+        node.groups[g] = G;
+        pthread_mutex_init(&G->order, NULL);
+        pthread_mutex_init(&G->q, NULL);
+        pthread_cond_init(&G->qcond, NULL);
+        pthread_cond_init(&G->acked, NULL);
+        G->next_lsn = 1;
+        G->ready = true;
+        if (k == 0) {
+            G->st = own;
+        } else {
+            G->owned = true;
+            if ((G->st = make_state(g, err, errlen)) == NULL)
+                goto fail;
+        }
+        rpc_server_config lc = {
+            .max_message = cfg->max_message,
+            .default_deadline_ms = 60000,
+            .max_deadline_ms = 0,
+            .methods = server_methods,
+            .n_methods = server_methods_len,
+            .handler_arg = G->st,
+            .trusted = true,
+        };
+        if ((G->local = rpc_server_open_local(&lc)) == NULL) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        for (uint32_t j = 0; j < cfg->replicas; j++) {
+            uint32_t s = (g + j) % cfg->num_servers;
+            if (s == cfg->self)
+                continue;
+            rpeer *p = &G->peers[G->npeers++];
+            p->grp = G;
+            p->server = s;
+            p->rank = j;
+        }
+    }
+    /* The initial view. With a coordinator, none: nothing is served until its first view.
+     * Without, a fixed one: everyone up, every group at its placement server. */
+    view v;
+    memset(&v, 0, sizeof(v));
+    v.epoch = 1;
+    v.num_servers = cfg->num_servers;
+    v.replicas = cfg->replicas;
+    for (uint32_t i = 0; i < cfg->num_servers; i++) {
+        v.primary[i] = cfg->coordinated ? -1 : (int32_t)i;
+        v.live[i] = !cfg->coordinated;
+    }
+    if (cfg->coordinated) {
+        node.cur = v;
+        node.cur.epoch = 0;
+    }
+    node.methods = calloc(server_methods_len, sizeof(*node.methods));
+    if (node.methods == NULL) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < server_methods_len; i++) {
+        node.methods[i] = server_methods[i];
+        if (server_methods[i].method != PSD__V1__METHOD__REPLICATE)
+            node.methods[i].handler = dispatch;
+    }
+    node.n_methods = server_methods_len;
+    node.on = true;
+    if (!cfg->coordinated)
+        replica_set_view(&v);
+    metrics_add_collector(collect, NULL);
+    log_info("replicas %u: serving group %u as primary, holding backup copies of %u group(s)",
+             cfg->replicas, cfg->self, cfg->replicas - 1);
+    return 0;
+fail:
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
+        group_free(node.groups[g]);
+        node.groups[g] = NULL;
+    }
+    free(node.methods);
+    node.methods = NULL;
+    return -1;
+}
+
+const rpc_method *replica_methods(size_t *n)
+{
+    *n = node.n_methods;
+    return node.methods;
+}
+
+void *replica_handler_arg(void)
+{
+    return &node;
+}
+
+void replica_set_server(rpc_server *rpc)
+{
+    node.rpc = rpc;
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++)
+        if (node.groups[g])
+            node.groups[g]->st->rpc = rpc;
+    pthread_mutex_lock(&node.vlock);
+    rpc_server_set_epoch(rpc, node.cur.epoch);
+    pthread_mutex_unlock(&node.vlock);
+}
+
+void replica_get_view(view *out)
+{
+    pthread_mutex_lock(&node.vlock);
+    *out = node.cur;
+    pthread_mutex_unlock(&node.vlock);
+}
+
+void replica_set_view(const view *v)
+{
+    if (!node.on)
+        return;
+    pthread_mutex_lock(&node.vlock);
+    if (v->epoch <= node.cur.epoch || v->num_servers != node.cfg.num_servers) {
+        pthread_mutex_unlock(&node.vlock);
+        return;
+    }
+    view old = node.cur;
+    node.cur = *v;
+    if (node.rpc)
+        rpc_server_set_epoch(node.rpc, v->epoch);
+    uint32_t self = node.cfg.self;
+    for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+        rgroup *G = node.groups[g];
+        if (G == NULL)
+            continue;
+        pthread_mutex_lock(&G->order); /* order before q, as updates take them */
+        pthread_mutex_lock(&G->q);
+        rop *moved = NULL; /* calls answered: no longer the primary */
+        bool was = G->serving;
+        G->serving = v->primary[g] == (int32_t)self;
+        G->primary = v->primary[g];
+        G->epoch = v->epoch;
+        if (G->serving && !was && old.epoch != 0) {
+            atomic_fetch_add(&node.failovers, 1);
+            /* Taking over: the log it kept as a backup is still to reach the others. */
+            G->last_lsn = G->next_lsn - 1;
+            for (uint32_t i = 0; i < G->npeers; i++)
+                G->peers[i].acked = G->committed; /* every member had applied that much */
+            log_warn("view epoch %llu: serving group %u as its primary from lsn %llu",
+                     (unsigned long long)v->epoch, g, (unsigned long long)G->last_lsn);
+        } else if (!G->serving && was) {
+            log_warn("view epoch %llu: group %u is now served by server %d",
+                     (unsigned long long)v->epoch, g, v->primary[g]);
+            /* Calls still waiting for backups are not acknowledged here: the client sends
+             * them again (same seq) to the new primary, whose window drops what it has. */
+            for (rop *o = G->head; o; o = o->next) {
+                if (o->call == NULL)
+                    continue;
+                rop *a = calloc(1, sizeof(*a));
+                if (a == NULL)
+                    continue;
+                if (v->primary[g] >= 0)
+                    rpc_call_set_primary(o->call, (uint32_t)v->primary[g]);
+                rpc_reply_error(o->call, STATUS_FAILED_PRECONDITION,
+                                "server %u no longer serves group %u (view epoch %llu): its "
+                                "primary is server %d; the update was not acknowledged",
+                                self, g, (unsigned long long)v->epoch, v->primary[g]);
+                a->call = o->call;
+                o->call = NULL;
+                a->next = moved;
+                moved = a;
+            }
+            free_log_locked(G);
+        }
+        bool degraded = false;
+        for (uint32_t i = 0; i < G->npeers; i++) {
+            rpeer *p = &G->peers[i];
+            bool in = v->live[p->server] && v->primary[g] != (int32_t)p->server;
+            if (in && p->catching_up) {
+                p->catching_up = false; /* caught up, added back: waited for from now on */
+                log_info("view epoch %llu: server %u is a backup of group %u again",
+                         (unsigned long long)v->epoch, p->server, g);
+            }
+            p->in_view = in;
+            if (!in)
+                degraded = true;
+        }
+        if (v->live[self] && old.epoch != 0)
+            G->fresh = false; /* live: the next time out of the view needs a new copy */
+        if ((!v->live[self] || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
+            rejoin_locked(G); /* out of the view, or the first view: copy from the primary */
+        if (G->serving) {
+            if (degraded)
+                log_warn("view epoch %llu: group %u runs degraded (a backup is out of the "
+                         "view): updates are acknowledged by fewer replicas",
+                         (unsigned long long)v->epoch, g);
+            start_peers_locked(G);
+        }
+        rop *done = progress_locked(G);
+        pthread_cond_broadcast(&G->qcond);
+        pthread_mutex_unlock(&G->q);
+        pthread_mutex_unlock(&G->order);
+        answer(done);
+        answer(moved);
+    }
+    pthread_mutex_unlock(&node.vlock);
+}
+
+/* Installs v with this server out of it: its incarnation is not the one v names live. */
+static void set_view_without_self(const view *v, bool force)
+{
+    view w = *v;
+    uint32_t self = node.cfg.self;
+    w.live[self] = 0;
+    for (uint32_t g = 0; g < w.num_servers; g++)
+        if (w.primary[g] == (int32_t)self)
+            w.primary[g] = -1;
+    if (force) {
+        pthread_mutex_lock(&node.vlock);
+        if (w.epoch == node.cur.epoch)
+            node.cur.epoch--; /* the same epoch again, this time without this server */
+        pthread_mutex_unlock(&node.vlock);
+    }
+    replica_set_view(&w);
+}
+
+void replica_attach_agent(view_agent *a)
+{
+    node.agent = a;
+}
+
+void replica_on_view_event(void *arg, view_event ev, const view *v)
+{
+    (void)arg;
+    if (!node.on)
+        return;
+    switch (ev) {
+    case VIEW_EVENT_VIEW:
+        if (v->live[node.cfg.self] && node.agent && !view_agent_in_view(node.agent))
+            set_view_without_self(v, false); /* the view names a previous incarnation */
+        else
+            replica_set_view(v);
+        break;
+    case VIEW_EVENT_LEASE_LOST:
+        log_warn("lease lost: serving no group until this server has rejoined");
+        for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+            if (node.groups[g] == NULL)
+                continue;
+            pthread_mutex_lock(&node.groups[g]->q);
+            node.groups[g]->fresh = false;
+            pthread_mutex_unlock(&node.groups[g]->q);
+        }
+        set_view_without_self(v, true);
+        break;
+    case VIEW_EVENT_LEASE_UNCERTAIN:
+        log_warn("lease not renewed in time: groups without a live backup acknowledge nothing "
+                 "until it is");
+        atomic_store(&node.uncertain, true);
+        break;
+    case VIEW_EVENT_LEASE_OK:
+        atomic_store(&node.uncertain, false);
+        for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+            rgroup *G = node.groups[g];
+            if (G == NULL)
+                continue;
+            pthread_mutex_lock(&G->q);
+            rop *done = progress_locked(G);
+            pthread_mutex_unlock(&G->q);
+            answer(done);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+uint32_t replica_degraded_groups(void)
+{
+    uint32_t n = 0;
+    if (!node.on)
+        return 0;
+    for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
+        rgroup *G = node.groups[g];
+        if (G == NULL)
+            continue;
+        pthread_mutex_lock(&G->q);
+        bool d = false;
+        for (uint32_t i = 0; i < G->npeers; i++)
+            if (!G->peers[i].in_view)
+                d = true;
+        if (G->serving && d)
+            n++;
+        pthread_mutex_unlock(&G->q);
+    }
+    return n;
+}
+
+void replica_stop(void)
+{
+    if (!node.on)
+        return;
+    atomic_store(&node.stopping, true);
+    metrics_remove_collector(collect, NULL);
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
+        rgroup *G = node.groups[g];
+        if (G == NULL)
+            continue;
+        pthread_mutex_lock(&G->q);
+        pthread_cond_broadcast(&G->qcond);
+        pthread_cond_broadcast(&G->acked);
+        pthread_mutex_unlock(&G->q);
+        for (uint32_t i = 0; i < G->npeers; i++) {
+            rpeer *p = &G->peers[i];
+            if (p->started)
+                pthread_join(p->thread, NULL); /* a batch in flight ends by its deadline */
+            p->started = false;
+            rpc_conn_close(p->conn);
+            p->conn = NULL;
+        }
+        if (G->copy_started)
+            pthread_join(G->copy_thread, NULL);
+        G->copy_started = false;
+        pthread_mutex_lock(&G->q);
+        rop *o = G->head;
+        G->head = G->tail = NULL;
+        pthread_mutex_unlock(&G->q);
+        while (o) {
+            rop *n = o->next;
+            if (o->call) {
+                rpc_reply_error(o->call, STATUS_UNAVAILABLE,
+                                "server is shutting down before every replica applied the "
+                                "update: retry it");
+                rpc_call_resume(o->call);
+            }
+            rop_free(o);
+            o = n;
+        }
+    }
+}
+
+static void state_free(server_state *st)
+{
+    server_tables_free(st);
+    store_destroy(st->vars);
+    dedup_destroy(st->dedup);
+    sync_destroy(st->sync);
+    free(st);
+}
+
+void replica_free(void)
+{
+    if (!node.on)
+        return;
+    for (size_t i = 0; i < node.nretired; i++)
+        state_free(node.retired[i]);
+    node.nretired = 0;
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
+        group_free(node.groups[g]);
+        node.groups[g] = NULL;
+    }
+    free(node.methods);
+    node.methods = NULL;
+    node.on = false;
+}

@@ -1,0 +1,94 @@
+/* Replica groups (replicas r > 1): server s holds its own group s and backup copies of groups
+ * s-1 .. s-r+1, each a whole server_state (store, tables, dedup window, clocks). Requests name
+ * their group (Envelope.group; absent: the server's own task) and the view epoch they were sent
+ * under (Envelope.epoch; older than the server's is refused, naming the current primary).
+ *
+ * Update path: the primary of a group runs each updating request under the group's order lock,
+ * numbers it with the group's log sequence number (lsn), applies it, and streams the request
+ * as received to every backup of the current view in lsn order (REPLICATE, batched: one batch in
+ * flight per backup while the next one fills). Backups apply the same requests with the same
+ * handlers in the same order, so that dedup verdicts, clocks and values come out identical. The
+ * client's reply leaves only once every backup of the view applied the request (the call is
+ * parked meanwhile, the order lock already released). A backup that leaves the view stops being
+ * waited for (the group runs degraded, logged and counted in psd_replica_degraded_groups).
+ *
+ * With replicas = 1 nothing of this runs: the method table is server_methods as it is. */
+#ifndef PSD_SERVER_REPLICA_H
+#define PSD_SERVER_REPLICA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc_client.h"
+#include "rpc_server.h"
+#include "server.h"
+#include "view.h"
+#include "view_agent.h"
+
+typedef struct replica_config {
+    uint32_t self;        /* this server's task index */
+    uint32_t num_servers; /* of the cluster spec */
+    uint32_t replicas;    /* 2 .. num_servers */
+    /* Dial URLs of every server (tls+tcp:// when tls is on), num_servers of them. */
+    const char *const *urls;
+    rpc_tls tls;
+    const char *admin_token; /* sent in REPLICATE requests; "" or NULL: none (loopback role) */
+    size_t max_message;      /* max-message-bytes: bounds a REPLICATE batch */
+    /* For the backup groups' states, as the server's own was made. */
+    uint32_t dedup_window;
+    int32_t default_staleness;
+    int n_workers;
+    uint32_t worker_timeout_ms;
+    bool bsp_mean;
+    uint64_t max_bytes, max_vars, dedup_max_clients, dedup_idle_ms;
+    uint64_t cluster_hash; /* checkpoint_cluster_hash: copies travel as checkpoint images */
+    /* A coordinator keeps the view (replica_attach_agent, replica_on_view_event): nothing is
+     * served until its first view. false: a fixed view, every server up (tests). */
+    bool coordinated;
+} replica_config;
+
+/* Makes the backup groups and the replication streams of this server around its own group's
+ * state own (own->task_index == cfg->self). The initial view: epoch 1, every server live, every
+ * group served by its placement server, until replica_set_view installs another. Returns 0, or
+ * -1 with a message in err. One node per process. */
+int replica_start(const replica_config *cfg, server_state *own, char *err, size_t errlen);
+
+/* The method table to serve instead of server_methods (same methods, each one routed to the
+ * request's group, plus REPLICATE), and the handler argument to serve it with. */
+const rpc_method *replica_methods(size_t *n);
+void *replica_handler_arg(void);
+
+/* REPLICATE (in server_methods): a backup applies a batch of its primary's log; with checksum
+ * set, any member answers a checksum of its copy of the group. */
+void replica_handle_replicate(rpc_call *call, void *arg);
+
+/* Tells the node which rpc_server serves it (replies carry its epoch) once it is started. */
+void replica_set_server(rpc_server *rpc);
+
+/* Installs a new view (the coordinator's callback): groups this server now serves as primary
+ * start serving and streaming; backups that left the view are no longer waited for; requests
+ * sent under older epochs are refused from now on. Views not newer than the current one are
+ * ignored. Any thread. */
+void replica_set_view(const view *v);
+
+/* The coordinator's agent (view_agent.h): rejoining groups that caught up are marked on it,
+ * and whether its lease is this incarnation's decides whether a view's self is this one. */
+void replica_attach_agent(view_agent *a);
+/* The agent's callback (view_agent_fn, arg unused): new views, lease lost (out of every view
+ * from now on: rejoin), lease uncertain (groups without a backup in the view acknowledge nothing
+ * until it is renewed). */
+void replica_on_view_event(void *arg, view_event ev, const view *v);
+
+/* The view in force (a copy). */
+void replica_get_view(view *out);
+
+/* Groups this server is primary of whose backups are not all in the view (the metric). */
+uint32_t replica_degraded_groups(void);
+
+/* Stops the streams and answers the calls still waiting for backups with UNAVAILABLE (before
+ * rpc_server_stop). A no-op when replica_start was not called. */
+void replica_stop(void);
+/* Frees the backup groups (after rpc_server_stop). */
+void replica_free(void);
+
+#endif

@@ -1,0 +1,467 @@
+/* Integration: failover and rejoin of replica groups on real processes and a real etcd (the
+ * test starts one; skipped, exit 77, without an etcd binary).
+ *
+ * 3 ps-servers with replicas 2. Client processes push integer gradients (SGD, lr 1, from zeros)
+ * to a variable split over every group while server 1, primary of group 1, is killed with
+ * SIGKILL. Every push must be acknowledged (the clients resend in-flight ones to the new
+ * primary with the same seqs), and the final values must be minus the exact sum of the
+ * acknowledged pushes: none lost, none applied twice. No client may report lost updates. Then
+ * server 1 is started again: it copies its groups from their primaries while pushes go on,
+ * catches up, is added back to the view, and its copies are bit-identical to the primaries'. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "cluster_proc.h"
+#include "etcd_proc.h"
+#include "ps_proc.h"
+#include "psclient.h"
+
+#define NSERVERS 3
+#define NCLIENTS 3
+#define ROUNDS 1500
+#define VAR_N (3 * 1024) /* split: 1024 elements on each server */
+
+static const char *server_bin, *self_bin;
+static test_cluster tc;
+static etcd_proc etcd;
+static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL,
+                              NULL,         NULL};
+static const char *client_replicas = "2";
+
+static int start(const char *replicas)
+{
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[1] = replicas;
+    extra[3] = etcd.endpoint;
+    client_replicas = replicas;
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return start("2");
+}
+
+static int teardown(void **state);
+static char ckpt_dir[64];
+
+static int setup_ckpt(void **state)
+{
+    (void)state;
+    snprintf(ckpt_dir, sizeof(ckpt_dir), "/tmp/psd-fo-ckpt-XXXXXX");
+    if (mkdtemp(ckpt_dir) == NULL)
+        return -1;
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[1] = "2";
+    extra[3] = etcd.endpoint;
+    extra[6] = "--checkpoint-dir";
+    extra[7] = ckpt_dir;
+    client_replicas = "2";
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
+
+static int teardown_ckpt(void **state)
+{
+    int rc = teardown(state);
+    extra[6] = NULL;
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", ckpt_dir);
+    if (system(cmd) != 0)
+        rc = -1;
+    return rc;
+}
+
+static int setup3(void **state)
+{
+    (void)state;
+    return start("3");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = test_cluster_stop(&tc); /* every server exits cleanly (0) */
+    etcd_proc_stop(&etcd);
+    return rc;
+}
+
+static ps_client *open_client(void)
+{
+    ps_config *cfg;
+    ps_client *c = NULL;
+    char tf[1200];
+    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    if (ps_config_create(&cfg) != PS_OK)
+        return NULL;
+    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
+        ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
+        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
+        ps_config_set(cfg, "replicas", client_replicas) != PS_OK)
+        fprintf(stderr, "config: %s\n", ps_last_error());
+    else if (ps_client_open(&c, cfg) != PS_OK)
+        fprintf(stderr, "open: %s\n", ps_last_error());
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static ps_var *make_var(ps_client *c)
+{
+    ps_var_spec s;
+    ps_var_spec_init(&s, "fo/v");
+    s.ndims = 1;
+    s.dims[0] = VAR_N;
+    s.learning_rate = 1.0;
+    ps_var *v = NULL;
+    if (ps_var_create(c, &s, &v) != PS_OK)
+        fprintf(stderr, "create: %s\n", ps_last_error());
+    return v;
+}
+
+/* A client process: ROUNDS pushes of (id + 1) to every element; exits 0 when every push was
+ * acknowledged and the client saw no lost update. */
+static int client_main(int id, int rounds)
+{
+    ps_client *c = open_client();
+    if (c == NULL)
+        return 10;
+    ps_var *v = make_var(c);
+    if (v == NULL)
+        return 11;
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = (float)(id + 1);
+    int rc = 0;
+    for (int r = 0; r < rounds && rc == 0; r++) {
+        if (ps_push(c, v, g) != PS_OK) {
+            fprintf(stderr, "client %d push %d: %s\n", id, r, ps_last_error());
+            rc = 12;
+        }
+    }
+    uint64_t lost = ps_client_lost_updates(c);
+    if (lost) {
+        fprintf(stderr, "client %d reports %llu lost updates\n", id, (unsigned long long)lost);
+        rc = 13;
+    }
+    free(g);
+    ps_client_close(c);
+    return rc;
+}
+
+static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *lsn)
+{
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = group;
+    rq.checksum = true;
+    uint8_t body[64];
+    size_t blen = psd__v1__replicate_request__pack(&rq, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = blen;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st == 0) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        assert_non_null(r);
+        *sum = r->checksum;
+        *lsn = r->applied_lsn;
+        psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void push_ok(ps_client *c, ps_var *v, const float *g)
+{
+    int rc = ps_push(c, v, g);
+    if (rc != PS_OK)
+        fprintf(stderr, "push: %s\n", ps_last_error());
+    assert_int_equal(rc, PS_OK);
+}
+
+static void check_all(ps_client *c, ps_var *v, float want)
+{
+    float *w = malloc(VAR_N * sizeof(float));
+    assert_int_equal(ps_pull(c, v, w), PS_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < VAR_N; i++)
+        if (w[i] != want && wrong++ < 5)
+            fprintf(stderr, "v[%zu] = %.1f, expected %.1f\n", i, w[i], want);
+    free(w);
+    assert_int_equal(wrong, 0);
+}
+
+static void test_kill_primary_exact_sums_then_rejoin(void **state)
+{
+    (void)state;
+    /* Client processes: this binary run again (nng can't be used in a plain fork). */
+    pid_t kids[NCLIENTS];
+    for (int k = 0; k < NCLIENTS; k++) {
+        kids[k] = test_spawn_child(self_bin, server_bin, client_replicas, k, ROUNDS, tc.spec);
+        assert_true(kids[k] > 0);
+    }
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    usleep(1500 * 1000);
+    double t_kill = now_s();
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    fprintf(stderr, "killed ps 1 (primary of group 1) while %d clients push\n", NCLIENTS);
+    /* Failover time: from the kill to the first push acknowledged by every group (group 1
+     * by its new primary). */
+    push_ok(c, v, g);
+    fprintf(stderr, "failover: first push acknowledged %.2f s after the kill\n", now_s() - t_kill);
+    for (int k = 0; k < NCLIENTS; k++) {
+        int st;
+        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    fprintf(stderr, "clients done %.1f s after the kill\n", now_s() - t_kill);
+    /* Every push acknowledged, each applied once: v = -ROUNDS * (1 + 2 + 3) - 1 everywhere. */
+    float want = -(float)ROUNDS * (float)(NCLIENTS * (NCLIENTS + 1) / 2) - 1.0f;
+    check_all(c, v, want);
+    /* Group 2 (servers 2 and 0) never lost a member: identical copies. */
+    uint64_t s0, s1, l0, l1;
+    assert_int_equal(group_checksum(2, 2, &s0, &l0), 0);
+    assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
+    assert_true(s0 == s1 && l0 == l1);
+
+    /* Server 1 comes back: it copies groups 0 and 1 from their primaries (0 and 2) while pushes
+     * go on, and is added back once caught up; pushes then wait for it again. */
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    double t0 = now_s();
+    bool same = false;
+    int pushes = 0;
+    while (!same && now_s() - t0 < 40) {
+        for (int k = 0; k < 20; k++, pushes++)
+            push_ok(c, v, g);
+        uint64_t a0, a1, b0, b1, la0, la1, lb0, lb1;
+        same = group_checksum(0, 0, &a0, &la0) == 0 && group_checksum(1, 0, &a1, &la1) == 0 &&
+               group_checksum(2, 1, &b0, &lb0) == 0 && group_checksum(1, 1, &b1, &lb1) == 0 &&
+               a0 == a1 && la0 == la1 && b0 == b1 && lb0 == lb1;
+        if (!same)
+            usleep(200 * 1000);
+    }
+    fprintf(stderr,
+            "ps 1 rejoined: copies identical %.1f s after its restart (%d pushes "
+            "meanwhile)\n",
+            now_s() - t0, pushes);
+    assert_true(same);
+    /* ... and is live in a newer view (epoch 3: the kill made 2), which every reply carries. */
+    uint64_t epoch = 0;
+    for (int i = 0; i < 100 && epoch < 3; i++) {
+        Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+        uint8_t body[16];
+        envelope env = PSD__V1__ENVELOPE__INIT;
+        env.method = PSD__V1__METHOD__SERVER_STATUS;
+        env.body.data = body;
+        env.body.len = psd__v1__server_status_request__pack(&sr, body);
+        frame f;
+        nng_msg *m;
+        assert_int_equal(test_raw_call(tc.ports[0], &env, NULL, 0, &f, &m), 0);
+        epoch = f.env->epoch;
+        frame_fini(&f);
+        nng_msg_free(m);
+        if (epoch < 3)
+            usleep(100 * 1000);
+    }
+    fprintf(stderr, "view epoch %llu\n", (unsigned long long)epoch);
+    assert_true(epoch >= 3);
+    for (int k = 0; k < 20; k++, pushes++)
+        push_ok(c, v, g);
+    uint64_t a0, a1, la0, la1;
+    assert_int_equal(group_checksum(0, 0, &a0, &la0), 0);
+    assert_int_equal(group_checksum(1, 0, &a1, &la1), 0);
+    assert_true(a0 == a1 && la0 == la1);
+    check_all(c, v, want - (float)pushes);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
+static uint64_t view_epoch_of(int server)
+{
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.body.data = body;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    frame f;
+    nng_msg *m;
+    if (test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m) != 0)
+        return 0;
+    uint64_t e = f.env->epoch;
+    frame_fini(&f);
+    nng_msg_free(m);
+    return e;
+}
+
+/* replicas 3 on 3 servers (each holds every group): kill the primary of group 0 (ps 0), then
+ * the new one (ps 1) while clients push; ps 2 ends up serving every group; every push is
+ * acknowledged and applied once. Then both come back, copy every group from ps 2 and rejoin:
+ * the three copies of each group are identical. */
+static void test_three_replicas_kill_two_then_rejoin(void **state)
+{
+    (void)state;
+    pid_t kids[NCLIENTS];
+    for (int k = 0; k < NCLIENTS; k++) {
+        kids[k] = test_spawn_child(self_bin, server_bin, client_replicas, k, ROUNDS * 2, tc.spec);
+        assert_true(kids[k] > 0);
+    }
+    usleep(1500 * 1000);
+    assert_int_equal(kill(tc.pids[0], SIGKILL), 0);
+    fprintf(stderr, "killed ps 0 (primary of group 0)\n");
+    /* Wait until ps 1 took group 0 over (a view without ps 0), then kill it too. */
+    double t0 = now_s();
+    while (view_epoch_of(2) < 2 && now_s() - t0 < 20)
+        usleep(100 * 1000);
+    assert_true(view_epoch_of(2) >= 2);
+    usleep(500 * 1000);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    fprintf(stderr, "killed ps 1 (the new primary of group 0) %.1f s later\n", now_s() - t0);
+    for (int k = 0; k < NCLIENTS; k++) {
+        int st;
+        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    float want = -(float)(ROUNDS * 2) * (float)(NCLIENTS * (NCLIENTS + 1) / 2);
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, want);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    t0 = now_s();
+    bool same = false;
+    int pushes = 0;
+    while (!same && now_s() - t0 < 60) {
+        for (int k = 0; k < 20; k++, pushes++)
+            push_ok(c, v, g);
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t sum[NSERVERS], lsn[NSERVERS];
+            for (int s = 0; s < NSERVERS && same; s++)
+                same = group_checksum(s, grp, &sum[s], &lsn[s]) == 0 &&
+                       (s == 0 || (sum[s] == sum[0] && lsn[s] == lsn[0]));
+        }
+        if (!same)
+            usleep(200 * 1000);
+    }
+    fprintf(stderr,
+            "ps 0 and ps 1 rejoined: 3 identical copies of every group %.1f s after "
+            "their restart (%d pushes meanwhile)\n",
+            now_s() - t0, pushes);
+    assert_true(same);
+    check_all(c, v, want - (float)pushes);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
+/* A whole replicated cluster stopped and started again restores from the primaries'
+ * checkpoints; the backups copy their groups from the primaries at the first view. */
+static void test_whole_cluster_restart_restores(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    for (int k = 0; k < 50; k++)
+        push_ok(c, v, g);
+    ps_client_close(c);
+    assert_int_equal(test_cluster_stop(&tc), 0); /* SIGTERM: each writes a final checkpoint */
+    for (int i = 0; i < NSERVERS; i++)
+        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
+    c = open_client();
+    assert_non_null(c);
+    v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, -50.0f);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -60.0f);
+    /* Every group's copies agree (the backups copied and followed their primaries). */
+    bool same = false;
+    for (int tries = 0; tries < 50 && !same; tries++) {
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t a, b, la, lb;
+            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
+                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
+                   la == lb;
+        }
+        if (!same)
+            usleep(100 * 1000);
+    }
+    assert_true(same);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    self_bin = argv[0];
+    if (argc >= 7 && strcmp(argv[2], "--child") == 0) {
+        /* self SERVER_BIN --child REPLICAS ID ROUNDS SPEC: one client process */
+        client_replicas = argv[3];
+        snprintf(tc.spec, sizeof(tc.spec), "%s", argv[6]);
+        return client_main(atoi(argv[4]), atoi(argv[5]));
+    }
+    if (etcd_proc_binary() == NULL) {
+        fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
+                        "replicated clusters need one as their coordinator\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_kill_primary_exact_sums_then_rejoin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_three_replicas_kill_two_then_rejoin, setup3, teardown),
+        cmocka_unit_test_setup_teardown(test_whole_cluster_restart_restores, setup_ckpt,
+                                        teardown_ckpt),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,353 @@
+/* Integration: replica groups (replicas 2) on 3 real ps-server processes. Several client
+ * processes push integer gradients (SGD, lr 1, from zeros: values are minus the exact sums) to a
+ * split variable (every group) and a small one, some with Adam (optimizer slots); afterwards
+ * every group's primary and its backup copy hold bit-identical state (checksums over names,
+ * versions, values and slots, asked with REPLICATE). The view comes from a real etcd the
+ * test starts (skipped, exit 77, without one). Requests naming a group a server does not
+ * serve are refused naming the primary; BSP variables are refused with replicas > 1; a
+ * REPLICATE under a view epoch older than the server's is refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nng/nng.h>
+
+#include "cluster_proc.h"
+#include "etcd_proc.h"
+#include "ps_proc.h"
+#include "psclient.h"
+
+#define NSERVERS 3
+#define NCLIENTS 3
+#define ROUNDS 40
+#define BIG_N (200 * 1024) /* 800 KiB: split over the 3 servers */
+#define SMALL_N 16
+
+static const char *server_bin;
+static test_cluster tc;
+static etcd_proc etcd;
+
+static int setup(void **state)
+{
+    (void)state;
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    const char *extra[] = {"--replicas", "2", "--coordinator", etcd.endpoint, NULL};
+    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = test_cluster_stop(&tc);
+    etcd_proc_stop(&etcd);
+    return rc;
+}
+
+static ps_client *open_client(void)
+{
+    ps_config *cfg;
+    ps_client *c = NULL;
+    char tf[1200];
+    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    if (ps_config_create(&cfg) != PS_OK)
+        return NULL;
+    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
+        ps_config_set(cfg, "split-threshold-bytes", "64K") != PS_OK ||
+        ps_config_set(cfg, "chunk-bytes", "64K") != PS_OK ||
+        ps_config_set(cfg, "deadline-ms", "20000") != PS_OK)
+        fprintf(stderr, "config: %s\n", ps_last_error());
+    else if (ps_client_open(&c, cfg) != PS_OK)
+        fprintf(stderr, "open: %s\n", ps_last_error());
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static float grad(int client, int round, size_t i)
+{
+    return (float)((client + 1) * ((int)((i + (size_t)round) % 7) + 1));
+}
+
+static int client_main(int id, const void *arg)
+{
+    (void)arg;
+    ps_client *c = open_client();
+    if (c == NULL)
+        return 10;
+    ps_var_spec s;
+    ps_var *big, *small, *adam;
+    ps_var_spec_init(&s, "rep/big");
+    s.ndims = 1;
+    s.dims[0] = BIG_N;
+    s.learning_rate = 1.0;
+    if (ps_var_create(c, &s, &big) != PS_OK)
+        return 11;
+    ps_var_spec_init(&s, "rep/small");
+    s.ndims = 1;
+    s.dims[0] = SMALL_N;
+    s.learning_rate = 1.0;
+    if (ps_var_create(c, &s, &small) != PS_OK)
+        return 12;
+    ps_var_spec_init(&s, "rep/adam");
+    s.ndims = 1;
+    s.dims[0] = 4096;
+    s.optimizer = PS_OPT_ADAM;
+    s.learning_rate = 0.01;
+    if (ps_var_create(c, &s, &adam) != PS_OK) {
+        fprintf(stderr, "client %d create adam: %s\n", id, ps_last_error());
+        return 13;
+    }
+    float *g = malloc(BIG_N * sizeof(float));
+    float sg[SMALL_N], ag[4096];
+    for (int r = 0; r < ROUNDS; r++) {
+        for (size_t i = 0; i < BIG_N; i++)
+            g[i] = grad(id, r, i);
+        for (int i = 0; i < SMALL_N; i++)
+            sg[i] = (float)(id + 1);
+        for (int i = 0; i < 4096; i++)
+            ag[i] = 0.001f * (float)((i * (id + 3) + r) % 13) - 0.006f;
+        if (ps_push(c, big, g) != PS_OK || ps_push(c, small, sg) != PS_OK ||
+            ps_push(c, adam, ag) != PS_OK) {
+            fprintf(stderr, "client %d push: %s\n", id, ps_last_error());
+            free(g);
+            return 14;
+        }
+    }
+    free(g);
+    ps_client_close(c);
+    return 0;
+}
+
+/* REPLICATE with checksum set, to server `server` about group `group`: returns the status and
+ * the reply's fields. */
+static int group_checksum(int server, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
+                          uint64_t *lsn)
+{
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = group;
+    rq.epoch = epoch;
+    rq.checksum = true;
+    uint8_t body[64];
+    size_t blen = psd__v1__replicate_request__pack(&rq, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = blen;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st == 0) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        assert_non_null(r);
+        *sum = r->checksum;
+        *vars = r->variables;
+        *lsn = r->applied_lsn;
+        psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
+static void test_exact_sums_and_identical_replicas(void **state)
+{
+    (void)state;
+    test_fork_clients(NCLIENTS, client_main, NULL);
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *big, *small;
+    assert_int_equal(ps_var_lookup(c, "rep/big", &big), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "rep/small", &small), PS_OK);
+    assert_int_equal(ps_var_num_shards(big), NSERVERS);
+    float *w = malloc(BIG_N * sizeof(float));
+    assert_int_equal(ps_pull(c, big, w), PS_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < BIG_N; i++) {
+        float expect = 0;
+        for (int k = 0; k < NCLIENTS; k++)
+            for (int r = 0; r < ROUNDS; r++)
+                expect -= grad(k, r, i);
+        if (w[i] != expect && wrong++ < 5)
+            fprintf(stderr, "big[%zu] = %g, expected %g\n", i, w[i], expect);
+    }
+    assert_int_equal(wrong, 0);
+    float sv[SMALL_N];
+    assert_int_equal(ps_pull(c, small, sv), PS_OK);
+    for (int i = 0; i < SMALL_N; i++)
+        assert_true(sv[i] == -(float)(ROUNDS * (1 + 2 + 3)));
+    free(w);
+    ps_client_close(c);
+    /* Every group: its primary (server g) and its backup (server g + 1) hold the same state.
+     * Every push was acknowledged only after the backup applied it, so nothing is in flight. */
+    for (uint32_t g = 0; g < NSERVERS; g++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
+        uint32_t v0 = 0, v1 = 0;
+        assert_int_equal(group_checksum((int)g, g, 0, &s0, &v0, &l0), 0);
+        assert_int_equal(group_checksum((int)((g + 1) % NSERVERS), g, 0, &s1, &v1, &l1), 0);
+        fprintf(stderr,
+                "group %u: primary %016llx (%u variables, lsn %llu), backup %016llx "
+                "(%u variables, lsn %llu)\n",
+                g, (unsigned long long)s0, v0, (unsigned long long)l0, (unsigned long long)s1, v1,
+                (unsigned long long)l1);
+        assert_true(v0 >= 1);
+        assert_int_equal(v0, v1);
+        assert_true(l0 > (uint64_t)ROUNDS);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+        /* Server g + 2 holds no copy of group g. */
+        uint64_t s2;
+        uint32_t v2;
+        uint64_t l2;
+        assert_int_equal(group_checksum((int)((g + 2) % NSERVERS), g, 0, &s2, &v2, &l2),
+                         PS_FAILED_PRECONDITION);
+    }
+}
+
+/* A pull naming group 0 at its backup (server 1) is refused, naming server 0 as the primary;
+ * one at a server that holds no copy too. */
+static void test_not_primary_names_primary(void **state)
+{
+    (void)state;
+    Psd__V1__PullRequest rq = PSD__V1__PULL_REQUEST__INIT;
+    rq.name = "rep/small";
+    uint8_t body[64];
+    size_t blen = psd__v1__pull_request__pack(&rq, body);
+    for (int server = 1; server <= 2; server++) {
+        Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+        t.dtype = PSD__V1__DTYPE__FLOAT32;
+        t.count = 1;
+        envelope env = PSD__V1__ENVELOPE__INIT;
+        env.method = PSD__V1__METHOD__PULL;
+        env.body.data = body;
+        env.body.len = blen;
+        env.tensor = &t;
+        env.group = 1 + 0;
+        frame f;
+        nng_msg *m;
+        int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+        assert_int_equal(st, PS_FAILED_PRECONDITION);
+        fprintf(stderr, "server %d: %s\n", server, f.env->message);
+        assert_int_equal(f.env->primary, 1 + 0);
+        assert_true(f.env->epoch >= 1);
+        assert_non_null(strstr(f.env->message, "primary is server 0"));
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    /* A group past the cluster's: a clear INVALID_ARGUMENT. */
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 1;
+    env.method = PSD__V1__METHOD__PULL;
+    env.body.data = body;
+    env.body.len = blen;
+    env.tensor = &t;
+    env.group = 1 + 7;
+    frame f;
+    nng_msg *m;
+    assert_int_equal(test_raw_call(tc.ports[0], &env, NULL, 0, &f, &m), PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(f.env->message, "group 7 does not exist"));
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
+/* REPLICATE requests that do not add up are refused with a message naming what is wrong. */
+static void test_replicate_bad_input(void **state)
+{
+    (void)state;
+    uint64_t lens[1] = {10};
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = 0;
+    rq.epoch = 1000; /* not older than the server's */
+    rq.first_lsn = 1;
+    rq.n_op_len = 1;
+    rq.op_len = lens;
+    uint8_t body[64], seg[8] = {0};
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 2;
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    env.tensor = &t;
+    frame f;
+    nng_msg *m;
+    /* Server 1 holds the backup of group 0: an operation longer than the segment. */
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_INVALID_ARGUMENT);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_non_null(strstr(f.env->message, "operation 0 has length 10"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* Lengths that do not fill the segment. */
+    lens[0] = 4;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_INVALID_ARGUMENT);
+    assert_non_null(strstr(f.env->message, "in a segment of 8 bytes"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* An epoch older than the server's view. */
+    rq.epoch = 0;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_FAILED_PRECONDITION);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_non_null(strstr(f.env->message, "under view epoch 0 refused"));
+    assert_int_equal(f.env->primary, 1 + 0);
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* The primary itself refuses a stream of its own group, even under a newer epoch. */
+    rq.epoch = 1000;
+    lens[0] = 8;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    int st = test_raw_call(tc.ports[0], &env, seg, sizeof(seg), &f, &m);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_int_equal(st, PS_FAILED_PRECONDITION);
+    assert_non_null(strstr(f.env->message, "this server is its primary"));
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
+static void test_bsp_refused(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var_spec s;
+    ps_var_spec_init(&s, "rep/bsp");
+    s.ndims = 1;
+    s.dims[0] = 4;
+    s.staleness = 0;
+    ps_var *v;
+    assert_int_equal(ps_var_create(c, &s, &v), PS_FAILED_PRECONDITION);
+    assert_non_null(strstr(ps_last_error(), "not supported with replicas"));
+    ps_client_close(c);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    if (etcd_proc_binary() == NULL) {
+        fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
+                        "replicated clusters need one as their coordinator\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exact_sums_and_identical_replicas),
+        cmocka_unit_test(test_not_primary_names_primary),
+        cmocka_unit_test(test_replicate_bad_input),
+        cmocka_unit_test(test_bsp_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
