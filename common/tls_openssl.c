@@ -116,7 +116,9 @@ static int bio_create(BIO *b)
 /* ---- errors ---- */
 
 /* The nng error for a failed SSL call (rc its return value); clears the thread's OpenSSL
- * error queue, which nng's threads share between connections. */
+ * error queue, which nng's threads share between connections. SSL_get_error reads that queue,
+ * so every SSL call here starts with it empty (the calling thread may be the host program's,
+ * with errors of its own OpenSSL use). */
 static int ssl_error(nng_tls_engine_conn *ec, int rc)
 {
     int e = SSL_get_error(ec->ssl, rc), rv;
@@ -205,6 +207,7 @@ static void conn_close(nng_tls_engine_conn *ec)
 
 static int conn_handshake(nng_tls_engine_conn *ec)
 {
+    ERR_clear_error();
     int rc = SSL_do_handshake(ec->ssl);
     return rc == 1 ? 0 : ssl_error(ec, rc);
 }
@@ -219,6 +222,7 @@ static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
         ec->pending_err = 0;
         return rv;
     }
+    ERR_clear_error();
     while (total < *szp) {
         if (SSL_read_ex(ec->ssl, buf + total, *szp - total, &n) == 1) {
             total += n;
@@ -241,6 +245,7 @@ static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
 static int conn_send(nng_tls_engine_conn *ec, const uint8_t *buf, size_t *szp)
 {
     size_t n;
+    ERR_clear_error();
     if (SSL_write_ex(ec->ssl, buf, *szp, &n) != 1)
         return ssl_error(ec, 0);
     *szp = n;

@@ -359,6 +359,10 @@ typedef struct {
 static void *send_run(void *arg)
 {
     send_job *j = arg;
+    /* The sending thread stands for a host program's thread with an OpenSSL error of its own
+     * queued: the engine must not take it for its own (nng runs the first write on the
+     * caller's thread). */
+    ERR_raise(ERR_LIB_USER, 42);
     j->rv = stream_send_all(j->s, j->buf, j->n);
     return NULL;
 }
