@@ -1,9 +1,9 @@
 /* An nng TLS engine over OpenSSL 3 (nng/supplemental/tls/engine.h): nng keeps the TCP stream,
- * its 16 KiB send and receive buffers and the framing; OpenSSL does the handshake and the
- * records through a BIO whose reads and writes are nng_tls_engine_recv/_send. Same contract
- * as nng's own mbed TLS engine: a client verifies the server by default, a server does not
- * ask for a client certificate unless told; authentication OPTIONAL completes the handshake
- * whatever the peer presented and reports through `verified` whether its certificate was
+ * its send and receive buffers (64 KiB with deploy/nng/patches/0003) and the framing; OpenSSL does
+ * the handshake and the records through a BIO whose reads and writes are nng_tls_engine_recv/_send.
+ * Same contract as nng's own mbed TLS engine: a client verifies the server by default, a server
+ * does not ask for a client certificate unless told; authentication OPTIONAL completes the
+ * handshake whatever the peer presented and reports through `verified` whether its certificate was
  * verified (rpc_server closes such connections itself, to log them). */
 #include "tls_openssl.h"
 
@@ -28,8 +28,8 @@
 
 /* TLS 1.2 suites: ECDHE with an AEAD only (forward secrecy, no CBC), AES-GCM first when the
  * CPU has AES instructions, else ChaCha20-Poly1305 first (faster in software). TLS 1.3:
- * likewise, AES-128 before AES-256 (10 rounds against 14; the same 128-bit security level
- * for this use). The server's order wins (SSL_OP_CIPHER_SERVER_PREFERENCE). */
+ * likewise, AES-128 before AES-256 (10 rounds against 14). The server's order wins
+ * (SSL_OP_CIPHER_SERVER_PREFERENCE). */
 #define TLS12_AES                                                                                  \
     "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"                                   \
     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384"
