@@ -170,6 +170,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
         .cert = opt_str(o, OPT_TLS_CERT),
         .key = opt_str(o, OPT_TLS_KEY),
         .server_name = opt_str(o, OPT_TLS_SERVER_NAME),
+        .engine = opt_enum(o, OPT_TLS_ENGINE),
     };
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "status.h"
 #include "timeutil.h"
+#include "tls.h"
 
 /* A call without a reply this long is logged, and again at the interval while it waits. */
 #define WATCH_FIRST_NS 2000000000ull
@@ -202,12 +203,10 @@ int rpc_tls_config(nng_tls_config **out, const rpc_tls *t, bool server, char *er
 {
     nng_tls_config *cfg = NULL;
     char *cert = NULL, *key = NULL;
-    int rv = nng_tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT);
-    if (rv != 0) {
-        snprintf(err, errlen, "cannot set up TLS: %s (is nng built with TLS support?)",
-                 nng_strerror(rv));
+    int rv;
+    if (tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT, t->engine, err,
+                         errlen) != 0)
         return -1;
-    }
     if ((rv = nng_tls_config_ca_file(cfg, t->ca)) != 0) {
         snprintf(err, errlen, "tls-ca %s: cannot load a PEM CA certificate from it: %s", t->ca,
                  nng_strerror(rv));

@@ -37,6 +37,7 @@ typedef struct rpc_tls {
     const char *cert, *key;  /* PEM files of this end's certificate and unencrypted key */
     const char *server_name; /* clients: name the server's certificate must carry; NULL or
                                 "": the host of the URL */
+    const char *engine;      /* "openssl" or "mbed"; NULL or "": openssl (tls.h) */
 } rpc_tls;
 
 static inline bool rpc_tls_on(const rpc_tls *t)

@@ -35,7 +35,7 @@ done
 
 packages=(
   build-essential meson ninja-build pkg-config cmake
-  libnng-dev libmbedtls-dev libprotobuf-c-dev protobuf-c-compiler
+  libnng-dev libmbedtls-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler
   libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev
   dataset-fashion-mnist
   iproute2 iptables openssl

@@ -23,6 +23,7 @@
 #include "server.h"
 #include "timeutil.h"
 #include "view_agent.h"
+#include "tls.h"
 
 /* /metrics of the state that lives in the server's structures (metrics.h collector). */
 static void server_collect(metrics_out *out, void *arg)
@@ -202,6 +203,7 @@ int main(int argc, char **argv)
         .ca = opt_str(prog.opts, OPT_TLS_CA),
         .cert = opt_str(prog.opts, OPT_TLS_CERT),
         .key = opt_str(prog.opts, OPT_TLS_KEY),
+        .engine = opt_enum(prog.opts, OPT_TLS_ENGINE),
     };
     if (listen && listen[0]) {
         snprintf(plain, sizeof(plain), "%s", listen);
@@ -528,9 +530,13 @@ int main(int argc, char **argv)
         if ((server_methods[i].flags & RPC_ADMIN) && len < sizeof(admin_names))
             len += (size_t)snprintf(admin_names + len, sizeof(admin_names) - len, "%s%s",
                                     len ? ", " : "", server_methods[i].name);
+    char tls_line[200];
+    snprintf(tls_line, sizeof(tls_line),
+             "mutual TLS (peers need a certificate signed by tls-ca; tls-engine %s, %s)",
+             tls.engine, tls_engine_describe(tls.engine));
     log_info("security: %s; admin methods (%s) %s",
              rpc_tls_on(&tls)
-                 ? "mutual TLS (peers need a certificate signed by tls-ca)"
+                 ? tls_line
                  : "plain TCP, no TLS (set tls-ca, tls-cert and tls-key to turn it on)",
              admin_names,
              admin_token[0] ? "need the admin token of admin-token-file"

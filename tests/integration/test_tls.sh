@@ -115,6 +115,9 @@ admin=("${tls_common[@]}" tls-cert=admin.pem tls-key=admin.key admin-token-file=
 start_server tls.log --tls-ca ca.pem --tls-cert server.pem --tls-key server.key \
     --admin-token-file admin.token
 grep -q "security: mutual TLS" tls.log || fail "ps-server does not say TLS is on"
+# PS_TLS_ENGINE (tls-engine) picks the engine of ps-server, ps-worker and the client.
+[ -z "${PS_TLS_ENGINE:-}" ] || grep -q "tls-engine $PS_TLS_ENGINE" tls.log ||
+    fail "ps-server does not use tls-engine $PS_TLS_ENGINE: $(grep security: tls.log)"
 # Connections that fail before the TLS handshake completes cost the server nothing: the next
 # client is served. A ClientHello, a FIN and a reset within 2 ms (when the reset comes between
 # the server's read of the hello and its reply, the reply fails with EPIPE, and Debian's nng

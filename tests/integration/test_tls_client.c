@@ -60,6 +60,10 @@ int main(int argc, char **argv)
     ps_config *cfg;
     if (ps_config_create(&cfg) != PS_OK)
         return report(PS_RESOURCE_EXHAUSTED);
+    /* The TLS engine under test (tests/meson.build runs the test once per engine). */
+    const char *engine = getenv("PS_TLS_ENGINE");
+    if (engine != NULL && engine[0] != '\0' && ps_config_set(cfg, "tls-engine", engine) != PS_OK)
+        return report(PS_INVALID_ARGUMENT);
     for (int i = 2; i < argc; i++) {
         char *eq = strchr(argv[i], '=');
         if (eq == NULL) {
