@@ -497,19 +497,25 @@ static uint64_t table_payload_len(const server_table_copy *t)
     return 4 + t->spec_len + 16 + t->rows * (16 + 4 * (uint64_t)t->row_floats);
 }
 
+/* A partition's rows: id, update time, then the row's floats, each. */
+static int write_rows(writer *w, const table_rows *r)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (w_u64(w, (uint64_t)r->ids[i]) || w_u64(w, (uint64_t)r->updated_ms[i]) ||
+            w_put(w, r->floats + i * r->row_floats, (size_t)r->row_floats * 4))
+            return -1;
+    return 0;
+}
+
 static int write_table(writer *w, const server_table_copy *t)
 {
     if (w_rec_begin(w, CKPT_REC_TABLE, table_payload_len(t)) || w_u32(w, (uint32_t)t->spec_len) ||
         w_put(w, t->spec, t->spec_len) || w_u32(w, t->row_floats) || w_u32(w, 0) ||
         w_u64(w, t->rows))
         return -1;
-    for (uint32_t p = 0; p < t->nparts; p++) {
-        const table_rows *r = &t->parts[p];
-        for (size_t i = 0; i < r->n; i++)
-            if (w_u64(w, (uint64_t)r->ids[i]) || w_u64(w, (uint64_t)r->updated_ms[i]) ||
-                w_put(w, r->floats + i * r->row_floats, (size_t)r->row_floats * 4))
-                return -1;
-    }
+    for (uint32_t p = 0; p < t->nparts; p++)
+        if (write_rows(w, &t->parts[p]))
+            return -1;
     return w_rec_end(w);
 }
 
@@ -532,12 +538,9 @@ static int write_table_delta(writer *w, const server_table_copy *t)
     for (uint32_t p = 0; p < t->nparts; p++) {
         const table_rows *r = &t->parts[p];
         if (w_u32(w, r->full ? CKPT_PART_WHOLE : 0) || w_u32(w, 0) || w_u64(w, r->nremoved) ||
-            w_u64(w, r->n) || (r->nremoved && w_put(w, r->removed, r->nremoved * 8)))
+            w_u64(w, r->n) || (r->nremoved && w_put(w, r->removed, r->nremoved * 8)) ||
+            write_rows(w, r))
             return -1;
-        for (size_t i = 0; i < r->n; i++)
-            if (w_u64(w, (uint64_t)r->ids[i]) || w_u64(w, (uint64_t)r->updated_ms[i]) ||
-                w_put(w, r->floats + i * r->row_floats, (size_t)r->row_floats * 4))
-                return -1;
     }
     return w_rec_end(w);
 }

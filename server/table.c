@@ -935,6 +935,15 @@ void table_rows_free(table_rows *rows)
     memset(rows, 0, sizeof(*rows));
 }
 
+/* Room for n rows of t in out (ids, update times, floats). Returns 0 or -1 (memory). */
+static int rows_alloc(const table *t, table_rows *out, size_t n)
+{
+    out->ids = malloc(n * sizeof(*out->ids));
+    out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+    out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+    return out->ids == NULL || out->updated_ms == NULL || out->floats == NULL ? -1 : 0;
+}
+
 /* Copies every row of p (oldest update first, so that inserting them in order rebuilds the
  * LRU order) into out. Returns 0 or -1 (memory). */
 static int copy_all(table *t, partition *p, table_rows *out)
@@ -943,10 +952,7 @@ static int copy_all(table *t, partition *p, table_rows *out)
     out->full = true;
     if (n == 0)
         return 0;
-    out->ids = malloc(n * sizeof(*out->ids));
-    out->updated_ms = malloc(n * sizeof(*out->updated_ms));
-    out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
-    if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+    if (rows_alloc(t, out, n) != 0)
         return -1;
     size_t i = 0;
     for (uint32_t s1 = p->lru_tail; s1 != 0 && i < n; s1 = row_at(t, p, s1 - 1)->prev, i++) {
@@ -967,10 +973,7 @@ static int copy_changed(table *t, partition *p, table_rows *out)
     size_t n = p->ndirty;
     out->full = false;
     if (n > 0) {
-        out->ids = malloc(n * sizeof(*out->ids));
-        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
-        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
-        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+        if (rows_alloc(t, out, n) != 0)
             return -1;
         size_t i = n;
         for (uint32_t s1 = p->lru_head; s1 != 0 && i > 0; s1 = row_at(t, p, s1 - 1)->next) {
@@ -1043,10 +1046,7 @@ static int raw_rows(const table *t, raw_part *raw, table_rows *out)
     uint32_t mask = (1u << t->slab_shift) - 1;
     out->full = true;
     if (n > 0) {
-        out->ids = malloc(n * sizeof(*out->ids));
-        out->updated_ms = malloc(n * sizeof(*out->updated_ms));
-        out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
-        if (out->ids == NULL || out->updated_ms == NULL || out->floats == NULL)
+        if (rows_alloc(t, out, n) != 0)
             return -1;
     }
     size_t i = 0;

@@ -298,23 +298,28 @@ static int on_grad(model *m, int i, void *arg)
     return 0;
 }
 
+int train_wait_param_ops(model *m, ps_op **ops, int n, const char *what)
+{
+    int rc = PS_OK;
+    for (int i = 0; i < n; i++) {
+        if (ops[i] == NULL)
+            continue;
+        int st = ps_op_wait(ops[i]);
+        if (st != PS_OK && rc == PS_OK) {
+            log_error("%s %s: %s: %s", what, model_get_param(m, i)->name, ps_strerror(st),
+                      ps_op_message(ops[i]));
+            rc = st;
+        }
+        ps_op_destroy(ops[i]);
+        ops[i] = NULL;
+    }
+    return rc;
+}
+
 /* Waits for every push started this step; returns the first failure. */
 static int wait_pushes(trainer *t)
 {
-    int rc = PS_OK;
-    for (int i = 0; i < model_num_params(t->m); i++) {
-        if (t->ops[i] == NULL)
-            continue;
-        int st = ps_op_wait(t->ops[i]);
-        if (st != PS_OK && rc == PS_OK) {
-            log_error("push %s: %s: %s", model_get_param(t->m, i)->name, ps_strerror(st),
-                      ps_op_message(t->ops[i]));
-            rc = st;
-        }
-        ps_op_destroy(t->ops[i]);
-        t->ops[i] = NULL;
-    }
-    return rc;
+    return train_wait_param_ops(t->m, t->ops, model_num_params(t->m), "push");
 }
 
 /* The step's traffic in one request per server: every gradient, the clock, and (unless it is

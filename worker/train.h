@@ -85,6 +85,10 @@ extern volatile int train_stop_signal;
  * other workers, evaluates on `test` and prints the final line
  * "test_accuracy=..." on stdout, and saves the model if asked. Logs progress.
  * Returns a TRAIN_EXIT_* code (errors logged). */
+/* Waits for the operations ops[0..n) of parameters 0..n-1 (NULL ones skipped), destroys them
+ * and clears the slots; returns the first failure, logged as "WHAT PARAM: status: message". */
+int train_wait_param_ops(model *m, ps_op **ops, int n, const char *what);
+
 int train_run(ps_client *client, backend *be, const train_config *cfg, const dataset *train,
               const dataset *test, train_result *res);
 

@@ -107,20 +107,7 @@ static int create_cluster_state(emb_trainer *t)
 /* Waits for every op in ops[0..n) and frees them; returns the first failure (logged). */
 static int wait_ops(emb_trainer *t, int n, const char *what)
 {
-    int rc = PS_OK;
-    for (int i = 0; i < n; i++) {
-        if (t->ops[i] == NULL)
-            continue;
-        int st = ps_op_wait(t->ops[i]);
-        if (st != PS_OK && rc == PS_OK) {
-            log_error("%s %s: %s: %s", what, model_get_param(t->m, i)->name, ps_strerror(st),
-                      ps_op_message(t->ops[i]));
-            rc = st;
-        }
-        ps_op_destroy(t->ops[i]);
-        t->ops[i] = NULL;
-    }
-    return rc;
+    return train_wait_param_ops(t->m, t->ops, n, what);
 }
 
 /* Pulls every dense variable and the rows of the batch's distinct ids, at once. */
