@@ -1498,7 +1498,7 @@ static void set_view_without_self(const view *v, bool force)
             w.primary[g] = -1;
     if (force) {
         pthread_mutex_lock(&node.vlock);
-        if (w.epoch == node.cur.epoch)
+        if (w.epoch == node.cur.epoch && w.epoch > 0)
             node.cur.epoch--; /* the same epoch again, this time without this server */
         pthread_mutex_unlock(&node.vlock);
     }
@@ -1522,7 +1522,15 @@ void replica_on_view_event(void *arg, view_event ev, const view *v)
         else
             replica_set_view(v);
         break;
-    case VIEW_EVENT_LEASE_LOST:
+    case VIEW_EVENT_LEASE_LOST: {
+        /* Before the first view nothing was served or acknowledged: nothing to rejoin. */
+        pthread_mutex_lock(&node.vlock);
+        bool first = node.cur.epoch == 0;
+        pthread_mutex_unlock(&node.vlock);
+        if (first) {
+            log_warn("lease lost before the first view: nothing was served; registering again");
+            break;
+        }
         log_warn("lease lost: serving no group until this server has rejoined");
         for (uint32_t g = 0; g < node.cfg.num_servers; g++) {
             if (node.groups[g] == NULL)
@@ -1533,6 +1541,7 @@ void replica_on_view_event(void *arg, view_event ev, const view *v)
         }
         set_view_without_self(v, true);
         break;
+    }
     case VIEW_EVENT_LEASE_UNCERTAIN:
         log_warn("lease not renewed in time: groups without a live backup acknowledge nothing "
                  "until it is");

@@ -159,6 +159,10 @@ echo "plain: $((SECONDS - start)) s from up to down"
 # ---- replicated: compose.replicated.yaml added, the etcd service from our etcd image -------
 project="psdtestr$$"
 files+=(-f "$SRC/deploy/compose.replicated.yaml")
+# The servers' shared admin token (they replicate with admin calls), readable by the image's user.
+head -c 24 /dev/urandom | base64 >"$tmp/admin-token"
+chmod 644 "$tmp/admin-token"
+export PSD_ADMIN_TOKEN_FILE="$tmp/admin-token"
 start=$SECONDS
 compose up -d >"$tmp/up.log" 2>&1 || { cat "$tmp/up.log" >&2; fail "replicated: podman-compose up failed"; }
 etcd=$(name etcd)
@@ -183,6 +187,7 @@ for c in "$ps0" "$ps1"; do
     grep_log "$c" "registered in etcd http://etcd:2379" &&
         grep_log "$c" "view epoch [0-9]*, primaries \[0 1\], live \[0 1\]" ||
         { show_logs; fail "replicated: $c did not register in etcd and see both servers live"; }
+    grep_log "$c" "refused Replicate" && { show_logs; fail "replicated: $c refused replication"; }
 done
 acc=$(pm logs "$w0" 2>&1 | sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' | tail -n 1)
 [ -n "$acc" ] || { show_logs; fail "replicated: no test_accuracy= line from worker 0"; }

@@ -19,6 +19,7 @@ check() { # name expected-exit expected-text command...
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 two='{"ps":["127.0.0.1:1","127.0.0.1:2"]}'
 check no-coordinator 2 "replicas 2 needs a coordinator" "$bin" --cluster "$two" --task ps:0 --replicas 2
+check remote-no-token 2 "cluster.ps\[1\] (10.0.0.2:2222) is not on loopback: set admin-token-file" "$bin" --cluster '{"ps":["127.0.0.1:2222","10.0.0.2:2222"]}' --task ps:0 --replicas 2 --coordinator http://127.0.0.1:1
 check too-many-replicas 2 "needs that many distinct servers" "$bin" --cluster "$two" --task ps:0 --replicas 3 --coordinator http://127.0.0.1:1
 check https-coordinator 2 "https is not supported" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator https://127.0.0.1:1
 check bad-coordinator 2 "expected http://host:port" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator http://127.0.0.1
@@ -124,4 +125,42 @@ check psctl-view-etcd-down 1 "127.0.0.1:$cp: cannot connect" "$psctl" --cluster 
 kill -TERM $pid0
 wait $pid0; rc=$?
 [ $rc -eq 0 ] && echo "ok   SIGTERM exits 0" || { echo "FAIL SIGTERM: exit $rc"; fail=1; }
+
+# A lease lost before the first view (a server stalled while it waits for the others): it
+# registers again and serves its groups once the view forms (it used to refuse every view).
+cp=$(port); pp=$(port)
+"$etcd" --data-dir "$shm/etcd2" --listen-client-urls "http://127.0.0.1:$cp" \
+  --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+  --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd2.log" 2>&1 &
+pids+=($!)
+coord="http://127.0.0.1:$cp"
+for _ in $(seq 100); do
+  /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
+  sleep 0.1
+done
+p0=$(port); p1=$(port)
+spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"
+: >"$tmp/ps0.log"; : >"$tmp/ps1.log"
+start 0
+pid0=${pids[-1]}
+if wait_log "$tmp/ps0.log" "the first view waits for every server" 10; then
+  kill -STOP $pid0; sleep 4; kill -CONT $pid0
+  start 1
+  pid1=${pids[-1]}
+  if wait_log "$tmp/ps0.log" "lease lost before the first view" 10 &&
+     wait_log "$tmp/ps0.log" "view epoch 1, primaries \[0 1\], live \[0 1\]" 20; then
+    out=$(timeout 30 "$psctl" --cluster "$spec" --replicas 2 --coordinator "$coord" dump nosuch "$tmp/x.bin" 2>&1)
+    if grep -q 'NOT_FOUND' <<<"$out"; then
+      echo "ok   lease lost before the first view: served once the view formed"
+    else
+      echo "FAIL lease lost before the first view: a pull of a missing variable said: $out"; fail=1
+    fi
+  else
+    echo "FAIL lease lost before the first view: no view"; cat "$tmp/ps0.log"; fail=1
+  fi
+  kill -TERM $pid0 $pid1 2>/dev/null
+else
+  echo "FAIL server 0 alone did not wait for the first view"; cat "$tmp/ps0.log"; fail=1
+fi
 exit $fail

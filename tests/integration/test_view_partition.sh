@@ -45,9 +45,12 @@ spec="{\"ps\":[\"$(netns_addr 1):2222\",\"$(netns_addr 2):2222\",\"$(netns_addr 
     --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster default=http://127.0.0.1:2380) >"$tmp/etcd.log" 2>&1 &
 pids+=($!)
+# Servers on separate addresses replicate with admin calls: one token for all of them.
+echo "partition-test-token" >"$tmp/token"
 for i in 0 1 2; do
     (netns_exec $((i + 1)) "$PS_SERVER" --cluster "$spec" --task "ps:$i" --replicas 2 \
-        --coordinator "$coord" --log-format text) 2>"$tmp/ps$i.log" &
+        --coordinator "$coord" --admin-token-file "$tmp/token" --log-format text) \
+        2>"$tmp/ps$i.log" &
     pids+=($!)
 done
 for i in 0 1 2; do
