@@ -77,3 +77,7 @@ wait_for "$client" 60 || fail "the client failed (exit $?): $(cat "$tmp/client.l
 echo "ok   the client's pushes all acknowledged"
 out=$("$PUSHER" check "$spec" ll/v group1 "$tmp/hist" 2>&1) || fail "check: $out"
 echo "ok   $out"
+kill -TERM "$ps0" "$ps1"
+wait_for "$ps0" 20 || fail "ps 0: exit $? on SIGTERM"
+wait_for "$ps1" 20 || fail "ps 1: exit $? on SIGTERM"
+echo "ok   both servers exit 0 on SIGTERM"

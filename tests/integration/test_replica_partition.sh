@@ -138,4 +138,6 @@ out=$( (netns_exec 4 "$PUSHER" check "$spec" part/iso group1 "$tmp/histiso") 2>&
     fail "check: $out"
 echo "ok   $out"
 for i in 0 1 2; do kill -0 "${ps[$i]}" 2>/dev/null || fail "ps $i died"; done
-echo "ok   every server still runs"
+for i in 0 1 2; do kill -TERM "${ps[$i]}"; done
+for i in 0 1 2; do wait_for "${ps[$i]}" 20 || fail "ps $i: exit $? on SIGTERM"; done
+echo "ok   every server still ran, and exits 0 on SIGTERM"
