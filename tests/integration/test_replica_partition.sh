@@ -11,6 +11,9 @@
 #     clients on their side are acknowledged again before the heal;
 #   - once the cable is back, server 1 learns its lease is gone and rejoins (a view with it
 #     live again), the isolated client's held push is acknowledged by the new primary;
+#   - then ps 2, primary of groups 1 and 2 by then, loses etcd only (iptables DROP): the others
+#     take its groups over and refuse its stream, every client is acknowledged again, ps 2
+#     rejoins once etcd is reachable;
 #   - no split brain: every acknowledged push of every client is in the final values exactly
 #     once, in every group part.
 #
@@ -79,7 +82,7 @@ echo "ok   first view on every server"
 clients=()
 hist=()
 for k in 0 1 2; do
-    (netns_exec 4 "$PUSHER" push "$spec" part/v split $k 1300 "$tmp/hist$k" "$tmp/stop" 10) \
+    (netns_exec 4 "$PUSHER" push "$spec" part/v split $k 1300 "$tmp/hist$k" "$tmp/stop" 20) \
         2>"$tmp/client$k.log" &
     clients+=($!)
     pids+=($!)
@@ -126,6 +129,37 @@ sleep 1
 n=$(acks_between "$t_heal" "$(now_ms)" "$tmp/histiso")
 [ "$n" -gt 0 ] || fail "isolated client: nothing acknowledged after the heal"
 echo "ok   isolated client: $n pushes acknowledged after the heal (group 1 now on ps 2)"
+
+# Second cut: ps 2 (primary of groups 1 and 2 now, host 3) loses etcd only (iptables DROP both
+# ways), still reaching its backups and the clients. Its lease expires, ps 0 and ps 1 take its
+# groups over (epoch 4) and from then on refuse its stream (an older epoch): what it
+# acknowledged before, its backups had applied; it acknowledges nothing after.
+t_cut2=$(now_ms)
+ip netns exec "$NETNS_PREFIX-h3" iptables -A INPUT -s "$E" -j DROP &&
+    ip netns exec "$NETNS_PREFIX-h3" iptables -A OUTPUT -d "$E" -j DROP ||
+    fail "iptables: cannot cut ps 2 from etcd"
+echo "     ps 2 cut from etcd only"
+wait_log "$tmp/ps0.log" "view epoch 4, primaries \[0 1 0\], live \[0 1\]" 10 ||
+    fail "ps 0: no view without ps 2"
+t_fo2=$(now_ms)
+echo "ok   ps 0 and ps 1 took groups 1 and 2 over (epoch 4) $((t_fo2 - t_cut2)) ms after ps 2 lost etcd"
+wait_log "$tmp/ps2.log" "streaming to backup .* refused: this server is at epoch 4" 5 ||
+    fail "ps 2's backups do not refuse its stream"
+sleep 3
+t=$(now_ms)
+for k in 0 1 2; do
+    n=$(acks_between "$t_fo2" "$t" "${hist[$k]}")
+    [ "$n" -gt 0 ] || fail "client $k: nothing acknowledged after ps 2 was replaced"
+done
+n=$(acks_between "$t_fo2" "$t" "$tmp/histiso")
+[ "$n" -gt 0 ] || fail "isolated client: nothing acknowledged after ps 2 was replaced"
+echo "ok   every client acknowledged again after ps 2 was replaced ($(acks_between "$t_fo2" "$t" "${hist[@]}" "$tmp/histiso") pushes)"
+ip netns exec "$NETNS_PREFIX-h3" iptables -F INPUT
+ip netns exec "$NETNS_PREFIX-h3" iptables -F OUTPUT
+wait_log "$tmp/ps2.log" "lease lost" 10 || fail "ps 2 did not learn that its lease is gone"
+wait_log "$tmp/ps0.log" "view epoch 5, primaries \[0 1 0\], live \[0 1 2\]" 30 ||
+    fail "ps 2 did not rejoin (no view with it live)"
+echo "ok   ps 2 rejoined: view epoch 5 with it live"
 touch "$tmp/stop"
 for k in 0 1 2; do
     wait_for "${clients[$k]}" 60 || fail "client $k failed (exit $?)"
