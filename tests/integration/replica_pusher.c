@@ -15,8 +15,8 @@
  *   replica_pusher check CLUSTER VAR SHAPE HISTORY...
  *       pulls VAR and checks that every acknowledged slot is -1 in every group part (applied
  *       exactly once) and every other slot is 0 (a push never acknowledged by a client that
- *       went on is not there; the slot of a failed push may be -1 or 0); prints the number of acknowledged pushes. Exit 0, or 1 (every
- *       wrong slot named, up to 20).
+ *       went on is not there; the slot of a failed push may be -1 or 0); prints the number of
+ * acknowledged pushes. Exit 0, or 1 (every wrong slot named, up to 20).
  *
  * CLUSTER: the {"ps":[...]} spec; SHAPE: "split" or "groupG". Settings: replicas from
  * $PS_REPLICAS (default 2), deadline 60 s, split threshold 32 KiB (SLOTS is 4096: a split
@@ -112,8 +112,8 @@ static int do_push(char **a)
     char name[256];
     int parts = shape_of(var, shape, ns, name, sizeof(name));
     if (parts < 0 || per <= 0 || (id + 1) * per > SLOTS) {
-        fprintf(stderr, "push: bad shape %s or slots (client %d, %d each, %d in all)\n", shape,
-                id, per, SLOTS);
+        fprintf(stderr, "push: bad shape %s or slots (client %d, %d each, %d in all)\n", shape, id,
+                per, SLOTS);
         return 2;
     }
     FILE *h = fopen(hist, "a");
@@ -220,12 +220,11 @@ static int do_check(int nh, char **a)
             if (acked[s] == 2 && got == 0.0f)
                 want = 0.0f;
             if (got != want && wrong++ < 20)
-                fprintf(stderr,
-                        "%s: slot %d in group part %d is %.0f: %s push %s\n", name, s, p, got,
-                        acked[s] ? "an acknowledged" : "an unacknowledged",
-                        got < -1.0f      ? "applied more than once"
-                        : acked[s] ? "is missing"
-                                         : "was applied");
+                fprintf(stderr, "%s: slot %d in group part %d is %.0f: %s push %s\n", name, s, p,
+                        got, acked[s] ? "an acknowledged" : "an unacknowledged",
+                        got < -1.0f ? "applied more than once"
+                        : acked[s]  ? "is missing"
+                                    : "was applied");
         }
     printf("%s: %d acknowledged pushes, each in every one of its %d group part(s) exactly "
            "once%s\n",
@@ -241,8 +240,9 @@ int main(int argc, char **argv)
         return do_push(argv + 2);
     if (argc >= 6 && strcmp(argv[1], "check") == 0)
         return do_check(argc - 5, argv + 2);
-    fprintf(stderr, "usage: %s push CLUSTER VAR SHAPE ID PER_CLIENT HISTORY STOPFILE "
-                    "INTERVAL_MS\n       %s check CLUSTER VAR SHAPE HISTORY...\n",
+    fprintf(stderr,
+            "usage: %s push CLUSTER VAR SHAPE ID PER_CLIENT HISTORY STOPFILE "
+            "INTERVAL_MS\n       %s check CLUSTER VAR SHAPE HISTORY...\n",
             argv[0], argv[0]);
     return 2;
 }
