@@ -1433,19 +1433,30 @@ void replica_set_view(const view *v)
             log_warn("view epoch %llu: group %u is now served by server %d",
                      (unsigned long long)v->epoch, g, v->primary[g]);
             /* Calls still waiting for backups are not acknowledged here: the client sends
-             * them again (same seq) to the new primary, whose window drops what it has. */
+             * them again (same seq) to the new primary, whose window drops what it has. When
+             * the new primary is not known yet (this server lost its lease before it read the
+             * view without it), UNAVAILABLE: the client retries here, and is sent on once this
+             * server knows the view (FAILED_PRECONDITION without a primary would end the
+             * client's call with an error). */
             for (rop *o = G->head; o; o = o->next) {
                 if (o->call == NULL)
                     continue;
                 rop *a = calloc(1, sizeof(*a));
                 if (a == NULL)
                     continue;
-                if (v->primary[g] >= 0)
+                if (v->primary[g] >= 0) {
                     rpc_call_set_primary(o->call, (uint32_t)v->primary[g]);
-                rpc_reply_error(o->call, STATUS_FAILED_PRECONDITION,
-                                "server %u no longer serves group %u (view epoch %llu): its "
-                                "primary is server %d; the update was not acknowledged",
-                                self, g, (unsigned long long)v->epoch, v->primary[g]);
+                    rpc_reply_error(o->call, STATUS_FAILED_PRECONDITION,
+                                    "server %u no longer serves group %u (view epoch %llu): its "
+                                    "primary is server %d; the update was not acknowledged",
+                                    self, g, (unsigned long long)v->epoch, v->primary[g]);
+                } else {
+                    rpc_reply_error(o->call, STATUS_UNAVAILABLE,
+                                    "server %u no longer serves group %u and does not know its "
+                                    "new primary yet (it lost its lease); the update was not "
+                                    "acknowledged: retry",
+                                    self, g);
+                }
                 a->call = o->call;
                 o->call = NULL;
                 a->next = moved;
