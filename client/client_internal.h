@@ -98,6 +98,9 @@ struct ps_table {
  * primary across failovers until o->deadline_ms. Same contract as rpc_conn_call. */
 int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
                 rpc_done_fn done, void *arg);
+/* The same on conns (one per server, as c->servers: the heartbeat connections). */
+int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                   rpc_build_fn build, rpc_done_fn done, void *arg);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
