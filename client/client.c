@@ -284,6 +284,7 @@ void ps_client_close(ps_client *c)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->heartbeat, NULL);
     }
+    atomic_store(&c->conns_closing, true);
     for (int i = 0; c->hb_conns && i < c->nservers; i++)
         rpc_conn_close(c->hb_conns[i]);
     free(c->hb_conns);

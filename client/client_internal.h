@@ -85,6 +85,9 @@ struct ps_client {
     atomic_uint_fast64_t view_epoch;
     atomic_int *route;
     bool replicated; /* the replicas setting is above 1: follow primaries from the start */
+    /* ps_client_close is closing the connections: a failed call is not sent to another
+     * server's (it may be closed already). */
+    atomic_bool conns_closing;
 };
 
 /* A sparse table's handle (tables.c); step.c reads it too. */

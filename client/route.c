@@ -78,7 +78,7 @@ static void routed_done(void *arg, int status, const char *message, const frame 
     bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
     bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
     int next = -1;
-    if (replicated && time_left && r->hops < ROUTE_MAX_HOPS) {
+    if (replicated && time_left && r->hops < ROUTE_MAX_HOPS && !atomic_load(&c->conns_closing)) {
         if (status == STATUS_FAILED_PRECONDITION && reply && reply->env->primary != 0 &&
             (int)reply->env->primary - 1 < c->nservers &&
             ((int)reply->env->primary - 1 != r->target || reply->env->epoch > r->sent_epoch)) {
