@@ -37,6 +37,7 @@ curl="http://127.0.0.1:${ports[0]}" purl="http://127.0.0.1:${ports[1]}"
 etcd_pid=$!
 sleep 2
 
+# shellcheck disable=SC2054 # (commas inside option values)
 common=(--servers=3 --ops=push,push-pull --no-raw --no-variants --seconds=1 --trials=1
     --wait-idle=2 --split-threshold=64M)
 n=0
