@@ -284,6 +284,7 @@ void ps_client_close(ps_client *c)
         pthread_mutex_unlock(&c->lock);
         pthread_join(c->heartbeat, NULL);
     }
+    atomic_store(&c->conns_closing, true);
     for (int i = 0; c->hb_conns && i < c->nservers; i++)
         rpc_conn_close(c->hb_conns[i]);
     free(c->hb_conns);
@@ -628,8 +629,9 @@ int ps_clock(ps_client *c, int64_t *clock_out)
 }
 
 /* Background heartbeats: every heartbeat-ms a CLOCK carrying the current clock (the servers
- * never lower it) to each server whose previous heartbeat has completed, on the heartbeat
- * connections, with a short deadline and no retries; nothing waits for the replies. */
+ * never lower it) to each placement task whose previous heartbeat has completed, on the
+ * heartbeat connections, with a short deadline and no retries; nothing waits for the replies.
+ * In a replicated cluster each goes to the task's group's primary (route.c). */
 static int hb_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
     client_hb *h = arg;
@@ -718,7 +720,9 @@ static void *heartbeat_main(void *arg)
             client_hb *h = &c->hb[i];
             if (atomic_exchange(&h->busy, true))
                 continue; /* the last one is still waiting for this server */
-            if (rpc_conn_call(c->hb_conns[i], &o, hb_build, hb_done, h) != 0)
+            /* To the group's primary (route.c), as data calls go: after a failover the
+             * server that took the group over is the one that must hear from this worker. */
+            if (client_call_on(c, c->hb_conns, i, &o, hb_build, hb_done, h) != 0)
                 atomic_store(&h->busy, false);
         }
         pthread_mutex_lock(&c->lock);

@@ -85,6 +85,9 @@ struct ps_client {
     atomic_uint_fast64_t view_epoch;
     atomic_int *route;
     bool replicated; /* the replicas setting is above 1: follow primaries from the start */
+    /* ps_client_close is closing the connections: a failed call is not sent to another
+     * server's (it may be closed already). */
+    atomic_bool conns_closing;
 };
 
 /* A sparse table's handle (tables.c); step.c reads it too. */
@@ -98,6 +101,9 @@ struct ps_table {
  * primary across failovers until o->deadline_ms. Same contract as rpc_conn_call. */
 int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
                 rpc_done_fn done, void *arg);
+/* The same on conns (one per server, as c->servers: the heartbeat connections). */
+int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                   rpc_build_fn build, rpc_done_fn done, void *arg);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -5,7 +5,9 @@
  * failover). A server that does not answer within a probe interval is passed over for the next
  * server in ring order, which either serves the group (it took over) or names its primary.
  * Until a reply says the cluster is replicated (Envelope.epoch > 0), or the client's replicas
- * setting does, calls go as they are. */
+ * setting does, calls go as they are. The same routing serves the heartbeats of a worker
+ * (client_call_on with the heartbeat connections): a group's primary that took over must hear
+ * from its workers, or it would evict them. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +26,8 @@
 
 typedef struct routed {
     ps_client *c;
+    /* the client's connections the call goes on, one per server */
+    rpc_conn **conns;
     int group;  /* placement task the call is for */
     int target; /* server of the current attempt */
     int hops;
@@ -74,7 +78,7 @@ static void routed_done(void *arg, int status, const char *message, const frame 
     bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
     bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
     int next = -1;
-    if (replicated && time_left && r->hops < ROUTE_MAX_HOPS) {
+    if (replicated && time_left && r->hops < ROUTE_MAX_HOPS && !atomic_load(&c->conns_closing)) {
         if (status == STATUS_FAILED_PRECONDITION && reply && reply->env->primary != 0 &&
             (int)reply->env->primary - 1 < c->nservers &&
             ((int)reply->env->primary - 1 != r->target || reply->env->epoch > r->sent_epoch)) {
@@ -111,18 +115,19 @@ static int attempt(routed *r)
         if (o.deadline_ms > cap)
             o.deadline_ms = cap;
     }
-    return rpc_conn_call(c->servers[r->target], &o, routed_build, routed_done, r);
+    return rpc_conn_call(r->conns[r->target], &o, routed_build, routed_done, r);
 }
 
-int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
-                rpc_done_fn done, void *arg)
+int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                   rpc_build_fn build, rpc_done_fn done, void *arg)
 {
     if (c->route == NULL || server < 0 || server >= c->nservers)
-        return rpc_conn_call(c->servers[server], o, build, done, arg);
+        return rpc_conn_call(conns[server], o, build, done, arg);
     routed *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return STATUS_RESOURCE_EXHAUSTED;
     r->c = c;
+    r->conns = conns;
     r->group = server;
     r->target = atomic_load(&c->route[server]);
     r->opts = *o;
@@ -134,4 +139,10 @@ int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn b
     if (rv != 0)
         free(r);
     return rv;
+}
+
+int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn build,
+                rpc_done_fn done, void *arg)
+{
+    return client_call_on(c, c->servers, server, o, build, done, arg);
 }

@@ -566,6 +566,7 @@ int main(int argc, char **argv)
         if (sig > 0)
             break;
         sync_sweep(&st); /* liveness and wait deadlines */
+        replica_sweep(); /* ... of the groups it took over */
     }
     if (sig > 0)
         log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "status.h"
+#include "sync.h"
 #include "timeutil.h"
 #include "view_agent.h"
 
@@ -1389,6 +1390,24 @@ void replica_set_server(rpc_server *rpc)
     pthread_mutex_unlock(&node.vlock);
 }
 
+void replica_sweep(void)
+{
+    if (!node.on)
+        return;
+    uint32_t N = node.cfg.num_servers, self = node.cfg.self;
+    for (uint32_t g = 0; g < N; g++) {
+        if (g == self || node.groups[g] == NULL)
+            continue;
+        pthread_mutex_lock(&node.vlock);
+        bool mine = node.cur.epoch != 0 && node.cur.primary[g] == (int32_t)self;
+        pthread_mutex_unlock(&node.vlock);
+        /* A group served is never replaced by a copy; a replaced state is retired, not
+         * freed, until replica_free. */
+        if (mine)
+            sync_sweep(node.groups[g]->st);
+    }
+}
+
 void replica_get_view(view *out)
 {
     pthread_mutex_lock(&node.vlock);
@@ -1427,6 +1446,8 @@ void replica_set_view(const view *v)
             G->last_lsn = G->next_lsn - 1;
             for (uint32_t i = 0; i < G->npeers; i++)
                 G->peers[i].acked = G->committed; /* every member had applied that much */
+            /* Its workers' silence counts from now. */
+            sync_heard_all(G->st);
             log_warn("view epoch %llu: serving group %u as its primary from lsn %llu",
                      (unsigned long long)v->epoch, g, (unsigned long long)G->last_lsn);
         } else if (!G->serving && was) {

@@ -82,6 +82,11 @@ void replica_on_view_event(void *arg, view_event ev, const view *v);
 /* The view in force (a copy). */
 void replica_get_view(view *out);
 
+/* Liveness and wait deadlines (sync_sweep) of the groups other than its own this server is
+ * primary of (it took them over): their workers are evicted when silent, as in its own group.
+ * A no-op when replica_start was not called. */
+void replica_sweep(void);
+
 /* Groups this server is primary of whose backups are not all in the view (the metric). */
 uint32_t replica_degraded_groups(void);
 

@@ -191,6 +191,17 @@ static void heard_locked(sync_state *s, int32_t worker, uint64_t client)
              (long long)w->clock);
 }
 
+void sync_heard_all(server_state *st)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    uint64_t now = time_now_ns();
+    for (int i = 0; i < s->max_workers; i++)
+        if (atomic_load(&s->workers[i].live))
+            atomic_store_explicit(&s->workers[i].last_ns, now, memory_order_relaxed);
+    pthread_mutex_unlock(&s->lock);
+}
+
 void sync_heard(server_state *st, int32_t worker)
 {
     sync_state *s = st->sync;

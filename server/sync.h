@@ -35,6 +35,9 @@ int sync_bucket(int64_t gap);
 
 /* Notes that a worker was heard from (any request). Re-registers an evicted worker. */
 void sync_heard(server_state *st, int32_t worker);
+/* Every live worker counts as heard from now: a server taking a replica group over could not
+ * hear its workers while the group was failing over (their silence starts when it serves). */
+void sync_heard_all(server_state *st);
 
 /* CLOCK: records the worker's clock (never lowering it). Returns the clock recorded and
  * *min_clock the slowest live worker's. May apply BSP updates and resume waiting pulls.

@@ -668,19 +668,20 @@ static int evaluate(trainer *t, const dataset *test, double *loss, double *acc)
 }
 
 /* Worker 0: the cluster's updates lost to server restarts, once: the sum of the own counts
- * the workers that finished (done[i] at worker 0's) recorded in their slots. */
-static void report_cluster_lost(trainer *t, const float *done)
+ * the workers that finished (done[i] at worker 0's) recorded in their slots. Returns it, -1
+ * when it could not be read. */
+static int64_t report_cluster_lost(trainer *t, const float *done)
 {
     int n = t->cfg->shard_count;
     float *lost = calloc((size_t)n, sizeof(float));
     if (lost == NULL)
-        return;
+        return -1;
     int rc = ps_pull(t->client, t->lost_var, lost);
     if (rc != PS_OK) {
         log_warn("cannot read the workers' lost updates (%s): %s: %s", ps_var_name(t->lost_var),
                  ps_strerror(rc), ps_last_error());
         free(lost);
-        return;
+        return -1;
     }
     uint64_t total = 0;
     int counted = 0;
@@ -697,6 +698,7 @@ static void report_cluster_lost(trainer *t, const float *done)
                  " acknowledged pushes (the sum of the own counts of the %d of %d workers that "
                  "finished)",
                  total, counted, n);
+    return (int64_t)total;
 }
 
 /* Worker 0's end of run: wait for the others, pull the final model, evaluate, save. A worker
@@ -777,7 +779,7 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
         free(done);
         return exit_code;
     }
-    report_cluster_lost(t, done);
+    res->lost_updates = report_cluster_lost(t, done);
     free(done);
     int rc = pull_all(t);
     if (rc != PS_OK)
@@ -868,6 +870,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
 {
     memset(res, 0, sizeof(*res));
     res->test_accuracy = -1.0;
+    res->lost_updates = -1;
     res->time_to_target_s = -1.0;
     res->test_loss = -1.0;
     trainer t;
@@ -1263,9 +1266,10 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         if (exit_code == TRAIN_EXIT_OK) {
             printf("test_accuracy=%.4f test_loss=%.4f steps=%" PRId64 " wall_s=%.2f "
                    "samples_per_s=%.1f comm_ms_per_step=%.3f time_to_target_s=%.2f "
-                   "staleness_max=%" PRId64 "\n",
+                   "staleness_max=%" PRId64 " lost_updates=%" PRId64 "\n",
                    res->test_accuracy, res->test_loss, res->steps, res->wall_s, res->samples_per_s,
-                   res->comm_ms_per_step, res->time_to_target_s, res->staleness_max);
+                   res->comm_ms_per_step, res->time_to_target_s, res->staleness_max,
+                   res->lost_updates);
             fflush(stdout);
         }
     } else {

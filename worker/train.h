@@ -68,6 +68,9 @@ typedef struct train_result {
     double test_loss;
     double time_to_target_s; /* seconds until target_accuracy was first reached, -1 never */
     int64_t staleness_max;   /* largest staleness the servers saw for the first variable */
+    /* worker 0: acknowledged pushes the cluster lost to server restarts (the workers' own
+     * counts added up), -1 unknown */
+    int64_t lost_updates;
 } train_result;
 
 /* Set asynchronously (signal handler) to stop the loop after the current step. */

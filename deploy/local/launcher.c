@@ -32,7 +32,9 @@
  * a configuration error) is started again with the same task, up to --max-restarts times
  * each; each restart is logged with the exit status or signal. Exit code: 0 success; the
  * failed child's exit code (128+N if it died of signal N); 128+N when ps-local itself got
- * signal N; 124 on timeout; 2 for bad usage.
+ * signal N; 124 on timeout; 2 for bad usage. With --replicas R > 1 a ps that dies (and is not
+ * restarted) does not stop the cluster while fewer than R have died: each task's state has R
+ * copies on distinct servers, one of which takes over, and the workers follow it.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -79,6 +81,8 @@ typedef struct child {
     bool running;
     int status; /* wait status once exited */
     int restarts;
+    /* a ps that died with --replicas > 1: its groups went to other copies */
+    bool failed_over;
     int err_fd; /* read end of its stderr pipe, -1 once closed */
     char line[LINE_CAP];
     size_t line_len;
@@ -1203,6 +1207,7 @@ static int run(const launch_config *lc)
     training_start = start;
     const bool restart = strcmp(opt_enum(o, OPT_LOCAL_RESTART), "on-failure") == 0;
     const int max_restarts = (int)opt_int(o, OPT_LOCAL_MAX_RESTARTS);
+    int ps_gone = 0; /* servers that died and were not restarted (failed_over) */
     while (!failed) {
         reap(kids, n_kids);
         drain_all(kids, n_kids); /* an exited child's last lines come before what follows */
@@ -1212,7 +1217,7 @@ static int run(const launch_config *lc)
             const child *c = &kids[k];
             if (c->role != ROLE_PS && c->running)
                 workers_left++;
-            if (c->running || failed)
+            if (c->running || failed || c->failed_over)
                 continue;
             bool ok_exit = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
             if (!ok_exit || c->role == ROLE_PS) {
@@ -1236,6 +1241,18 @@ static int run(const launch_config *lc)
                 if (restart && !config && c->restarts >= max_restarts)
                     say("%s; it was restarted %d time(s) already (--max-restarts)", what,
                         c->restarts);
+                /* Replicated: every task's state has n_replicas copies on distinct servers
+                 * (ring order), so fewer than n_replicas dead servers leave each group a copy
+                 * that takes over; the workers follow it. Not a reason to stop. */
+                if (c->role == ROLE_PS && n_replicas > 1 && ps_gone + 1 < n_replicas &&
+                    !got_signal) {
+                    kids[k].failed_over = true;
+                    ps_gone++;
+                    say("%s; its replica groups fail over to their other copies (--replicas "
+                        "%ld): training goes on with %ld of %ld servers",
+                        what, n_replicas, n_ps - ps_gone, n_ps);
+                    continue;
+                }
                 say_error("%s; stopping the cluster", what);
                 if (c->role != ROLE_PS && c->index == 0)
                     say_error("worker 0, the evaluator, died: no evaluation of the model was made");
@@ -1269,7 +1286,7 @@ static int run(const launch_config *lc)
         /* Servers stopped on our SIGTERM: exit codes 0 or 128+15 are the expected ones. */
         for (int k = 0; k < n_kids; k++) {
             const child *c = &kids[k];
-            if (c->role != ROLE_PS)
+            if (c->role != ROLE_PS || c->failed_over)
                 continue;
             bool expected = (WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0) ||
                             (WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGTERM);

@@ -7,7 +7,8 @@
  * primary with the same seqs), and the final values must be minus the exact sum of the
  * acknowledged pushes: none lost, none applied twice. No client may report lost updates. Then
  * server 1 is started again: it copies its groups from their primaries while pushes go on,
- * catches up, is added back to the view, and its copies are bit-identical to the primaries'. */
+ * catches up, is added back to the view, and its copies are bit-identical to the primaries'.
+ * A worker's heartbeats follow its groups' primaries: killing one evicts no worker. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -442,6 +443,108 @@ static void test_whole_cluster_restart_restores(void **state)
     ps_client_close(c);
 }
 
+/* Replicas 2 with --worker-timeout-ms 2000 on the servers: a worker client whose heartbeats
+ * (every 100 ms) are its only calls outlives the death of ps 1, primary of group 1: its
+ * heartbeats for group 1 follow the group to its new primary (ps 2), which never evicts it. */
+static int setup_hb(void **state)
+{
+    (void)state;
+    extra[6] = "--worker-timeout-ms";
+    extra[7] = "2000";
+    int rc = start("2");
+    extra[6] = extra[7] = NULL;
+    return rc;
+}
+
+/* Group `group`'s ServerStatus on `server` (the copy it holds): its evictions and whether
+ * worker 0 is live there. -1 when the server did not answer. */
+static int group_worker_status(int server, uint32_t group, uint64_t *evictions, bool *live)
+{
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.group = group + 1;
+    env.body.data = body;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st != 0) {
+        if (st > -1000) {
+            frame_fini(&f);
+            nng_msg_free(m);
+        }
+        return -1;
+    }
+    Psd__V1__ServerStatusReply *r =
+        psd__v1__server_status_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+    int rc = -1;
+    if (r) {
+        *evictions = r->evictions;
+        *live = false;
+        for (size_t i = 0; i < r->n_workers; i++)
+            if (r->workers[i]->id == 0 && r->workers[i]->live)
+                *live = true;
+        psd__v1__server_status_reply__free_unpacked(r, NULL);
+        rc = 0;
+    }
+    frame_fini(&f);
+    nng_msg_free(m);
+    return rc;
+}
+
+static void test_heartbeats_follow_the_primary(void **state)
+{
+    (void)state;
+    ps_config *cfg;
+    ps_client *c = NULL;
+    char tf[1200];
+    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    assert_int_equal(ps_config_create(&cfg), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "cluster", tf), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "replicas", "2"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "worker-id", "0"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "heartbeat-ms", "100"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "deadline-ms", "30000"), PS_OK);
+    if (ps_client_open(&c, cfg) != PS_OK)
+        fprintf(stderr, "open: %s\n", ps_last_error());
+    ps_config_destroy(cfg);
+    assert_non_null(c);
+    int64_t clock = 0;
+    assert_int_equal(ps_clock(c, &clock), PS_OK); /* registered as worker 0 everywhere */
+    uint64_t ev = 0;
+    bool live = false;
+    assert_int_equal(group_worker_status(2, 1, &ev, &live), 0);
+    assert_true(live);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    double t_kill = now_s();
+    int st;
+    assert_int_equal(waitpid(tc.pids[1], &st, 0), tc.pids[1]);
+    tc.pids[1] = 0; /* not stopped again by the teardown */
+    fprintf(stderr, "killed ps 1 (primary of group 1); the worker only sends heartbeats\n");
+    /* Past the failover (lease 1 s) and twice the worker timeout after it. */
+    uint64_t epoch = 0;
+    while (now_s() - t_kill < 10 && (epoch = view_epoch_of(2)) < 2)
+        usleep(100 * 1000);
+    assert_true(epoch >= 2);
+    fprintf(stderr, "view epoch %llu %.1f s after the kill\n", (unsigned long long)epoch,
+            now_s() - t_kill);
+    usleep(4500 * 1000);
+    for (uint32_t g = 0; g < NSERVERS; g++) {
+        int server = g == 1 ? 2 : (int)g; /* ps 2 took group 1 over */
+        assert_int_equal(group_worker_status(server, g, &ev, &live), 0);
+        fprintf(stderr, "group %u on ps %d: worker 0 %s, %llu eviction(s)\n", g, server,
+                live ? "live" : "not live", (unsigned long long)ev);
+        assert_true(live);
+        assert_int_equal(ev, 0);
+    }
+    /* The worker goes on as it was: its clock is taken by every group. */
+    assert_int_equal(ps_clock(c, &clock), PS_OK);
+    assert_int_equal(clock, 2);
+    ps_client_close(c);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -462,6 +565,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_three_replicas_kill_two_then_rejoin, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_whole_cluster_restart_restores, setup_ckpt,
                                         teardown_ckpt),
+        cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

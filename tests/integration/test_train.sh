@@ -46,6 +46,12 @@
 #       --overlap=false (1 per step); under SSP s = 1 with a slow worker and --prefetch 2 per
 #       step but the last (pushes with the clock, the prefetch) and worker 0's observed
 #       staleness is 1; the defaults under ASP (overlap inside the step) 3 per step.
+#   test_train.sh ps-failover PS_SERVER PS_WORKER PS_LOCAL
+#       ps-local --ps 3 --replicas 2 (its own etcd), 2 workers, asynchronous (staleness -1), 6
+#       epochs: ps 1 is SIGKILLed in the first and not restarted. ps-local goes on (the groups fail
+#       over), both workers exit 0, worker 0's test accuracy is >= 0.75, its result line says
+#       lost_updates=0 and no worker logs lost updates or an eviction. Skipped (77) without
+#       etcd.
 #   test_train.sh ipc PS_SERVER PS_WORKER PS_LOCAL
 #       ps-local trains 1 epoch (1 ps, 2 workers) with --transport ipc (ipc:// sockets in a
 #       private directory, removed at exit) and with its default transport (tcp): both reach
@@ -875,6 +881,53 @@ run_overlap() {
     echo "PASS"
 }
 
+# ---------------------------------------------------------------------------------------------
+run_ps_failover() {
+    local etcd_bin=${PSD_ETCD:-/usr/bin/etcd}
+    if [ ! -x "$etcd_bin" ]; then
+        echo "SKIP: no etcd at $etcd_bin (apt-get install etcd-server): --replicas needs it"
+        exit 77
+    fi
+    # 6 epochs (about 2 s each unloaded, 3 ps with 2 copies each): ps 1 is killed about 1 s in.
+    local common=(--layers "784,128,10" --epochs 6 --batch-size 64 --optimizer adam --seed 3
+        --staleness -1 --log-every 100 --log-format json --data-dir "$DATA_DIR" --model-name pfo)
+    TMPDIR="$tmp" "$PS_LOCAL" --ps 3 --workers 2 --replicas 2 --etcd "$etcd_bin" --timeout 80 \
+        -- "${common[@]}" >"$tmp/pfo.out" 2>"$tmp/pfo.log" &
+    local l=$!
+    pids+=("$l")
+    wait_log "$tmp/pfo.log" '"role":"worker","task":1,.*"step"' 30 ||
+        fail "ps-failover: worker 1 never logged a step"
+    sleep 1
+    local ps1
+    ps1=$(sed -n 's/.*started ps 1 (pid \([0-9]*\)).*/\1/p' "$tmp/pfo.log" | head -n 1)
+    [ -n "$ps1" ] || fail "ps-failover: ps-local did not log ps 1's pid"
+    grep -q "trained .* steps" "$tmp/pfo.log" && fail "ps-failover: a worker finished before the kill: make the run longer"
+    local t_kill
+    t_kill=$(date +%s.%N)
+    kill -KILL "$ps1" || fail "ps-failover: cannot kill ps 1 (pid $ps1)"
+    wait_for "$l" 85
+    local rc=$? end
+    end=$(date +%s.%N)
+    [ "$rc" -eq 0 ] || { tail -n 30 "$tmp/pfo.log" >&2; fail "ps-failover: ps-local exited $rc after ps 1 was killed"; }
+    grep -q "ps 1 (pid $ps1) was killed by signal 9.*fail over to their other copies" "$tmp/pfo.log" ||
+        fail "ps-failover: ps-local did not say the groups fail over"
+    grep -q "2 worker(s) finished" "$tmp/pfo.log" || fail "ps-failover: not both workers finished"
+    local acc lost
+    acc=$(accuracy_of "$tmp/pfo.out")
+    [ -n "$acc" ] || fail "ps-failover: worker 0 printed no test_accuracy= line"
+    awk -v a="$acc" 'BEGIN { exit !(a >= 0.75) }' || fail "ps-failover: test accuracy $acc < 0.75"
+    lost=$(sed -n 's/.*test_accuracy=.* lost_updates=\([0-9-]*\).*/\1/p' "$tmp/pfo.out" | tail -n 1)
+    [ "$lost" = 0 ] || fail "ps-failover: worker 0 reports lost_updates='$lost', expected 0"
+    grep -q "updates lost to server restarts\|since it are lost" "$tmp/pfo.log" &&
+        fail "ps-failover: a worker logged lost updates"
+    grep -q '"role":"ps".*worker [0-9] evicted' "$tmp/pfo.log" &&
+        fail "ps-failover: a server evicted a worker"
+    grep -q "serving group 1 as its primary" "$tmp/pfo.log" ||
+        fail "ps-failover: no server took group 1 over"
+    echo "ps-failover: test_accuracy=$acc lost_updates=$lost; the run ended $(awk -v a="$t_kill" -v b="$end" 'BEGIN { printf "%.1f", b - a }') s after ps 1 was killed"
+    echo "PASS"
+}
+
 case "$mode" in
 overlap) run_overlap ;;
 ps-crash) run_ps_crash ;;
@@ -885,6 +938,7 @@ rejoin) run_rejoin ;;
 launcher) run_launcher ;;
 interrupt) run_interrupt ;;
 ipc) run_ipc ;;
+ps-failover) run_ps_failover ;;
 *)
     echo "unknown mode $mode" >&2
     exit 2
