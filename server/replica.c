@@ -865,6 +865,20 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         self, rq->group);
         return;
     }
+    /* Checked again under the order lock, which a view change takes: a view installed since
+     * the check above may have made this server the group's primary or moved past the epoch. */
+    if (G->serving || rq->epoch < G->epoch) {
+        uint64_t now = G->epoch;
+        bool serving = G->serving;
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u under view epoch %llu refused: this server %s "
+                        "(epoch %llu)",
+                        rq->group, (unsigned long long)rq->epoch,
+                        serving ? "is now its primary" : "moved to a newer view",
+                        (unsigned long long)now);
+        return;
+    }
     size_t at = 0;
     for (size_t i = 0; i < rq->n_op_len; i++) {
         uint64_t lsn = rq->first_lsn + i;
