@@ -52,6 +52,9 @@ struct rpc_call {
     rpc_call *next; /* work queue link or idle list */
     /* Envelope.primary of the reply (rpc_call_set_primary); -1: none */
     int64_t primary;
+    rpc_resume_gate gate; /* rpc_call_set_gate */
+    void *gate_arg;
+    uint64_t gate_tag;
 };
 
 struct rpc_server {
@@ -942,6 +945,7 @@ static void call_cb(void *arg)
         c->method = NULL;
         c->status = STATUS_OK;
         c->primary = -1;
+        c->gate = NULL;
         if (nng_msg_len(c->req) <= s->cfg.inline_max)
             call_work(c, false);
         else
@@ -1034,8 +1038,21 @@ bool rpc_call_deferred_here(const rpc_call *c)
     return deferred_now == c;
 }
 
+void rpc_call_set_gate(rpc_call *c, rpc_resume_gate gate, void *arg, uint64_t tag)
+{
+    c->gate = gate;
+    c->gate_arg = arg;
+    c->gate_tag = tag;
+}
+
 void rpc_call_resume(rpc_call *c)
 {
+    rpc_resume_gate gate = c->gate;
+    if (gate) {
+        c->gate = NULL;
+        if (gate(c, c->gate_arg, c->gate_tag))
+            return; /* kept: the gate resumes it again */
+    }
     if (c->reply == NULL)
         rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
     call_send(c);

@@ -137,6 +137,11 @@ uint64_t rpc_call_deadline_ns(const rpc_call *c);
 int rpc_call_defer(rpc_call *c);
 /* Sends the reply of a parked call (INTERNAL if none was set). Any thread, once. */
 void rpc_call_resume(rpc_call *c);
+/* A gate on c's resume: the next rpc_call_resume(c) first runs gate(c, arg, tag) (once: the
+ * gate is cleared before it runs); when it returns true the gate keeps the call and resumes it
+ * again later itself. NULL clears it. Set by the handler's thread before c can be parked. */
+typedef bool (*rpc_resume_gate)(rpc_call *c, void *arg, uint64_t tag);
+void rpc_call_set_gate(rpc_call *c, rpc_resume_gate gate, void *arg, uint64_t tag);
 /* The server's max-message-bytes: replies larger than this are refused (handlers that build
  * replies of variable size, e.g. listings, fill them up to a budget below it). */
 size_t rpc_call_max_message(const rpc_call *c);

@@ -565,7 +565,8 @@ int main(int argc, char **argv)
         sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig > 0)
             break;
-        sync_sweep(&st); /* liveness and wait deadlines */
+        if (replica_sweeps_own())
+            sync_sweep(&st); /* liveness and wait deadlines */
         replica_sweep(); /* ... of the groups it took over */
     }
     if (sig > 0)

@@ -78,6 +78,9 @@ typedef struct rgroup {
     bool fresh; /* a copy was installed since this server was last live (q) */
     rpeer peers[REPLICA_MAX];
     uint32_t npeers;
+    /* A parked update resumed (a staleness wait ended) before run_update logged it (q). */
+    rpc_call *early;
+    uint64_t early_lsn;
 } rgroup;
 
 static struct node {
@@ -472,6 +475,39 @@ static rpc_handler_fn original_handler(const rpc_method *m)
     return NULL;
 }
 
+/* The resume gate of an update its handler parked (a Step that waits for the staleness bound):
+ * its reply, set when the wait ends, goes out only once every backup in the view applied the
+ * update (its pushes and clock), as any update's. Returns true when it keeps the call. */
+static bool commit_gate(rpc_call *call, void *arg, uint64_t lsn)
+{
+    rgroup *G = arg;
+    bool kept = false;
+    pthread_mutex_lock(&G->q);
+    if (G->committed >= lsn) {
+        /* applied everywhere already: send now */
+    } else if (!G->serving) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server %u no longer serves group %u: the update was not acknowledged: "
+                        "retry",
+                        node.cfg.self, G->g);
+    } else {
+        for (rop *o = G->head; o; o = o->next) {
+            if (o->lsn == lsn) {
+                o->call = call;
+                kept = true;
+                break;
+            }
+        }
+        if (!kept) { /* not in the log yet: run_update, which holds the order lock, takes it */
+            G->early = call;
+            G->early_lsn = lsn;
+            kept = true;
+        }
+    }
+    pthread_mutex_unlock(&G->q);
+    return kept;
+}
+
 /* Runs an updating request on the group this server serves: in log order, streamed, answered
  * once every backup in the view applied it. */
 static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
@@ -490,10 +526,17 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
     o->bytes = copy;
     o->len = len;
     pthread_mutex_lock(&G->order);
+    rpc_call_set_gate(call, commit_gate, G, G->next_lsn);
     h(call, G->st);
     bool parked = rpc_call_deferred_here(call);
+    if (!parked)
+        rpc_call_set_gate(call, NULL, NULL, 0);
     o->lsn = G->next_lsn++;
     pthread_mutex_lock(&G->q);
+    if (G->early && G->early_lsn == o->lsn) {
+        o->call = G->early;
+        G->early = NULL;
+    }
     bool wait = atomic_load(&node.uncertain); /* alone and uncertain: hold the reply */
     for (uint32_t i = 0; i < G->npeers; i++)
         if (G->peers[i].in_view)
@@ -586,10 +629,10 @@ static void dispatch(rpc_call *call, void *arg)
         int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
         if (s == -2)
             s = G->st->default_staleness;
-        if (s >= 0) {
+        if (s == 0) {
             rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                            "variable %s: staleness %d (BSP/SSP) is not supported with replicas "
-                            "%u yet: create it with staleness -1 (asynchronous)",
+                            "variable %s: staleness %d (BSP) is not supported with replicas "
+                            "%u: create it with staleness -1 (asynchronous) or >= 1 (SSP)",
                             rq->spec->name, s, node.cfg.replicas);
             return;
         }
@@ -1402,6 +1445,16 @@ void replica_set_server(rpc_server *rpc)
     pthread_mutex_lock(&node.vlock);
     rpc_server_set_epoch(rpc, node.cur.epoch);
     pthread_mutex_unlock(&node.vlock);
+}
+
+bool replica_sweeps_own(void)
+{
+    if (!node.on)
+        return true;
+    pthread_mutex_lock(&node.vlock);
+    bool mine = node.cur.epoch != 0 && node.cur.primary[node.cfg.self] == (int32_t)node.cfg.self;
+    pthread_mutex_unlock(&node.vlock);
+    return mine;
 }
 
 void replica_sweep(void)

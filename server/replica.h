@@ -86,6 +86,10 @@ void replica_get_view(view *out);
  * primary of (it took them over): their workers are evicted when silent, as in its own group.
  * A no-op when replica_start was not called. */
 void replica_sweep(void);
+/* Whether this server sweeps its own group (evicts its silent workers, ends expired waits):
+ * only while it serves it. A backup's clock table changes only through the log, so that a
+ * worker its primary still waits for is never evicted on the copy that takes over. */
+bool replica_sweeps_own(void);
 
 /* Groups this server is primary of whose backups are not all in the view (the metric). */
 uint32_t replica_degraded_groups(void);

@@ -1,0 +1,266 @@
+/* Integration: SSP (staleness >= 1) in a replicated cluster across a failover, on real processes
+ * and a real etcd (the test starts one; skipped, exit 77, without an etcd binary).
+ *
+ * 3 ps-servers with replicas 2 and 2 workers. Each worker process runs training steps
+ * (ps_step: push an integer gradient, advance its clock, pull at the new clock) on a variable
+ * with staleness 1 split over every group: worker 0 as fast as it can, worker 1 slowly, so that
+ * worker 0's steps wait for worker 1 on every primary. Server 1, primary of group 1, is killed
+ * with SIGKILL mid-run. The clock table is replicated with the steps, so the new primary keeps
+ * bounding staleness: every pull of a worker at clock c must already hold the other worker's
+ * pushes of its first c - 1 steps (checked on every element of every step, before and after
+ * the kill). Both workers finish without error or lost update, and the final values are minus
+ * the exact sum of every push. BSP (staleness 0) stays refused with replicas > 1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nng/nng.h>
+
+#include "cluster_proc.h"
+#include "etcd_proc.h"
+#include "ps_proc.h"
+#include "psclient.h"
+
+#define NSERVERS 3
+#define NWORKERS 2
+#define STEPS 300
+#define SLOW_MS 15
+#define VAR_N (3 * 1024) /* split: 1024 elements on each server */
+
+static const char *server_bin, *self_bin;
+static test_cluster tc;
+static etcd_proc etcd;
+static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+
+static int setup(void **state)
+{
+    (void)state;
+    if (etcd_proc_start(&etcd) != 0)
+        return -1;
+    extra[3] = etcd.endpoint;
+    return test_cluster_start_workers(&tc, server_bin, NSERVERS, NWORKERS, extra);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = test_cluster_stop(&tc); /* every server exits cleanly (0) */
+    etcd_proc_stop(&etcd);
+    return rc;
+}
+
+/* worker < 0: a client that is no worker. */
+static ps_client *open_client(int worker)
+{
+    char tf[1400];
+    if (worker >= 0)
+        test_cluster_tf_config(&tc, "worker", worker, tf, sizeof(tf));
+    else
+        test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
+    ps_config *cfg;
+    ps_client *c = NULL;
+    if (ps_config_create(&cfg) != PS_OK)
+        return NULL;
+    if (ps_config_set(cfg, "tf-config", tf) != PS_OK ||
+        ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
+        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
+        ps_config_set(cfg, "heartbeat-ms", "100") != PS_OK ||
+        ps_config_set(cfg, "replicas", "2") != PS_OK)
+        fprintf(stderr, "config: %s\n", ps_last_error());
+    else if (ps_client_open(&c, cfg) != PS_OK)
+        fprintf(stderr, "open: %s\n", ps_last_error());
+    ps_config_destroy(cfg);
+    return c;
+}
+
+static int make_var(ps_client *c, int staleness, ps_var **v)
+{
+    ps_var_spec s;
+    ps_var_spec_init(&s, staleness == 0 ? "ssp/bsp" : "ssp/v");
+    s.ndims = 1;
+    s.dims[0] = VAR_N;
+    s.learning_rate = 1.0;
+    s.staleness = staleness;
+    *v = NULL;
+    return ps_var_create(c, &s, v);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* A worker process: STEPS steps pushing (id + 1) to every element; exits 0 when every step
+ * succeeded, every pull held the other worker's pushes the bound promises, and no update was
+ * lost. */
+static int worker_main(int id)
+{
+    ps_client *c = open_client(id);
+    if (c == NULL)
+        return 10;
+    ps_var *v;
+    if (make_var(c, 1, &v) != PS_OK) {
+        fprintf(stderr, "worker %d: create: %s\n", id, ps_last_error());
+        return 11;
+    }
+    float *g = malloc(VAR_N * sizeof(float)), *w = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = (float)(id + 1);
+    int rc = 0;
+    int other = 1 - id;
+    long waited = 0;
+    for (int step = 1; step <= STEPS && rc == 0; step++) {
+        ps_step_item it = {.var = v, .offset = 0, .count = VAR_N, .grad = g, .dst = w};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (ps_step(c, &it, 1, PS_STEP_CLOCK) != PS_OK) {
+            fprintf(stderr, "worker %d step %d: %s\n", id, step, ps_last_error());
+            rc = 12;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >= SLOW_MS / 2)
+            waited++;
+        /* At clock `step`, bound 1: the other worker reached clock step - 1, so its first
+         * step - 1 pushes are in, with this worker's own `step`. */
+        float least = (float)step * (float)(id + 1) + (float)(step - 1) * (float)(other + 1);
+        float most = (float)step * (float)(id + 1) + (float)STEPS * (float)(other + 1);
+        size_t bad = 0;
+        for (size_t i = 0; i < VAR_N; i++) {
+            if (-w[i] < least || -w[i] > most) {
+                if (bad++ < 3)
+                    fprintf(stderr,
+                            "worker %d step %d: v[%zu] = %.0f, the bound needs -v in "
+                            "[%.0f, %.0f]\n",
+                            id, step, i, w[i], least, most);
+            }
+        }
+        if (bad)
+            rc = 13;
+        if (id == 1)
+            sleep_ms(SLOW_MS);
+    }
+    if (rc == 0 && ps_worker_finished(c) != PS_OK) {
+        fprintf(stderr, "worker %d finished: %s\n", id, ps_last_error());
+        rc = 14;
+    }
+    uint64_t lost = ps_client_lost_updates(c);
+    if (lost) {
+        fprintf(stderr, "worker %d reports %llu lost updates\n", id, (unsigned long long)lost);
+        rc = 15;
+    }
+    fprintf(stderr, "worker %d: %d steps, %ld of them slow (waited), exit %d\n", id, STEPS,
+            waited, rc);
+    free(g);
+    free(w);
+    ps_client_close(c);
+    return rc;
+}
+
+static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *lsn)
+{
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = group;
+    rq.checksum = true;
+    uint8_t body[64];
+    size_t blen = psd__v1__replicate_request__pack(&rq, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = blen;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st == 0) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        assert_non_null(r);
+        *sum = r->checksum;
+        *lsn = r->applied_lsn;
+        psd__v1__replicate_reply__free_unpacked(r, NULL);
+    }
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
+static void test_ssp_bounds_hold_across_failover(void **state)
+{
+    (void)state;
+    ps_client *c = open_client(-1);
+    assert_non_null(c);
+    ps_var *bsp;
+    assert_int_equal(make_var(c, 0, &bsp), PS_FAILED_PRECONDITION);
+    fprintf(stderr, "BSP: %s\n", ps_last_error());
+    assert_non_null(strstr(ps_last_error(), "(BSP) is not supported with replicas 2"));
+
+    pid_t kids[NWORKERS];
+    for (int k = 0; k < NWORKERS; k++) {
+        kids[k] = test_spawn_child(self_bin, server_bin, "worker", k, STEPS, tc.spec);
+        assert_true(kids[k] > 0);
+    }
+    sleep_ms(1500);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    int kst;
+    assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
+    tc.pids[1] = 0; /* not stopped again by the teardown */
+    fprintf(stderr, "killed ps 1 (primary of group 1) while 2 workers step under SSP\n");
+    for (int k = 0; k < NWORKERS; k++) {
+        int st;
+        assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    /* Every step applied once: v = -STEPS * (1 + 2) everywhere. */
+    ps_var *v;
+    assert_int_equal(make_var(c, 1, &v), PS_OK);
+    float *w = malloc(VAR_N * sizeof(float));
+    assert_int_equal(ps_pull(c, v, w), PS_OK);
+    size_t wrong = 0;
+    float want = -(float)STEPS * 3.0f;
+    for (size_t i = 0; i < VAR_N; i++)
+        if (w[i] != want && wrong++ < 5)
+            fprintf(stderr, "v[%zu] = %.1f, expected %.1f\n", i, w[i], want);
+    free(w);
+    assert_int_equal(wrong, 0);
+    /* Group 2 (servers 2 and 0) never lost a member: identical copies. */
+    uint64_t s0, s1, l0, l1;
+    assert_int_equal(group_checksum(2, 2, &s0, &l0), 0);
+    assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
+    assert_true(s0 == s1 && l0 == l1);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    ps_client_close(c);
+}
+
+int main(int argc, char **argv)
+{
+    server_bin = test_server_bin(argc, argv);
+    self_bin = argv[0];
+    if (argc >= 7 && strcmp(argv[2], "--child") == 0) {
+        /* self SERVER_BIN --child worker ID STEPS SPEC: one worker process */
+        snprintf(tc.spec, sizeof(tc.spec), "%s", argv[6]);
+        return worker_main(atoi(argv[4]));
+    }
+    if (etcd_proc_binary() == NULL) {
+        fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
+                        "replicated clusters need one as their coordinator\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_ssp_bounds_hold_across_failover, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
