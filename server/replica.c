@@ -1505,6 +1505,7 @@ void replica_set_view(const view *v)
         rop *moved = NULL; /* calls answered: no longer the primary */
         bool was = G->serving;
         G->serving = v->primary[g] == (int32_t)self;
+        bool lost = was && !G->serving;
         G->primary = v->primary[g];
         G->epoch = v->epoch;
         if (G->serving && !was && old.epoch != 0) {
@@ -1582,6 +1583,15 @@ void replica_set_view(const view *v)
         pthread_mutex_unlock(&G->order);
         answer(done);
         answer(moved);
+        if (lost) {
+            /* Its pulls waiting for a staleness bound (no longer swept here) go to the new
+             * primary: the client retries, and is told which server that is. */
+            char why[160];
+            snprintf(why, sizeof(why),
+                     "server %u no longer serves group %u (view epoch %llu): retry", self, g,
+                     (unsigned long long)v->epoch);
+            sync_cancel_all(G->st, why);
+        }
     }
     pthread_mutex_unlock(&node.vlock);
 }
@@ -1709,6 +1719,9 @@ void replica_stop(void)
         if (G->copy_started)
             pthread_join(G->copy_thread, NULL);
         G->copy_started = false;
+        /* The waits of groups it took over (its own group's were ended already): their
+         * replies, held until their updates are applied everywhere, are answered below. */
+        sync_cancel_all(G->st, "server is shutting down");
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
