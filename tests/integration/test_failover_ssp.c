@@ -160,8 +160,8 @@ static int worker_main(int id)
         fprintf(stderr, "worker %d reports %llu lost updates\n", id, (unsigned long long)lost);
         rc = 15;
     }
-    fprintf(stderr, "worker %d: %d steps, %ld of them slow (waited), exit %d\n", id, STEPS,
-            waited, rc);
+    fprintf(stderr, "worker %d: %d steps, %ld of them slow (waited), exit %d\n", id, STEPS, waited,
+            rc);
     free(g);
     free(w);
     ps_client_close(c);
