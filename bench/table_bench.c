@@ -22,7 +22,7 @@
  *                       [--wire PS_SERVER [--servers N] [--inflight K]] [--fill-only]
  * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself.
  * --fill-only: only make the rows and report memory (no Zipf phases: no CDF of --rows doubles),
- * for the largest tables. */
+ * for the largest tables; with --wire, in the ps-server processes only (their resident sizes). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -407,6 +407,114 @@ static void *wire_pusher_run(void *arg)
     return NULL;
 }
 
+/* Resident and peak resident bytes of a process (/proc/PID/status VmRSS, VmHWM). */
+static void proc_rss(pid_t pid, uint64_t *rss, uint64_t *hwm)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    *rss = *hwm = 0;
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    unsigned long long kb;
+    while (fgets(line, sizeof(line), f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+            *rss = (uint64_t)kb * 1024;
+        else if (sscanf(line, "VmHWM: %llu kB", &kb) == 1)
+            *hwm = (uint64_t)kb * 1024;
+    }
+    fclose(f);
+}
+
+/* --wire --fill-only: the rows made by first touch in ps-server processes, and their memory:
+ * the servers' resident size (before the table, after it and at its peak) against the raw
+ * bytes (id, row and optimizer slots) the servers report holding. */
+static int run_wire_fill(const config *c, uint32_t dim)
+{
+    test_cluster tc;
+    const char *extra[] = {"--log-level", "warn", NULL};
+    if (test_cluster_start(&tc, c->wire, c->servers, extra) != 0) {
+        fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
+        return -1;
+    }
+    int rc = -1;
+    ps_client *cl = wire_client(&tc);
+    ps_table *tb = NULL;
+    const size_t b = c->batch;
+    float *g = malloc(b * dim * sizeof(float));
+    uint64_t rss0 = 0;
+    for (int i = 0; i < tc.n; i++) {
+        uint64_t r, h;
+        proc_rss(tc.pids[i], &r, &h);
+        rss0 += r;
+    }
+    if (cl == NULL || g == NULL)
+        goto out;
+    for (size_t i = 0; i < b * dim; i++)
+        g[i] = 0.001f * (float)((i % 7) + 1);
+    ps_table_spec ts;
+    ps_table_spec_init(&ts, "bench/emb", dim, (ps_optimizer)c->opt);
+    ts.initializer = PS_INIT_UNIFORM;
+    ts.init_a = -0.05;
+    ts.init_b = 0.05;
+    ts.seed = 1;
+    if (ps_table_create(cl, &ts, &tb) != PS_OK) {
+        fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
+        goto out;
+    }
+    uint32_t fill_batches = (uint32_t)((c->rows + b - 1) / b);
+    double fill = wire_calls(tb, true, NULL, c->rows, b, fill_batches, c->inflight, g, NULL, dim);
+    if (fill < 0)
+        goto out;
+    ps_table_info ti = {.struct_size = sizeof(ti)};
+    if (ps_table_info_get(cl, "bench/emb", &ti) != PS_OK) {
+        fprintf(stderr, "ps_table_info_get: %s\n", ps_last_error());
+        goto out;
+    }
+    if (ti.rows != c->rows) {
+        fprintf(stderr, "rows: %llu, want %llu\n", (unsigned long long)ti.rows,
+                (unsigned long long)c->rows);
+        goto out;
+    }
+    uint64_t rss = 0, hwm = 0;
+    for (int i = 0; i < tc.n; i++) {
+        uint64_t r, h;
+        proc_rss(tc.pids[i], &r, &h);
+        rss += r;
+        hwm += h;
+    }
+    /* Raw: the id and the row's floats with its optimizer slots. */
+    /* Raw: the id and the row's floats with its optimizer slots, as the in-process figures
+     * count them (an empty table of the same spec says how many floats a row holds). */
+    table_spec s;
+    memset(&s, 0, sizeof(s));
+    s.name = "bench/emb";
+    s.dim = dim;
+    optimizer_params_default(&s.opt, c->opt);
+    s.init.kind = INITIALIZER_ZEROS;
+    char err[256];
+    table *probe;
+    if (table_create(&s, &probe, err, sizeof(err)) != TABLE_OK) {
+        fprintf(stderr, "table_create: %s\n", err);
+        goto out;
+    }
+    double raw = (double)ti.rows * (8.0 + 4.0 * table_row_floats(probe));
+    table_destroy(probe);
+    printf("| %u | %s | %d | %llu | %.1f | %.0f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", dim,
+           optimizer_name(c->opt), c->servers, (unsigned long long)ti.rows, fill,
+           (double)ti.rows / fill, (double)ti.bytes / (double)ti.rows, raw / (double)ti.rows,
+           (double)ti.bytes / raw, (double)(rss - rss0) / raw, (double)rss / raw,
+           (double)hwm / raw);
+    fflush(stdout);
+    rc = 0;
+out:
+    ps_table_free(tb);
+    ps_client_close(cl);
+    test_cluster_stop(&tc);
+    free(g);
+    return rc;
+}
+
 /* The wire phase of one dim; appends its row to `rows`. */
 static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, char *rows,
                     size_t cap)
@@ -565,12 +673,29 @@ int main(int argc, char **argv)
     }
     if (c.rows == 0 || c.batch == 0 || c.batches == 0 || c.ndims == 0 || !(c.zipf_s > 0) ||
         c.threads == 0 || c.threads > 16 || c.servers < 1 || c.servers > TEST_MAX_SERVERS ||
-        c.inflight < 1 || c.inflight > 64 || (c.wire && c.fill_only)) {
+        c.inflight < 1 || c.inflight > 64) {
         fprintf(stderr,
                 "%s: rows, batch, batches, dims and zipf must be > 0, threads 1..16, servers "
-                "1..%d, inflight 1..64; --wire without --fill-only\n",
+                "1..%d, inflight 1..64\n",
                 argv[0], TEST_MAX_SERVERS);
         return 2;
+    }
+    if (c.wire != NULL && c.fill_only) {
+        printf("# ps-table-bench --wire --fill-only: %llu rows made by first touch in %d "
+               "ps-server(s), %u ids per push, %d calls in flight\n",
+               (unsigned long long)c.rows, c.servers, c.batch, c.inflight);
+        printf("| dim | optimizer | servers | rows | fill s | rows made/s | bytes/row (servers' "
+               "count) | raw bytes/row | table/raw | RSS growth/raw | RSS/raw | peak RSS/raw |\n");
+        printf("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (int d = 0; d < c.ndims; d++) {
+            if (c.dims[d] == 0 || c.dims[d] > TABLE_MAX_DIM) {
+                fprintf(stderr, "dim %u: must be in 1..%d\n", c.dims[d], TABLE_MAX_DIM);
+                return 2;
+            }
+            if (run_wire_fill(&c, c.dims[d]) != 0)
+                return 1;
+        }
+        return 0;
     }
     zipf zf = {0};
     if (!c.fill_only && zipf_init(&zf, c.rows, c.zipf_s, 7) != 0) {

@@ -31,6 +31,7 @@ typedef struct routed {
     int group;  /* placement task the call is for */
     int target; /* server of the current attempt */
     int hops;
+    bool capped;         /* the current attempt's deadline is the probe interval, not the call's */
     uint64_t sent_epoch; /* Envelope.epoch of the latest attempt */
     rpc_call_opts opts;
     uint64_t deadline_ns;
@@ -87,6 +88,12 @@ static void routed_done(void *arg, int status, const char *message, const frame 
         } else if (reply == NULL &&
                    (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED)) {
             next = (r->target + 1) % c->nservers; /* no answer: ask the next server */
+        } else if (reply != NULL && status == STATUS_DEADLINE_EXCEEDED && r->capped) {
+            /* The server answered that a wait (a staleness bound) outlasted this attempt's
+             * probe interval, which the server took as the request's deadline: the call's own
+             * deadline has time left, so the same request (same seq: its pushes are not
+             * applied twice) waits again there. */
+            next = r->target;
         }
     }
     if (next >= 0) {
@@ -112,7 +119,8 @@ static int attempt(routed *r)
     if (c->replicated || atomic_load(&c->view_epoch) != 0) {
         uint32_t cap =
             rpc_conn_sockets_up(c->servers[r->target]) > 0 ? ROUTE_PROBE_MS : ROUTE_DOWN_PROBE_MS;
-        if (o.deadline_ms > cap)
+        r->capped = o.deadline_ms > cap;
+        if (r->capped)
             o.deadline_ms = cap;
     }
     return rpc_conn_call(r->conns[r->target], &o, routed_build, routed_done, r);

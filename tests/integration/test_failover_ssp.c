@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,6 +246,77 @@ static void test_ssp_bounds_hold_across_failover(void **state)
     ps_client_close(c);
 }
 
+/* The worker whose pull waits for the other in test_ssp_wait_outlasts_probe: its clock 1 comes
+ * LATE_MS after the start. */
+#define LATE_MS 4500
+
+typedef struct late_worker {
+    ps_client *c;
+    int rc;
+} late_worker;
+
+static void *late_worker_run(void *arg)
+{
+    late_worker *lw = arg;
+    sleep_ms(LATE_MS);
+    ps_var *v;
+    float *g = calloc(VAR_N, sizeof(float)), *w = malloc(VAR_N * sizeof(float));
+    lw->rc = -1;
+    if (g && w && ps_var_lookup(lw->c, "ssp/v", &v) == PS_OK) {
+        for (size_t i = 0; i < VAR_N; i++)
+            g[i] = 2.0f;
+        ps_step_item it = {.var = v, .offset = 0, .count = VAR_N, .grad = g, .dst = w};
+        lw->rc = ps_step(lw->c, &it, 1, PS_STEP_CLOCK);
+        if (lw->rc != PS_OK)
+            fprintf(stderr, "worker 1 step 1: %s\n", ps_last_error());
+    }
+    free(g);
+    free(w);
+    return NULL;
+}
+
+/* A replicated client gives each attempt at a server a probe interval (2 s) as its deadline,
+ * so that a primary cut off from its backups is passed over; a staleness wait that outlasts it
+ * must not end the call: worker 0's pull at clock 2 waits LATE_MS for worker 1's first clock
+ * and succeeds, holding worker 1's push. */
+static void test_ssp_wait_outlasts_probe(void **state)
+{
+    (void)state;
+    ps_client *c0 = open_client(0), *c1 = open_client(1);
+    assert_non_null(c0);
+    assert_non_null(c1);
+    ps_var *v;
+    assert_int_equal(make_var(c0, 1, &v), PS_OK);
+    float *g = malloc(VAR_N * sizeof(float)), *w = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    late_worker lw = {c1, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, late_worker_run, &lw), 0);
+    ps_step_item it = {.var = v, .offset = 0, .count = VAR_N, .grad = g, .dst = w};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc1 = ps_step(c0, &it, 1, PS_STEP_CLOCK); /* clock 1: no wait */
+    int rc2 = ps_step(c0, &it, 1, PS_STEP_CLOCK); /* clock 2: waits for worker 1's clock 1 */
+    if (rc2 != PS_OK)
+        fprintf(stderr, "worker 0 step 2: %s\n", ps_last_error());
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(th, NULL);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    fprintf(stderr, "worker 0's two steps took %.2f s\n", waited);
+    assert_int_equal(rc1, PS_OK);
+    assert_int_equal(rc2, PS_OK);
+    assert_int_equal(lw.rc, PS_OK);
+    assert_true(waited >= (LATE_MS - 500) / 1000.0);
+    /* The pull at clock 2 holds both of worker 0's pushes and worker 1's. */
+    for (size_t i = 0; i < VAR_N; i++)
+        assert_true(w[i] == -4.0f);
+    free(g);
+    free(w);
+    ps_client_close(c1);
+    ps_client_close(c0);
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -261,6 +333,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_ssp_bounds_hold_across_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_wait_outlasts_probe, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
