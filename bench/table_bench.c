@@ -500,7 +500,7 @@ static int run_wire_fill(const config *c, uint32_t dim)
     }
     double raw = (double)ti.rows * (8.0 + 4.0 * table_row_floats(probe));
     table_destroy(probe);
-    printf("| %u | %s | %d | %llu | %.1f | %.0f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", dim,
+    printf("| %u | %s | %d | %llu | %.1f | %.0f | %.1f | %.1f | %.3f | %.3f | %.3f | %.3f |\n", dim,
            optimizer_name(c->opt), c->servers, (unsigned long long)ti.rows, fill,
            (double)ti.rows / fill, (double)ti.bytes / (double)ti.rows, raw / (double)ti.rows,
            (double)ti.bytes / raw, (double)(rss - rss0) / raw, (double)rss / raw,
