@@ -1271,7 +1271,7 @@ void rpc_server_stop(rpc_server *s)
     free(s);
 }
 
-/* ---- tests and fuzzing only: requests in memory, no socket (rpc_server.h) ---- */
+/* ---- requests in memory, no socket (rpc_server.h) ---- */
 
 rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
 {

@@ -181,7 +181,7 @@ uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_
 uint8_t *rpc_reply_ok_tensor(rpc_call *c, const ProtobufCMessage *body, int dtype, uint64_t offset,
                              uint64_t count);
 
-/* ---- tests and fuzzing only: requests in memory, no socket ----
+/* ---- requests in memory, no socket (tests, fuzzing, a replica group's own copy) ----
  * A server object with no socket, listener, contexts or threads, so it exposes nothing on the
  * network: tests and fuzz harnesses (tests/fuzz/fuzz_dispatch.c) feed it request bytes with
  * rpc_server_handle_bytes. Of cfg, only max_message, default/max_deadline_ms, methods,
