@@ -122,9 +122,12 @@ int frame_build(nng_msg **out, const envelope *env, const void *segment, size_t 
 
 int frame_parse(nng_msg *msg, frame *f, char *err, size_t errlen)
 {
+    return frame_parse_bytes(nng_msg_body(msg), nng_msg_len(msg), f, err, errlen);
+}
+
+int frame_parse_bytes(const uint8_t *p, size_t len, frame *f, char *err, size_t errlen)
+{
     memset(f, 0, sizeof(*f));
-    const uint8_t *p = nng_msg_body(msg);
-    size_t len = nng_msg_len(msg);
     if (len < FRAME_HEADER_SIZE) {
         snprintf(err, errlen, "truncated message: %zu bytes, the frame header alone is %d", len,
                  FRAME_HEADER_SIZE);

@@ -56,6 +56,8 @@ int frame_build(nng_msg **out, const envelope *env, const void *segment, size_t 
  * mismatch, FAILED_PRECONDITION for another major version) and writes a message naming what was
  * wrong into err. Never reads outside the message. */
 int frame_parse(nng_msg *msg, frame *f, char *err, size_t errlen);
+/* The same on len bytes at p, which must stay valid (and unchanged) while f is used. */
+int frame_parse_bytes(const uint8_t *p, size_t len, frame *f, char *err, size_t errlen);
 
 /* Input rules for text: checks, on the wire bytes of a packed message of type desc (before
  * protobuf-c unpacks it, which would cut a string at an embedded NUL without a trace), that

@@ -37,7 +37,10 @@ struct rpc_call {
     nng_ctx ctx;
     nng_aio *aio;
     enum call_state state;
-    nng_msg *req;
+    nng_msg *req; /* the request message (NULL: borrowed bytes, rpc_server_handle_borrowed) */
+    const uint8_t *data; /* the request's bytes: req's body or the borrowed ones */
+    size_t len;
+    rpc_held *held; /* req shared with references taken by rpc_call_hold_request */
     frame f;
     ProtobufCMessage *body;
     const rpc_method *method;
@@ -144,7 +147,7 @@ static void metrics_record(rpc_call *c, size_t reply_len)
     }
     metric_inc(req);
     metric_observe(m->latency, (double)(time_now_ns() - c->recv_ns) * 1e-9);
-    metric_add(m->bytes_in, c->req ? nng_msg_len(c->req) : 0);
+    metric_add(m->bytes_in, c->len);
     metric_add(m->bytes_out, reply_len);
 }
 
@@ -313,8 +316,8 @@ uint8_t *rpc_reply_ok_tensor(rpc_call *c, const ProtobufCMessage *body, int dtyp
 
 const uint8_t *rpc_call_request(const rpc_call *c, size_t *len)
 {
-    *len = c->req ? nng_msg_len(c->req) : 0;
-    return c->req ? nng_msg_body(c->req) : NULL;
+    *len = c->len;
+    return c->data;
 }
 
 int rpc_call_reply_status(const rpc_call *c)
@@ -383,8 +386,8 @@ uint64_t rpc_server_instance(const rpc_server *s)
 /* Logs a bad request with a short hex sample of its first bytes, as Redis does. */
 static void log_bad_request(const rpc_call *c, int status, const char *why)
 {
-    const uint8_t *p = nng_msg_body(c->req);
-    size_t n = nng_msg_len(c->req);
+    const uint8_t *p = c->data;
+    size_t n = c->len;
     char hex[3 * 16 + 1] = "";
     for (size_t i = 0; i < n && i < 16; i++)
         snprintf(hex + 3 * i, sizeof(hex) - 3 * i, "%02x ", p[i]);
@@ -445,7 +448,12 @@ static bool check_admin(rpc_call *c)
     const char *name = c->method->name;
     char peer[96];
     bool loopback;
-    pipe_peer(nng_msg_get_pipe(c->req), peer, sizeof(peer), &loopback);
+    if (c->req) {
+        pipe_peer(nng_msg_get_pipe(c->req), peer, sizeof(peer), &loopback);
+    } else {
+        snprintf(peer, sizeof(peer), "in-process");
+        loopback = false;
+    }
     if (tok && tok[0]) {
         if (env->auth_token.len == 0) {
             log_warn("refused %s from %s: no admin token", name, peer);
@@ -645,7 +653,7 @@ static int server_listen(rpc_server *s, char *err, size_t errlen)
 static bool conn_admit(rpc_call *c)
 {
     rpc_server *s = c->srv;
-    c->pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req));
+    c->pipe = c->req ? (uint32_t)nng_pipe_id(nng_msg_get_pipe(c->req)) : 0;
     pthread_mutex_lock(&s->connlock);
     conn_entry *e = *conn_slot(s, c->pipe);
     bool ok = e == NULL || e->inflight < s->cfg.max_per_connection;
@@ -673,7 +681,7 @@ static bool validate(rpc_call *c)
 {
     rpc_server *s = c->srv;
     char err[512];
-    size_t len = nng_msg_len(c->req);
+    size_t len = c->len;
     if (len > s->cfg.max_message) {
         snprintf(err, sizeof(err), "message of %zu bytes exceeds max-message-bytes (%zu)", len,
                  s->cfg.max_message);
@@ -681,7 +689,7 @@ static bool validate(rpc_call *c)
         set_reply(c, STATUS_RESOURCE_EXHAUSTED, err, NULL, NULL, NULL);
         return false;
     }
-    int st = frame_parse(c->req, &c->f, err, sizeof(err));
+    int st = frame_parse_bytes(c->data, c->len, &c->f, err, sizeof(err));
     if (st != STATUS_OK) {
         log_bad_request(c, st, err);
         set_reply(c, st, err, NULL, NULL, NULL);
@@ -781,6 +789,55 @@ static void srv_send(rpc_server *s, nng_ctx ctx, nng_aio *aio)
     }
 }
 
+struct rpc_held {
+    atomic_int refs;
+    nng_msg *msg;
+};
+
+rpc_held *rpc_call_hold_request(rpc_call *c, const uint8_t **data, size_t *len)
+{
+    if (c->req == NULL)
+        return NULL;
+    if (c->held == NULL) {
+        c->held = malloc(sizeof(*c->held));
+        if (c->held == NULL)
+            return NULL;
+        atomic_init(&c->held->refs, 1); /* the call's own, released when it replies */
+        c->held->msg = c->req;
+    }
+    atomic_fetch_add(&c->held->refs, 1);
+    *data = c->data;
+    *len = c->len;
+    return c->held;
+}
+
+rpc_held *rpc_held_ref(rpc_held *h)
+{
+    atomic_fetch_add(&h->refs, 1);
+    return h;
+}
+
+void rpc_held_release(rpc_held *h)
+{
+    if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
+        nng_msg_free(h->msg);
+        free(h);
+    }
+}
+
+/* Lets go of the request message: freed, or left to the references taken on it. */
+static void call_free_request(rpc_call *c)
+{
+    if (c->held)
+        rpc_held_release(c->held);
+    else if (c->req)
+        nng_msg_free(c->req);
+    c->held = NULL;
+    c->req = NULL;
+    c->data = NULL;
+    c->len = 0;
+}
+
 static void call_send(rpc_call *c)
 {
     if (c->counted)
@@ -797,8 +854,7 @@ static void call_send(rpc_call *c)
     }
     metrics_record(c, c->reply ? nng_msg_len(c->reply) : 0);
     frame_fini(&c->f);
-    nng_msg_free(c->req);
-    c->req = NULL;
+    call_free_request(c);
     if (c->reply == NULL) {
         /* Nothing to send: drop the request, the client's deadline tells it. */
         atomic_fetch_sub(&c->srv->busy, 1);
@@ -847,7 +903,7 @@ static void call_handle(rpc_call *c)
 /* Bytes a validated call will move: its request plus the tensor it names (a pull's reply). */
 static size_t call_work_bytes(const rpc_call *c)
 {
-    size_t n = nng_msg_len(c->req);
+    size_t n = c->len;
     const envelope *env = c->f.env;
     if (env->tensor && !c->f.has_segment && env->tensor->count < SIZE_MAX / 8)
         n += (size_t)env->tensor->count * frame_dtype_size(env->tensor->dtype);
@@ -862,7 +918,8 @@ static void call_work(rpc_call *c, bool on_pool)
     if (!c->validated) {
         if (atomic_load(&c->srv->draining)) {
             char ignored[8];
-            (void)frame_parse(c->req, &c->f, ignored, sizeof(ignored)); /* for the request id */
+            (void)frame_parse_bytes(c->data, c->len, &c->f, ignored,
+                                    sizeof(ignored)); /* for the request id */
             rpc_reply_error(c, STATUS_UNAVAILABLE, "server is shutting down");
             call_send(c);
             return;
@@ -928,25 +985,26 @@ static void call_cb(void *arg)
             return;
         }
         c->req = nng_aio_get_msg(c->aio);
+        c->data = nng_msg_body(c->req);
+        c->len = nng_msg_len(c->req);
         if (fault_chance(s, s->cfg.drop_percent)) {
             /* Fault injection: lost on the way in; the client's REQ socket resends it. */
             atomic_fetch_add(&s->dropped, 1);
-            nng_msg_free(c->req);
-            c->req = NULL;
+            call_free_request(c);
             srv_recv(s, c->ctx, c->aio);
             return;
         }
         c->recv_ns = time_now_ns();
         atomic_fetch_add(&s->stats.requests, 1);
         atomic_fetch_add(&s->busy, 1);
-        atomic_fetch_add(&s->stats.bytes_in, nng_msg_len(c->req));
+        atomic_fetch_add(&s->stats.bytes_in, c->len);
         c->state = CALL_WORK;
         c->validated = false;
         c->method = NULL;
         c->status = STATUS_OK;
         c->primary = -1;
         c->gate = NULL;
-        if (nng_msg_len(c->req) <= s->cfg.inline_max)
+        if (c->len <= s->cfg.inline_max)
             call_work(c, false);
         else
             enqueue(s, c);
@@ -1189,8 +1247,7 @@ void rpc_server_stop(rpc_server *s)
                 nng_aio_stop(c->aio);
                 nng_aio_free(c->aio);
             }
-            if (c->req)
-                nng_msg_free(c->req);
+            call_free_request(c);
             if (c->reply)
                 nng_msg_free(c->reply);
             if (c->body)
@@ -1214,7 +1271,7 @@ void rpc_server_stop(rpc_server *s)
     free(s);
 }
 
-/* ---- tests and fuzzing only: requests in memory, no socket (rpc_server.h) ---- */
+/* ---- requests in memory, no socket (rpc_server.h) ---- */
 
 rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
 {
@@ -1244,6 +1301,43 @@ rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
     return s;
 }
 
+/* Runs the request c holds (c->data, c->len) through the generic checks and its handler, on
+ * this thread, and frees what it made; the reply is left in c->reply (NULL: out of memory). */
+static void handle_local(rpc_server *s, rpc_call *c)
+{
+    c->srv = s;
+    c->state = CALL_WORK;
+    c->status = STATUS_OK;
+    c->primary = -1;
+    c->recv_ns = time_now_ns();
+    atomic_fetch_add(&s->stats.requests, 1);
+    atomic_fetch_add(&s->stats.bytes_in, c->len);
+    if (validate(c)) {
+        c->validated = true;
+        bool twice = fault_chance(s, s->cfg.dup_percent);
+        c->method->handler(c, s->cfg.handler_arg);
+        if (twice) {
+            atomic_fetch_add(&s->duplicated, 1);
+            if (c->reply) {
+                nng_msg_free(c->reply);
+                c->reply = NULL;
+            }
+            c->method->handler(c, s->cfg.handler_arg);
+        }
+        if (c->reply == NULL)
+            rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
+    }
+    /* What call_send does, with the reply kept here instead of sent. */
+    if (c->body)
+        protobuf_c_message_free_unpacked(c->body, NULL);
+    c->body = NULL;
+    metrics_record(c, c->reply ? nng_msg_len(c->reply) : 0);
+    frame_fini(&c->f);
+    call_free_request(c);
+    if (c->reply)
+        atomic_fetch_add(&s->stats.bytes_out, nng_msg_len(c->reply));
+}
+
 int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **reply,
                             size_t *reply_len)
 {
@@ -1251,38 +1345,13 @@ int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **r
     *reply_len = 0;
     rpc_call c;
     memset(&c, 0, sizeof(c));
-    c.srv = s;
-    c.state = CALL_WORK;
-    c.status = STATUS_OK;
-    c.primary = -1;
     if (nng_msg_alloc(&c.req, len) != 0)
         return -1;
     if (len)
         memcpy(nng_msg_body(c.req), req, len);
-    c.recv_ns = time_now_ns();
-    atomic_fetch_add(&s->stats.requests, 1);
-    atomic_fetch_add(&s->stats.bytes_in, len);
-    if (validate(&c)) {
-        c.validated = true;
-        bool twice = fault_chance(s, s->cfg.dup_percent);
-        c.method->handler(&c, s->cfg.handler_arg);
-        if (twice) {
-            atomic_fetch_add(&s->duplicated, 1);
-            if (c.reply) {
-                nng_msg_free(c.reply);
-                c.reply = NULL;
-            }
-            c.method->handler(&c, s->cfg.handler_arg);
-        }
-        if (c.reply == NULL)
-            rpc_reply_error(&c, STATUS_INTERNAL, "%s produced no reply", c.method->name);
-    }
-    /* What call_send does, with the reply kept here instead of sent. */
-    if (c.body)
-        protobuf_c_message_free_unpacked(c.body, NULL);
-    metrics_record(&c, c.reply ? nng_msg_len(c.reply) : 0);
-    frame_fini(&c.f);
-    nng_msg_free(c.req);
+    c.data = nng_msg_body(c.req);
+    c.len = len;
+    handle_local(s, &c);
     if (c.reply == NULL)
         return -1; /* not even an error reply could be built: out of memory */
     size_t n = nng_msg_len(c.reply);
@@ -1292,10 +1361,22 @@ int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **r
         return -1;
     }
     memcpy(out, nng_msg_body(c.reply), n);
-    atomic_fetch_add(&s->stats.bytes_out, n);
     nng_msg_free(c.reply);
     *reply = out;
     *reply_len = n;
+    return 0;
+}
+
+int rpc_server_handle_borrowed(rpc_server *s, const void *req, size_t len)
+{
+    rpc_call c;
+    memset(&c, 0, sizeof(c));
+    c.data = req;
+    c.len = len;
+    handle_local(s, &c);
+    if (c.reply == NULL)
+        return -1;
+    nng_msg_free(c.reply);
     return 0;
 }
 

@@ -113,6 +113,18 @@ void rpc_server_set_epoch(rpc_server *s, uint64_t epoch);
 /* The whole request message as received (frame header, envelope, segment), e.g. to forward it
  * to replicas. Valid until the reply is sent. */
 const uint8_t *rpc_call_request(const rpc_call *c, size_t *len);
+/* A reference to a request message that outlives its call: the message is freed once the
+ * call replied and every reference taken on it is released. */
+typedef struct rpc_held rpc_held;
+/* Takes a reference to c's whole request message, whose bytes (rpc_call_request's) it sets in
+ * *data and *len: they stay valid until the reference is released, after the reply too.
+ * NULL when out of memory or when c's bytes are not its own (rpc_server_handle_borrowed):
+ * copy them then. Not thread-safe on one call (its handler's thread takes them). */
+rpc_held *rpc_call_hold_request(rpc_call *c, const uint8_t **data, size_t *len);
+/* One more reference to what h holds. */
+rpc_held *rpc_held_ref(rpc_held *h);
+/* Releases a reference (any thread); NULL is a no-op. */
+void rpc_held_release(rpc_held *h);
 /* The status of the reply set so far, -1 when none is set. */
 int rpc_call_reply_status(const rpc_call *c);
 /* Names the server that serves the request's replica group (Envelope.primary of the reply). */
@@ -169,7 +181,7 @@ uint8_t *rpc_reply_ok_segment(rpc_call *c, const ProtobufCMessage *body, uint64_
 uint8_t *rpc_reply_ok_tensor(rpc_call *c, const ProtobufCMessage *body, int dtype, uint64_t offset,
                              uint64_t count);
 
-/* ---- tests and fuzzing only: requests in memory, no socket ----
+/* ---- requests in memory, no socket (tests, fuzzing, a replica group's own copy) ----
  * A server object with no socket, listener, contexts or threads, so it exposes nothing on the
  * network: tests and fuzz harnesses (tests/fuzz/fuzz_dispatch.c) feed it request bytes with
  * rpc_server_handle_bytes. Of cfg, only max_message, default/max_deadline_ms, methods,
@@ -185,6 +197,10 @@ rpc_server *rpc_server_open_local(const rpc_server_config *cfg);
  * (malloc'd, the caller frees it) and *reply_len, or -1 when out of memory. */
 int rpc_server_handle_bytes(rpc_server *s, const void *req, size_t len, void **reply,
                             size_t *reply_len);
+/* The same on bytes the caller keeps valid and unchanged until it returns (they are read in
+ * place, not copied), discarding the reply: a server's own copy of a replica group applies the
+ * operations of a received REPLICATE batch this way. Returns 0, or -1 when out of memory. */
+int rpc_server_handle_borrowed(rpc_server *s, const void *req, size_t len);
 
 /* Frees a server made by rpc_server_open_local. NULL is a no-op. */
 void rpc_server_close_local(rpc_server *s);

@@ -23,11 +23,15 @@
 /* Bytes of operations one REPLICATE batch carries at most (less when max-message-bytes is). */
 #define BATCH_MAX_BYTES (8u << 20)
 
-/* One logged operation: a whole request message as the primary received it. */
+/* One logged operation: a whole request message as the primary received it. Its bytes are
+ * those of the received message itself, held (the client's request at the primary, the
+ * REPLICATE batch that carried it at a backup), or a copy of them (own) where it could not be. */
 typedef struct rop {
     uint64_t lsn;
-    uint8_t *bytes;
+    const uint8_t *bytes;
     size_t len;
+    rpc_held *held;
+    uint8_t *own;
     rpc_call *call; /* the client's parked call, answered once every backup applied it */
     struct rop *next;
 } rop;
@@ -106,7 +110,8 @@ static struct node {
 static void rop_free(rop *o)
 {
     if (o) {
-        free(o->bytes);
+        rpc_held_release(o->held);
+        free(o->own);
         free(o);
     }
 }
@@ -197,9 +202,17 @@ typedef struct sync_call {
     int status;
     char message[512];
     uint64_t applied;
-    uint8_t *msg; /* the REPLICATE body and segment, built once */
+    /* The batch: the packed ReplicateRequest and the operations that make its segment, each
+     * referenced (or, for one logged as a copy, copied) while the call runs. */
+    uint8_t *body;
     size_t body_len, seg_len;
-    uint32_t deadline_ms;
+    struct batch_op {
+        const uint8_t *bytes;
+        size_t len;
+        rpc_held *held;
+        uint8_t *own;
+    } * ops;
+    size_t nops;
 } sync_call;
 
 static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
@@ -210,7 +223,7 @@ static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
     env.method = PSD__V1__METHOD__REPLICATE;
     env.deadline_ms = deadline_ms;
     env.worker_id = -1;
-    env.body.data = s->msg;
+    env.body.data = s->body;
     env.body.len = s->body_len;
     t.dtype = PSD__V1__DTYPE__FLOAT32;
     t.count = s->seg_len / 4;
@@ -220,7 +233,34 @@ static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
         env.auth_token.data = (uint8_t *)tok;
         env.auth_token.len = strlen(tok);
     }
-    return frame_build(out, &env, s->msg + s->body_len, s->seg_len, NULL);
+    /* The operations go straight from the log into the message: its only copy of them. */
+    uint8_t *seg = NULL;
+    int rv = frame_build(out, &env, NULL, s->seg_len, &seg);
+    if (rv != 0)
+        return rv;
+    size_t at = 0;
+    for (size_t i = 0; i < s->nops; i++) {
+        const struct batch_op *o = &s->ops[i];
+        size_t padded = (o->len + 3) & ~(size_t)3;
+        memcpy(seg + at, o->bytes, o->len);
+        memset(seg + at + o->len, 0, padded - o->len);
+        at += padded;
+    }
+    return 0;
+}
+
+/* Lets go of the batch's operations and body. */
+static void batch_release(sync_call *s)
+{
+    for (size_t i = 0; i < s->nops; i++) {
+        rpc_held_release(s->ops[i].held);
+        free(s->ops[i].own);
+    }
+    free(s->ops);
+    free(s->body);
+    s->ops = NULL;
+    s->nops = 0;
+    s->body = NULL;
 }
 
 static void batch_done(void *arg, int status, const char *message, const frame *reply)
@@ -321,6 +361,7 @@ static void *peer_main(void *arg)
         }
         Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
         uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
+        struct batch_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
         rq.group = G->g;
         rq.epoch = G->epoch;
         rq.first_lsn = first;
@@ -329,33 +370,37 @@ static void *peer_main(void *arg)
         uint64_t sent_last = G->last_lsn;
         rq.n_op_len = nops;
         rq.op_len = lens;
+        /* References to the operations, not copies: the log may drop them meanwhile (the
+         * peer left the view) while the call still needs their bytes. */
         size_t i = 0;
-        for (rop *o = G->head; o && lens && i < nops; o = o->next)
-            if (o->lsn >= first)
-                lens[i++] = o->len;
-        size_t blen = lens ? psd__v1__replicate_request__get_packed_size(&rq) : 0;
-        uint8_t *msg = lens ? malloc(blen + seg + 1) : NULL;
-        if (msg) {
-            psd__v1__replicate_request__pack(&rq, msg);
-            size_t at = blen;
-            i = 0;
-            for (rop *o = G->head; o && i < nops; o = o->next) {
-                if (o->lsn < first)
-                    continue;
-                memcpy(msg + at, o->bytes, o->len);
-                size_t padded = (o->len + 3) & ~(size_t)3;
-                memset(msg + at + o->len, 0, padded - o->len);
-                at += padded;
-                i++;
+        bool ok = lens && ops;
+        for (rop *o = G->head; ok && o && i < nops; o = o->next) {
+            if (o->lsn < first)
+                continue;
+            lens[i] = o->len;
+            ops[i].len = o->len;
+            if (o->held) {
+                ops[i].held = rpc_held_ref(o->held);
+                ops[i].bytes = o->bytes;
+            } else if ((ops[i].own = malloc(o->len)) != NULL) {
+                memcpy(ops[i].own, o->bytes, o->len);
+                ops[i].bytes = ops[i].own;
+            } else {
+                ok = false;
             }
+            i++;
         }
+        sc.ops = ops;
+        sc.nops = i;
+        sc.body_len = ok ? psd__v1__replicate_request__get_packed_size(&rq) : 0;
+        sc.body = ok ? malloc(sc.body_len ? sc.body_len : 1) : NULL;
+        if (sc.body)
+            psd__v1__replicate_request__pack(&rq, sc.body);
         free(lens);
         pthread_mutex_unlock(&G->q);
         int st = STATUS_RESOURCE_EXHAUSTED;
-        if (msg) {
+        if (sc.body) {
             sc.done = false;
-            sc.msg = msg;
-            sc.body_len = blen;
             sc.seg_len = seg;
             sc.applied = 0;
             rpc_call_opts o = {
@@ -370,10 +415,10 @@ static void *peer_main(void *arg)
             } else {
                 snprintf(sc.message, sizeof(sc.message), "could not start the call");
             }
-            free(msg);
         } else {
             snprintf(sc.message, sizeof(sc.message), "out of memory");
         }
+        batch_release(&sc);
         pthread_mutex_lock(&G->q);
         if (st == STATUS_OK) {
             atomic_fetch_add(&node.replicated_ops, sc.applied > first ? sc.applied - first : 0);
@@ -512,19 +557,22 @@ static bool commit_gate(rpc_call *call, void *arg, uint64_t lsn)
  * once every backup in the view applied it. */
 static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
 {
-    size_t len;
-    const uint8_t *req = rpc_call_request(call, &len);
     rop *o = calloc(1, sizeof(*o));
-    uint8_t *copy = o ? malloc(len ? len : 1) : NULL;
-    if (copy == NULL) {
+    if (o && (o->held = rpc_call_hold_request(call, &o->bytes, &o->len)) == NULL) {
+        size_t len;
+        const uint8_t *req = rpc_call_request(call, &len);
+        if ((o->own = malloc(len ? len : 1)) != NULL) {
+            memcpy(o->own, req, len);
+            o->bytes = o->own;
+            o->len = len;
+        }
+    }
+    if (o == NULL || o->bytes == NULL) {
         free(o);
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
                         "out of memory logging the request for the replicas");
         return;
     }
-    memcpy(copy, req, len);
-    o->bytes = copy;
-    o->len = len;
     pthread_mutex_lock(&G->order);
     rpc_call_set_gate(call, commit_gate, G, G->next_lsn);
     h(call, G->st);
@@ -922,24 +970,35 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         (unsigned long long)now);
         return;
     }
+    /* Kept operations reference the batch's message (replicas > 2). */
+    rpc_held *batch = NULL;
+    if (node.cfg.replicas > 2) {
+        const uint8_t *d;
+        size_t l;
+        batch = rpc_call_hold_request(call, &d, &l);
+    }
     size_t at = 0;
     for (size_t i = 0; i < rq->n_op_len; i++) {
         uint64_t lsn = rq->first_lsn + i;
         size_t len = (size_t)rq->op_len[i];
         if (lsn == G->next_lsn) {
-            void *reply = NULL;
-            size_t rlen = 0;
-            if (rpc_server_handle_bytes(G->local, seg + at, len, &reply, &rlen) != 0)
+            /* Applied from the received message's bytes, in place. */
+            if (rpc_server_handle_borrowed(G->local, seg + at, len) != 0)
                 log_error("group %u: out of memory applying lsn %llu", G->g,
                           (unsigned long long)lsn);
-            free(reply);
             G->next_lsn++;
             if (node.cfg.replicas > 2) {
                 /* Kept until every replica applied it: this copy may become the primary that
                  * brings a backup behind it up to date. */
                 rop *o = calloc(1, sizeof(*o));
-                if (o && (o->bytes = malloc(len)) != NULL) {
-                    memcpy(o->bytes, seg + at, len);
+                if (o && batch) {
+                    o->held = rpc_held_ref(batch);
+                    o->bytes = seg + at;
+                } else if (o && (o->own = malloc(len)) != NULL) {
+                    memcpy(o->own, seg + at, len);
+                    o->bytes = o->own;
+                }
+                if (o && o->bytes) {
                     o->len = len;
                     o->lsn = lsn;
                     pthread_mutex_lock(&G->q);
@@ -957,6 +1016,7 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         }
         at += (len + 3) & ~(size_t)3;
     }
+    rpc_held_release(batch);
     rep.applied_lsn = G->next_lsn;
     bool caught_up = G->next_lsn > rq->last_lsn;
     pthread_mutex_unlock(&G->order);

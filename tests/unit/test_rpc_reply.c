@@ -1,7 +1,8 @@
 /* Replies of the RPC layer, in memory (rpc_server_open_local): a handler whose reply body
  * outgrows the envelope's 1 MiB bound gets INTERNAL naming the cause (not "produced no
  * reply"), the INTERNAL is logged with that cause, and rpc_call_max_reply_body is below the
- * bound whatever max-message-bytes says. */
+ * bound whatever max-message-bytes says. Requests run from borrowed bytes are read in place,
+ * and a reference to a request taken in its handler outlives the call. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,9 +35,29 @@ static void handle_list(rpc_call *call, void *arg)
     free(token);
 }
 
+/* What the Push handler saw: the request's bytes, its segment, and a reference taken. */
+static const uint8_t *seen_req, *seen_seg;
+static size_t seen_len, seen_seg_len;
+static rpc_held *held;
+static const uint8_t *held_data;
+static size_t held_len;
+static int pushes;
+
+static void handle_push(rpc_call *call, void *arg)
+{
+    (void)arg;
+    pushes++;
+    seen_req = rpc_call_request(call, &seen_len);
+    seen_seg = rpc_call_segment(call, &seen_seg_len);
+    held = rpc_call_hold_request(call, &held_data, &held_len);
+    Psd__V1__PushReply rep = PSD__V1__PUSH_REPLY__INIT;
+    rpc_reply_ok(call, &rep.base);
+}
+
 static const rpc_method methods[] = {
     {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables", &psd__v1__list_variables_request__descriptor,
      handle_list, 0},
+    {PSD__V1__METHOD__PUSH, "Push", &psd__v1__push_request__descriptor, handle_push, RPC_SEGMENT},
 };
 
 static char logged[4096];
@@ -126,11 +147,95 @@ static void test_body_bound_follows_max_message(void **state)
     rpc_server_close_local(s);
 }
 
+/* A Push of 64 floats as a frame; the caller frees it. */
+static nng_msg *push_frame(void)
+{
+    Psd__V1__PushRequest rq = PSD__V1__PUSH_REQUEST__INIT;
+    rq.name = "v";
+    uint8_t body[64];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    env.method = PSD__V1__METHOD__PUSH;
+    env.request_id = 7;
+    env.body.data = body;
+    env.body.len = psd__v1__push_request__pack(&rq, body);
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 64;
+    env.tensor = &t;
+    nng_msg *m;
+    uint8_t *seg;
+    assert_int_equal(frame_build(&m, &env, NULL, 64 * 4, &seg), 0);
+    for (int i = 0; i < 64 * 4; i++)
+        seg[i] = (uint8_t)i;
+    return m;
+}
+
+/* rpc_server_handle_borrowed reads the caller's bytes in place (no copy), gives the handler no
+ * reference to them (they are not the call's own), and refuses a malformed request without
+ * running a handler. */
+static void test_borrowed_bytes_are_read_in_place(void **state)
+{
+    (void)state;
+    rpc_server_config cfg = {
+        .max_message = 1u << 20, .default_deadline_ms = 1000, .methods = methods, .n_methods = 2};
+    rpc_server *s = rpc_server_open_local(&cfg);
+    assert_non_null(s);
+    nng_msg *m = push_frame();
+    const uint8_t *b = nng_msg_body(m);
+    size_t n = nng_msg_len(m);
+    pushes = 0;
+    assert_int_equal(rpc_server_handle_borrowed(s, b, n), 0);
+    assert_int_equal(pushes, 1);
+    assert_ptr_equal(seen_req, b);
+    assert_int_equal(seen_len, n);
+    assert_ptr_equal(seen_seg, b + n - 64 * 4);
+    assert_int_equal(seen_seg_len, 64 * 4);
+    assert_null(held);
+
+    /* Garbage: refused before any handler (and logged from the borrowed bytes). */
+    uint8_t junk[16] = {'X', 'Y', 1, 0, 4, 0, 0, 0};
+    assert_int_equal(rpc_server_handle_borrowed(s, junk, sizeof(junk)), 0);
+    assert_int_equal(pushes, 1);
+    nng_msg_free(m);
+    rpc_server_close_local(s);
+}
+
+/* A request message the call owns can be held past its reply: the reference keeps the bytes,
+ * equal to the request, until it is released (twice taken, twice released). */
+static void test_held_request_outlives_the_call(void **state)
+{
+    (void)state;
+    rpc_server_config cfg = {
+        .max_message = 1u << 20, .default_deadline_ms = 1000, .methods = methods, .n_methods = 2};
+    rpc_server *s = rpc_server_open_local(&cfg);
+    assert_non_null(s);
+    nng_msg *m = push_frame();
+    void *reply;
+    size_t reply_len;
+    pushes = 0;
+    assert_int_equal(
+        rpc_server_handle_bytes(s, nng_msg_body(m), nng_msg_len(m), &reply, &reply_len), 0);
+    free(reply);
+    assert_int_equal(pushes, 1);
+    assert_non_null(held);
+    assert_int_equal(held_len, nng_msg_len(m));
+    assert_true(held_data != (const uint8_t *)nng_msg_body(m)); /* the call's own copy */
+    rpc_held *second = rpc_held_ref(held);
+    rpc_held_release(held);
+    assert_memory_equal(held_data, nng_msg_body(m), held_len);
+    rpc_held_release(second);
+    rpc_held_release(NULL);
+    nng_msg_free(m);
+    rpc_server_close_local(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_oversized_body_is_internal_and_logged),
         cmocka_unit_test(test_body_bound_follows_max_message),
+        cmocka_unit_test(test_borrowed_bytes_are_read_in_place),
+        cmocka_unit_test(test_held_request_outlives_the_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
