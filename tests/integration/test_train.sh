@@ -413,8 +413,11 @@ run_rejoin() {
     grep -q "worker 1 finished at clock" "$tmp/rja-ps.log" || fail "rja: worker 1 did not leave the barrier"
     echo "rja: ${skip:0:200}"
 
-    # (b) BSP; worker 1 paused until worker 0 has finished and reported.
-    rejoin_cluster rjb 2000
+    # (b) BSP; worker 1 paused until worker 0 has finished and reported. The timeout must
+    # outlast the workers' start (the server counts an expected worker's silence from its own
+    # start): with 2 s a loaded machine evicted both before their first call, worker 1
+    # registered 10 clocks late and ended at clock 209, not at worker 0's 200.
+    rejoin_cluster rjb 6000
     TF_CONFIG=$(tf worker 0) "$PS_WORKER" "${common[@]}" --model-name rjb --staleness 0 \
         --steps 200 --log-format json >"$tmp/rjb-w0.out" 2>"$tmp/rjb-w0.log" &
     w0=$!
