@@ -64,6 +64,43 @@ static void test_roundtrip_with_segment(void **state)
     nng_msg_free(m);
 }
 
+/* nng allocates message bodies without zeroing them (deploy/nng/patches/0005): frame_build
+ * must write the padding between the envelope and the segment itself. Each size is built into
+ * a freed message's memory that was filled with 0xa5 first (the allocator hands it back to an
+ * allocation of the same size; under ASan every new allocation is filled anyway). */
+static void test_padding_written(void **state)
+{
+    (void)state;
+    float data[3] = {1, 2, 3};
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 3;
+    bool pads[8] = {false};
+    for (uint64_t id = 1; id < (1ull << 56); id <<= 1) {
+        envelope env = PSD__V1__ENVELOPE__INIT;
+        env.method = PSD__V1__METHOD__PUSH;
+        env.request_id = id;
+        env.tensor = &t;
+        size_t env_len = psd__v1__envelope__get_packed_size(&env);
+        size_t off = frame_segment_offset(env_len);
+        pads[off - 8 - env_len] = true;
+        nng_msg *dirty;
+        assert_int_equal(nng_msg_alloc(&dirty, off + sizeof(data)), 0);
+        memset(nng_msg_body(dirty), 0xa5, nng_msg_len(dirty));
+        nng_msg_free(dirty);
+        nng_msg *m = build(&env, data, sizeof(data));
+        const uint8_t *p = nng_msg_body(m);
+        for (size_t i = 8 + env_len; i < off; i++)
+            assert_int_equal(p[i], 0);
+        assert_memory_equal(p + off, data, sizeof(data));
+        nng_msg_free(m);
+    }
+    size_t sizes = 0;
+    for (size_t k = 1; k < 8; k++)
+        sizes += pads[k];
+    assert_true(sizes >= 4); /* the loop made envelopes with several padding lengths */
+}
+
 static void test_range_without_segment(void **state)
 {
     (void)state;
@@ -152,9 +189,8 @@ static void test_status_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_with_segment),
-        cmocka_unit_test(test_range_without_segment),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_roundtrip_with_segment), cmocka_unit_test(test_padding_written),
+        cmocka_unit_test(test_range_without_segment),  cmocka_unit_test(test_errors),
         cmocka_unit_test(test_status_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
