@@ -8,6 +8,7 @@
 #include <json-c/json.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,10 +22,17 @@
 
 #define ETCD_MAX_ENDPOINTS 16
 
+#define ETCD_MAX_ADDRS 4
+
 typedef struct endpoint {
     char host[280];
     char port[8];
     char name[320]; /* http://host:port */
+    /* The addresses the host resolved to last (under the client's lock): calls connect to
+     * them without asking DNS again, and resolve afresh only when none of them connects. */
+    struct sockaddr_storage addr[ETCD_MAX_ADDRS];
+    socklen_t addrlen[ETCD_MAX_ADDRS];
+    int naddr;
 } endpoint;
 
 struct etcd_client {
@@ -32,6 +40,7 @@ struct etcd_client {
     int n_ep;
     int timeout_ms;
     atomic_int preferred; /* the endpoint that answered last */
+    pthread_mutex_t lock; /* the endpoints' address caches */
 };
 
 static int64_t mono_ms(void)
@@ -53,6 +62,7 @@ int etcd_client_create(etcd_client **out, const char *endpoints, int timeout_ms,
     if (c == NULL)
         return errf(err, errlen, "out of memory"), ETCD_EFAILED;
     c->timeout_ms = timeout_ms;
+    pthread_mutex_init(&c->lock, NULL);
     const char *p = endpoints;
     while (*p) {
         size_t len = strcspn(p, ",");
@@ -139,6 +149,9 @@ int etcd_client_create(etcd_client **out, const char *endpoints, int timeout_ms,
 
 void etcd_client_destroy(etcd_client *c)
 {
+    if (c == NULL)
+        return;
+    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -167,35 +180,156 @@ static int wait_fd(int fd, short events, int64_t deadline)
     }
 }
 
-static int connect_to(const endpoint *e, int64_t deadline, char *err, size_t errlen)
+/* getaddrinfo has no deadline: a slow or unanswering DNS server (a container network's, on a
+ * loaded machine) would hold a lease renewal past the lease. A resolver thread does it; the
+ * caller waits until its deadline and, if the answer is late, leaves it to the thread. */
+typedef struct resolve_job {
+    pthread_mutex_t lock;
+    pthread_cond_t done_cv;
+    int refs; /* the caller's and the thread's */
+    bool done;
+    int rc;
+    struct addrinfo *res;
+    char host[280], port[8];
+} resolve_job;
+
+static void job_release(resolve_job *j)
 {
+    pthread_mutex_lock(&j->lock);
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->lock);
+    if (last) {
+        if (j->res)
+            freeaddrinfo(j->res);
+        pthread_cond_destroy(&j->done_cv);
+        pthread_mutex_destroy(&j->lock);
+        free(j);
+    }
+}
+
+static void *resolve_main(void *arg)
+{
+    resolve_job *j = arg;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *res = NULL;
-    int g = getaddrinfo(e->host, e->port, &hints, &res);
-    if (g != 0)
-        return errf(err, errlen, "cannot resolve %s: %s", e->host, gai_strerror(g));
-    int fd = -1, saved = 0;
-    for (struct addrinfo *a = res; a != NULL; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    int rc = getaddrinfo(j->host, j->port, &hints, &res);
+    pthread_mutex_lock(&j->lock);
+    j->rc = rc;
+    j->res = rc == 0 ? res : NULL;
+    j->done = true;
+    pthread_cond_signal(&j->done_cv);
+    pthread_mutex_unlock(&j->lock);
+    job_release(j);
+    return NULL;
+}
+
+/* Resolves e's host into its address cache before the deadline: 0, or -1 with err set. */
+static int resolve(etcd_client *c, endpoint *e, int64_t deadline, char *err, size_t errlen)
+{
+    resolve_job *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return errf(err, errlen, "out of memory resolving %s", e->host);
+    pthread_mutex_init(&j->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    snprintf(j->host, sizeof(j->host), "%s", e->host);
+    snprintf(j->port, sizeof(j->port), "%s", e->port);
+    j->refs = 2;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int pe = pthread_create(&th, &attr, resolve_main, j);
+    pthread_attr_destroy(&attr);
+    if (pe != 0) {
+        j->refs = 1;
+        job_release(j);
+        return errf(err, errlen, "cannot resolve %s: no thread for it: %s", e->host, strerror(pe));
+    }
+    struct timespec until = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
+    pthread_mutex_lock(&j->lock);
+    while (!j->done && pthread_cond_timedwait(&j->done_cv, &j->lock, &until) != ETIMEDOUT)
+        ;
+    bool done = j->done;
+    int rc = j->rc;
+    int n = 0;
+    if (done && rc == 0) {
+        pthread_mutex_lock(&c->lock);
+        for (struct addrinfo *a = j->res; a != NULL && n < ETCD_MAX_ADDRS; a = a->ai_next) {
+            if (a->ai_addrlen > sizeof(e->addr[n]))
+                continue;
+            memcpy(&e->addr[n], a->ai_addr, a->ai_addrlen);
+            e->addrlen[n] = a->ai_addrlen;
+            n++;
+        }
+        e->naddr = n;
+        pthread_mutex_unlock(&c->lock);
+    }
+    pthread_mutex_unlock(&j->lock);
+    job_release(j);
+    if (!done)
+        return errf(err, errlen, "cannot resolve %s: no answer from DNS within the deadline",
+                    e->host);
+    if (rc != 0)
+        return errf(err, errlen, "cannot resolve %s: %s", e->host, gai_strerror(rc));
+    if (n == 0)
+        return errf(err, errlen, "cannot resolve %s: no usable address", e->host);
+    return 0;
+}
+
+/* Connects to one of the cached addresses: the fd, or -1 with *saved set to the last errno. */
+static int connect_cached(etcd_client *c, endpoint *e, int64_t deadline, int *saved)
+{
+    struct sockaddr_storage addr[ETCD_MAX_ADDRS];
+    socklen_t len[ETCD_MAX_ADDRS];
+    pthread_mutex_lock(&c->lock);
+    int n = e->naddr;
+    memcpy(addr, e->addr, sizeof(addr));
+    memcpy(len, e->addrlen, sizeof(len));
+    pthread_mutex_unlock(&c->lock);
+    for (int i = 0; i < n; i++) {
+        int fd = socket(addr[i].ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) {
-            saved = errno;
+            *saved = errno;
             continue;
         }
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
-            break;
+        if (connect(fd, (struct sockaddr *)&addr[i], len[i]) == 0)
+            return fd;
         if (errno == EINPROGRESS && wait_fd(fd, POLLOUT, deadline) == 0) {
             int soerr = 0;
             socklen_t sl = sizeof(soerr);
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
             if (soerr == 0)
-                break;
+                return fd;
             errno = soerr;
         }
-        saved = errno;
+        *saved = errno;
         close(fd);
-        fd = -1;
     }
-    freeaddrinfo(res);
+    return -1;
+}
+
+/* Connects to e: its cached addresses first; when none answers (or none is known), the host is
+ * resolved again, within the deadline, and tried once more. */
+static int connect_to(etcd_client *c, endpoint *e, int64_t deadline, char *err, size_t errlen)
+{
+    int saved = 0;
+    pthread_mutex_lock(&c->lock);
+    bool known = e->naddr > 0;
+    pthread_mutex_unlock(&c->lock);
+    if (known) {
+        int fd = connect_cached(c, e, deadline, &saved);
+        if (fd >= 0)
+            return fd;
+        if (mono_ms() >= deadline)
+            return errf(err, errlen, "cannot connect: timed out");
+    }
+    if (resolve(c, e, deadline, err, errlen) != 0)
+        return -1;
+    int fd = connect_cached(c, e, deadline, &saved);
     if (fd < 0)
         return errf(err, errlen, "cannot connect: %s",
                     saved == ETIMEDOUT ? "timed out" : strerror(saved));
@@ -250,12 +384,12 @@ static long dechunk(char *body, size_t len)
 
 /* One POST to one endpoint. Returns the HTTP status with the body in *out (NUL-terminated,
  * caller frees), or -1 for a transport failure (err says which). */
-static int http_post(const endpoint *e, int timeout_ms, const char *path, const char *body,
-                     char **out, char *err, size_t errlen)
+static int http_post(etcd_client *c, endpoint *e, int timeout_ms, const char *path,
+                     const char *body, char **out, char *err, size_t errlen)
 {
     *out = NULL;
     int64_t deadline = mono_ms() + timeout_ms;
-    int fd = connect_to(e, deadline, err, errlen);
+    int fd = connect_to(c, e, deadline, err, errlen);
     if (fd < 0)
         return -1;
     size_t blen = strlen(body);
@@ -369,7 +503,7 @@ static int etcd_call(etcd_client *c, const char *path, json_object *req, json_ob
         int i = (first + k) % c->n_ep;
         char e1[300];
         char *text = NULL;
-        int status = http_post(&c->ep[i], c->timeout_ms, path, body, &text, e1, sizeof(e1));
+        int status = http_post(c, &c->ep[i], c->timeout_ms, path, body, &text, e1, sizeof(e1));
         if (status < 0) {
             used += (size_t)snprintf(all + used, used < sizeof(all) ? sizeof(all) - used : 0,
                                      "%s%s: %s", used ? "; " : "", c->ep[i].name, e1);
