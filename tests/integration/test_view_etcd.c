@@ -6,7 +6,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,6 +301,121 @@ static void test_etcd_restart(void **state)
     etcd_client_destroy(c);
 }
 
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return -1;
+    int rc = fputs(text, f) >= 0 ? 0 : -1;
+    return fclose(f) == 0 ? rc : -1;
+}
+
+/* The child of test_dns_deadline_and_cache, in its own mount namespace: /etc/hosts names the
+ * test's etcd "psd-etcd-test", /etc/resolv.conf points at a loopback address where a UDP
+ * socket takes queries and never answers. Exit 0 when every check held, 77 when the
+ * namespace cannot be made, 1 otherwise. */
+static int dns_child(void)
+{
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        fprintf(stderr, "SKIP: no mount namespace (needs root): %s\n", strerror(errno));
+        return 77;
+    }
+    char hosts[] = "/tmp/psd-hosts-XXXXXX", resolv[] = "/tmp/psd-resolv-XXXXXX";
+    int hfd = mkstemp(hosts), rfd = mkstemp(resolv);
+    if (hfd < 0 || rfd < 0)
+        return 1;
+    close(hfd);
+    close(rfd);
+    int rc = 1;
+    int u = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(53)};
+    inet_pton(AF_INET, "127.0.0.77", &a.sin_addr);
+    if (u < 0 || bind(u, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        fprintf(stderr, "SKIP: cannot take 127.0.0.77:53 for a silent DNS server: %s\n",
+                strerror(errno));
+        rc = 77;
+        goto out;
+    }
+    char text[256];
+    snprintf(text, sizeof(text), "127.0.0.1 psd-etcd-test\n");
+    if (write_file(hosts, text) != 0 ||
+        write_file(resolv, "nameserver 127.0.0.77\noptions timeout:5 attempts:2\n") != 0 ||
+        mount(hosts, "/etc/hosts", NULL, MS_BIND, NULL) != 0 ||
+        mount(resolv, "/etc/resolv.conf", NULL, MS_BIND, NULL) != 0) {
+        fprintf(stderr, "SKIP: cannot bind-mount /etc/hosts and /etc/resolv.conf: %s\n",
+                strerror(errno));
+        rc = 77;
+        goto out;
+    }
+    char ep[96], err[1024], *v = NULL;
+    snprintf(ep, sizeof(ep), "http://psd-etcd-test:%d", etcd.client_port);
+    etcd_client *c = NULL;
+    if (etcd_client_create(&c, ep, 700, err, sizeof(err)) != 0)
+        goto out;
+    /* Resolved through /etc/hosts: the call works and the address is kept. */
+    if (etcd_put(c, "/dns/k", "v", 1, 0, err, sizeof(err)) != 0) {
+        fprintf(stderr, "put by name: %s\n", err);
+        goto out;
+    }
+    /* The name gone from /etc/hosts (now only the silent DNS server could answer): calls go
+     * on to the address resolved before, without asking. */
+    if (write_file(hosts, "127.0.0.1 localhost\n") != 0)
+        goto out;
+    double t0 = mono_s();
+    int g = etcd_get(c, "/dns/k", &v, NULL, NULL, err, sizeof(err));
+    double dt = mono_s() - t0;
+    if (g != 0 || v == NULL || strcmp(v, "v") != 0 || dt > 0.6) {
+        fprintf(stderr, "get by the kept address: rc %d in %.2f s: %s\n", g, dt, g ? err : "");
+        goto out;
+    }
+    free(v);
+    etcd_client_destroy(c);
+    /* A name only DNS could resolve, and DNS never answers: the call fails by its deadline
+     * (700 ms), not after the resolver's 2 x 5 s, and says why. */
+    snprintf(ep, sizeof(ep), "http://psd-silent-dns.invalid:%d", etcd.client_port);
+    if (etcd_client_create(&c, ep, 700, err, sizeof(err)) != 0)
+        goto out;
+    t0 = mono_s();
+    g = etcd_get(c, "/dns/k", &v, NULL, NULL, err, sizeof(err));
+    dt = mono_s() - t0;
+    etcd_client_destroy(c);
+    fprintf(stderr, "silent DNS: rc %d after %.2f s: %s\n", g, dt, err);
+    if (g != 0 && dt < 2.0 && strstr(err, "no answer from DNS within the deadline") != NULL)
+        rc = 0;
+out:
+    if (u >= 0)
+        close(u);
+    unlink(hosts);
+    unlink(resolv);
+    return rc;
+}
+
+/* Name resolution cannot hold a call past its deadline (a renewal past its lease), and a
+ * resolved address is kept: run in a child with its own /etc/hosts and a DNS server that
+ * never answers. */
+static void test_dns_deadline_and_cache(void **state)
+{
+    (void)state;
+    fflush(stdout);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(dns_child());
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77)
+        skip();
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     if (etcd_proc_binary() == NULL) {
@@ -308,9 +428,13 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_endpoints_parse), cmocka_unit_test(test_keys_and_cas),
-        cmocka_unit_test(test_leases),          cmocka_unit_test(test_view_json),
-        cmocka_unit_test(test_unreachable),     cmocka_unit_test(test_etcd_restart),
+        cmocka_unit_test(test_endpoints_parse),
+        cmocka_unit_test(test_keys_and_cas),
+        cmocka_unit_test(test_leases),
+        cmocka_unit_test(test_view_json),
+        cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_etcd_restart),
+        cmocka_unit_test(test_dns_deadline_and_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     etcd_proc_stop(&etcd);
