@@ -407,6 +407,27 @@ static void *wire_pusher_run(void *arg)
     return NULL;
 }
 
+/* The bench's table made over the wire and its c->rows rows made by first touch (g: room for
+ * a batch of gradient rows, filled here); the seconds that took, or -1 (*tb may be set). */
+static double wire_make_rows(ps_client *cl, const config *c, uint32_t dim, float *g, ps_table **tb)
+{
+    const size_t b = c->batch;
+    for (size_t i = 0; i < b * dim; i++)
+        g[i] = 0.001f * (float)((i % 7) + 1);
+    ps_table_spec ts;
+    ps_table_spec_init(&ts, "bench/emb", dim, (ps_optimizer)c->opt);
+    ts.initializer = PS_INIT_UNIFORM;
+    ts.init_a = -0.05;
+    ts.init_b = 0.05;
+    ts.seed = 1;
+    if (ps_table_create(cl, &ts, tb) != PS_OK) {
+        fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
+        return -1;
+    }
+    uint32_t fill_batches = (uint32_t)((c->rows + b - 1) / b);
+    return wire_calls(*tb, true, NULL, c->rows, b, fill_batches, c->inflight, g, NULL, dim);
+}
+
 /* Resident and peak resident bytes of a process (/proc/PID/status VmRSS, VmHWM). */
 static void proc_rss(pid_t pid, uint64_t *rss, uint64_t *hwm)
 {
@@ -450,20 +471,7 @@ static int run_wire_fill(const config *c, uint32_t dim)
     }
     if (cl == NULL || g == NULL)
         goto out;
-    for (size_t i = 0; i < b * dim; i++)
-        g[i] = 0.001f * (float)((i % 7) + 1);
-    ps_table_spec ts;
-    ps_table_spec_init(&ts, "bench/emb", dim, (ps_optimizer)c->opt);
-    ts.initializer = PS_INIT_UNIFORM;
-    ts.init_a = -0.05;
-    ts.init_b = 0.05;
-    ts.seed = 1;
-    if (ps_table_create(cl, &ts, &tb) != PS_OK) {
-        fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
-        goto out;
-    }
-    uint32_t fill_batches = (uint32_t)((c->rows + b - 1) / b);
-    double fill = wire_calls(tb, true, NULL, c->rows, b, fill_batches, c->inflight, g, NULL, dim);
+    double fill = wire_make_rows(cl, c, dim, g, &tb);
     if (fill < 0)
         goto out;
     ps_table_info ti = {.struct_size = sizeof(ti)};
@@ -535,20 +543,7 @@ static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, c
     float *out = malloc((size_t)c->inflight * b * dim * sizeof(float));
     if (cl == NULL || ids == NULL || g == NULL || out == NULL)
         goto out;
-    for (size_t i = 0; i < b * dim; i++)
-        g[i] = 0.001f * (float)((i % 7) + 1);
-    ps_table_spec ts;
-    ps_table_spec_init(&ts, "bench/emb", dim, (ps_optimizer)c->opt);
-    ts.initializer = PS_INIT_UNIFORM;
-    ts.init_a = -0.05;
-    ts.init_b = 0.05;
-    ts.seed = 1;
-    if (ps_table_create(cl, &ts, &tb) != PS_OK) {
-        fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
-        goto out;
-    }
-    uint32_t fill_batches = (uint32_t)((c->rows + b - 1) / b);
-    double fill = wire_calls(tb, true, NULL, c->rows, b, fill_batches, c->inflight, g, NULL, dim);
+    double fill = wire_make_rows(cl, c, dim, g, &tb);
     for (size_t i = 0; i < nids; i++)
         ids[i] = rank_id(zipf_draw(zf));
     double push = wire_calls(tb, true, ids, 0, b, c->batches, c->inflight, g, NULL, dim);
