@@ -19,7 +19,7 @@ meson test -C build --print-errorlogs --num-processes "$jobs"
 
 # Sanitizers: jemalloc is off (ASan brings its own allocator) and so is CUDA (its runtime
 # trips ASan's checks without a device).
-# Suite known-leak: tests with a leak LeakSanitizer reports and that is not yet found
+# Suite known-leak: tests with a leak LeakSanitizer reported that is not shown fixed yet
 # (bench/meson.build says which); they run in the normal build above.
 if [ ! -f build-asan/build.ninja ]; then
   meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Djemalloc=disabled \
