@@ -1096,6 +1096,11 @@ bool rpc_call_deferred_here(const rpc_call *c)
     return deferred_now == c;
 }
 
+bool rpc_call_trusted(const rpc_call *c)
+{
+    return c->srv != NULL && c->srv->cfg.trusted;
+}
+
 void rpc_call_set_gate(rpc_call *c, rpc_resume_gate gate, void *arg, uint64_t tag)
 {
     c->gate = gate;

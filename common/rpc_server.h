@@ -132,6 +132,9 @@ void rpc_call_set_primary(rpc_call *c, uint32_t primary);
 /* Whether the handler that just returned on this thread parked c (rpc_call_defer): then c is
  * no longer the caller's to touch. Compares pointers only. */
 bool rpc_call_deferred_here(const rpc_call *c);
+/* Whether c came through a trusted local server (rpc_server_open_local: a replica applying
+ * its group's log), not from the network. */
+bool rpc_call_trusted(const rpc_call *c);
 
 const envelope *rpc_call_envelope(const rpc_call *c);
 /* The unpacked Envelope.body, of the method's request type. */

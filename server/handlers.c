@@ -974,7 +974,17 @@ static void handle_clock(rpc_call *call, void *arg)
     const Psd__V1__ClockRequest *req = (const void *)rpc_call_body(call);
     Psd__V1__ClockReply rep = PSD__V1__CLOCK_REPLY__INIT;
     int64_t min;
-    if (req != NULL && req->finished) {
+    if (req != NULL && req->evict) {
+        if (!rpc_call_trusted(call)) {
+            rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                            "clock: evict is internal to replication (a replicated group's "
+                            "primary logs its evictions); it is not a client's request");
+            return;
+        }
+        sync_evict(st, env->worker_id);
+        min = sync_min_clock(st);
+        rep.clock = env->clock;
+    } else if (req != NULL && req->finished) {
         sync_leave(st, env->worker_id, env->client_id, env->clock);
         min = sync_min_clock(st);
         rep.clock = env->clock;

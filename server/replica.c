@@ -82,10 +82,19 @@ typedef struct rgroup {
     bool fresh; /* a copy was installed since this server was last live (q) */
     rpeer peers[REPLICA_MAX];
     uint32_t npeers;
-    /* A parked update resumed (a staleness wait ended) before run_update logged it (q). */
-    rpc_call *early;
-    uint64_t early_lsn;
+    /* Parked calls resumed (a staleness wait or BSP barrier ended) before the log position
+     * their reply depends on was applied by every backup in the view: each answered once
+     * committed reaches its lsn (q). */
+    rop *riders;
 } rgroup;
+
+/* The group and log position of the update this thread applies now (run_update, log_evict):
+ * calls it resumes (waits it ended: their replies show its effect) go out only once it is
+ * applied everywhere. */
+static _Thread_local struct {
+    const struct rgroup *G;
+    uint64_t lsn;
+} applying;
 
 static struct node {
     bool on;
@@ -152,6 +161,17 @@ static rop *progress_locked(rgroup *G)
         o->next = NULL;
         *tail = o;
         tail = &o->next;
+    }
+    for (rop **pp = &G->riders; *pp;) {
+        rop *r = *pp;
+        if (r->lsn <= G->committed) {
+            *pp = r->next;
+            r->next = NULL;
+            *tail = r;
+            tail = &r->next;
+        } else {
+            pp = &r->next;
+        }
     }
     /* Calls of operations kept for a catching-up backup are answered all the same. */
     for (rop *o = G->head; o && o->lsn <= G->committed; o = o->next) {
@@ -520,12 +540,16 @@ static rpc_handler_fn original_handler(const rpc_method *m)
     return NULL;
 }
 
-/* The resume gate of an update its handler parked (a Step that waits for the staleness bound):
- * its reply, set when the wait ends, goes out only once every backup in the view applied the
- * update (its pushes and clock), as any update's. Returns true when it keeps the call. */
+/* The resume gate of a call its handler parked (a Step or pull that waits for the staleness
+ * bound or the BSP barrier): its reply, set when the wait ends, goes out only once every backup
+ * in the view applied the update it made (lsn: a Step's pushes and clock; 0 for a pull) and
+ * the update whose apply ended the wait (another worker's clock, a logged eviction), whose
+ * effect the reply may show. Returns true when it keeps the call. */
 static bool commit_gate(rpc_call *call, void *arg, uint64_t lsn)
 {
     rgroup *G = arg;
+    if (applying.G == G && applying.lsn > lsn)
+        lsn = applying.lsn;
     bool kept = false;
     pthread_mutex_lock(&G->q);
     if (G->committed >= lsn) {
@@ -536,21 +560,91 @@ static bool commit_gate(rpc_call *call, void *arg, uint64_t lsn)
                         "retry",
                         node.cfg.self, G->g);
     } else {
-        for (rop *o = G->head; o; o = o->next) {
-            if (o->lsn == lsn) {
-                o->call = call;
-                kept = true;
-                break;
-            }
+        rop *r = calloc(1, sizeof(*r));
+        if (r == NULL) {
+            pthread_mutex_unlock(&G->q);
+            rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                            "out of memory holding a reply until the replicas applied its "
+                            "update: retry");
+            return false;
         }
-        if (!kept) { /* not in the log yet: run_update, which holds the order lock, takes it */
-            G->early = call;
-            G->early_lsn = lsn;
-            kept = true;
-        }
+        r->lsn = lsn;
+        r->call = call;
+        r->next = G->riders;
+        G->riders = r;
+        kept = true;
     }
     pthread_mutex_unlock(&G->q);
     return kept;
+}
+
+/* Appends o, just applied, to the log for the streams (order and q held); returns the calls
+ * now answered (with no backup in the view: its own at once). */
+static rop *append_locked(rgroup *G, rop *o)
+{
+    if (G->tail)
+        G->tail->next = o;
+    else
+        G->head = o;
+    G->tail = o;
+    G->last_lsn = o->lsn;
+    rop *done = progress_locked(G);
+    pthread_cond_broadcast(&G->qcond);
+    return done;
+}
+
+/* sync_evict_fn of the groups this server serves: the eviction of a silent worker, logged as an
+ * internal Clock request (evict) and applied here through the handler the backups apply it
+ * with, so that every replica evicts it, and applies the BSP aggregates it held back, at the
+ * same point of the log. */
+static void log_evict(void *arg, int32_t worker)
+{
+    rgroup *G = arg;
+    Psd__V1__ClockRequest rq = PSD__V1__CLOCK_REQUEST__INIT;
+    rq.evict = true;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__CLOCK;
+    env.worker_id = worker;
+    env.body.data = body;
+    env.body.len = psd__v1__clock_request__pack(&rq, body);
+    nng_msg *m = NULL;
+    rop *o = calloc(1, sizeof(*o));
+    if (o == NULL || frame_build(&m, &env, NULL, 0, NULL) != 0 ||
+        (o->own = malloc(nng_msg_len(m))) == NULL) {
+        log_error("group %u: out of memory logging the eviction of worker %d (the next sweep "
+                  "tries again)",
+                  G->g, (int)worker);
+        if (m)
+            nng_msg_free(m);
+        free(o);
+        return;
+    }
+    o->len = nng_msg_len(m);
+    memcpy(o->own, nng_msg_body(m), o->len);
+    o->bytes = o->own;
+    nng_msg_free(m);
+    pthread_mutex_lock(&G->order);
+    pthread_mutex_lock(&G->q);
+    bool serving = G->serving;
+    pthread_mutex_unlock(&G->q);
+    /* Heard from since the sweep looked, or no longer this server's to evict: nothing. */
+    if (!serving || !sync_worker_silent(G->st, worker)) {
+        pthread_mutex_unlock(&G->order);
+        rop_free(o);
+        return;
+    }
+    applying.G = G;
+    applying.lsn = G->next_lsn;
+    if (rpc_server_handle_borrowed(G->local, o->bytes, o->len) != 0)
+        log_error("group %u: out of memory applying the eviction of worker %d", G->g, (int)worker);
+    applying.G = NULL;
+    o->lsn = G->next_lsn++;
+    pthread_mutex_lock(&G->q);
+    rop *done = append_locked(G, o);
+    pthread_mutex_unlock(&G->q);
+    pthread_mutex_unlock(&G->order);
+    answer(done);
 }
 
 /* Runs an updating request on the group this server serves: in log order, streamed, answered
@@ -575,16 +669,15 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
     }
     pthread_mutex_lock(&G->order);
     rpc_call_set_gate(call, commit_gate, G, G->next_lsn);
+    applying.G = G;
+    applying.lsn = G->next_lsn;
     h(call, G->st);
+    applying.G = NULL;
     bool parked = rpc_call_deferred_here(call);
     if (!parked)
         rpc_call_set_gate(call, NULL, NULL, 0);
     o->lsn = G->next_lsn++;
     pthread_mutex_lock(&G->q);
-    if (G->early && G->early_lsn == o->lsn) {
-        o->call = G->early;
-        G->early = NULL;
-    }
     bool wait = atomic_load(&node.uncertain); /* alone and uncertain: hold the reply */
     for (uint32_t i = 0; i < G->npeers; i++)
         if (G->peers[i].in_view)
@@ -596,15 +689,8 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
         else
             blocking = true; /* no room to park: this thread waits instead */
     }
-    if (G->tail)
-        G->tail->next = o;
-    else
-        G->head = o;
-    G->tail = o;
-    G->last_lsn = o->lsn;
     uint64_t lsn = o->lsn;
-    rop *done = progress_locked(G); /* with no backup in the view: itself at once */
-    pthread_cond_broadcast(&G->qcond);
+    rop *done = append_locked(G, o);
     pthread_mutex_unlock(&G->order);
     if (blocking) {
         while (G->committed < lsn && !atomic_load(&node.stopping))
@@ -671,17 +757,12 @@ static void dispatch(rpc_call *call, void *arg)
                             g, (unsigned long long)epoch);
         return;
     }
-    if (m->method == PSD__V1__METHOD__CREATE_VARIABLE) {
-        const Psd__V1__CreateVariableRequest *rq =
-            (const Psd__V1__CreateVariableRequest *)rpc_call_body(call);
-        int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
-        if (s == -2)
-            s = G->st->default_staleness;
-        if (s == 0) {
-            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                            "variable %s: staleness %d (BSP) is not supported with replicas "
-                            "%u: create it with staleness -1 (asynchronous) or >= 1 (SSP)",
-                            rq->spec->name, s, node.cfg.replicas);
+    if (m->method == PSD__V1__METHOD__CLOCK) {
+        const Psd__V1__ClockRequest *rq = (const Psd__V1__ClockRequest *)rpc_call_body(call);
+        if (rq && rq->evict) { /* refused before it is logged: backups trust their log */
+            rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                            "clock: evict is internal to replication (a replicated group's "
+                            "primary logs its evictions); it is not a client's request");
             return;
         }
     }
@@ -700,7 +781,12 @@ static void dispatch(rpc_call *call, void *arg)
         }
     }
     if (!is_update(m->method)) {
+        /* A pull that parks (staleness bound, BSP barrier) is answered by the update that ends
+         * its wait: its reply goes out once that update is applied everywhere (commit_gate). */
+        rpc_call_set_gate(call, commit_gate, G, 0);
         h(call, G->st);
+        if (!rpc_call_deferred_here(call))
+            rpc_call_set_gate(call, NULL, NULL, 0);
         return;
     }
     run_update(call, G, h);
@@ -1241,6 +1327,7 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
     rpc_server_close_local(G->local);
     G->local = local;
     G->st = st;
+    sync_set_logged(st, log_evict, G);
     G->next_lsn = lsn;
     G->ready = true;
     pthread_mutex_lock(&G->q);
@@ -1432,6 +1519,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
+        sync_set_logged(G->st, log_evict, G);
         for (uint32_t j = 0; j < cfg->replicas; j++) {
             uint32_t s = (g + j) % cfg->num_servers;
             if (s == cfg->self)
@@ -1612,6 +1700,19 @@ void replica_set_view(const view *v)
                 moved = a;
             }
             free_log_locked(G);
+            /* Replies held for updates not applied everywhere: not sent; retried elsewhere. */
+            while (G->riders) {
+                rop *r = G->riders;
+                G->riders = r->next;
+                if (v->primary[g] >= 0)
+                    rpc_call_set_primary(r->call, (uint32_t)v->primary[g]);
+                rpc_reply_error(r->call, STATUS_UNAVAILABLE,
+                                "server %u no longer serves group %u (view epoch %llu): the "
+                                "update this reply depends on was not acknowledged: retry",
+                                self, g, (unsigned long long)v->epoch);
+                r->next = moved;
+                moved = r;
+            }
         }
         bool degraded = false;
         for (uint32_t i = 0; i < G->npeers; i++) {
@@ -1785,6 +1886,14 @@ void replica_stop(void)
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
+        if (G->riders) {
+            rop *r = G->riders;
+            while (r->next)
+                r = r->next;
+            r->next = o;
+            o = G->riders;
+            G->riders = NULL;
+        }
         pthread_mutex_unlock(&G->q);
         while (o) {
             rop *n = o->next;

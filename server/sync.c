@@ -55,6 +55,9 @@ struct sync_state {
     waiter *waiters;
     uint64_t timeout_ns;
     bool mean;
+    /* A replicated group's state (sync_set_logged): liveness changes only through its log. */
+    sync_evict_fn evict;
+    void *evict_arg;
     atomic_uint_fast64_t evictions;
     atomic_int_fast64_t st_max;
     atomic_uint_fast64_t st_hist[STALENESS_BUCKETS];
@@ -163,7 +166,7 @@ int64_t sync_min_clock(server_state *st)
 
 /* Registers or refreshes a worker; called with the lock held. client: the caller's
  * Envelope.client_id, or 0 when unknown (then a worker that left is not re-registered). */
-static void heard_locked(sync_state *s, int32_t worker, uint64_t client)
+static void heard_locked(sync_state *s, int32_t worker, uint64_t client, bool logged)
 {
     if (worker < 0 || worker >= s->max_workers)
         return;
@@ -171,6 +174,8 @@ static void heard_locked(sync_state *s, int32_t worker, uint64_t client)
     w->last_ns = time_now_ns();
     if (w->live)
         return;
+    if (s->evict && !logged)
+        return; /* a replicated group: only its logged requests re-register (sync_set_logged) */
     if (w->left && (client == 0 || client == w->left_client))
         return; /* a finished worker's last calls (its final pulls): it stays out */
     int64_t m = min_live_locked(s);
@@ -215,7 +220,7 @@ void sync_heard(server_state *st, int32_t worker)
         return;
     }
     pthread_mutex_lock(&st->sync->lock);
-    heard_locked(st->sync, worker, 0);
+    heard_locked(st->sync, worker, 0, true);
     pthread_mutex_unlock(&st->sync->lock);
 }
 
@@ -387,7 +392,7 @@ int64_t sync_clock(server_state *st, int32_t worker, uint64_t client, int64_t cl
         return clock;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker, client);
+    heard_locked(s, worker, client, true);
     worker_entry *w = &s->workers[worker];
     if (clock > w->clock)
         w->clock = clock;
@@ -504,7 +509,7 @@ void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, 
         return;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker, rpc_call_envelope(call)->client_id);
+    heard_locked(s, worker, rpc_call_envelope(call)->client_id, true);
     int64_t m = min_live_locked(s);
     if (need <= s->applied_min) {
         pthread_mutex_unlock(&s->lock);
@@ -533,7 +538,9 @@ void sync_pull(server_state *st, rpc_call *call, variable *v, int32_t worker, in
         return;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker, rpc_call_envelope(call)->client_id);
+    /* A pull is not an update: in a replicated group it is not logged, so it does not
+     * re-register an evicted worker there (the worker's next clock or push does). */
+    heard_locked(s, worker, rpc_call_envelope(call)->client_id, false);
     int64_t m = min_live_locked(s);
     int64_t need = v->staleness >= 0 ? clock - v->staleness : INT64_MIN;
     if (v->staleness < 0 || need <= s->applied_min) {
@@ -579,27 +586,80 @@ static void describe_blockers(sync_state *s, const waiter *w, uint64_t now, char
         snprintf(buf, cap, "the aggregated update of clock %lld", (long long)(w->need - 1));
 }
 
+/* Whether worker e has been silent for longer than the timeout at now (lock held). */
+static bool silent_locked(const sync_state *s, const worker_entry *e, uint64_t now)
+{
+    return e->live && now > e->last_ns && now - e->last_ns > s->timeout_ns;
+}
+
+static void evict_locked(sync_state *s, int32_t i, uint64_t now)
+{
+    worker_entry *e = &s->workers[i];
+    e->live = false;
+    publish_min_locked(s);
+    atomic_fetch_add(&s->evictions, 1);
+    log_warn("worker %d evicted: nothing heard for %llu ms (clock %lld); waits on it resume", i,
+             (unsigned long long)(now > e->last_ns ? (now - e->last_ns) / 1000000u : 0),
+             (long long)e->clock);
+}
+
+void sync_set_logged(server_state *st, sync_evict_fn evict, void *arg)
+{
+    sync_state *s = st->sync;
+    pthread_mutex_lock(&s->lock);
+    s->evict = evict;
+    s->evict_arg = arg;
+    pthread_mutex_unlock(&s->lock);
+}
+
+bool sync_worker_silent(server_state *st, int32_t worker)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    bool silent = silent_locked(s, &s->workers[worker], time_now_ns());
+    pthread_mutex_unlock(&s->lock);
+    return silent;
+}
+
+void sync_evict(server_state *st, int32_t worker)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers)
+        return;
+    pthread_mutex_lock(&s->lock);
+    bool live = s->workers[worker].live;
+    if (live)
+        evict_locked(s, worker, time_now_ns());
+    pthread_mutex_unlock(&s->lock);
+    if (live)
+        advance(st);
+}
+
 void sync_sweep(server_state *st)
 {
     sync_state *s = st->sync;
     bool evicted = false;
     waiter *expired = NULL;
+    int32_t logged[16];
+    int nlogged = 0;
     pthread_mutex_lock(&s->lock);
     /* Read the time under the lock: a worker heard a moment ago must not look heard in the
      * future (an unsigned difference would make it look silent for centuries). */
     uint64_t now = time_now_ns();
     for (int i = 0; i < s->max_workers; i++) {
-        worker_entry *e = &s->workers[i];
-        if (e->live && now > e->last_ns && now - e->last_ns > s->timeout_ns) {
-            e->live = false;
+        if (!silent_locked(s, &s->workers[i], now))
+            continue;
+        if (s->evict == NULL) {
+            evict_locked(s, i, now);
             evicted = true;
-            publish_min_locked(s);
-            atomic_fetch_add(&s->evictions, 1);
-            log_warn("worker %d evicted: nothing heard for %llu ms (clock %lld); waits on it "
-                     "resume",
-                     i, (unsigned long long)((now - e->last_ns) / 1000000u), (long long)e->clock);
+        } else if (nlogged < (int)(sizeof(logged) / sizeof(logged[0]))) {
+            logged[nlogged++] = i; /* through the group's log, below (the next sweep: more) */
         }
     }
+    sync_evict_fn evict = s->evict;
+    void *evict_arg = s->evict_arg;
     for (waiter **pp = &s->waiters; *pp;) {
         waiter *w = *pp;
         if (w->deadline_ns <= now) {
@@ -638,6 +698,8 @@ void sync_sweep(server_state *st)
     }
     if (evicted)
         advance(st);
+    for (int i = 0; i < nlogged; i++)
+        evict(evict_arg, logged[i]);
 }
 
 void sync_delete(server_state *st, variable *v, const char *why)

@@ -30,6 +30,20 @@ typedef struct sync_state sync_state;
 sync_state *sync_create(int n_expected, uint32_t timeout_ms, bool mean, int max_workers);
 void sync_destroy(sync_state *s);
 
+/* A replicated group's state: its clock table changes only through the group's log, so that
+ * every replica evicts and re-registers the same workers at the same point of the log (BSP
+ * aggregates are applied when they are). From now on sync_sweep does not evict a silent worker
+ * itself but calls evict(arg, worker) (no lock held), which logs the eviction and applies it
+ * (sync_evict) in log order; and a pull (not logged) does not re-register an evicted worker. */
+typedef void (*sync_evict_fn)(void *arg, int32_t worker);
+void sync_set_logged(server_state *st, sync_evict_fn evict, void *arg);
+/* Evicts worker (if live) as the sweep does when it has been silent too long: its waits
+ * resume, BSP aggregates it held back are applied. A logged eviction's apply, on every
+ * replica. */
+void sync_evict(server_state *st, int32_t worker);
+/* Whether worker is live and silent for longer than the timeout now. */
+bool sync_worker_silent(server_state *st, int32_t worker);
+
 /* Bucket of a staleness gap in the histogram (see StalenessStats in ps.proto). */
 int sync_bucket(int64_t gap);
 

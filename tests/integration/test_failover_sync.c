@@ -1,15 +1,18 @@
-/* Integration: SSP (staleness >= 1) in a replicated cluster across a failover, on real processes
- * and a real etcd (the test starts one; skipped, exit 77, without an etcd binary).
+/* Integration: staleness bounds (SSP, staleness >= 1, and BSP, staleness 0) in a replicated
+ * cluster across a failover, on real processes and a real etcd (the test starts one; skipped,
+ * exit 77, without an etcd binary).
  *
  * 3 ps-servers with replicas 2 and 2 workers. Each worker process runs training steps
  * (ps_step: push an integer gradient, advance its clock, pull at the new clock) on a variable
- * with staleness 1 split over every group: worker 0 as fast as it can, worker 1 slowly, so that
- * worker 0's steps wait for worker 1 on every primary. Server 1, primary of group 1, is killed
- * with SIGKILL mid-run. The clock table is replicated with the steps, so the new primary keeps
- * bounding staleness: every pull of a worker at clock c must already hold the other worker's
- * pushes of its first c - 1 steps (checked on every element of every step, before and after
- * the kill). Both workers finish without error or lost update, and the final values are minus
- * the exact sum of every push. BSP (staleness 0) stays refused with replicas > 1. */
+ * split over every group: worker 0 as fast as it can, worker 1 slowly, so that worker 0's steps
+ * wait for worker 1 on every primary. Server 1, primary of group 1, is killed with SIGKILL
+ * mid-run. The clock table and the BSP aggregates are replicated with the steps, so the new
+ * primary keeps bounding staleness: under SSP every pull of a worker at clock c must already
+ * hold the other worker's pushes of its first c - 1 steps, under BSP exactly both workers'
+ * first c pushes (checked on every element of every step, before and after the kill). Both
+ * workers finish without error or lost update, and the final values are minus the exact sum of
+ * every push. A worker evicted for silence is evicted through the group's log: every replica
+ * applies the BSP aggregates it held back at the same point (replicas' checksums equal). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,17 +34,23 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "status.h"
 
 #define NSERVERS 3
 #define NWORKERS 2
 #define STEPS 300
 #define SLOW_MS 15
 #define VAR_N (3 * 1024) /* split: 1024 elements on each server */
+/* The eviction test: worker 1 stops after BSP_QUIT_AT steps, worker 0 runs BSP_LONG. */
+#define BSP_QUIT_AT 20
+#define BSP_LONG (STEPS + 40)
 
 static const char *server_bin, *self_bin;
 static test_cluster tc;
 static etcd_proc etcd;
-static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+static const char *extra[] = {
+    "--replicas",        "2",   "--coordinator",       NULL,    "--lease-ms", "1000",
+    "--bsp-aggregation", "sum", "--worker-timeout-ms", "10000", NULL};
 
 static int setup(void **state)
 {
@@ -84,6 +93,15 @@ static ps_client *open_client(int worker)
     return c;
 }
 
+/* The eviction test's servers evict a worker silent for 1.5 s. */
+static int setup_short_timeout(void **state)
+{
+    extra[9] = "1500";
+    int rc = setup(state);
+    extra[9] = "10000";
+    return rc;
+}
+
 static int make_var(ps_client *c, int staleness, ps_var **v)
 {
     ps_var_spec s;
@@ -102,16 +120,17 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* A worker process: STEPS steps pushing (id + 1) to every element; exits 0 when every step
- * succeeded, every pull held the other worker's pushes the bound promises, and no update was
- * lost. */
-static int worker_main(int id)
+/* A worker process: `steps` steps pushing (id + 1) to every element of a variable with the
+ * staleness given (1 or 0); exits 0 when every step succeeded, every pull held the other
+ * worker's pushes the bound promises, and no update was lost. quit: after its steps it exits
+ * at once, as if it died (no finish, no close: its heartbeats stop). */
+static int worker_main(int id, int staleness, int steps, bool quit)
 {
     ps_client *c = open_client(id);
     if (c == NULL)
         return 10;
     ps_var *v;
-    if (make_var(c, 1, &v) != PS_OK) {
+    if (make_var(c, staleness, &v) != PS_OK) {
         fprintf(stderr, "worker %d: create: %s\n", id, ps_last_error());
         return 11;
     }
@@ -121,7 +140,7 @@ static int worker_main(int id)
     int rc = 0;
     int other = 1 - id;
     long waited = 0;
-    for (int step = 1; step <= STEPS && rc == 0; step++) {
+    for (int step = 1; step <= steps && rc == 0; step++) {
         ps_step_item it = {.var = v, .offset = 0, .count = VAR_N, .grad = g, .dst = w};
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -134,9 +153,17 @@ static int worker_main(int id)
         if ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >= SLOW_MS / 2)
             waited++;
         /* At clock `step`, bound 1: the other worker reached clock step - 1, so its first
-         * step - 1 pushes are in, with this worker's own `step`. */
+         * step - 1 pushes are in, with this worker's own `step`. BSP: the aggregates of both
+         * workers' first `step` clocks, exactly (summed, bsp-aggregation sum); after the
+         * other worker's eviction (it stopped after BSP_QUIT_AT steps), only this one's. */
         float least = (float)step * (float)(id + 1) + (float)(step - 1) * (float)(other + 1);
         float most = (float)step * (float)(id + 1) + (float)STEPS * (float)(other + 1);
+        if (staleness == 0) {
+            int theirs = step;
+            if (steps > STEPS && step > BSP_QUIT_AT)
+                theirs = BSP_QUIT_AT;
+            least = most = (float)step * (float)(id + 1) + (float)theirs * (float)(other + 1);
+        }
         size_t bad = 0;
         for (size_t i = 0; i < VAR_N; i++) {
             if (-w[i] < least || -w[i] > most) {
@@ -152,6 +179,10 @@ static int worker_main(int id)
         if (id == 1)
             sleep_ms(SLOW_MS);
     }
+    if (quit) {
+        fprintf(stderr, "worker %d: %d steps, exits without a word (exit %d)\n", id, steps, rc);
+        _exit(rc);
+    }
     if (rc == 0 && ps_worker_finished(c) != PS_OK) {
         fprintf(stderr, "worker %d finished: %s\n", id, ps_last_error());
         rc = 14;
@@ -161,7 +192,7 @@ static int worker_main(int id)
         fprintf(stderr, "worker %d reports %llu lost updates\n", id, (unsigned long long)lost);
         rc = 15;
     }
-    fprintf(stderr, "worker %d: %d steps, %ld of them slow (waited), exit %d\n", id, STEPS, waited,
+    fprintf(stderr, "worker %d: %d steps, %ld of them slow (waited), exit %d\n", id, steps, waited,
             rc);
     free(g);
     free(w);
@@ -198,19 +229,39 @@ static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *l
     return st;
 }
 
-static void test_ssp_bounds_hold_across_failover(void **state)
+/* A Clock request with evict set, from the network, to server `server` for group g: refused. */
+static void evict_refused(int server, uint32_t group)
 {
-    (void)state;
+    Psd__V1__ClockRequest rq = PSD__V1__CLOCK_REQUEST__INIT;
+    rq.evict = true;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__CLOCK;
+    env.worker_id = 1;
+    env.group = group + 1;
+    env.body.data = body;
+    env.body.len = psd__v1__clock_request__pack(&rq, body);
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    assert_true(st > -1000);
+    fprintf(stderr, "evict from a client: %s: %s\n", status_name(st),
+            f.env->message ? f.env->message : "");
+    assert_int_equal(st, STATUS_PERMISSION_DENIED);
+    assert_non_null(strstr(f.env->message, "evict is internal to replication"));
+    frame_fini(&f);
+    nng_msg_free(m);
+}
+
+/* Both worker processes in `role` (worker: SSP, bsp: BSP) step while ps 1 is killed; every
+ * pull checked against the bound, the final values are the exact sums. */
+static void steps_across_failover(const char *role, int staleness)
+{
     ps_client *c = open_client(-1);
     assert_non_null(c);
-    ps_var *bsp;
-    assert_int_equal(make_var(c, 0, &bsp), PS_FAILED_PRECONDITION);
-    fprintf(stderr, "BSP: %s\n", ps_last_error());
-    assert_non_null(strstr(ps_last_error(), "(BSP) is not supported with replicas 2"));
-
     pid_t kids[NWORKERS];
     for (int k = 0; k < NWORKERS; k++) {
-        kids[k] = test_spawn_child(self_bin, server_bin, "worker", k, STEPS, tc.spec);
+        kids[k] = test_spawn_child(self_bin, server_bin, role, k, STEPS, tc.spec);
         assert_true(kids[k] > 0);
     }
     sleep_ms(1500);
@@ -218,7 +269,8 @@ static void test_ssp_bounds_hold_across_failover(void **state)
     int kst;
     assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
     tc.pids[1] = 0; /* not stopped again by the teardown */
-    fprintf(stderr, "killed ps 1 (primary of group 1) while 2 workers step under SSP\n");
+    fprintf(stderr, "killed ps 1 (primary of group 1) while 2 workers step under %s\n",
+            staleness ? "SSP" : "BSP");
     for (int k = 0; k < NWORKERS; k++) {
         int st;
         assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
@@ -227,7 +279,7 @@ static void test_ssp_bounds_hold_across_failover(void **state)
     }
     /* Every step applied once: v = -STEPS * (1 + 2) everywhere. */
     ps_var *v;
-    assert_int_equal(make_var(c, 1, &v), PS_OK);
+    assert_int_equal(make_var(c, staleness, &v), PS_OK);
     float *w = malloc(VAR_N * sizeof(float));
     assert_int_equal(ps_pull(c, v, w), PS_OK);
     size_t wrong = 0;
@@ -243,6 +295,62 @@ static void test_ssp_bounds_hold_across_failover(void **state)
     assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
     assert_true(s0 == s1 && l0 == l1);
     assert_int_equal(ps_client_lost_updates(c), 0);
+    ps_client_close(c);
+}
+
+static void test_ssp_bounds_hold_across_failover(void **state)
+{
+    (void)state;
+    steps_across_failover("worker", 1);
+}
+
+static void test_bsp_exact_across_failover(void **state)
+{
+    (void)state;
+    evict_refused(0, 0);
+    steps_across_failover("bsp", 0);
+}
+
+/* Worker 1 stops answering after BSP_QUIT_AT steps (its process exits with no finish); every
+ * primary evicts it after worker-timeout-ms (1.5 s here) through the group's log, applying
+ * worker 0's partial aggregate; worker 0 goes on alone. Every pull of worker 0 is checked
+ * exactly (worker_main), and each group's two copies come out identical: the backups evicted
+ * worker 1 and applied the same aggregates at the same point of the log. */
+static void test_bsp_eviction_replicated(void **state)
+{
+    (void)state;
+    pid_t quitter = test_spawn_child(self_bin, server_bin, "bsp-quit", 1, BSP_QUIT_AT, tc.spec);
+    pid_t stayer = test_spawn_child(self_bin, server_bin, "bsp", 0, BSP_LONG, tc.spec);
+    assert_true(quitter > 0 && stayer > 0);
+    int st;
+    assert_int_equal(waitpid(quitter, &st, 0), quitter);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(waitpid(stayer, &st, 0), stayer);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    ps_client *c = open_client(-1);
+    assert_non_null(c);
+    ps_var *v;
+    assert_int_equal(make_var(c, 0, &v), PS_OK);
+    float *w = malloc(VAR_N * sizeof(float));
+    assert_int_equal(ps_pull(c, v, w), PS_OK);
+    float want = -((float)BSP_LONG * 1.0f + (float)BSP_QUIT_AT * 2.0f);
+    size_t wrong = 0;
+    for (size_t i = 0; i < VAR_N; i++)
+        if (w[i] != want && wrong++ < 5)
+            fprintf(stderr, "v[%zu] = %.1f, expected %.1f\n", i, w[i], want);
+    free(w);
+    assert_int_equal(wrong, 0);
+    for (uint32_t g = 0; g < NSERVERS; g++) {
+        uint64_t s0, s1, l0, l1;
+        assert_int_equal(group_checksum((int)g, g, &s0, &l0), 0);
+        assert_int_equal(group_checksum((int)(g + 1) % NSERVERS, g, &s1, &l1), 0);
+        fprintf(stderr, "group %u: checksums %016llx %016llx at lsn %llu %llu\n", g,
+                (unsigned long long)s0, (unsigned long long)s1, (unsigned long long)l0,
+                (unsigned long long)l1);
+        assert_true(s0 == s1 && l0 == l1);
+    }
     ps_client_close(c);
 }
 
@@ -324,7 +432,10 @@ int main(int argc, char **argv)
     if (argc >= 7 && strcmp(argv[2], "--child") == 0) {
         /* self SERVER_BIN --child worker ID STEPS SPEC: one worker process */
         snprintf(tc.spec, sizeof(tc.spec), "%s", argv[6]);
-        return worker_main(atoi(argv[4]));
+        /* ROLE: worker (SSP), bsp, bsp-quit (stops as if it died after its steps) */
+        int staleness = strcmp(argv[3], "worker") == 0 ? 1 : 0;
+        return worker_main(atoi(argv[4]), staleness, atoi(argv[5]),
+                           strcmp(argv[3], "bsp-quit") == 0);
     }
     if (etcd_proc_binary() == NULL) {
         fprintf(stderr, "SKIP: no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): "
@@ -333,6 +444,9 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_ssp_bounds_hold_across_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bsp_exact_across_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bsp_eviction_replicated, setup_short_timeout,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ssp_wait_outlasts_probe, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
