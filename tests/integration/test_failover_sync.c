@@ -243,8 +243,16 @@ static void evict_refused(int server, uint32_t group)
     env.body.len = psd__v1__clock_request__pack(&rq, body);
     frame f;
     nng_msg *m;
-    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
-    assert_true(st > -1000);
+    int st;
+    for (int tries = 0;; tries++) { /* UNAVAILABLE until the first view is installed */
+        st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+        assert_true(st > -1000);
+        if (st != STATUS_UNAVAILABLE || tries == 300)
+            break;
+        frame_fini(&f);
+        nng_msg_free(m);
+        sleep_ms(100);
+    }
     fprintf(stderr, "evict from a client: %s: %s\n", status_name(st),
             f.env->message ? f.env->message : "");
     assert_int_equal(st, STATUS_PERMISSION_DENIED);
