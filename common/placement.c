@@ -1,13 +1,20 @@
 #include "placement.h"
 
-uint64_t placement_hash(const char *name)
+#include <string.h>
+
+uint64_t fnv1a_update(uint64_t h, const void *p, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        h ^= *p;
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
         h *= 0x100000001b3ull;
     }
     return h;
+}
+
+uint64_t placement_hash(const char *name)
+{
+    return fnv1a_update(FNV1A_INIT, name, strlen(name));
 }
 
 uint32_t placement_owner(const char *name, uint32_t num_servers)

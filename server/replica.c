@@ -14,6 +14,7 @@
 #include "checkpoint.h"
 #include "log.h"
 #include "metrics.h"
+#include "placement.h"
 #include "status.h"
 #include "sync.h"
 #include "timeutil.h"
@@ -525,7 +526,7 @@ static bool is_update(int method)
     case PSD__V1__METHOD__STEP:
     case PSD__V1__METHOD__TABLE_CREATE:
     case PSD__V1__METHOD__TABLE_PUSH:
-    case PSD__V1__METHOD__TABLE_PULL: /* may make rows on first touch */
+    case PSD__V1__METHOD__TABLE_PULL: /* its wait re-registers an evicted worker (sync_wait) */
         return true;
     default:
         return false;
@@ -766,20 +767,6 @@ static void dispatch(rpc_call *call, void *arg)
             return;
         }
     }
-    if (m->method == PSD__V1__METHOD__TABLE_CREATE) {
-        const Psd__V1__TableCreateRequest *rq =
-            (const Psd__V1__TableCreateRequest *)rpc_call_body(call);
-        int32_t s = rq && rq->spec ? rq->spec->staleness : -1;
-        if (s == -2)
-            s = G->st->default_staleness;
-        if (s >= 0) {
-            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                            "table %s: staleness %d (BSP/SSP) is not supported with replicas %u "
-                            "yet: create it with staleness -1 (asynchronous)",
-                            rq->spec->name, s, node.cfg.replicas);
-            return;
-        }
-    }
     if (!is_update(m->method)) {
         /* A pull that parks (staleness bound, BSP barrier) is answered by the update that ends
          * its wait: its reply goes out once that update is applied everywhere (commit_gate). */
@@ -794,26 +781,16 @@ static void dispatch(rpc_call *call, void *arg)
 
 /* ---- the backups' side ---- */
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 static int var_cmp(const void *a, const void *b)
 {
     return strcmp((*(variable *const *)a)->name, (*(variable *const *)b)->name);
 }
 
 /* FNV-1a over every variable of st by name: name, version, range, values and optimizer slots
- * (updates held off meanwhile). */
+ * (updates held off meanwhile), then every table's rows (server_tables_checksum). */
 static uint64_t group_checksum(server_state *st, uint32_t *nvars)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = FNV1A_INIT;
     store_freeze(st->vars);
     variable **vars;
     size_t n = store_list(st->vars, &vars);
@@ -822,15 +799,16 @@ static uint64_t group_checksum(server_state *st, uint32_t *nvars)
     for (size_t i = 0; i < n; i++) {
         variable *v = vars[i];
         uint64_t ver = atomic_load(&v->version);
-        h = fnv(h, v->name, strlen(v->name) + 1);
-        h = fnv(h, &ver, sizeof(ver));
-        h = fnv(h, &v->offset, sizeof(v->offset));
-        h = fnv(h, &v->count, sizeof(v->count));
-        h = fnv(h, v->params, v->count * sizeof(float));
+        h = fnv1a_update(h, v->name, strlen(v->name) + 1);
+        h = fnv1a_update(h, &ver, sizeof(ver));
+        h = fnv1a_update(h, &v->offset, sizeof(v->offset));
+        h = fnv1a_update(h, &v->count, sizeof(v->count));
+        h = fnv1a_update(h, v->params, v->count * sizeof(float));
         for (size_t k = 0; k < v->nslots; k++)
-            h = fnv(h, v->slots[k], v->count * sizeof(float));
+            h = fnv1a_update(h, v->slots[k], v->count * sizeof(float));
     }
     store_list_release(vars, n);
+    h = server_tables_checksum(st, h);
     store_thaw(st->vars);
     *nvars = (uint32_t)n;
     return h;

@@ -143,6 +143,10 @@ size_t server_tables_count(server_state *st);
  * touched it when mean). Called by the sync module when the slowest live worker's clock moves
  * forward, before the pulls it allows are answered. */
 void server_tables_bsp_apply(server_state *st, bool mean);
+/* h extended (FNV-1a) by every table of st in name order (BSP aggregates included): its name,
+ * then each row by id: the id, its parameters and optimizer slots (not its update time). For
+ * comparing replicas in tests and tools; copies each table's rows to sort them. */
+uint64_t server_tables_checksum(server_state *st, uint64_t h);
 struct metrics_out;
 /* Emits the tables' metrics (psd_server_tables, psd_table_*{table}) in a metrics collector. */
 void server_tables_metrics(struct metrics_out *out, server_state *st);

@@ -629,6 +629,61 @@ static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
     entry_put(agg);
 }
 
+typedef struct id_row {
+    int64_t id;
+    const float *row;
+} id_row;
+
+static int id_row_cmp(const void *a, const void *b)
+{
+    int64_t x = ((const id_row *)a)->id, y = ((const id_row *)b)->id;
+    return (x > y) - (x < y);
+}
+
+static int entry_name_cmp(const void *a, const void *b)
+{
+    return strcmp(table_name((*(table_entry *const *)a)->t),
+                  table_name((*(table_entry *const *)b)->t));
+}
+
+uint64_t server_tables_checksum(server_state *st, uint64_t h)
+{
+    size_t n;
+    table_entry **es = entries_list(st, &n);
+    if (n)
+        qsort(es, n, sizeof(*es), entry_name_cmp);
+    for (size_t i = 0; es && i < n; i++) {
+        table *t = es[i]->t;
+        uint32_t nparts = table_partitions(t), w = table_row_floats(t);
+        table_rows *parts = calloc(nparts, sizeof(*parts));
+        size_t total = 0;
+        for (uint32_t p = 0; parts && p < nparts; p++)
+            if (table_copy_partition(t, p, &parts[p]) == 0)
+                total += parts[p].n;
+        id_row *rows = malloc((total ? total : 1) * sizeof(*rows));
+        h = fnv1a_update(h, table_name(t), strlen(table_name(t)) + 1);
+        if (parts && rows) {
+            size_t k = 0;
+            for (uint32_t p = 0; p < nparts; p++)
+                for (size_t j = 0; j < parts[p].n; j++, k++)
+                    rows[k] = (id_row){parts[p].ids[j], parts[p].floats + j * w};
+            qsort(rows, total, sizeof(*rows), id_row_cmp);
+            for (size_t j = 0; j < total; j++) {
+                h = fnv1a_update(h, &rows[j].id, sizeof(rows[j].id));
+                h = fnv1a_update(h, rows[j].row, w * sizeof(float));
+            }
+        } else {
+            h = ~h; /* out of memory: a checksum no copy matches */
+        }
+        for (uint32_t p = 0; parts && p < nparts; p++)
+            table_rows_free(&parts[p]);
+        free(parts);
+        free(rows);
+    }
+    entries_release(es, n);
+    return h;
+}
+
 void server_tables_bsp_apply(server_state *st, bool mean)
 {
     size_t n;

@@ -44,6 +44,8 @@
 /* The eviction test: worker 1 stops after BSP_QUIT_AT steps, worker 0 runs BSP_LONG. */
 #define BSP_QUIT_AT 20
 #define BSP_LONG (STEPS + 40)
+#define TABLE_IDS 96
+#define TABLE_DIM 4
 
 static const char *server_bin, *self_bin;
 static test_cluster tc;
@@ -200,6 +202,70 @@ static int worker_main(int id, int staleness, int steps, bool quit)
     return rc;
 }
 
+/* A table worker process: `steps` steps of pushing (id + 1) to every row of TABLE_IDS ids (rows
+ * spread over every group), a clock, and a pull of them all, on a table with the staleness
+ * given; the pulls checked as in worker_main. */
+static int table_worker_main(int id, int staleness, int steps)
+{
+    ps_client *c = open_client(id);
+    if (c == NULL)
+        return 10;
+    ps_table_spec s;
+    ps_table_spec_init(&s, staleness ? "sync/t-ssp" : "sync/t-bsp", TABLE_DIM, PS_OPT_SGD);
+    s.learning_rate = 1.0;
+    s.staleness = staleness;
+    ps_table *t;
+    if (ps_table_create(c, &s, &t) != PS_OK) {
+        fprintf(stderr, "table worker %d: create: %s\n", id, ps_last_error());
+        return 11;
+    }
+    int64_t ids[TABLE_IDS];
+    float *g = malloc(TABLE_IDS * TABLE_DIM * sizeof(float));
+    float *r = malloc(TABLE_IDS * TABLE_DIM * sizeof(float));
+    for (int i = 0; i < TABLE_IDS; i++)
+        ids[i] = (int64_t)i * 7919 - 100000; /* negative ids too */
+    for (size_t i = 0; i < TABLE_IDS * TABLE_DIM; i++)
+        g[i] = (float)(id + 1);
+    int rc = 0, other = 1 - id;
+    for (int step = 1; step <= steps && rc == 0; step++) {
+        if (ps_table_push(t, ids, TABLE_IDS, g) != PS_OK || ps_clock(c, NULL) != PS_OK ||
+            ps_table_pull(t, ids, TABLE_IDS, r) != PS_OK) {
+            fprintf(stderr, "table worker %d step %d: %s\n", id, step, ps_last_error());
+            rc = 12;
+            break;
+        }
+        float least =
+            (float)step * (float)(id + 1) + (float)(step - staleness) * (float)(other + 1);
+        float most = (float)step * (float)(id + 1) + (float)steps * (float)(other + 1);
+        if (staleness == 0)
+            most = least;
+        size_t bad = 0;
+        for (size_t i = 0; i < TABLE_IDS * TABLE_DIM; i++) {
+            if (-r[i] < least || -r[i] > most) {
+                if (bad++ < 3)
+                    fprintf(stderr,
+                            "table worker %d step %d: row %zu = %.0f, the bound needs -row in "
+                            "[%.0f, %.0f]\n",
+                            id, step, i / TABLE_DIM, r[i], least, most);
+            }
+        }
+        if (bad)
+            rc = 13;
+        if (id == 1)
+            sleep_ms(SLOW_MS);
+    }
+    if (rc == 0 && ps_worker_finished(c) != PS_OK)
+        rc = 14;
+    if (ps_client_lost_updates(c))
+        rc = 15;
+    fprintf(stderr, "table worker %d: %d steps, exit %d\n", id, steps, rc);
+    free(g);
+    free(r);
+    ps_table_free(t);
+    ps_client_close(c);
+    return rc;
+}
+
 static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *lsn)
 {
     Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
@@ -317,6 +383,64 @@ static void test_bsp_exact_across_failover(void **state)
     (void)state;
     evict_refused(0, 0);
     steps_across_failover("bsp", 0);
+}
+
+/* Tables with a bound (BSP, across a kill -9 of ps 1, then SSP 1 on the two servers left):
+ * every pull checked against the bound, BSP exactly; the final rows are the exact sums, and a
+ * group that kept both members has identical copies of them. */
+static void test_table_bounds_across_failover(void **state)
+{
+    (void)state;
+    const char *roles[] = {"table-bsp", "table-ssp"};
+    for (int k = 0; k < 2; k++) {
+        pid_t kids[NWORKERS];
+        for (int w = 0; w < NWORKERS; w++) {
+            kids[w] = test_spawn_child(self_bin, server_bin, roles[k], w, STEPS, tc.spec);
+            assert_true(kids[w] > 0);
+        }
+        if (k == 0) {
+            sleep_ms(1500);
+            assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+            int kst;
+            assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
+            tc.pids[1] = 0;
+            fprintf(stderr, "killed ps 1 while 2 workers step on a table under BSP\n");
+        }
+        for (int w = 0; w < NWORKERS; w++) {
+            int st;
+            assert_int_equal(waitpid(kids[w], &st, 0), kids[w]);
+            assert_true(WIFEXITED(st));
+            assert_int_equal(WEXITSTATUS(st), 0);
+        }
+    }
+    /* Every push applied once: -STEPS * (1 + 2) in every row of both tables. */
+    ps_client *c = open_client(-1);
+    assert_non_null(c);
+    int64_t ids[TABLE_IDS];
+    for (int i = 0; i < TABLE_IDS; i++)
+        ids[i] = (int64_t)i * 7919 - 100000;
+    float *r = malloc(TABLE_IDS * TABLE_DIM * sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        ps_table *t;
+        assert_int_equal(ps_table_lookup(c, k ? "sync/t-ssp" : "sync/t-bsp", &t), PS_OK);
+        assert_int_equal(ps_table_pull(t, ids, TABLE_IDS, r), PS_OK);
+        size_t wrong = 0;
+        for (size_t i = 0; i < TABLE_IDS * TABLE_DIM; i++)
+            if (r[i] != -(float)STEPS * 3.0f && wrong++ < 5)
+                fprintf(stderr, "%s row %zu = %.1f\n", roles[k], i / TABLE_DIM, r[i]);
+        assert_int_equal(wrong, 0);
+        ps_table_free(t);
+    }
+    free(r);
+    /* Group 2 (servers 2 and 0) never lost a member: identical copies, rows and BSP
+     * aggregates included. */
+    uint64_t s0, s1, l0, l1;
+    assert_int_equal(group_checksum(2, 2, &s0, &l0), 0);
+    assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
+    fprintf(stderr, "group 2: checksums %016llx %016llx at lsn %llu %llu\n", (unsigned long long)s0,
+            (unsigned long long)s1, (unsigned long long)l0, (unsigned long long)l1);
+    assert_true(s0 == s1 && l0 == l1);
+    ps_client_close(c);
 }
 
 /* Worker 1 stops answering after BSP_QUIT_AT steps (its process exits with no finish); every
@@ -440,7 +564,11 @@ int main(int argc, char **argv)
     if (argc >= 7 && strcmp(argv[2], "--child") == 0) {
         /* self SERVER_BIN --child worker ID STEPS SPEC: one worker process */
         snprintf(tc.spec, sizeof(tc.spec), "%s", argv[6]);
-        /* ROLE: worker (SSP), bsp, bsp-quit (stops as if it died after its steps) */
+        /* ROLE: worker (SSP), bsp, bsp-quit (stops as if it died after its steps), table-ssp,
+         * table-bsp */
+        if (strncmp(argv[3], "table-", 6) == 0)
+            return table_worker_main(atoi(argv[4]), strcmp(argv[3], "table-ssp") == 0 ? 1 : 0,
+                                     atoi(argv[5]));
         int staleness = strcmp(argv[3], "worker") == 0 ? 1 : 0;
         return worker_main(atoi(argv[4]), staleness, atoi(argv[5]),
                            strcmp(argv[3], "bsp-quit") == 0);
@@ -455,6 +583,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_bsp_exact_across_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bsp_eviction_replicated, setup_short_timeout,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_table_bounds_across_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp_wait_outlasts_probe, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

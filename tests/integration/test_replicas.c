@@ -4,8 +4,7 @@
  * every group's primary and its backup copy hold bit-identical state (checksums over names,
  * versions, values and slots, asked with REPLICATE). The view comes from a real etcd the
  * test starts (skipped, exit 77, without one). Requests naming a group a server does not
- * serve are refused naming the primary; tables with a staleness bound (BSP or SSP) are refused
- * with replicas > 1 (variables with one are not: test failover-sync); a
+ * serve are refused naming the primary (staleness bounds with replicas: test failover-sync); a
  * REPLICATE under a view epoch older than the server's is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -320,33 +319,6 @@ static void test_replicate_bad_input(void **state)
     nng_msg_free(m);
 }
 
-static void test_table_bound_refused(void **state)
-{
-    (void)state;
-    ps_client *c = open_client();
-    assert_non_null(c);
-    int bounds[] = {PS_STALENESS_BSP, 2};
-    for (int i = 0; i < 2; i++) {
-        ps_table_spec s;
-        ps_table_spec_init(&s, i ? "rep/ssp-table" : "rep/bsp-table", 4, PS_OPT_SGD);
-        s.staleness = bounds[i];
-        ps_table *t = NULL;
-        assert_int_equal(ps_table_create(c, &s, &t), PS_FAILED_PRECONDITION);
-        fprintf(stderr, "%s\n", ps_last_error());
-        assert_non_null(strstr(ps_last_error(), "not supported with replicas"));
-    }
-    /* A BSP variable is served. */
-    ps_var_spec vs;
-    ps_var_spec_init(&vs, "rep/bsp");
-    vs.ndims = 1;
-    vs.dims[0] = 4;
-    vs.staleness = 0;
-    ps_var *v;
-    assert_int_equal(ps_var_create(c, &vs, &v), PS_OK);
-    assert_int_equal(ps_var_staleness_bound(v), 0);
-    ps_client_close(c);
-}
-
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -359,7 +331,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_exact_sums_and_identical_replicas),
         cmocka_unit_test(test_not_primary_names_primary),
         cmocka_unit_test(test_replicate_bad_input),
-        cmocka_unit_test(test_table_bound_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
