@@ -220,6 +220,11 @@ typedef struct sync_call {
     pthread_mutex_t m;
     pthread_cond_t c;
     bool done;
+    /* The batch's peer, first lsn and the log's end when it was sent: an acknowledgement is
+     * taken in (acked, commit, answers) by the reply's callback itself (batch_done), not
+     * after a hand-over to the peer's thread. */
+    struct rpeer *peer;
+    uint64_t first, sent_last;
     int status;
     char message[512];
     uint64_t applied;
@@ -284,23 +289,53 @@ static void batch_release(sync_call *s)
     s->body = NULL;
 }
 
+/* A batch applied by peer p up to applied - 1 (q held): its progress, and the calls now
+ * answered. */
+static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64_t applied)
+{
+    rgroup *G = p->grp;
+    atomic_fetch_add(&node.replicated_ops, applied > first ? applied - first : 0);
+    /* applied_lsn is its next lsn: it applied everything below. A backup behind what we sent
+     * (it lost state) rewinds the stream to where it stands. */
+    p->acked = applied ? applied - 1 : 0;
+    if (p->catching_up && p->acked >= sent_last) {
+        p->told = true;
+        if (p->in_view)
+            p->catching_up = false; /* a copy refreshed in the view: a backup again */
+    }
+    rop *done = progress_locked(G);
+    pthread_cond_broadcast(&G->qcond);
+    return done;
+}
+
 static void batch_done(void *arg, int status, const char *message, const frame *reply)
 {
     sync_call *s = arg;
-    pthread_mutex_lock(&s->m);
-    s->status = status;
-    snprintf(s->message, sizeof(s->message), "%s", message);
+    uint64_t applied = 0;
     if (status == STATUS_OK && reply && reply->env) {
         Psd__V1__ReplicateReply *r =
             psd__v1__replicate_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
         if (r) {
-            s->applied = r->applied_lsn;
+            applied = r->applied_lsn;
             psd__v1__replicate_reply__free_unpacked(r, NULL);
         } else {
-            s->status = STATUS_INTERNAL;
-            snprintf(s->message, sizeof(s->message), "REPLICATE reply does not decode");
+            status = STATUS_INTERNAL;
+            message = "REPLICATE reply does not decode";
         }
     }
+    if (status == STATUS_OK) {
+        /* Taken in here: the calls it completes are answered without waking the peer's
+         * thread first. */
+        rgroup *G = s->peer->grp;
+        pthread_mutex_lock(&G->q);
+        rop *done = took_ack_locked(s->peer, s->first, s->sent_last, applied);
+        pthread_mutex_unlock(&G->q);
+        answer(done);
+    }
+    pthread_mutex_lock(&s->m);
+    s->status = status;
+    s->applied = applied;
+    snprintf(s->message, sizeof(s->message), "%s", message);
     s->done = true;
     pthread_cond_signal(&s->c);
     pthread_mutex_unlock(&s->m);
@@ -424,6 +459,9 @@ static void *peer_main(void *arg)
             sc.done = false;
             sc.seg_len = seg;
             sc.applied = 0;
+            sc.peer = p;
+            sc.first = first;
+            sc.sent_last = sent_last;
             rpc_call_opts o = {
                 .deadline_ms = 3000, .retries = 0, .backoff_ms = 20, .max_backoff_ms = 200};
             st = rpc_conn_call(p->conn, &o, build_batch, batch_done, &sc);
@@ -442,22 +480,7 @@ static void *peer_main(void *arg)
         batch_release(&sc);
         pthread_mutex_lock(&G->q);
         if (st == STATUS_OK) {
-            atomic_fetch_add(&node.replicated_ops, sc.applied > first ? sc.applied - first : 0);
-            /* applied_lsn is its next lsn: it applied everything below. A backup behind what we
-             * sent (it lost state) rewinds the stream to where it stands. */
-            p->acked = sc.applied ? sc.applied - 1 : 0;
-            if (p->catching_up && p->acked >= sent_last) {
-                p->told = true;
-                if (p->in_view)
-                    p->catching_up = false; /* a copy refreshed in the view: a backup again */
-            }
-            rop *done = progress_locked(G);
-            if (done) {
-                pthread_mutex_unlock(&G->q);
-                answer(done);
-                pthread_mutex_lock(&G->q);
-            }
-            pthread_cond_broadcast(&G->qcond);
+            /* taken in by batch_done */
         } else if (!atomic_load(&node.stopping)) {
             uint64_t now = time_now_ns();
             if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
