@@ -447,19 +447,30 @@ static void proc_rss(pid_t pid, uint64_t *rss, uint64_t *hwm)
     fclose(f);
 }
 
+/* Starts c->servers ps-server processes from c->wire (warnings only in their logs) and a client
+ * of them in *cl (NULL when it cannot open; the cluster then runs, for the caller to stop).
+ * Returns -1 when the servers do not start. */
+static int wire_start(const config *c, test_cluster *tc, ps_client **cl)
+{
+    const char *extra[] = {"--log-level", "warn", NULL};
+    if (test_cluster_start(tc, c->wire, c->servers, extra) != 0) {
+        fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
+        return -1;
+    }
+    *cl = wire_client(tc);
+    return 0;
+}
+
 /* --wire --fill-only: the rows made by first touch in ps-server processes, and their memory:
  * the servers' resident size (before the table, after it and at its peak) against the raw
  * bytes (id, row and optimizer slots) the servers report holding. */
 static int run_wire_fill(const config *c, uint32_t dim)
 {
     test_cluster tc;
-    const char *extra[] = {"--log-level", "warn", NULL};
-    if (test_cluster_start(&tc, c->wire, c->servers, extra) != 0) {
-        fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
+    ps_client *cl;
+    if (wire_start(c, &tc, &cl) != 0)
         return -1;
-    }
     int rc = -1;
-    ps_client *cl = wire_client(&tc);
     ps_table *tb = NULL;
     const size_t b = c->batch;
     float *g = malloc(b * dim * sizeof(float));
@@ -491,7 +502,6 @@ static int run_wire_fill(const config *c, uint32_t dim)
         rss += r;
         hwm += h;
     }
-    /* Raw: the id and the row's floats with its optimizer slots. */
     /* Raw: the id and the row's floats with its optimizer slots, as the in-process figures
      * count them (an empty table of the same spec says how many floats a row holds). */
     table_spec s;
@@ -528,13 +538,10 @@ static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, c
                     size_t cap)
 {
     test_cluster tc;
-    const char *extra[] = {"--log-level", "warn", NULL};
-    if (test_cluster_start(&tc, c->wire, c->servers, extra) != 0) {
-        fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
+    ps_client *cl;
+    if (wire_start(c, &tc, &cl) != 0)
         return -1;
-    }
     int rc = -1;
-    ps_client *cl = wire_client(&tc);
     ps_table *tb = NULL;
     const size_t b = c->batch;
     size_t nids = b * c->batches;
@@ -714,7 +721,7 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        inproc in;
+        inproc in = {0};
         rc = run_dim(&c, c.dims[d], &zf, &in) == 0 ? 0 : 1;
         if (rc == 0 && c.wire != NULL)
             rc = run_wire(&c, c.dims[d], &zf, &in, wire_rows, sizeof(wire_rows)) == 0 ? 0 : 1;
