@@ -34,6 +34,9 @@ typedef struct rop {
     rpc_held *held;
     uint8_t *own;
     rpc_call *call; /* the client's parked call, answered once every backup applied it */
+    /* Logged and streamed while the primary still applies it (run_update): stays in the log,
+     * and its call is attached, once the apply is done (order held meanwhile). */
+    bool busy;
     struct rop *next;
 } rop;
 
@@ -154,7 +157,7 @@ static rop *progress_locked(rgroup *G)
     if (keep > G->committed)
         keep = G->committed;
     rop *done = NULL, **tail = &done;
-    while (G->head && G->head->lsn <= keep) {
+    while (G->head && G->head->lsn <= keep && !G->head->busy) {
         rop *o = G->head;
         G->head = o->next;
         if (G->head == NULL)
@@ -692,35 +695,42 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
         return;
     }
     pthread_mutex_lock(&G->order);
-    rpc_call_set_gate(call, commit_gate, G, G->next_lsn);
+    /* Logged and streamed first, applied here meanwhile: the backups' transfer and apply overlap
+     * the primary's (they run the same handler on the same state in the same order, so the
+     * order of the copies' applies does not matter). */
+    o->lsn = G->next_lsn++;
+    o->busy = true;
+    pthread_mutex_lock(&G->q);
+    rop *before = append_locked(G, o); /* earlier operations' calls, answered below */
+    pthread_mutex_unlock(&G->q);
+    rpc_call_set_gate(call, commit_gate, G, o->lsn);
     applying.G = G;
-    applying.lsn = G->next_lsn;
+    applying.lsn = o->lsn;
     h(call, G->st);
     applying.G = NULL;
     bool parked = rpc_call_deferred_here(call);
     if (!parked)
         rpc_call_set_gate(call, NULL, NULL, 0);
-    o->lsn = G->next_lsn++;
+    uint64_t lsn = o->lsn;
     pthread_mutex_lock(&G->q);
-    bool wait = atomic_load(&node.uncertain); /* alone and uncertain: hold the reply */
-    for (uint32_t i = 0; i < G->npeers; i++)
-        if (G->peers[i].in_view)
-            wait = true;
+    o->busy = false;
+    /* Not yet applied by every backup in the view (or alone while the lease is uncertain:
+     * progress_locked holds the commit): the reply waits. */
     bool blocking = false;
-    if (wait && !parked) {
+    if (G->committed < lsn && !parked) {
         if (rpc_call_defer(call) == 0)
             o->call = call;
         else
             blocking = true; /* no room to park: this thread waits instead */
     }
-    uint64_t lsn = o->lsn;
-    rop *done = append_locked(G, o);
+    rop *done = progress_locked(G);
     pthread_mutex_unlock(&G->order);
     if (blocking) {
         while (G->committed < lsn && !atomic_load(&node.stopping))
             pthread_cond_wait(&G->acked, &G->q);
     }
     pthread_mutex_unlock(&G->q);
+    answer(before);
     answer(done);
 }
 
@@ -1884,6 +1894,7 @@ void replica_stop(void)
         /* The waits of groups it took over (its own group's were ended already): their
          * replies, held until their updates are applied everywhere, are answered below. */
         sync_cancel_all(G->st, "server is shutting down");
+        pthread_mutex_lock(&G->order); /* no update being applied holds an entry of the log */
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
@@ -1896,6 +1907,7 @@ void replica_stop(void)
             G->riders = NULL;
         }
         pthread_mutex_unlock(&G->q);
+        pthread_mutex_unlock(&G->order);
         while (o) {
             rop *n = o->next;
             if (o->call) {

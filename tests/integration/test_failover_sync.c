@@ -385,55 +385,48 @@ static void test_bsp_exact_across_failover(void **state)
     steps_across_failover("bsp", 0);
 }
 
-/* Tables with a bound (BSP, across a kill -9 of ps 1, then SSP 1 on the two servers left):
- * every pull checked against the bound, BSP exactly; the final rows are the exact sums, and a
- * group that kept both members has identical copies of them. */
-static void test_table_bounds_across_failover(void **state)
+/* Two table worker processes in `role` (table-bsp, table-ssp) step while ps 1 is killed (each
+ * in a fresh cluster: workers that finished leave the barrier, so new ones would not start
+ * together): every pull checked against the bound, BSP exactly; the final rows are the exact
+ * sums, and group 2, which kept both members, has identical copies of them. */
+static void table_steps_across_failover(const char *role)
 {
-    (void)state;
-    const char *roles[] = {"table-bsp", "table-ssp"};
-    for (int k = 0; k < 2; k++) {
-        pid_t kids[NWORKERS];
-        for (int w = 0; w < NWORKERS; w++) {
-            kids[w] = test_spawn_child(self_bin, server_bin, roles[k], w, STEPS, tc.spec);
-            assert_true(kids[w] > 0);
-        }
-        if (k == 0) {
-            sleep_ms(1500);
-            assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-            int kst;
-            assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
-            tc.pids[1] = 0;
-            fprintf(stderr, "killed ps 1 while 2 workers step on a table under BSP\n");
-        }
-        for (int w = 0; w < NWORKERS; w++) {
-            int st;
-            assert_int_equal(waitpid(kids[w], &st, 0), kids[w]);
-            assert_true(WIFEXITED(st));
-            assert_int_equal(WEXITSTATUS(st), 0);
-        }
+    pid_t kids[NWORKERS];
+    for (int w = 0; w < NWORKERS; w++) {
+        kids[w] = test_spawn_child(self_bin, server_bin, role, w, STEPS, tc.spec);
+        assert_true(kids[w] > 0);
     }
-    /* Every push applied once: -STEPS * (1 + 2) in every row of both tables. */
+    sleep_ms(1500);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    int kst;
+    assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
+    tc.pids[1] = 0;
+    fprintf(stderr, "killed ps 1 while 2 workers step on a table (%s)\n", role);
+    for (int w = 0; w < NWORKERS; w++) {
+        int st;
+        assert_int_equal(waitpid(kids[w], &st, 0), kids[w]);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+    /* Every push applied once: -STEPS * (1 + 2) in every row. */
     ps_client *c = open_client(-1);
     assert_non_null(c);
     int64_t ids[TABLE_IDS];
     for (int i = 0; i < TABLE_IDS; i++)
         ids[i] = (int64_t)i * 7919 - 100000;
     float *r = malloc(TABLE_IDS * TABLE_DIM * sizeof(float));
-    for (int k = 0; k < 2; k++) {
-        ps_table *t;
-        assert_int_equal(ps_table_lookup(c, k ? "sync/t-ssp" : "sync/t-bsp", &t), PS_OK);
-        assert_int_equal(ps_table_pull(t, ids, TABLE_IDS, r), PS_OK);
-        size_t wrong = 0;
-        for (size_t i = 0; i < TABLE_IDS * TABLE_DIM; i++)
-            if (r[i] != -(float)STEPS * 3.0f && wrong++ < 5)
-                fprintf(stderr, "%s row %zu = %.1f\n", roles[k], i / TABLE_DIM, r[i]);
-        assert_int_equal(wrong, 0);
-        ps_table_free(t);
-    }
+    ps_table *t;
+    assert_int_equal(
+        ps_table_lookup(c, strcmp(role, "table-ssp") == 0 ? "sync/t-ssp" : "sync/t-bsp", &t),
+        PS_OK);
+    assert_int_equal(ps_table_pull(t, ids, TABLE_IDS, r), PS_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < TABLE_IDS * TABLE_DIM; i++)
+        if (r[i] != -(float)STEPS * 3.0f && wrong++ < 5)
+            fprintf(stderr, "%s row %zu = %.1f\n", role, i / TABLE_DIM, r[i]);
     free(r);
-    /* Group 2 (servers 2 and 0) never lost a member: identical copies, rows and BSP
-     * aggregates included. */
+    ps_table_free(t);
+    assert_int_equal(wrong, 0);
     uint64_t s0, s1, l0, l1;
     assert_int_equal(group_checksum(2, 2, &s0, &l0), 0);
     assert_int_equal(group_checksum(0, 2, &s1, &l1), 0);
@@ -441,6 +434,18 @@ static void test_table_bounds_across_failover(void **state)
             (unsigned long long)s1, (unsigned long long)l0, (unsigned long long)l1);
     assert_true(s0 == s1 && l0 == l1);
     ps_client_close(c);
+}
+
+static void test_table_bsp_across_failover(void **state)
+{
+    (void)state;
+    table_steps_across_failover("table-bsp");
+}
+
+static void test_table_ssp_across_failover(void **state)
+{
+    (void)state;
+    table_steps_across_failover("table-ssp");
 }
 
 /* Worker 1 stops answering after BSP_QUIT_AT steps (its process exits with no finish); every
@@ -583,7 +588,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_bsp_exact_across_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bsp_eviction_replicated, setup_short_timeout,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_table_bounds_across_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_table_bsp_across_failover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_table_ssp_across_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp_wait_outlasts_probe, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
