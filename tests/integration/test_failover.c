@@ -164,33 +164,10 @@ static int client_main(int id, int rounds)
     return rc;
 }
 
+/* The checksum and applied lsn of server `server`'s copy of group `group`. */
 static int group_checksum(int server, uint32_t group, uint64_t *sum, uint64_t *lsn)
 {
-    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
-    rq.group = group;
-    rq.checksum = true;
-    uint8_t body[64];
-    size_t blen = psd__v1__replicate_request__pack(&rq, body);
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__REPLICATE;
-    env.body.data = body;
-    env.body.len = blen;
-    frame f;
-    nng_msg *m;
-    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
-    if (st == 0) {
-        Psd__V1__ReplicateReply *r =
-            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
-        assert_non_null(r);
-        *sum = r->checksum;
-        *lsn = r->applied_lsn;
-        psd__v1__replicate_reply__free_unpacked(r, NULL);
-    }
-    if (st > -1000) {
-        frame_fini(&f);
-        nng_msg_free(m);
-    }
-    return st;
+    return test_group_checksum(tc.ports[server], group, 0, sum, NULL, lsn);
 }
 
 static double now_s(void)

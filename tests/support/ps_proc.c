@@ -206,6 +206,43 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
     return st;
 }
 
+int test_group_checksum(int port, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
+                        uint64_t *lsn)
+{
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    rq.group = group;
+    rq.epoch = epoch;
+    rq.checksum = true;
+    uint8_t body[64];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__REPLICATE;
+    env.body.data = body;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(port, &env, NULL, 0, &f, &m);
+    if (st == 0) {
+        Psd__V1__ReplicateReply *r =
+            psd__v1__replicate_reply__unpack(NULL, f.env->body.len, f.env->body.data);
+        if (r == NULL) {
+            st = -2000;
+        } else {
+            if (sum)
+                *sum = r->checksum;
+            if (vars)
+                *vars = r->variables;
+            if (lsn)
+                *lsn = r->applied_lsn;
+            psd__v1__replicate_reply__free_unpacked(r, NULL);
+        }
+    }
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
 test_push_reply test_raw_push_reply(nng_socket s, const char *name, int worker_id, uint64_t client,
                                     uint64_t seq, float value)
 {

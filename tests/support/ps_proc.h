@@ -78,6 +78,13 @@ int test_raw_request(nng_socket s, envelope *env, const void *seg, size_t seglen
 /* The same on a fresh connection to the loopback port (receive timeout 15 s). */
 int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame *f, nng_msg **m);
 
+/* REPLICATE with checksum set, to the server on loopback port `port`, about replica group
+ * `group` (epoch: the view epoch sent, 0 none): the reply's status as test_raw_call returns it
+ * (-2000: a reply that does not decode), and when 0 its checksum, variables and applied lsn
+ * (each pointer may be NULL). */
+int test_group_checksum(int port, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
+                        uint64_t *lsn);
+
 /* The reply to a raw push: its status (-1000 - the nng error: no reply) and, when OK, the
  * PushReply's fields (otherwise false and 0). */
 typedef struct test_push_reply {
