@@ -304,12 +304,10 @@ static void evict_refused(int server, uint32_t group)
     nng_msg_free(m);
 }
 
-/* Both worker processes in `role` (worker: SSP, bsp: BSP) step while ps 1 is killed; every
- * pull checked against the bound, the final values are the exact sums. */
-static void steps_across_failover(const char *role, int staleness)
+/* Starts both worker processes in `role`, SIGKILLs ps 1 (primary of group 1) 1.5 s later and
+ * waits for both workers to exit 0. */
+static void run_workers_killing_ps1(const char *role)
 {
-    ps_client *c = open_client(-1);
-    assert_non_null(c);
     pid_t kids[NWORKERS];
     for (int k = 0; k < NWORKERS; k++) {
         kids[k] = test_spawn_child(self_bin, server_bin, role, k, STEPS, tc.spec);
@@ -320,14 +318,22 @@ static void steps_across_failover(const char *role, int staleness)
     int kst;
     assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
     tc.pids[1] = 0; /* not stopped again by the teardown */
-    fprintf(stderr, "killed ps 1 (primary of group 1) while 2 workers step under %s\n",
-            staleness ? "SSP" : "BSP");
+    fprintf(stderr, "killed ps 1 (primary of group 1) while 2 workers run as %s\n", role);
     for (int k = 0; k < NWORKERS; k++) {
         int st;
         assert_int_equal(waitpid(kids[k], &st, 0), kids[k]);
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
     }
+}
+
+/* Both worker processes in `role` (worker: SSP, bsp: BSP) step while ps 1 is killed; every
+ * pull checked against the bound, the final values are the exact sums. */
+static void steps_across_failover(const char *role, int staleness)
+{
+    ps_client *c = open_client(-1);
+    assert_non_null(c);
+    run_workers_killing_ps1(role);
     /* Every step applied once: v = -STEPS * (1 + 2) everywhere. */
     ps_var *v;
     assert_int_equal(make_var(c, staleness, &v), PS_OK);
@@ -368,23 +374,7 @@ static void test_bsp_exact_across_failover(void **state)
  * sums, and group 2, which kept both members, has identical copies of them. */
 static void table_steps_across_failover(const char *role)
 {
-    pid_t kids[NWORKERS];
-    for (int w = 0; w < NWORKERS; w++) {
-        kids[w] = test_spawn_child(self_bin, server_bin, role, w, STEPS, tc.spec);
-        assert_true(kids[w] > 0);
-    }
-    sleep_ms(1500);
-    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-    int kst;
-    assert_int_equal(waitpid(tc.pids[1], &kst, 0), tc.pids[1]);
-    tc.pids[1] = 0;
-    fprintf(stderr, "killed ps 1 while 2 workers step on a table (%s)\n", role);
-    for (int w = 0; w < NWORKERS; w++) {
-        int st;
-        assert_int_equal(waitpid(kids[w], &st, 0), kids[w]);
-        assert_true(WIFEXITED(st));
-        assert_int_equal(WEXITSTATUS(st), 0);
-    }
+    run_workers_killing_ps1(role);
     /* Every push applied once: -STEPS * (1 + 2) in every row. */
     ps_client *c = open_client(-1);
     assert_non_null(c);
