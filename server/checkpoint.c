@@ -61,6 +61,7 @@ typedef struct snapshot {
     sync_worker_rec *workers;
     size_t nworkers;
     int64_t applied_min;
+    int64_t frontier;
     uint64_t create_gen; /* server_state.create_gen when taken: every variable up to it is in */
     server_table_copy *tables;
     size_t ntables;
@@ -303,7 +304,7 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t 
             rc = errf(err, errlen, "out of memory copying the dedup tombstones");
     }
     if (rc == 0) {
-        s->workers = sync_export(st, &s->nworkers, &s->applied_min);
+        s->workers = sync_export(st, &s->nworkers, &s->applied_min, &s->frontier);
     }
     /* Tables are only marked here: each partition is copied after the thaw, before anything
      * changes it (table.h, table_cut_begin), so the pause does not grow with the rows. */
@@ -550,6 +551,24 @@ static uint64_t table_rec_len(const server_table_copy *t)
     return t->delta ? table_delta_len(t) : table_payload_len(t);
 }
 
+/* Record 8 is written only when a known worker is not live (finished or evicted): then its
+ * finish and the frontier matter to who rejoins where. */
+static bool sync_out_needed(const snapshot *s)
+{
+    for (size_t i = 0; i < s->nworkers; i++)
+        if (!s->workers[i].live)
+            return true;
+    return false;
+}
+
+static uint64_t sync_left_count(const snapshot *s)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->nworkers; i++)
+        n += s->workers[i].left;
+    return n;
+}
+
 static uint64_t snapshot_file_size(const snapshot *s)
 {
     uint64_t n = CKPT_HEADER_SIZE;
@@ -560,6 +579,8 @@ static uint64_t snapshot_file_size(const snapshot *s)
     n += 20 + 8 + s->dedup_clients * (2 + s->dedup_words) * 8;
     n += 20 + s->nfloors * 8;
     n += 20 + 16 + s->nworkers * 16;
+    if (sync_out_needed(s))
+        n += 20 + 16 + sync_left_count(s) * 16;
     n += 20 + 16;
     return n;
 }
@@ -629,6 +650,21 @@ static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t s
         return -1;
     nrec++;
     total += slen;
+    if (sync_out_needed(s)) {
+        uint64_t olen = 16 + sync_left_count(s) * 16;
+        if (w_rec_begin(w, CKPT_REC_SYNC_OUT, olen) || w_u64(w, (uint64_t)s->frontier) ||
+            w_u64(w, sync_left_count(s)))
+            return -1;
+        for (size_t i = 0; i < s->nworkers; i++) {
+            const sync_worker_rec *r = &s->workers[i];
+            if (r->left && (w_u32(w, (uint32_t)r->id) || w_u32(w, 0) || w_u64(w, r->left_client)))
+                return -1;
+        }
+        if (w_rec_end(w))
+            return -1;
+        nrec++;
+        total += olen;
+    }
     if (w_rec_begin(w, CKPT_REC_END, 16) || w_u64(w, nrec) || w_u64(w, total) || w_rec_end(w))
         return -1;
     return w_flush(w);
@@ -1359,6 +1395,7 @@ typedef struct loaded {
     sync_worker_rec *workers;
     size_t nworkers;
     int64_t applied_min;
+    int64_t frontier; /* SYNC_NO_FRONTIER without record 8 */
     bool have_sync;
     uint64_t bytes;
     table **tables; /* restored tables, not yet registered */
@@ -1762,7 +1799,30 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
             }
             l->nworkers = (size_t)nw;
             l->applied_min = (int64_t)amin;
+            l->frontier = SYNC_NO_FRONTIER; /* unless record 8 follows */
             l->have_sync = true;
+        } else if (type == CKPT_REC_SYNC_OUT) {
+            uint64_t fr, nl;
+            if (!l->have_sync || len < 16 || r_u64(&r, &fr, "the clock table") ||
+                r_u64(&r, &nl, "the clock table"))
+                goto out;
+            if (nl > l->nworkers || len != 16 + nl * 16) {
+                errf(err, errlen, "clock record at byte %" PRIu64 ": bad sizes", r.pos);
+                goto out;
+            }
+            for (uint64_t i = 0; i < nl; i++) {
+                uint32_t id, zero;
+                uint64_t client;
+                if (r_u32(&r, &id, "the clock table") || r_u32(&r, &zero, "the clock table") ||
+                    r_u64(&r, &client, "the clock table"))
+                    goto out;
+                for (size_t k = 0; k < l->nworkers; k++)
+                    if (l->workers[k].id == (int32_t)id) {
+                        l->workers[k].left = true;
+                        l->workers[k].left_client = client;
+                    }
+            }
+            l->frontier = (int64_t)fr;
         } else if (type == CKPT_REC_END) {
             uint64_t en, et;
             if (len != 16 || r_u64(&r, &en, "the end record") || r_u64(&r, &et, "the end record"))
@@ -1831,7 +1891,7 @@ static int apply_loaded(server_state *st, loaded *l, char *err, size_t errlen)
                                  : "malformed dedup tombstone record");
     }
     if (l->have_sync)
-        sync_import(st, l->workers, l->nworkers, l->applied_min);
+        sync_import(st, l->workers, l->nworkers, l->applied_min, l->frontier);
     return 0;
 }
 
@@ -1968,6 +2028,7 @@ static int apply_delta(loaded *l, loaded *d, char *err, size_t errlen)
     l->workers = d->workers;
     l->nworkers = d->nworkers;
     l->applied_min = d->applied_min;
+    l->frontier = d->frontier;
     l->have_sync = d->have_sync;
     l->bytes += d->bytes;
     l->prev = d->prev;

@@ -20,6 +20,10 @@
  *     packed TableSpec, u32 floats per row, u32 partitions, then per partition: u32 flags
  *     (CKPT_PART_WHOLE: the partition's every row, replacing it), u32 0, u64 removed ids,
  *     u64 rows, the removed ids (i64), the rows as in record 6.
+ *     8 (after record 3, only when a known worker is not live) the clock table's rest: i64 the
+ *     barrier's frontier (where a worker joining with none live starts), u64 n, then n times
+ *     u32 worker id, u32 0, u64 the client it finished as (workers that finished: that client
+ *     does not rejoin). Files without it restore as before (no worker finished, frontier 0).
  * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
  *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
  *   the variables, dedup and clock records whole (as a full file), and of each table either
@@ -59,6 +63,7 @@ enum {
     CKPT_REC_DEDUP_FLOORS = 5,
     CKPT_REC_TABLE = 6,
     CKPT_REC_TABLE_DELTA = 7,
+    CKPT_REC_SYNC_OUT = 8,
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };

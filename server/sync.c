@@ -831,7 +831,7 @@ void sync_status_free(Psd__V1__ServerStatusReply *rep)
     }
 }
 
-sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min)
+sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min, int64_t *frontier)
 {
     sync_state *s = st->sync;
     pthread_mutex_lock(&s->lock);
@@ -844,15 +844,22 @@ sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min)
         const worker_entry *e = &s->workers[i];
         if (!e->known)
             continue;
-        out[j++] = (sync_worker_rec){.id = i, .clock = e->clock, .known = true, .live = e->live};
+        out[j++] = (sync_worker_rec){.id = i,
+                                     .clock = e->clock,
+                                     .known = true,
+                                     .live = e->live,
+                                     .left = e->left,
+                                     .left_client = e->left_client};
     }
     *applied_min = s->applied_min;
+    *frontier = s->frontier;
     pthread_mutex_unlock(&s->lock);
     *n = out ? j : 0;
     return out;
 }
 
-void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min)
+void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min,
+                 int64_t frontier)
 {
     sync_state *s = st->sync;
     pthread_mutex_lock(&s->lock);
@@ -865,9 +872,13 @@ void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t a
         e->clock = w[i].clock;
         e->known = w[i].known;
         e->live = w[i].live;
+        e->left = w[i].left;
+        e->left_client = w[i].left_client;
         e->last_ns = now;
     }
     s->applied_min = applied_min;
+    if (frontier != SYNC_NO_FRONTIER)
+        s->frontier = frontier;
     publish_min_locked(s);
     pthread_mutex_unlock(&s->lock);
 }

@@ -127,16 +127,23 @@ typedef struct sync_worker_rec {
     int32_t id;
     int64_t clock;
     bool known, live;
+    /* Finished (ClockRequest.finished) as client left_client: that client does not rejoin. */
+    bool left;
+    uint64_t left_client;
 } sync_worker_rec;
 
-/* Copies the known workers' entries (malloc'd array, *n of them) and the clock up to which BSP
- * updates are applied. Returns NULL with *n 0 on allocation failure or when none is known. */
-sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min);
+/* Copies the known workers' entries (malloc'd array, *n of them), the clock up to which BSP
+ * updates are applied and the barrier's frontier (where a worker joining with none live
+ * starts). Returns NULL with *n 0 on allocation failure or when none is known. */
+sync_worker_rec *sync_export(server_state *st, size_t *n, int64_t *applied_min, int64_t *frontier);
 
 /* Replaces the clock table with a checkpoint's (ids beyond the table are ignored; workers not
- * in it become unknown). A restored live worker counts as heard now. Call before serving;
- * then sync_resume applies what the restored clocks allow. */
-void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min);
+ * in it become unknown), and the frontier (SYNC_NO_FRONTIER: a file without it, kept as is). A
+ * restored live worker counts as heard now. Call before serving; then sync_resume applies
+ * what the restored clocks allow. */
+#define SYNC_NO_FRONTIER INT64_MIN
+void sync_import(server_state *st, const sync_worker_rec *w, size_t n, int64_t applied_min,
+                 int64_t frontier);
 /* After a restore, before serving: applies what the restored clocks allow, then records every
  * variable's version as its restored_version (out of memory: they stay 0, so clients overstate
  * a loss once rather than miss it). */

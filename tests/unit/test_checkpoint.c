@@ -383,6 +383,52 @@ static void test_dedup_tombstones_round_trip(void **state)
     state_fini(&st);
 }
 
+/* The clock table's finished workers and frontier (record 8) come back: a finished worker's
+ * client stays out after the restore, and a new worker with none live starts at the frontier,
+ * as before it (a replica restored from a copy decides as its primary does). */
+static void test_finished_workers_round_trip(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    int64_t min;
+    sync_clock(&st, 0, 11, 4, &min);
+    sync_clock(&st, 1, 12, 6, &min);
+    sync_leave(&st, 1, 12, 6);
+    sync_clock(&st, 0, 11, 9, &min);
+    sync_leave(&st, 0, 11, 9); /* none live: the frontier is 9 */
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    size_t na, nb;
+    int64_t amin_a, amin_b, fa, fb;
+    sync_worker_rec *a = sync_export(&st, &na, &amin_a, &fa);
+    sync_worker_rec *b = sync_export(&back, &nb, &amin_b, &fb);
+    assert_int_equal(na, 2);
+    assert_int_equal(nb, na);
+    assert_int_equal(fa, 9);
+    assert_int_equal(fb, fa);
+    for (size_t i = 0; i < na; i++) {
+        assert_int_equal(b[i].id, a[i].id);
+        assert_int_equal(b[i].clock, a[i].clock);
+        assert_true(b[i].left && a[i].left);
+        assert_false(b[i].live);
+        assert_int_equal(b[i].left_client, a[i].left_client);
+    }
+    assert_int_equal(b[1].left_client, 12);
+    free(a);
+    free(b);
+    /* Worker 1's old client is still out; a worker never seen starts at the frontier. */
+    assert_int_equal(sync_clock(&back, 1, 12, 7, &min), 7);
+    assert_int_equal(min, INT64_MAX); /* nobody live: worker 1 did not rejoin */
+    assert_int_equal(sync_clock(&back, 2, 13, 0, &min), 9);
+    state_fini(&back);
+    state_fini(&st);
+}
+
 /* A variable never updated is stored as its spec; the restore makes the same values again. */
 static void test_initial_variable_is_its_spec(void **state)
 {
@@ -508,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corruption_falls_back),
         cmocka_unit_test(test_dedup_tombstones_round_trip),
+        cmocka_unit_test(test_finished_workers_round_trip),
         cmocka_unit_test(test_initial_variable_is_its_spec),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
