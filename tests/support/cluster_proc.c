@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +23,9 @@ const char *test_server_bin(int argc, char **argv)
     return argv[1];
 }
 
-int test_free_port(void)
+/* A port the kernel gives for port 0 is free once closed, and the next such bind may give
+ * the same one again (seen: two servers of one cluster spec given the same port). */
+static int kernel_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
@@ -34,6 +37,29 @@ int test_free_port(void)
         port = ntohs(a.sin_port);
     if (fd >= 0)
         close(fd);
+    return port;
+}
+
+int test_free_port(void)
+{
+    /* The ports this process was given lately: never the same one twice in a row of them. */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static int recent[64];
+    static unsigned nrecent;
+    pthread_mutex_lock(&lock);
+    int port = -1;
+    for (int tries = 0; tries < 100; tries++) {
+        port = kernel_free_port();
+        bool seen = false;
+        for (unsigned i = 0; i < nrecent && i < 64; i++)
+            if (recent[i] == port)
+                seen = true;
+        if (!seen || port < 0)
+            break;
+    }
+    if (port > 0)
+        recent[nrecent++ % 64] = port;
+    pthread_mutex_unlock(&lock);
     return port;
 }
 
