@@ -14,10 +14,15 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# N distinct free ports: every socket stays bound until all are picked (a port just closed can be
+# handed out again at once).
+free_ports() { python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"; }
 scrape() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=5).read().decode())' "$1"; }
 
-ps_port=$(free_port) w_port=$(free_port) sh_port=$(free_port) wh_port=$(free_port)
+read -r ps_port w_port sh_port wh_port < <(free_ports 4)
 spec="{\"ps\":[\"127.0.0.1:$ps_port\"],\"worker\":[\"127.0.0.1:$w_port\"]}"
 python3 -c '
 import sys

@@ -37,17 +37,26 @@ def server_bin() -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> List[int]:
+    """n distinct free loopback ports. Every socket stays bound until all are picked: a port
+    just closed can be handed out again at once (two servers of one spec on one port)."""
+    socks: List[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class Cluster:
     """n ps-server processes; .spec is the cluster spec (a dict) to connect with."""
 
     def __init__(self, n: int, extra: List[str] | None = None) -> None:
-        self.ports = [free_port() for _ in range(n)]
+        self.ports = free_ports(n)
         self.spec: Dict[str, List[str]] = {"ps": [f"127.0.0.1:{p}" for p in self.ports]}
         self.procs: List[subprocess.Popen] = []
         exe = server_bin()
