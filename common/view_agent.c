@@ -210,10 +210,12 @@ static void *notify_main(void *arg)
         pthread_mutex_unlock(&a->mu);
         pthread_mutex_lock(&a->cb_mu);
         bool stale = e.ev == VIEW_EVENT_VIEW && e.v.epoch <= a->delivered_epoch;
-        if (e.ev == VIEW_EVENT_VIEW && !stale)
-            a->delivered_epoch = e.v.epoch;
-        if (a->fn && !stale)
+        /* Without a callback yet, a view stays undelivered: view_agent_on_change gives it. */
+        if (a->fn && !stale) {
+            if (e.ev == VIEW_EVENT_VIEW)
+                a->delivered_epoch = e.v.epoch;
             a->fn(a->fn_arg, e.ev, &e.v);
+        }
         pthread_mutex_unlock(&a->cb_mu);
     }
     return NULL;

@@ -244,10 +244,10 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     double t0 = now_s();
     bool same = false;
     int pushes = 0;
+    uint64_t a0 = 0, a1 = 0, b0 = 0, b1 = 0, la0 = 0, la1 = 0, lb0 = 0, lb1 = 0;
     while (!same && now_s() - t0 < 90) {
         for (int k = 0; k < 20; k++, pushes++)
             push_ok(c, v, g);
-        uint64_t a0, a1, b0, b1, la0, la1, lb0, lb1;
         same = group_checksum(0, 0, &a0, &la0) == 0 && group_checksum(1, 0, &a1, &la1) == 0 &&
                group_checksum(2, 1, &b0, &lb0) == 0 && group_checksum(1, 1, &b1, &lb1) == 0 &&
                a0 == a1 && la0 == la1 && b0 == b1 && lb0 == lb1;
@@ -258,6 +258,13 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
             "ps 1 rejoined: copies identical %.1f s after its restart (%d pushes "
             "meanwhile)\n",
             now_s() - t0, pushes);
+    if (!same)
+        fprintf(stderr,
+                "group 0: ps 0 %016llx at lsn %llu, ps 1 %016llx at lsn %llu; group 1: ps 2 "
+                "%016llx at lsn %llu, ps 1 %016llx at lsn %llu\n",
+                (unsigned long long)a0, (unsigned long long)la0, (unsigned long long)a1,
+                (unsigned long long)la1, (unsigned long long)b0, (unsigned long long)lb0,
+                (unsigned long long)b1, (unsigned long long)lb1);
     assert_true(same);
     /* ... and is live in a newer view (epoch 3: the kill made 2), which every reply carries. */
     uint64_t epoch = 0;
@@ -281,7 +288,6 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     assert_true(epoch >= 3);
     for (int k = 0; k < 20; k++, pushes++)
         push_ok(c, v, g);
-    uint64_t a0, a1, la0, la1;
     assert_int_equal(group_checksum(0, 0, &a0, &la0), 0);
     assert_int_equal(group_checksum(1, 0, &a1, &la1), 0);
     assert_true(a0 == a1 && la0 == la1);

@@ -1,8 +1,9 @@
 /* Failover agents (common/view_agent.c) in separate processes against a real etcd: the first
  * view, a primary killed with SIGKILL (one epoch bump, within the lease, installed by an agent
- * whose callback still takes 6 s over the first view), a rejoin, etcd down
- * (the view stays), a server frozen past its lease (it learns "lease lost" and rejoins), a
- * clean stop (no wait for the lease), and a view of another shape refused at start.
+ * whose callback still takes 6 s over the first view), a rejoin (whose callback is set after its
+ * agent read the view), etcd down (the view stays), a server frozen past its lease (it learns
+ * "lease lost" and rejoins), a clean stop (no wait for the lease), and a view of another shape
+ * refused at start.
  *
  * `test_view_agent --agent ENDPOINT PREFIX SELF N R LEASE_MS LOG` is one agent: it logs every
  * event ("EVENT view", "EVENT lease-lost", ...) to LOG and, like a rejoining server that is
@@ -38,6 +39,7 @@ static const char *self_path;
 static char prefix[64] = "/psd/test-agent";
 static pid_t agents[N];
 static char logs[N][200];
+static int late_callback_ms; /* > 0: the next agents set their callback that late */
 
 static int64_t now_ms(void)
 {
@@ -105,6 +107,11 @@ static int child_main(char **argv)
         log_error("%s", err);
         return 2;
     }
+    /* A server sets its callback only once its groups are set up: a view the agent read
+     * before must still reach it. */
+    const char *late = getenv("PSD_TEST_LATE_CALLBACK_MS");
+    if (late)
+        usleep((useconds_t)atoi(late) * 1000);
     view_agent_on_change(child_agent, child_event, NULL);
     int sig;
     sigwait(&sigs, &sig);
@@ -125,6 +132,11 @@ static pid_t spawn_agent(int i)
         snprintf(lease, sizeof(lease), "%d", LEASE_MS);
         if (i == 2)
             setenv("PSD_TEST_SLOW_VIEW_MS", "6000", 1);
+        if (late_callback_ms > 0) {
+            char ms[16];
+            snprintf(ms, sizeof(ms), "%d", late_callback_ms);
+            setenv("PSD_TEST_LATE_CALLBACK_MS", ms, 1);
+        }
         execl(self_path, self_path, "--agent", etcd.endpoint, prefix, self, n, r, lease, logs[i],
               (char *)NULL);
         _exit(127);
@@ -239,10 +251,17 @@ static void test_failover(void **state)
     assert_true(wait_log(logs[0], "EVENT view epoch 2 live 101 primaries 0 2 2 (in it)", 3000));
     assert_true(test_file_contains(logs[2], "EVENT view epoch 1 live 111 primaries 0 1 2 (in it)"));
 
-    /* Server 1 restarts, is caught up at once: live again, group 1's primary stays 2. */
+    /* Server 1 restarts and sets its callback only 1.5 s after its start, when its agent has
+     * read the view (epoch 2) already: the callback still gets that view, so the server
+     * marks itself caught up at once and is live again; group 1's primary stays 2. */
+    late_callback_ms = 1500;
     agents[1] = spawn_agent(1);
+    late_callback_ms = 0;
     took = wait_view(all_live, 10000, &v);
+    if (took < 0)
+        dump_logs();
     assert_true(took >= 0);
+    assert_true(test_file_contains(logs[1], "EVENT view epoch 2 live 101 primaries 0 2 2"));
     assert_int_equal(v.v.epoch, 3);
     assert_int_equal(v.v.primary[1], 2);
     print_message("rejoin after %lld ms\n", (long long)took);
