@@ -27,6 +27,22 @@ typedef struct view {
     uint8_t live[VIEW_MAX_SERVERS];
 } view;
 
+/* A server's copy of a group as restored from its checkpoint, published with its registration
+ * (prefix/copies/<server>) so that the first view after a whole-cluster restart makes the
+ * member with the newest copy the group's primary, not a member whose copy is older (one that
+ * was down while another served the group). Newer: the higher epoch, then the higher lsn. */
+typedef struct view_copy {
+    uint32_t server, group;
+    uint64_t epoch; /* the view epoch the copy's server was at when it was checkpointed */
+    uint64_t lsn;   /* the group's next log position: the copy holds every operation before it */
+} view_copy;
+
+/* Whether copy a is newer than b. */
+static inline bool view_copy_newer(const view_copy *a, const view_copy *b)
+{
+    return a->epoch > b->epoch || (a->epoch == b->epoch && a->lsn > b->lsn);
+}
+
 /* The k-th member of group g in ring order (k = 0 is the placement server). */
 static inline uint32_t view_member(const view *v, uint32_t g, uint32_t k)
 {

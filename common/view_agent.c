@@ -82,6 +82,43 @@ static int32_t first_live(const view *v, uint32_t g)
     return -1;
 }
 
+/* Whether a new view is made from scratch: there is none, or none of its live servers still
+ * holds the lease it joined with (left over from a cluster that stopped, or whose every server
+ * died). */
+static bool view_from_scratch(const view_record *cur, const int64_t *reg, uint32_t n)
+{
+    for (uint32_t i = 0; cur && i < n; i++)
+        if (cur->v.live[i] && reg[i] == cur->lease[i])
+            return false;
+    return true;
+}
+
+/* Server s's restored copy of group g among the inputs, NULL when it registered none. */
+static const view_copy *copy_of(const view_inputs *in, int32_t s, uint32_t g)
+{
+    for (size_t i = 0; s >= 0 && i < in->ncopies; i++)
+        if (in->copies[i].server == (uint32_t)s && in->copies[i].group == g)
+            return &in->copies[i];
+    return NULL;
+}
+
+/* The primary of group g in a view made from scratch: the live member with the newest restored
+ * copy, the first live one in ring order when none is newer. */
+static int32_t newest_live(const view_inputs *in, const view *v, uint32_t g)
+{
+    int32_t p = first_live(v, g);
+    const view_copy *best = copy_of(in, p, g);
+    for (uint32_t k = 0; p >= 0 && k < v->replicas; k++) {
+        uint32_t s = view_member(v, g, k);
+        const view_copy *c = v->live[s] ? copy_of(in, (int32_t)s, g) : NULL;
+        if (c && (best == NULL || view_copy_newer(c, best))) {
+            best = c;
+            p = (int32_t)s;
+        }
+    }
+    return p;
+}
+
 view_change view_decide(const view_inputs *in, view_record *next)
 {
     const view_record *cur = in->cur;
@@ -89,13 +126,7 @@ view_change view_decide(const view_inputs *in, view_record *next)
     memset(next, 0, sizeof(*next));
     if (cur && (cur->v.num_servers != n || cur->v.replicas != in->replicas))
         return VIEW_KEEP; /* another cluster's view: the caller says so */
-    /* A view none of whose live servers still holds the lease it joined with is left over
-     * from a cluster that stopped (or whose every server died): install a new one. */
-    bool stale = true;
-    for (uint32_t i = 0; cur && i < n; i++)
-        if (cur->v.live[i] && in->reg[i] == cur->lease[i])
-            stale = false;
-    if (stale) {
+    if (view_from_scratch(cur, in->reg, n)) {
         uint32_t registered = 0, lowest = n;
         for (uint32_t i = 0; i < n; i++)
             if (in->reg[i] != 0) {
@@ -115,7 +146,7 @@ view_change view_decide(const view_inputs *in, view_record *next)
                 next->lease[i] = in->reg[i];
             }
         for (uint32_t g = 0; g < n; g++)
-            next->v.primary[g] = first_live(&next->v, g);
+            next->v.primary[g] = newest_live(in, &next->v, g);
         return lowest == self ? VIEW_PROPOSE : VIEW_FALLBACK;
     }
     *next = *cur;
@@ -302,6 +333,10 @@ static void *lease_main(void *arg)
         if (id == 0) {
             int64_t t0 = mono_ms(), ttl_s = 0, nid = 0;
             int rc = etcd_lease_grant(a->etcd, a->cfg.lease_ms, &nid, &ttl_s, err, sizeof(err));
+            /* The copies first: once registered, a first view may be decided. */
+            if (rc == 0 && a->cfg.ncopies > 0)
+                rc = view_etcd_put_copies(a->etcd, a->prefix, a->cfg.self, a->cfg.copies,
+                                          a->cfg.ncopies, nid, err, sizeof(err));
             if (rc == 0)
                 rc = view_etcd_register(a->etcd, a->prefix, a->cfg.self, a->url, nid, err,
                                         sizeof(err));
@@ -471,6 +506,16 @@ static void poll_once(view_agent *a)
             .replicas = a->cfg.replicas,
             .known_epoch = known_epoch,
         };
+        view_copy *copies = NULL;
+        if (view_from_scratch(in.cur, reg, a->cfg.num_servers)) {
+            rc = view_etcd_copies(a->etcd, a->prefix, a->cfg.num_servers, reg, &copies, &in.ncopies,
+                                  err, sizeof(err));
+            if (rc != 0) {
+                note_error(a, "cannot read the registered servers' copies", err);
+                return;
+            }
+            in.copies = copies;
+        }
         int64_t now = mono_ms();
         pthread_mutex_lock(&a->mu);
         int64_t own = a->lease_id, own_valid = a->lease_valid_ms;
@@ -503,8 +548,10 @@ static void poll_once(view_agent *a)
         memcpy(in.caught_up, a->caught_up, sizeof(in.caught_up));
         in.grace_over = now - a->started_ms >= a->cfg.start_grace_ms;
         pthread_mutex_unlock(&a->mu);
-        if (!may)
+        if (!may) {
+            free(copies);
             return;
+        }
         view_record next;
         view_change ch = view_decide(&in, &next);
         if (!have && ch == VIEW_KEEP) {
@@ -534,13 +581,18 @@ static void poll_once(view_agent *a)
             a->pending_rev = -1;
         }
         pthread_mutex_unlock(&a->mu);
-        if (!go)
+        if (!go) {
+            free(copies);
             return;
+        }
         int64_t new_rev = 0;
         rc = view_etcd_cas(a->etcd, a->prefix, &next, have ? rev : 0, &new_rev, err, sizeof(err));
-        if (rc == ETCD_ECONFLICT)
+        if (rc == ETCD_ECONFLICT) {
+            free(copies);
             continue; /* another server installed a view first: decide on that one */
+        }
         if (rc != 0) {
+            free(copies);
             note_error(a, "cannot install a view", err);
             return;
         }
@@ -550,6 +602,14 @@ static void poll_once(view_agent *a)
                  ch == VIEW_FALLBACK ? " (in place of the server "
                                        "that should have)"
                                      : "");
+        for (uint32_t g = 0; g < a->cfg.num_servers && copies; g++) {
+            const view_copy *c = copy_of(&in, next.v.primary[g], g);
+            if (c && next.v.primary[g] != first_live(&next.v, g))
+                log_info("group %u: served by server %d, whose copy (epoch %" PRIu64
+                         ", lsn %" PRIu64 ") is the newest of its live members",
+                         g, next.v.primary[g], c->epoch, c->lsn);
+        }
+        free(copies);
         pthread_mutex_lock(&a->mu);
         a->views_installed++;
         a->pending_rev = -1;
@@ -576,6 +636,7 @@ static void agent_free(view_agent *a)
     free(a->endpoints);
     free(a->prefix);
     free(a->url);
+    free((void *)a->cfg.copies);
     pthread_mutex_destroy(&a->mu);
     pthread_mutex_destroy(&a->cb_mu);
     pthread_cond_destroy(&a->cv);
@@ -617,6 +678,11 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
     a->endpoints = strdup(cfg->endpoints ? cfg->endpoints : "");
     a->prefix = strdup(cfg->prefix);
     a->url = strdup(cfg->url);
+    view_copy *copies = NULL;
+    if (cfg->ncopies > 0 && (copies = malloc(cfg->ncopies * sizeof(*copies))) != NULL)
+        memcpy(copies, cfg->copies, cfg->ncopies * sizeof(*copies));
+    a->cfg.copies = copies;
+    a->cfg.ncopies = copies ? cfg->ncopies : 0;
     size_t pl = a->prefix ? strlen(a->prefix) : 0;
     while (pl > 1 && a->prefix[pl - 1] == '/')
         a->prefix[--pl] = '\0';
@@ -632,7 +698,8 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&a->cv, &ca);
     pthread_condattr_destroy(&ca);
-    if (a->endpoints == NULL || a->prefix == NULL || a->url == NULL) {
+    if (a->endpoints == NULL || a->prefix == NULL || a->url == NULL ||
+        (cfg->ncopies > 0 && copies == NULL)) {
         agent_free(a);
         return errf(err, errlen, "out of memory"), ETCD_EFAILED;
     }

@@ -85,6 +85,10 @@ typedef struct view_agent_config {
     int64_t poll_ms;        /* 0: lease_ms / 8, within 25..500 */
     int64_t start_grace_ms; /* 0: 10 * lease_ms */
     int request_timeout_ms; /* 0: lease_ms / 4, within 100..2000 */
+    /* The copies of groups this server restored from its checkpoints (view_copy, server =
+     * self), published at each registration (prefix/copies/<self>, under the same lease). */
+    const view_copy *copies;
+    size_t ncopies;
 } view_agent_config;
 
 /* Checks cfg, makes one attempt at registering and reading the view, and starts the threads.
@@ -140,6 +144,10 @@ typedef struct view_inputs {
     bool caught_up[VIEW_MAX_SERVERS]; /* view_agent_mark_caught_up marks of self */
     bool grace_over;                  /* start_grace_ms passed since the agent started */
     uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
+    /* The registered servers' restored copies (view_etcd_copies), read when a new view is made
+     * from scratch: no view yet, or one left over from a cluster that stopped. */
+    const view_copy *copies;
+    size_t ncopies;
 } view_inputs;
 
 typedef enum view_change {

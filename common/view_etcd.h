@@ -131,6 +131,18 @@ int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
                       int64_t lease[VIEW_MAX_SERVERS], char (*urls)[VIEW_URL_MAX], char *err,
                       size_t errlen);
 
+/* Puts prefix/copies/<index> under lease_id: the copies this server restored (view_copy, its
+ * own index in each), as {"lease":"<lease_id>","copies":[{"group":1,"epoch":"4","lsn":"9001"}]}. */
+int view_etcd_put_copies(etcd_client *c, const char *prefix, uint32_t index,
+                         const view_copy *copies, size_t n, int64_t lease_id, char *err,
+                         size_t errlen);
+/* Reads the copies of the registered servers: those of server i count only when its entry
+ * was put under reg[i], the lease its registration holds (reg as view_etcd_servers gives it).
+ * *out (free it) gets *n entries; entries that do not parse are skipped. */
+int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
+                     const int64_t reg[VIEW_MAX_SERVERS], view_copy **out, size_t *n, char *err,
+                     size_t errlen);
+
 /* The default coordinator prefix of a cluster: "/psd/" and 16 hex digits of a hash of the ps
  * addresses, written into buf (at least 22 bytes). */
 void view_default_prefix(const char *const *ps, size_t n_ps, char *buf, size_t cap);

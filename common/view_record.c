@@ -201,6 +201,100 @@ int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
     return 0;
 }
 
+int view_etcd_put_copies(etcd_client *c, const char *prefix, uint32_t index,
+                         const view_copy *copies, size_t n, int64_t lease_id, char *err,
+                         size_t errlen)
+{
+    char key[600];
+    snprintf(key, sizeof(key), "%s/copies/%u", prefix, index);
+    size_t cap = 64 + n * 96, o;
+    char *s = malloc(cap);
+    if (s == NULL)
+        return errf(err, errlen, "out of memory"), ETCD_EFAILED;
+    o = (size_t)snprintf(s, cap, "{\"lease\":\"%" PRId64 "\",\"copies\":[", lease_id);
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)snprintf(s + o, cap - o,
+                              "%s{\"group\":%u,\"epoch\":\"%" PRIu64 "\",\"lsn\":\"%" PRIu64 "\"}",
+                              i ? "," : "", copies[i].group, copies[i].epoch, copies[i].lsn);
+    snprintf(s + o, cap - o, "]}");
+    int rc = etcd_put(c, key, s, strlen(s), lease_id, err, errlen);
+    free(s);
+    return rc;
+}
+
+/* A decimal uint64 held as a JSON string (as the leases are). */
+static bool j_get_u64_str(json_object *o, const char *field, uint64_t *out)
+{
+    json_object *f = j_obj(o, field);
+    const char *t =
+        f && json_object_is_type(f, json_type_string) ? json_object_get_string(f) : NULL;
+    if (t == NULL || t[0] < '0' || t[0] > '9')
+        return false;
+    char *end;
+    unsigned long long x = strtoull(t, &end, 10);
+    if (*end != '\0')
+        return false;
+    *out = (uint64_t)x;
+    return true;
+}
+
+int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
+                     const int64_t reg[VIEW_MAX_SERVERS], view_copy **out, size_t *n, char *err,
+                     size_t errlen)
+{
+    char key[600];
+    int kl = snprintf(key, sizeof(key), "%s/copies/", prefix);
+    *out = NULL;
+    *n = 0;
+    etcd_kv *kvs;
+    size_t nk;
+    int rc = etcd_get_prefix(c, key, &kvs, &nk, err, errlen);
+    if (rc != 0)
+        return rc;
+    size_t cap = 0;
+    for (size_t k = 0; k < nk && rc == 0; k++) {
+        const char *idx = kvs[k].key + kl;
+        char *end;
+        unsigned long i = strtoul(idx, &end, 10);
+        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || i >= num_servers ||
+            i >= VIEW_MAX_SERVERS || reg[i] == 0 || kvs[k].lease != reg[i])
+            continue; /* not a current registration's */
+        json_object *j = json_tokener_parse(kvs[k].value);
+        json_object *arr = j_obj(j, "copies");
+        size_t m =
+            arr && json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
+        for (size_t e = 0; e < m; e++) {
+            json_object *it = json_object_array_get_idx(arr, e);
+            uint64_t g;
+            view_copy vc = {.server = (uint32_t)i};
+            if (!j_get_uint(it, "group", num_servers - 1, &g) ||
+                !j_get_u64_str(it, "epoch", &vc.epoch) || !j_get_u64_str(it, "lsn", &vc.lsn))
+                continue;
+            vc.group = (uint32_t)g;
+            if (*n == cap) {
+                size_t nc = cap ? 2 * cap : 16;
+                view_copy *nv = realloc(*out, nc * sizeof(*nv));
+                if (nv == NULL) {
+                    errf(err, errlen, "out of memory");
+                    rc = ETCD_EFAILED;
+                    break;
+                }
+                *out = nv;
+                cap = nc;
+            }
+            (*out)[(*n)++] = vc;
+        }
+        json_object_put(j);
+    }
+    etcd_kvs_free(kvs, nk);
+    if (rc != 0) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
 void view_default_prefix(const char *const *ps, size_t n_ps, char *buf, size_t cap)
 {
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the addresses, NUL-separated */

@@ -150,6 +150,25 @@ static void test_leases(void **state)
     assert_int_equal(leases[1], id1);
     assert_int_equal(leases[2], 0);
     assert_string_equal(urls[1], "tcp://h:1");
+    /* Restored copies: read back for a server whose registration holds the lease they were put
+     * under; another lease's (a previous process of the task) do not count. */
+    view_copy mine[] = {{.group = 0, .epoch = 3, .lsn = 18446744073709551615ull},
+                        {.group = 2, .epoch = 1, .lsn = 7}};
+    assert_int_equal(view_etcd_put_copies(c, "/l", 0, mine, 2, id, err, sizeof(err)), 0);
+    assert_int_equal(view_etcd_put_copies(c, "/l", 1, mine, 1, id, err, sizeof(err)), 0);
+    assert_int_equal(
+        etcd_put(c, "/l/copies/2", "{\"copies\":[{\"group\":9}]}", 25, 0, err, sizeof(err)), 0);
+    view_copy *got = NULL;
+    size_t ngot = 0;
+    assert_int_equal(view_etcd_copies(c, "/l", 3, leases, &got, &ngot, err, sizeof(err)), 0);
+    assert_int_equal(ngot, 2);
+    assert_int_equal(got[0].server, 0);
+    assert_int_equal(got[0].group, 0);
+    assert_int_equal(got[0].epoch, 3);
+    assert_true(got[0].lsn == 18446744073709551615ull);
+    assert_int_equal(got[1].group, 2);
+    assert_int_equal(got[1].lsn, 7);
+    free(got);
     int64_t t0 = now_ms();
     while (leases[1] != 0 && now_ms() - t0 < 6000) {
         usleep(100 * 1000);

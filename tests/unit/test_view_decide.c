@@ -1,5 +1,5 @@
 /* view_decide (common/view_agent.c): the next view from the installed one, the registered
- * servers and this server's catch-up marks. */
+ * servers, their restored copies and this server's catch-up marks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -226,6 +226,62 @@ static void test_whole_cluster_restart(void **state)
     }
 }
 
+static void test_restart_prefers_newest_copy(void **state)
+{
+    (void)state;
+    /* Server 1 died (epoch 2), server 2 served group 1 = {1, 2} since; then the whole cluster
+     * stopped. Their restored copies of group 1: server 1's from epoch 1, server 2's from epoch
+     * 2, so group 1's primary is server 2; groups 0 and 2 stay at their placement servers (an
+     * equal copy does not move a group, an older one neither). */
+    view_record cur = full(3, 2, 2);
+    cur.v.live[1] = 0;
+    cur.v.primary[1] = 2;
+    int64_t reg[VIEW_MAX_SERVERS] = {300, 301, 302};
+    view_copy copies[] = {
+        {.server = 0, .group = 0, .epoch = 2, .lsn = 500},
+        {.server = 1, .group = 1, .epoch = 1, .lsn = 1900},
+        {.server = 2, .group = 1, .epoch = 2, .lsn = 1500},
+        {.server = 2, .group = 2, .epoch = 2, .lsn = 70},
+        {.server = 0, .group = 2, .epoch = 2, .lsn = 70},
+        {.server = 1, .group = 0, .epoch = 1, .lsn = 400},
+    };
+    view_record next;
+    view_inputs in = inputs(&cur, reg, 0, 3, 2);
+    in.copies = copies;
+    in.ncopies = sizeof(copies) / sizeof(copies[0]);
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.epoch, 3);
+    assert_int_equal(next.v.primary[0], 0);
+    assert_int_equal(next.v.primary[1], 2);
+    assert_int_equal(next.v.primary[2], 2);
+    /* Within an epoch the higher lsn is newer. */
+    copies[1].epoch = 2;
+    copies[1].lsn = 1600;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[1], 1);
+    /* The newest copy's server is not registered: the newest among the live members. */
+    copies[1].lsn = 1400;
+    reg[2] = 0;
+    in.grace_over = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[1], 1);
+    assert_int_equal(next.v.primary[2], 0);
+    /* A member with a copy beats one without. */
+    reg[2] = 302;
+    in.ncopies = 1; /* server 0's copy of group 0 only */
+    copies[0].server = 1;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[0], 1);
+    assert_int_equal(next.v.primary[1], 1);
+    /* Copies do not matter while the view in force has a live server. */
+    view_record live = full(3, 2, 5);
+    int64_t reg5[VIEW_MAX_SERVERS] = {100, 101, 102};
+    in = inputs(&live, reg5, 0, 3, 2);
+    in.copies = copies;
+    in.ncopies = 1;
+    assert_int_equal(view_decide(&in, &next), VIEW_KEEP);
+}
+
 static void test_epochs_never_go_back(void **state)
 {
     (void)state;
@@ -259,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_rejoin),
         cmocka_unit_test(test_group_without_members),
         cmocka_unit_test(test_whole_cluster_restart),
+        cmocka_unit_test(test_restart_prefers_newest_copy),
         cmocka_unit_test(test_epochs_never_go_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
