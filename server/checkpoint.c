@@ -65,6 +65,8 @@ typedef struct snapshot {
     uint64_t create_gen; /* server_state.create_gen when taken: every variable up to it is in */
     server_table_copy *tables;
     size_t ntables;
+    bool has_pos; /* record 9 */
+    uint64_t pos_epoch, pos_lsn;
 } snapshot;
 
 /* A CreateVariable (or TableCreate: table) call parked until what it made is durable
@@ -108,10 +110,9 @@ struct checkpointer {
     uint64_t failures, failures_row;
     uint64_t durable_seq, durable_versions; /* newest durable checkpoint (restored or written) */
     char last_error[512];
+    checkpoint_position_fn position; /* write_lock */
+    void *position_arg;
 };
-
-static _Atomic(checkpointer *) active_ck;
-static const server_state *_Atomic active_st;
 
 uint64_t checkpoint_cluster_hash(char *const *ps, size_t n)
 {
@@ -217,7 +218,8 @@ static int snap_copy(snap_var *sv, variable *v)
 /* Takes the snapshot: buffers are made beforehand, the copy runs with updates held off.
  * *pause_ns: how long they were. */
 static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t seq, bool track,
-                         uint64_t *pause_ns, char *err, size_t errlen)
+                         checkpoint_position_fn position, void *position_arg, uint64_t *pause_ns,
+                         char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
     variable **pre;
@@ -257,6 +259,8 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t 
     }
 
     uint64_t t0 = time_now_ns();
+    if (position)
+        s->has_pos = position(position_arg, true, &s->pos_epoch, &s->pos_lsn);
     store_freeze(st->vars);
     variable **now;
     size_t nnow = store_list(st->vars, &now);
@@ -312,6 +316,8 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t 
         rc = errf(err, errlen, "out of memory starting the copy of the sparse tables");
     s->create_gen = atomic_load(&st->create_gen);
     store_thaw(st->vars);
+    if (position)
+        position(position_arg, false, NULL, NULL);
     *pause_ns = time_now_ns() - t0;
     if (rc == 0 && server_tables_copy_finish(s->tables, s->ntables) != 0)
         rc = errf(err, errlen, "out of memory copying the sparse tables");
@@ -581,6 +587,8 @@ static uint64_t snapshot_file_size(const snapshot *s)
     n += 20 + 16 + s->nworkers * 16;
     if (sync_out_needed(s))
         n += 20 + 16 + sync_left_count(s) * 16;
+    if (s->has_pos)
+        n += 20 + 16;
     n += 20 + 16;
     return n;
 }
@@ -664,6 +672,13 @@ static int write_file(checkpointer *ck, const snapshot *s, writer *w, uint64_t s
             return -1;
         nrec++;
         total += olen;
+    }
+    if (s->has_pos) {
+        if (w_rec_begin(w, CKPT_REC_REPLICA, 16) || w_u64(w, s->pos_epoch) ||
+            w_u64(w, s->pos_lsn) || w_rec_end(w))
+            return -1;
+        nrec++;
+        total += 16;
     }
     if (w_rec_begin(w, CKPT_REC_END, 16) || w_u64(w, nrec) || w_u64(w, total) || w_rec_end(w))
         return -1;
@@ -895,6 +910,22 @@ void checkpointer_health(checkpointer *ck, checkpoint_health *out)
     pthread_mutex_unlock(&ck->lock);
 }
 
+void checkpointer_set_position(checkpointer *ck, checkpoint_position_fn fn, void *arg)
+{
+    pthread_mutex_lock(&ck->write_lock);
+    ck->position = fn;
+    ck->position_arg = arg;
+    pthread_mutex_unlock(&ck->write_lock);
+}
+
+uint64_t checkpointer_next_seq(checkpointer *ck)
+{
+    pthread_mutex_lock(&ck->write_lock);
+    uint64_t n = ck->next_seq;
+    pthread_mutex_unlock(&ck->write_lock);
+    return n;
+}
+
 void checkpointer_set_restored(checkpointer *ck, uint64_t seq, uint64_t versions)
 {
     pthread_mutex_lock(&ck->lock);
@@ -930,7 +961,8 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     uint64_t base = ck->full_every > 1 && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every
                         ? ck->chain_prev
                         : 0;
-    if (snapshot_take(ck->st, &s, base, seq, ck->full_every > 1, &pause_ns, err, errlen) != 0) {
+    if (snapshot_take(ck->st, &s, base, seq, ck->full_every > 1, ck->position, ck->position_arg,
+                      &pause_ns, err, errlen) != 0) {
         ck->chain_prev = 0;
         note_failure(ck, err);
         pthread_mutex_unlock(&ck->write_lock);
@@ -999,6 +1031,9 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     info->variables = (uint32_t)s.nvars;
     info->pause_us = pause_ns / 1000u;
     info->ms = (time_now_ns() - t0) / 1000000u;
+    info->has_position = s.has_pos;
+    info->epoch = s.pos_epoch;
+    info->lsn = s.pos_lsn;
     for (size_t i = 0; i < s.nvars; i++)
         info->versions += s.vars[i].version;
     pthread_mutex_lock(&ck->lock);
@@ -1248,14 +1283,13 @@ int checkpointer_start(checkpointer *ck, char *err, size_t errlen)
     if (e != 0)
         return errf(err, errlen, "cannot start the checkpoint thread: %s", strerror(e));
     ck->running = true;
-    atomic_store(&active_st, ck->st);
-    atomic_store(&active_ck, ck);
+    atomic_store(&ck->st->ck, ck);
     return 0;
 }
 
 checkpointer *checkpointer_of(const server_state *st)
 {
-    return atomic_load(&active_st) == st ? atomic_load(&active_ck) : NULL;
+    return atomic_load(&((server_state *)st)->ck);
 }
 
 void checkpointer_request(checkpointer *ck, rpc_call *call)
@@ -1298,7 +1332,7 @@ void checkpointer_stop(checkpointer *ck)
     pthread_mutex_unlock(&ck->lock);
     pthread_join(ck->thread, NULL); /* answers what is queued first */
     checkpointer *expect = ck;
-    atomic_compare_exchange_strong(&active_ck, &expect, NULL);
+    atomic_compare_exchange_strong(&ck->st->ck, &expect, NULL);
     pthread_mutex_lock(&ck->lock);
     ck->running = false;
     pthread_mutex_unlock(&ck->lock);
@@ -1405,6 +1439,8 @@ typedef struct loaded {
     table_delta *tdeltas; /* a delta file's table records 7 */
     size_t ntdeltas;
     uint64_t prev; /* a delta file: the previous file of its chain (0: a full file) */
+    bool has_pos;  /* record 9 */
+    uint64_t pos_epoch, pos_lsn;
 } loaded;
 
 static void loaded_free(loaded *l)
@@ -1823,6 +1859,11 @@ static int read_file_ckpt(const char *path, const server_state *st, uint64_t clu
                     }
             }
             l->frontier = (int64_t)fr;
+        } else if (type == CKPT_REC_REPLICA) {
+            if (len != 16 || r_u64(&r, &l->pos_epoch, "the replica position") ||
+                r_u64(&r, &l->pos_lsn, "the replica position"))
+                goto out;
+            l->has_pos = true;
         } else if (type == CKPT_REC_END) {
             uint64_t en, et;
             if (len != 16 || r_u64(&r, &en, "the end record") || r_u64(&r, &et, "the end record"))
@@ -2030,6 +2071,9 @@ static int apply_delta(loaded *l, loaded *d, char *err, size_t errlen)
     l->applied_min = d->applied_min;
     l->frontier = d->frontier;
     l->have_sync = d->have_sync;
+    l->has_pos = d->has_pos; /* the delta's position: the newest */
+    l->pos_epoch = d->pos_epoch;
+    l->pos_lsn = d->pos_lsn;
     l->bytes += d->bytes;
     l->prev = d->prev;
     d->vars = NULL;
@@ -2216,6 +2260,9 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
         info->bytes = l.bytes;
         info->variables = (uint32_t)l.nvars;
         info->ms = (time_now_ns() - t0) / 1000000u;
+        info->has_position = l.has_pos;
+        info->epoch = l.pos_epoch;
+        info->lsn = l.pos_lsn;
         loaded_free(&l);
         rc = CKPT_RESTORED;
     }

@@ -24,6 +24,10 @@
  *     barrier's frontier (where a worker joining with none live starts), u64 n, then n times
  *     u32 worker id, u32 0, u64 the client it finished as (workers that finished: that client
  *     does not rejoin). Files without it restore as before (no worker finished, frontier 0).
+ *     9 (replicated servers, replicas > 1) the replica group's log position: u64 the view epoch
+ *     the server was at, u64 the group's next log sequence number (the file holds every logged
+ *     operation before it). A restart publishes it so that the first view makes the member
+ *     with the newest copy the group's primary (view.h, view_copy).
  * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
  *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
  *   the variables, dedup and clock records whole (as a full file), and of each table either
@@ -64,6 +68,7 @@ enum {
     CKPT_REC_TABLE = 6,
     CKPT_REC_TABLE_DELTA = 7,
     CKPT_REC_SYNC_OUT = 8,
+    CKPT_REC_REPLICA = 9,
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };
@@ -96,7 +101,16 @@ typedef struct checkpoint_info {
     uint64_t table_rows; /* rows of sparse tables written or restored (a delta: changed) */
     uint32_t deltas;     /* restore: deltas applied over the full file */
     uint64_t skipped;    /* restore: seq of a newer delta of the chain found unusable (0: none) */
+    bool has_position;   /* the file holds a replica group's log position (record 9): */
+    uint64_t epoch, lsn; /* its view epoch and next log sequence number */
 } checkpoint_info;
+
+/* A replicated group's log position, for record 9: called with hold true just before the state
+ * is copied, it keeps the group's log still (no operation applied) until it is called again
+ * with hold false just after the copy, and fills *epoch and *lsn (the next log sequence
+ * number: the copy holds every operation before it). Returns false when the state has no
+ * position (a copy not yet usable): no record then. */
+typedef bool (*checkpoint_position_fn)(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn);
 
 /* How the checkpoints of a checkpointer fare (checkpointer_health). */
 typedef struct checkpoint_health {
@@ -170,12 +184,18 @@ void checkpointer_health(checkpointer *ck, checkpoint_health *out);
  * checkpoint: clean false when it starts serving, true after a successful final checkpoint
  * of a clean shutdown (a restart then says nothing was lost). Failures are logged. */
 void checkpointer_record(checkpointer *ck, bool clean);
+/* Sets the function that gives the checkpoints of ck a log position (NULL: none), waiting for
+ * a checkpoint being written. */
+void checkpointer_set_position(checkpointer *ck, checkpoint_position_fn fn, void *arg);
+/* The sequence number the next checkpoint of ck takes. */
+uint64_t checkpointer_next_seq(checkpointer *ck);
 /* Sets the restored checkpoint (seq, versions) as the newest durable one. */
 void checkpointer_set_restored(checkpointer *ck, uint64_t seq, uint64_t versions);
 /* Stops the thread if running and frees ck. NULL is a no-op. */
 void checkpointer_destroy(checkpointer *ck);
 
-/* The checkpointer serving st's RPCs (set by checkpointer_start), or NULL: checkpoints off. */
+/* The checkpointer serving st's RPCs (set by checkpointer_start, cleared by checkpointer_stop),
+ * or NULL: checkpoints off for st. */
 checkpointer *checkpointer_of(const server_state *st);
 
 #endif

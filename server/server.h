@@ -33,6 +33,8 @@ typedef struct server_state {
     uint64_t max_bytes;               /* max-server-bytes in force (server_set_limits) */
     atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
     struct view_agent *view_agent;    /* replicas > 1: the failover agent (view_agent.h) */
+    /* The running checkpointer of this state (checkpointer_of), NULL: none. */
+    struct checkpointer *_Atomic ck;
 } server_state;
 
 /* The method table served by ps-server. */

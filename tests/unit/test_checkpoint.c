@@ -429,6 +429,79 @@ static void test_finished_workers_round_trip(void **state)
     state_fini(&st);
 }
 
+/* A position function as a replica group gives one: counts holds and releases. */
+static int pos_holds, pos_releases;
+static bool give_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
+{
+    const uint64_t *p = arg;
+    if (!hold) {
+        pos_releases++;
+        return false;
+    }
+    pos_holds++;
+    *epoch = p[0];
+    *lsn = p[1];
+    return p[0] != 0;
+}
+
+/* A replicated group's log position (record 9) comes back with the restore, the newest file's;
+ * without a position function (or with one that has none) the file has no record 9. */
+static void test_replica_position_round_trip(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    add_var(&st, "pos/v", PSD__V1__OPTIMIZER__OPT_SGD, 1.0f);
+    checkpoint_info info, rinfo;
+    write_one(&st, 1, &info);
+    assert_false(info.has_position);
+    server_state back;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_false(rinfo.has_position);
+    state_fini(&back);
+
+    checkpoint_config cfg = config();
+    char err[512];
+    checkpointer *ck = checkpointer_create(&st, &cfg, 2, err, sizeof(err));
+    assert_non_null(ck);
+    uint64_t pos[2] = {7, 18446744073709551000ull};
+    checkpointer_set_position(ck, give_position, pos);
+    pos_holds = pos_releases = 0;
+    assert_int_equal(checkpoint_write(ck, &info, err, sizeof(err)), 0);
+    assert_int_equal(pos_holds, 1);
+    assert_int_equal(pos_releases, 1);
+    assert_true(info.has_position);
+    assert_int_equal(info.epoch, 7);
+    assert_true(info.lsn == 18446744073709551000ull);
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.seq, 2);
+    assert_true(rinfo.has_position);
+    assert_int_equal(rinfo.epoch, 7);
+    assert_true(rinfo.lsn == 18446744073709551000ull);
+    expect_same_var(&st, &back, "pos/v");
+    state_fini(&back);
+    /* A newer file at a later position wins; one whose state has none (a copy not usable yet)
+     * carries no record. */
+    pos[0] = 8;
+    pos[1] = 12;
+    assert_int_equal(checkpoint_write(ck, &info, err, sizeof(err)), 0);
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.epoch, 8);
+    assert_int_equal(rinfo.lsn, 12);
+    state_fini(&back);
+    pos[0] = 0;
+    assert_int_equal(checkpoint_write(ck, &info, err, sizeof(err)), 0);
+    assert_false(info.has_position);
+    assert_int_equal(pos_releases, 3);
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_false(rinfo.has_position);
+    assert_int_equal(checkpointer_next_seq(ck), 5);
+    state_fini(&back);
+    checkpointer_destroy(ck);
+    state_fini(&st);
+}
+
 /* A variable never updated is stored as its spec; the restore makes the same values again. */
 static void test_initial_variable_is_its_spec(void **state)
 {
@@ -555,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_corruption_falls_back),
         cmocka_unit_test(test_dedup_tombstones_round_trip),
         cmocka_unit_test(test_finished_workers_round_trip),
+        cmocka_unit_test(test_replica_position_round_trip),
         cmocka_unit_test(test_initial_variable_is_its_spec),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
