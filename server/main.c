@@ -341,6 +341,7 @@ int main(int argc, char **argv)
     checkpointer *ck = NULL;
     int ck_lock = -1;
     char err[1536];
+    checkpoint_info own_restore = {0}; /* its log position, with replicas > 1 */
     if (ck_cfg.dir && ck_cfg.dir[0]) {
         checkpoint_info ri;
         uint64_t max_seq = 0;
@@ -366,6 +367,7 @@ int main(int argc, char **argv)
             fail = PROGRAM_EXIT_CONFIG;
         }
         if (fail == 0 && r == CKPT_RESTORED) {
+            own_restore = ri;
             sync_resume(&st);
             log_info("restored %s: checkpoint %llu (full %llu + %u deltas), %u variables, %llu "
                      "table rows, %llu bytes in %llu ms",
@@ -409,35 +411,6 @@ int main(int argc, char **argv)
     } else if (opt_is_set(prog.opts, OPT_CHECKPOINT_INTERVAL_S) || ck_cfg.interval_updates > 0) {
         log_warn("checkpoint-interval-s/-updates are set but checkpoint-dir is empty: "
                  "checkpoints are off");
-    }
-    /* The failover agent: this server's lease and the view in etcd (replicas > 1). */
-    if (n_replicas > 1) {
-        char prefix[64], self_url[300];
-        const char *pfx = opt_str(prog.opts, OPT_COORDINATOR_PREFIX);
-        if (pfx == NULL || pfx[0] == '\0') {
-            view_default_prefix((const char *const *)cl->ps, cl->n_ps, prefix, sizeof(prefix));
-            pfx = prefix;
-        }
-        if (cluster_url(cl->ps[cl->task_index], self_url, sizeof(self_url)) != 0)
-            snprintf(self_url, sizeof(self_url), "%s", plain);
-        view_agent_config va_cfg = {
-            .endpoints = coordinator,
-            .prefix = pfx,
-            .self = st.task_index,
-            .num_servers = st.num_servers,
-            .replicas = n_replicas,
-            .url = self_url,
-            .lease_ms = opt_int(prog.opts, OPT_LEASE_MS),
-        };
-        if (view_agent_start(&st.view_agent, &va_cfg, err, sizeof(err)) != 0) {
-            log_error("%s", err);
-            metrics_remove_collector(server_collect, &st);
-            http_endpoint_stop(http);
-            checkpointer_destroy(ck);
-            ckpt_dir_unlock(ck_lock);
-            program_end(&prog);
-            return PROGRAM_EXIT_CONFIG;
-        }
     }
     rpc_server_config rc_cfg = {
         .url = url,
@@ -491,10 +464,45 @@ int main(int argc, char **argv)
             .dedup_idle_ms = (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS),
             .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
             .coordinated = true,
+            .own_ck = ck,
+            .ckpt = &ck_cfg,
+            .own_restored = own_restore.has_position,
+            .own_epoch = own_restore.epoch,
+            .own_lsn = own_restore.lsn,
         };
         if (rfail == 0 && replica_start(&rcfg, &st, err, sizeof(err)) != 0) {
             log_error("%s", err);
             rfail = 1;
+        }
+        /* The failover agent: this server's lease and the view in etcd, started once the groups
+         * are restored (it publishes their copies with its registration). */
+        if (rfail == 0) {
+            char prefix[64], self_url[300];
+            const char *pfx = opt_str(prog.opts, OPT_COORDINATOR_PREFIX);
+            if (pfx == NULL || pfx[0] == '\0') {
+                view_default_prefix((const char *const *)cl->ps, cl->n_ps, prefix, sizeof(prefix));
+                pfx = prefix;
+            }
+            if (cluster_url(cl->ps[cl->task_index], self_url, sizeof(self_url)) != 0)
+                snprintf(self_url, sizeof(self_url), "%s", plain);
+            static view_copy copies[VIEW_MAX_SERVERS];
+            view_agent_config va_cfg = {
+                .endpoints = coordinator,
+                .prefix = pfx,
+                .self = st.task_index,
+                .num_servers = st.num_servers,
+                .replicas = n_replicas,
+                .url = self_url,
+                .lease_ms = opt_int(prog.opts, OPT_LEASE_MS),
+                .copies = copies,
+                .ncopies = replica_restored_copies(copies, VIEW_MAX_SERVERS),
+            };
+            if (view_agent_start(&st.view_agent, &va_cfg, err, sizeof(err)) != 0) {
+                log_error("%s", err);
+                replica_stop();
+                replica_free();
+                rfail = PROGRAM_EXIT_CONFIG;
+            }
         }
         if (rfail) {
             view_agent_stop(st.view_agent);
@@ -567,7 +575,7 @@ int main(int argc, char **argv)
             break;
         if (replica_sweeps_own())
             sync_sweep(&st); /* liveness and wait deadlines */
-        replica_sweep(); /* ... of the groups it took over */
+        replica_sweep();     /* ... of the groups it took over */
     }
     if (sig > 0)
         log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");

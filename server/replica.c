@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -90,6 +91,12 @@ typedef struct rgroup {
      * their reply depends on was applied by every backup in the view: each answered once
      * committed reaches its lsn (q). */
     rop *riders;
+    /* Checkpoints of a group other than its own while this server serves it (taken over):
+     * started when it begins serving, stopped when it no longer does (vlock). */
+    checkpointer *ck;
+    uint64_t ck_next_seq; /* the sequence number its next checkpointer starts from */
+    bool restored;        /* restored at start with a log position (view_copy) */
+    uint64_t restored_epoch, restored_lsn;
 } rgroup;
 
 /* The group and log position of the update this thread applies now (run_update, log_evict):
@@ -116,6 +123,9 @@ static struct node {
     atomic_bool uncertain; /* the lease could not be renewed: acknowledge nothing alone */
     server_state *retired[VIEW_MAX_SERVERS * 2]; /* states replaced by copies, freed at the end */
     size_t nretired;
+    /* The own group's log position after replica_free, for its final checkpoint. */
+    bool final_valid;
+    uint64_t final_epoch, final_lsn;
 } node = {.vlock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- the log (primary side) ---- */
@@ -1148,6 +1158,142 @@ void replica_handle_replicate(rpc_call *call, void *arg)
 
 static server_state *make_state(uint32_t g, char *err, size_t errlen);
 
+/* ---- checkpoints of the groups ---- */
+
+/* checkpoint_position_fn of a group: its log stays still (order) while its state is copied. */
+static bool group_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
+{
+    rgroup *G = arg;
+    if (!hold) {
+        pthread_mutex_unlock(&G->order);
+        return false;
+    }
+    pthread_mutex_lock(&G->order);
+    pthread_mutex_lock(&G->q);
+    *epoch = G->epoch;
+    pthread_mutex_unlock(&G->q);
+    *lsn = G->next_lsn;
+    return G->ready; /* a copy being replaced has no position */
+}
+
+/* The own group's position once its group is freed (its final checkpoint). */
+static bool final_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
+{
+    (void)arg;
+    if (!hold)
+        return false;
+    *epoch = node.final_epoch;
+    *lsn = node.final_lsn;
+    return node.final_valid;
+}
+
+/* Where the groups this server took over are checkpointed: <dir>/group-copies-<self>. */
+static void copies_dir(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/group-copies-%u", node.cfg.ckpt->dir, node.cfg.self);
+}
+
+/* Starts checkpointing group G, which this server begins to serve and does not own (vlock
+ * held). Failures are logged: the group is served all the same, as without checkpoints. */
+static void group_ck_start(rgroup *G)
+{
+    if (node.cfg.own_ck == NULL || G->ck != NULL || G->g == node.cfg.self)
+        return;
+    char dir[4200], err[1024];
+    copies_dir(dir, sizeof(dir));
+    checkpoint_config cc = *node.cfg.ckpt;
+    cc.dir = dir;
+    cc.failpoint = NULL;
+    checkpointer *ck = checkpointer_create(G->st, &cc, G->ck_next_seq, err, sizeof(err));
+    if (ck != NULL) {
+        checkpointer_set_position(ck, group_position, G);
+        if (checkpointer_start(ck, err, sizeof(err)) != 0) {
+            checkpointer_destroy(ck);
+            ck = NULL;
+        }
+    }
+    if (ck == NULL) {
+        log_error("group %u: served here from now on, but not checkpointed: %s", G->g, err);
+        return;
+    }
+    G->ck = ck;
+    log_info("group %u: checkpointed into %s while this server serves it", G->g, dir);
+}
+
+/* Stops checkpointing G (no longer served here; vlock held, order not). */
+static void group_ck_stop(rgroup *G)
+{
+    if (G->ck == NULL)
+        return;
+    checkpointer_stop(G->ck);
+    G->ck_next_seq = checkpointer_next_seq(G->ck);
+    checkpointer_destroy(G->ck);
+    G->ck = NULL;
+}
+
+/* Restores group G (not the own one) from <dir>/group-copies-<self> at start, if it has a
+ * checkpoint there: its copy and log position, published to the coordinator. */
+static int group_restore(rgroup *G, char *err, size_t errlen)
+{
+    char dir[4200], why[2048];
+    copies_dir(dir, sizeof(dir));
+    checkpoint_config cc = *node.cfg.ckpt;
+    cc.dir = dir;
+    checkpoint_info info;
+    uint64_t max_seq = 0;
+    int r = CKPT_NONE;
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        r = checkpoint_restore(G->st, &cc, &info, &max_seq, why, sizeof(why));
+    G->ck_next_seq = max_seq + 1;
+    if (r == CKPT_NONE)
+        return 0;
+    if (r != CKPT_RESTORED) {
+        /* Only a copy: the group's other members may hold a good one. Start it empty. */
+        log_warn("group %u: its checkpoints in %s do not restore (%s): this server holds no "
+                 "copy of it until it copies one from the group's primary",
+                 G->g, dir, why);
+        server_state *fresh = make_state(G->g, err, errlen);
+        if (fresh == NULL)
+            return -1;
+        server_state *old = G->st;
+        G->st = fresh;
+        server_tables_free(old);
+        store_destroy(old->vars);
+        dedup_destroy(old->dedup);
+        sync_destroy(old->sync);
+        free(old);
+        return 0;
+    }
+    sync_resume(G->st);
+    if (info.has_position) {
+        G->restored = true;
+        G->restored_epoch = info.epoch;
+        G->restored_lsn = info.lsn;
+        G->next_lsn = info.lsn;
+        G->last_lsn = G->committed = info.lsn - 1;
+    }
+    log_info("group %u: restored the copy checkpointed while this server served it: %s, %u "
+             "variables, %llu table rows, view epoch %llu, lsn %llu",
+             G->g, info.path, info.variables, (unsigned long long)info.table_rows,
+             (unsigned long long)info.epoch, (unsigned long long)info.lsn);
+    return 0;
+}
+
+size_t replica_restored_copies(view_copy *out, size_t cap)
+{
+    size_t n = 0;
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS && n < cap; g++) {
+        rgroup *G = node.groups[g];
+        if (G && G->restored)
+            out[n++] = (view_copy){.server = node.cfg.self,
+                                   .group = g,
+                                   .epoch = G->restored_epoch,
+                                   .lsn = G->restored_lsn};
+    }
+    return n;
+}
+
 /* ---- rejoin (the backup's side) ---- */
 
 typedef struct copy_call {
@@ -1326,6 +1472,7 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
         /* The server's own group keeps its address (its checkpoints and metrics use it): the
          * copy's contents move in, the previous ones out. */
         memcpy(old, G->st, sizeof(*old));
+        atomic_store(&st->ck, atomic_load(&G->st->ck)); /* its checkpointer stays */
         memcpy(G->st, st, sizeof(*st));
         free(st);
         st = G->st;
@@ -1512,9 +1659,18 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         G->ready = true;
         if (k == 0) {
             G->st = own;
+            if (cfg->own_restored) {
+                G->restored = true;
+                G->restored_epoch = cfg->own_epoch;
+                G->restored_lsn = cfg->own_lsn;
+                G->next_lsn = cfg->own_lsn;
+                G->last_lsn = G->committed = cfg->own_lsn - 1;
+            }
         } else {
             G->owned = true;
             if ((G->st = make_state(g, err, errlen)) == NULL)
+                goto fail;
+            if (cfg->own_ck && group_restore(G, err, errlen) != 0)
                 goto fail;
         }
         rpc_server_config lc = {
@@ -1568,6 +1724,9 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
     }
     node.n_methods = server_methods_len;
     node.on = true;
+    node.final_valid = false;
+    if (cfg->own_ck)
+        checkpointer_set_position(cfg->own_ck, group_position, node.groups[cfg->self]);
     if (!cfg->coordinated)
         replica_set_view(&v);
     metrics_add_collector(collect, NULL);
@@ -1667,6 +1826,8 @@ void replica_set_view(const view *v)
         bool lost = was && !G->serving;
         G->primary = v->primary[g];
         G->epoch = v->epoch;
+        if (G->serving && !was && !atomic_load(&node.stopping))
+            group_ck_start(G); /* a group of another server: checkpointed while served here */
         if (G->serving && !was && old.epoch != 0) {
             atomic_fetch_add(&node.failovers, 1);
             /* Taking over: the log it kept as a backup is still to reach the others. */
@@ -1755,6 +1916,8 @@ void replica_set_view(const view *v)
         pthread_mutex_unlock(&G->order);
         answer(done);
         answer(moved);
+        if (lost)
+            group_ck_stop(G); /* its checkpoints go on at its new primary */
         if (lost) {
             /* Its pulls waiting for a staleness bound (no longer swept here) go to the new
              * primary: the client retries, and is told which server that is. */
@@ -1876,6 +2039,10 @@ void replica_stop(void)
         rgroup *G = node.groups[g];
         if (G == NULL)
             continue;
+        pthread_mutex_lock(&node.vlock);
+        if (G->ck)
+            checkpointer_stop(G->ck); /* answers its queued Checkpoint calls; final one below */
+        pthread_mutex_unlock(&node.vlock);
         pthread_mutex_lock(&G->q);
         pthread_cond_broadcast(&G->qcond);
         pthread_cond_broadcast(&G->acked);
@@ -1938,6 +2105,27 @@ void replica_free(void)
     for (size_t i = 0; i < node.nretired; i++)
         state_free(node.retired[i]);
     node.nretired = 0;
+    for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
+        rgroup *G = node.groups[g];
+        if (G && G->ck) {
+            /* Everything it applied, as the own group's final checkpoint does. */
+            checkpoint_info fi;
+            char err[1536];
+            if (checkpoint_write(G->ck, &fi, err, sizeof(err)) != 0)
+                log_error("group %u: final checkpoint failed: %s", g, err);
+            checkpointer_destroy(G->ck);
+            G->ck = NULL;
+        }
+    }
+    rgroup *own = node.groups[node.cfg.self];
+    if (node.cfg.own_ck && own) {
+        uint64_t e, l;
+        node.final_valid = group_position(own, true, &e, &l);
+        group_position(own, false, NULL, NULL);
+        node.final_epoch = e;
+        node.final_lsn = l;
+        checkpointer_set_position(node.cfg.own_ck, final_position, NULL);
+    }
     for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
         group_free(node.groups[g]);
         node.groups[g] = NULL;

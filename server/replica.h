@@ -45,6 +45,15 @@ typedef struct replica_config {
     /* A coordinator keeps the view (replica_attach_agent, replica_on_view_event): nothing is
      * served until its first view. false: a fixed view, every server up (tests). */
     bool coordinated;
+    /* Checkpoints (checkpoint-dir set; NULL own_ck: off). own_ck, the own group's running
+     * checkpointer, records the group's log position (record 9). A group this server takes
+     * over is checkpointed while it serves it, with ckpt's settings, into
+     * <dir>/group-copies-<self>/ (ckpt-<group>-<seq>.psc), from where the next start restores
+     * it, as the own group's position (own_restored) comes from the file main restored. */
+    struct checkpointer *own_ck;
+    const struct checkpoint_config *ckpt;
+    bool own_restored;
+    uint64_t own_epoch, own_lsn;
 } replica_config;
 
 /* Makes the backup groups and the replication streams of this server around its own group's
@@ -52,6 +61,11 @@ typedef struct replica_config {
  * group served by its placement server, until replica_set_view installs another. Returns 0, or
  * -1 with a message in err. One node per process. */
 int replica_start(const replica_config *cfg, server_state *own, char *err, size_t errlen);
+
+/* The copies of groups this server restored with a log position (the own group's and those
+ * of <dir>/group-copies-<self>/), for the view agent to publish (view_agent_config.copies): at
+ * most cap into out; returns how many. */
+size_t replica_restored_copies(view_copy *out, size_t cap);
 
 /* The method table to serve instead of server_methods (same methods, each one routed to the
  * request's group, plus REPLICATE), and the handler argument to serve it with. */
@@ -97,7 +111,9 @@ uint32_t replica_degraded_groups(void);
 /* Stops the streams and answers the calls still waiting for backups with UNAVAILABLE (before
  * rpc_server_stop). A no-op when replica_start was not called. */
 void replica_stop(void);
-/* Frees the backup groups (after rpc_server_stop). */
+/* Writes the final checkpoint of each group this server took over and still serves, frees the
+ * backup groups (after rpc_server_stop), and leaves the own group's checkpointer with the
+ * group's last log position for its final checkpoint. */
 void replica_free(void);
 
 #endif

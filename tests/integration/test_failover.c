@@ -427,6 +427,86 @@ static void test_whole_cluster_restart_restores(void **state)
     ps_client_close(c);
 }
 
+/* Checkpoint RPC to a server (its own group): 0 when it answered OK. */
+static int checkpoint_now(int server)
+{
+    Psd__V1__CheckpointRequest req = PSD__V1__CHECKPOINT_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__CHECKPOINT;
+    env.request_id = 1;
+    env.body.data = body;
+    env.body.len = psd__v1__checkpoint_request__pack(&req, body);
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m);
+    if (st > -1000) {
+        frame_fini(&f);
+        nng_msg_free(m);
+    }
+    return st;
+}
+
+/* A whole cluster stopped while a failover's new primary serves a group restores that group
+ * from the new primary's checkpoints, not from the older ones of the server that died: ps 1,
+ * primary of group 1, checkpoints after 20 pushes and is killed; ps 2 serves group 1 for 30
+ * more pushes (and checkpoints it into group-copies-2/); the cluster stops with ps 1 still
+ * down and starts again whole. Every acknowledged push is there, ps 1 copied group 1 from
+ * ps 2, and the copies agree. */
+static void test_restart_after_failover_restores_newest(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    for (int k = 0; k < 20; k++)
+        push_ok(c, v, g);
+    assert_int_equal(checkpoint_now(1), 0); /* ps 1's newest file: 20 pushes */
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    waitpid(tc.pids[1], NULL, 0);
+    tc.pids[1] = 0;
+    for (int k = 0; k < 30; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -50.0f);
+    ps_client_close(c);
+    assert_int_equal(test_cluster_stop(&tc), 0); /* SIGTERM: final checkpoints */
+    char pattern[128];
+    snprintf(pattern, sizeof(pattern), "ls %s/group-copies-2/ckpt-1-*.psc >/dev/null 2>&1",
+             ckpt_dir);
+    assert_int_equal(system(pattern), 0);
+    for (int i = 0; i < NSERVERS; i++)
+        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
+    c = open_client();
+    assert_non_null(c);
+    v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, -50.0f);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -60.0f);
+    /* Group 1's primary is ps 2 (the newest copy), ps 1 copied it; every group agrees. */
+    bool same = false;
+    for (int tries = 0; tries < 50 && !same; tries++) {
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t a, b, la, lb;
+            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
+                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
+                   la == lb;
+        }
+        if (!same)
+            usleep(100 * 1000);
+    }
+    assert_true(same);
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
 /* Replicas 2 with --worker-timeout-ms 2000 on the servers: a worker client whose heartbeats
  * (every 100 ms) are its only calls outlives the death of ps 1, primary of group 1: its
  * heartbeats for group 1 follow the group to its new primary (ps 2), which never evicts it. */
@@ -548,6 +628,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_kill_primary_exact_sums_then_rejoin, setup, teardown),
         cmocka_unit_test_setup_teardown(test_three_replicas_kill_two_then_rejoin, setup3, teardown),
         cmocka_unit_test_setup_teardown(test_whole_cluster_restart_restores, setup_ckpt,
+                                        teardown_ckpt),
+        cmocka_unit_test_setup_teardown(test_restart_after_failover_restores_newest, setup_ckpt,
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),
     };
