@@ -1170,7 +1170,8 @@ static bool group_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
     }
     pthread_mutex_lock(&G->order);
     pthread_mutex_lock(&G->q);
-    *epoch = G->epoch;
+    /* Before the first view: the copy is the restored one, at its position. */
+    *epoch = G->epoch ? G->epoch : G->restored_epoch;
     pthread_mutex_unlock(&G->q);
     *lsn = G->next_lsn;
     return G->ready; /* a copy being replaced has no position */
