@@ -18,4 +18,26 @@ static inline uint64_t time_now_ms(void)
     return time_now_ns() / 1000000u;
 }
 
+/* Milliseconds since the Unix epoch (CLOCK_REALTIME). */
+static inline uint64_t time_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The time an update is applied at, in wall-clock ms: while time_op_set(ms) is in force on this
+ * thread (a replicated group's operation: the time its primary logged it, so that every copy
+ * applies it at the same time), that time; otherwise now. */
+extern _Thread_local uint64_t time_op_ms_in_force;
+static inline uint64_t time_op_ms(void)
+{
+    return time_op_ms_in_force ? time_op_ms_in_force : time_wall_ms();
+}
+/* Sets the time of the operations this thread applies (0: now again). */
+static inline void time_op_set(uint64_t ms)
+{
+    time_op_ms_in_force = ms;
+}
+
 #endif

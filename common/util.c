@@ -1,5 +1,6 @@
 /* Shared helpers: see util.h. */
 #include "util.h"
+#include "timeutil.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -240,3 +241,5 @@ bool name_valid(const char *name, size_t max_len)
     }
     return true;
 }
+
+_Thread_local uint64_t time_op_ms_in_force;

@@ -1565,6 +1565,14 @@ static int read_var(reader *r, const server_state *st, uint32_t flags, uint64_t 
     return 0;
 }
 
+/* Rows' update times are wall-clock ms (ttl_ms counts from them); files of older servers hold
+ * monotonic ones, far below any wall-clock time of this century: such a row's age starts again
+ * at the restore. */
+static int64_t row_time(int64_t updated_ms)
+{
+    return updated_ms < 1000000000000 ? (int64_t)time_wall_ms() : updated_ms;
+}
+
 static int read_table(reader *r, server_state *st, uint64_t len, loaded *l)
 {
     uint32_t spec_len, row_floats, pad;
@@ -1621,7 +1629,7 @@ static int read_table(reader *r, server_state *st, uint64_t len, loaded *l)
             free(row);
             return -1;
         }
-        int rc = table_insert_row(t, (int64_t)id, row, (int64_t)upd);
+        int rc = table_insert_row(t, (int64_t)id, row, row_time((int64_t)upd));
         if (rc != TABLE_OK) {
             free(row);
             return errf(r->err, r->errlen, "table \"%s\": row %" PRId64 " could not be restored%s",
@@ -1980,7 +1988,7 @@ static int apply_table_delta(table *t, const table_delta *d, char *err, size_t e
             memcpy(&id, d->body + off, 8);
             memcpy(&upd, d->body + off + 8, 8);
             memcpy(row, d->body + off + 16, (size_t)d->row_floats * 4);
-            int rc = table_insert_row(t, id, row, upd);
+            int rc = table_insert_row(t, id, row, row_time(upd));
             if (rc != TABLE_OK) {
                 free(row);
                 return errf(err, errlen, "table \"%s\": row %" PRId64 " could not be restored%s",

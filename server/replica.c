@@ -18,6 +18,7 @@
 #include "placement.h"
 #include "status.h"
 #include "sync.h"
+#include "table.h"
 #include "timeutil.h"
 #include "view_agent.h"
 
@@ -30,6 +31,8 @@
  * REPLICATE batch that carried it at a backup), or a copy of them (own) where it could not be. */
 typedef struct rop {
     uint64_t lsn;
+    uint64_t
+        time_ms; /* when the primary logged it (wall clock): the time every copy applies it at */
     const uint8_t *bytes;
     size_t len;
     rpc_held *held;
@@ -311,11 +314,11 @@ static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64
     /* applied_lsn is its next lsn: it applied everything below. A backup behind what we sent
      * (it lost state) rewinds the stream to where it stands. */
     p->acked = applied ? applied - 1 : 0;
-    if (p->catching_up && p->acked >= sent_last) {
+    /* Caught up: told so once. It stays catching up (its log kept) until a view adds it: a
+     * server restarted while the view still names its previous process live is in_view as
+     * that process, and leaves the view before it is added back. */
+    if (p->catching_up && p->acked >= sent_last)
         p->told = true;
-        if (p->in_view)
-            p->catching_up = false; /* a copy refreshed in the view: a backup again */
-    }
     rop *done = progress_locked(G);
     pthread_cond_broadcast(&G->qcond);
     return done;
@@ -430,6 +433,7 @@ static void *peer_main(void *arg)
         }
         Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
         uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
+        uint64_t *times = malloc((nops ? nops : 1) * sizeof(*times));
         struct batch_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
         rq.group = G->g;
         rq.epoch = G->epoch;
@@ -439,14 +443,17 @@ static void *peer_main(void *arg)
         uint64_t sent_last = G->last_lsn;
         rq.n_op_len = nops;
         rq.op_len = lens;
+        rq.n_op_time_ms = nops;
+        rq.op_time_ms = times;
         /* References to the operations, not copies: the log may drop them meanwhile (the
          * peer left the view) while the call still needs their bytes. */
         size_t i = 0;
-        bool ok = lens && ops;
+        bool ok = lens && times && ops;
         for (rop *o = G->head; ok && o && i < nops; o = o->next) {
             if (o->lsn < first)
                 continue;
             lens[i] = o->len;
+            times[i] = o->time_ms;
             ops[i].len = o->len;
             if (o->held) {
                 ops[i].held = rpc_held_ref(o->held);
@@ -466,6 +473,7 @@ static void *peer_main(void *arg)
         if (sc.body)
             psd__v1__replicate_request__pack(&rq, sc.body);
         free(lens);
+        free(times);
         pthread_mutex_unlock(&G->q);
         int st = STATUS_RESOURCE_EXHAUSTED;
         if (sc.body) {
@@ -630,28 +638,18 @@ static rop *append_locked(rgroup *G, rop *o)
     return done;
 }
 
-/* sync_evict_fn of the groups this server serves: the eviction of a silent worker, logged as an
- * internal Clock request (evict) and applied here through the handler the backups apply it
- * with, so that every replica evicts it, and applies the BSP aggregates it held back, at the
- * same point of the log. */
-static void log_evict(void *arg, int32_t worker)
+/* Logs an internal request of group G (env: a silent worker's eviction, a table's sweep) and
+ * applies it here through the handler the backups apply it with, so that every replica applies
+ * it at the same point of the log. Nothing when this server no longer serves G, or due() (order
+ * held) says it is no longer due. */
+static void log_internal(rgroup *G, const envelope *env, const void *seg, size_t seglen,
+                         bool (*due)(rgroup *G, const void *arg), const void *arg, const char *what)
 {
-    rgroup *G = arg;
-    Psd__V1__ClockRequest rq = PSD__V1__CLOCK_REQUEST__INIT;
-    rq.evict = true;
-    uint8_t body[16];
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__CLOCK;
-    env.worker_id = worker;
-    env.body.data = body;
-    env.body.len = psd__v1__clock_request__pack(&rq, body);
     nng_msg *m = NULL;
     rop *o = calloc(1, sizeof(*o));
-    if (o == NULL || frame_build(&m, &env, NULL, 0, NULL) != 0 ||
+    if (o == NULL || frame_build(&m, env, seg, seglen, NULL) != 0 ||
         (o->own = malloc(nng_msg_len(m))) == NULL) {
-        log_error("group %u: out of memory logging the eviction of worker %d (the next sweep "
-                  "tries again)",
-                  G->g, (int)worker);
+        log_error("group %u: out of memory logging %s (the next sweep tries again)", G->g, what);
         if (m)
             nng_msg_free(m);
         free(o);
@@ -665,16 +663,18 @@ static void log_evict(void *arg, int32_t worker)
     pthread_mutex_lock(&G->q);
     bool serving = G->serving;
     pthread_mutex_unlock(&G->q);
-    /* Heard from since the sweep looked, or no longer this server's to evict: nothing. */
-    if (!serving || !sync_worker_silent(G->st, worker)) {
+    if (!serving || (due && !due(G, arg))) {
         pthread_mutex_unlock(&G->order);
         rop_free(o);
         return;
     }
+    o->time_ms = time_wall_ms();
     applying.G = G;
     applying.lsn = G->next_lsn;
+    time_op_set(o->time_ms);
     if (rpc_server_handle_borrowed(G->local, o->bytes, o->len) != 0)
-        log_error("group %u: out of memory applying the eviction of worker %d", G->g, (int)worker);
+        log_error("group %u: out of memory applying %s", G->g, what);
+    time_op_set(0);
     applying.G = NULL;
     o->lsn = G->next_lsn++;
     pthread_mutex_lock(&G->q);
@@ -682,6 +682,52 @@ static void log_evict(void *arg, int32_t worker)
     pthread_mutex_unlock(&G->q);
     pthread_mutex_unlock(&G->order);
     answer(done);
+}
+
+/* Heard from since the sweep looked: not evicted. */
+static bool still_silent(rgroup *G, const void *arg)
+{
+    return sync_worker_silent(G->st, *(const int32_t *)arg);
+}
+
+/* sync_evict_fn of the groups this server serves: the eviction of a silent worker, logged as an
+ * internal Clock request (evict), so that every replica evicts it, and applies the BSP
+ * aggregates it held back, at the same point of the log. */
+static void log_evict(void *arg, int32_t worker)
+{
+    Psd__V1__ClockRequest rq = PSD__V1__CLOCK_REQUEST__INIT;
+    rq.evict = true;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__CLOCK;
+    env.worker_id = worker;
+    env.body.data = body;
+    env.body.len = psd__v1__clock_request__pack(&rq, body);
+    char what[64];
+    snprintf(what, sizeof(what), "the eviction of worker %d", (int)worker);
+    log_internal(arg, &env, NULL, 0, still_silent, &worker, what);
+}
+
+/* The expiry of table `name`'s old rows (ttl_ms), logged as an internal TablePush (sweep):
+ * every replica removes the same rows at the same point of the log, at the time logged. */
+static void log_sweep(void *arg, const char *name)
+{
+    Psd__V1__TablePushRequest rq = PSD__V1__TABLE_PUSH_REQUEST__INIT;
+    rq.name = (char *)name;
+    rq.sweep = true;
+    uint8_t body[TABLE_MAX_NAME + 32];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__TABLE_PUSH;
+    env.worker_id = -1;
+    env.body.data = body;
+    env.body.len = psd__v1__table_push_request__pack(&rq, body);
+    /* TablePush carries a segment: one zero word, not read. */
+    Psd__V1__TensorMeta t = PSD__V1__TENSOR_META__INIT;
+    t.dtype = PSD__V1__DTYPE__FLOAT32;
+    t.count = 1;
+    env.tensor = &t;
+    const float zero = 0.0f;
+    log_internal(arg, &env, &zero, sizeof(zero), NULL, NULL, "a table sweep");
 }
 
 /* Runs an updating request on the group this server serves: in log order, streamed, answered
@@ -710,13 +756,16 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
      * order of the copies' applies does not matter). */
     o->lsn = G->next_lsn++;
     o->busy = true;
+    o->time_ms = time_wall_ms();
     pthread_mutex_lock(&G->q);
     rop *before = append_locked(G, o); /* earlier operations' calls, answered below */
     pthread_mutex_unlock(&G->q);
     rpc_call_set_gate(call, commit_gate, G, o->lsn);
     applying.G = G;
     applying.lsn = o->lsn;
+    time_op_set(o->time_ms);
     h(call, G->st);
+    time_op_set(0);
     applying.G = NULL;
     bool parked = rpc_call_deferred_here(call);
     if (!parked)
@@ -807,6 +856,16 @@ static void dispatch(rpc_call *call, void *arg)
             rpc_reply_error(call, STATUS_PERMISSION_DENIED,
                             "clock: evict is internal to replication (a replicated group's "
                             "primary logs its evictions); it is not a client's request");
+            return;
+        }
+    }
+    if (m->method == PSD__V1__METHOD__TABLE_PUSH) {
+        const Psd__V1__TablePushRequest *rq =
+            (const Psd__V1__TablePushRequest *)rpc_call_body(call);
+        if (rq && rq->sweep) { /* refused before it is logged, as an eviction */
+            rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                            "table push: sweep is internal to replication (a replicated group's "
+                            "primary logs its tables' expiry); it is not a client's request");
             return;
         }
     }
@@ -1089,10 +1148,14 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         uint64_t lsn = rq->first_lsn + i;
         size_t len = (size_t)rq->op_len[i];
         if (lsn == G->next_lsn) {
-            /* Applied from the received message's bytes, in place. */
+            /* Applied from the received message's bytes, in place, at the time the primary
+             * logged it (a primary of an older version sends none: now). */
+            uint64_t t = i < rq->n_op_time_ms ? rq->op_time_ms[i] : 0;
+            time_op_set(t);
             if (rpc_server_handle_borrowed(G->local, seg + at, len) != 0)
                 log_error("group %u: out of memory applying lsn %llu", G->g,
                           (unsigned long long)lsn);
+            time_op_set(0);
             G->next_lsn++;
             if (node.cfg.replicas > 2) {
                 /* Kept until every replica applied it: this copy may become the primary that
@@ -1108,6 +1171,7 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                 if (o && o->bytes) {
                     o->len = len;
                     o->lsn = lsn;
+                    o->time_ms = t;
                     pthread_mutex_lock(&G->q);
                     if (G->tail)
                         G->tail->next = o;
@@ -1583,6 +1647,7 @@ static server_state *make_state(uint32_t g, char *err, size_t errlen)
         goto oom;
     st->task_index = g;
     st->num_servers = c->num_servers;
+    st->replicated = true;
     st->start_ns = time_now_ns();
     st->vars = store_create();
     st->dedup = dedup_create(c->dedup_window);
@@ -1660,6 +1725,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         G->ready = true;
         if (k == 0) {
             G->st = own;
+            own->replicated = true;
             if (cfg->own_restored) {
                 G->restored = true;
                 G->restored_epoch = cfg->own_epoch;
@@ -1782,15 +1848,17 @@ void replica_sweep(void)
         return;
     uint32_t N = node.cfg.num_servers, self = node.cfg.self;
     for (uint32_t g = 0; g < N; g++) {
-        if (g == self || node.groups[g] == NULL)
+        if (node.groups[g] == NULL)
             continue;
         pthread_mutex_lock(&node.vlock);
         bool mine = node.cur.epoch != 0 && node.cur.primary[g] == (int32_t)self;
         pthread_mutex_unlock(&node.vlock);
         /* A group served is never replaced by a copy; a replaced state is retired, not
-         * freed, until replica_free. */
-        if (mine)
+         * freed, until replica_free. Its own group's workers are swept by the caller. */
+        if (mine && g != self)
             sync_sweep(node.groups[g]->st);
+        if (mine)
+            server_tables_sweep_due(node.groups[g]->st, log_sweep, node.groups[g]);
     }
 }
 

@@ -33,6 +33,9 @@ typedef struct server_state {
     uint64_t max_bytes;               /* max-server-bytes in force (server_set_limits) */
     atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
     struct view_agent *view_agent;    /* replicas > 1: the failover agent (view_agent.h) */
+    /* A replica group's state (replicas > 1): its tables' rows expire only through sweeps its
+     * primary logs (server_tables_sweep_due), never on a push by the copy's own clock. */
+    bool replicated;
     /* The running checkpointer of this state (checkpointer_of), NULL: none. */
     struct checkpointer *_Atomic ck;
 } server_state;
@@ -145,6 +148,11 @@ size_t server_tables_count(server_state *st);
  * touched it when mean). Called by the sync module when the slowest live worker's clock moves
  * forward, before the pulls it allows are answered. */
 void server_tables_bsp_apply(server_state *st, bool mean);
+/* A replica group's primary: calls log_sweep for each table with a ttl_ms whose rows were last
+ * swept a second ago or more (and notes the sweep as done); the sweep is logged as an internal
+ * TablePush (sweep) and applied by every copy at the same point of the log. */
+void server_tables_sweep_due(server_state *st, void (*log_sweep)(void *arg, const char *name),
+                             void *arg);
 /* h extended (FNV-1a) by every table of st in name order (BSP aggregates included): its name,
  * then each row by id: the id, its parameters and optimizer slots (not its update time). For
  * comparing replicas in tests and tools; copies each table's rows to sort them. */

@@ -610,7 +610,7 @@ static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
                 for (size_t j = 0; j < dim; j++)
                     grads[k * dim + j] = r[j] * scale;
             }
-        int rc = table_push(e->t, ids, total, grads, (int64_t)time_now_ms(), err, sizeof(err));
+        int rc = table_push(e->t, ids, total, grads, (int64_t)time_op_ms(), err, sizeof(err));
         if (rc == TABLE_NOMEM)
             log_warn("table \"%s\": applying its BSP aggregate: %s", table_name(e->t), err);
         else if (rc == TABLE_LIMIT)
@@ -730,7 +730,7 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
     }
     if (worker >= 0)
         sync_heard(st, worker);
-    int64_t now = (int64_t)time_now_ms();
+    int64_t now = (int64_t)time_op_ms();
     int rc = TABLE_OK;
     bool bsp = e->spec->staleness == 0 && worker >= 0;
     if (d == DEDUP_NEW && bsp) {
@@ -762,12 +762,29 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
     if (d == DEDUP_NEW && !bsp) /* a BSP push counts when its aggregate is applied */
         atomic_fetch_add(&st->updates_applied, 1);
     *duplicate = d == DEDUP_DUPLICATE;
-    /* ttl_ms: expired rows are swept on a push, at most once a second per table. */
+    /* ttl_ms: expired rows are swept on a push, at most once a second per table (a replica
+     * group's, by the sweeps its primary logs). */
     int64_t last = atomic_load(&e->last_sweep_ms);
-    if (e->spec->ttl_ms > 0 && now - last >= 1000 &&
+    if (e->spec->ttl_ms > 0 && !st->replicated && now - last >= 1000 &&
         atomic_compare_exchange_strong(&e->last_sweep_ms, &last, now))
         table_sweep(e->t, now);
     return STATUS_OK;
+}
+
+void server_tables_sweep_due(server_state *st, void (*log_sweep)(void *arg, const char *name),
+                             void *arg)
+{
+    size_t n;
+    table_entry **es = entries_list(st, &n);
+    int64_t now = (int64_t)time_wall_ms();
+    for (size_t i = 0; es && i < n; i++) {
+        table_entry *e = es[i];
+        int64_t last = atomic_load(&e->last_sweep_ms);
+        if (e->spec->ttl_ms > 0 && !is_bsp_aggregate(table_name(e->t)) && now - last >= 1000 &&
+            atomic_compare_exchange_strong(&e->last_sweep_ms, &last, now))
+            log_sweep(arg, table_name(e->t));
+    }
+    entries_release(es, n);
 }
 
 /* The table a call names, referenced; NULL after replying NOT_FOUND (saying so when the name
@@ -923,11 +940,27 @@ void handle_table_push(rpc_call *call, void *arg)
     server_state *st = arg;
     const Psd__V1__TablePushRequest *req = (const void *)rpc_call_body(call);
     const envelope *env = rpc_call_envelope(call);
+    if (req->sweep && !rpc_call_trusted(call)) {
+        rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                        "table push: sweep is internal to replication (a replicated group's "
+                        "primary logs its tables' expiry); it is not a client's request");
+        return;
+    }
     table_entry *e = resolve_table(st, call, req->name);
     int64_t *ids;
     const uint8_t *grads;
     if (e == NULL)
         return;
+    if (req->sweep) {
+        /* Held against a checkpoint's copy like an update. */
+        store_update_begin(st->vars);
+        table_sweep(e->t, (int64_t)time_op_ms());
+        store_update_end(st->vars);
+        entry_put(e);
+        Psd__V1__TablePushReply rep = PSD__V1__TABLE_PUSH_REPLY__INIT;
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
     if (!table_ids(st, call, e, req->n, true, &ids, &grads)) {
         entry_put(e);
         return;

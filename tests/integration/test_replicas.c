@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <nng/nng.h>
 
@@ -33,12 +36,14 @@ static const char *server_bin;
 static test_cluster tc;
 static etcd_proc etcd;
 
+static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+
 static int setup(void **state)
 {
     (void)state;
     if (etcd_proc_start(&etcd) != 0)
         return -1;
-    const char *extra[] = {"--replicas", "2", "--coordinator", etcd.endpoint, NULL};
+    extra[3] = etcd.endpoint;
     return test_cluster_start(&tc, server_bin, NSERVERS, extra);
 }
 
@@ -61,7 +66,8 @@ static ps_client *open_client(void)
     if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
         ps_config_set(cfg, "split-threshold-bytes", "64K") != PS_OK ||
         ps_config_set(cfg, "chunk-bytes", "64K") != PS_OK ||
-        ps_config_set(cfg, "deadline-ms", "20000") != PS_OK)
+        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
+        ps_config_set(cfg, "replicas", "2") != PS_OK)
         fprintf(stderr, "config: %s\n", ps_last_error());
     else if (ps_client_open(&c, cfg) != PS_OK)
         fprintf(stderr, "open: %s\n", ps_last_error());
@@ -186,6 +192,124 @@ static void test_exact_sums_and_identical_replicas(void **state)
     }
 }
 
+/* The view epoch server `server` answers with (0: no answer). */
+static uint64_t epoch_of(int server)
+{
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.body.data = body;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    frame f;
+    nng_msg *m;
+    if (test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m) != 0)
+        return 0;
+    uint64_t e = f.env->epoch;
+    frame_fini(&f);
+    nng_msg_free(m);
+    return e;
+}
+
+static int64_t ms_since(const struct timespec *t0)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - t0->tv_sec) * 1000 + (now.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* A table with ttl_ms 150: its rows expire while new ones arrive. Every copy removes the same
+ * rows at the same point of the log (its primary logs the sweeps, and every copy applies an
+ * operation at the time its primary logged it), also a copy made by a rejoining server, whose
+ * own sweeps would start afresh: ps 1 is killed (-9) and restarted after 1 s of pushes, copies
+ * groups 0 and 1 as pushes go on and rejoins; after 2 s more each group's copies are
+ * identical. Rows long unpushed are gone, fresh ones are there. A client's sweep request is
+ * refused. */
+static void test_ttl_table_copies_identical(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "rep/ttl", 4, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.ttl_ms = 150;
+    ps_table *t;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    float g[8 * 4];
+    for (int i = 0; i < 8 * 4; i++)
+        g[i] = 1.0f;
+    int64_t ids[8];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int pushes = 0;
+    bool restarted = false, rejoined = false;
+    while (!rejoined || ms_since(&t1) < 2000) {
+        for (int k = 0; k < 8; k++)
+            ids[k] = (int64_t)(pushes * 8 + k) % 400; /* every id comes back after 50 pushes */
+        int rc = ps_table_push(t, ids, 8, g);
+        if (rc != PS_OK)
+            fprintf(stderr, "push %d: %s\n", pushes, ps_last_error());
+        assert_int_equal(rc, PS_OK);
+        pushes++;
+        usleep(5000);
+        if (!restarted && ms_since(&t0) >= 1000) {
+            assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+            assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+            restarted = true;
+        }
+        /* Epoch 2: ps 1 left the view; 3: it is back. */
+        if (restarted && !rejoined && pushes % 20 == 0 && epoch_of(0) >= 3) {
+            rejoined = true;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            fprintf(stderr, "ps 1 restarted and back in the view %lld ms after the start\n",
+                    (long long)ms_since(&t0));
+        }
+        assert_true(ms_since(&t0) < 60000);
+    }
+    /* The last ids pushed are there; one not pushed for more than 1 s (ttl 150 ms, a sweep a
+     * second) is gone (reads as its initializer, zeros). */
+    float row[4];
+    assert_int_equal(ps_table_pull(t, &ids[7], 1, row), PS_OK);
+    assert_true(row[0] < 0.0f);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(c, "rep/ttl", &info), PS_OK);
+    fprintf(stderr, "ttl table: %d pushes, %llu rows, %llu expired\n", pushes,
+            (unsigned long long)info.rows, (unsigned long long)info.evicted_ttl);
+    assert_true(info.evicted_ttl > 0);
+    ps_client_close(c);
+    /* A sweep is not a client's to ask for: refused before it is logged. */
+    Psd__V1__TablePushRequest rq = PSD__V1__TABLE_PUSH_REQUEST__INIT;
+    rq.name = "rep/ttl";
+    rq.sweep = true;
+    uint8_t body[64];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__TABLE_PUSH;
+    env.body.data = body;
+    env.body.len = psd__v1__table_push_request__pack(&rq, body);
+    Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
+    tm.dtype = PSD__V1__DTYPE__FLOAT32;
+    tm.count = 1;
+    env.tensor = &tm;
+    float zero = 0.0f;
+    frame f;
+    nng_msg *m;
+    assert_int_equal(test_raw_call(tc.ports[0], &env, &zero, sizeof(zero), &f, &m),
+                     PS_PERMISSION_DENIED);
+    frame_fini(&f);
+    nng_msg_free(m);
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
+        assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
+        assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1), 0);
+        fprintf(stderr, "group %u: primary %016llx at lsn %llu, backup %016llx at lsn %llu\n", grp,
+                (unsigned long long)s0, (unsigned long long)l0, (unsigned long long)s1,
+                (unsigned long long)l1);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+    }
+}
+
 /* A pull naming group 0 at its backup (server 1) is refused, naming server 0 as the primary;
  * one at a server that holds no copy too. */
 static void test_not_primary_names_primary(void **state)
@@ -304,6 +428,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_sums_and_identical_replicas),
         cmocka_unit_test(test_not_primary_names_primary),
+        cmocka_unit_test(test_ttl_table_copies_identical),
         cmocka_unit_test(test_replicate_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
