@@ -185,6 +185,30 @@ static void push_ok(ps_client *c, ps_var *v, const float *g)
     assert_int_equal(rc, PS_OK);
 }
 
+static uint64_t view_epoch_of(int server)
+{
+    return test_server_epoch(tc.ports[server]);
+}
+
+/* Whether every group's two copies (its placement server's and the next one's) agree, asked
+ * for up to 5 s (a backup may still apply the last batch). */
+static bool groups_agree(void)
+{
+    bool same = false;
+    for (int tries = 0; tries < 50 && !same; tries++) {
+        same = true;
+        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
+            uint64_t a, b, la, lb;
+            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
+                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
+                   la == lb;
+        }
+        if (!same)
+            usleep(100 * 1000);
+    }
+    return same;
+}
+
 static void check_all(ps_client *c, ps_var *v, float want)
 {
     float *w = malloc(VAR_N * sizeof(float));
@@ -269,18 +293,7 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     /* ... and is live in a newer view (epoch 3: the kill made 2), which every reply carries. */
     uint64_t epoch = 0;
     for (int i = 0; i < 100 && epoch < 3; i++) {
-        Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
-        uint8_t body[16];
-        envelope env = PSD__V1__ENVELOPE__INIT;
-        env.method = PSD__V1__METHOD__SERVER_STATUS;
-        env.body.data = body;
-        env.body.len = psd__v1__server_status_request__pack(&sr, body);
-        frame f;
-        nng_msg *m;
-        assert_int_equal(test_raw_call(tc.ports[0], &env, NULL, 0, &f, &m), 0);
-        epoch = f.env->epoch;
-        frame_fini(&f);
-        nng_msg_free(m);
+        epoch = view_epoch_of(0);
         if (epoch < 3)
             usleep(100 * 1000);
     }
@@ -295,24 +308,6 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     assert_int_equal(ps_client_lost_updates(c), 0);
     free(g);
     ps_client_close(c);
-}
-
-static uint64_t view_epoch_of(int server)
-{
-    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
-    uint8_t body[16];
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__SERVER_STATUS;
-    env.body.data = body;
-    env.body.len = psd__v1__server_status_request__pack(&sr, body);
-    frame f;
-    nng_msg *m;
-    if (test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m) != 0)
-        return 0;
-    uint64_t e = f.env->epoch;
-    frame_fini(&f);
-    nng_msg_free(m);
-    return e;
 }
 
 /* replicas 3 on 3 servers (each holds every group): kill the primary of group 0 (ps 0), then
@@ -382,6 +377,27 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
     ps_client_close(c);
 }
 
+/* Starts every server of the stopped cluster again: the variable holds the 50 pushes of g (all
+ * ones) acknowledged before the stop, takes 10 more, and every group's copies agree (the
+ * backups copied and followed their primaries). Frees g. */
+static void restart_whole_and_check(float *g)
+{
+    for (int i = 0; i < NSERVERS; i++)
+        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, -50.0f);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -60.0f);
+    assert_true(groups_agree());
+    assert_int_equal(ps_client_lost_updates(c), 0);
+    free(g);
+    ps_client_close(c);
+}
+
 /* A whole replicated cluster stopped and started again restores from the primaries'
  * checkpoints; the backups copy their groups from the primaries at the first view. */
 static void test_whole_cluster_restart_restores(void **state)
@@ -398,33 +414,7 @@ static void test_whole_cluster_restart_restores(void **state)
         push_ok(c, v, g);
     ps_client_close(c);
     assert_int_equal(test_cluster_stop(&tc), 0); /* SIGTERM: each writes a final checkpoint */
-    for (int i = 0; i < NSERVERS; i++)
-        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
-    c = open_client();
-    assert_non_null(c);
-    v = make_var(c);
-    assert_non_null(v);
-    check_all(c, v, -50.0f);
-    for (int k = 0; k < 10; k++)
-        push_ok(c, v, g);
-    check_all(c, v, -60.0f);
-    /* Every group's copies agree (the backups copied and followed their primaries). */
-    bool same = false;
-    for (int tries = 0; tries < 50 && !same; tries++) {
-        same = true;
-        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
-            uint64_t a, b, la, lb;
-            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
-                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
-                   la == lb;
-        }
-        if (!same)
-            usleep(100 * 1000);
-    }
-    assert_true(same);
-    assert_int_equal(ps_client_lost_updates(c), 0);
-    free(g);
-    ps_client_close(c);
+    restart_whole_and_check(g);
 }
 
 /* Checkpoint RPC to a server (its own group): 0 when it answered OK. */
@@ -478,33 +468,8 @@ static void test_restart_after_failover_restores_newest(void **state)
     snprintf(pattern, sizeof(pattern), "ls %s/group-copies-2/ckpt-1-*.psc >/dev/null 2>&1",
              ckpt_dir);
     assert_int_equal(system(pattern), 0);
-    for (int i = 0; i < NSERVERS; i++)
-        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
-    c = open_client();
-    assert_non_null(c);
-    v = make_var(c);
-    assert_non_null(v);
-    check_all(c, v, -50.0f);
-    for (int k = 0; k < 10; k++)
-        push_ok(c, v, g);
-    check_all(c, v, -60.0f);
-    /* Group 1's primary is ps 2 (the newest copy), ps 1 copied it; every group agrees. */
-    bool same = false;
-    for (int tries = 0; tries < 50 && !same; tries++) {
-        same = true;
-        for (uint32_t grp = 0; grp < NSERVERS && same; grp++) {
-            uint64_t a, b, la, lb;
-            same = group_checksum((int)grp, grp, &a, &la) == 0 &&
-                   group_checksum((int)((grp + 1) % NSERVERS), grp, &b, &lb) == 0 && a == b &&
-                   la == lb;
-        }
-        if (!same)
-            usleep(100 * 1000);
-    }
-    assert_true(same);
-    assert_int_equal(ps_client_lost_updates(c), 0);
-    free(g);
-    ps_client_close(c);
+    /* Group 1's primary is ps 2 (the newest copy); ps 1 copies it from there. */
+    restart_whole_and_check(g);
 }
 
 /* Replicas 2 with --worker-timeout-ms 2000 on the servers: a worker client whose heartbeats

@@ -192,25 +192,6 @@ static void test_exact_sums_and_identical_replicas(void **state)
     }
 }
 
-/* The view epoch server `server` answers with (0: no answer). */
-static uint64_t epoch_of(int server)
-{
-    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
-    uint8_t body[16];
-    envelope env = PSD__V1__ENVELOPE__INIT;
-    env.method = PSD__V1__METHOD__SERVER_STATUS;
-    env.body.data = body;
-    env.body.len = psd__v1__server_status_request__pack(&sr, body);
-    frame f;
-    nng_msg *m;
-    if (test_raw_call(tc.ports[server], &env, NULL, 0, &f, &m) != 0)
-        return 0;
-    uint64_t e = f.env->epoch;
-    frame_fini(&f);
-    nng_msg_free(m);
-    return e;
-}
-
 static int64_t ms_since(const struct timespec *t0)
 {
     struct timespec now;
@@ -259,7 +240,7 @@ static void test_ttl_table_copies_identical(void **state)
             restarted = true;
         }
         /* Epoch 2: ps 1 left the view; 3: it is back. */
-        if (restarted && !rejoined && pushes % 20 == 0 && epoch_of(0) >= 3) {
+        if (restarted && !rejoined && pushes % 20 == 0 && test_server_epoch(tc.ports[0]) >= 3) {
             rejoined = true;
             clock_gettime(CLOCK_MONOTONIC, &t1);
             fprintf(stderr, "ps 1 restarted and back in the view %lld ms after the start\n",

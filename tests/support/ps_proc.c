@@ -206,6 +206,24 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
     return st;
 }
 
+uint64_t test_server_epoch(int port)
+{
+    Psd__V1__ServerStatusRequest sr = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    uint8_t body[16];
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    env.method = PSD__V1__METHOD__SERVER_STATUS;
+    env.body.data = body;
+    env.body.len = psd__v1__server_status_request__pack(&sr, body);
+    frame f;
+    nng_msg *m;
+    if (test_raw_call(port, &env, NULL, 0, &f, &m) != 0)
+        return 0;
+    uint64_t e = f.env->epoch;
+    frame_fini(&f);
+    nng_msg_free(m);
+    return e;
+}
+
 int test_group_checksum(int port, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
                         uint64_t *lsn)
 {

@@ -82,6 +82,9 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
  * `group` (epoch: the view epoch sent, 0 none): the reply's status as test_raw_call returns it
  * (-2000: a reply that does not decode), and when 0 its checksum, variables and applied lsn
  * (each pointer may be NULL). */
+/* The view epoch the server on port answers with (its ServerStatus reply's envelope); 0 when
+ * it does not answer. */
+uint64_t test_server_epoch(int port);
 int test_group_checksum(int port, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
                         uint64_t *lsn);
 
