@@ -1542,6 +1542,9 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
         free(st);
         st = G->st;
         old->rpc = NULL;
+        /* The tables count their memory against the state they were made in. */
+        server_tables_rebind(st);
+        server_tables_rebind(old);
     } else {
         old = G->st;
     }

@@ -148,6 +148,9 @@ size_t server_tables_count(server_state *st);
  * touched it when mean). Called by the sync module when the slowest live worker's clock moves
  * forward, before the pulls it allows are answered. */
 void server_tables_bsp_apply(server_state *st, bool mean);
+/* Points st's tables' memory accounting at st (after st's contents were copied in from
+ * another state). */
+void server_tables_rebind(server_state *st);
 /* A replica group's primary: calls log_sweep for each table with a ttl_ms whose rows were last
  * swept a second ago or more (and notes the sweep as done); the sweep is logged as an internal
  * TablePush (sweep) and applied by every copy at the same point of the log. */

@@ -130,6 +130,11 @@ static inline uint64_t count_get(_Atomic uint64_t *c)
     return atomic_load_explicit(c, memory_order_relaxed);
 }
 
+void table_set_budget_arg(table *t, void *arg)
+{
+    t->budget.arg = arg;
+}
+
 /* Asks the budget for bytes more (true: granted; always without a budget). */
 static bool budget_take(table *t, uint64_t bytes)
 {

@@ -83,6 +83,10 @@ typedef struct table_budget {
     void *arg;
 } table_budget;
 
+/* Points t's budget at arg from now on (its owner moved: a state's contents copied into
+ * another). No call may use t meanwhile. */
+void table_set_budget_arg(table *t, void *arg);
+
 /* Settings of a table, all fixed at creation. */
 typedef struct table_spec {
     const char *name;        /* 1..TABLE_MAX_NAME bytes; copied */

@@ -771,6 +771,15 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
     return STATUS_OK;
 }
 
+void server_tables_rebind(server_state *st)
+{
+    size_t n;
+    table_entry **es = entries_list(st, &n);
+    for (size_t i = 0; es && i < n; i++)
+        table_set_budget_arg(es[i]->t, st);
+    entries_release(es, n);
+}
+
 void server_tables_sweep_due(server_state *st, void (*log_sweep)(void *arg, const char *name),
                              void *arg)
 {

@@ -258,6 +258,7 @@ static void test_ttl_table_copies_identical(void **state)
     fprintf(stderr, "ttl table: %d pushes, %llu rows, %llu expired\n", pushes,
             (unsigned long long)info.rows, (unsigned long long)info.evicted_ttl);
     assert_true(info.evicted_ttl > 0);
+    ps_table_free(t);
     ps_client_close(c);
     /* A sweep is not a client's to ask for: refused before it is logged. */
     Psd__V1__TablePushRequest rq = PSD__V1__TABLE_PUSH_REQUEST__INIT;
