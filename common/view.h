@@ -25,6 +25,13 @@ typedef struct view {
     int32_t primary[VIEW_MAX_SERVERS];
     /* live[i]: server i is a member of this view (held a lease when it was installed). */
     uint8_t live[VIEW_MAX_SERVERS];
+    /* behind[g]: bit k set when member k of group g (view_member) is out of sync: it may lack
+     * updates acknowledged on g (it was out of the view while they were, or its copy is still
+     * catching up). A member with its bit clear is in sync: it applied every update
+     * acknowledged on g up to the moment it left the view, if it did. Only an in-sync member
+     * becomes g's primary; a group whose in-sync members are all down has none (primary -1)
+     * until one of them comes back. All clear (zero) is every member in sync. */
+    uint64_t behind[VIEW_MAX_SERVERS];
 } view;
 
 /* A server's copy of a group as restored from its checkpoint, published with its registration
@@ -53,6 +60,25 @@ static inline uint32_t view_member(const view *v, uint32_t g, uint32_t k)
 static inline bool view_is_member(const view *v, uint32_t g, uint32_t s)
 {
     return (s + v->num_servers - g) % v->num_servers < v->replicas;
+}
+
+/* Whether server s is an in-sync member of group g (view.behind). */
+static inline bool view_in_sync(const view *v, uint32_t g, uint32_t s)
+{
+    uint32_t k = (s + v->num_servers - g) % v->num_servers;
+    return k < v->replicas && k < 64 && !((v->behind[g] >> k) & 1u);
+}
+
+/* Marks server s, a member of group g, in sync or behind. */
+static inline void view_set_in_sync(view *v, uint32_t g, uint32_t s, bool in_sync)
+{
+    uint32_t k = (s + v->num_servers - g) % v->num_servers;
+    if (k >= v->replicas || k >= 64)
+        return;
+    if (in_sync)
+        v->behind[g] &= ~((uint64_t)1 << k);
+    else
+        v->behind[g] |= (uint64_t)1 << k;
 }
 
 #endif

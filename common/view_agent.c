@@ -36,6 +36,7 @@ struct view_agent {
     /* the view */
     view_record known; /* the newest view given to the callback (epoch 0: none) */
     bool caught_up[VIEW_MAX_SERVERS];
+    bool lacks[VIEW_MAX_SERVERS]; /* view_agent_set_lacks (under mu) */
     int64_t pending_rev, pending_since_ms;
     /* stats */
     uint64_t views_installed, failovers, errors;
@@ -82,6 +83,17 @@ static int32_t first_live(const view *v, uint32_t g)
     return -1;
 }
 
+/* The first live in-sync member of group g in ring order, -1 when none (view.behind). */
+static int32_t first_in_sync(const view *v, uint32_t g)
+{
+    for (uint32_t k = 0; k < v->replicas; k++) {
+        uint32_t s = view_member(v, g, k);
+        if (v->live[s] && view_in_sync(v, g, s))
+            return (int32_t)s;
+    }
+    return -1;
+}
+
 /* Whether a new view is made from scratch: there is none, or none of its live servers still
  * holds the lease it joined with (left over from a cluster that stopped, or whose every server
  * died). */
@@ -102,16 +114,21 @@ static const view_copy *copy_of(const view_inputs *in, int32_t s, uint32_t g)
     return NULL;
 }
 
-/* The primary of group g in a view made from scratch: the live member with the newest restored
- * copy, the first live one in ring order when none is newer. */
-static int32_t newest_live(const view_inputs *in, const view *v, uint32_t g)
+/* The primary of group g in a view made from scratch: among the live members that the view
+ * left over (old, may be NULL) holds in sync, the one with the newest restored copy, the first
+ * in ring order when none is newer; -1 when none of them lives (the group waits for one). An
+ * out-of-sync member's copy is never taken, however new its epoch: it may miss what the in-sync
+ * ones acknowledged without it. */
+static int32_t newest_live(const view_inputs *in, const view *old, const view *v, uint32_t g)
 {
-    int32_t p = first_live(v, g);
-    const view_copy *best = copy_of(in, p, g);
-    for (uint32_t k = 0; p >= 0 && k < v->replicas; k++) {
+    int32_t p = -1;
+    const view_copy *best = NULL;
+    for (uint32_t k = 0; k < v->replicas; k++) {
         uint32_t s = view_member(v, g, k);
-        const view_copy *c = v->live[s] ? copy_of(in, (int32_t)s, g) : NULL;
-        if (c && (best == NULL || view_copy_newer(c, best))) {
+        if (!v->live[s] || (old && !view_in_sync(old, g, s)))
+            continue;
+        const view_copy *c = copy_of(in, (int32_t)s, g);
+        if (p < 0 || (c && (best == NULL || view_copy_newer(c, best)))) {
             best = c;
             p = (int32_t)s;
         }
@@ -145,8 +162,28 @@ view_change view_decide(const view_inputs *in, view_record *next)
                 next->v.live[i] = 1;
                 next->lease[i] = in->reg[i];
             }
-        for (uint32_t g = 0; g < n; g++)
-            next->v.primary[g] = newest_live(in, &next->v, g);
+        /* The in-sync sets of the view left over hold across a whole-cluster restart. */
+        const view *old = cur && cur->v.epoch > 0 ? &cur->v : NULL;
+        for (uint32_t g = 0; g < n; g++) {
+            int32_t p = newest_live(in, old, &next->v, g);
+            next->v.primary[g] = p;
+            if (p < 0) {
+                next->v.behind[g] = old ? old->behind[g] : 0;
+                continue; /* waits for an in-sync member (any member without an old view) */
+            }
+            /* In sync: the live members whose copy is as new as the primary's; the others copy
+             * from it first. */
+            const view_copy *best = copy_of(in, p, g);
+            for (uint32_t k = 0; k < in->replicas; k++) {
+                uint32_t s = view_member(&next->v, g, k);
+                const view_copy *c = copy_of(in, (int32_t)s, g);
+                bool same = best == NULL ? c == NULL
+                                         : c != NULL && !view_copy_newer(best, c) &&
+                                               !view_copy_newer(c, best);
+                view_set_in_sync(&next->v, g, s,
+                                 next->v.live[s] && same && (!old || view_in_sync(old, g, s)));
+            }
+        }
         return lowest == self ? VIEW_PROPOSE : VIEW_FALLBACK;
     }
     *next = *cur;
@@ -160,11 +197,24 @@ view_change view_decide(const view_inputs *in, view_record *next)
             changed = true;
         }
     for (uint32_t g = 0; g < n; g++) {
+        /* Members out of the view fall out of sync while an in-sync member lives on to
+         * acknowledge updates without them; when none does, the set stays as it was: those
+         * members hold everything acknowledged, and only one of them may serve the group. */
+        if (first_in_sync(&next->v, g) >= 0)
+            for (uint32_t k = 0; k < in->replicas; k++) {
+                uint32_t s = view_member(&next->v, g, k);
+                if (!next->v.live[s] && view_in_sync(&next->v, g, s)) {
+                    view_set_in_sync(&next->v, g, s, false);
+                    changed = true;
+                }
+            }
         int32_t p = next->v.primary[g];
-        if (p < 0 || !next->v.live[p])
-            next->v.primary[g] = first_live(&next->v, g);
+        if (p < 0 || !next->v.live[p] || !view_in_sync(&next->v, g, (uint32_t)p))
+            next->v.primary[g] = first_in_sync(&next->v, g);
     }
-    /* A rejoining self: live once caught up on every group of it that has a primary. */
+    /* A rejoining self: live once caught up on every group of it that has a primary, and then
+     * in sync in those; the primary of a group that has none when it holds the group's newest
+     * state (in sync, with a copy it kept or restored). */
     if (in->reg[self] != 0 && !cur->v.live[self]) {
         bool ready = true;
         for (uint32_t k = 0; k < in->replicas; k++) {
@@ -175,10 +225,27 @@ view_change view_decide(const view_inputs *in, view_record *next)
         if (ready) {
             next->v.live[self] = 1;
             next->lease[self] = in->reg[self];
-            for (uint32_t g = 0; g < n; g++)
-                if (next->v.primary[g] < 0)
-                    next->v.primary[g] = first_live(&next->v, g);
+            for (uint32_t k = 0; k < in->replicas; k++) {
+                uint32_t g = (self + n - k) % n;
+                if (next->v.primary[g] >= 0)
+                    view_set_in_sync(&next->v, g, self, true);
+                else if (in->lacks[g])
+                    view_set_in_sync(&next->v, g, self, false); /* live, without the copy */
+                else if (view_in_sync(&next->v, g, self))
+                    next->v.primary[g] = (int32_t)self;
+            }
             changed = self_added = true;
+        }
+    } else if (in->reg[self] != 0 && cur->v.live[self] && next->v.live[self]) {
+        /* A live self out of sync in a group (it came back while the group had no primary):
+         * in sync once its copy caught up with the primary's log. */
+        for (uint32_t k = 0; k < in->replicas; k++) {
+            uint32_t g = (self + n - k) % n;
+            if (next->v.primary[g] >= 0 && next->v.primary[g] != (int32_t)self &&
+                !view_in_sync(&next->v, g, self) && in->caught_up[g]) {
+                view_set_in_sync(&next->v, g, self, true);
+                changed = self_added = true;
+            }
         }
     }
     int32_t designated = -1;
@@ -368,15 +435,18 @@ static void *lease_main(void *arg)
                 note_ok(a);
                 pthread_mutex_lock(&a->mu);
                 bool was = a->lease_uncertain;
+                /* Ran out before this renewal came back, too soon to be reported: a primary
+                 * alone held its acknowledgements meanwhile (view_agent_serving) and is told. */
+                bool lapsed = mono_ms() >= a->lease_valid_ms;
                 a->lease_uncertain = false;
                 if (a->lease_id == id)
                     a->lease_valid_ms = t0 + ttl_s * 1000;
                 view v = a->known.v;
                 pthread_mutex_unlock(&a->mu);
-                if (was) {
+                if (was)
                     log_info("lease %" PRId64 " renewed again", id);
+                if (was || lapsed)
                     emit(a, VIEW_EVENT_LEASE_OK, &v);
-                }
                 wait_ms = ttl_ms / 3;
             } else if (rc == ETCD_ELEASE) {
                 pthread_mutex_lock(&a->mu);
@@ -546,6 +616,7 @@ static void poll_once(view_agent *a)
         /* Only a server whose own registration is current and renewed proposes. */
         bool may = a->lease_id != 0 && reg[a->cfg.self] == a->lease_id && now < a->lease_valid_ms;
         memcpy(in.caught_up, a->caught_up, sizeof(in.caught_up));
+        memcpy(in.lacks, a->lacks, sizeof(in.lacks));
         in.grace_over = now - a->started_ms >= a->cfg.start_grace_ms;
         pthread_mutex_unlock(&a->mu);
         if (!may) {
@@ -683,6 +754,15 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
         memcpy(copies, cfg->copies, cfg->ncopies * sizeof(*copies));
     a->cfg.copies = copies;
     a->cfg.ncopies = copies ? cfg->ncopies : 0;
+    /* A group this server backs up and restored no copy of is empty here: never served
+     * before it copied it (its in-sync members may all be down: the group waits for them). */
+    for (uint32_t k = 1; k < cfg->replicas && k < cfg->num_servers; k++) {
+        uint32_t g = (cfg->self + cfg->num_servers - k) % cfg->num_servers;
+        a->lacks[g] = true;
+        for (size_t i = 0; i < a->cfg.ncopies; i++)
+            if (a->cfg.copies[i].group == g)
+                a->lacks[g] = false;
+    }
     size_t pl = a->prefix ? strlen(a->prefix) : 0;
     while (pl > 1 && a->prefix[pl - 1] == '/')
         a->prefix[--pl] = '\0';
@@ -811,6 +891,15 @@ void view_agent_mark_caught_up(view_agent *a, uint32_t g)
     pthread_mutex_lock(&a->mu);
     a->caught_up[g] = true;
     pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void view_agent_set_lacks(view_agent *a, uint32_t g, bool lacks)
+{
+    if (g >= a->cfg.num_servers)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->lacks[g] = lacks;
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -11,17 +11,22 @@
  *   - poll (every poll_ms): reads prefix/view and prefix/servers/, and proposes a new view when
  *       * there is none (or none of its live servers still holds the lease it joined with: the
  *         whole cluster restarted): epoch (old + 1, or 1), every registered server live,
- *         primary[g] = the first live member of g in ring order; it waits up to start_grace_ms
- *         for every server to register first;
+ *         primary[g] = the live member of g with the newest restored copy (the first in ring
+ *         order among equals), and in sync (view.behind) the live members whose copy is as
+ *         new; it waits up to start_grace_ms for every server to register first;
  *       * a live server's lease is gone (absent key, or another lease: it restarted): the view
- *         without it; each group whose primary it was gets its first live member in ring order
- *         as primary (-1 when none lives);
+ *         without it, out of sync in its groups when an in-sync member lives on; each group
+ *         whose primary it was gets its first live in-sync member in ring order as primary
+ *         (-1 when none lives: the group waits for one of its in-sync members);
  *       * the view in etcd has a lower epoch than one this server saw (etcd lost its data, or
  *         the key was deleted): the same view again above the highest epoch seen, so that
  *         epochs never go back;
  *       * this server is registered but not live, and view_agent_mark_caught_up was called for
- *         every group it is a member of that has a primary: the view with it live (and primary
- *         of its groups that had none).
+ *         every group it is a member of that has a primary: the view with it live and in sync
+ *         in those groups (and primary of its groups that had none where it is in sync and
+ *         does not lack the group's copy, view_agent_set_lacks);
+ *       * this server is live but out of sync in a group that has a primary, and
+ *         view_agent_mark_caught_up was called for it: the view with it in sync there.
  *     Each proposal is epoch + 1 and a compare-and-swap on the view's mod revision: of servers
  *     that see the same change, one installs it and the others re-read. A change is proposed
  *     by the server it concerns first (the new primary; for a gone backup the lowest live
@@ -114,6 +119,12 @@ bool view_agent_current(view_agent *a, view *out);
  * is lost. g >= num_servers: ignored. */
 void view_agent_mark_caught_up(view_agent *a, uint32_t g);
 
+/* Whether this server's copy of group g lacks what it held while in sync: a group it backs up
+ * and restored no checkpoint of at start (true), or one it has kept in sync since (false, the
+ * default). A server that lacks a group never becomes its primary without copying it first.
+ * g >= num_servers: ignored. */
+void view_agent_set_lacks(view_agent *a, uint32_t g, bool lacks);
+
 /* Whether this server is live in the newest view with its current lease, and that lease was
  * renewed within its TTL. */
 bool view_agent_serving(view_agent *a);
@@ -142,7 +153,10 @@ typedef struct view_inputs {
     const int64_t *reg;     /* reg[i]: lease of registered server i, 0 when absent */
     uint32_t self, num_servers, replicas;
     bool caught_up[VIEW_MAX_SERVERS]; /* view_agent_mark_caught_up marks of self */
-    bool grace_over;                  /* start_grace_ms passed since the agent started */
+    /* lacks[g]: self's copy of group g is not one it kept in sync or restored from a
+     * checkpoint (view_agent_set_lacks): it does not serve g without copying it first. */
+    bool lacks[VIEW_MAX_SERVERS];
+    bool grace_over;      /* start_grace_ms passed since the agent started */
     uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
     /* The registered servers' restored copies (view_etcd_copies), read when a new view is made
      * from scratch: no view yet, or one left over from a cluster that stopped. */

@@ -104,7 +104,8 @@ typedef struct view_record {
 
 /* Serializes r as JSON text (caller frees):
  *   {"epoch":7,"num_servers":3,"replicas":2,"primary":[0,2,2],"live":[0,2],
- *    "lease":["7587869127369", "0", "7587869127372"]}
+ *    "lease":["7587869127369", "0", "7587869127372"],"behind":[2,0,0]}
+ * ("behind"[g]: view.behind, the bit set of group g's members out of sync; absent: none).
  * Returns NULL when out of memory. */
 char *view_to_json(const view_record *r);
 /* Parses text made by view_to_json, checking every bound (num_servers 1..VIEW_MAX_SERVERS,

@@ -19,7 +19,7 @@ char *view_to_json(const view_record *r)
 {
     const view *v = &r->v;
     size_t n = v->num_servers <= VIEW_MAX_SERVERS ? v->num_servers : VIEW_MAX_SERVERS;
-    size_t cap = 128 + n * 40;
+    size_t cap = 128 + n * 64;
     char *s = malloc(cap);
     if (s == NULL)
         return NULL;
@@ -40,6 +40,9 @@ char *view_to_json(const view_record *r)
     for (size_t i = 0; i < n; i++)
         o += (size_t)snprintf(s + o, cap - o, "%s\"%" PRId64 "\"", i ? "," : "",
                               v->live[i] ? r->lease[i] : 0);
+    o += (size_t)snprintf(s + o, cap - o, "],\"behind\":[");
+    for (size_t g = 0; g < n; g++)
+        o += (size_t)snprintf(s + o, cap - o, "%s%" PRIu64, g ? "," : "", v->behind[g]);
     snprintf(s + o, cap - o, "]}");
     return s;
 }
@@ -67,7 +70,7 @@ int view_from_json(const char *text, view_record *r, char *err, size_t errlen)
     json_tokener_free(tok);
     int rc = ETCD_EFAILED;
     uint64_t epoch, ns, rep;
-    json_object *prim, *live, *lease;
+    json_object *prim, *live, *lease, *behind;
     if (j == NULL || !complete || !json_object_is_type(j, json_type_object)) {
         errf(err, errlen, "view: not a JSON object");
         goto out;
@@ -128,6 +131,28 @@ int view_from_json(const char *text, view_record *r, char *err, size_t errlen)
         }
         for (size_t i = 0; i < ns; i++)
             r->lease[i] = json_object_get_int64(json_object_array_get_idx(lease, i));
+    }
+    /* Absent in views written before in-sync sets were kept: every member in sync. */
+    behind = j_obj(j, "behind");
+    if (behind != NULL) {
+        if (!json_object_is_type(behind, json_type_array) ||
+            json_object_array_length(behind) != ns) {
+            errf(err, errlen, "view: \"behind\" must be an array of num_servers (%u) entries",
+                 (unsigned)ns);
+            goto out;
+        }
+        uint64_t all = rep >= 64 ? UINT64_MAX : ((uint64_t)1 << rep) - 1;
+        for (size_t g = 0; g < ns; g++) {
+            json_object *e = json_object_array_get_idx(behind, g);
+            int64_t x = json_object_is_type(e, json_type_int) ? json_object_get_int64(e) : -1;
+            if (x < 0 || ((uint64_t)x & ~all) != 0) {
+                errf(err, errlen,
+                     "view: \"behind\"[%zu] is not a bit set of the group's %u members", g,
+                     (unsigned)rep);
+                goto out;
+            }
+            r->v.behind[g] = (uint64_t)x;
+        }
     }
     rc = 0;
 out:

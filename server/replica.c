@@ -75,7 +75,6 @@ typedef struct rgroup {
     uint64_t next_lsn;     /* next lsn to assign (primary) or to apply (backup); order */
     pthread_mutex_t q;
     pthread_cond_t qcond; /* new operations, acks, view changes, stop */
-    pthread_cond_t acked; /* committed moved (handlers waiting without a parked call) */
     rop *head, *tail;     /* operations not yet applied by every backup in the view */
     uint64_t last_lsn;    /* highest lsn in the log (q) */
     uint64_t committed;   /* every backup in the view applied up to here (q) */
@@ -133,6 +132,14 @@ static struct node {
 
 /* ---- the log (primary side) ---- */
 
+/* This server's lease is valid now (always, with a fixed view): it may acknowledge alone. */
+static bool lease_valid_now(void)
+{
+    if (atomic_load(&node.uncertain))
+        return false;
+    return node.agent == NULL || view_agent_serving(node.agent);
+}
+
 static void rop_free(rop *o)
 {
     if (o) {
@@ -161,12 +168,13 @@ static rop *progress_locked(rgroup *G)
     for (uint32_t i = 0; i < G->npeers; i++)
         if (G->peers[i].in_view)
             alone = false;
-    if (alone && atomic_load(&node.uncertain))
+    /* Alone, a primary acknowledges only while its lease is valid at this moment: the lease
+     * events come through a queue that can lag behind, and once etcd expired the lease another
+     * server may already serve the group. */
+    if (alone && low > G->committed && !lease_valid_now())
         low = G->committed; /* perhaps out of the view already: acknowledge nothing alone */
-    if (low > G->committed) {
+    if (low > G->committed)
         G->committed = low;
-        pthread_cond_broadcast(&G->acked);
-    }
     if (keep > G->committed)
         keep = G->committed;
     rop *done = NULL, **tail = &done;
@@ -730,6 +738,39 @@ static void log_sweep(void *arg, const char *name)
     log_internal(arg, &env, &zero, sizeof(zero), NULL, NULL, "a table sweep");
 }
 
+/* Answers a call for group g that this server does not serve in view `epoch`: sent on to
+ * its primary prim, or told to retry while the group has none. */
+static void refuse_not_serving(rpc_call *call, uint32_t g, int32_t prim, uint64_t epoch,
+                               const char *holders)
+{
+    if (prim >= 0) {
+        rpc_call_set_primary(call, (uint32_t)prim);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u does not serve group %u in view epoch %llu: its primary "
+                        "is server %d",
+                        node.cfg.self, g, (unsigned long long)epoch, prim);
+    } else {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "group %u has no live in-sync member in view epoch %llu: it is served "
+                        "again once one of the servers that hold its newest copy (%s) is back",
+                        g, (unsigned long long)epoch, holders ? holders : "see psctl status");
+    }
+}
+
+/* The in-sync members of group g in v, as "ps 0, ps 2" (or "none known"). */
+static void in_sync_list(const view *v, uint32_t g, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (uint32_t k = 0; k < v->replicas && o < cap; k++) {
+        uint32_t s = view_member(v, g, k);
+        if (view_in_sync(v, g, s))
+            o += (size_t)snprintf(buf + o, cap - o, "%sps %u", o ? ", " : "", s);
+    }
+    if (o == 0)
+        snprintf(buf, cap, "none known");
+}
+
 /* Runs an updating request on the group this server serves: in log order, streamed, answered
  * once every backup in the view applied it. */
 static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
@@ -751,6 +792,20 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
         return;
     }
     pthread_mutex_lock(&G->order);
+    /* dispatch saw this server as the primary without order held: a view change may have
+     * come in between. Applied on a copy that no longer serves, the update would advance a
+     * backup's log position and its call would wait in no log. */
+    pthread_mutex_lock(&G->q);
+    bool serving = G->serving;
+    int32_t prim = G->primary;
+    uint64_t epoch = G->epoch;
+    pthread_mutex_unlock(&G->q);
+    if (!serving) {
+        pthread_mutex_unlock(&G->order);
+        rop_free(o);
+        refuse_not_serving(call, G->g, prim, epoch, NULL);
+        return;
+    }
     /* Logged and streamed first, applied here meanwhile: the backups' transfer and apply overlap
      * the primary's (they run the same handler on the same state in the same order, so the
      * order of the copies' applies does not matter). */
@@ -775,19 +830,23 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
     o->busy = false;
     /* Not yet applied by every backup in the view (or alone while the lease is uncertain:
      * progress_locked holds the commit): the reply waits. */
-    bool blocking = false;
     if (G->committed < lsn && !parked) {
-        if (rpc_call_defer(call) == 0)
+        if (rpc_call_defer(call) == 0) {
             o->call = call;
-        else
-            blocking = true; /* no room to park: this thread waits instead */
+        } else {
+            /* No room to park the call (max-waiting): the thread is never held (it may be one
+             * nng shares with the replies that would end the wait). The update is logged and
+             * goes to the backups all the same; the client sends it again (same seq), and that
+             * duplicate's reply waits for a later position of the log, so it acknowledges the
+             * update only once every backup in the view applied it. */
+            rpc_reply_error(call, STATUS_UNAVAILABLE,
+                            "server %u cannot hold more replies waiting for the replicas of "
+                            "group %u (max-waiting): the update was not acknowledged: retry",
+                            node.cfg.self, G->g);
+        }
     }
     rop *done = progress_locked(G);
     pthread_mutex_unlock(&G->order);
-    if (blocking) {
-        while (G->committed < lsn && !atomic_load(&node.stopping))
-            pthread_cond_wait(&G->acked, &G->q);
-    }
     pthread_mutex_unlock(&G->q);
     answer(before);
     answer(done);
@@ -815,9 +874,12 @@ static void dispatch(rpc_call *call, void *arg)
         h(call, G && m->method == PSD__V1__METHOD__SERVER_STATUS ? G->st : node.groups[self]->st);
         return;
     }
+    char holders[96] = "";
     pthread_mutex_lock(&node.vlock);
     uint64_t epoch = node.cur.epoch;
     int32_t prim = node.cur.primary[g];
+    if (prim < 0 && epoch != 0)
+        in_sync_list(&node.cur, g, holders, sizeof(holders));
     pthread_mutex_unlock(&node.vlock);
     if (env->epoch != 0 && env->epoch < epoch) {
         if (prim >= 0)
@@ -836,18 +898,7 @@ static void dispatch(rpc_call *call, void *arg)
         return;
     }
     if (G == NULL || prim != (int32_t)self) {
-        if (prim >= 0)
-            rpc_call_set_primary(call, (uint32_t)prim);
-        if (prim >= 0)
-            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                            "server %u does not serve group %u in view epoch %llu: its primary "
-                            "is server %d",
-                            self, g, (unsigned long long)epoch, prim);
-        else
-            rpc_reply_error(call, STATUS_UNAVAILABLE,
-                            "group %u has no live member in view epoch %llu: wait for one of "
-                            "its servers to come back",
-                            g, (unsigned long long)epoch);
+        refuse_not_serving(call, g, prim, epoch, holders);
         return;
     }
     if (m->method == PSD__V1__METHOD__CLOCK) {
@@ -1692,7 +1743,6 @@ static void group_free(rgroup *G)
     pthread_mutex_destroy(&G->order);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
-    pthread_cond_destroy(&G->acked);
     free(G);
 }
 
@@ -1723,7 +1773,6 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         pthread_mutex_init(&G->order, NULL);
         pthread_mutex_init(&G->q, NULL);
         pthread_cond_init(&G->qcond, NULL);
-        pthread_cond_init(&G->acked, NULL);
         G->next_lsn = 1;
         G->ready = true;
         if (k == 0) {
@@ -1961,7 +2010,8 @@ void replica_set_view(const view *v)
         bool degraded = false;
         for (uint32_t i = 0; i < G->npeers; i++) {
             rpeer *p = &G->peers[i];
-            bool in = v->live[p->server] && v->primary[g] != (int32_t)p->server;
+            bool in = v->live[p->server] && view_in_sync(v, g, p->server) &&
+                      v->primary[g] != (int32_t)p->server;
             if (in && p->catching_up) {
                 p->catching_up = false; /* caught up, added back: waited for from now on */
                 log_info("view epoch %llu: server %u is a backup of group %u again",
@@ -1971,10 +2021,14 @@ void replica_set_view(const view *v)
             if (!in)
                 degraded = true;
         }
-        if (v->live[self] && old.epoch != 0)
+        bool in_sync = v->live[self] && view_in_sync(v, g, self);
+        if (in_sync && old.epoch != 0)
             G->fresh = false; /* live: the next time out of the view needs a new copy */
-        if ((!v->live[self] || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
-            rejoin_locked(G); /* out of the view, or the first view: copy from the primary */
+        if (in_sync && node.agent)
+            view_agent_set_lacks(node.agent, g, false); /* kept in sync from now on */
+        /* Out of the view or out of sync, or the first view: copy from the primary. */
+        if ((!in_sync || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
+            rejoin_locked(G);
         if (G->serving) {
             if (degraded)
                 log_warn("view epoch %llu: group %u runs degraded (a backup is out of the "
@@ -2117,7 +2171,6 @@ void replica_stop(void)
         pthread_mutex_unlock(&node.vlock);
         pthread_mutex_lock(&G->q);
         pthread_cond_broadcast(&G->qcond);
-        pthread_cond_broadcast(&G->acked);
         pthread_mutex_unlock(&G->q);
         for (uint32_t i = 0; i < G->npeers; i++) {
             rpeer *p = &G->peers[i];

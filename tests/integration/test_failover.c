@@ -29,6 +29,8 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "status.h"
+#include "view_etcd.h"
 
 #define NSERVERS 3
 #define NCLIENTS 3
@@ -472,6 +474,113 @@ static void test_restart_after_failover_restores_newest(void **state)
     restart_whole_and_check(g);
 }
 
+/* The view in etcd (epoch 0 when none can be read). */
+static view read_view(void)
+{
+    view_record r;
+    memset(&r, 0, sizeof(r));
+    char prefix[64], err[512], addrs[NSERVERS][32];
+    const char *ps[NSERVERS];
+    for (int i = 0; i < NSERVERS; i++) {
+        snprintf(addrs[i], sizeof(addrs[i]), "127.0.0.1:%d", tc.ports[i]);
+        ps[i] = addrs[i];
+    }
+    view_default_prefix(ps, NSERVERS, prefix, sizeof(prefix));
+    etcd_client *e = NULL;
+    if (etcd_client_create(&e, etcd.endpoint, 2000, err, sizeof(err)) == 0 &&
+        view_etcd_read(e, prefix, &r, NULL, err, sizeof(err)) != 0)
+        memset(&r, 0, sizeof(r));
+    etcd_client_destroy(e);
+    return r.v;
+}
+
+/* Polls the view until server s is live in it (at most 30 s). */
+static view wait_live(int s)
+{
+    view v;
+    for (int i = 0; i < 300; i++) {
+        v = read_view();
+        if (v.epoch > 0 && v.live[s])
+            break;
+        usleep(100 * 1000);
+    }
+    return v;
+}
+
+/* A group with no live in-sync member waits for one; it never goes to a member that missed
+ * what was acknowledged: ps 1 is killed and ps 0 serves group 0 = {0, 1} alone for 30 pushes
+ * (checkpointed); ps 0 is killed; ps 1 comes back and rejoins (caught up on group 1 from ps 2),
+ * but group 0 has no primary, and a pull of it is refused naming ps 0; ps 0 comes back with its
+ * checkpoint and serves group 0 again with every acknowledged push, and ps 1 copies it. */
+static void test_out_of_sync_member_never_takes_a_group(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    for (int k = 0; k < 20; k++)
+        push_ok(c, v, g);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    waitpid(tc.pids[1], NULL, 0);
+    tc.pids[1] = 0;
+    for (int k = 0; k < 30; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -50.0f);
+    ps_client_close(c);
+    assert_int_equal(checkpoint_now(0), 0); /* ps 0's group 0: 50 pushes */
+    view before = read_view();
+    assert_false(view_in_sync(&before, 0, 1));
+    assert_int_equal(kill(tc.pids[0], SIGKILL), 0);
+    waitpid(tc.pids[0], NULL, 0);
+    tc.pids[0] = 0;
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    view w = wait_live(1);
+    assert_int_equal(w.live[1], 1);
+    assert_int_equal(w.primary[0], -1);
+    assert_int_equal(w.primary[1], 2);
+    /* Refused, naming the server that holds group 0's newest copy. */
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__PullRequest rq = PSD__V1__PULL_REQUEST__INIT;
+    rq.name = "fo/v";
+    uint8_t body[64];
+    Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
+    tm.dtype = PSD__V1__DTYPE__FLOAT32;
+    tm.count = VAR_N / NSERVERS; /* group 0's part */
+    env.tensor = &tm;
+    env.method = PSD__V1__METHOD__PULL;
+    env.request_id = 7;
+    env.group = 1; /* group 0 */
+    env.body.data = body;
+    env.body.len = psd__v1__pull_request__pack(&rq, body);
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(tc.ports[1], &env, NULL, 0, &f, &m);
+    fprintf(stderr, "ps 1 on group 0: %d %s\n", st, st > -1000 ? f.env->message : "");
+    assert_int_equal(st, STATUS_UNAVAILABLE);
+    assert_non_null(strstr(f.env->message, "ps 0"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    /* ps 0 comes back: group 0 is served again, whole. */
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    w = wait_live(0);
+    assert_int_equal(w.primary[0], 0);
+    c = open_client();
+    assert_non_null(c);
+    v = make_var(c);
+    assert_non_null(v);
+    check_all(c, v, -50.0f);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    check_all(c, v, -60.0f);
+    assert_true(groups_agree());
+    free(g);
+    ps_client_close(c);
+}
+
 /* Replicas 2 with --worker-timeout-ms 2000 on the servers: a worker client whose heartbeats
  * (every 100 ms) are its only calls outlives the death of ps 1, primary of group 1: its
  * heartbeats for group 1 follow the group to its new primary (ps 2), which never evicts it. */
@@ -595,6 +704,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_whole_cluster_restart_restores, setup_ckpt,
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_restart_after_failover_restores_newest, setup_ckpt,
+                                        teardown_ckpt),
+        cmocka_unit_test_setup_teardown(test_out_of_sync_member_never_takes_a_group, setup_ckpt,
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),
     };

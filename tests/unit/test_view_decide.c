@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "view_agent.h"
@@ -144,6 +146,7 @@ static void test_backup_dies(void **state)
     cur2.v.live[3] = 1;
     cur2.lease[3] = 103;
     cur2.v.primary[3] = 0;
+    memset(cur2.v.behind, 0, sizeof(cur2.v.behind)); /* its rejoin made it in sync again */
     reg[3] = 103;
     reg[2] = 0; /* primary of group 2 = {2, 3, 0} -> 3 */
     in = inputs(&cur2, reg, 3, 4, 3);
@@ -165,6 +168,8 @@ static void test_rejoin(void **state)
     cur.v.live[1] = 0;
     cur.lease[1] = 0;
     cur.v.primary[1] = 2;
+    view_set_in_sync(&cur.v, 0, 1, false); /* out of the view while 0 and 2 went on */
+    view_set_in_sync(&cur.v, 1, 1, false);
     int64_t reg[VIEW_MAX_SERVERS] = {100, 555, 102};
     view_record next;
     /* Others do not add it. */
@@ -182,7 +187,95 @@ static void test_rejoin(void **state)
     assert_int_equal(next.v.epoch, 7);
     assert_int_equal(next.v.live[1], 1);
     assert_int_equal(next.lease[1], 555);
-    assert_int_equal(next.v.primary[1], 2); /* the primary stays where it is */
+    assert_int_equal(next.v.primary[1], 2);   /* the primary stays where it is */
+    assert_true(view_in_sync(&next.v, 0, 1)); /* caught up: in sync again */
+    assert_true(view_in_sync(&next.v, 1, 1));
+}
+
+/* 3 servers, 2 replicas, group 0 = {0, 1}. Server 1 dies: 0 serves group 0 alone, and 1 is
+ * out of sync there. Then 0 dies: group 0 has no live member; 0 alone is in sync. */
+static view_record backup_then_primary_died(void)
+{
+    view_record cur = full(3, 2, 4);
+    int64_t reg[VIEW_MAX_SERVERS] = {100, 0, 102};
+    view_record next, next2;
+    view_inputs in = inputs(&cur, reg, 2, 3, 2); /* 2 takes group 1 over: it proposes */
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[0], 0);
+    assert_false(view_in_sync(&next.v, 0, 1));
+    assert_true(view_in_sync(&next.v, 0, 0));
+    assert_int_equal(next.v.primary[1], 2); /* group 1 = {1, 2} */
+    reg[0] = 0;
+    in = inputs(&next, reg, 2, 3, 2);
+    assert_int_equal(view_decide(&in, &next2), VIEW_PROPOSE);
+    assert_int_equal(next2.v.primary[0], -1);
+    assert_true(view_in_sync(&next2.v, 0, 0)); /* kept: no in-sync member lives on */
+    assert_false(view_in_sync(&next2.v, 0, 1));
+    assert_int_equal(next2.v.primary[2], 2); /* group 2 = {2, 0} */
+    assert_false(view_in_sync(&next2.v, 2, 0));
+    return next2;
+}
+
+static void test_out_of_sync_member_never_serves(void **state)
+{
+    (void)state;
+    view_record cur = backup_then_primary_died();
+    /* Server 1 restarts and catches up on group 1 (primary 2): live, but group 0 stays
+     * without a primary, since 1 missed what 0 acknowledged alone. */
+    int64_t reg[VIEW_MAX_SERVERS] = {0, 111, 102};
+    view_record next, next2;
+    view_inputs in = inputs(&cur, reg, 1, 3, 2);
+    in.caught_up[1] = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.live[1], 1);
+    assert_int_equal(next.v.primary[0], -1);
+    assert_true(view_in_sync(&next.v, 1, 1));
+    assert_false(view_in_sync(&next.v, 0, 1));
+    /* Nobody else changes that. */
+    in = inputs(&next, reg, 2, 3, 2);
+    assert_int_equal(view_decide(&in, &next2), VIEW_KEEP);
+    /* Server 0 comes back with its copy: it serves group 0 again once caught up on group 2. */
+    reg[0] = 120;
+    in = inputs(&next, reg, 0, 3, 2);
+    assert_int_equal(view_decide(&in, &next2), VIEW_KEEP);
+    in.caught_up[2] = true;
+    assert_int_equal(view_decide(&in, &next2), VIEW_PROPOSE);
+    assert_int_equal(next2.v.primary[0], 0);
+    assert_true(view_in_sync(&next2.v, 2, 0));
+    assert_false(view_in_sync(&next2.v, 0, 1));
+    /* Server 1, live, copies group 0 from 0 and is in sync there once caught up. */
+    view_record next3;
+    in = inputs(&next2, reg, 1, 3, 2);
+    assert_int_equal(view_decide(&in, &next3), VIEW_KEEP);
+    in.caught_up[0] = true;
+    assert_int_equal(view_decide(&in, &next3), VIEW_PROPOSE);
+    assert_true(view_in_sync(&next3.v, 0, 1));
+    assert_int_equal(next3.v.primary[0], 0);
+}
+
+static void test_in_sync_member_without_its_copy_waits(void **state)
+{
+    (void)state;
+    /* Both members of group 0 die in one view: both stay in sync. */
+    view_record cur = full(3, 2, 4);
+    int64_t reg[VIEW_MAX_SERVERS] = {0, 0, 102};
+    view_record next, next2;
+    view_inputs in = inputs(&cur, reg, 2, 3, 2);
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[0], -1);
+    assert_true(view_in_sync(&next.v, 0, 0) && view_in_sync(&next.v, 0, 1));
+    /* Server 1 restarts without a copy of group 0 (it only backed it up): it waits. */
+    reg[1] = 111;
+    in = inputs(&next, reg, 1, 3, 2);
+    in.caught_up[1] = true;
+    in.lacks[0] = true;
+    assert_int_equal(view_decide(&in, &next2), VIEW_PROPOSE);
+    assert_int_equal(next2.v.live[1], 1);
+    assert_int_equal(next2.v.primary[0], -1);
+    /* With its copy (restored, or kept while it lost only its lease) it serves it. */
+    in.lacks[0] = false;
+    assert_int_equal(view_decide(&in, &next2), VIEW_PROPOSE);
+    assert_int_equal(next2.v.primary[0], 1);
 }
 
 static void test_group_without_members(void **state)
@@ -304,6 +397,183 @@ static void test_epochs_never_go_back(void **state)
     assert_int_equal(view_decide(&in, &next), VIEW_KEEP);
 }
 
+/* ---- random schedules against a model of the servers ---- */
+
+/* A model cluster: each server process holds, per group, how many of the group's updates it
+ * applied (updates are numbered in order, so one count says which), what its checkpoint holds,
+ * and its agent's marks. Updates are applied by the primary of the installed view and by the
+ * in-sync live backups it waits for, and acknowledged once all of them applied it. */
+#define MODEL_N 4
+typedef struct model {
+    uint32_t n, r;
+    uint64_t rng, seed;
+    bool trace;
+    bool alive[MODEL_N];
+    int64_t lease[MODEL_N], next_lease;
+    uint64_t have[MODEL_N][MODEL_N], ck[MODEL_N][MODEL_N], ck_epoch[MODEL_N][MODEL_N];
+    bool has_ck[MODEL_N][MODEL_N];
+    bool caught_up[MODEL_N][MODEL_N], lacks[MODEL_N][MODEL_N];
+    uint64_t acked[MODEL_N];
+    bool have_view;
+    view_record cur;
+} model;
+
+static uint32_t model_rand(model *m, uint32_t below)
+{
+    m->rng = m->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)((m->rng >> 33) % below);
+}
+
+/* Server s's process is the one the installed view names live. */
+static bool model_in_view(const model *m, uint32_t s)
+{
+    return m->have_view && m->alive[s] && m->cur.v.live[s] && m->cur.lease[s] == m->lease[s];
+}
+
+static void model_write(model *m, uint32_t g)
+{
+    if (!m->have_view || m->cur.v.primary[g] < 0)
+        return;
+    uint32_t p = (uint32_t)m->cur.v.primary[g];
+    if (!model_in_view(m, p))
+        return;
+    uint64_t x = m->have[p][g] + 1;
+    bool all = true;
+    for (uint32_t k = 0; k < m->r; k++) {
+        uint32_t b = view_member(&m->cur.v, g, k);
+        bool waited = b != p && m->cur.v.live[b] && view_in_sync(&m->cur.v, g, b);
+        if (waited && !model_in_view(m, b))
+            all = false; /* a backup of the view died: the primary waits for a new view */
+        if (b == p || (waited && model_in_view(m, b)) || (m->alive[b] && m->caught_up[b][g]))
+            m->have[b][g] = x;
+    }
+    if (all)
+        m->acked[g] = x;
+}
+
+static void model_decide(model *m, uint32_t s)
+{
+    int64_t reg[VIEW_MAX_SERVERS] = {0};
+    bool every = true;
+    for (uint32_t i = 0; i < m->n; i++) {
+        reg[i] = m->alive[i] ? m->lease[i] : 0;
+        every = every && m->alive[i];
+    }
+    view_copy copies[MODEL_N * MODEL_N];
+    size_t nc = 0;
+    for (uint32_t i = 0; i < m->n; i++)
+        for (uint32_t g = 0; g < m->n; g++)
+            if (m->alive[i] && m->has_ck[i][g])
+                copies[nc++] = (view_copy){i, g, m->ck_epoch[i][g], m->ck[i][g]};
+    view_inputs in = inputs(m->have_view ? &m->cur : NULL, reg, s, m->n, m->r);
+    memcpy(in.caught_up, m->caught_up[s], sizeof(m->caught_up[s]));
+    memcpy(in.lacks, m->lacks[s], sizeof(m->lacks[s]));
+    in.grace_over = every;
+    in.known_epoch = m->have_view ? m->cur.v.epoch : 0;
+    in.copies = copies;
+    in.ncopies = nc;
+    view_record next;
+    view_change ch = view_decide(&in, &next);
+    if (ch == VIEW_KEEP || (ch == VIEW_FALLBACK && model_rand(m, 3) != 0))
+        return;
+    m->cur = next;
+    m->have_view = true;
+    if (m->trace) {
+        printf("view %llu by %u:", (unsigned long long)next.v.epoch, s);
+        for (uint32_t g = 0; g < m->n; g++)
+            printf(" g%u p%d live%d behind%llx", g, next.v.primary[g], next.v.live[g],
+                   (unsigned long long)next.v.behind[g]);
+        printf("\n");
+    }
+    for (uint32_t g = 0; g < m->n; g++) {
+        int32_t p = next.v.primary[g];
+        /* The invariant: a primary holds every acknowledged update of its group. */
+        if (p >= 0 && model_in_view(m, (uint32_t)p) && m->have[p][g] < m->acked[g])
+            fail_msg("seed %llu: group %u's primary %d holds %llu of %llu acknowledged updates",
+                     (unsigned long long)m->seed, g, p, (unsigned long long)m->have[p][g],
+                     (unsigned long long)m->acked[g]);
+        for (uint32_t i = 0; i < m->n; i++)
+            if (model_in_view(m, i) && view_is_member(&next.v, g, i) && view_in_sync(&next.v, g, i))
+                m->lacks[i][g] = false;
+    }
+}
+
+static void model_step(model *m)
+{
+    uint32_t s = model_rand(m, m->n), g = model_rand(m, m->n), e = model_rand(m, 8);
+    if (m->trace && e <= 4)
+        printf("%s s%u g%u\n", (const char *[]){"kill", "restart", "copy", "write", "write"}[e], s,
+               g);
+    switch (e) {
+    case 0: /* kill -9 */
+        m->alive[s] = false;
+        break;
+    case 1: /* restart: memory lost, checkpoints restored */
+        if (m->alive[s])
+            break;
+        m->alive[s] = true;
+        m->lease[s] = m->next_lease++;
+        for (uint32_t h = 0; h < m->n; h++) {
+            m->have[s][h] = m->has_ck[s][h] ? m->ck[s][h] : 0;
+            m->caught_up[s][h] = false;
+            m->lacks[s][h] = h != s && !m->has_ck[s][h];
+        }
+        break;
+    case 2: /* a copy from the primary, streamed up to its end */
+        if (m->alive[s] && m->have_view && view_is_member(&m->cur.v, g, s) &&
+            m->cur.v.primary[g] >= 0 && m->cur.v.primary[g] != (int32_t)s &&
+            model_in_view(m, (uint32_t)m->cur.v.primary[g]) &&
+            (!model_in_view(m, s) || !view_in_sync(&m->cur.v, g, s))) {
+            m->have[s][g] = m->have[m->cur.v.primary[g]][g];
+            m->caught_up[s][g] = true;
+        }
+        break;
+    case 3:
+    case 4:
+        model_write(m, g);
+        break;
+    default:
+        if (m->alive[s])
+            model_decide(m, s);
+        break;
+    }
+}
+
+static void test_random_schedules(void **state)
+{
+    (void)state;
+    /* PSD_VIEW_SEED=n runs seed n alone and prints its events. */
+    const char *one = getenv("PSD_VIEW_SEED");
+    uint64_t first = one ? strtoull(one, NULL, 10) : 1, last = one ? first : 3000;
+    for (uint64_t seed = first; seed <= last; seed++) {
+        model m;
+        memset(&m, 0, sizeof(m));
+        m.rng = m.seed = seed;
+        m.trace = one != NULL;
+        m.n = 3 + (uint32_t)(seed % 2);
+        m.r = 2 + (uint32_t)(seed / 2 % 2);
+        m.next_lease = 100;
+        for (uint32_t i = 0; i < m.n; i++) {
+            m.alive[i] = true;
+            m.lease[i] = m.next_lease++;
+        }
+        for (int step = 0; step < 400; step++) {
+            model_step(&m);
+            /* Checkpoints as if their interval were 0: every server's own group and the
+             * groups it serves (the model checks the view, not the checkpoint interval's
+             * promise). */
+            for (uint32_t i = 0; i < m.n; i++)
+                for (uint32_t g = 0; g < m.n; g++)
+                    if (m.alive[i] &&
+                        (i == g || (model_in_view(&m, i) && m.cur.v.primary[g] == (int32_t)i))) {
+                        m.ck[i][g] = m.have[i][g];
+                        m.ck_epoch[i][g] = m.cur.v.epoch;
+                        m.has_ck[i][g] = true;
+                    }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -314,9 +584,12 @@ int main(void)
         cmocka_unit_test(test_backup_dies),
         cmocka_unit_test(test_rejoin),
         cmocka_unit_test(test_group_without_members),
+        cmocka_unit_test(test_out_of_sync_member_never_serves),
+        cmocka_unit_test(test_in_sync_member_without_its_copy_waits),
         cmocka_unit_test(test_whole_cluster_restart),
         cmocka_unit_test(test_restart_prefers_newest_copy),
         cmocka_unit_test(test_epochs_never_go_back),
+        cmocka_unit_test(test_random_schedules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
