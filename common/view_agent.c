@@ -116,24 +116,31 @@ static const view_copy *copy_of(const view_inputs *in, int32_t s, uint32_t g)
 
 /* The primary of group g in a view made from scratch: among the live members that the view
  * left over (old, may be NULL) holds in sync, the one with the newest restored copy, the first
- * in ring order when none is newer; -1 when none of them lives (the group waits for one). An
+ * in ring order when none is newer; -1 when none of them lives, or none of the live ones holds a
+ * copy while one that is away may (the group waits for it). An
  * out-of-sync member's copy is never taken, however new its epoch: it may miss what the in-sync
  * ones acknowledged without it. */
 static int32_t newest_live(const view_inputs *in, const view *old, const view *v, uint32_t g)
 {
     int32_t p = -1;
     const view_copy *best = NULL;
+    bool missing = false; /* an in-sync member is not live: it may hold the only copy */
     for (uint32_t k = 0; k < v->replicas; k++) {
         uint32_t s = view_member(v, g, k);
-        if (!v->live[s] || (old && !view_in_sync(old, g, s)))
+        if (old && !view_in_sync(old, g, s))
             continue;
+        if (!v->live[s]) {
+            missing = true;
+            continue;
+        }
         const view_copy *c = copy_of(in, (int32_t)s, g);
         if (p < 0 || (c && (best == NULL || view_copy_newer(c, best)))) {
             best = c;
             p = (int32_t)s;
         }
     }
-    return p;
+    /* None of the live ones restored a copy while another one is away: wait for it. */
+    return best == NULL && missing && old ? -1 : p;
 }
 
 view_change view_decide(const view_inputs *in, view_record *next)
@@ -216,10 +223,13 @@ view_change view_decide(const view_inputs *in, view_record *next)
      * in sync in those; the primary of a group that has none when it holds the group's newest
      * state (in sync, with a copy it kept or restored). */
     if (in->reg[self] != 0 && !cur->v.live[self]) {
+        /* Not in a view that moves a primary of its groups: its copy came from the old one,
+         * and the new one counts it from its own commit point (it copies again). */
         bool ready = true;
         for (uint32_t k = 0; k < in->replicas; k++) {
             uint32_t g = (self + n - k) % n;
-            if (next->v.primary[g] >= 0 && !in->caught_up[g])
+            if (next->v.primary[g] >= 0 &&
+                (!in->caught_up[g] || next->v.primary[g] != cur->v.primary[g]))
                 ready = false;
         }
         if (ready) {
@@ -242,7 +252,8 @@ view_change view_decide(const view_inputs *in, view_record *next)
         for (uint32_t k = 0; k < in->replicas; k++) {
             uint32_t g = (self + n - k) % n;
             if (next->v.primary[g] >= 0 && next->v.primary[g] != (int32_t)self &&
-                !view_in_sync(&next->v, g, self) && in->caught_up[g]) {
+                next->v.primary[g] == cur->v.primary[g] && !view_in_sync(&next->v, g, self) &&
+                in->caught_up[g]) {
                 view_set_in_sync(&next->v, g, self, true);
                 changed = self_added = true;
             }
@@ -891,6 +902,15 @@ void view_agent_mark_caught_up(view_agent *a, uint32_t g)
     pthread_mutex_lock(&a->mu);
     a->caught_up[g] = true;
     pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+void view_agent_unmark_caught_up(view_agent *a, uint32_t g)
+{
+    if (g >= a->cfg.num_servers)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->caught_up[g] = false;
     pthread_mutex_unlock(&a->mu);
 }
 

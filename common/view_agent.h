@@ -119,6 +119,10 @@ bool view_agent_current(view_agent *a, view *out);
  * is lost. g >= num_servers: ignored. */
 void view_agent_mark_caught_up(view_agent *a, uint32_t g);
 
+/* Clears group g's mark: this server copies g again (from another primary, or after its copy
+ * diverged). g >= num_servers: ignored. */
+void view_agent_unmark_caught_up(view_agent *a, uint32_t g);
+
 /* Whether this server's copy of group g lacks what it held while in sync: a group it backs up
  * and restored no checkpoint of at start (true), or one it has kept in sync since (false, the
  * default). A server that lacks a group never becomes its primary without copying it first.

@@ -2,6 +2,7 @@
  * backups, and the backups' side of it (replica.h). */
 #include "replica.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "placement.h"
+#include "repl_match.h"
 #include "status.h"
 #include "sync.h"
 #include "table.h"
@@ -31,6 +33,7 @@
  * REPLICATE batch that carried it at a backup), or a copy of them (own) where it could not be. */
 typedef struct rop {
     uint64_t lsn;
+    uint64_t epoch; /* the view epoch its primary logged it under */
     uint64_t
         time_ms; /* when the primary logged it (wall clock): the time every copy applies it at */
     const uint8_t *bytes;
@@ -60,6 +63,7 @@ typedef struct rpeer {
     uint8_t *img;
     size_t img_len;
     uint64_t img_lsn;
+    uint64_t img_epoch;
     bool started; /* thread running */
     pthread_t thread;
     rpc_conn *conn;
@@ -73,6 +77,10 @@ typedef struct rgroup {
     rpc_server *local;     /* runs logged requests through the handlers on st */
     pthread_mutex_t order; /* one update at a time: apply order = log order */
     uint64_t next_lsn;     /* next lsn to assign (primary) or to apply (backup); order */
+    uint64_t last_epoch;   /* the epoch of the operation at next_lsn - 1 (0: unknown); order */
+    /* Backup: the primary's stream confirmed this copy's log since it took the group over
+     * (repl_match.h); order. */
+    bool verified;
     pthread_mutex_t q;
     pthread_cond_t qcond; /* new operations, acks, view changes, stop */
     rop *head, *tail;     /* operations not yet applied by every backup in the view */
@@ -96,8 +104,9 @@ typedef struct rgroup {
     /* Checkpoints of a group other than its own while this server serves it (taken over):
      * started when it begins serving, stopped when it no longer does (vlock). */
     checkpointer *ck;
-    uint64_t ck_next_seq; /* the sequence number its next checkpointer starts from */
-    bool restored;        /* restored at start with a log position (view_copy) */
+    uint64_t ck_next_seq;  /* the sequence number its next checkpointer starts from */
+    atomic_bool has_files; /* group-copies-<self> may hold checkpoints of it */
+    bool restored;         /* restored at start with a log position (view_copy) */
     uint64_t restored_epoch, restored_lsn;
 } rgroup;
 
@@ -319,6 +328,15 @@ static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64
 {
     rgroup *G = p->grp;
     atomic_fetch_add(&node.replicated_ops, applied > first ? applied - first : 0);
+    if (applied > sent_last + 1) {
+        /* Ahead of this primary's log: operations of an older primary it alone applied (a
+         * backup of this version finds that itself and copies the group again). Never taken
+         * for agreement: this primary's operations at those positions are others. */
+        log_warn("group %u: backup %u reports lsn %llu applied, past this primary's log end "
+                 "%llu: not counted",
+                 G->g, p->server, (unsigned long long)(applied - 1), (unsigned long long)sent_last);
+        return progress_locked(G);
+    }
     /* applied_lsn is its next lsn: it applied everything below. A backup behind what we sent
      * (it lost state) rewinds the stream to where it stands. */
     p->acked = applied ? applied - 1 : 0;
@@ -442,6 +460,7 @@ static void *peer_main(void *arg)
         Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
         uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
         uint64_t *times = malloc((nops ? nops : 1) * sizeof(*times));
+        uint64_t *epochs = malloc((nops ? nops : 1) * sizeof(*epochs));
         struct batch_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
         rq.group = G->g;
         rq.epoch = G->epoch;
@@ -453,15 +472,18 @@ static void *peer_main(void *arg)
         rq.op_len = lens;
         rq.n_op_time_ms = nops;
         rq.op_time_ms = times;
+        rq.n_op_epoch = nops;
+        rq.op_epoch = epochs;
         /* References to the operations, not copies: the log may drop them meanwhile (the
          * peer left the view) while the call still needs their bytes. */
         size_t i = 0;
-        bool ok = lens && times && ops;
+        bool ok = lens && times && epochs && ops;
         for (rop *o = G->head; ok && o && i < nops; o = o->next) {
             if (o->lsn < first)
                 continue;
             lens[i] = o->len;
             times[i] = o->time_ms;
+            epochs[i] = o->epoch;
             ops[i].len = o->len;
             if (o->held) {
                 ops[i].held = rpc_held_ref(o->held);
@@ -482,6 +504,7 @@ static void *peer_main(void *arg)
             psd__v1__replicate_request__pack(&rq, sc.body);
         free(lens);
         free(times);
+        free(epochs);
         pthread_mutex_unlock(&G->q);
         int st = STATUS_RESOURCE_EXHAUSTED;
         if (sc.body) {
@@ -685,6 +708,7 @@ static void log_internal(rgroup *G, const envelope *env, const void *seg, size_t
     time_op_set(0);
     applying.G = NULL;
     o->lsn = G->next_lsn++;
+    o->epoch = G->last_epoch = G->epoch;
     pthread_mutex_lock(&G->q);
     rop *done = append_locked(G, o);
     pthread_mutex_unlock(&G->q);
@@ -810,6 +834,7 @@ static void run_update(rpc_call *call, rgroup *G, rpc_handler_fn h)
      * the primary's (they run the same handler on the same state in the same order, so the
      * order of the copies' applies does not matter). */
     o->lsn = G->next_lsn++;
+    o->epoch = G->last_epoch = epoch;
     o->busy = true;
     o->time_ms = time_wall_ms();
     pthread_mutex_lock(&G->q);
@@ -1003,11 +1028,12 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
         checkpointer *ck = checkpointer_create(G->st, &cc, 1, err, sizeof(err));
         checkpoint_info info;
         int rc = -1;
-        uint64_t lsn = 0;
+        uint64_t lsn = 0, img_epoch = 0;
         if (ck) {
             pthread_mutex_lock(&G->order);
             rc = checkpoint_write(ck, &info, err, sizeof(err));
             lsn = G->next_lsn;
+            img_epoch = G->last_epoch;
             if (rc == 0) {
                 pthread_mutex_lock(&G->q);
                 p->catching_up = true;
@@ -1058,6 +1084,7 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
         p->img = img;
         p->img_len = len;
         p->img_lsn = lsn;
+        p->img_epoch = img_epoch;
         pthread_cond_broadcast(&G->qcond);
         pthread_mutex_unlock(&G->q);
         log_info("group %u: copy for rejoining server %u: %zu bytes at lsn %llu", G->g, p->server,
@@ -1081,6 +1108,7 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
     rep.copy_total = p->img_len;
     rep.copy_len = n;
     rep.copy_lsn = p->img_lsn;
+    rep.copy_epoch = p->img_epoch;
     uint64_t words = (n + 3) / 4;
     uint8_t *seg = rpc_reply_ok_segment(call, &rep.base, 0, words);
     if (seg) {
@@ -1094,6 +1122,8 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
     }
     pthread_mutex_unlock(&G->q);
 }
+
+static void rejoin_locked(rgroup *G);
 
 void replica_handle_replicate(rpc_call *call, void *arg)
 {
@@ -1187,6 +1217,34 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         (unsigned long long)now);
         return;
     }
+    /* Log matching (repl_match.h): a copy that diverged from the primary copies the group
+     * again, and answers nothing the primary could count as agreement meanwhile. */
+    uint64_t mine = G->next_lsn - 1;
+    repl_match match =
+        repl_match_batch(mine, G->last_epoch, G->verified, rq->last_lsn, rq->committed_lsn,
+                         rq->first_lsn, rq->n_op_len, rq->op_epoch, rq->n_op_epoch);
+    if (match == REPL_MATCHED)
+        G->verified = true;
+    if (match == REPL_DIVERGED) {
+        uint64_t at_primary =
+            mine <= rq->last_lsn && rq->first_lsn <= mine && mine < rq->first_lsn + rq->n_op_epoch
+                ? rq->op_epoch[mine - rq->first_lsn]
+                : 0;
+        log_warn("group %u: this copy applied up to lsn %llu (epoch %llu), which the primary's "
+                 "log (end %llu, epoch %llu there) does not hold: copying the group again",
+                 G->g, (unsigned long long)mine, (unsigned long long)G->last_epoch,
+                 (unsigned long long)rq->last_lsn, (unsigned long long)at_primary);
+        pthread_mutex_lock(&G->q);
+        G->fresh = false;
+        rejoin_locked(G);
+        pthread_mutex_unlock(&G->q);
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u diverged from the primary on group %u at lsn %llu: it copies "
+                        "the group again",
+                        self, rq->group, (unsigned long long)mine);
+        return;
+    }
     /* Kept operations reference the batch's message (replicas > 2). */
     rpc_held *batch = NULL;
     if (node.cfg.replicas > 2) {
@@ -1208,6 +1266,8 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                           (unsigned long long)lsn);
             time_op_set(0);
             G->next_lsn++;
+            if (i < rq->n_op_epoch)
+                G->last_epoch = rq->op_epoch[i];
             if (node.cfg.replicas > 2) {
                 /* Kept until every replica applied it: this copy may become the primary that
                  * brings a backup behind it up to date. */
@@ -1222,6 +1282,7 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                 if (o && o->bytes) {
                     o->len = len;
                     o->lsn = lsn;
+                    o->epoch = i < rq->n_op_epoch ? rq->op_epoch[i] : 0;
                     o->time_ms = t;
                     pthread_mutex_lock(&G->q);
                     if (G->tail)
@@ -1333,6 +1394,7 @@ static void group_ck_start(rgroup *G)
         return;
     }
     G->ck = ck;
+    atomic_store(&G->has_files, true);
     log_info("group %u: checkpointed into %s while this server serves it", G->g, dir);
 }
 
@@ -1345,6 +1407,41 @@ static void group_ck_stop(rgroup *G)
     G->ck_next_seq = checkpointer_next_seq(G->ck);
     checkpointer_destroy(G->ck);
     G->ck = NULL;
+}
+
+/* Removes the checkpoints of group G (not the own one) from <dir>/group-copies-<self>: this
+ * server's copy of G no longer is the one they hold (it stopped serving G while it lives on,
+ * or copied G from another primary), and a restart must not take them for what it held in
+ * sync (view_agent_set_lacks). Not at shutdown: a stopping server keeps its final checkpoint. */
+static void group_copies_drop(rgroup *G)
+{
+    if (node.cfg.own_ck == NULL || G->g == node.cfg.self || atomic_load(&node.stopping))
+        return;
+    atomic_store(&G->has_files, false);
+    char dir[4200], path[4600], pfx[32], tmp[32], state[32];
+    copies_dir(dir, sizeof(dir));
+    snprintf(pfx, sizeof(pfx), "ckpt-%u-", G->g);
+    snprintf(tmp, sizeof(tmp), ".ckpt-%u-", G->g);
+    snprintf(state, sizeof(state), ".state-%u", G->g);
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, pfx, strlen(pfx)) != 0 &&
+            strncmp(e->d_name, tmp, strlen(tmp)) != 0 && strcmp(e->d_name, state) != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0)
+            n++;
+        else
+            log_warn("group %u: cannot remove %s: %s", G->g, path, strerror(errno));
+    }
+    closedir(d);
+    if (n > 0)
+        log_info("group %u: removed %d checkpoint file(s) of it from %s: this server's copy is "
+                 "no longer the one they hold",
+                 G->g, n, dir);
 }
 
 /* Restores group G (not the own one) from <dir>/group-copies-<self> at start, if it has a
@@ -1364,6 +1461,7 @@ static int group_restore(rgroup *G, char *err, size_t errlen)
     G->ck_next_seq = max_seq + 1;
     if (r == CKPT_NONE)
         return 0;
+    atomic_store(&G->has_files, true);
     if (r != CKPT_RESTORED) {
         /* Only a copy: the group's other members may hold a good one. Start it empty. */
         log_warn("group %u: its checkpoints in %s do not restore (%s): this server holds no "
@@ -1385,6 +1483,7 @@ static int group_restore(rgroup *G, char *err, size_t errlen)
     if (info.has_position) {
         G->restored = true;
         G->restored_epoch = info.epoch;
+        G->last_epoch = info.epoch;
         G->restored_lsn = info.lsn;
         G->next_lsn = info.lsn;
         G->last_lsn = G->committed = info.lsn - 1;
@@ -1423,6 +1522,7 @@ typedef struct copy_call {
     uint8_t *dst; /* the image being filled */
     size_t cap, total, len;
     uint64_t lsn;
+    uint64_t epoch; /* of the image's last operation */
 } copy_call;
 
 static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
@@ -1462,6 +1562,7 @@ static void copy_done(void *arg, int status, const char *message, const frame *r
                 k->cap = (size_t)r->copy_total;
                 k->total = (size_t)r->copy_total;
                 k->lsn = r->copy_lsn;
+                k->epoch = r->copy_epoch;
             }
             if (k->dst == NULL) {
                 k->status = STATUS_RESOURCE_EXHAUSTED;
@@ -1529,8 +1630,10 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
     return rc == 0 && k->len == k->total ? 0 : -1;
 }
 
-/* Restores an image into a fresh state of group G and makes it G's copy at log position lsn. */
-static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
+/* Restores an image into a fresh state of group G and makes it G's copy at log position lsn,
+ * taken from primary `from`, its last operation logged under `epoch`. */
+static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn, uint64_t epoch,
+                        int32_t from)
 {
     char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128], err[4400];
     if (mkdtemp(dir) == NULL) {
@@ -1606,9 +1709,12 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn)
     G->st = st;
     sync_set_logged(st, log_evict, G);
     G->next_lsn = lsn;
+    G->last_epoch = epoch;
     G->ready = true;
+    group_copies_drop(G);
     pthread_mutex_lock(&G->q);
     G->fresh = true;
+    G->verified = G->primary == from; /* the primary's own log up to lsn */
     if (!G->serving) {
         free_log_locked(G); /* operations of the copy it replaced */
         G->last_lsn = G->committed = lsn - 1;
@@ -1634,7 +1740,7 @@ static void *copy_main(void *arg)
         uint64_t epoch = node.cur.epoch;
         pthread_mutex_unlock(&node.vlock);
         if (prim >= 0 && prim != (int32_t)node.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
-            copy_install(G, k.dst, k.len, k.lsn) == 0)
+            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim) == 0)
             break;
         struct timespec ts = {0, 300 * 1000000};
         nanosleep(&ts, NULL);
@@ -1656,6 +1762,8 @@ static void rejoin_locked(rgroup *G)
         return; /* one copy per time out of the view: the stream keeps it up to date */
     G->ready = false;
     G->marked = false;
+    if (node.agent)
+        view_agent_unmark_caught_up(node.agent, G->g); /* a mark of an earlier copy */
     if (G->copy_started) {
         pthread_join(G->copy_thread, NULL); /* finished: copying is false */
         G->copy_started = false;
@@ -1781,6 +1889,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
             if (cfg->own_restored) {
                 G->restored = true;
                 G->restored_epoch = cfg->own_epoch;
+                G->last_epoch = cfg->own_epoch;
                 G->restored_lsn = cfg->own_lsn;
                 G->next_lsn = cfg->own_lsn;
                 G->last_lsn = G->committed = cfg->own_lsn - 1;
@@ -1943,6 +2052,7 @@ void replica_set_view(const view *v)
         pthread_mutex_lock(&G->q);
         rop *moved = NULL; /* calls answered: no longer the primary */
         bool was = G->serving;
+        int32_t was_primary = G->primary;
         G->serving = v->primary[g] == (int32_t)self;
         bool lost = was && !G->serving;
         G->primary = v->primary[g];
@@ -2026,7 +2136,15 @@ void replica_set_view(const view *v)
             G->fresh = false; /* live: the next time out of the view needs a new copy */
         if (in_sync && node.agent)
             view_agent_set_lacks(node.agent, g, false); /* kept in sync from now on */
-        /* Out of the view or out of sync, or the first view: copy from the primary. */
+        if (v->live[self] && !G->serving && atomic_load(&G->has_files))
+            group_copies_drop(G); /* a live backup's copy moves on past its checkpoints */
+        /* Out of the view or out of sync, or the first view: copy from the primary. A copy
+         * taken from a primary that is no longer one may hold operations the new primary
+         * never logged: copied again from the new one. */
+        if (was_primary != v->primary[g])
+            G->verified = false; /* a new primary's stream confirms this copy's log first */
+        if (!in_sync && !G->serving && was_primary != v->primary[g] && old.epoch != 0)
+            G->fresh = false;
         if ((!in_sync || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
             rejoin_locked(G);
         if (G->serving) {
@@ -2042,8 +2160,10 @@ void replica_set_view(const view *v)
         pthread_mutex_unlock(&G->order);
         answer(done);
         answer(moved);
-        if (lost)
+        if (lost) {
             group_ck_stop(G); /* its checkpoints go on at its new primary */
+            group_copies_drop(G);
+        }
         if (lost) {
             /* Its pulls waiting for a staleness bound (no longer swept here) go to the new
              * primary: the client retries, and is told which server that is. */
