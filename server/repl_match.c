@@ -8,7 +8,9 @@ repl_match repl_match_batch(uint64_t applied, uint64_t applied_epoch, bool verif
     if (applied == 0)
         return REPL_MATCHED;
     if (applied > log_end)
-        return REPL_DIVERGED;
+        /* Verified, it got all of it from this primary: the batch is older than what it
+         * applied since (a resend that arrived late). */
+        return verified ? REPL_UNCHECKED : REPL_DIVERGED;
     if (n_epochs != n)
         return REPL_UNCHECKED;
     if (applied_epoch != 0 && first_lsn <= applied && applied - first_lsn < n)

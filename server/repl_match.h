@@ -26,7 +26,8 @@ typedef enum repl_match {
  * a batch of n operations from first_lsn on, logged under epochs[0..n_epochs), from a primary
  * whose log ends at log_end and whose operations up to `committed` every replica applied:
  *   - past the primary's log end: DIVERGED (an older primary's operations, never
- *     acknowledged by this one);
+ *     acknowledged by this one), or UNCHECKED when verified (a batch sent before what it
+ *     applied since, delivered late);
  *   - the batch holds its last position: MATCHED when the epochs agree, DIVERGED when not;
  *   - otherwise UNCHECKED when verified, MATCHED when it applied no more than the commit point
  *     (those operations are every replica's), DIVERGED when it holds more it cannot check;

@@ -1631,9 +1631,9 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
 }
 
 /* Restores an image into a fresh state of group G and makes it G's copy at log position lsn,
- * taken from primary `from`, its last operation logged under `epoch`. */
+ * taken from primary `from` in view view_epoch, its last operation logged under `epoch`. */
 static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn, uint64_t epoch,
-                        int32_t from)
+                        int32_t from, uint64_t view_epoch)
 {
     char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128], err[4400];
     if (mkdtemp(dir) == NULL) {
@@ -1714,7 +1714,8 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
     group_copies_drop(G);
     pthread_mutex_lock(&G->q);
     G->fresh = true;
-    G->verified = G->primary == from; /* the primary's own log up to lsn */
+    /* The primary's own log up to lsn, unless the view moved since it was asked for. */
+    G->verified = G->primary == from && G->epoch == view_epoch;
     if (!G->serving) {
         free_log_locked(G); /* operations of the copy it replaced */
         G->last_lsn = G->committed = lsn - 1;
@@ -1740,7 +1741,7 @@ static void *copy_main(void *arg)
         uint64_t epoch = node.cur.epoch;
         pthread_mutex_unlock(&node.vlock);
         if (prim >= 0 && prim != (int32_t)node.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
-            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim) == 0)
+            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim, epoch) == 0)
             break;
         struct timespec ts = {0, 300 * 1000000};
         nanosleep(&ts, NULL);

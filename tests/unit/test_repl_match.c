@@ -19,8 +19,9 @@ static void test_rules(void **state)
     const uint64_t e[4] = {3, 3, 5, 5}; /* lsns 10..13 */
     /* Nothing applied: any log starts with it. */
     assert_int_equal(repl_match_batch(0, 0, false, 0, 0, 1, 0, NULL, 0), REPL_MATCHED);
-    /* Past the primary's log end. */
-    assert_int_equal(repl_match_batch(14, 5, true, 13, 13, 10, 4, e, 4), REPL_DIVERGED);
+    /* Past the primary's log end: diverged, or (verified) a batch delivered late. */
+    assert_int_equal(repl_match_batch(14, 5, false, 13, 13, 10, 4, e, 4), REPL_DIVERGED);
+    assert_int_equal(repl_match_batch(14, 5, true, 13, 13, 10, 4, e, 4), REPL_UNCHECKED);
     /* Its last position in the batch: the epochs decide. */
     assert_int_equal(repl_match_batch(11, 3, false, 13, 9, 10, 4, e, 4), REPL_MATCHED);
     assert_int_equal(repl_match_batch(12, 3, true, 13, 9, 10, 4, e, 4), REPL_DIVERGED);
