@@ -85,9 +85,10 @@ struct table {
      * `cut` before anything changes it. */
     _Atomic uint64_t cut_gen;
     struct table_cut *_Atomic cut;
-    _Atomic bool track; /* record removed ids (the next cut may be a delta) */
-    uint64_t last_cut;  /* the `seq` of the newest cut (the checkpointer's, serialised) */
-    _Atomic int refs;   /* 1 for the table's owner, 1 per cut not yet freed */
+    _Atomic uint32_t pending;  /* partitions not yet copied into `cut` */
+    _Atomic bool track;        /* record removed ids (the next chain cut may be a delta) */
+    _Atomic uint64_t last_cut; /* the id of the newest chain cut (0: none usable as a base) */
+    _Atomic int refs;          /* 1 for the table's owner, 1 per cut not yet freed */
 };
 
 /* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
@@ -102,6 +103,8 @@ typedef struct raw_part {
 
 struct table_cut {
     table *t;
+    uint64_t base; /* the chain cut this one may be a delta of (0: whole) */
+    uint64_t id;   /* this cut's id; 0: a snapshot cut */
     bool delta, started, finished;
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
@@ -1072,22 +1075,36 @@ static int raw_rows(const table *t, raw_part *raw, table_rows *out)
     return i == n ? 0 : -1;
 }
 
-/* Copies p (write-locked, pending for cut generation gen) into the table's cut. */
+/* Copies p (write-locked, pending for cut generation gen) into the table's cut. A chain cut
+ * then clears p's marks (what changes from now on is the next delta); a snapshot cut leaves
+ * them to the chain. */
 static void cut_copy(table *t, partition *p, uint64_t gen)
 {
     table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
     uint32_t q = (uint32_t)(p - t->parts);
     table_rows *out = &c->parts[q];
     p->cut_gen = gen;
+    atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel);
     bool whole = !c->delta || p->removed_lost;
     out->full = whole;
     int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
     if (rc != 0) {
         table_rows_free(out);
         atomic_store(&c->failed, true);
-        return; /* marks kept; the next cut after a failed one is whole anyway */
+        /* Marks kept, but the chain is broken: no later cut may be a delta of this one. */
+        uint64_t id = c->id;
+        if (id != 0)
+            atomic_compare_exchange_strong(&t->last_cut, &id, 0);
+        return;
     }
-    clear_marks(t, p);
+    if (c->id != 0)
+        clear_marks(t, p);
+}
+
+uint64_t table_cut_id_new(void)
+{
+    static _Atomic uint64_t last_id;
+    return atomic_fetch_add(&last_id, 1) + 1;
 }
 
 table_cut *table_cut_prepare(table *t, uint64_t base)
@@ -1106,10 +1123,11 @@ table_cut *table_cut_prepare(table *t, uint64_t base)
     for (uint32_t q = 0; q < t->nparts; q++)
         c->parts[q].row_floats = t->row_floats;
     c->t = t;
+    c->base = base;
     atomic_fetch_add(&t->refs, 1);
-    /* last_cut changes only in table_cut_start, which the caller serialises with this. */
-    c->delta = base != 0 && t->last_cut == base;
-    if (c->delta)
+    /* table_cut_start decides; a cut that is a delta now most likely still is one then (and
+     * a whole copy not prepared for allocates its memory when it copies). */
+    if (base != 0 && atomic_load(&t->last_cut) == base)
         return c;
     /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
      * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
@@ -1132,21 +1150,32 @@ table_cut *table_cut_prepare(table *t, uint64_t base)
     return c;
 }
 
-void table_cut_start(table_cut *c, uint64_t seq, bool track)
+void table_cut_start(table_cut *c, uint64_t id, bool track)
 {
     table *t = c->t;
+    /* The previous cut (another taker's, its finish not done yet) gets its pending partitions
+     * first: each partition is pending for one cut at a time. */
+    for (uint32_t q = 0; q < t->nparts && atomic_load(&t->pending) > 0; q++) {
+        write_lock(t, &t->parts[q]);
+        pthread_rwlock_unlock(&t->parts[q].lock);
+    }
     c->started = true;
-    t->last_cut = seq;
-    atomic_store(&t->track, track);
+    c->id = id;
+    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base;
+    if (id != 0) {
+        atomic_store(&t->last_cut, id);
+        atomic_store(&t->track, track);
+    }
+    atomic_store(&t->pending, t->nparts);
     atomic_store_explicit(&t->cut, c, memory_order_release);
     atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
 }
 
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track)
 {
     table_cut *c = table_cut_prepare(t, base);
     if (c != NULL)
-        table_cut_start(c, seq, track);
+        table_cut_start(c, id, track);
     return c;
 }
 

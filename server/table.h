@@ -44,7 +44,7 @@
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
  * Checkpoints: table_cut_begin/finish (below) copy the table as it was at one moment, whole
- * or as a delta of the previous cut, without holding updates off for the copy.
+ * or as a delta of the previous chain cut, without holding updates off for the copy.
  *
  * Thread safety: every function may be called from any number of threads at once, except
  * table_destroy. Private to the server. */
@@ -165,7 +165,7 @@ void table_stats_get(table *t, table_stats *out);
 /* A copy of one partition's rows (for checkpoints): ids[i], updated_ms[i] and the row
  * floats[i*row_floats .. (i+1)*row_floats) (parameters then slots), oldest update first.
  * full: every row of the partition; else (a delta cut) only the rows made or updated since
- * the previous cut, and removed[0..nremoved) the ids removed since it (evicted, expired,
+ * the previous chain cut, and removed[0..nremoved) the ids removed since it (evicted, expired,
  * table_remove'd; an id may also be among the rows when it was made again after). */
 typedef struct table_rows {
     size_t n;
@@ -198,29 +198,41 @@ void table_rows_free(table_rows *rows);
  * checkpoint freeze), the cut is one point of the update order: exactly the pushes applied
  * before it are in it, as the dedup windows copied in the same freeze say.
  *
- * Delta cuts: each slot has a dirty bit (made or updated since its partition's last copy)
- * and, while tracking, each partition records the ids it removes. A delta cut copies only
- * those (table_rows.full false); a partition whose removal record was lost (memory) is
- * copied whole (full true).
+ * Chain and snapshot cuts. A chain cut is one of a checkpointer's chain of full and delta
+ * files: it consumes the table's change marks. Each slot has a dirty bit (made or updated since
+ * its partition's copy by the last chain cut) and, while tracking, each partition records the
+ * ids it removes; a delta cut copies only those (table_rows.full false); a partition whose
+ * removal record was lost (memory) is copied whole (full true). A snapshot cut (id 0: a copy
+ * image, anything that is not the chain's) is always whole and read-only: it leaves the marks,
+ * the tracking and the chain's last cut alone, so the chain's next delta is as without it.
  *
- * table_cut_begin: base is the seq of the cut this one is a delta of (0: a whole cut); the
- * cut is a delta only when base is this table's previous cut (table_cut_is_delta), since
- * marks are relative to it. seq names this cut. track: record removed ids from now on (the
- * next cut may be a delta). One cut at a time per table (begin..finish; the checkpointer
- * serialises them). Returns NULL when memory runs out (nothing started). The cut holds a
- * reference on t: table_destroy while a cut exists frees t at table_cut_free.
+ * Cut ids: every chain cut has an id unique in the process (table_cut_id_new, a global
+ * counter, never 0), so a delta's base names exactly one earlier cut, whoever took it; a
+ * table's cuts by different chains (checkpointers) never pass for each other.
+ *
+ * table_cut_begin: base is the id of the chain cut this one would be a delta of (0: a whole
+ * cut); id names this cut (table_cut_id_new; 0: a snapshot cut, base ignored). The cut is a
+ * delta only when it is a chain cut and base is the table's last chain cut at the start
+ * (table_cut_is_delta), since marks are relative to it. track (chain cuts): record removed ids
+ * from now on (the next chain cut may be a delta). Cuts may overlap (a snapshot cut taken while
+ * a chain cut is being finished): starting one first copies what the previous cut of the table
+ * still has pending. Starts of one table must not run at once (the server's freeze serialises
+ * them). Returns NULL when memory runs out (nothing started). The cut holds a reference on t:
+ * table_destroy while a cut exists frees t at table_cut_free.
  * table_cut_finish: copies what is still pending, one partition at a time. Returns 0, or -1
- * when memory ran out for some copy: the cut is unusable, and the next must be whole (a
- * failed copy keeps its marks, but the chain is broken). */
+ * when memory ran out for some copy: the cut is unusable, and no later cut is a delta of it
+ * (a failed copy keeps its marks, but the chain is broken). */
 typedef struct table_cut table_cut;
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track);
-/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a whole cut,
- * the copy's memory (faulted in, so that each partition's copy under its lock is a memcpy):
- * call it before holding updates off; it may take long. table_cut_start is the O(1) part, to
- * call with updates held off. Prepare and start of one table must not interleave with another
- * cut's. A prepared cut not started is freed by table_cut_free. */
+uint64_t table_cut_id_new(void);
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track);
+/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a cut likely to be
+ * whole, the copy's memory (faulted in, so that each partition's copy under its lock is a
+ * memcpy): call it before holding updates off; it may take long. table_cut_start is the
+ * short part, to call with updates held off: it decides whether the cut is a delta (O(1),
+ * unless a previous cut still has partitions pending: they are copied first). A prepared cut
+ * not started is freed by table_cut_free. */
 table_cut *table_cut_prepare(table *t, uint64_t base);
-void table_cut_start(table_cut *c, uint64_t seq, bool track);
+void table_cut_start(table_cut *c, uint64_t id, bool track);
 /* The table of a cut. */
 table *table_cut_table(const table_cut *c);
 int table_cut_finish(table_cut *c);

@@ -1079,7 +1079,7 @@ int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_cop
     return rc;
 }
 
-int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
                        server_table_copy **out, size_t *n)
 {
     server_table_copy *pre = *out;
@@ -1102,7 +1102,7 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track
             rc = -1;
     }
     for (size_t i = 0; rc == 0 && i < nt; i++) {
-        table_cut_start(c[i].cut, seq, track);
+        table_cut_start(c[i].cut, id, track);
         c[i].delta = table_cut_is_delta(c[i].cut);
     }
     server_tables_copy_free(pre, npre); /* tables deleted since the prepare, if any */

@@ -1058,6 +1058,96 @@ static void test_cut_whole_then_delta(void **state)
     free(got);
 }
 
+/* A snapshot cut (a copy image: not the chain's) between two cuts of a chain leaves the chain's
+ * marks alone: the chain's next cut, applied over its previous one, gives the table (rows
+ * changed before and after the snapshot, ids removed after it), or is whole. */
+static void test_cut_snapshot_between_chain_cuts(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutsnap", 2, OPTIMIZER_SGD);
+    table *t = make(&s);
+    float g[2] = {0.5f, -0.25f};
+    int64_t one = 1, two = 2, three = 3;
+    push_ok(t, &one, 1, g, 1);
+    uint64_t id1 = table_cut_id_new();
+    table_cut *c1 = table_cut_begin(t, 0, id1, true);
+    assert_int_equal(table_cut_finish(c1), 0);
+    table *r = make(&s);
+    apply_cut(r, c1, table_partitions(t));
+    table_cut_free(c1);
+    push_ok(t, &two, 1, g, 2);
+    table_cut *snap = table_cut_begin(t, 0, 0, false);
+    assert_false(table_cut_is_delta(snap));
+    assert_int_equal(table_cut_finish(snap), 0);
+    size_t copied = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++)
+        copied += table_cut_rows(snap, q)->n;
+    assert_int_equal(copied, 2);
+    table_cut_free(snap);
+    assert_int_equal(table_remove(t, &one, 1), 1);
+    push_ok(t, &three, 1, g, 3);
+    table_cut *c2 = table_cut_begin(t, id1, table_cut_id_new(), true);
+    assert_true(table_cut_is_delta(c2)); /* the snapshot left the chain its marks */
+    assert_int_equal(table_cut_finish(c2), 0);
+    apply_cut(r, c2, table_partitions(t));
+    table_cut_free(c2);
+    /* The same operations on a fresh table. */
+    table *want = make(&s);
+    push_ok(want, &one, 1, g, 1);
+    push_ok(want, &two, 1, g, 2);
+    assert_int_equal(table_remove(want, &one, 1), 1);
+    push_ok(want, &three, 1, g, 3);
+    int64_t ids[3] = {1, 2, 3};
+    expect_same_rows(want, r, ids, 3, 2);
+    assert_false(has_row(r, 1));
+    assert_true(has_row(r, 2) && has_row(r, 3));
+    table_stats a, b;
+    table_stats_get(want, &a);
+    table_stats_get(r, &b);
+    assert_int_equal(b.rows, a.rows);
+    table_destroy(want);
+    table_destroy(r);
+    table_destroy(t);
+}
+
+/* Overlapping cuts: a snapshot cut started while a chain cut is not finished yet (its finish
+ * runs after the freeze) takes nothing from it: each holds the table as at its own start. */
+static void test_cut_overlapping(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutover", 1, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    table *t = make(&s);
+    enum { N = 300 };
+    int64_t ids[N];
+    float g[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = i;
+        g[i] = -1.0f;
+    }
+    push_ok(t, ids, N, g, 1); /* every row 1 */
+    table_cut *chain = table_cut_begin(t, 0, 1, true);
+    push_ok(t, ids, N / 2, g, 2); /* rows 0..N/2 at 2: their partitions copied for chain */
+    table_cut *snap = table_cut_begin(t, 0, 0, false);
+    push_ok(t, ids, N, g, 3); /* 3 and 2 */
+    assert_int_equal(table_cut_finish(chain), 0);
+    assert_int_equal(table_cut_finish(snap), 0);
+    size_t nchain = 0, nsnap = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++) {
+        const table_rows *a = table_cut_rows(chain, q), *b = table_cut_rows(snap, q);
+        for (size_t i = 0; i < a->n; i++, nchain++)
+            assert_true(a->floats[i * a->row_floats] == 1.0f);
+        for (size_t i = 0; i < b->n; i++, nsnap++)
+            assert_true(b->floats[i * b->row_floats] == (b->ids[i] < N / 2 ? 2.0f : 1.0f));
+    }
+    assert_int_equal(nchain, N);
+    assert_int_equal(nsnap, N);
+    table_cut_free(snap);
+    table_cut_free(chain);
+    table_destroy(t);
+}
+
 /* Evictions (max_rows, ttl) between two cuts are removals of the delta. */
 static void test_cut_delta_carries_evictions(void **state)
 {
@@ -1185,6 +1275,8 @@ int main(void)
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
         cmocka_unit_test(test_cut_whole_then_delta),
+        cmocka_unit_test(test_cut_snapshot_between_chain_cuts),
+        cmocka_unit_test(test_cut_overlapping),
         cmocka_unit_test(test_cut_delta_carries_evictions),
         cmocka_unit_test(test_cut_under_concurrent_pushes),
     };
