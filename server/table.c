@@ -43,6 +43,7 @@ typedef struct partition {
     table_index ix;
     unsigned char **slabs;
     uint32_t nslabs, slabs_cap;
+    uint64_t max_rows;  /* rows kept at most: the partition's share of max_rows (0: none) */
     uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
     uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
     uint32_t lru_head, lru_tail;
@@ -77,8 +78,7 @@ struct table {
     uint64_t max_rows;
     uint64_t expected_rows;
     table_budget budget;
-    uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
-    _Atomic uint64_t rows;
+    uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
     _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
     partition *parts;
     /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
@@ -358,7 +358,6 @@ static void row_remove(table *t, partition *p, uint32_t pos)
     table_index_delete_at(&p->ix, pos);
     lru_unlink(t, p, slot1);
     slot_free(t, p, slot1);
-    atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
 }
 
 /* ---- admission ---------------------------------------------------------------------------- */
@@ -429,12 +428,25 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* Partition q's share of max_rows: max_rows / nparts, one more for the first max_rows % nparts
+ * partitions (so the shares add up to max_rows, and none is 0: nparts <= max_rows). */
+static uint64_t partition_max_rows(const table *t, uint32_t q)
+{
+    if (t->max_rows == 0)
+        return 0;
+    return t->max_rows / t->nparts + (q < t->max_rows % t->nparts ? 1 : 0);
+}
+
 /* Returns 0, or -1 when memory runs out (p then needs only partition_fini). */
 static int partition_init(table *t, partition *p)
 {
     memset(p, 0, sizeof(*p));
-    /* Room for expected_rows spread over the partitions, plus 1/8 for an uneven spread. */
+    p->max_rows = partition_max_rows(t, (uint32_t)(p - t->parts));
+    /* Room for expected_rows spread over the partitions (never more than the partition
+     * keeps), plus 1/8 for an uneven spread. */
     uint64_t want = t->expected_rows / t->nparts;
+    if (p->max_rows != 0 && want > p->max_rows)
+        want = p->max_rows;
     if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
     p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
@@ -490,6 +502,9 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
         t->slab_shift++;
     t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
+    /* Every partition keeps at least one row of max_rows: fewer partitions for a smaller one. */
+    while (spec->max_rows != 0 && t->nparts > spec->max_rows)
+        t->nparts /= 2;
     uint32_t bits = 0;
     while ((1u << bits) < t->nparts)
         bits++;
@@ -612,9 +627,6 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* Makes room for one more row under max_rows, evicting p's least recently updated row when
- * the table is full. Returns false (nothing reserved) when the table is full and p has no
- * row to give. On true the row is counted in t->rows. */
 /* Removes p's least recently updated row, counted in *counter. False when p has none. */
 static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
 {
@@ -626,25 +638,21 @@ static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
     return true;
 }
 
-static bool reserve_row(table *t, partition *p)
+/* Makes room for one more row in p under its share of max_rows, evicting p's least recently
+ * updated row when p is full (it then has one: every share is at least 1). */
+static void reserve_row(table *t, partition *p)
 {
-    uint64_t after = atomic_fetch_add_explicit(&t->rows, 1, memory_order_relaxed) + 1;
-    if (t->max_rows == 0 || after <= t->max_rows)
-        return true;
-    if (!evict_lru(t, p, &p->evicted_max_rows)) {
-        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
-        return false;
-    }
-    return true;
+    if (p->max_rows != 0 && p->ix.count >= p->max_rows)
+        evict_lru(t, p, &p->evicted_max_rows);
 }
 
 /* Makes row id in p (write-locked, absent from the index) from the initializer and stores
- * slot + 1 in *out. Returns TABLE_OK (with *out = 0 when max_rows leaves no room and p has no
- * row to evict), TABLE_NOMEM, or TABLE_LIMIT when the budget refuses memory and p has no row
- * to evict for room. */
+ * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
+ * memory and p has no row to evict for room (*out then 0). */
 static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
 {
     *out = 0;
+    reserve_row(t, p);
     if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
@@ -653,17 +661,13 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
         if (rc == TABLE_LIMIT && !evict_lru(t, p, &p->evicted_memory))
             return TABLE_LIMIT;
     }
-    if (!reserve_row(t, p))
-        return TABLE_OK;
     int fail = TABLE_OK;
     uint32_t slot1 = slot_alloc(t, p, &fail);
     /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
     if (slot1 == 0 && fail == TABLE_LIMIT && evict_lru(t, p, &p->evicted_memory))
         slot1 = slot_alloc(t, p, &fail);
-    if (slot1 == 0) {
-        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+    if (slot1 == 0)
         return fail;
-    }
     row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
     r->updated_ms = 0;
@@ -827,10 +831,6 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
                     if (refused++ == 0)
                         first_refused = id;
                     count_add(&p->rows_refused, 1);
-                    continue;
-                }
-                if (slot1 == 0) {
-                    count_add(&p->pushes_counted, 1);
                     continue;
                 }
             }
@@ -1302,8 +1302,6 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     int rc = TABLE_OK;
     if (slot1 == 0)
         rc = row_make(t, p, id, h, &slot1);
-    if (rc == TABLE_OK && slot1 == 0)
-        rc = TABLE_LIMIT; /* max_rows, and the partition has no row to give */
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
         memcpy(row_floats(r), floats, t->row_floats * sizeof(float));

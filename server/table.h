@@ -31,10 +31,14 @@
  *              after 8192 counted pushes so old counts fade), so an id may be admitted early
  *              (the sketch over-counts), never late. Their gradients are dropped.
  *   ttl_ms     table_sweep(now) removes rows whose last update is older than ttl_ms.
- *   max_rows   making a row past max_rows first evicts the least recently updated row of the
- *              new row's partition (exact LRU per partition, approximately LRU per table since
- *              ids spread evenly over partitions). With max_rows < partitions a partition can
- *              be empty when full: then the row is not made and the push only counted.
+ *   max_rows   each partition keeps at most its share of max_rows (max_rows / partitions, one
+ *              more for the first max_rows % partitions of them): making a row in a full
+ *              partition first evicts its least recently updated row, and the new row gets its
+ *              gradient (exact LRU per partition, approximately LRU per table since ids spread
+ *              evenly over partitions; a partition's evictions depend on its own updates
+ *              only). A table with max_rows below the partition count has fewer partitions
+ *              (the largest power of two not above max_rows), so that every share is at least
+ *              one row and a push under max_rows always applies.
  *   budget     every byte the table allocates (slabs, indexes, sketches, its own struct) is
  *              first asked of an optional budget (the server's max-server-bytes). When it
  *              refuses, the partition's least recently updated row makes room instead
@@ -96,7 +100,8 @@ typedef struct table_spec {
     uint32_t min_count;      /* pushes of an id before its row is made; 0 or 1: the first */
     int64_t ttl_ms;          /* rows not updated for this long go at table_sweep; 0: never */
     uint64_t max_rows;       /* rows kept at most (LRU eviction past it); 0: no limit */
-    uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default */
+    uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default;
+                                lowered to max_rows when that is smaller (table.h, max_rows) */
     uint64_t expected_rows;  /* indexes sized for this many rows at creation (no growth stall
                                 until past it, up to 2^30 a partition); 0: grow from small */
     table_budget budget;     /* memory accounting; zeroed: none */
@@ -143,9 +148,9 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
  * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
- * made or counted as min_count and max_rows say, their update time set to now_ms. Returns
- * TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite gradient
- * or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
+ * made (evicting under max_rows) or counted as min_count says, their update time set to now_ms.
+ * Returns TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite
+ * gradient or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
  * (the message names the table and the first such id; every other row of the batch was
  * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied). n = 0 is
  * a no-op. */
@@ -248,8 +253,8 @@ size_t table_partition_clear(table *t, uint32_t part);
 
 /* Inserts (or overwrites) row `id` with floats[0..row_floats) (parameters then slots, as
  * table_copy_partition wrote them) and the given update time: the restore of a checkpoint.
- * Obeys max_rows and the budget. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the row
- * could not be placed (no room and nothing to evict in its partition). */
+ * Obeys max_rows (evicting as a push does) and the budget. Returns TABLE_OK, TABLE_NOMEM, or
+ * TABLE_LIMIT when the budget refuses the row and its partition has nothing to evict. */
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
 
 /* Export (psctl dump): copies rows from *cursor on (0: the start) into ids[0..max) and

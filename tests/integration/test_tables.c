@@ -503,6 +503,54 @@ static void test_admission_eviction_metrics(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A full max_rows table applies every push it acknowledges: a new id evicts its partition's
+ * least recently updated row and gets its gradient, whichever partition it falls in, one id at
+ * a time or many new ids in one batch; nothing is only counted (that is min_count's). */
+static void test_max_rows_full_applies(void **state)
+{
+    (void)state;
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/full", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.initializer = PS_INIT_CONSTANT;
+    sp.init_a = 1.0;
+    sp.max_rows = 100; /* per server */
+    ps_table *t;
+    assert_int_equal(ps_table_create(client, &sp, &t), PS_OK);
+    enum { FILL = 2000, NEW = 50 };
+    static int64_t ids[FILL];
+    static float g[FILL * DIM];
+    for (int i = 0; i < FILL; i++)
+        ids[i] = (int64_t)i * 7 + 3;
+    for (int i = 0; i < FILL * DIM; i++)
+        g[i] = 0.5f;
+    assert_int_equal(ps_table_push(t, ids, FILL, g), PS_OK);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(client, "t/full", &info), PS_OK);
+    if (info.pushes_counted != 0 || info.rows != 200 || info.rows_created != FILL)
+        fail_msg("after a batch of %d new ids: %llu rows, %llu made, %llu counted only", FILL,
+                 (unsigned long long)info.rows, (unsigned long long)info.rows_created,
+                 (unsigned long long)info.pushes_counted);
+    int missed = 0;
+    for (int k = 0; k < NEW; k++) {
+        int64_t id = 1000000 + (int64_t)k * 13;
+        float row[DIM];
+        assert_int_equal(ps_table_push(t, &id, 1, g), PS_OK);
+        assert_int_equal(ps_table_pull(t, &id, 1, row), PS_OK);
+        if (row[0] != 0.5f) {
+            fprintf(stderr, "id %lld acknowledged, row %g (1 is the initial value)\n",
+                    (long long)id, (double)row[0]);
+            missed++;
+        }
+    }
+    assert_int_equal(ps_table_info_get(client, "t/full", &info), PS_OK);
+    if (missed != 0 || info.pushes_counted != 0 || info.rows != 200)
+        fail_msg("%d of %d new ids not applied; %llu rows, %llu counted only", missed, NEW,
+                 (unsigned long long)info.rows, (unsigned long long)info.pushes_counted);
+    assert_int_equal(info.rows_created - info.evicted_max_rows, info.rows);
+    ps_table_free(t);
+}
+
 static void count_done(ps_op *op, void *arg)
 {
     (void)op;
@@ -654,6 +702,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_checkpoint_restore),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_admission_eviction_metrics),
+        cmocka_unit_test(test_max_rows_full_applies),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
