@@ -77,6 +77,7 @@ struct table {
     int64_t ttl_ms;
     uint64_t max_rows;
     uint64_t expected_rows;
+    bool never_evict;
     table_budget budget;
     uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
     _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
@@ -415,6 +416,8 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     if (s->ttl_ms < 0)
         return errf(err, errlen, "table %s: ttl_ms = %lld: must be >= 0", s->name,
                     (long long)s->ttl_ms);
+    if (s->never_evict && (s->max_rows != 0 || s->ttl_ms != 0))
+        return errf(err, errlen, "table %s: never_evict with max_rows or ttl_ms", s->name);
     if (s->partitions != 0 &&
         (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
         return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
@@ -513,6 +516,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->ttl_ms = spec->ttl_ms;
     t->max_rows = spec->max_rows;
     t->expected_rows = spec->expected_rows;
+    t->never_evict = spec->never_evict;
     t->budget = spec->budget;
     atomic_init(&t->refs, 1);
     t->parts = calloc(t->nparts, sizeof(*t->parts));
@@ -627,10 +631,11 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* Removes p's least recently updated row, counted in *counter. False when p has none. */
+/* Removes p's least recently updated row, counted in *counter. False when p has none (or the
+ * table never evicts). */
 static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
 {
-    if (p->lru_tail == 0)
+    if (p->lru_tail == 0 || t->never_evict)
         return false;
     row_header *victim = row_at(t, p, p->lru_tail - 1);
     row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
@@ -695,6 +700,8 @@ typedef struct batch {
     float *sums;      /* [nu * dim] summed gradients */
     uint32_t *order;  /* [nu] distinct ids grouped by partition */
     uint32_t *starts; /* [nparts + 1] group bounds in order */
+    uint32_t *of;     /* [n] the distinct index of each id (table_push_track only) */
+    bool *udone;      /* [nu] done with that distinct id (table_push_track only) */
 } batch;
 
 static void batch_free(batch *b)
@@ -704,10 +711,14 @@ static void batch_free(batch *b)
     free(b->sums);
     free(b->order);
     free(b->starts);
+    free(b->of);
+    free(b->udone);
 }
 
-/* Sums duplicates (first occurrence order) and groups the distinct ids by partition. */
-static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads, batch *b)
+/* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
+ * also b->of and b->udone. */
+static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads,
+                       bool track, batch *b)
 {
     memset(b, 0, sizeof(*b));
     size_t cap = 16;
@@ -719,8 +730,12 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     b->sums = malloc(n * (size_t)t->dim * sizeof(float));
     b->order = malloc(n * sizeof(*b->order));
     b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
+    if (track) {
+        b->of = malloc(n * sizeof(*b->of));
+        b->udone = calloc(n, sizeof(*b->udone));
+    }
     if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
-        b->order == NULL || b->starts == NULL) {
+        b->order == NULL || b->starts == NULL || (track && (b->of == NULL || b->udone == NULL))) {
         free(map);
         batch_free(b);
         return -1;
@@ -736,8 +751,12 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
             b->uids[b->nu - 1] = ids[i];
             b->hashes[b->nu - 1] = h;
             memcpy(b->sums + (b->nu - 1) * dim, grads + i * row, row);
+            if (track)
+                b->of[i] = map[j] - 1;
             continue;
         }
+        if (track)
+            b->of[i] = map[j] - 1;
         float *acc = b->sums + (map[j] - 1) * dim;
         for (size_t k = 0; k < dim; k++) {
             float g;
@@ -775,9 +794,11 @@ static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
     return true;
 }
 
-int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
-               size_t errlen)
+int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
+                     bool *done, char *err, size_t errlen)
 {
+    if (done != NULL)
+        memset(done, 0, n * sizeof(*done));
     if (n == 0)
         return TABLE_OK;
     if (ids == NULL || grads == NULL) {
@@ -796,7 +817,7 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         return TABLE_INVALID;
     }
     batch b;
-    if (batch_build(t, ids, n, grads, &b) != 0) {
+    if (batch_build(t, ids, n, grads, done != NULL, &b) != 0) {
         errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
         return TABLE_NOMEM;
     }
@@ -818,6 +839,8 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
             if (slot1 == 0) {
                 if (t->min_count > 1 && !sketch_admit(t, p, h)) {
                     count_add(&p->pushes_counted, 1);
+                    if (b.udone)
+                        b.udone[u] = true;
                     continue;
                 }
                 int mk = row_make(t, p, id, h, &slot1);
@@ -840,6 +863,8 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
             for (uint32_t s = 0; s < t->nslots; s++)
                 slots[s] = w + (size_t)(s + 1) * t->dim;
             optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
+            if (b.udone)
+                b.udone[u] = true;
             r->updated_ms = now_ms;
             mark_dirty(t, p, slot1);
             if (p->lru_head != slot1) {
@@ -850,15 +875,25 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         }
         pthread_rwlock_unlock(&p->lock);
     }
+    if (done != NULL)
+        for (size_t i = 0; i < n; i++)
+            done[i] = b.udone[b.of[i]];
     batch_free(&b);
     if (rc == TABLE_OK && refused > 0) {
         errf(err, errlen,
-             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, their "
-             "partitions have no row to evict; the batch's other rows were applied",
-             t->name, (unsigned long long)refused, (long long)first_refused);
+             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, %s; "
+             "the batch's other rows were applied",
+             t->name, (unsigned long long)refused, (long long)first_refused,
+             t->never_evict ? "the table evicts no row" : "their partitions have no row to evict");
         rc = TABLE_LIMIT;
     }
     return rc;
+}
+
+int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
+               size_t errlen)
+{
+    return table_push_track(t, ids, n, grads, now_ms, NULL, err, errlen);
 }
 
 /* ---- removal, sweep ------------------------------------------------------------------------ */

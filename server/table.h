@@ -105,6 +105,10 @@ typedef struct table_spec {
     uint64_t expected_rows;  /* indexes sized for this many rows at creation (no growth stall
                                 until past it, up to 2^30 a partition); 0: grow from small */
     table_budget budget;     /* memory accounting; zeroed: none */
+    bool never_evict;        /* rows leave only by table_remove: when the budget refuses, the
+                                new row is refused (TABLE_LIMIT) instead of evicting one. For
+                                rows that hold acknowledged state (BSP aggregates); max_rows and
+                                ttl_ms must be 0 */
 } table_spec;
 
 /* Counters since creation (table_stats). */
@@ -156,6 +160,13 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
  * a no-op. */
 int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
                size_t errlen);
+/* table_push that also says, for each i, whether the push is done with ids[i] (done[i], the
+ * caller's n bools): true when its row was updated, or its gradient dropped for good (counted
+ * by min_count); false when it was not applied for want of
+ * memory (TABLE_NOMEM, TABLE_LIMIT) or the batch was refused (TABLE_INVALID): pushing those
+ * again applies each once. Duplicates of an id share its answer. */
+int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
+                     bool *done, char *err, size_t errlen);
 
 /* Removes the rows of ids[0..n) (ids without a row are skipped). Returns the number removed. */
 size_t table_remove(table *t, const int64_t *ids, size_t n);

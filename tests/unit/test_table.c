@@ -957,6 +957,78 @@ static void test_concurrent_pushes_equal_serial(void **state)
     table_destroy(t);
 }
 
+/* A never_evict table under a full budget refuses new rows (TABLE_LIMIT) and keeps every row
+ * it has; table_push_track says which ids a push is done with: the refused ones are not,
+ * and pushing them again (once memory is back) applies them once. */
+static void test_never_evict_and_tracked_push(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("keep", 1, OPTIMIZER_SGD);
+    s.partitions = 1;
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    s.never_evict = true;
+    test_budget b = {.cap = UINT64_MAX};
+    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    table *t = make(&s);
+    enum { N = 4000 };
+    static int64_t ids[N];
+    static float g[N];
+    static bool done[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = i;
+        g[i] = -1.0f;
+    }
+    push_ok(t, ids, 100, g, 1);
+    b.cap = b.used + 2000; /* no room for the next slab nor a bigger index */
+    char err[256] = "";
+    assert_int_equal(table_push_track(t, ids, N, g, 2, done, err, sizeof(err)), TABLE_LIMIT);
+    assert_non_null(strstr(err, "evicts no row"));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.evicted_memory, 0);
+    assert_true(st.rows >= 100 && st.rows < N);
+    assert_int_equal(st.rows_refused, N - st.rows);
+    size_t ndone = 0;
+    for (int i = 0; i < N; i++) {
+        float v;
+        table_pull(t, &ids[i], 1, &v);
+        /* ids 0..99 twice, the others made by this push once, or refused (not done). */
+        assert_true(v == (i < 100 ? 2.0f : done[i] ? 1.0f : 0.0f));
+        assert_true(i >= 100 || done[i]);
+        ndone += done[i];
+    }
+    assert_int_equal(ndone, st.rows);
+    /* Memory back: the ids not done, pushed again, are applied once. */
+    b.cap = UINT64_MAX;
+    int64_t again[N];
+    size_t na = 0;
+    for (int i = 0; i < N; i++)
+        if (!done[i])
+            again[na++] = ids[i];
+    assert_int_equal(table_push_track(t, again, na, g, 3, done, err, sizeof(err)), TABLE_OK);
+    for (size_t i = 0; i < na; i++)
+        assert_true(done[i]);
+    for (int i = 100; i < N; i++) {
+        float v;
+        table_pull(t, &ids[i], 1, &v);
+        assert_true(v == 1.0f);
+    }
+    /* A refused batch (a non-finite gradient) is done with nothing. */
+    g[5] = NAN;
+    assert_int_equal(table_push_track(t, ids, 10, g, 4, done, err, sizeof(err)), TABLE_INVALID);
+    for (int i = 0; i < 10; i++)
+        assert_false(done[i]);
+    table_destroy(t);
+    /* never_evict excludes max_rows and ttl_ms. */
+    s.budget = (table_budget){0};
+    s.max_rows = 10;
+    expect_bad_spec(&s, "never_evict");
+    s.max_rows = 0;
+    s.ttl_ms = 10;
+    expect_bad_spec(&s, "never_evict");
+}
+
 /* ---- checkpoint cuts ---- */
 
 /* Applies a cut's copies to r (as a restore does: whole partitions replace, deltas remove then
@@ -1298,6 +1370,7 @@ int main(void)
         cmocka_unit_test(test_ttl_sweep),
         cmocka_unit_test(test_bad_specs_and_gradients),
         cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_never_evict_and_tracked_push),
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
         cmocka_unit_test(test_cut_whole_then_delta),
