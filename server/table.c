@@ -702,6 +702,7 @@ typedef struct batch {
     uint32_t *starts; /* [nparts + 1] group bounds in order */
     uint32_t *of;     /* [n] the distinct index of each id (table_push_track only) */
     bool *udone;      /* [nu] done with that distinct id (table_push_track only) */
+    float *saved;     /* [row_floats] a row as it was before its update */
 } batch;
 
 static void batch_free(batch *b)
@@ -713,6 +714,7 @@ static void batch_free(batch *b)
     free(b->starts);
     free(b->of);
     free(b->udone);
+    free(b->saved);
 }
 
 /* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
@@ -730,12 +732,14 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     b->sums = malloc(n * (size_t)t->dim * sizeof(float));
     b->order = malloc(n * sizeof(*b->order));
     b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
+    b->saved = malloc((size_t)t->row_floats * sizeof(float));
     if (track) {
         b->of = malloc(n * sizeof(*b->of));
         b->udone = calloc(n, sizeof(*b->udone));
     }
     if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
-        b->order == NULL || b->starts == NULL || (track && (b->of == NULL || b->udone == NULL))) {
+        b->order == NULL || b->starts == NULL || b->saved == NULL ||
+        (track && (b->of == NULL || b->udone == NULL))) {
         free(map);
         batch_free(b);
         return -1;
@@ -822,8 +826,9 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         return TABLE_NOMEM;
     }
     int rc = TABLE_OK;
-    uint64_t refused = 0;
-    int64_t first_refused = 0;
+    uint64_t refused = 0, overflowed = 0;
+    int64_t first_refused = 0, first_overflowed = 0;
+    const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
     uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
@@ -862,9 +867,17 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             float *slots[OPTIMIZER_MAX_SLOTS] = {0};
             for (uint32_t s = 0; s < t->nslots; s++)
                 slots[s] = w + (size_t)(s + 1) * t->dim;
+            memcpy(b.saved, w, row_bytes);
             optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
             if (b.udone)
                 b.udone[u] = true;
+            if (!all_finite((const unsigned char *)w, t->row_floats, &bad)) {
+                /* Finite gradients that overflow the row: it keeps its values. */
+                memcpy(w, b.saved, row_bytes);
+                if (overflowed++ == 0)
+                    first_overflowed = id;
+                continue;
+            }
             r->updated_ms = now_ms;
             mark_dirty(t, p, slot1);
             if (p->lru_head != slot1) {
@@ -879,7 +892,14 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         for (size_t i = 0; i < n; i++)
             done[i] = b.udone[b.of[i]];
     batch_free(&b);
-    if (rc == TABLE_OK && refused > 0) {
+    if (rc == TABLE_OK && overflowed > 0) {
+        errf(err, errlen,
+             "table %s: the update of id %lld would leave its row non-finite (inf or NaN): %llu "
+             "rows left unchanged%s; the batch's other rows were applied",
+             t->name, (long long)first_overflowed, (unsigned long long)overflowed,
+             refused > 0 ? " (and new rows not made: memory limit reached)" : "");
+        rc = TABLE_OVERFLOW;
+    } else if (rc == TABLE_OK && refused > 0) {
         errf(err, errlen,
              "table %s: memory limit reached: %llu new rows (the first id %lld) not made, %s; "
              "the batch's other rows were applied",

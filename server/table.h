@@ -22,7 +22,9 @@
  * batch's order), then each distinct row gets one optimizer update. Optimizers are lazy: only
  * the rows of the batch change; Adam's step count t is per row (per element, as for dense
  * variables), so a row's bias correction counts that row's updates. A batch holding a NaN or
- * infinite gradient is refused whole (nothing applied).
+ * infinite gradient is refused whole (nothing applied). A finite gradient whose update would
+ * overflow a row (a parameter or slot to inf or NaN) is refused for that row: the row keeps
+ * its values (TABLE_OVERFLOW), so a table never holds a non-finite value.
  *
  * Admission and eviction (all optional, per table):
  *   min_count  a row is made only by the push that brings its id's count to min_count (a
@@ -73,9 +75,11 @@ typedef struct table table;
 /* Results of the calls that can fail. */
 enum {
     TABLE_OK = 0,
-    TABLE_INVALID = -1, /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
-    TABLE_NOMEM = -2,   /* the allocator failed */
-    TABLE_LIMIT = -3,   /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+    TABLE_INVALID = -1,  /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
+    TABLE_NOMEM = -2,    /* the allocator failed */
+    TABLE_LIMIT = -3,    /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+    TABLE_OVERFLOW = -4, /* an update would have left a row non-finite (inf or NaN) from finite
+                            gradients: that row was left unchanged (FAILED_PRECONDITION) */
 };
 
 /* Where the table's memory is accounted. take(arg, bytes) is called before an allocation, under
@@ -156,13 +160,17 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
  * Returns TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite
  * gradient or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
  * (the message names the table and the first such id; every other row of the batch was
- * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied). n = 0 is
- * a no-op. */
+ * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied);
+ * TABLE_OVERFLOW when the update of some row would leave a parameter or optimizer slot
+ * non-finite (a finite gradient overflowing float32): those rows are left as they were (the
+ * message names the table and the first such id), every other row of the batch was applied.
+ * Several of these: TABLE_NOMEM first, then TABLE_OVERFLOW, then TABLE_LIMIT. n = 0 is a
+ * no-op. */
 int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
                size_t errlen);
 /* table_push that also says, for each i, whether the push is done with ids[i] (done[i], the
  * caller's n bools): true when its row was updated, or its gradient dropped for good (counted
- * by min_count); false when it was not applied for want of
+ * by min_count, or refused as TABLE_OVERFLOW); false when it was not applied for want of
  * memory (TABLE_NOMEM, TABLE_LIMIT) or the batch was refused (TABLE_INVALID): pushing those
  * again applies each once. Duplicates of an id share its answer. */
 int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,

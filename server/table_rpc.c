@@ -581,9 +581,9 @@ static int bsp_add(server_state *st, table_entry *e, const int64_t *ids, size_t 
 /* Applies BSP table e's aggregate (update lock held by the caller): each row's sum (its mean
  * over the pushes that touched it, with `mean`) is pushed into e's table, and removed from the
  * aggregate once that push is done with it (table_push_track): a row not applied for want of
- * memory stays for the next clock, and no row is applied twice. A row whose sum is not finite
- * cannot be applied: it is logged and dropped, so that it does not hold the others back at
- * every clock. */
+ * memory stays for the next clock, and no row is applied twice. A row that cannot be applied
+ * (a sum that is not finite, or an update that would overflow the table's row) is logged and
+ * dropped, so that it does not hold the others back at every clock. */
 static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
 {
     char name[TABLE_MAX_NAME + 1], err[512];
@@ -632,7 +632,10 @@ static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
             }
         int rc =
             table_push_track(e->t, ids, k, grads, (int64_t)time_op_ms(), done, err, sizeof(err));
-        if (rc != TABLE_OK)
+        if (rc == TABLE_OVERFLOW)
+            log_error("table \"%s\": applying its BSP aggregate: %s (their sums dropped)",
+                      table_name(e->t), err);
+        else if (rc != TABLE_OK)
             log_warn("table \"%s\": applying its BSP aggregate: %s (the rows not applied are "
                      "kept for the next clock)",
                      table_name(e->t), err);
@@ -780,6 +783,11 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
         snprintf(errbuf, errlen, "table \"%s\": %s: the batch was refused, nothing applied", name,
                  err);
         return STATUS_INVALID_ARGUMENT;
+    }
+    if (rc == TABLE_OVERFLOW) {
+        /* The other rows were applied (the dedup mark stays: a resend is a duplicate). */
+        snprintf(errbuf, errlen, "table \"%s\": %s", name, err);
+        return STATUS_FAILED_PRECONDITION;
     }
     if (rc != TABLE_OK) {
         snprintf(errbuf, errlen, "table \"%s\": %s%s", name,

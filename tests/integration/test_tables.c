@@ -711,6 +711,32 @@ static void test_bsp_sum_overflow_does_not_wedge(void **state)
     assert_int_equal(test_cluster_stop(&one), 0);
 }
 
+/* A finite gradient that would overflow a row is refused, FAILED_PRECONDITION naming the table
+ * and the id: the row keeps its value, the push's other rows are applied, once. */
+static void test_overflow_refused(void **state)
+{
+    (void)state;
+    int64_t ids[2] = {31, 32};
+    float g[2 * DIM];
+    for (int i = 0; i < 2 * DIM; i++)
+        g[i] = i < DIM ? -3e38f : 1.0f;
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_OK); /* 31: 1 + 0.5 * 3e38 */
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_OK); /* 31: 3e38, finite still */
+    float before[2 * DIM], after[2 * DIM];
+    assert_int_equal(ps_table_pull(sgd, ids, 2, before), PS_OK);
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_FAILED_PRECONDITION);
+    const char *msg = ps_last_error();
+    if (strstr(msg, "t/sgd") == NULL || strstr(msg, "id 31") == NULL ||
+        strstr(msg, "non-finite") == NULL)
+        fail_msg("message: %s", msg);
+    assert_int_equal(ps_table_pull(sgd, ids, 2, after), PS_OK);
+    for (int j = 0; j < DIM; j++) {
+        assert_true(after[j] == before[j]);
+        assert_true(after[DIM + j] == before[DIM + j] - LR);
+    }
+    still_serving();
+}
+
 static void count_done(ps_op *op, void *arg)
 {
     (void)op;
@@ -865,6 +891,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_max_rows_full_applies),
         cmocka_unit_test(test_bsp_aggregate_under_memory_limit),
         cmocka_unit_test(test_bsp_sum_overflow_does_not_wedge),
+        cmocka_unit_test(test_overflow_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1246,6 +1246,50 @@ static void test_cut_overlapping(void **state)
     table_destroy(t);
 }
 
+/* Finite gradients whose update would overflow a row (SGD past FLT_MAX, Adagrad's accumulator)
+ * are refused for that row (TABLE_OVERFLOW, naming the table and the id): the row keeps its
+ * values, the batch's other rows are applied. */
+static void test_overflow_refused_row_unchanged(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("over", 2, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    table *t = make(&s);
+    int64_t ids[2] = {11, 12};
+    float g[4] = {-3e38f, 0, 1, 1};
+    push_ok(t, ids, 2, g, 1); /* 11 at 3e38, 12 at -1 */
+    char err[256] = "";
+    assert_int_equal(table_push(t, ids, 2, g, 2, err, sizeof(err)), TABLE_OVERFLOW);
+    assert_non_null(strstr(err, "over"));
+    assert_non_null(strstr(err, "id 11"));
+    float rows[4];
+    table_pull(t, ids, 2, rows);
+    assert_true(rows[0] == 3e38f && rows[1] == 0.0f);  /* unchanged */
+    assert_true(rows[2] == -2.0f && rows[3] == -2.0f); /* applied */
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows_updated, 3);
+    table_destroy(t);
+
+    s = base_spec("overada", 2, OPTIMIZER_ADAGRAD);
+    t = make(&s);
+    int64_t id = 5;
+    float before[2], after[2], big[2] = {1e20f, 0.5f};
+    table_pull(t, &id, 1, before);
+    assert_int_equal(table_push(t, &id, 1, big, 1, err, sizeof(err)), TABLE_OVERFLOW);
+    table_pull(t, &id, 1, after);
+    assert_memory_equal(after, before, sizeof(before));
+    /* Its slots too: a finite push afterwards equals one into a fresh table. */
+    float small[2] = {0.5f, 0.25f};
+    push_ok(t, &id, 1, small, 2);
+    table *r = make(&s);
+    push_ok(r, &id, 1, small, 2);
+    expect_same_rows(t, r, &id, 1, 2);
+    table_destroy(r);
+    table_destroy(t);
+}
+
 /* Evictions (max_rows, ttl) between two cuts are removals of the delta. */
 static void test_cut_delta_carries_evictions(void **state)
 {
@@ -1371,6 +1415,7 @@ int main(void)
         cmocka_unit_test(test_bad_specs_and_gradients),
         cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_never_evict_and_tracked_push),
+        cmocka_unit_test(test_overflow_refused_row_unchanged),
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
         cmocka_unit_test(test_cut_whole_then_delta),
