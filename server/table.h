@@ -44,9 +44,9 @@
  *   budget     every byte the table allocates (slabs, indexes, sketches, its own struct) is
  *              first asked of an optional budget (the server's max-server-bytes). When it
  *              refuses, the partition's least recently updated row makes room instead
- *              (evicted_memory); only when the partition has none is the row refused
- *              (TABLE_LIMIT). Memory is given back to the budget only by table_destroy: slabs
- *              and indexes are kept for reuse.
+ *              (evicted_memory); only when the partition has none (or the table is
+ *              never_evict) is the row refused (TABLE_LIMIT). Memory is given back to the
+ *              budget only by table_destroy: slabs and indexes are kept for reuse.
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
  * Checkpoints: table_cut_begin/finish (below) copy the table as it was at one moment, whole
