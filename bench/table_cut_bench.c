@@ -208,7 +208,7 @@ int main(int argc, char **argv)
     t0 = now_s();
     pthread_rwlock_wrlock(&gate);
     double tf = now_s();
-    table_cut_start(c, 1, true);
+    table_cut_start(c, table_cut_id_new(), true);
     pthread_rwlock_unlock(&gate);
     double pause = now_s() - tf, held = now_s() - t0;
     if (table_cut_finish(c) != 0) {
@@ -234,7 +234,8 @@ int main(int argc, char **argv)
     pthread_join(th, NULL);
     /* A whole cut with nothing else running, the one the delta is measured against. */
     t0 = now_s();
-    c = table_cut_begin(t, 0, 2, true);
+    uint64_t whole_id = table_cut_id_new();
+    c = table_cut_begin(t, 0, whole_id, true);
     if (c == NULL || table_cut_finish(c) != 0) {
         fprintf(stderr, "cut failed\n");
         return 1;
@@ -249,7 +250,7 @@ int main(int argc, char **argv)
         table_push(t, ids, n, g, 2, err, sizeof(err));
     }
     t0 = now_s();
-    c = table_cut_begin(t, 2, 3, true);
+    c = table_cut_begin(t, whole_id, table_cut_id_new(), true);
     if (c == NULL || !table_cut_is_delta(c) || table_cut_finish(c) != 0) {
         fprintf(stderr, "delta cut failed\n");
         return 1;

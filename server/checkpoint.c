@@ -87,8 +87,11 @@ struct checkpointer {
     int keep, full_every;
     int64_t interval_s, interval_updates;
     /* The chain of deltas (write_lock): the previous durable file of this process's chain (0:
-     * none, the next is full) and how many deltas follow its full file. */
+     * none, the next is full), the id of its tables' cuts (table.h: the base of the next
+     * delta) and how many deltas follow its full file. A checkpointer with full_every 1 keeps
+     * no chain: its tables' cuts are snapshot cuts. */
     uint64_t chain_prev;
+    uint64_t chain_cut;
     int chain_len;
     uint64_t cluster_hash;
     bool crash_mid_write;
@@ -216,8 +219,8 @@ static int snap_copy(snap_var *sv, variable *v)
 }
 
 /* Takes the snapshot: buffers are made beforehand, the copy runs with updates held off.
- * *pause_ns: how long they were. */
-static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t seq, bool track,
+ * base, cut, track: the tables' cuts (server_tables_copy). *pause_ns: how long they were. */
+static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t cut, bool track,
                          checkpoint_position_fn position, void *position_arg, uint64_t *pause_ns,
                          char *err, size_t errlen)
 {
@@ -312,7 +315,7 @@ static int snapshot_take(server_state *st, snapshot *s, uint64_t base, uint64_t 
     }
     /* Tables are only marked here: each partition is copied after the thaw, before anything
      * changes it (table.h, table_cut_begin), so the pause does not grow with the rows. */
-    if (rc == 0 && server_tables_copy(st, base, seq, track, &s->tables, &s->ntables) != 0)
+    if (rc == 0 && server_tables_copy(st, base, cut, track, &s->tables, &s->ntables) != 0)
         rc = errf(err, errlen, "out of memory starting the copy of the sparse tables");
     s->create_gen = atomic_load(&st->create_gen);
     store_thaw(st->vars);
@@ -957,12 +960,15 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     snapshot s;
     uint64_t pause_ns = 0;
     /* A delta of the previous file of the chain, unless the chain is due for a full one (or
-     * broken: none yet in this process, or the last write failed). */
-    uint64_t base = ck->full_every > 1 && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every
-                        ? ck->chain_prev
-                        : 0;
-    if (snapshot_take(ck->st, &s, base, seq, ck->full_every > 1, ck->position, ck->position_arg,
-                      &pause_ns, err, errlen) != 0) {
+     * broken: none yet in this process, or the last write failed). Without a chain the
+     * tables' cuts are snapshot cuts: another checkpointer's chain of the state (a copy image
+     * is written while the state's own checkpointer goes on) keeps its deltas. */
+    bool chain = ck->full_every > 1;
+    uint64_t base =
+        chain && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every ? ck->chain_prev : 0;
+    uint64_t cut = chain ? table_cut_id_new() : 0;
+    if (snapshot_take(ck->st, &s, base ? ck->chain_cut : 0, cut, chain, ck->position,
+                      ck->position_arg, &pause_ns, err, errlen) != 0) {
         ck->chain_prev = 0;
         note_failure(ck, err);
         pthread_mutex_unlock(&ck->write_lock);
@@ -1024,6 +1030,7 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     rc = 0;
     ck->next_seq = seq + 1;
     ck->chain_prev = seq;
+    ck->chain_cut = cut;
     ck->chain_len = delta ? ck->chain_len + 1 : 0;
     info->base = prev;
     info->seq = seq;

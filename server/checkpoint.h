@@ -81,7 +81,10 @@ enum { CKPT_VAR_INITIAL = 1 };
 typedef struct checkpoint_config {
     const char *dir;          /* "" or NULL: checkpoints off */
     int keep;                 /* restore points of this task kept (>= 1), whole chains */
-    int full_every;           /* every this many checkpoints one is full, the rest deltas */
+    int full_every;           /* every this many checkpoints one is full, the rest deltas; 1
+                                 (or less): every one full, and no chain kept: its tables' cuts
+                                 are snapshot cuts (table.h), which leave another checkpointer's
+                                 chain of the same state its deltas (copy images) */
     int64_t interval_s;       /* periodic checkpoints (0: none) */
     int64_t interval_updates; /* after this many updates (0: off) */
     uint64_t cluster_hash;    /* checkpoint_cluster_hash of the ps addresses */

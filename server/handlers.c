@@ -361,26 +361,37 @@ static void handle_pull(rpc_call *call, void *arg)
 }
 
 /* Applies a gradient of `dtype` (FLOAT32: read in place from the request; BFLOAT16: widened a
- * block at a time) to elements [first, first+cnt) of v's shard, with that range locked. */
-static void apply_grad(variable *v, uint64_t first, const uint8_t *grad, int dtype, uint64_t cnt)
+ * block at a time) to elements [first, first+cnt) of v's shard, with that range locked. An
+ * element whose update would overflow (optimizer_apply_finite) keeps its values: returns how
+ * many did, the first one's index in the range in *first_bad. */
+static uint64_t apply_grad(variable *v, uint64_t first, const uint8_t *grad, int dtype,
+                           uint64_t cnt, uint64_t *first_bad)
 {
     float *slots[OPTIMIZER_MAX_SLOTS];
+    size_t at = 0;
     if (dtype == PSD__V1__DTYPE__FLOAT32) {
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i] + first;
-        optimizer_apply(&v->opt, v->params + first, grad, slots, (size_t)cnt);
-        return;
+        uint64_t bad =
+            optimizer_apply_finite(&v->opt, v->params + first, grad, slots, (size_t)cnt, &at);
+        *first_bad = at;
+        return bad;
     }
     enum { BLOCK = 2048 };
     float block[BLOCK];
     size_t esize = frame_dtype_size(dtype);
+    uint64_t bad = 0;
     for (uint64_t k = 0; k < cnt; k += BLOCK) {
         size_t n = cnt - k < BLOCK ? (size_t)(cnt - k) : BLOCK;
         frame_get_floats(block, grad + esize * k, n, dtype);
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i] + first + k;
-        optimizer_apply(&v->opt, v->params + first + k, block, slots, n);
+        size_t b = optimizer_apply_finite(&v->opt, v->params + first + k, block, slots, n, &at);
+        if (b > 0 && bad == 0)
+            *first_bad = k + at;
+        bad += b;
     }
+    return bad;
 }
 
 /* One push: Push, PushPull or an item of Step. */
@@ -441,7 +452,9 @@ void server_push_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t
  * reading the gradient in place from the request. With `reply`, copies the parameters just
  * after the update, in out_dtype, into the area it returns, in the same critical section.
  * Returns STATUS_OK with *duplicate and *version set, -1 when `reply` failed (its error reply
- * is in place), or an error status with a message in err. A push that found v before a
+ * is in place), or an error status with a message in err: FAILED_PRECONDITION when the update
+ * of some elements would have left them non-finite (those kept their values, the others were
+ * applied; a push-pull's reply is then replaced by the error). A push that found v before a
  * DeleteVariable unlinked it applies to the unlinked shard (it is ordered before the delete).
  */
 static int push_one(server_state *st, variable *v, const push_in *in, push_reply_fn reply,
@@ -487,11 +500,12 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
         }
     }
     variable_lock_range(v, first, in->cnt);
+    uint64_t overflowed = 0, first_bad = 0;
     if (d == DEDUP_NEW) {
         if (in->assign)
             frame_get_floats(v->params + first, in->grad, (size_t)in->cnt, in->dtype);
         else
-            apply_grad(v, first, in->grad, in->dtype, in->cnt);
+            overflowed = apply_grad(v, first, in->grad, in->dtype, in->cnt, &first_bad);
         /* Disjoint ranges of v apply at once: the version this update made is the one its
          * increment returns. A push-pull's reply was packed before (with the version read
          * then: equal to a concurrent push's at worst, which only makes a client's count of
@@ -506,6 +520,15 @@ static int push_one(server_state *st, variable *v, const push_in *in, push_reply
     store_update_end(st->vars);
     if (d == DEDUP_NEW)
         atomic_fetch_add(&st->updates_applied, 1);
+    if (overflowed > 0) {
+        /* The other elements were applied (the dedup mark stays: a resend is a duplicate). */
+        snprintf(err, errlen,
+                 "variable \"%s\": the update of element %llu would leave it non-finite (inf or "
+                 "NaN): %llu elements left unchanged; the push's other elements were applied",
+                 v->name, (unsigned long long)(in->off + first_bad),
+                 (unsigned long long)overflowed);
+        return STATUS_FAILED_PRECONDITION;
+    }
     return STATUS_OK;
 }
 

@@ -486,6 +486,38 @@ void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t
         fill_floats(slots[s], 0.0f, n);
 }
 
+size_t optimizer_apply_finite(const optimizer_params *p, float *params, const void *grad,
+                              float *const *slots, size_t n, size_t *first_bad)
+{
+    enum { BLOCK = 1024 };
+    float saved[(1 + OPTIMIZER_MAX_SLOTS) * BLOCK];
+    size_t nslots = optimizer_kind_valid(p->kind) ? optimizer_slot_count(p->kind) : 0, bad = 0;
+    const unsigned char *g = grad;
+    for (size_t k = 0; k < n; k += BLOCK) {
+        size_t m = n - k < BLOCK ? n - k : BLOCK;
+        float *bs[OPTIMIZER_MAX_SLOTS] = {0};
+        memcpy(saved, params + k, m * sizeof(float));
+        for (size_t s = 0; s < nslots; s++) {
+            bs[s] = slots[s] + k;
+            memcpy(saved + (s + 1) * BLOCK, bs[s], m * sizeof(float));
+        }
+        optimizer_apply(p, params + k, g + k * sizeof(float), bs, m);
+        for (size_t i = 0; i < m; i++) {
+            bool finite = isfinite(params[k + i]);
+            for (size_t s = 0; s < nslots; s++)
+                finite = finite && isfinite(bs[s][i]);
+            if (finite)
+                continue;
+            params[k + i] = saved[i];
+            for (size_t s = 0; s < nslots; s++)
+                bs[s][i] = saved[(s + 1) * BLOCK + i];
+            if (bad++ == 0)
+                *first_bad = k + i;
+        }
+    }
+    return bad;
+}
+
 void optimizer_apply(const optimizer_params *p, float *params, const void *grad,
                      float *const *slots, size_t n)
 {

@@ -127,4 +127,12 @@ void optimizer_init_slots(const optimizer_params *p, float *const *slots, size_t
 void optimizer_apply(const optimizer_params *p, float *params, const void *grad,
                      float *const *slots, size_t n);
 
+/* optimizer_apply that keeps every value finite: an element whose update would leave its
+ * parameter or one of its slots non-finite (a finite gradient overflowing float32, or a
+ * non-finite gradient) keeps its values, the other elements are updated (every optimizer of
+ * the registry updates each element from that element's own state alone). Returns the number
+ * of elements left unchanged and, when there are any, the index of the first in *first_bad. */
+size_t optimizer_apply_finite(const optimizer_params *p, float *params, const void *grad,
+                              float *const *slots, size_t n, size_t *first_bad);
+
 #endif /* SERVER_OPTIMIZER_H */

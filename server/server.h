@@ -115,13 +115,14 @@ typedef struct server_table_copy {
  * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy
  * (with every update held off, store_freeze) takes them, starts a cut of every table
  * registered now (table_cut_start; a table created since the prepare is prepared there, one
- * deleted since is dropped) and puts the started cuts in *out, *n: O(tables). base: the seq of
- * the previous cut for deltas (0: whole), seq: this cut's, track: record removals. Both
- * return 0 (*out NULL when there are no tables) or -1 when memory runs out (free *out
- * anyway). Only the checkpointer may take cuts of the chain it writes (they consume the
- * tables' change marks; a foreign cut makes the next one of that table whole). */
+ * deleted since is dropped) and puts the started cuts in *out, *n: O(tables). base: the id of
+ * the previous chain cut for deltas (0: whole); id: this cut's (table_cut_id_new: chain cuts,
+ * which consume the tables' change marks; 0: snapshot cuts, whole, which leave them to the
+ * chain); track: record removals. Both return 0 (*out NULL when there are no tables) or -1
+ * when memory runs out (free *out anyway). Only the checkpointer of a chain may take its chain
+ * cuts (another chain cut of a table makes the chain's next cut of it whole). */
 int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n);
-int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
                        server_table_copy **out, size_t *n);
 /* Copies what the cuts still need, after updates are let go again (each partition under its
  * own lock). Returns 0, or -1 when memory ran out. */

@@ -291,7 +291,13 @@ static void bsp_apply(server_state *st, variable *v)
         float *slots[OPTIMIZER_MAX_SLOTS];
         for (size_t i = 0; i < v->nslots; i++)
             slots[i] = v->slots[i];
-        optimizer_apply(&v->opt, v->params, v->agg, slots, (size_t)v->count);
+        size_t first_bad = 0;
+        size_t bad =
+            optimizer_apply_finite(&v->opt, v->params, v->agg, slots, (size_t)v->count, &first_bad);
+        if (bad > 0)
+            log_error("variable \"%s\": the BSP update of element %llu would leave it non-finite "
+                      "(inf or NaN): %zu elements left unchanged, the others applied",
+                      v->name, (unsigned long long)(v->offset + first_bad), bad);
         memset(v->agg, 0, (size_t)v->count * sizeof(float));
         memset(v->agg_workers, 0, v->agg_words * sizeof(uint64_t));
         v->agg_count = 0;

@@ -43,6 +43,7 @@ typedef struct partition {
     table_index ix;
     unsigned char **slabs;
     uint32_t nslabs, slabs_cap;
+    uint64_t max_rows;  /* rows kept at most: the partition's share of max_rows (0: none) */
     uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
     uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
     uint32_t lru_head, lru_tail;
@@ -76,18 +77,19 @@ struct table {
     int64_t ttl_ms;
     uint64_t max_rows;
     uint64_t expected_rows;
+    bool never_evict;
     table_budget budget;
-    uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
-    _Atomic uint64_t rows;
+    uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
     _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
     partition *parts;
     /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
      * `cut` before anything changes it. */
     _Atomic uint64_t cut_gen;
     struct table_cut *_Atomic cut;
-    _Atomic bool track; /* record removed ids (the next cut may be a delta) */
-    uint64_t last_cut;  /* the `seq` of the newest cut (the checkpointer's, serialised) */
-    _Atomic int refs;   /* 1 for the table's owner, 1 per cut not yet freed */
+    _Atomic uint32_t pending;  /* partitions not yet copied into `cut` */
+    _Atomic bool track;        /* record removed ids (the next chain cut may be a delta) */
+    _Atomic uint64_t last_cut; /* the id of the newest chain cut (0: none usable as a base) */
+    _Atomic int refs;          /* 1 for the table's owner, 1 per cut not yet freed */
 };
 
 /* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
@@ -102,6 +104,8 @@ typedef struct raw_part {
 
 struct table_cut {
     table *t;
+    uint64_t base; /* the chain cut this one may be a delta of (0: whole) */
+    uint64_t id;   /* this cut's id; 0: a snapshot cut */
     bool delta, started, finished;
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
@@ -355,7 +359,6 @@ static void row_remove(table *t, partition *p, uint32_t pos)
     table_index_delete_at(&p->ix, pos);
     lru_unlink(t, p, slot1);
     slot_free(t, p, slot1);
-    atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
 }
 
 /* ---- admission ---------------------------------------------------------------------------- */
@@ -413,6 +416,8 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     if (s->ttl_ms < 0)
         return errf(err, errlen, "table %s: ttl_ms = %lld: must be >= 0", s->name,
                     (long long)s->ttl_ms);
+    if (s->never_evict && (s->max_rows != 0 || s->ttl_ms != 0))
+        return errf(err, errlen, "table %s: never_evict with max_rows or ttl_ms", s->name);
     if (s->partitions != 0 &&
         (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
         return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
@@ -426,12 +431,25 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     return 0;
 }
 
+/* Partition q's share of max_rows: max_rows / nparts, one more for the first max_rows % nparts
+ * partitions (so the shares add up to max_rows, and none is 0: nparts <= max_rows). */
+static uint64_t partition_max_rows(const table *t, uint32_t q)
+{
+    if (t->max_rows == 0)
+        return 0;
+    return t->max_rows / t->nparts + (q < t->max_rows % t->nparts ? 1 : 0);
+}
+
 /* Returns 0, or -1 when memory runs out (p then needs only partition_fini). */
 static int partition_init(table *t, partition *p)
 {
     memset(p, 0, sizeof(*p));
-    /* Room for expected_rows spread over the partitions, plus 1/8 for an uneven spread. */
+    p->max_rows = partition_max_rows(t, (uint32_t)(p - t->parts));
+    /* Room for expected_rows spread over the partitions (never more than the partition
+     * keeps), plus 1/8 for an uneven spread. */
     uint64_t want = t->expected_rows / t->nparts;
+    if (p->max_rows != 0 && want > p->max_rows)
+        want = p->max_rows;
     if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
     p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
@@ -487,6 +505,9 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
         t->slab_shift++;
     t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
+    /* Every partition keeps at least one row of max_rows: fewer partitions for a smaller one. */
+    while (spec->max_rows != 0 && t->nparts > spec->max_rows)
+        t->nparts /= 2;
     uint32_t bits = 0;
     while ((1u << bits) < t->nparts)
         bits++;
@@ -495,6 +516,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->ttl_ms = spec->ttl_ms;
     t->max_rows = spec->max_rows;
     t->expected_rows = spec->expected_rows;
+    t->never_evict = spec->never_evict;
     t->budget = spec->budget;
     atomic_init(&t->refs, 1);
     t->parts = calloc(t->nparts, sizeof(*t->parts));
@@ -609,13 +631,11 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* Makes room for one more row under max_rows, evicting p's least recently updated row when
- * the table is full. Returns false (nothing reserved) when the table is full and p has no
- * row to give. On true the row is counted in t->rows. */
-/* Removes p's least recently updated row, counted in *counter. False when p has none. */
+/* Removes p's least recently updated row, counted in *counter. False when p has none (or the
+ * table never evicts). */
 static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
 {
-    if (p->lru_tail == 0)
+    if (p->lru_tail == 0 || t->never_evict)
         return false;
     row_header *victim = row_at(t, p, p->lru_tail - 1);
     row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
@@ -623,25 +643,21 @@ static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
     return true;
 }
 
-static bool reserve_row(table *t, partition *p)
+/* Makes room for one more row in p under its share of max_rows, evicting p's least recently
+ * updated row when p is full (it then has one: every share is at least 1). */
+static void reserve_row(table *t, partition *p)
 {
-    uint64_t after = atomic_fetch_add_explicit(&t->rows, 1, memory_order_relaxed) + 1;
-    if (t->max_rows == 0 || after <= t->max_rows)
-        return true;
-    if (!evict_lru(t, p, &p->evicted_max_rows)) {
-        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
-        return false;
-    }
-    return true;
+    if (p->max_rows != 0 && p->ix.count >= p->max_rows)
+        evict_lru(t, p, &p->evicted_max_rows);
 }
 
 /* Makes row id in p (write-locked, absent from the index) from the initializer and stores
- * slot + 1 in *out. Returns TABLE_OK (with *out = 0 when max_rows leaves no room and p has no
- * row to evict), TABLE_NOMEM, or TABLE_LIMIT when the budget refuses memory and p has no row
- * to evict for room. */
+ * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
+ * memory and p has no row to evict for room (*out then 0). */
 static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
 {
     *out = 0;
+    reserve_row(t, p);
     if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
@@ -650,17 +666,13 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
         if (rc == TABLE_LIMIT && !evict_lru(t, p, &p->evicted_memory))
             return TABLE_LIMIT;
     }
-    if (!reserve_row(t, p))
-        return TABLE_OK;
     int fail = TABLE_OK;
     uint32_t slot1 = slot_alloc(t, p, &fail);
     /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
     if (slot1 == 0 && fail == TABLE_LIMIT && evict_lru(t, p, &p->evicted_memory))
         slot1 = slot_alloc(t, p, &fail);
-    if (slot1 == 0) {
-        atomic_fetch_sub_explicit(&t->rows, 1, memory_order_relaxed);
+    if (slot1 == 0)
         return fail;
-    }
     row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
     r->updated_ms = 0;
@@ -688,6 +700,9 @@ typedef struct batch {
     float *sums;      /* [nu * dim] summed gradients */
     uint32_t *order;  /* [nu] distinct ids grouped by partition */
     uint32_t *starts; /* [nparts + 1] group bounds in order */
+    uint32_t *of;     /* [n] the distinct index of each id (table_push_track only) */
+    bool *udone;      /* [nu] done with that distinct id (table_push_track only) */
+    float *saved;     /* [row_floats] a row as it was before its update */
 } batch;
 
 static void batch_free(batch *b)
@@ -697,10 +712,15 @@ static void batch_free(batch *b)
     free(b->sums);
     free(b->order);
     free(b->starts);
+    free(b->of);
+    free(b->udone);
+    free(b->saved);
 }
 
-/* Sums duplicates (first occurrence order) and groups the distinct ids by partition. */
-static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads, batch *b)
+/* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
+ * also b->of and b->udone. */
+static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads,
+                       bool track, batch *b)
 {
     memset(b, 0, sizeof(*b));
     size_t cap = 16;
@@ -712,8 +732,14 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     b->sums = malloc(n * (size_t)t->dim * sizeof(float));
     b->order = malloc(n * sizeof(*b->order));
     b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
+    b->saved = malloc((size_t)t->row_floats * sizeof(float));
+    if (track) {
+        b->of = malloc(n * sizeof(*b->of));
+        b->udone = calloc(n, sizeof(*b->udone));
+    }
     if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
-        b->order == NULL || b->starts == NULL) {
+        b->order == NULL || b->starts == NULL || b->saved == NULL ||
+        (track && (b->of == NULL || b->udone == NULL))) {
         free(map);
         batch_free(b);
         return -1;
@@ -729,8 +755,12 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
             b->uids[b->nu - 1] = ids[i];
             b->hashes[b->nu - 1] = h;
             memcpy(b->sums + (b->nu - 1) * dim, grads + i * row, row);
+            if (track)
+                b->of[i] = map[j] - 1;
             continue;
         }
+        if (track)
+            b->of[i] = map[j] - 1;
         float *acc = b->sums + (map[j] - 1) * dim;
         for (size_t k = 0; k < dim; k++) {
             float g;
@@ -768,9 +798,11 @@ static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
     return true;
 }
 
-int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
-               size_t errlen)
+int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
+                     bool *done, char *err, size_t errlen)
 {
+    if (done != NULL)
+        memset(done, 0, n * sizeof(*done));
     if (n == 0)
         return TABLE_OK;
     if (ids == NULL || grads == NULL) {
@@ -789,13 +821,14 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         return TABLE_INVALID;
     }
     batch b;
-    if (batch_build(t, ids, n, grads, &b) != 0) {
+    if (batch_build(t, ids, n, grads, done != NULL, &b) != 0) {
         errf(err, errlen, "table %s: out of memory for a push of %zu ids", t->name, n);
         return TABLE_NOMEM;
     }
     int rc = TABLE_OK;
-    uint64_t refused = 0;
-    int64_t first_refused = 0;
+    uint64_t refused = 0, overflowed = 0;
+    int64_t first_refused = 0, first_overflowed = 0;
+    const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
     uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
@@ -811,6 +844,8 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
             if (slot1 == 0) {
                 if (t->min_count > 1 && !sketch_admit(t, p, h)) {
                     count_add(&p->pushes_counted, 1);
+                    if (b.udone)
+                        b.udone[u] = true;
                     continue;
                 }
                 int mk = row_make(t, p, id, h, &slot1);
@@ -826,17 +861,23 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
                     count_add(&p->rows_refused, 1);
                     continue;
                 }
-                if (slot1 == 0) {
-                    count_add(&p->pushes_counted, 1);
-                    continue;
-                }
             }
             row_header *r = row_at(t, p, slot1 - 1);
             float *w = row_floats(r);
             float *slots[OPTIMIZER_MAX_SLOTS] = {0};
             for (uint32_t s = 0; s < t->nslots; s++)
                 slots[s] = w + (size_t)(s + 1) * t->dim;
+            memcpy(b.saved, w, row_bytes);
             optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
+            if (b.udone)
+                b.udone[u] = true;
+            if (!all_finite((const unsigned char *)w, t->row_floats, &bad)) {
+                /* Finite gradients that overflow the row: it keeps its values. */
+                memcpy(w, b.saved, row_bytes);
+                if (overflowed++ == 0)
+                    first_overflowed = id;
+                continue;
+            }
             r->updated_ms = now_ms;
             mark_dirty(t, p, slot1);
             if (p->lru_head != slot1) {
@@ -847,15 +888,32 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
         }
         pthread_rwlock_unlock(&p->lock);
     }
+    if (done != NULL)
+        for (size_t i = 0; i < n; i++)
+            done[i] = b.udone[b.of[i]];
     batch_free(&b);
-    if (rc == TABLE_OK && refused > 0) {
+    if (rc == TABLE_OK && overflowed > 0) {
         errf(err, errlen,
-             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, their "
-             "partitions have no row to evict; the batch's other rows were applied",
-             t->name, (unsigned long long)refused, (long long)first_refused);
+             "table %s: the update of id %lld would leave its row non-finite (inf or NaN): %llu "
+             "rows left unchanged%s; the batch's other rows were applied",
+             t->name, (long long)first_overflowed, (unsigned long long)overflowed,
+             refused > 0 ? " (and new rows not made: memory limit reached)" : "");
+        rc = TABLE_OVERFLOW;
+    } else if (rc == TABLE_OK && refused > 0) {
+        errf(err, errlen,
+             "table %s: memory limit reached: %llu new rows (the first id %lld) not made, %s; "
+             "the batch's other rows were applied",
+             t->name, (unsigned long long)refused, (long long)first_refused,
+             t->never_evict ? "the table evicts no row" : "their partitions have no row to evict");
         rc = TABLE_LIMIT;
     }
     return rc;
+}
+
+int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
+               size_t errlen)
+{
+    return table_push_track(t, ids, n, grads, now_ms, NULL, err, errlen);
 }
 
 /* ---- removal, sweep ------------------------------------------------------------------------ */
@@ -1072,22 +1130,36 @@ static int raw_rows(const table *t, raw_part *raw, table_rows *out)
     return i == n ? 0 : -1;
 }
 
-/* Copies p (write-locked, pending for cut generation gen) into the table's cut. */
+/* Copies p (write-locked, pending for cut generation gen) into the table's cut. A chain cut
+ * then clears p's marks (what changes from now on is the next delta); a snapshot cut leaves
+ * them to the chain. */
 static void cut_copy(table *t, partition *p, uint64_t gen)
 {
     table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
     uint32_t q = (uint32_t)(p - t->parts);
     table_rows *out = &c->parts[q];
     p->cut_gen = gen;
+    atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel);
     bool whole = !c->delta || p->removed_lost;
     out->full = whole;
     int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
     if (rc != 0) {
         table_rows_free(out);
         atomic_store(&c->failed, true);
-        return; /* marks kept; the next cut after a failed one is whole anyway */
+        /* Marks kept, but the chain is broken: no later cut may be a delta of this one. */
+        uint64_t id = c->id;
+        if (id != 0)
+            atomic_compare_exchange_strong(&t->last_cut, &id, 0);
+        return;
     }
-    clear_marks(t, p);
+    if (c->id != 0)
+        clear_marks(t, p);
+}
+
+uint64_t table_cut_id_new(void)
+{
+    static _Atomic uint64_t last_id;
+    return atomic_fetch_add(&last_id, 1) + 1;
 }
 
 table_cut *table_cut_prepare(table *t, uint64_t base)
@@ -1106,10 +1178,11 @@ table_cut *table_cut_prepare(table *t, uint64_t base)
     for (uint32_t q = 0; q < t->nparts; q++)
         c->parts[q].row_floats = t->row_floats;
     c->t = t;
+    c->base = base;
     atomic_fetch_add(&t->refs, 1);
-    /* last_cut changes only in table_cut_start, which the caller serialises with this. */
-    c->delta = base != 0 && t->last_cut == base;
-    if (c->delta)
+    /* table_cut_start decides; a cut that is a delta now most likely still is one then (and
+     * a whole copy not prepared for allocates its memory when it copies). */
+    if (base != 0 && atomic_load(&t->last_cut) == base)
         return c;
     /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
      * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
@@ -1132,21 +1205,32 @@ table_cut *table_cut_prepare(table *t, uint64_t base)
     return c;
 }
 
-void table_cut_start(table_cut *c, uint64_t seq, bool track)
+void table_cut_start(table_cut *c, uint64_t id, bool track)
 {
     table *t = c->t;
+    /* The previous cut (another taker's, its finish not done yet) gets its pending partitions
+     * first: each partition is pending for one cut at a time. */
+    for (uint32_t q = 0; q < t->nparts && atomic_load(&t->pending) > 0; q++) {
+        write_lock(t, &t->parts[q]);
+        pthread_rwlock_unlock(&t->parts[q].lock);
+    }
     c->started = true;
-    t->last_cut = seq;
-    atomic_store(&t->track, track);
+    c->id = id;
+    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base;
+    if (id != 0) {
+        atomic_store(&t->last_cut, id);
+        atomic_store(&t->track, track);
+    }
+    atomic_store(&t->pending, t->nparts);
     atomic_store_explicit(&t->cut, c, memory_order_release);
     atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
 }
 
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track)
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track)
 {
     table_cut *c = table_cut_prepare(t, base);
     if (c != NULL)
-        table_cut_start(c, seq, track);
+        table_cut_start(c, id, track);
     return c;
 }
 
@@ -1273,8 +1357,6 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     int rc = TABLE_OK;
     if (slot1 == 0)
         rc = row_make(t, p, id, h, &slot1);
-    if (rc == TABLE_OK && slot1 == 0)
-        rc = TABLE_LIMIT; /* max_rows, and the partition has no row to give */
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
         memcpy(row_floats(r), floats, t->row_floats * sizeof(float));

@@ -22,7 +22,9 @@
  * batch's order), then each distinct row gets one optimizer update. Optimizers are lazy: only
  * the rows of the batch change; Adam's step count t is per row (per element, as for dense
  * variables), so a row's bias correction counts that row's updates. A batch holding a NaN or
- * infinite gradient is refused whole (nothing applied).
+ * infinite gradient is refused whole (nothing applied). A finite gradient whose update would
+ * overflow a row (a parameter or slot to inf or NaN) is refused for that row: the row keeps
+ * its values (TABLE_OVERFLOW), so a table never holds a non-finite value.
  *
  * Admission and eviction (all optional, per table):
  *   min_count  a row is made only by the push that brings its id's count to min_count (a
@@ -31,20 +33,24 @@
  *              after 8192 counted pushes so old counts fade), so an id may be admitted early
  *              (the sketch over-counts), never late. Their gradients are dropped.
  *   ttl_ms     table_sweep(now) removes rows whose last update is older than ttl_ms.
- *   max_rows   making a row past max_rows first evicts the least recently updated row of the
- *              new row's partition (exact LRU per partition, approximately LRU per table since
- *              ids spread evenly over partitions). With max_rows < partitions a partition can
- *              be empty when full: then the row is not made and the push only counted.
+ *   max_rows   each partition keeps at most its share of max_rows (max_rows / partitions, one
+ *              more for the first max_rows % partitions of them): making a row in a full
+ *              partition first evicts its least recently updated row, and the new row gets its
+ *              gradient (exact LRU per partition, approximately LRU per table since ids spread
+ *              evenly over partitions; a partition's evictions depend on its own updates
+ *              only). A table with max_rows below the partition count has fewer partitions
+ *              (the largest power of two not above max_rows), so that every share is at least
+ *              one row and a push under max_rows always applies.
  *   budget     every byte the table allocates (slabs, indexes, sketches, its own struct) is
  *              first asked of an optional budget (the server's max-server-bytes). When it
  *              refuses, the partition's least recently updated row makes room instead
- *              (evicted_memory); only when the partition has none is the row refused
- *              (TABLE_LIMIT). Memory is given back to the budget only by table_destroy: slabs
- *              and indexes are kept for reuse.
+ *              (evicted_memory); only when the partition has none (or the table is
+ *              never_evict) is the row refused (TABLE_LIMIT). Memory is given back to the
+ *              budget only by table_destroy: slabs and indexes are kept for reuse.
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
  * Checkpoints: table_cut_begin/finish (below) copy the table as it was at one moment, whole
- * or as a delta of the previous cut, without holding updates off for the copy.
+ * or as a delta of the previous chain cut, without holding updates off for the copy.
  *
  * Thread safety: every function may be called from any number of threads at once, except
  * table_destroy. Private to the server. */
@@ -69,9 +75,11 @@ typedef struct table table;
 /* Results of the calls that can fail. */
 enum {
     TABLE_OK = 0,
-    TABLE_INVALID = -1, /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
-    TABLE_NOMEM = -2,   /* the allocator failed */
-    TABLE_LIMIT = -3,   /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+    TABLE_INVALID = -1,  /* a bad argument: spec field, non-finite gradient (INVALID_ARGUMENT) */
+    TABLE_NOMEM = -2,    /* the allocator failed */
+    TABLE_LIMIT = -3,    /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
+    TABLE_OVERFLOW = -4, /* an update would have left a row non-finite (inf or NaN) from finite
+                            gradients: that row was left unchanged (FAILED_PRECONDITION) */
 };
 
 /* Where the table's memory is accounted. take(arg, bytes) is called before an allocation, under
@@ -96,10 +104,15 @@ typedef struct table_spec {
     uint32_t min_count;      /* pushes of an id before its row is made; 0 or 1: the first */
     int64_t ttl_ms;          /* rows not updated for this long go at table_sweep; 0: never */
     uint64_t max_rows;       /* rows kept at most (LRU eviction past it); 0: no limit */
-    uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default */
+    uint32_t partitions;     /* power of two in 1..TABLE_MAX_PARTITIONS; 0: the default;
+                                lowered to max_rows when that is smaller (table.h, max_rows) */
     uint64_t expected_rows;  /* indexes sized for this many rows at creation (no growth stall
                                 until past it, up to 2^30 a partition); 0: grow from small */
     table_budget budget;     /* memory accounting; zeroed: none */
+    bool never_evict;        /* rows leave only by table_remove: when the budget refuses, the
+                                new row is refused (TABLE_LIMIT) instead of evicting one. For
+                                rows that hold acknowledged state (BSP aggregates); max_rows and
+                                ttl_ms must be 0 */
 } table_spec;
 
 /* Counters since creation (table_stats). */
@@ -143,14 +156,25 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
  * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
- * made or counted as min_count and max_rows say, their update time set to now_ms. Returns
- * TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite gradient
- * or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
+ * made (evicting under max_rows) or counted as min_count says, their update time set to now_ms.
+ * Returns TABLE_OK; with a message in err: TABLE_INVALID (nothing applied) for a non-finite
+ * gradient or NULL ids/grads with n > 0; TABLE_LIMIT when rows could not be made under the budget
  * (the message names the table and the first such id; every other row of the batch was
- * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied). n = 0 is
- * a no-op. */
+ * applied); TABLE_NOMEM when the allocator fails (rows applied before stay applied);
+ * TABLE_OVERFLOW when the update of some row would leave a parameter or optimizer slot
+ * non-finite (a finite gradient overflowing float32): those rows are left as they were (the
+ * message names the table and the first such id), every other row of the batch was applied.
+ * Several of these: TABLE_NOMEM first, then TABLE_OVERFLOW, then TABLE_LIMIT. n = 0 is a
+ * no-op. */
 int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
                size_t errlen);
+/* table_push that also says, for each i, whether the push is done with ids[i] (done[i], the
+ * caller's n bools): true when its row was updated, or its gradient dropped for good (counted
+ * by min_count, or refused as TABLE_OVERFLOW); false when it was not applied for want of
+ * memory (TABLE_NOMEM, TABLE_LIMIT) or the batch was refused (TABLE_INVALID): pushing those
+ * again applies each once. Duplicates of an id share its answer. */
+int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
+                     bool *done, char *err, size_t errlen);
 
 /* Removes the rows of ids[0..n) (ids without a row are skipped). Returns the number removed. */
 size_t table_remove(table *t, const int64_t *ids, size_t n);
@@ -165,7 +189,7 @@ void table_stats_get(table *t, table_stats *out);
 /* A copy of one partition's rows (for checkpoints): ids[i], updated_ms[i] and the row
  * floats[i*row_floats .. (i+1)*row_floats) (parameters then slots), oldest update first.
  * full: every row of the partition; else (a delta cut) only the rows made or updated since
- * the previous cut, and removed[0..nremoved) the ids removed since it (evicted, expired,
+ * the previous chain cut, and removed[0..nremoved) the ids removed since it (evicted, expired,
  * table_remove'd; an id may also be among the rows when it was made again after). */
 typedef struct table_rows {
     size_t n;
@@ -198,29 +222,41 @@ void table_rows_free(table_rows *rows);
  * checkpoint freeze), the cut is one point of the update order: exactly the pushes applied
  * before it are in it, as the dedup windows copied in the same freeze say.
  *
- * Delta cuts: each slot has a dirty bit (made or updated since its partition's last copy)
- * and, while tracking, each partition records the ids it removes. A delta cut copies only
- * those (table_rows.full false); a partition whose removal record was lost (memory) is
- * copied whole (full true).
+ * Chain and snapshot cuts. A chain cut is one of a checkpointer's chain of full and delta
+ * files: it consumes the table's change marks. Each slot has a dirty bit (made or updated since
+ * its partition's copy by the last chain cut) and, while tracking, each partition records the
+ * ids it removes; a delta cut copies only those (table_rows.full false); a partition whose
+ * removal record was lost (memory) is copied whole (full true). A snapshot cut (id 0: a copy
+ * image, anything that is not the chain's) is always whole and read-only: it leaves the marks,
+ * the tracking and the chain's last cut alone, so the chain's next delta is as without it.
  *
- * table_cut_begin: base is the seq of the cut this one is a delta of (0: a whole cut); the
- * cut is a delta only when base is this table's previous cut (table_cut_is_delta), since
- * marks are relative to it. seq names this cut. track: record removed ids from now on (the
- * next cut may be a delta). One cut at a time per table (begin..finish; the checkpointer
- * serialises them). Returns NULL when memory runs out (nothing started). The cut holds a
- * reference on t: table_destroy while a cut exists frees t at table_cut_free.
+ * Cut ids: every chain cut has an id unique in the process (table_cut_id_new, a global
+ * counter, never 0), so a delta's base names exactly one earlier cut, whoever took it; a
+ * table's cuts by different chains (checkpointers) never pass for each other.
+ *
+ * table_cut_begin: base is the id of the chain cut this one would be a delta of (0: a whole
+ * cut); id names this cut (table_cut_id_new; 0: a snapshot cut, base ignored). The cut is a
+ * delta only when it is a chain cut and base is the table's last chain cut at the start
+ * (table_cut_is_delta), since marks are relative to it. track (chain cuts): record removed ids
+ * from now on (the next chain cut may be a delta). Cuts may overlap (a snapshot cut taken while
+ * a chain cut is being finished): starting one first copies what the previous cut of the table
+ * still has pending. Starts of one table must not run at once (the server's freeze serialises
+ * them). Returns NULL when memory runs out (nothing started). The cut holds a reference on t:
+ * table_destroy while a cut exists frees t at table_cut_free.
  * table_cut_finish: copies what is still pending, one partition at a time. Returns 0, or -1
- * when memory ran out for some copy: the cut is unusable, and the next must be whole (a
- * failed copy keeps its marks, but the chain is broken). */
+ * when memory ran out for some copy: the cut is unusable, and no later cut is a delta of it
+ * (a failed copy keeps its marks, but the chain is broken). */
 typedef struct table_cut table_cut;
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t seq, bool track);
-/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a whole cut,
- * the copy's memory (faulted in, so that each partition's copy under its lock is a memcpy):
- * call it before holding updates off; it may take long. table_cut_start is the O(1) part, to
- * call with updates held off. Prepare and start of one table must not interleave with another
- * cut's. A prepared cut not started is freed by table_cut_free. */
+uint64_t table_cut_id_new(void);
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track);
+/* table_cut_begin in two steps: table_cut_prepare allocates the cut and, for a cut likely to be
+ * whole, the copy's memory (faulted in, so that each partition's copy under its lock is a
+ * memcpy): call it before holding updates off; it may take long. table_cut_start is the
+ * short part, to call with updates held off: it decides whether the cut is a delta (O(1),
+ * unless a previous cut still has partitions pending: they are copied first). A prepared cut
+ * not started is freed by table_cut_free. */
 table_cut *table_cut_prepare(table *t, uint64_t base);
-void table_cut_start(table_cut *c, uint64_t seq, bool track);
+void table_cut_start(table_cut *c, uint64_t id, bool track);
 /* The table of a cut. */
 table *table_cut_table(const table_cut *c);
 int table_cut_finish(table_cut *c);
@@ -236,8 +272,8 @@ size_t table_partition_clear(table *t, uint32_t part);
 
 /* Inserts (or overwrites) row `id` with floats[0..row_floats) (parameters then slots, as
  * table_copy_partition wrote them) and the given update time: the restore of a checkpoint.
- * Obeys max_rows and the budget. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the row
- * could not be placed (no room and nothing to evict in its partition). */
+ * Obeys max_rows (evicting as a push does) and the budget. Returns TABLE_OK, TABLE_NOMEM, or
+ * TABLE_LIMIT when the budget refuses the row and its partition has nothing to evict. */
 int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_ms);
 
 /* Export (psctl dump): copies rows from *cursor on (0: the start) into ids[0..max) and

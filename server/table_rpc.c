@@ -2,6 +2,7 @@
  * (proto/README.md "Sparse tables"). Every table exists on every server; each server holds
  * the rows placement_table_owner gives it and refuses ids it does not own. A table lives until
  * DeleteVariable names it (server_table_delete) or the server exits. */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -234,6 +235,8 @@ static int to_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err
     out->min_count = s->min_count;
     out->ttl_ms = s->ttl_ms;
     out->max_rows = s->max_rows;
+    /* A BSP aggregate holds acknowledged gradients: refused rather than evicted. */
+    out->never_evict = is_bsp_aggregate(s->name);
     return STATUS_OK;
 }
 
@@ -575,7 +578,12 @@ static int bsp_add(server_state *st, table_entry *e, const int64_t *ids, size_t 
     return rc;
 }
 
-/* Applies BSP table e's aggregate (update lock held by the caller). */
+/* Applies BSP table e's aggregate (update lock held by the caller): each row's sum (its mean
+ * over the pushes that touched it, with `mean`) is pushed into e's table, and removed from the
+ * aggregate once that push is done with it (table_push_track): a row not applied for want of
+ * memory stays for the next clock, and no row is applied twice. A row that cannot be applied
+ * (a sum that is not finite, or an update that would overflow the table's row) is logged and
+ * dropped, so that it does not hold the others back at every clock. */
 static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
 {
     char name[TABLE_MAX_NAME + 1], err[512];
@@ -594,38 +602,61 @@ static void bsp_apply_one(server_state *st, table_entry *e, bool mean)
         total += parts[p].n;
     }
     int64_t *ids = ok && total ? malloc(total * sizeof(*ids)) : NULL;
+    int64_t *gone = ok && total ? malloc(total * sizeof(*gone)) : NULL;
     float *grads = ok && total ? malloc(total * dim * sizeof(float)) : NULL;
-    if (total > 0 && (ids == NULL || grads == NULL)) {
+    bool *done = ok && total ? malloc(total * sizeof(*done)) : NULL;
+    if (total > 0 && (ids == NULL || gone == NULL || grads == NULL || done == NULL)) {
         log_warn("table \"%s\": out of memory applying its BSP aggregate of %zu rows: kept "
                  "for the next clock",
                  table_name(e->t), total);
     } else if (total > 0) {
-        size_t k = 0;
+        size_t k = 0, ngone = 0;
         for (uint32_t p = 0; p < nparts; p++)
-            for (size_t i = 0; i < parts[p].n; i++, k++) {
+            for (size_t i = 0; i < parts[p].n; i++) {
                 const float *r = parts[p].floats + i * w;
                 float count = r[dim]; /* pushes that touched the row */
                 float scale = mean && count > 1.0f ? 1.0f / count : 1.0f;
-                ids[k] = parts[p].ids[i];
-                for (size_t j = 0; j < dim; j++)
+                bool finite = true;
+                for (size_t j = 0; j < dim; j++) {
                     grads[k * dim + j] = r[j] * scale;
+                    finite = finite && isfinite(grads[k * dim + j]);
+                }
+                if (!finite) {
+                    log_error("table \"%s\": the BSP sum of id %lld is not finite: dropped, "
+                              "not applied",
+                              table_name(e->t), (long long)parts[p].ids[i]);
+                    gone[ngone++] = parts[p].ids[i];
+                    continue;
+                }
+                ids[k++] = parts[p].ids[i];
             }
-        int rc = table_push(e->t, ids, total, grads, (int64_t)time_op_ms(), err, sizeof(err));
-        if (rc == TABLE_NOMEM)
-            log_warn("table \"%s\": applying its BSP aggregate: %s", table_name(e->t), err);
-        else if (rc == TABLE_LIMIT)
-            log_warn("table \"%s\": applying its BSP aggregate: %s", table_name(e->t), err);
-        if (rc == TABLE_OK || rc == TABLE_LIMIT) {
-            table_remove(agg->t, ids, total);
+        int rc =
+            table_push_track(e->t, ids, k, grads, (int64_t)time_op_ms(), done, err, sizeof(err));
+        if (rc == TABLE_OVERFLOW)
+            log_error("table \"%s\": applying its BSP aggregate: %s (their sums dropped)",
+                      table_name(e->t), err);
+        else if (rc != TABLE_OK)
+            log_warn("table \"%s\": applying its BSP aggregate: %s (the rows not applied are "
+                     "kept for the next clock)",
+                     table_name(e->t), err);
+        size_t applied = 0;
+        for (size_t i = 0; i < k; i++)
+            if (done[i]) {
+                gone[ngone++] = ids[i];
+                applied++;
+            }
+        table_remove(agg->t, gone, ngone);
+        if (applied > 0)
             atomic_fetch_add(&st->updates_applied, 1);
-        }
     }
     pthread_mutex_unlock(&e->bsp_lock);
     for (uint32_t p = 0; parts && p < nparts; p++)
         table_rows_free(&parts[p]);
     free(parts);
     free(ids);
+    free(gone);
     free(grads);
+    free(done);
     entry_put(agg);
 }
 
@@ -753,10 +784,15 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
                  err);
         return STATUS_INVALID_ARGUMENT;
     }
+    if (rc == TABLE_OVERFLOW) {
+        /* The other rows were applied (the dedup mark stays: a resend is a duplicate). */
+        snprintf(errbuf, errlen, "table \"%s\": %s", name, err);
+        return STATUS_FAILED_PRECONDITION;
+    }
     if (rc != TABLE_OK) {
-        snprintf(
-            errbuf, errlen, "table \"%s\": %s%s", name, rc == TABLE_NOMEM ? "out of memory" : err,
-            rc == TABLE_LIMIT ? " (max-server-bytes; the push's other rows were applied)" : "");
+        snprintf(errbuf, errlen, "table \"%s\": %s%s", name,
+                 rc == TABLE_NOMEM ? "out of memory" : err,
+                 rc == TABLE_LIMIT ? " (max-server-bytes)" : "");
         return STATUS_RESOURCE_EXHAUSTED;
     }
     if (d == DEDUP_NEW && !bsp) /* a BSP push counts when its aggregate is applied */
@@ -1079,7 +1115,7 @@ int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_cop
     return rc;
 }
 
-int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track,
+int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
                        server_table_copy **out, size_t *n)
 {
     server_table_copy *pre = *out;
@@ -1102,7 +1138,7 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t seq, bool track
             rc = -1;
     }
     for (size_t i = 0; rc == 0 && i < nt; i++) {
-        table_cut_start(c[i].cut, seq, track);
+        table_cut_start(c[i].cut, id, track);
         c[i].delta = table_cut_is_delta(c[i].cut);
     }
     server_tables_copy_free(pre, npre); /* tables deleted since the prepare, if any */

@@ -21,6 +21,7 @@
 #include "placement.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "table_index.h"
 
 #define DIM 4
 #define LR 0.5f
@@ -503,6 +504,239 @@ static void test_admission_eviction_metrics(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A full max_rows table applies every push it acknowledges: a new id evicts its partition's
+ * least recently updated row and gets its gradient, whichever partition it falls in, one id at
+ * a time or many new ids in one batch; nothing is only counted (that is min_count's). */
+static void test_max_rows_full_applies(void **state)
+{
+    (void)state;
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "t/full", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.initializer = PS_INIT_CONSTANT;
+    sp.init_a = 1.0;
+    sp.max_rows = 100; /* per server */
+    ps_table *t;
+    assert_int_equal(ps_table_create(client, &sp, &t), PS_OK);
+    enum { FILL = 2000, NEW = 50 };
+    static int64_t ids[FILL];
+    static float g[FILL * DIM];
+    for (int i = 0; i < FILL; i++)
+        ids[i] = (int64_t)i * 7 + 3;
+    for (int i = 0; i < FILL * DIM; i++)
+        g[i] = 0.5f;
+    assert_int_equal(ps_table_push(t, ids, FILL, g), PS_OK);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(client, "t/full", &info), PS_OK);
+    if (info.pushes_counted != 0 || info.rows != 200 || info.rows_created != FILL)
+        fail_msg("after a batch of %d new ids: %llu rows, %llu made, %llu counted only", FILL,
+                 (unsigned long long)info.rows, (unsigned long long)info.rows_created,
+                 (unsigned long long)info.pushes_counted);
+    int missed = 0;
+    for (int k = 0; k < NEW; k++) {
+        int64_t id = 1000000 + (int64_t)k * 13;
+        float row[DIM];
+        assert_int_equal(ps_table_push(t, &id, 1, g), PS_OK);
+        assert_int_equal(ps_table_pull(t, &id, 1, row), PS_OK);
+        if (row[0] != 0.5f) {
+            fprintf(stderr, "id %lld acknowledged, row %g (1 is the initial value)\n",
+                    (long long)id, (double)row[0]);
+            missed++;
+        }
+    }
+    assert_int_equal(ps_table_info_get(client, "t/full", &info), PS_OK);
+    if (missed != 0 || info.pushes_counted != 0 || info.rows != 200)
+        fail_msg("%d of %d new ids not applied; %llu rows, %llu counted only", missed, NEW,
+                 (unsigned long long)info.rows, (unsigned long long)info.pushes_counted);
+    assert_int_equal(info.rows_created - info.evicted_max_rows, info.rows);
+    ps_table_free(t);
+}
+
+/* n ids from `from` up that fall in partition 0 of a table of the default 64 partitions. */
+static int64_t partition0_ids(int64_t *out, size_t n, int64_t from)
+{
+    for (size_t k = 0; k < n; from++)
+        if ((table_id_hash(from) >> 58) == 0)
+            out[k++] = from;
+    return from;
+}
+
+/* Polls until the rows of ids[0..n) (the first element of each) all equal want (at most 5 s). */
+static bool rows_become(ps_table *t, const int64_t *ids, size_t n, float want)
+{
+    float *rows = malloc(n * DIM * sizeof(float));
+    bool all = false;
+    for (int tries = 0; tries < 100 && !all; tries++) {
+        if (tries > 0)
+            nanosleep(&(struct timespec){0, 50 * 1000000}, NULL);
+        assert_int_equal(ps_table_pull(t, ids, n, rows), PS_OK);
+        all = true;
+        for (size_t i = 0; i < n; i++)
+            all = all && rows[i * DIM] == want;
+    }
+    free(rows);
+    return all;
+}
+
+/* A BSP table's aggregate under max-server-bytes: worker 0's acknowledged push waits in the
+ * aggregate while worker 1 pushes batches of new ids into one aggregate partition until the
+ * memory runs out. The aggregate refuses what does not fit (RESOURCE_EXHAUSTED) and never
+ * evicts an acknowledged partial sum: once memory is back (another table deleted) and both
+ * workers clocked, every acknowledged row has its update, once. */
+static void test_bsp_aggregate_under_memory_limit(void **state)
+{
+    (void)state;
+    test_cluster small;
+    const char *const flags[] = {"--max-server-bytes", "1200000", NULL};
+    assert_int_equal(test_cluster_start_workers(&small, server_bin, 1, 2, flags), 0);
+    const char *const ws[] = {"deadline-ms", "20000", NULL};
+    ps_client *w0 = test_cluster_open_worker(&small, 0, ws);
+    ps_client *w1 = test_cluster_open_worker(&small, 1, ws);
+    ps_config *cfg;
+    char tf[1200];
+    test_cluster_tf_config(&small, NULL, 0, tf, sizeof(tf));
+    ps_config_create(&cfg);
+    ps_config_set(cfg, "cluster", tf);
+    ps_client *plain;
+    assert_int_equal(ps_client_open(&plain, cfg), PS_OK);
+    ps_config_destroy(cfg);
+    assert_non_null(w0);
+    assert_non_null(w1);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "b/emb", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.staleness = PS_STALENESS_BSP;
+    ps_table *t0, *t1, *tp, *filler;
+    assert_int_equal(ps_table_create(plain, &sp, &tp), PS_OK);
+    assert_int_equal(ps_table_lookup(w0, "b/emb", &t0), PS_OK);
+    assert_int_equal(ps_table_lookup(w1, "b/emb", &t1), PS_OK);
+    enum { NX = 8, BATCH = 1000, MAXB = 30, NFILL = 8000 };
+    static int64_t fill[NFILL], x[NX], y[MAXB][BATCH];
+    static float g[BATCH * DIM], zero[BATCH * DIM];
+    for (int i = 0; i < BATCH * DIM; i++)
+        g[i] = 1.0f;
+    /* Memory to give back before the clock: a table of NFILL rows in one partition. */
+    ps_table_spec_init(&sp, "b/filler", DIM, PS_OPT_SGD);
+    assert_int_equal(ps_table_create(plain, &sp, &filler), PS_OK);
+    int64_t next = partition0_ids(fill, NFILL, -100000000);
+    for (int i = 0; i < NFILL; i += BATCH)
+        assert_int_equal(ps_table_push(filler, fill + i, BATCH, zero), PS_OK);
+    for (int i = 0; i < NX; i++)
+        x[i] = 1 + i * 977;                               /* over several partitions */
+    assert_int_equal(ps_table_push(t0, x, NX, g), PS_OK); /* into the aggregate */
+    int full = -1;
+    for (int b = 0; b < MAXB && full < 0; b++) {
+        next = partition0_ids(y[b], BATCH, next);
+        int rc = ps_table_push(t1, y[b], BATCH, g);
+        if (rc == PS_RESOURCE_EXHAUSTED) {
+            fprintf(stderr, "batch %d of worker 1: %s\n", b, ps_last_error());
+            full = b;
+        } else {
+            assert_int_equal(rc, PS_OK);
+        }
+    }
+    if (full < 1)
+        fail_msg("the aggregate took %d batches of %d new ids under max-server-bytes",
+                 full < 0 ? MAXB : full, BATCH);
+    ps_table_free(filler);
+    assert_int_equal(ps_table_delete(plain, "b/filler"), PS_OK);
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK);
+    if (!rows_become(tp, x, NX, -1.0f))
+        fail_msg("worker 0's acknowledged BSP push is not applied once");
+    for (int b = 0; b < full; b++)
+        if (!rows_become(tp, y[b], BATCH, -1.0f))
+            fail_msg("worker 1's acknowledged batch %d is not applied once", b);
+    /* Another clock applies nothing again. */
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK);
+    assert_true(rows_become(tp, x, NX, -1.0f));
+    assert_true(rows_become(tp, y[0], BATCH, -1.0f));
+    ps_table_free(t0);
+    ps_table_free(t1);
+    ps_table_free(tp);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    ps_client_close(plain);
+    assert_int_equal(test_cluster_stop(&small), 0);
+}
+
+/* A BSP sum that overflows float32 (two workers' finite gradients) holds no other row back:
+ * at the clock the aggregate's other rows are applied, the overflowing row's table row stays
+ * finite, and later clocks go on applying. */
+static void test_bsp_sum_overflow_does_not_wedge(void **state)
+{
+    (void)state;
+    test_cluster one;
+    assert_int_equal(test_cluster_start_workers(&one, server_bin, 1, 2, NULL), 0);
+    const char *const ws[] = {"deadline-ms", "20000", NULL};
+    ps_client *w0 = test_cluster_open_worker(&one, 0, ws);
+    ps_client *w1 = test_cluster_open_worker(&one, 1, ws);
+    assert_non_null(w0);
+    assert_non_null(w1);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "b/over", DIM, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.staleness = PS_STALENESS_BSP;
+    ps_table *t0, *t1;
+    assert_int_equal(ps_table_create(w0, &sp, &t0), PS_OK);
+    assert_int_equal(ps_table_lookup(w1, "b/over", &t1), PS_OK);
+    int64_t a[2] = {7, 8}, b[2] = {7, 9};
+    float big[2 * DIM];
+    for (int i = 0; i < 2 * DIM; i++)
+        big[i] = i < DIM ? 3e38f : 1.0f;
+    assert_int_equal(ps_table_push(t0, a, 2, big), PS_OK);
+    int rc = ps_table_push(t1, b, 2, big); /* 7's sum overflows */
+    if (rc != PS_OK)
+        fprintf(stderr, "the overflowing push: %s\n", ps_last_error());
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK);
+    int64_t others[2] = {8, 9};
+    if (!rows_become(t0, others, 2, -1.0f))
+        fail_msg("the rows summed with an overflowing one were not applied");
+    float row[DIM];
+    assert_int_equal(ps_table_pull(t0, &a[0], 1, row), PS_OK);
+    for (int j = 0; j < DIM; j++)
+        assert_true(isfinite(row[j]));
+    float one_g[DIM] = {1, 1, 1, 1};
+    assert_int_equal(ps_table_push(t0, &a[1], 1, one_g), PS_OK);
+    assert_int_equal(ps_clock(w0, NULL), PS_OK);
+    assert_int_equal(ps_clock(w1, NULL), PS_OK);
+    if (!rows_become(t0, &a[1], 1, -2.0f))
+        fail_msg("the BSP apply stopped after a sum overflowed");
+    ps_table_free(t0);
+    ps_table_free(t1);
+    ps_client_close(w0);
+    ps_client_close(w1);
+    assert_int_equal(test_cluster_stop(&one), 0);
+}
+
+/* A finite gradient that would overflow a row is refused, FAILED_PRECONDITION naming the table
+ * and the id: the row keeps its value, the push's other rows are applied, once. */
+static void test_overflow_refused(void **state)
+{
+    (void)state;
+    int64_t ids[2] = {31, 32};
+    float g[2 * DIM];
+    for (int i = 0; i < 2 * DIM; i++)
+        g[i] = i < DIM ? -3e38f : 1.0f;
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_OK); /* 31: 1 + 0.5 * 3e38 */
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_OK); /* 31: 3e38, finite still */
+    float before[2 * DIM], after[2 * DIM];
+    assert_int_equal(ps_table_pull(sgd, ids, 2, before), PS_OK);
+    assert_int_equal(ps_table_push(sgd, ids, 2, g), PS_FAILED_PRECONDITION);
+    const char *msg = ps_last_error();
+    if (strstr(msg, "t/sgd") == NULL || strstr(msg, "id 31") == NULL ||
+        strstr(msg, "non-finite") == NULL)
+        fail_msg("message: %s", msg);
+    assert_int_equal(ps_table_pull(sgd, ids, 2, after), PS_OK);
+    for (int j = 0; j < DIM; j++) {
+        assert_true(after[j] == before[j]);
+        assert_true(after[DIM + j] == before[DIM + j] - LR);
+    }
+    still_serving();
+}
+
 static void count_done(ps_op *op, void *arg)
 {
     (void)op;
@@ -654,6 +888,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_checkpoint_restore),
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_admission_eviction_metrics),
+        cmocka_unit_test(test_max_rows_full_applies),
+        cmocka_unit_test(test_bsp_aggregate_under_memory_limit),
+        cmocka_unit_test(test_bsp_sum_overflow_does_not_wedge),
+        cmocka_unit_test(test_overflow_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

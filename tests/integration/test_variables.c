@@ -181,6 +181,32 @@ static void test_versioned_spec(void **state)
     assert_int_equal(bad.struct_size, 0);
 }
 
+/* A finite gradient that would overflow an element is refused, FAILED_PRECONDITION naming the
+ * variable and the element: it keeps its value, the push's other elements are applied (a
+ * push-pull answers the same error). */
+static void test_overflow_refused(void **state)
+{
+    (void)state;
+    ps_var_spec s;
+    vec_spec(&s, "v/over");
+    s.learning_rate = 1.0;
+    ps_var *v;
+    assert_int_equal(ps_var_create(client, &s, &v), PS_OK);
+    float g[N] = {0, 0, -3e38f, 1, 1}, got[N];
+    assert_int_equal(ps_push(client, v, g), PS_OK); /* element 2 at 3e38 */
+    assert_int_equal(ps_push(client, v, g), PS_FAILED_PRECONDITION);
+    const char *msg = ps_last_error();
+    if (strstr(msg, "v/over") == NULL || strstr(msg, "element 2") == NULL)
+        fail_msg("message: %s", msg);
+    assert_int_equal(ps_pull(client, v, got), PS_OK);
+    const float want[N] = {1, 1, 3e38f, -1, -1};
+    assert_memory_equal(got, want, sizeof(want));
+    assert_int_equal(ps_push_pull(client, v, g, got), PS_FAILED_PRECONDITION);
+    assert_int_equal(ps_pull(client, v, got), PS_OK);
+    const float want2[N] = {1, 1, 3e38f, -2, -2};
+    assert_memory_equal(got, want2, sizeof(want2));
+}
+
 int main(int argc, char **argv)
 {
     server_bin = test_server_bin(argc, argv);
@@ -188,6 +214,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_every_optimizer_by_name),
         cmocka_unit_test(test_adamw_values),
         cmocka_unit_test(test_versioned_spec),
+        cmocka_unit_test(test_overflow_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -524,6 +524,37 @@ static void test_bad_apply_args(void **state)
     assert_close(w[0], 1.0 - 0.01, "w", 0);
 }
 
+/* optimizer_apply_finite: the elements whose update would overflow float32 (a parameter, or
+ * Adagrad's accumulator) keep their values; the others are updated as by optimizer_apply. */
+static void test_apply_finite_keeps_overflowing_elements(void **state)
+{
+    (void)state;
+    optimizer_params p;
+    optimizer_params_default(&p, OPTIMIZER_SGD);
+    p.learning_rate = 1.0f;
+    enum { NE = 3000 }; /* over several blocks */
+    static float w[NE], g[NE];
+    for (int i = 0; i < NE; i++) {
+        w[i] = i == 5 || i == 2500 ? 3e38f : 1.0f;
+        g[i] = i == 5 || i == 2500 ? -3e38f : 0.5f;
+    }
+    size_t first = 99;
+    assert_int_equal(optimizer_apply_finite(&p, w, g, NULL, NE, &first), 2);
+    assert_int_equal(first, 5);
+    for (int i = 0; i < NE; i++)
+        assert_true(w[i] == (i == 5 || i == 2500 ? 3e38f : 0.5f));
+    /* Adagrad: a gradient of 1e20 squares past FLT_MAX into the accumulator. */
+    optimizer_params_default(&p, OPTIMIZER_ADAGRAD);
+    float aw[3] = {1, 1, 1}, acc[3], ag[3] = {0.5f, 1e20f, 0.5f};
+    float *slots[1] = {acc};
+    optimizer_init_slots(&p, slots, 3);
+    float acc0 = acc[1];
+    assert_int_equal(optimizer_apply_finite(&p, aw, ag, slots, 3, &first), 1);
+    assert_int_equal(first, 1);
+    assert_true(aw[1] == 1.0f && acc[1] == acc0);
+    assert_true(aw[0] < 1.0f && aw[2] < 1.0f && acc[0] > acc0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_bad_apply_args),
+        cmocka_unit_test(test_apply_finite_keeps_overflowing_elements),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

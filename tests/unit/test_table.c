@@ -608,9 +608,35 @@ static void test_max_rows_evicts_least_recently_updated(void **state)
     for (int64_t id = 0; id < 5000; id++)
         push_ok(t, &id, 1, g, id);
     table_stats_get(t, &st);
-    assert_true(st.rows <= 1000);
-    assert_true(st.rows >= 990);
-    assert_int_equal(st.evicted_max_rows + st.pushes_counted, 5000 - st.rows);
+    assert_int_equal(st.rows, 1000); /* every partition full at its share */
+    assert_int_equal(st.evicted_max_rows, 5000 - 1000);
+    assert_int_equal(st.pushes_counted, 0);
+    table_destroy(t);
+
+    /* max_rows below the partition count: fewer partitions, each keeping a row at least, so
+     * every push of a new id into the full table applies (a batch of them too). */
+    s.max_rows = 10;
+    s.init.kind = INITIALIZER_ZEROS;
+    t = make(&s);
+    assert_int_equal(table_partitions(t), 8);
+    int64_t many[200];
+    float gs[200];
+    for (int i = 0; i < 200; i++) {
+        many[i] = 1000 + i;
+        gs[i] = 1.0f;
+    }
+    push_ok(t, many, 200, gs, 1);
+    for (int64_t id = 5000; id < 5100; id++) {
+        float row;
+        push_ok(t, &id, 1, g, 2);
+        table_pull(t, &id, 1, &row);
+        assert_true(row == -s.opt.learning_rate);
+    }
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, 10);
+    assert_int_equal(st.pushes_counted, 0);
+    assert_int_equal(st.rows_created, 300);
+    assert_int_equal(st.rows_updated, 300);
     table_destroy(t);
 }
 
@@ -931,6 +957,78 @@ static void test_concurrent_pushes_equal_serial(void **state)
     table_destroy(t);
 }
 
+/* A never_evict table under a full budget refuses new rows (TABLE_LIMIT) and keeps every row
+ * it has; table_push_track says which ids a push is done with: the refused ones are not,
+ * and pushing them again (once memory is back) applies them once. */
+static void test_never_evict_and_tracked_push(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("keep", 1, OPTIMIZER_SGD);
+    s.partitions = 1;
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    s.never_evict = true;
+    test_budget b = {.cap = UINT64_MAX};
+    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    table *t = make(&s);
+    enum { N = 4000 };
+    static int64_t ids[N];
+    static float g[N];
+    static bool done[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = i;
+        g[i] = -1.0f;
+    }
+    push_ok(t, ids, 100, g, 1);
+    b.cap = b.used + 2000; /* no room for the next slab nor a bigger index */
+    char err[256] = "";
+    assert_int_equal(table_push_track(t, ids, N, g, 2, done, err, sizeof(err)), TABLE_LIMIT);
+    assert_non_null(strstr(err, "evicts no row"));
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.evicted_memory, 0);
+    assert_true(st.rows >= 100 && st.rows < N);
+    assert_int_equal(st.rows_refused, N - st.rows);
+    size_t ndone = 0;
+    for (int i = 0; i < N; i++) {
+        float v;
+        table_pull(t, &ids[i], 1, &v);
+        /* ids 0..99 twice, the others made by this push once, or refused (not done). */
+        assert_true(v == (i < 100 ? 2.0f : done[i] ? 1.0f : 0.0f));
+        assert_true(i >= 100 || done[i]);
+        ndone += done[i];
+    }
+    assert_int_equal(ndone, st.rows);
+    /* Memory back: the ids not done, pushed again, are applied once. */
+    b.cap = UINT64_MAX;
+    int64_t again[N];
+    size_t na = 0;
+    for (int i = 0; i < N; i++)
+        if (!done[i])
+            again[na++] = ids[i];
+    assert_int_equal(table_push_track(t, again, na, g, 3, done, err, sizeof(err)), TABLE_OK);
+    for (size_t i = 0; i < na; i++)
+        assert_true(done[i]);
+    for (int i = 100; i < N; i++) {
+        float v;
+        table_pull(t, &ids[i], 1, &v);
+        assert_true(v == 1.0f);
+    }
+    /* A refused batch (a non-finite gradient) is done with nothing. */
+    g[5] = NAN;
+    assert_int_equal(table_push_track(t, ids, 10, g, 4, done, err, sizeof(err)), TABLE_INVALID);
+    for (int i = 0; i < 10; i++)
+        assert_false(done[i]);
+    table_destroy(t);
+    /* never_evict excludes max_rows and ttl_ms. */
+    s.budget = (table_budget){0};
+    s.max_rows = 10;
+    expect_bad_spec(&s, "never_evict");
+    s.max_rows = 0;
+    s.ttl_ms = 10;
+    expect_bad_spec(&s, "never_evict");
+}
+
 /* ---- checkpoint cuts ---- */
 
 /* Applies a cut's copies to r (as a restore does: whole partitions replace, deltas remove then
@@ -1058,6 +1156,140 @@ static void test_cut_whole_then_delta(void **state)
     free(got);
 }
 
+/* A snapshot cut (a copy image: not the chain's) between two cuts of a chain leaves the chain's
+ * marks alone: the chain's next cut, applied over its previous one, gives the table (rows
+ * changed before and after the snapshot, ids removed after it), or is whole. */
+static void test_cut_snapshot_between_chain_cuts(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutsnap", 2, OPTIMIZER_SGD);
+    table *t = make(&s);
+    float g[2] = {0.5f, -0.25f};
+    int64_t one = 1, two = 2, three = 3;
+    push_ok(t, &one, 1, g, 1);
+    uint64_t id1 = table_cut_id_new();
+    table_cut *c1 = table_cut_begin(t, 0, id1, true);
+    assert_int_equal(table_cut_finish(c1), 0);
+    table *r = make(&s);
+    apply_cut(r, c1, table_partitions(t));
+    table_cut_free(c1);
+    push_ok(t, &two, 1, g, 2);
+    table_cut *snap = table_cut_begin(t, 0, 0, false);
+    assert_false(table_cut_is_delta(snap));
+    assert_int_equal(table_cut_finish(snap), 0);
+    size_t copied = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++)
+        copied += table_cut_rows(snap, q)->n;
+    assert_int_equal(copied, 2);
+    table_cut_free(snap);
+    assert_int_equal(table_remove(t, &one, 1), 1);
+    push_ok(t, &three, 1, g, 3);
+    table_cut *c2 = table_cut_begin(t, id1, table_cut_id_new(), true);
+    assert_true(table_cut_is_delta(c2)); /* the snapshot left the chain its marks */
+    assert_int_equal(table_cut_finish(c2), 0);
+    apply_cut(r, c2, table_partitions(t));
+    table_cut_free(c2);
+    /* The same operations on a fresh table. */
+    table *want = make(&s);
+    push_ok(want, &one, 1, g, 1);
+    push_ok(want, &two, 1, g, 2);
+    assert_int_equal(table_remove(want, &one, 1), 1);
+    push_ok(want, &three, 1, g, 3);
+    int64_t ids[3] = {1, 2, 3};
+    expect_same_rows(want, r, ids, 3, 2);
+    assert_false(has_row(r, 1));
+    assert_true(has_row(r, 2) && has_row(r, 3));
+    table_stats a, b;
+    table_stats_get(want, &a);
+    table_stats_get(r, &b);
+    assert_int_equal(b.rows, a.rows);
+    table_destroy(want);
+    table_destroy(r);
+    table_destroy(t);
+}
+
+/* Overlapping cuts: a snapshot cut started while a chain cut is not finished yet (its finish
+ * runs after the freeze) takes nothing from it: each holds the table as at its own start. */
+static void test_cut_overlapping(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("cutover", 1, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    table *t = make(&s);
+    enum { N = 300 };
+    int64_t ids[N];
+    float g[N];
+    for (int i = 0; i < N; i++) {
+        ids[i] = i;
+        g[i] = -1.0f;
+    }
+    push_ok(t, ids, N, g, 1); /* every row 1 */
+    table_cut *chain = table_cut_begin(t, 0, 1, true);
+    push_ok(t, ids, N / 2, g, 2); /* rows 0..N/2 at 2: their partitions copied for chain */
+    table_cut *snap = table_cut_begin(t, 0, 0, false);
+    push_ok(t, ids, N, g, 3); /* 3 and 2 */
+    assert_int_equal(table_cut_finish(chain), 0);
+    assert_int_equal(table_cut_finish(snap), 0);
+    size_t nchain = 0, nsnap = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++) {
+        const table_rows *a = table_cut_rows(chain, q), *b = table_cut_rows(snap, q);
+        for (size_t i = 0; i < a->n; i++, nchain++)
+            assert_true(a->floats[i * a->row_floats] == 1.0f);
+        for (size_t i = 0; i < b->n; i++, nsnap++)
+            assert_true(b->floats[i * b->row_floats] == (b->ids[i] < N / 2 ? 2.0f : 1.0f));
+    }
+    assert_int_equal(nchain, N);
+    assert_int_equal(nsnap, N);
+    table_cut_free(snap);
+    table_cut_free(chain);
+    table_destroy(t);
+}
+
+/* Finite gradients whose update would overflow a row (SGD past FLT_MAX, Adagrad's accumulator)
+ * are refused for that row (TABLE_OVERFLOW, naming the table and the id): the row keeps its
+ * values, the batch's other rows are applied. */
+static void test_overflow_refused_row_unchanged(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("over", 2, OPTIMIZER_SGD);
+    s.opt.learning_rate = 1.0f;
+    s.init.kind = INITIALIZER_ZEROS;
+    table *t = make(&s);
+    int64_t ids[2] = {11, 12};
+    float g[4] = {-3e38f, 0, 1, 1};
+    push_ok(t, ids, 2, g, 1); /* 11 at 3e38, 12 at -1 */
+    char err[256] = "";
+    assert_int_equal(table_push(t, ids, 2, g, 2, err, sizeof(err)), TABLE_OVERFLOW);
+    assert_non_null(strstr(err, "over"));
+    assert_non_null(strstr(err, "id 11"));
+    float rows[4];
+    table_pull(t, ids, 2, rows);
+    assert_true(rows[0] == 3e38f && rows[1] == 0.0f);  /* unchanged */
+    assert_true(rows[2] == -2.0f && rows[3] == -2.0f); /* applied */
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows_updated, 3);
+    table_destroy(t);
+
+    s = base_spec("overada", 2, OPTIMIZER_ADAGRAD);
+    t = make(&s);
+    int64_t id = 5;
+    float before[2], after[2], big[2] = {1e20f, 0.5f};
+    table_pull(t, &id, 1, before);
+    assert_int_equal(table_push(t, &id, 1, big, 1, err, sizeof(err)), TABLE_OVERFLOW);
+    table_pull(t, &id, 1, after);
+    assert_memory_equal(after, before, sizeof(before));
+    /* Its slots too: a finite push afterwards equals one into a fresh table. */
+    float small[2] = {0.5f, 0.25f};
+    push_ok(t, &id, 1, small, 2);
+    table *r = make(&s);
+    push_ok(r, &id, 1, small, 2);
+    expect_same_rows(t, r, &id, 1, 2);
+    table_destroy(r);
+    table_destroy(t);
+}
+
 /* Evictions (max_rows, ttl) between two cuts are removals of the delta. */
 static void test_cut_delta_carries_evictions(void **state)
 {
@@ -1182,9 +1414,13 @@ int main(void)
         cmocka_unit_test(test_ttl_sweep),
         cmocka_unit_test(test_bad_specs_and_gradients),
         cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_never_evict_and_tracked_push),
+        cmocka_unit_test(test_overflow_refused_row_unchanged),
         cmocka_unit_test(test_copy_and_restore),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
         cmocka_unit_test(test_cut_whole_then_delta),
+        cmocka_unit_test(test_cut_snapshot_between_chain_cuts),
+        cmocka_unit_test(test_cut_overlapping),
         cmocka_unit_test(test_cut_delta_carries_evictions),
         cmocka_unit_test(test_cut_under_concurrent_pushes),
     };
