@@ -1215,7 +1215,16 @@ void rpc_server_stop(rpc_server *s)
     /* Set under qlock: once it is released, rpc_call_defer makes no new context. */
     pthread_mutex_lock(&s->qlock);
     atomic_store(&s->stopping, true);
+    pthread_cond_broadcast(&s->qcond);
     pthread_mutex_unlock(&s->qlock);
+    /* The pool's threads first: they drain the calls queued for them (each answered on its
+     * context), and none may send on a context closed below (nng frees a closed context: a
+     * send on it then aborted the process in rep0_ctx_close). */
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->threads[i], NULL);
+    free(s->threads);
+    s->threads = NULL;
+    s->nthreads = 0;
     /* Stop every context's aio first (cancels its pending receive or send and waits for a
      * callback in progress; with stopping set, callbacks start nothing new) and close the
      * context, then the socket: with operations still pending, nng 1.5.2's nng_close could
@@ -1235,14 +1244,6 @@ void rpc_server_stop(rpc_server *s)
         log_warn("stopping the RPC server on %s: nng_close did not return within %d ms (nng 1.5 "
                  "can hang while connections come and go); leaving the socket to the exit",
                  s->cfg.url ? s->cfg.url : "?", SERVER_CLOSE_WAIT_MS);
-    pthread_mutex_lock(&s->qlock);
-    pthread_cond_broadcast(&s->qcond);
-    pthread_mutex_unlock(&s->qlock);
-    for (int i = 0; i < s->nthreads; i++)
-        pthread_join(s->threads[i], NULL);
-    free(s->threads);
-    s->threads = NULL;
-    s->nthreads = 0;
     if (!closed)
         return;
     if (s->calls) {
