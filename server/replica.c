@@ -601,7 +601,6 @@ static bool is_update(int method)
     case PSD__V1__METHOD__STEP:
     case PSD__V1__METHOD__TABLE_CREATE:
     case PSD__V1__METHOD__TABLE_PUSH:
-    case PSD__V1__METHOD__TABLE_PULL: /* its wait re-registers an evicted worker (sync_wait) */
         return true;
     default:
         return false;
@@ -945,11 +944,18 @@ static void dispatch(rpc_call *call, void *arg)
             return;
         }
     }
-    if (!is_update(m->method)) {
+    /* A table pull reads: not logged, unless it registers its worker again (sync_wait), which
+     * every copy must do at the same point of the log (rare: after an eviction). */
+    bool reads =
+        !is_update(m->method) && !(m->method == PSD__V1__METHOD__TABLE_PULL &&
+                                   sync_would_register(G->st, env->worker_id, env->client_id));
+    if (reads) {
         /* A pull that parks (staleness bound, BSP barrier) is answered by the update that ends
          * its wait: its reply goes out once that update is applied everywhere (commit_gate). */
         rpc_call_set_gate(call, commit_gate, G, 0);
+        sync_set_thread_logged(false);
         h(call, G->st);
+        sync_set_thread_logged(true);
         if (!rpc_call_deferred_here(call))
             rpc_call_set_gate(call, NULL, NULL, 0);
         return;

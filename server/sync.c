@@ -506,6 +506,8 @@ static waiter *park_locked(sync_state *s, rpc_call *call, int32_t worker, int64_
     return w;
 }
 
+static _Thread_local bool thread_unlogged; /* sync_set_thread_logged(false) */
+
 void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, int64_t need,
                const char *what, sync_answer_fn answer, sync_drop_fn drop, void *arg)
 {
@@ -515,7 +517,7 @@ void sync_wait(server_state *st, rpc_call *call, int32_t worker, int64_t clock, 
         return;
     }
     pthread_mutex_lock(&s->lock);
-    heard_locked(s, worker, rpc_call_envelope(call)->client_id, true);
+    heard_locked(s, worker, rpc_call_envelope(call)->client_id, !thread_unlogged);
     int64_t m = min_live_locked(s);
     if (need <= s->applied_min) {
         pthread_mutex_unlock(&s->lock);
@@ -616,6 +618,23 @@ void sync_set_logged(server_state *st, sync_evict_fn evict, void *arg)
     s->evict = evict;
     s->evict_arg = arg;
     pthread_mutex_unlock(&s->lock);
+}
+
+void sync_set_thread_logged(bool logged)
+{
+    thread_unlogged = !logged;
+}
+
+bool sync_would_register(server_state *st, int32_t worker, uint64_t client)
+{
+    sync_state *s = st->sync;
+    if (worker < 0 || worker >= s->max_workers)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    const worker_entry *w = &s->workers[worker];
+    bool would = !w->live && !(w->left && (client == 0 || client == w->left_client));
+    pthread_mutex_unlock(&s->lock);
+    return would;
 }
 
 bool sync_worker_silent(server_state *st, int32_t worker)

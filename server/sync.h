@@ -43,6 +43,13 @@ void sync_set_logged(server_state *st, sync_evict_fn evict, void *arg);
 void sync_evict(server_state *st, int32_t worker);
 /* Whether worker is live and silent for longer than the timeout now. */
 bool sync_worker_silent(server_state *st, int32_t worker);
+/* Whether a request of worker from client would register it (again) here: a worker in range
+ * that this state does not count live (never heard from, or evicted), other than a finished
+ * worker's last calls. A replicated group logs such a request, even a read. */
+bool sync_would_register(server_state *st, int32_t worker, uint64_t client);
+/* Whether the requests this thread handles from now on are logged (replicated groups: only a
+ * logged request re-registers a worker that sync_wait hears from). True unless set. */
+void sync_set_thread_logged(bool logged);
 
 /* Bucket of a staleness gap in the histogram (see StalenessStats in ps.proto). */
 int sync_bucket(int64_t gap);

@@ -292,6 +292,48 @@ static void test_ttl_table_copies_identical(void **state)
     }
 }
 
+/* A table pull reads: it is not logged (no log position, nothing streamed to the backups),
+ * while a table push is. */
+static void test_table_pull_not_logged(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "rep/reads", 4, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    ps_table *t;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    int64_t ids[64];
+    float g[64 * 4], rows[64 * 4];
+    for (int i = 0; i < 64; i++)
+        ids[i] = i * 7;
+    for (int i = 0; i < 64 * 4; i++)
+        g[i] = 1.0f;
+    assert_int_equal(ps_table_push(t, ids, 64, g), PS_OK);
+    uint64_t before[NSERVERS], after[NSERVERS], sum;
+    for (uint32_t grp = 0; grp < NSERVERS; grp++)
+        assert_int_equal(group_checksum((int)grp, grp, 0, &sum, NULL, &before[grp]), 0);
+    for (int k = 0; k < 20; k++) {
+        assert_int_equal(ps_table_pull(t, ids, 64, rows), PS_OK);
+        for (int i = 0; i < 64 * 4; i++)
+            assert_true(rows[i] == -1.0f);
+    }
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        assert_int_equal(group_checksum((int)grp, grp, 0, &sum, NULL, &after[grp]), 0);
+        assert_int_equal(after[grp], before[grp]); /* 20 pulls: no log position taken */
+    }
+    assert_int_equal(ps_table_push(t, ids, 64, g), PS_OK);
+    uint64_t moved = 0;
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        assert_int_equal(group_checksum((int)grp, grp, 0, &sum, NULL, &after[grp]), 0);
+        moved += after[grp] - before[grp];
+    }
+    assert_true(moved > 0); /* the push is logged */
+    ps_table_free(t);
+    ps_client_close(c);
+}
+
 /* A pull naming group 0 at its backup (server 1) is refused, naming server 0 as the primary;
  * one at a server that holds no copy too. */
 static void test_not_primary_names_primary(void **state)
@@ -411,6 +453,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_exact_sums_and_identical_replicas),
         cmocka_unit_test(test_not_primary_names_primary),
         cmocka_unit_test(test_ttl_table_copies_identical),
+        cmocka_unit_test(test_table_pull_not_logged),
         cmocka_unit_test(test_replicate_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
