@@ -487,6 +487,18 @@ static bool check_admin(rpc_call *c)
     return true;
 }
 
+bool rpc_call_check_admin(rpc_call *c)
+{
+    return c->srv->cfg.trusted || check_admin(c);
+}
+
+bool rpc_call_carries_token(const rpc_call *c, const char *token)
+{
+    const envelope *env = c->f.env;
+    return token && token[0] && env && env->auth_token.len > 0 &&
+           token_equal(env->auth_token.data, env->auth_token.len, token);
+}
+
 /* ---- connections: counted through nng's pipe notifications ---- */
 
 static conn_entry **conn_slot(rpc_server *s, uint32_t pipe)

@@ -136,6 +136,12 @@ bool rpc_call_deferred_here(const rpc_call *c);
  * its group's log), not from the network. */
 bool rpc_call_trusted(const rpc_call *c);
 
+/* The admin role of c (what an RPC_ADMIN method needs: the admin token of admin-token-file,
+ * or a loopback peer when the server has none). False: c was answered with the refusal. */
+bool rpc_call_check_admin(rpc_call *c);
+/* Whether c carries `token` (Envelope.auth_token, compared in constant time). */
+bool rpc_call_carries_token(const rpc_call *c, const char *token);
+
 const envelope *rpc_call_envelope(const rpc_call *c);
 /* The unpacked Envelope.body, of the method's request type. */
 const ProtobufCMessage *rpc_call_body(const rpc_call *c);

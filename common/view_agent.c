@@ -37,6 +37,7 @@ struct view_agent {
     view_record known; /* the newest view given to the callback (epoch 0: none) */
     bool caught_up[VIEW_MAX_SERVERS];
     bool lacks[VIEW_MAX_SERVERS]; /* view_agent_set_lacks (under mu) */
+    char token[65];               /* prefix/token, the cluster token ("": not read yet; mu) */
     int64_t pending_rev, pending_since_ms;
     /* stats */
     uint64_t views_installed, failovers, errors;
@@ -394,6 +395,72 @@ static bool agent_sleep(view_agent *a, int64_t ms)
     return stop;
 }
 
+/* ---- the cluster token ---- */
+
+/* Reads prefix/token, the secret the servers authenticate their server-to-server calls with,
+ * making it (128 random bits, hex) when the cluster has none yet: the first server to put it
+ * wins, the others read it. Once read, it never changes for this agent. */
+static int cluster_token(view_agent *a, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&a->mu);
+    bool have = a->token[0] != '\0';
+    pthread_mutex_unlock(&a->mu);
+    if (have)
+        return 0;
+    char key[512];
+    snprintf(key, sizeof(key), "%s/token", a->prefix);
+    for (int tries = 0; tries < 3; tries++) {
+        char *val = NULL;
+        size_t len = 0;
+        int rc = etcd_get(a->etcd, key, &val, &len, NULL, err, errlen);
+        if (rc == 0) {
+            bool ok = len >= 16 && len < sizeof(a->token);
+            for (size_t i = 0; ok && i < len; i++)
+                ok = (val[i] >= '0' && val[i] <= '9') || (val[i] >= 'a' && val[i] <= 'f');
+            if (ok) {
+                pthread_mutex_lock(&a->mu);
+                memcpy(a->token, val, len);
+                a->token[len] = '\0';
+                pthread_mutex_unlock(&a->mu);
+            } else {
+                snprintf(err, errlen, "%s holds no cluster token (16 to %zu hex digits)", key,
+                         sizeof(a->token) - 1);
+            }
+            free(val);
+            return ok ? 0 : ETCD_EFAILED;
+        }
+        if (rc != ETCD_ENOTFOUND)
+            return rc;
+        uint8_t raw[16];
+        char hex[33];
+        FILE *f = fopen("/dev/urandom", "rb");
+        bool got = f && fread(raw, 1, sizeof(raw), f) == sizeof(raw);
+        if (f)
+            fclose(f);
+        if (!got) {
+            snprintf(err, errlen, "cannot read /dev/urandom for the cluster token");
+            return ETCD_EFAILED;
+        }
+        for (size_t i = 0; i < sizeof(raw); i++)
+            snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+        rc = etcd_cas(a->etcd, key, 0, hex, 32, NULL, err, errlen);
+        if (rc != 0 && rc != ETCD_ECONFLICT)
+            return rc; /* ECONFLICT: another server put one first: read it */
+    }
+    snprintf(err, errlen, "%s: could not be made or read", key);
+    return ETCD_EFAILED;
+}
+
+bool view_agent_token(view_agent *a, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&a->mu);
+    bool have = a->token[0] != '\0' && strlen(a->token) < cap;
+    if (have)
+        snprintf(buf, cap, "%s", a->token);
+    pthread_mutex_unlock(&a->mu);
+    return have;
+}
+
 /* ---- the lease thread ---- */
 
 static void *lease_main(void *arg)
@@ -410,7 +477,10 @@ static void *lease_main(void *arg)
         int64_t wait_ms;
         if (id == 0) {
             int64_t t0 = mono_ms(), ttl_s = 0, nid = 0;
-            int rc = etcd_lease_grant(a->etcd, a->cfg.lease_ms, &nid, &ttl_s, err, sizeof(err));
+            /* The cluster token first: a server registered is sent REPLICATE, and sends it. */
+            int rc = cluster_token(a, err, sizeof(err));
+            if (rc == 0)
+                rc = etcd_lease_grant(a->etcd, a->cfg.lease_ms, &nid, &ttl_s, err, sizeof(err));
             /* The copies first: once registered, a first view may be decided. */
             if (rc == 0 && a->cfg.ncopies > 0)
                 rc = view_etcd_put_copies(a->etcd, a->prefix, a->cfg.self, a->cfg.copies,

@@ -110,6 +110,12 @@ void view_agent_stop(view_agent *a);
  * (VIEW_EVENT_VIEW) before this returns. */
 void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg);
 
+/* The cluster token (prefix/token in etcd, made by the first server that registers): the
+ * secret that server-to-server calls (REPLICATE) carry, so that only the cluster's servers
+ * make them. Copies it into buf and returns true once read (before this server first
+ * registers); false before, or when cap is too small. */
+bool view_agent_token(view_agent *a, char *buf, size_t cap);
+
 /* Copies the newest view this agent knows into *out; false (and epoch 0) when none yet. */
 bool view_agent_current(view_agent *a, view *out);
 

@@ -1224,6 +1224,6 @@ const rpc_method server_methods[] = {
     {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
      handle_table_export, RPC_ADMIN | RPC_POOL},
     {PSD__V1__METHOD__REPLICATE, "Replicate", &psd__v1__replicate_request__descriptor,
-     replica_handle_replicate, RPC_ADMIN | RPC_POOL | RPC_MAY_SEGMENT},
+     replica_handle_replicate, RPC_POOL | RPC_MAY_SEGMENT}, /* its own: the cluster token */
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);

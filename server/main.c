@@ -183,13 +183,6 @@ static const char usage[] =
     "usage: ps-server [options]\n"
     "Serves one parameter-server task of the cluster given by TF_CONFIG or --cluster/--task.";
 
-/* A ps address only this machine reaches: ipc://, localhost or a loopback IP. */
-static bool address_is_local(const char *a)
-{
-    return strncmp(a, "ipc://", 6) == 0 || strncmp(a, "127.", 4) == 0 ||
-           strncmp(a, "localhost:", 10) == 0 || strncmp(a, "[::1]:", 6) == 0;
-}
-
 int main(int argc, char **argv)
 {
     program prog;
@@ -268,16 +261,6 @@ int main(int argc, char **argv)
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
-    /* Replication messages are admin calls: without a token only loopback peers may send them. */
-    for (size_t i = 0; n_replicas > 1 && admin_token[0] == '\0' && i < cl->n_ps; i++)
-        if (!address_is_local(cl->ps[i])) {
-            log_error("replicas %u: servers replicate to each other with admin calls, and "
-                      "cluster.ps[%zu] (%s) is not on loopback: set admin-token-file to the same "
-                      "token on every server (docs/operations.md, Replication)",
-                      n_replicas, i, cl->ps[i]);
-            program_end(&prog);
-            return PROGRAM_EXIT_CONFIG;
-        }
     if (n_replicas > 1 && (n_replicas > cl->n_ps || cl->n_ps > VIEW_MAX_SERVERS)) {
         log_error("replicas %u: the cluster has %zu ps tasks; a replica group needs that many "
                   "distinct servers (and at most %d ps tasks)",
@@ -451,7 +434,6 @@ int main(int argc, char **argv)
             .replicas = replicas,
             .urls = peer_url_ptrs,
             .tls = tls,
-            .admin_token = admin_token,
             .max_message = rc_cfg.max_message,
             .dedup_window = (uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW),
             .default_staleness = st.default_staleness,

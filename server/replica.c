@@ -287,8 +287,8 @@ static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
     t.dtype = PSD__V1__DTYPE__FLOAT32;
     t.count = s->seg_len / 4;
     env.tensor = &t;
-    const char *tok = node.cfg.admin_token;
-    if (tok && tok[0]) {
+    char tok[80];
+    if (node.agent && view_agent_token(node.agent, tok, sizeof(tok))) {
         env.auth_token.data = (uint8_t *)tok;
         env.auth_token.len = strlen(tok);
     }
@@ -921,6 +921,13 @@ static void dispatch(rpc_call *call, void *arg)
                         self);
         return;
     }
+    if (env->epoch > epoch) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "request sent under view epoch %llu, which server %u has not installed "
+                        "yet (it is at %llu): retry",
+                        (unsigned long long)env->epoch, self, (unsigned long long)epoch);
+        return;
+    }
     if (G == NULL || prim != (int32_t)self) {
         refuse_not_serving(call, g, prim, epoch, holders);
         return;
@@ -1131,6 +1138,28 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
 
 static void rejoin_locked(rgroup *G);
 
+/* Whether call, a REPLICATE of its log or copy, comes from a server of this cluster: it
+ * carries the cluster token (view_agent_token). Refused (answered) otherwise. */
+static bool replica_peer_ok(rpc_call *call)
+{
+    char tok[80];
+    if (node.agent == NULL || !view_agent_token(node.agent, tok, sizeof(tok))) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server %u has not read the cluster token from the coordinator yet: "
+                        "retry",
+                        node.cfg.self);
+        return false;
+    }
+    if (rpc_call_carries_token(call, tok))
+        return true;
+    log_warn("refused REPLICATE without the cluster token (a server-to-server method: only the "
+             "cluster's servers, which read the token from the coordinator, may send it)");
+    rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                    "REPLICATE is a server-to-server method: the request does not carry the "
+                    "cluster token that the servers read from the coordinator");
+    return false;
+}
+
 void replica_handle_replicate(rpc_call *call, void *arg)
 {
     (void)arg;
@@ -1149,6 +1178,10 @@ void replica_handle_replicate(rpc_call *call, void *arg)
     }
     rgroup *G = node.groups[rq->group];
     Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
+    /* A group's checksum is a read for operators (the admin role); its log and copies are
+     * the cluster's servers' alone: the cluster token, never a loopback peer as such. */
+    if (rq->checksum ? !rpc_call_check_admin(call) : !replica_peer_ok(call))
+        return;
     if (rq->checksum) {
         pthread_mutex_lock(&G->order);
         rep.applied_lsn = G->next_lsn;
@@ -1165,6 +1198,15 @@ void replica_handle_replicate(rpc_call *call, void *arg)
     uint64_t epoch = node.cur.epoch;
     int32_t prim = node.cur.primary[rq->group];
     pthread_mutex_unlock(&node.vlock);
+    if (rq->epoch > epoch) {
+        /* From a view this server has not installed yet (or no view at all): it does not know
+         * whether the sender is the group's primary there. The sender retries. */
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "REPLICATE of group %u under view epoch %llu: this server is at epoch "
+                        "%llu and has not installed that view yet: retry",
+                        rq->group, (unsigned long long)rq->epoch, (unsigned long long)epoch);
+        return;
+    }
     if (rq->epoch < epoch) {
         if (prim >= 0)
             rpc_call_set_primary(call, (uint32_t)prim);
@@ -1540,8 +1582,8 @@ static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     env.worker_id = -1;
     env.body.data = k->body;
     env.body.len = k->body_len;
-    const char *tok = node.cfg.admin_token;
-    if (tok && tok[0]) {
+    char tok[80];
+    if (node.agent && view_agent_token(node.agent, tok, sizeof(tok))) {
         env.auth_token.data = (uint8_t *)tok;
         env.auth_token.len = strlen(tok);
     }

@@ -32,8 +32,7 @@ typedef struct replica_config {
     /* Dial URLs of every server (tls+tcp:// when tls is on), num_servers of them. */
     const char *const *urls;
     rpc_tls tls;
-    const char *admin_token; /* sent in REPLICATE requests; "" or NULL: none (loopback role) */
-    size_t max_message;      /* max-message-bytes: bounds a REPLICATE batch */
+    size_t max_message; /* max-message-bytes: bounds a REPLICATE batch */
     /* For the backup groups' states, as the server's own was made. */
     uint32_t dedup_window;
     int32_t default_staleness;

@@ -25,6 +25,7 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "view_etcd.h"
 
 #define NSERVERS 3
 #define NCLIENTS 3
@@ -383,13 +384,40 @@ static void test_not_primary_names_primary(void **state)
 }
 
 /* REPLICATE requests that do not add up are refused with a message naming what is wrong. */
+/* The cluster token the servers read from etcd (prefix/token): into buf, or "". */
+static void cluster_token(char *buf, size_t cap)
+{
+    char prefix[64], key[128], err[512], addrs[NSERVERS][32];
+    const char *ps[NSERVERS];
+    for (int i = 0; i < NSERVERS; i++) {
+        snprintf(addrs[i], sizeof(addrs[i]), "127.0.0.1:%d", tc.ports[i]);
+        ps[i] = addrs[i];
+    }
+    view_default_prefix(ps, NSERVERS, prefix, sizeof(prefix));
+    snprintf(key, sizeof(key), "%s/token", prefix);
+    buf[0] = '\0';
+    etcd_client *e = NULL;
+    char *v = NULL;
+    size_t len = 0;
+    if (etcd_client_create(&e, etcd.endpoint, 2000, err, sizeof(err)) == 0 &&
+        etcd_get(e, key, &v, &len, NULL, err, sizeof(err)) == 0 && len < cap) {
+        memcpy(buf, v, len);
+        buf[len] = '\0';
+    }
+    free(v);
+    etcd_client_destroy(e);
+}
+
+/* REPLICATE is the servers' alone: refused without the cluster token, also from loopback (a
+ * local process that could otherwise make a backup skip its primary's next update); from a
+ * view epoch the server has not installed, refused; with the token, bad input is named. */
 static void test_replicate_bad_input(void **state)
 {
     (void)state;
     uint64_t lens[1] = {10};
     Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
     rq.group = 0;
-    rq.epoch = 1000; /* not older than the server's */
+    rq.epoch = test_server_epoch(tc.ports[1]); /* the server's own */
     rq.first_lsn = 1;
     rq.n_op_len = 1;
     rq.op_len = lens;
@@ -404,6 +432,32 @@ static void test_replicate_bad_input(void **state)
     env.tensor = &t;
     frame f;
     nng_msg *m;
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_PERMISSION_DENIED);
+    fprintf(stderr, "%s\n", f.env->message);
+    assert_non_null(strstr(f.env->message, "cluster token"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    env.auth_token.data = (uint8_t *)"0123456789abcdef0123456789abcdef";
+    env.auth_token.len = 32;
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
+                     PS_PERMISSION_DENIED);
+    frame_fini(&f);
+    nng_msg_free(m);
+    char tok[80];
+    cluster_token(tok, sizeof(tok));
+    assert_true(strlen(tok) >= 16);
+    env.auth_token.data = (uint8_t *)tok;
+    env.auth_token.len = strlen(tok);
+    /* A view epoch the server has not installed. */
+    rq.epoch += 1000;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
+    assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m), PS_UNAVAILABLE);
+    assert_non_null(strstr(f.env->message, "has not installed that view"));
+    frame_fini(&f);
+    nng_msg_free(m);
+    rq.epoch -= 1000;
+    env.body.len = psd__v1__replicate_request__pack(&rq, body);
     /* Server 1 holds the backup of group 0: an operation longer than the segment. */
     assert_int_equal(test_raw_call(tc.ports[1], &env, seg, sizeof(seg), &f, &m),
                      PS_INVALID_ARGUMENT);
@@ -429,8 +483,8 @@ static void test_replicate_bad_input(void **state)
     assert_int_equal(f.env->primary, 1 + 0);
     frame_fini(&f);
     nng_msg_free(m);
-    /* The primary itself refuses a stream of its own group, even under a newer epoch. */
-    rq.epoch = 1000;
+    /* The primary itself refuses a stream of its own group. */
+    rq.epoch = test_server_epoch(tc.ports[0]);
     lens[0] = 8;
     env.body.len = psd__v1__replicate_request__pack(&rq, body);
     int st = test_raw_call(tc.ports[0], &env, seg, sizeof(seg), &f, &m);

@@ -19,7 +19,6 @@ check() { # name expected-exit expected-text command...
 port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 two='{"ps":["127.0.0.1:1","127.0.0.1:2"]}'
 check no-coordinator 2 "replicas 2 needs a coordinator" "$bin" --cluster "$two" --task ps:0 --replicas 2
-check remote-no-token 2 "cluster.ps\[1\] (10.0.0.2:2222) is not on loopback: set admin-token-file" "$bin" --cluster '{"ps":["127.0.0.1:2222","10.0.0.2:2222"]}' --task ps:0 --replicas 2 --coordinator http://127.0.0.1:1
 check too-many-replicas 2 "needs that many distinct servers" "$bin" --cluster "$two" --task ps:0 --replicas 3 --coordinator http://127.0.0.1:1
 check https-coordinator 2 "https is not supported" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator https://127.0.0.1:1
 check bad-coordinator 2 "expected http://host:port" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator http://127.0.0.1
