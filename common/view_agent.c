@@ -38,6 +38,7 @@ struct view_agent {
     bool caught_up[VIEW_MAX_SERVERS];
     bool lacks[VIEW_MAX_SERVERS]; /* view_agent_set_lacks (under mu) */
     char token[65];               /* prefix/token, the cluster token ("": not read yet; mu) */
+    bool leaving;                 /* view_agent_leave: registers no more (mu) */
     int64_t pending_rev, pending_since_ms;
     /* stats */
     uint64_t views_installed, failovers, errors;
@@ -469,7 +470,7 @@ static void *lease_main(void *arg)
     char err[1536];
     for (;;) {
         pthread_mutex_lock(&a->mu);
-        bool stopping = a->stopping;
+        bool stopping = a->stopping || a->leaving;
         int64_t id = a->lease_id, ttl_ms = a->lease_ttl_ms, valid = a->lease_valid_ms;
         pthread_mutex_unlock(&a->mu);
         if (stopping)
@@ -914,6 +915,24 @@ int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, 
              a->cfg.poll_ms);
     *out = a;
     return 0;
+}
+
+void view_agent_leave(view_agent *a)
+{
+    if (a == NULL)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->leaving = true; /* the lease thread registers no more */
+    int64_t id = a->lease_id;
+    a->lease_id = 0; /* view_agent_serving: false from now on */
+    pthread_mutex_unlock(&a->mu);
+    if (id == 0)
+        return;
+    char err[1536];
+    if (etcd_lease_revoke(a->etcd, id, err, sizeof(err)) == 0)
+        log_info("revoked lease %" PRId64 ": the others fail over without waiting for it", id);
+    else
+        log_warn("cannot revoke lease %" PRId64 " (it expires by itself): %s", id, err);
 }
 
 void view_agent_stop(view_agent *a)

@@ -110,6 +110,11 @@ void view_agent_stop(view_agent *a);
  * (VIEW_EVENT_VIEW) before this returns. */
 void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg);
 
+/* Leaves the cluster at a clean stop: revokes the lease now (the others install the view
+ * without this server at once, instead of after the lease's TTL) and registers no more;
+ * view_agent_serving is false from then on. view_agent_stop must still be called. */
+void view_agent_leave(view_agent *a);
+
 /* The cluster token (prefix/token in etcd, made by the first server that registers): the
  * secret that server-to-server calls (REPLICATE) carry, so that only the cluster's servers
  * make them. Copies it into buf and returns true once read (before this server first

@@ -568,9 +568,12 @@ int main(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     http_endpoint_set_ready(http, false, "shutting down");
+    /* The lease first: the others fail over at once, whatever the drain below waits for
+     * (updates in progress here are answered once their backups applied them, or not
+     * acknowledged: nothing is acknowledged alone without a lease). */
+    view_agent_leave(st.view_agent);
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
-    /* Revokes the lease: the others fail over at once. */
     view_agent_stop(st.view_agent);
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     /* Answers the calls still waiting for backups. */

@@ -581,6 +581,67 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     ps_client_close(c);
 }
 
+/* A lease of 10 s: whether a stopping server revoked its lease shows as seconds. */
+static int setup_long_lease(void **state)
+{
+    (void)state;
+    extra[5] = "10000";
+    return start("2");
+}
+
+static int teardown_long_lease(void **state)
+{
+    int rc = teardown(state);
+    extra[5] = "1000";
+    return rc;
+}
+
+static double since_s(double t0)
+{
+    return now_s() - t0;
+}
+
+/* A server stopped cleanly (SIGTERM) revokes its lease, also after it restarted and rejoined:
+ * the others install the view without it at once, not after its 10 s lease. */
+static void test_sigterm_after_rejoin_revokes(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = malloc(VAR_N * sizeof(float));
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    /* A restart is a new incarnation: dropped at once (its new registration), then it rejoins. */
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    waitpid(tc.pids[1], NULL, 0);
+    tc.pids[1] = 0;
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    view w = wait_live(1);
+    assert_int_equal(w.live[1], 1);
+    for (int k = 0; k < 10; k++)
+        push_ok(c, v, g);
+    uint64_t e = w.epoch;
+    double t0 = now_s();
+    assert_int_equal(kill(tc.pids[1], SIGTERM), 0);
+    view after;
+    do {
+        after = read_view();
+        usleep(20 * 1000);
+    } while ((after.epoch == e || after.live[1]) && since_s(t0) < 15.0);
+    fprintf(stderr, "view without ps 1 %.2f s after its SIGTERM (lease 10 s)\n", since_s(t0));
+    assert_int_equal(after.live[1], 0);
+    assert_true(since_s(t0) < 5.0); /* revoked: well inside the lease, even on a busy machine */
+    assert_int_equal(test_wait_exit(tc.pids[1], 20000), 0);
+    tc.pids[1] = 0;
+    check_all(c, v, -20.0f);
+    free(g);
+    ps_client_close(c);
+}
+
 /* Replicas 2 with --worker-timeout-ms 2000 on the servers: a worker client whose heartbeats
  * (every 100 ms) are its only calls outlives the death of ps 1, primary of group 1: its
  * heartbeats for group 1 follow the group to its new primary (ps 2), which never evicts it. */
@@ -707,6 +768,8 @@ int main(int argc, char **argv)
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_out_of_sync_member_never_takes_a_group, setup_ckpt,
                                         teardown_ckpt),
+        cmocka_unit_test_setup_teardown(test_sigterm_after_rejoin_revokes, setup_long_lease,
+                                        teardown_long_lease),
         cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
