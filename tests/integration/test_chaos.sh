@@ -43,8 +43,11 @@ if [ ! -x "$ETCD" ]; then
     echo "SKIP: no etcd at $ETCD (install Debian's etcd-server)"
     exit 77
 fi
-# The suite's seeds: schedules that pass (bench/chaos.sh draws others).
-SUITE_SEEDS=(7 1012)
+# The suite's seeds (replicas 2, then 3): schedules that passed every run so far, busy machine
+# included. Three failures other seeds found are in bench/RESULTS.md, "Fault schedules" (their
+# seeds, events and symptoms); the second of these seeds has restarts while another server is
+# down, so it is not clear of the hang described there (bench/chaos.sh draws other seeds).
+SUITE_SEEDS=(9 303)
 SECONDS_RUN=${PSD_CHAOS_SECONDS:-40}
 read -r -a CONFIGS <<<"${PSD_CHAOS_REPLICAS:-2 3}"
 LEASE_MS=2000
@@ -226,16 +229,18 @@ view_json() {
     (on_host 4 "$PSCTL" --json --cluster "$spec" --coordinator "$coord" view) 2>/dev/null
 }
 # whole_now DOWN...: whether every group has a primary and every member not in DOWN is live and
-# in sync (prints what is missing otherwise).
+# in sync, in a view of epoch MIN_EPOCH or later (prints what is missing otherwise).
 whole_now() {
     view_json | /usr/bin/python3 -c '
 import json, sys
-down = set(int(x) for x in sys.argv[1:])
+down = set(int(x) for x in sys.argv[2:])
 try:
     v = json.load(sys.stdin)
 except Exception:
     print("no view"); sys.exit(1)
 bad = []
+if v["epoch"] < int(sys.argv[1]):
+    bad.append("epoch %d, not yet %s" % (v["epoch"], sys.argv[1]))
 for g in v["groups"]:
     if g["primary"] < 0:
         bad.append("group %d: no primary" % g["group"])
@@ -249,7 +254,7 @@ for s in v["servers"]:
     if s["index"] not in down and not s["live"]:
         bad.append("server %d not live" % s["index"])
 print("; ".join(bad) if bad else "epoch %d" % v["epoch"])
-sys.exit(1 if bad else 0)' "$@"
+sys.exit(1 if bad else 0)' "${MIN_EPOCH:-0}" "$@"
 }
 # wait_whole SECONDS DOWN...
 wait_whole() {
@@ -279,6 +284,8 @@ chaos_fail() {
             [ -s "$tmp/client$k.log" ] && sed "s/^/     client $k: /" "$tmp/client$k.log"
         done
     } >&2
+    # shellcheck disable=SC2034 # (read by procs_cleanup: every log kept for the analysis)
+    PS_TEST_KEEP_TMP=1
     fail "seed $seed, replicas $R: $*"
 }
 
@@ -410,13 +417,16 @@ run_one() {
     echo "ok   every client stopped, $nack pushes acknowledged"
     check_all "after the schedule"
 
-    # A whole-cluster restart: each server checkpoints at SIGTERM and restores at start.
+    # A whole-cluster restart: each server checkpoints at SIGTERM and restores at start; the
+    # checks wait for the view the restarted servers install.
+    local epoch=${msg#epoch }
     for i in 0 1 2; do kill -TERM "${ps[i]}"; done
     for i in 0 1 2; do
         wait_for "${ps[i]}" 30 || chaos_fail "ps $i: exit $? on SIGTERM"
     done
     for i in 0 1 2; do start_server "$i"; done
-    msg=$(wait_whole 90) || chaos_fail "no whole view 90 s after a whole-cluster restart: $msg"
+    msg=$(MIN_EPOCH=$((epoch + 1)) wait_whole 90) ||
+        chaos_fail "no whole view 90 s after a whole-cluster restart: $msg"
     echo "ok   whole-cluster restart: view whole ($msg)"
     check_all "after the whole-cluster restart"
     for p in "${pids[@]}"; do
