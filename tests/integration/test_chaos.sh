@@ -310,8 +310,6 @@ run_one() {
     rm -rf "${tmp:?}"/*
     : >"$tmp/events"
     echo "partition-test-token" >"$tmp/admin-token"
-    data=$(mktemp -d /tmp/ps-test-chaos-etcd-XXXXXX)
-    [ -w /dev/shm ] && rm -rf "$data" && data=$(mktemp -d /dev/shm/ps-test-chaos-etcd-XXXXXX)
     if [ "$use_netns" = 1 ]; then
         coord="http://$(netns_addr 0):2379"
         peer="http://127.0.0.1:2380"
@@ -327,6 +325,8 @@ run_one() {
         printf '     %s\n' "${sched[@]}"
         return
     fi
+    data=$(mktemp -d /tmp/ps-test-chaos-etcd-XXXXXX)
+    [ -w /dev/shm ] && rm -rf "$data" && data=$(mktemp -d /dev/shm/ps-test-chaos-etcd-XXXXXX)
     echo "== seed $seed, replicas $R, $SECONDS_RUN s, $([ "$use_netns" = 1 ] && echo "network namespaces" || echo "loopback, no cuts"): ${#sched[@]} events"
     printf '     %s\n' "${sched[@]}"
     start_etcd
