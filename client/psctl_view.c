@@ -89,6 +89,13 @@ int psctl_view(const options *o, const cluster_spec *cl, bool json)
                 if (!v->live[s])
                     printf("%s%u", k2++ ? "," : "", s);
             }
+            printf("],\"behind\":[");
+            k2 = 0;
+            for (uint32_t k = 0; k < v->replicas; k++) {
+                uint32_t s = view_member(v, g, k);
+                if (v->live[s] && !view_in_sync(v, g, s))
+                    printf("%s%u", k2++ ? "," : "", s);
+            }
             printf("]}");
         }
         printf("],\"servers\":[");
