@@ -921,13 +921,6 @@ static void dispatch(rpc_call *call, void *arg)
                         self);
         return;
     }
-    if (env->epoch > epoch) {
-        rpc_reply_error(call, STATUS_UNAVAILABLE,
-                        "request sent under view epoch %llu, which server %u has not installed "
-                        "yet (it is at %llu): retry",
-                        (unsigned long long)env->epoch, self, (unsigned long long)epoch);
-        return;
-    }
     if (G == NULL || prim != (int32_t)self) {
         refuse_not_serving(call, g, prim, epoch, holders);
         return;
