@@ -438,6 +438,7 @@ int main(int argc, char **argv)
             .dedup_window = (uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW),
             .default_staleness = st.default_staleness,
             .n_workers = n_workers,
+            .lease_ms = (uint32_t)opt_int(prog.opts, OPT_LEASE_MS),
             .worker_timeout_ms = (uint32_t)opt_int(prog.opts, OPT_WORKER_TIMEOUT_MS),
             .bsp_mean = strcmp(opt_enum(prog.opts, OPT_BSP_AGGREGATION), "mean") == 0,
             .max_bytes = (uint64_t)opt_int(prog.opts, OPT_MAX_SERVER_BYTES),

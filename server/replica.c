@@ -58,7 +58,9 @@ typedef struct rpeer {
     uint64_t acked;   /* highest lsn it reported applied (q) */
     bool in_view;     /* live in the view and not the primary (q) */
     bool catching_up; /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
-    bool told;        /* catching up: it saw the log's end once (q) */
+    bool told;        /* catching up: it saw the log's end once; waited for from then (q) */
+    bool confirmed;   /* catching up: it applied a batch that said it is waited for (q) */
+    uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
     /* Primary: the image of a copy this peer is fetching (q). */
     uint8_t *img;
     size_t img_len;
@@ -158,13 +160,22 @@ static void rop_free(rop *o)
     }
 }
 
+/* Whether the primary waits for peer p before it acknowledges (q held): a backup in the view,
+ * or a rejoining one since it caught up once (so that the coordinator, which it tells once it
+ * knows it is waited for, never makes it in sync while this primary acknowledges without it,
+ * say before this primary installed the view that adds it). */
+static bool peer_counted(const rpeer *p)
+{
+    return p->in_view || (p->catching_up && p->told);
+}
+
 /* Moves committed to the lowest lsn every peer in the view applied, takes the operations
  * every one of them applied off the log and returns their parked calls (q held). */
 static rop *progress_locked(rgroup *G)
 {
     uint64_t low = G->last_lsn, keep = G->last_lsn;
     for (uint32_t i = 0; i < G->npeers; i++) {
-        if (G->peers[i].in_view && G->peers[i].acked < low)
+        if (peer_counted(&G->peers[i]) && G->peers[i].acked < low)
             low = G->peers[i].acked;
         /* Kept until every backup streamed to has it, also one that joined the view behind
          * what was committed without it. */
@@ -175,7 +186,7 @@ static rop *progress_locked(rgroup *G)
         return NULL;
     bool alone = true;
     for (uint32_t i = 0; i < G->npeers; i++)
-        if (G->peers[i].in_view)
+        if (peer_counted(&G->peers[i]))
             alone = false;
     /* Alone, a primary acknowledges only while its lease is valid at this moment: the lease
      * events come through a queue that can lag behind, and once etcd expired the lease another
@@ -258,6 +269,7 @@ typedef struct sync_call {
      * after a hand-over to the peer's thread. */
     struct rpeer *peer;
     uint64_t first, sent_last;
+    bool counted; /* the batch said the peer is waited for */
     int status;
     char message[512];
     uint64_t applied;
@@ -324,8 +336,12 @@ static void batch_release(sync_call *s)
 
 /* A batch applied by peer p up to applied - 1 (q held): its progress, and the calls now
  * answered. */
-static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64_t applied)
+static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64_t applied,
+                            bool counted)
 {
+    p->failing_since_ns = 0;
+    if (counted && p->catching_up)
+        p->confirmed = true;
     rgroup *G = p->grp;
     atomic_fetch_add(&node.replicated_ops, applied > first ? applied - first : 0);
     if (applied > sent_last + 1) {
@@ -370,7 +386,7 @@ static void batch_done(void *arg, int status, const char *message, const frame *
          * thread first. */
         rgroup *G = s->peer->grp;
         pthread_mutex_lock(&G->q);
-        rop *done = took_ack_locked(s->peer, s->first, s->sent_last, applied);
+        rop *done = took_ack_locked(s->peer, s->first, s->sent_last, applied, s->counted);
         pthread_mutex_unlock(&G->q);
         answer(done);
     }
@@ -420,7 +436,7 @@ static void *peer_main(void *arg)
     while (!atomic_load(&node.stopping)) {
         bool to = G->serving && (p->in_view || p->catching_up);
         uint64_t lim = to ? send_limit_locked(G, p) : 0;
-        bool tell = to && p->catching_up && !p->told && lim <= p->acked;
+        bool tell = to && p->catching_up && (!p->told || !p->confirmed) && lim <= p->acked;
         if (lim <= p->acked && !tell) {
             pthread_cond_wait(&G->qcond, &G->q);
             continue;
@@ -467,6 +483,8 @@ static void *peer_main(void *arg)
         rq.first_lsn = first;
         rq.committed_lsn = G->committed;
         rq.last_lsn = G->last_lsn;
+        rq.counted = peer_counted(p);
+        sc.counted = rq.counted;
         uint64_t sent_last = G->last_lsn;
         rq.n_op_len = nops;
         rq.op_len = lens;
@@ -535,6 +553,22 @@ static void *peer_main(void *arg)
             /* taken in by batch_done */
         } else if (!atomic_load(&node.stopping)) {
             uint64_t now = time_now_ns();
+            if (p->failing_since_ns == 0)
+                p->failing_since_ns = now;
+            if (p->catching_up && p->told &&
+                now - p->failing_since_ns > (uint64_t)node.cfg.lease_ms * 2000000ull) {
+                /* A rejoining backup out of reach for two leases: no longer waited for. Its
+                 * registration has expired by now unless it reaches the coordinator, and a view
+                 * that adds it was installed here long since (then it is in_view). */
+                p->told = p->confirmed = false;
+                log_warn("group %u: rejoining backup %u out of reach for %u ms: no longer waited "
+                         "for until it catches up again",
+                         G->g, p->server, 2 * node.cfg.lease_ms);
+                rop *done = progress_locked(G);
+                pthread_mutex_unlock(&G->q);
+                answer(done);
+                pthread_mutex_lock(&G->q);
+            }
             if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
                 p->errors_logged_ns = now;
                 log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
@@ -1043,7 +1077,8 @@ static void copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateReques
             if (rc == 0) {
                 pthread_mutex_lock(&G->q);
                 p->catching_up = true;
-                p->told = false;
+                p->told = p->confirmed = false;
+                p->failing_since_ns = 0;
                 p->acked = lsn - 1;
                 pthread_mutex_unlock(&G->q);
             }
@@ -1342,7 +1377,9 @@ void replica_handle_replicate(rpc_call *call, void *arg)
     }
     rpc_held_release(batch);
     rep.applied_lsn = G->next_lsn;
-    bool caught_up = G->next_lsn > rq->last_lsn;
+    /* Caught up once the primary waits for it (rq->counted): from then on every update it
+     * acknowledges is one this copy has. */
+    bool caught_up = G->next_lsn > rq->last_lsn && rq->counted;
     pthread_mutex_unlock(&G->order);
     pthread_mutex_lock(&G->q);
     bool mark = caught_up && !G->marked;

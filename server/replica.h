@@ -44,6 +44,7 @@ typedef struct replica_config {
     /* A coordinator keeps the view (replica_attach_agent, replica_on_view_event): nothing is
      * served until its first view. false: a fixed view, every server up (tests). */
     bool coordinated;
+    uint32_t lease_ms; /* lease-ms: a rejoining backup out of reach for two is not waited for */
     /* Checkpoints (checkpoint-dir set; NULL own_ck: off). own_ck, the own group's running
      * checkpointer, records the group's log position (record 9). A group this server takes
      * over is checkpointed while it serves it, with ckpt's settings, into
