@@ -1769,7 +1769,17 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
         /* The server's own group keeps its address (its checkpoints and metrics use it): the
          * copy's contents move in, the previous ones out. */
         memcpy(old, G->st, sizeof(*old));
-        atomic_store(&st->ck, atomic_load(&G->st->ck)); /* its checkpointer stays */
+        /* What belongs to the process, not to the group's contents, stays: its checkpointer,
+         * its failover agent (a stop revokes the lease through it: without it a server that
+         * had rejoined left the others waiting for its lease to expire), its RPC server, a
+         * shutdown asked for, its start time and counters. */
+        atomic_store(&st->ck, atomic_load(&G->st->ck));
+        st->view_agent = G->st->view_agent;
+        st->rpc = G->st->rpc;
+        st->start_ns = G->st->start_ns;
+        atomic_store(&st->shutdown_requested, atomic_load(&G->st->shutdown_requested));
+        atomic_store(&st->updates_applied, atomic_load(&G->st->updates_applied));
+        atomic_store(&st->duplicates_dropped, atomic_load(&G->st->duplicates_dropped));
         memcpy(G->st, st, sizeof(*st));
         free(st);
         st = G->st;
