@@ -2216,6 +2216,10 @@ void replica_set_view(const view *v)
                 log_info("view epoch %llu: server %u is a backup of group %u again",
                          (unsigned long long)v->epoch, p->server, g);
             }
+            /* Left the view: no longer waited for until it has caught up again (a new
+             * incarnation that already asked for a copy is still streamed to). */
+            if (p->in_view && !in)
+                p->told = p->confirmed = false;
             p->in_view = in;
             if (!in)
                 degraded = true;
