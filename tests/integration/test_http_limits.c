@@ -3,9 +3,9 @@
  * data-port client still answer in time, the server holds a bounded number of descriptors and
  * does not spin. A slowloris connection (headers a line at a time) and a silent one are closed
  * at the header timeout (5 s from the connection). 70 connections that each send a byte of
- * their headers every 100 ms do not keep /livez from answering. Ten concurrent /metrics
- * scrapes of 5,000 variables all answer while a data call stays fast, and the server's memory
- * grows by at most a few texts.
+ * their headers every 100 ms do not keep /livez and /readyz from answering. Ten concurrent
+ * /metrics scrapes of 5,000 variables all answer while a data call stays fast, and the server's
+ * memory grows by at most a few texts.
  *
  * usage: it_http_limits PS-SERVER */
 #include <arpa/inet.h>
@@ -354,8 +354,9 @@ static bool peer_closed(int fd)
 
 /* TRICKLERS connections (more than the server serves at once) each send one byte of headers
  * that never end every 100 ms, and one closed by the server is opened again at once: /livez
- * still answers 200 to every one of PROBES probes made meanwhile. What is counted is answers,
- * not their speed, so a loaded machine changes nothing but the time the test takes. */
+ * still answers 200 to every one of PROBES probes made meanwhile, and /readyz to every third. What
+ * is counted is answers, not their speed, so a loaded machine changes nothing but the time the test
+ * takes. */
 static void test_trickling_connections_leave_probes(void **state)
 {
     (void)state;
@@ -365,7 +366,7 @@ static void test_trickling_connections_leave_probes(void **state)
     size_t sent[TRICKLERS] = {0};
     for (int i = 0; i < TRICKLERS; i++)
         fds[i] = trickler_open();
-    int ok = 0, reopened = 0, status[PROBES];
+    int ok = 0, ready_ok = 0, reopened = 0, status[PROBES], ready[PROBES / 3];
     uint64_t t0 = time_now_ns();
     for (int p = 0; p < PROBES; p++) {
         for (int i = 0; i < TRICKLERS; i++) {
@@ -381,18 +382,25 @@ static void test_trickling_connections_leave_probes(void **state)
         }
         status[p] = http_get("/livez", NULL);
         ok += status[p] == 200;
+        if (p % 3 == 0) {
+            ready[p / 3] = http_get("/readyz", NULL);
+            ready_ok += ready[p / 3] == 200;
+        }
         sleep_ms(100);
     }
     fprintf(stderr,
-            "/livez answered 200 to %d of %d probes in %llu ms beside %d trickling "
-            "connections (%d of them closed by the server and opened again)\n",
-            ok, PROBES, (unsigned long long)ms_since(t0), TRICKLERS, reopened);
+            "/livez answered 200 to %d of %d probes, /readyz to %d of %d, in %llu ms beside %d "
+            "trickling connections (%d of them closed by the server and opened again)\n",
+            ok, PROBES, ready_ok, PROBES / 3, (unsigned long long)ms_since(t0), TRICKLERS,
+            reopened);
     for (int p = 0; p < PROBES; p++)
-        if (status[p] != 200)
-            fprintf(stderr, "probe %d: status %d\n", p, status[p]);
+        if (status[p] != 200 || (p % 3 == 0 && ready[p / 3] != 200))
+            fprintf(stderr, "probe %d: /livez %d, /readyz %d\n", p, status[p],
+                    p % 3 == 0 ? ready[p / 3] : 0);
     for (int i = 0; i < TRICKLERS; i++)
         close(fds[i]);
     assert_int_equal(ok, PROBES);
+    assert_int_equal(ready_ok, PROBES / 3);
     assert_true(reopened >= TRICKLERS - 64); /* the server really was full */
 }
 
