@@ -6,8 +6,9 @@
  * clients and /livez were refused) and its accept loop then spun; and it renders concurrent
  * scrapes in parallel, each holding its own copy of the text. Three GET paths need none of its
  * generality, and one thread with bounded state is easy to reason about: at most
- * HTTP_MAX_CONNS connections (a newcomer closes the longest idle one, or is answered 503 when
- * none is idle), a request's headers within HTTP_HEADER_TIMEOUT_MS, a keep-alive connection
+ * HTTP_MAX_CONNS connections (a newcomer closes the one that has waited longest for its peer,
+ * whatever that peer does, so that probes are answered while others hold every slot), a
+ * request's headers within HTTP_HEADER_TIMEOUT_MS, a keep-alive connection
  * closed after HTTP_IDLE_TIMEOUT_MS without a request, a reply written within
  * HTTP_WRITE_TIMEOUT_MS, accept paused (not retried in a loop) when out of descriptors, and
  * /metrics rendered one at a time, scrapes that arrive together sharing one text (metrics_body). */
@@ -55,8 +56,10 @@ typedef struct http_conn {
     int fd; /* -1: slot free */
     conn_state state;
     uint64_t deadline_ns;
-    uint64_t since_ns; /* accepted, or last reply sent */
-    bool started;      /* some bytes of the current request arrived */
+    /* When it began to wait for its peer (accepted, its reply queued, its reply sent), as a
+     * place in the order of such events: the smallest has waited longest. */
+    uint64_t waiting_since;
+    bool started; /* some bytes of the current request arrived */
     bool close_after;
     char in[HTTP_HEADER_BYTES];
     size_t in_len;
@@ -81,10 +84,11 @@ struct http_endpoint {
     /* The thread's own state. */
     http_conn conns[HTTP_MAX_CONNS];
     int nconns;
+    uint64_t events;          /* the last waiting_since given */
     uint64_t accept_after_ns; /* accept paused until then (no descriptors) */
     http_body *metrics;       /* the newest rendered text, or NULL */
     int old_bodies;           /* older texts still being sent */
-    uint64_t refused, evicted, full_logged_ns, fd_fail, fd_logged_ns;
+    uint64_t evicted, full_logged_ns, fd_fail, fd_logged_ns;
     http_detail_fn detail_fn;
     void *detail_arg;
 };
@@ -315,11 +319,13 @@ static void conn_parse(http_endpoint *e, http_conn *c, uint64_t now)
             c->in_len = 0;
             respond_text(c, 431, "Request Header Fields Too Large", "headers too large", false,
                          now);
+            c->waiting_since = ++e->events;
         }
         return;
     }
     size_t hlen = (size_t)(end - c->in);
     handle_request(e, c, hlen, now);
+    c->waiting_since = ++e->events;
     /* Keep what follows (a pipelined request) for after the reply. */
     memmove(c->in, c->in + hlen, c->in_len - hlen);
     c->in_len -= hlen;
@@ -357,7 +363,7 @@ static void conn_writable(http_endpoint *e, http_conn *c, uint64_t now)
         conn_close(e, c);
         return;
     }
-    c->since_ns = now;
+    c->waiting_since = ++e->events;
     conn_read_next(c, false, now);
     if (c->in_len > 0)
         conn_parse(e, c, now);
@@ -368,19 +374,37 @@ static void accept_some(http_endpoint *e, uint64_t now);
 /* Accepts what waits (accept_some), logging at most every HTTP_LOG_EVERY_MS when full. */
 static void accept_all(http_endpoint *e, uint64_t now)
 {
-    uint64_t refused = e->refused, evicted = e->evicted;
+    uint64_t evicted = e->evicted;
     accept_some(e, now);
-    if ((e->refused != refused || e->evicted != evicted) &&
+    if (e->evicted != evicted &&
         now - e->full_logged_ns >= (uint64_t)HTTP_LOG_EVERY_MS * 1000000u) {
-        log_warn("http: %d connections open, the most served at once: %llu idle ones closed "
-                 "and %llu new ones refused so far",
-                 HTTP_MAX_CONNS, (unsigned long long)e->evicted, (unsigned long long)e->refused);
+        log_warn("http: %d connections open, the most served at once: %llu closed so far to make "
+                 "room for new ones (each time the one that had waited longest for its client)",
+                 HTTP_MAX_CONNS, (unsigned long long)e->evicted);
         e->full_logged_ns = now;
     }
 }
 
-/* Accepts what waits: into a free slot, one made by closing the longest idle connection, or
- * answered 503 and closed when every connection is busy with a request. */
+/* The connection that has waited longest for its peer, whatever it waits for: a request
+ * (none begun, or headers arriving however slowly) or the reading of its reply. */
+static http_conn *longest_waiting(http_endpoint *e)
+{
+    http_conn *oldest = NULL;
+    for (int i = 0; i < HTTP_MAX_CONNS; i++) {
+        http_conn *c = &e->conns[i];
+        if (c->fd >= 0 && (oldest == NULL || c->waiting_since < oldest->waiting_since))
+            oldest = c;
+    }
+    return oldest;
+}
+
+/* Accepts what waits, into a free slot or, when all HTTP_MAX_CONNS are taken, into one made by
+ * closing the connection that has waited longest for its peer: no client, idle, trickling
+ * its headers a byte at a time or reading slowly, holds a slot against a newcomer such as a
+ * liveness probe, which sends its request at once and so is answered before 63 more
+ * newcomers could make it the oldest. While full, one newcomer per poll round: the round in
+ * between reads what the one accepted before sent and closes those whose peers left, so a
+ * connection whose request is still unread is never closed for a newer one in the same round. */
 static void accept_some(http_endpoint *e, uint64_t now)
 {
     for (;;) {
@@ -400,41 +424,24 @@ static void accept_some(http_endpoint *e, uint64_t now)
             }
             return;
         }
-        if (e->nconns >= HTTP_MAX_CONNS) {
-            /* Full: the connection that has waited longest without sending a byte makes room
-             * (idle connections must not lock probes out), else the newcomer is refused. */
-            http_conn *idle = NULL;
-            for (int i = 0; i < HTTP_MAX_CONNS; i++) {
-                http_conn *c = &e->conns[i];
-                if (c->fd >= 0 && c->state == CONN_READ && c->in_len == 0 &&
-                    (idle == NULL || c->since_ns < idle->since_ns))
-                    idle = c;
-            }
-            if (idle) {
-                conn_close(e, idle);
-                e->evicted++;
-            }
-        }
-        if (e->nconns >= HTTP_MAX_CONNS) {
-            static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                       "Connection: close\r\n\r\n";
-            ssize_t w = send(fd, busy, sizeof(busy) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            (void)w;
-            close(fd);
-            e->refused++;
-            continue;
+        bool full = e->nconns >= HTTP_MAX_CONNS;
+        if (full) {
+            conn_close(e, longest_waiting(e));
+            e->evicted++;
         }
         http_conn *c = NULL;
         for (int i = 0; i < HTTP_MAX_CONNS && c == NULL; i++)
             if (e->conns[i].fd < 0)
                 c = &e->conns[i];
         c->fd = fd;
-        c->since_ns = now;
+        c->waiting_since = ++e->events;
         c->in_len = 0;
         c->shared = NULL;
         c->close_after = false;
         conn_read_next(c, true, now);
         e->nconns++;
+        if (full)
+            return;
     }
 }
 
