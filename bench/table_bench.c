@@ -19,7 +19,11 @@
  *
  * usage: ps-table-bench [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S]
  *                       [--optimizer adagrad] [--threads T] [--quick]
- *                       [--wire PS_SERVER [--servers N] [--inflight K]] [--fill-only]
+ *                       [--wire PS_SERVER [--servers N] [--inflight K]
+ *                        [--replicas R --coordinator ETCD_URL]] [--fill-only]
+ * --replicas R (with --coordinator, an etcd's client URL): the servers keep R copies of every
+ *   group (the same run with R 1 and 2 compares replicated table pulls and pushes with plain
+ *   ones: bench/table_replication_bench.sh).
  * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself.
  * --fill-only: only make the rows and report memory (no Zipf phases: no CDF of --rows doubles),
  * for the largest tables; with --wire, in the ps-server processes only (their resident sizes). */
@@ -190,7 +194,11 @@ typedef struct config {
     const char *wire; /* ps-server binary, or NULL */
     int servers;
     int inflight;
+    int replicas;            /* --replicas (1: none) */
+    const char *coordinator; /* --coordinator, with --replicas above 1 */
 } config;
+
+static const config *wire_cfg; /* the run's settings, for wire_client */
 
 /* In-process figures of one dim, for the wire's ratios. */
 typedef struct inproc {
@@ -323,6 +331,12 @@ static ps_client *wire_client(const test_cluster *tc)
         return NULL;
     ps_config_set(cfg, "cluster", tf);
     ps_config_set(cfg, "deadline-ms", "600000");
+    if (wire_cfg && wire_cfg->replicas > 1) {
+        char r[16];
+        snprintf(r, sizeof(r), "%d", wire_cfg->replicas);
+        ps_config_set(cfg, "replicas", r);
+        ps_config_set(cfg, "coordinator", wire_cfg->coordinator);
+    }
     if (ps_client_open(&cl, cfg) != PS_OK) {
         fprintf(stderr, "ps_client_open: %s\n", ps_last_error());
         cl = NULL;
@@ -452,8 +466,16 @@ static void proc_rss(pid_t pid, uint64_t *rss, uint64_t *hwm)
  * Returns -1 when the servers do not start. */
 static int wire_start(const config *c, test_cluster *tc, ps_client **cl)
 {
-    const char *extra[] = {"--log-level", "warn", NULL};
-    if (test_cluster_start(tc, c->wire, c->servers, extra) != 0) {
+    static int clusters; /* a coordinator prefix per cluster started */
+    char r[16], prefix[64];
+    snprintf(r, sizeof(r), "%d", c->replicas);
+    snprintf(prefix, sizeof(prefix), "/tablebench/%d/%d", (int)getpid(), ++clusters);
+    const char *plain[] = {"--log-level", "warn", NULL};
+    const char *repl[] = {
+        "--log-level",          "warn", "--replicas", r, "--coordinator", c->coordinator,
+        "--coordinator-prefix", prefix, NULL};
+    wire_cfg = c;
+    if (test_cluster_start(tc, c->wire, c->servers, c->replicas > 1 ? repl : plain) != 0) {
         fprintf(stderr, "cannot start %d ps-server(s) from %s\n", c->servers, c->wire);
         return -1;
     }
@@ -586,8 +608,8 @@ static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, c
     double total = (double)b * c->batches;
     size_t used = strlen(rows);
     snprintf(rows + used, cap - used,
-             "| %u | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", dim, c->servers,
-             c->inflight, (double)c->rows / fill, total / push, total / pull,
+             "| %u | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", dim, c->servers,
+             c->replicas, c->inflight, (double)c->rows / fill, total / push, total / pull,
              (double)b * half * 2 / two, total / push / in->push, total / pull / in->pull);
     rc = 0;
 out:
@@ -611,7 +633,8 @@ int main(int argc, char **argv)
                 .opt = OPTIMIZER_ADAGRAD,
                 .threads = 2,
                 .servers = 1,
-                .inflight = 4};
+                .inflight = 4,
+                .replicas = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -629,6 +652,12 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--servers") == 0 && v) {
             c.servers = atoi(v);
+            i++;
+        } else if (strcmp(a, "--replicas") == 0 && v) {
+            c.replicas = atoi(v);
+            i++;
+        } else if (strcmp(a, "--coordinator") == 0 && v) {
+            c.coordinator = v;
             i++;
         } else if (strcmp(a, "--inflight") == 0 && v) {
             c.inflight = atoi(v);
@@ -668,7 +697,8 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: %s [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S] "
                     "[--optimizer NAME] [--threads T] [--quick] [--fill-only] "
-                    "[--wire PS_SERVER [--servers N] [--inflight K]]\n",
+                    "[--wire PS_SERVER [--servers N] [--inflight K] [--replicas R "
+                    "--coordinator URL]]\n",
                     argv[0]);
             return 2;
         }
@@ -680,6 +710,11 @@ int main(int argc, char **argv)
                 "%s: rows, batch, batches, dims and zipf must be > 0, threads 1..16, servers "
                 "1..%d, inflight 1..64\n",
                 argv[0], TEST_MAX_SERVERS);
+        return 2;
+    }
+    if (c.replicas < 1 || c.replicas > c.servers || (c.replicas > 1 && c.coordinator == NULL)) {
+        fprintf(stderr, "%s: --replicas must be 1..servers (%d), and above 1 needs --coordinator\n",
+                argv[0], c.servers);
         return 2;
     }
     if (c.wire != NULL && c.fill_only) {
@@ -728,9 +763,9 @@ int main(int argc, char **argv)
     }
     if (c.wire != NULL) {
         printf("\n# over the wire: %d ps-server(s) on loopback, the same batches\n", c.servers);
-        printf("| dim | servers | calls in flight | rows made/s | push ids/s | pull ids/s | push "
-               "ids/s, 2 clients | push / in-process | pull / in-process |\n");
-        printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", wire_rows);
+        printf("| dim | servers | replicas | calls in flight | rows made/s | push ids/s | pull "
+               "ids/s | push ids/s, 2 clients | push / in-process | pull / in-process |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", wire_rows);
     }
     free(zf.cdf);
     return rc;
