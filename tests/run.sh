@@ -27,7 +27,7 @@ if [ ! -f build-asan/build.ninja ]; then
 fi
 meson compile -C build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
+  LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp" meson test -C build-asan --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3 \
   --no-suite container --no-suite known-leak
 
 # Fuzzing (tests/fuzz/run.sh): each libFuzzer harness 60 s in its own clang build (build-fuzz),
