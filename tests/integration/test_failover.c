@@ -479,13 +479,8 @@ static view read_view(void)
 {
     view_record r;
     memset(&r, 0, sizeof(r));
-    char prefix[64], err[512], addrs[NSERVERS][32];
-    const char *ps[NSERVERS];
-    for (int i = 0; i < NSERVERS; i++) {
-        snprintf(addrs[i], sizeof(addrs[i]), "127.0.0.1:%d", tc.ports[i]);
-        ps[i] = addrs[i];
-    }
-    view_default_prefix(ps, NSERVERS, prefix, sizeof(prefix));
+    char prefix[64], err[512];
+    test_view_prefix(&tc, prefix, sizeof(prefix));
     etcd_client *e = NULL;
     if (etcd_client_create(&e, etcd.endpoint, 2000, err, sizeof(err)) == 0 &&
         view_etcd_read(e, prefix, &r, NULL, err, sizeof(err)) != 0)

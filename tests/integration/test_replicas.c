@@ -387,13 +387,8 @@ static void test_not_primary_names_primary(void **state)
 /* The cluster token the servers read from etcd (prefix/token): into buf, or "". */
 static void cluster_token(char *buf, size_t cap)
 {
-    char prefix[64], key[128], err[512], addrs[NSERVERS][32];
-    const char *ps[NSERVERS];
-    for (int i = 0; i < NSERVERS; i++) {
-        snprintf(addrs[i], sizeof(addrs[i]), "127.0.0.1:%d", tc.ports[i]);
-        ps[i] = addrs[i];
-    }
-    view_default_prefix(ps, NSERVERS, prefix, sizeof(prefix));
+    char prefix[64], key[128], err[512];
+    test_view_prefix(&tc, prefix, sizeof(prefix));
     snprintf(key, sizeof(key), "%s/token", prefix);
     buf[0] = '\0';
     etcd_client *e = NULL;

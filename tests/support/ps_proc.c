@@ -5,6 +5,8 @@
 #include <cmocka.h>
 
 #include "ps_proc.h"
+#include "cluster_proc.h"
+#include "view_etcd.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -204,6 +206,17 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
     int st = test_raw_request(s, env, seg, seglen, f, m);
     nng_close(s);
     return st;
+}
+
+void test_view_prefix(const test_cluster *tc, char *buf, size_t cap)
+{
+    char addrs[TEST_MAX_SERVERS][32];
+    const char *ps[TEST_MAX_SERVERS];
+    for (int i = 0; i < tc->n && i < TEST_MAX_SERVERS; i++) {
+        snprintf(addrs[i], sizeof(addrs[i]), "127.0.0.1:%d", tc->ports[i]);
+        ps[i] = addrs[i];
+    }
+    view_default_prefix(ps, (size_t)tc->n, buf, cap);
 }
 
 uint64_t test_server_epoch(int port)

@@ -85,6 +85,9 @@ int test_raw_call(int port, envelope *env, const void *seg, size_t seglen, frame
 /* The view epoch the server on port answers with (its ServerStatus reply's envelope); 0 when
  * it does not answer. */
 uint64_t test_server_epoch(int port);
+/* The coordinator prefix the servers of tc use by default (view_default_prefix over its
+ * 127.0.0.1:port addresses). */
+void test_view_prefix(const struct test_cluster *tc, char *buf, size_t cap);
 int test_group_checksum(int port, uint32_t group, uint64_t epoch, uint64_t *sum, uint32_t *vars,
                         uint64_t *lsn);
 
