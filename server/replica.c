@@ -1772,7 +1772,7 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
         /* What belongs to the process, not to the group's contents, stays: its checkpointer,
          * its failover agent (a stop revokes the lease through it: without it a server that
          * had rejoined left the others waiting for its lease to expire), its RPC server, a
-         * shutdown asked for, its start time and counters. */
+         * shutdown asked for, its start time, counters and create count. */
         atomic_store(&st->ck, atomic_load(&G->st->ck));
         st->view_agent = G->st->view_agent;
         st->rpc = G->st->rpc;
@@ -1780,6 +1780,9 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
         atomic_store(&st->shutdown_requested, atomic_load(&G->st->shutdown_requested));
         atomic_store(&st->updates_applied, atomic_load(&G->st->updates_applied));
         atomic_store(&st->duplicates_dropped, atomic_load(&G->st->duplicates_dropped));
+        /* Creates count on from the process's count: its checkpointer's durable mark is in
+         * that count (back at 0, a create would pass for durable before any checkpoint). */
+        atomic_store(&st->create_gen, atomic_load(&G->st->create_gen));
         memcpy(G->st, st, sizeof(*st));
         free(st);
         st = G->st;
