@@ -115,8 +115,9 @@ static void conn_name(const rpc_conn *c, char *buf, size_t cap)
 /* Notes the server process (Envelope.server_instance, 0: a server that does not say) of a
  * reply. Returns true when it is another process than the one that answered this
  * connection's first reply: the server restarted meanwhile, and lost what it had not
- * checkpointed. The first reply of a new process is logged (log_restarts). */
-static bool conn_note_instance(rpc_conn *c, uint64_t instance)
+ * checkpointed, unless it is replicated (the reply names a view epoch: its groups' other
+ * copies kept it). The first reply of a new process is logged (log_restarts). */
+static bool conn_note_instance(rpc_conn *c, uint64_t instance, bool replicated)
 {
     if (instance == 0)
         return false;
@@ -132,8 +133,11 @@ static bool conn_note_instance(rpc_conn *c, uint64_t instance)
         char name[340];
         conn_name(c, name, sizeof(name));
         log_warn("%s restarted: its replies now come from a new server process (instance "
-                 "%016llx, before %016llx); what it applied after its last checkpoint is lost",
-                 name, (unsigned long long)instance, (unsigned long long)prev);
+                 "%016llx, before %016llx); %s",
+                 name, (unsigned long long)instance, (unsigned long long)prev,
+                 replicated ? "its replica groups kept what they acknowledged (it copies them "
+                              "back from their primaries)"
+                            : "what it applied after its last checkpoint is lost");
     }
     return true;
 }
@@ -656,7 +660,7 @@ static void req_cb(void *arg)
             req_finish(r, STATUS_INTERNAL, msg, NULL);
             return;
         }
-        bool restarted = conn_note_instance(r->conn, f.env->server_instance);
+        bool restarted = conn_note_instance(r->conn, f.env->server_instance, f.env->epoch != 0);
         if (f.env->status == STATUS_UNAVAILABLE && r->attempt < r->opts.retries) {
             char why[200];
             snprintf(why, sizeof(why), "UNAVAILABLE: %s",
