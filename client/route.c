@@ -23,6 +23,9 @@
 /* Attempts of one call at most: the deadline ends it first while a failover is awaited (two
  * hops per ROUTE_DOWN_PROBE_MS at most). */
 #define ROUTE_MAX_HOPS 1000
+/* UNAVAILABLE replies retried within one attempt (each attempt is bounded by its probe
+ * interval): as many as fit. */
+#define ROUTE_UNAVAILABLE_RETRIES 1000
 
 typedef struct routed {
     ps_client *c;
@@ -117,6 +120,10 @@ static int attempt(routed *r)
     rpc_call_opts o = r->opts;
     o.deadline_ms = (uint32_t)left_ms;
     if (c->replicated || atomic_load(&c->view_epoch) != 0) {
+        /* A group waiting for one of its in-sync members answers UNAVAILABLE for as long as
+         * that takes: retried (with backoff) through the attempt, then the next attempt, until
+         * the call's own deadline, not given up after a few tries. */
+        o.retries = ROUTE_UNAVAILABLE_RETRIES;
         uint32_t cap =
             rpc_conn_sockets_up(c->servers[r->target]) > 0 ? ROUTE_PROBE_MS : ROUTE_DOWN_PROBE_MS;
         r->capped = o.deadline_ms > cap;

@@ -939,9 +939,12 @@ static void dispatch(rpc_call *call, void *arg)
     if (prim < 0 && epoch != 0)
         in_sync_list(&node.cur, g, holders, sizeof(holders));
     pthread_mutex_unlock(&node.vlock);
+    if (env->epoch != 0 && env->epoch < epoch && prim < 0) {
+        refuse_not_serving(call, g, prim, epoch, holders); /* UNAVAILABLE: the group waits */
+        return;
+    }
     if (env->epoch != 0 && env->epoch < epoch) {
-        if (prim >= 0)
-            rpc_call_set_primary(call, (uint32_t)prim);
+        rpc_call_set_primary(call, (uint32_t)prim);
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
                         "request sent under view epoch %llu, the current epoch is %llu: group "
                         "%u is served by server %d",

@@ -294,7 +294,8 @@ static void test_ttl_table_copies_identical(void **state)
 }
 
 /* A table pull reads: it is not logged (no log position, nothing streamed to the backups),
- * while a table push is. */
+ * while a table push is. (The TTL table of the test before goes on sweeping: a logged
+ * operation a second.) */
 static void test_table_pull_not_logged(void **state)
 {
     (void)state;
@@ -322,7 +323,9 @@ static void test_table_pull_not_logged(void **state)
     }
     for (uint32_t grp = 0; grp < NSERVERS; grp++) {
         assert_int_equal(group_checksum((int)grp, grp, 0, &sum, NULL, &after[grp]), 0);
-        assert_int_equal(after[grp], before[grp]); /* 20 pulls: no log position taken */
+        /* 20 pulls, each with a part for every group: logged, they would take 20 positions
+         * here; the log moves only by the earlier TTL table's sweeps (one a second). */
+        assert_true(after[grp] - before[grp] < 10);
     }
     assert_int_equal(ps_table_push(t, ids, 64, g), PS_OK);
     uint64_t moved = 0;
