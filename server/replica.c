@@ -1835,8 +1835,20 @@ static void *copy_main(void *arg)
         uint64_t epoch = node.cur.epoch;
         pthread_mutex_unlock(&node.vlock);
         if (prim >= 0 && prim != (int32_t)node.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
-            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim, epoch) == 0)
-            break;
+            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim, epoch) == 0) {
+            /* A copy from a server that is no longer the primary (asked under a view that
+             * changed meanwhile, the old primary not yet aware): the new one never streams to
+             * this copy, which would never catch up. Copied again from the primary. */
+            pthread_mutex_lock(&G->q);
+            int32_t now = G->primary;
+            bool serving = G->serving;
+            pthread_mutex_unlock(&G->q);
+            if (now == prim || serving || now < 0)
+                break;
+            log_info("group %u: the copy came from server %d, no longer its primary: copying it "
+                     "again from server %d",
+                     G->g, prim, now);
+        }
         struct timespec ts = {0, 300 * 1000000};
         nanosleep(&ts, NULL);
     }
