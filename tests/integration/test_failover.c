@@ -223,6 +223,24 @@ static void check_all(ps_client *c, ps_var *v, float want)
     assert_int_equal(wrong, 0);
 }
 
+/* SIGKILLs server i and reaps it (its pid slot then 0: the teardown skips it). */
+static void kill_server(int i)
+{
+    assert_int_equal(kill(tc.pids[i], SIGKILL), 0);
+    waitpid(tc.pids[i], NULL, 0);
+    tc.pids[i] = 0;
+}
+
+/* A gradient of VAR_N ones (caller frees). */
+static float *ones(void)
+{
+    float *g = malloc(VAR_N * sizeof(float));
+    assert_non_null(g);
+    for (size_t i = 0; i < VAR_N; i++)
+        g[i] = 1.0f;
+    return g;
+}
+
 static void test_kill_primary_exact_sums_then_rejoin(void **state)
 {
     (void)state;
@@ -236,9 +254,7 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     usleep(1500 * 1000);
     double t_kill = now_s();
     assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
@@ -349,9 +365,7 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
     check_all(c, v, want);
     assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
     assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     t0 = now_s();
     bool same = false;
     int pushes = 0;
@@ -409,9 +423,7 @@ static void test_whole_cluster_restart_restores(void **state)
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     for (int k = 0; k < 50; k++)
         push_ok(c, v, g);
     ps_client_close(c);
@@ -452,15 +464,11 @@ static void test_restart_after_failover_restores_newest(void **state)
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     for (int k = 0; k < 20; k++)
         push_ok(c, v, g);
     assert_int_equal(checkpoint_now(1), 0); /* ps 1's newest file: 20 pushes */
-    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-    waitpid(tc.pids[1], NULL, 0);
-    tc.pids[1] = 0;
+    kill_server(1);
     for (int k = 0; k < 30; k++)
         push_ok(c, v, g);
     check_all(c, v, -50.0f);
@@ -514,14 +522,10 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     for (int k = 0; k < 20; k++)
         push_ok(c, v, g);
-    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-    waitpid(tc.pids[1], NULL, 0);
-    tc.pids[1] = 0;
+    kill_server(1);
     for (int k = 0; k < 30; k++)
         push_ok(c, v, g);
     check_all(c, v, -50.0f);
@@ -529,9 +533,7 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     assert_int_equal(checkpoint_now(0), 0); /* ps 0's group 0: 50 pushes */
     view before = read_view();
     assert_false(view_in_sync(&before, 0, 1));
-    assert_int_equal(kill(tc.pids[0], SIGKILL), 0);
-    waitpid(tc.pids[0], NULL, 0);
-    tc.pids[0] = 0;
+    kill_server(0);
     assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
     view w = wait_live(1);
     assert_int_equal(w.live[1], 1);
@@ -605,15 +607,11 @@ static void test_sigterm_after_rejoin_revokes(void **state)
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = malloc(VAR_N * sizeof(float));
-    for (size_t i = 0; i < VAR_N; i++)
-        g[i] = 1.0f;
+    float *g = ones();
     for (int k = 0; k < 10; k++)
         push_ok(c, v, g);
     /* A restart is a new incarnation: dropped at once (its new registration), then it rejoins. */
-    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-    waitpid(tc.pids[1], NULL, 0);
-    tc.pids[1] = 0;
+    kill_server(1);
     assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
     view w = wait_live(1);
     assert_int_equal(w.live[1], 1);
