@@ -30,9 +30,12 @@ static inline uint64_t time_wall_ms(void)
  * thread (a replicated group's operation: the time its primary logged it, so that every copy
  * applies it at the same time), that time; otherwise now. */
 extern _Thread_local uint64_t time_op_ms_in_force;
+/* The wall clock in ms, never less than it returned before in this process (a clock stepped
+ * back holds still until it catches up: TTL and LRU ages only go forward). */
+uint64_t time_wall_forward_ms(void);
 static inline uint64_t time_op_ms(void)
 {
-    return time_op_ms_in_force ? time_op_ms_in_force : time_wall_ms();
+    return time_op_ms_in_force ? time_op_ms_in_force : time_wall_forward_ms();
 }
 /* Sets the time of the operations this thread applies (0: now again). */
 static inline void time_op_set(uint64_t ms)

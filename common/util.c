@@ -3,6 +3,7 @@
 #include "timeutil.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,3 +244,12 @@ bool name_valid(const char *name, size_t max_len)
 }
 
 _Thread_local uint64_t time_op_ms_in_force;
+
+uint64_t time_wall_forward_ms(void)
+{
+    static _Atomic uint64_t last;
+    uint64_t t = time_wall_ms(), seen = atomic_load(&last);
+    while (t > seen && !atomic_compare_exchange_weak(&last, &seen, t))
+        ;
+    return t > seen ? t : seen;
+}

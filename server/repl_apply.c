@@ -1,0 +1,291 @@
+/* A backup's side of replication: REPLICATE batches checked (token, epoch, the log's match)
+ * and applied in lsn order; the group checksum that tells whether copies agree. */
+#include "repl_group.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "placement.h"
+#include "repl_match.h"
+#include "status.h"
+#include "timeutil.h"
+
+static int var_cmp(const void *a, const void *b)
+{
+    return strcmp((*(variable *const *)a)->name, (*(variable *const *)b)->name);
+}
+
+/* FNV-1a over every variable of st by name: name, version, range, values and optimizer slots
+ * (updates held off meanwhile), then every table's rows (server_tables_checksum). */
+static uint64_t group_checksum(server_state *st, uint32_t *nvars)
+{
+    uint64_t h = FNV1A_INIT;
+    store_freeze(st->vars);
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    if (n)
+        qsort(vars, n, sizeof(*vars), var_cmp);
+    for (size_t i = 0; i < n; i++) {
+        variable *v = vars[i];
+        uint64_t ver = atomic_load(&v->version);
+        h = fnv1a_update(h, v->name, strlen(v->name) + 1);
+        h = fnv1a_update(h, &ver, sizeof(ver));
+        h = fnv1a_update(h, &v->offset, sizeof(v->offset));
+        h = fnv1a_update(h, &v->count, sizeof(v->count));
+        h = fnv1a_update(h, v->params, v->count * sizeof(float));
+        for (size_t k = 0; k < v->nslots; k++)
+            h = fnv1a_update(h, v->slots[k], v->count * sizeof(float));
+    }
+    store_list_release(vars, n);
+    h = server_tables_checksum(st, h);
+    store_thaw(st->vars);
+    *nvars = (uint32_t)n;
+    return h;
+}
+
+/* Whether call, a REPLICATE of its log or copy, comes from a server of this cluster: it
+ * carries the cluster token (view_agent_token). Refused (answered) otherwise. */
+static bool replica_peer_ok(rpc_call *call)
+{
+    char tok[80];
+    if (repl.agent == NULL || !view_agent_token(repl.agent, tok, sizeof(tok))) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "server %u has not read the cluster token from the coordinator yet: "
+                        "retry",
+                        repl.cfg.self);
+        return false;
+    }
+    if (rpc_call_carries_token(call, tok))
+        return true;
+    log_warn("refused REPLICATE without the cluster token (a server-to-server method: only the "
+             "cluster's servers, which read the token from the coordinator, may send it)");
+    rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                    "REPLICATE is a server-to-server method: the request does not carry the "
+                    "cluster token that the servers read from the coordinator");
+    return false;
+}
+
+void replica_handle_replicate(rpc_call *call, void *arg)
+{
+    (void)arg;
+    if (!repl.on) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "this server runs with replicas 1: it holds no replica group");
+        return;
+    }
+    const Psd__V1__ReplicateRequest *rq = (const Psd__V1__ReplicateRequest *)rpc_call_body(call);
+    uint32_t N = repl.cfg.num_servers, self = repl.cfg.self;
+    if (rq->group >= N || repl.groups[rq->group] == NULL) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u holds no copy of group %u (replicas %u of %u servers)", self,
+                        rq->group, repl.cfg.replicas, N);
+        return;
+    }
+    rgroup *G = repl.groups[rq->group];
+    Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
+    /* A group's checksum is a read for operators (the admin role); its log and copies are
+     * the cluster's servers' alone: the cluster token, never a loopback peer as such. */
+    if (rq->checksum ? !rpc_call_check_admin(call) : !replica_peer_ok(call))
+        return;
+    if (rq->checksum) {
+        pthread_mutex_lock(&G->order);
+        rep.applied_lsn = G->next_lsn;
+        rep.checksum = group_checksum(G->st, &rep.variables);
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
+    if (rq->copy) {
+        repl_copy_serve(call, G, rq);
+        return;
+    }
+    pthread_mutex_lock(&repl.vlock);
+    uint64_t epoch = repl.cur.epoch;
+    int32_t prim = repl.cur.primary[rq->group];
+    pthread_mutex_unlock(&repl.vlock);
+    if (rq->epoch > epoch) {
+        /* From a view this server has not installed yet (or no view at all): it does not know
+         * whether the sender is the group's primary there. The sender retries. */
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "REPLICATE of group %u under view epoch %llu: this server is at epoch "
+                        "%llu and has not installed that view yet: retry",
+                        rq->group, (unsigned long long)rq->epoch, (unsigned long long)epoch);
+        return;
+    }
+    if (rq->epoch < epoch) {
+        if (prim >= 0)
+            rpc_call_set_primary(call, (uint32_t)prim);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u under view epoch %llu refused: this server is at "
+                        "epoch %llu, where the group's primary is server %d",
+                        rq->group, (unsigned long long)rq->epoch, (unsigned long long)epoch, prim);
+        return;
+    }
+    if (prim == (int32_t)self) {
+        /* Even from a newer epoch: until this server installed that view it numbers the
+         * group's log itself; the sender retries. */
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u refused: this server is its primary in epoch %llu",
+                        rq->group, (unsigned long long)epoch);
+        return;
+    }
+    size_t seglen;
+    const uint8_t *seg = rpc_call_segment(call, &seglen);
+    size_t total = 0;
+    for (size_t i = 0; i < rq->n_op_len; i++) {
+        if (rq->op_len[i] == 0 || rq->op_len[i] > seglen) {
+            rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                            "REPLICATE operation %zu has length %llu (segment of %zu bytes)", i,
+                            (unsigned long long)rq->op_len[i], seglen);
+            return;
+        }
+        total += ((size_t)rq->op_len[i] + 3) & ~(size_t)3;
+    }
+    if (total != seglen || (rq->n_op_len > 0 && rq->first_lsn == 0)) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "REPLICATE: %zu operations of %zu padded bytes in a segment of %zu bytes "
+                        "(first lsn %llu)",
+                        rq->n_op_len, total, seglen, (unsigned long long)rq->first_lsn);
+        return;
+    }
+    pthread_mutex_lock(&G->order);
+    if (!G->ready) {
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u is copying group %u from its primary: not ready for its log yet",
+                        self, rq->group);
+        return;
+    }
+    /* Checked again under the order lock, which a view change takes: a view installed since
+     * the check above may have made this server the group's primary or moved past the epoch. */
+    if (G->serving || rq->epoch < G->epoch) {
+        uint64_t now = G->epoch;
+        bool serving = G->serving;
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "REPLICATE of group %u under view epoch %llu refused: this server %s "
+                        "(epoch %llu)",
+                        rq->group, (unsigned long long)rq->epoch,
+                        serving ? "is now its primary" : "moved to a newer view",
+                        (unsigned long long)now);
+        return;
+    }
+    /* Log matching (repl_match.h): a copy that diverged from the primary copies the group
+     * again, and answers nothing the primary could count as agreement meanwhile. */
+    uint64_t mine = G->next_lsn - 1;
+    repl_match match =
+        repl_match_batch(mine, G->last_epoch, G->verified, rq->last_lsn, rq->committed_lsn,
+                         rq->first_lsn, rq->n_op_len, rq->op_epoch, rq->n_op_epoch);
+    if (match == REPL_MATCHED)
+        G->verified = true;
+    if (match == REPL_DIVERGED) {
+        uint64_t at_primary =
+            mine <= rq->last_lsn && rq->first_lsn <= mine && mine < rq->first_lsn + rq->n_op_epoch
+                ? rq->op_epoch[mine - rq->first_lsn]
+                : 0;
+        log_warn("group %u: this copy applied up to lsn %llu (epoch %llu), which the primary's "
+                 "log (end %llu, epoch %llu there) does not hold: copying the group again",
+                 G->g, (unsigned long long)mine, (unsigned long long)G->last_epoch,
+                 (unsigned long long)rq->last_lsn, (unsigned long long)at_primary);
+        pthread_mutex_lock(&G->q);
+        G->fresh = false;
+        repl_rejoin_locked(G);
+        pthread_mutex_unlock(&G->q);
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "server %u diverged from the primary on group %u at lsn %llu: it copies "
+                        "the group again",
+                        self, rq->group, (unsigned long long)mine);
+        return;
+    }
+    /* Kept operations reference the batch's message (replicas > 2). */
+    rpc_held *batch = NULL;
+    if (repl.cfg.replicas > 2) {
+        const uint8_t *d;
+        size_t l;
+        batch = rpc_call_hold_request(call, &d, &l);
+    }
+    size_t at = 0;
+    for (size_t i = 0; i < rq->n_op_len; i++) {
+        uint64_t lsn = rq->first_lsn + i;
+        size_t len = (size_t)rq->op_len[i];
+        if (lsn == G->next_lsn) {
+            /* Applied from the received message's bytes, in place, at the time the primary
+             * logged it (a primary of an older version sends none: now). */
+            uint64_t t = i < rq->n_op_time_ms ? rq->op_time_ms[i] : 0;
+            if (t > G->last_time_ms)
+                G->last_time_ms = t;
+            time_op_set(t);
+            if (rpc_server_handle_borrowed(G->local, seg + at, len) != 0)
+                log_error("group %u: out of memory applying lsn %llu", G->g,
+                          (unsigned long long)lsn);
+            time_op_set(0);
+            G->next_lsn++;
+            if (i < rq->n_op_epoch)
+                G->last_epoch = rq->op_epoch[i];
+            if (repl.cfg.replicas > 2) {
+                /* Kept until every replica applied it: this copy may become the primary that
+                 * brings a backup behind it up to date. */
+                rop *o = calloc(1, sizeof(*o));
+                if (o && batch) {
+                    o->held = rpc_held_ref(batch);
+                    o->bytes = seg + at;
+                } else if (o && (o->own = malloc(len)) != NULL) {
+                    memcpy(o->own, seg + at, len);
+                    o->bytes = o->own;
+                }
+                if (o && o->bytes) {
+                    o->len = len;
+                    o->lsn = lsn;
+                    o->epoch = i < rq->n_op_epoch ? rq->op_epoch[i] : 0;
+                    o->time_ms = t;
+                    pthread_mutex_lock(&G->q);
+                    if (G->tail)
+                        G->tail->next = o;
+                    else
+                        G->head = o;
+                    G->tail = o;
+                    G->last_lsn = lsn;
+                    pthread_mutex_unlock(&G->q);
+                } else {
+                    free(o);
+                }
+            }
+        }
+        at += (len + 3) & ~(size_t)3;
+    }
+    rpc_held_release(batch);
+    rep.applied_lsn = G->next_lsn;
+    /* Caught up once the primary waits for it (rq->counted): from then on every update it
+     * acknowledges is one this copy has. */
+    bool caught_up = G->next_lsn > rq->last_lsn && rq->counted;
+    pthread_mutex_unlock(&G->order);
+    pthread_mutex_lock(&G->q);
+    bool mark = caught_up && !G->marked;
+    if (mark)
+        G->marked = true;
+    pthread_mutex_unlock(&G->q);
+    if (mark) {
+        log_info("group %u: caught up with its primary at lsn %llu", G->g,
+                 (unsigned long long)rep.applied_lsn);
+        if (repl.agent)
+            view_agent_mark_caught_up(repl.agent, G->g);
+    }
+    if (rq->committed_lsn) {
+        pthread_mutex_lock(&G->q);
+        if (!G->serving) {
+            while (G->head && G->head->lsn <= rq->committed_lsn) {
+                rop *o = G->head;
+                G->head = o->next;
+                if (G->head == NULL)
+                    G->tail = NULL;
+                repl_op_free(o);
+            }
+            if (rq->committed_lsn > G->committed)
+                G->committed = rq->committed_lsn;
+        }
+        pthread_mutex_unlock(&G->q);
+    }
+    rpc_reply_ok(call, &rep.base);
+}
