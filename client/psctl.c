@@ -40,6 +40,11 @@ static const char usage_text[] =
     "  top [--iterations N]  rates per server, refreshed every second (q or Ctrl-C quits)\n"
     "  view               replicated clusters: the view in etcd (coordinator): epoch, each\n"
     "                     group's primary and backups, servers live, rejoining or down\n"
+    "  force-primary GROUP SERVER\n"
+    "                     replicated clusters: a group waiting because none of its in-sync\n"
+    "                     members is live is served by SERVER, a live member, from the copy\n"
+    "                     it holds; updates only the missing members held are given up\n"
+    "                     (waits up to 30 s for the view)\n"
     "Flags of psctl itself: --json (one JSON object per command, one line per top refresh),\n"
     "--iterations N (top: stop after N refreshes).";
 
@@ -796,7 +801,8 @@ int main(int argc, char **argv)
     const char *cmd = p.npositional > 0 ? p.positional[0] : NULL;
     int nargs_cmd = p.npositional - 1;
     if (cmd == NULL)
-        rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top, view)");
+        rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top, view, "
+                         "force-primary)");
     else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "checkpoint") == 0 ||
              strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0 || strcmp(cmd, "view") == 0) {
         if (nargs_cmd != 0)
@@ -807,6 +813,9 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "dump") == 0) {
         if (nargs_cmd != 2)
             rc = usage_error("dump needs VAR FILE or TABLE DIR");
+    } else if (strcmp(cmd, "force-primary") == 0) {
+        if (nargs_cmd != 2)
+            rc = usage_error("force-primary needs GROUP SERVER (task indices)");
     } else {
         char msg[300];
         snprintf(msg, sizeof(msg), "unknown command \"%s\"", cmd);
@@ -816,8 +825,11 @@ int main(int argc, char **argv)
         rc = usage_error("--iterations applies to top only");
 
     ps_client *c = NULL;
-    if (rc == 0 && strcmp(cmd, "view") == 0) { /* from etcd, not from the servers */
-        rc = psctl_view(p.opts, &p.cluster, json_out);
+    if (rc == 0 && (strcmp(cmd, "view") == 0 || strcmp(cmd, "force-primary") == 0)) {
+        /* From etcd, not from the servers. */
+        rc = strcmp(cmd, "view") == 0 ? psctl_view(p.opts, &p.cluster, json_out)
+                                      : psctl_force_primary(p.opts, &p.cluster, p.positional[1],
+                                                            p.positional[2], 30000, json_out);
         program_end(&p);
         free(args);
         return rc;

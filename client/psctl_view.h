@@ -14,4 +14,13 @@
  * coordinator is not set or is malformed (message on stderr). */
 int psctl_view(const options *o, const cluster_spec *cl, bool json);
 
+/* psctl force-primary GROUP SERVER: makes SERVER, a live member, the primary of GROUP while the
+ * group waits without an in-sync member, giving up the updates only its missing in-sync members
+ * hold. Puts PREFIX/force/GROUP for the view in force, waits up to wait_ms for a view with
+ * SERVER as the group's primary, then removes the key. Returns 0 once it is; 1 when the group
+ * has a primary, SERVER is not live, etcd fails, or the view does not follow in time; 2 on bad
+ * arguments or no coordinator (message on stderr). */
+int psctl_force_primary(const options *o, const cluster_spec *cl, const char *group_arg,
+                        const char *server_arg, int wait_ms, bool json);
+
 #endif

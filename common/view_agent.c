@@ -99,6 +99,15 @@ static int32_t first_in_sync(const view *v, uint32_t g)
 /* Whether a new view is made from scratch: there is none, or none of its live servers still
  * holds the lease it joined with (left over from a cluster that stopped, or whose every server
  * died). */
+/* Some group of v waits without a primary. */
+static bool view_waits(const view *v)
+{
+    for (uint32_t g = 0; g < v->num_servers; g++)
+        if (v->primary[g] < 0)
+            return true;
+    return false;
+}
+
 static bool view_from_scratch(const view_record *cur, const int64_t *reg, uint32_t n)
 {
     for (uint32_t i = 0; cur && i < n; i++)
@@ -220,6 +229,24 @@ view_change view_decide(const view_inputs *in, view_record *next)
         int32_t p = next->v.primary[g];
         if (p < 0 || !next->v.live[p] || !view_in_sync(&next->v, g, (uint32_t)p))
             next->v.primary[g] = first_in_sync(&next->v, g);
+    }
+    /* A group waiting without an in-sync member that an operator forced onto a live member:
+     * that member serves it from its copy and is its only member in sync. */
+    for (uint32_t g = 0; g < n; g++) {
+        uint32_t s = in->forced_to[g];
+        if (!in->forced[g] || next->v.primary[g] >= 0 || s >= n || !next->v.live[s])
+            continue;
+        bool member = false;
+        for (uint32_t k = 0; k < in->replicas; k++)
+            member = member || view_member(&next->v, g, k) == s;
+        if (!member)
+            continue;
+        for (uint32_t k = 0; k < in->replicas; k++) {
+            uint32_t m = view_member(&next->v, g, k);
+            view_set_in_sync(&next->v, g, m, m == s);
+        }
+        next->v.primary[g] = (int32_t)s;
+        changed = true;
     }
     /* A rejoining self: live once caught up on every group of it that has a primary, and then
      * in sync in those; the primary of a group that has none when it holds the group's newest
@@ -667,6 +694,13 @@ static void poll_once(view_agent *a)
                 return;
             }
             in.copies = copies;
+        } else if (have && view_waits(&rec.v)) {
+            rc = view_etcd_forced(a->etcd, a->prefix, a->cfg.num_servers, rec.v.epoch, in.forced,
+                                  in.forced_to, err, sizeof(err));
+            if (rc != 0) {
+                note_error(a, "cannot read the operators' overrides", err);
+                return;
+            }
         }
         int64_t now = mono_ms();
         pthread_mutex_lock(&a->mu);

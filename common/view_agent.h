@@ -171,6 +171,11 @@ typedef struct view_inputs {
     /* lacks[g]: self's copy of group g is not one it kept in sync or restored from a
      * checkpoint (view_agent_set_lacks): it does not serve g without copying it first. */
     bool lacks[VIEW_MAX_SERVERS];
+    /* forced[g]: an operator asked that group g, waiting without an in-sync member in cur,
+     * be served by server forced_to[g] from its copy (psctl force-primary): that member is
+     * then the only one in sync. */
+    bool forced[VIEW_MAX_SERVERS];
+    uint32_t forced_to[VIEW_MAX_SERVERS];
     bool grace_over;      /* start_grace_ms passed since the agent started */
     uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
     /* The registered servers' restored copies (view_etcd_copies), read when a new view is made

@@ -144,6 +144,21 @@ int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
                      const int64_t reg[VIEW_MAX_SERVERS], view_copy **out, size_t *n, char *err,
                      size_t errlen);
 
+/* Operator overrides (psctl force-primary): prefix/force/<group> = "<server>@<epoch>" asks that
+ * the group, waiting without an in-sync member in the view of that epoch, be served by that
+ * server from the copy it holds (updates only the missing members hold are given up). */
+int view_etcd_force(etcd_client *c, const char *prefix, uint32_t group, uint32_t server,
+                    uint64_t epoch, char *err, size_t errlen);
+/* Removes prefix/force/<group>. */
+int view_etcd_unforce(etcd_client *c, const char *prefix, uint32_t group, char *err,
+                      size_t errlen);
+/* Reads the overrides made for the view of epoch: forced[g] and to[g] (the server) for each
+ * group g < num_servers whose entry names that epoch; others (older views, bad values) are
+ * ignored. */
+int view_etcd_forced(etcd_client *c, const char *prefix, uint32_t num_servers, uint64_t epoch,
+                     bool forced[VIEW_MAX_SERVERS], uint32_t to[VIEW_MAX_SERVERS], char *err,
+                     size_t errlen);
+
 /* The default coordinator prefix of a cluster: "/psd/" and 16 hex digits of a hash of the ps
  * addresses, written into buf (at least 22 bytes). */
 void view_default_prefix(const char *const *ps, size_t n_ps, char *buf, size_t cap);

@@ -226,6 +226,55 @@ int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
     return 0;
 }
 
+int view_etcd_force(etcd_client *c, const char *prefix, uint32_t group, uint32_t server,
+                    uint64_t epoch, char *err, size_t errlen)
+{
+    char key[600], val[64];
+    snprintf(key, sizeof(key), "%s/force/%u", prefix, group);
+    snprintf(val, sizeof(val), "%u@%" PRIu64, server, epoch);
+    return etcd_put(c, key, val, strlen(val), 0, err, errlen);
+}
+
+int view_etcd_unforce(etcd_client *c, const char *prefix, uint32_t group, char *err, size_t errlen)
+{
+    char key[600];
+    snprintf(key, sizeof(key), "%s/force/%u", prefix, group);
+    return etcd_delete(c, key, err, errlen);
+}
+
+int view_etcd_forced(etcd_client *c, const char *prefix, uint32_t num_servers, uint64_t epoch,
+                     bool forced[VIEW_MAX_SERVERS], uint32_t to[VIEW_MAX_SERVERS], char *err,
+                     size_t errlen)
+{
+    char key[600];
+    int kl = snprintf(key, sizeof(key), "%s/force/", prefix);
+    memset(forced, 0, sizeof(bool) * VIEW_MAX_SERVERS);
+    memset(to, 0, sizeof(uint32_t) * VIEW_MAX_SERVERS);
+    etcd_kv *kvs;
+    size_t n;
+    int rc = etcd_get_prefix(c, key, &kvs, &n, err, errlen);
+    if (rc != 0)
+        return rc;
+    for (size_t k = 0; k < n; k++) {
+        const char *idx = kvs[k].key + kl;
+        char *end;
+        unsigned long g = strtoul(idx, &end, 10);
+        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || g >= num_servers ||
+            g >= VIEW_MAX_SERVERS)
+            continue;
+        unsigned long s;
+        unsigned long long e;
+        char tail;
+        if (sscanf(kvs[k].value, "%lu@%llu%c", &s, &e, &tail) != 2 || s >= num_servers ||
+            (uint64_t)e != epoch)
+            continue;
+        forced[g] = true;
+        to[g] = (uint32_t)s;
+    }
+    etcd_kvs_free(kvs, n);
+    return 0;
+}
+
 int view_etcd_put_copies(etcd_client *c, const char *prefix, uint32_t index,
                          const view_copy *copies, size_t n, int64_t lease_id, char *err,
                          size_t errlen)

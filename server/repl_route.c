@@ -147,8 +147,10 @@ static void refuse_not_serving(rpc_call *call, uint32_t g, int32_t prim, uint64_
     } else {
         rpc_reply_error(call, STATUS_UNAVAILABLE,
                         "group %u has no live in-sync member in view epoch %llu: it is served "
-                        "again once one of the servers that hold its newest copy (%s) is back",
-                        g, (unsigned long long)epoch, holders ? holders : "see psctl status");
+                        "again once one of the servers that hold its newest copy (%s) is back "
+                        "(or, giving up the updates only they hold, once an operator runs "
+                        "psctl force-primary %u SERVER)",
+                        g, (unsigned long long)epoch, holders ? holders : "see psctl status", g);
     }
 }
 

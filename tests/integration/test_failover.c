@@ -578,6 +578,101 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     ps_client_close(c);
 }
 
+/* The psctl binary next to the server's in the build tree (build/server/ps-server ->
+ * build/client/psctl). */
+static void psctl_path(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s", server_bin);
+    char *slash = strrchr(buf, '/');
+    if (slash && slash - buf >= 7 && strncmp(slash - 7, "/server", 7) == 0)
+        snprintf(slash - 7, cap - (size_t)(slash - 7 - buf), "/client/psctl");
+}
+
+/* Runs psctl with args against the cluster and its etcd; its output in buf. Returns its exit
+ * status. */
+static int psctl(const char *args, char *buf, size_t cap)
+{
+    char bin[512], cmd[2048];
+    psctl_path(bin, sizeof(bin));
+    snprintf(cmd, sizeof(cmd), "'%s' --cluster '%s' --coordinator '%s' %s 2>&1", bin, tc.spec,
+             etcd.endpoint, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    int st = pclose(f);
+    fprintf(stderr, "psctl %s:\n%s", args, buf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Group 0's only in-sync member (ps 0) is down for good: an operator forces the group onto ps 1,
+ * which serves it from the copy it holds (nothing: it restarted), giving up ps 0's updates.
+ * psctl refuses what makes no sense first. When ps 0 comes back it is behind in group 0: it
+ * copies from ps 1 and never serves its older copy. */
+static void test_forced_primary(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_var *v = make_var(c);
+    assert_non_null(v);
+    float *g = ones();
+    for (int k = 0; k < 20; k++)
+        push_ok(c, v, g);
+    kill_server(1);
+    for (int k = 0; k < 30; k++)
+        push_ok(c, v, g);
+    ps_client_close(c);
+    assert_int_equal(checkpoint_now(0), 0);
+    kill_server(0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    view w = wait_live(1);
+    assert_int_equal(w.primary[0], -1);
+    char out[4096];
+    /* Refused: bad arguments, a server that is no member, a group that has a primary, a
+     * member that is not live. */
+    assert_int_equal(psctl("force-primary 0", out, sizeof(out)), 2);
+    assert_int_equal(psctl("force-primary zero 1", out, sizeof(out)), 2);
+    assert_int_equal(psctl("force-primary 0 2", out, sizeof(out)), 2);
+    assert_non_null(strstr(out, "not a member of group 0"));
+    assert_int_equal(psctl("force-primary 1 2", out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "nothing to force"));
+    assert_int_equal(psctl("force-primary 0 0", out, sizeof(out)), 1);
+    assert_non_null(strstr(out, "not live"));
+    /* Forced. */
+    assert_int_equal(psctl("force-primary 0 1", out, sizeof(out)), 0);
+    assert_non_null(strstr(out, "group 0 is served by server 1"));
+    w = read_view();
+    assert_int_equal(w.primary[0], 1);
+    assert_true(view_in_sync(&w, 0, 1));
+    assert_false(view_in_sync(&w, 0, 0));
+    /* The group is served again, from ps 1's copy: ps 0's pushes to group 0 are given up, the
+     * other groups keep theirs. */
+    c = open_client();
+    assert_non_null(c);
+    v = make_var(c);
+    assert_non_null(v);
+    float *all = calloc(VAR_N, sizeof(float));
+    assert_non_null(all);
+    assert_int_equal(ps_pull(c, v, all), PS_OK);
+    for (int i = 0; i < VAR_N; i++)
+        assert_true(all[i] == (i < VAR_N / NSERVERS ? 0.0f : -50.0f));
+    push_ok(c, v, g);
+    /* ps 0 comes back: behind in group 0, it copies from ps 1; ps 1 keeps serving it. */
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    w = wait_live(0);
+    assert_int_equal(w.primary[0], 1);
+    for (int k = 0; k < 5; k++)
+        push_ok(c, v, g);
+    assert_int_equal(ps_pull(c, v, all), PS_OK);
+    for (int i = 0; i < VAR_N; i++)
+        assert_true(all[i] == (i < VAR_N / NSERVERS ? -6.0f : -56.0f));
+    assert_true(groups_agree());
+    free(all);
+    free(g);
+    ps_client_close(c);
+}
+
 /* A lease of 10 s: whether a stopping server revoked its lease shows as seconds. */
 static int setup_long_lease(void **state)
 {
@@ -761,6 +856,7 @@ int main(int argc, char **argv)
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_out_of_sync_member_never_takes_a_group, setup_ckpt,
                                         teardown_ckpt),
+        cmocka_unit_test_setup_teardown(test_forced_primary, setup_ckpt, teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_sigterm_after_rejoin_revokes, setup_long_lease,
                                         teardown_long_lease),
         cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),

@@ -253,6 +253,56 @@ static void test_out_of_sync_member_never_serves(void **state)
     assert_int_equal(next3.v.primary[0], 0);
 }
 
+/* An operator forces a waiting group onto a live out-of-sync member (psctl force-primary): it
+ * serves the group and is its only member in sync; the in-sync member that comes back later is
+ * behind and copies. An override for an earlier view, a member that is not live, a server that
+ * is no member and a group that has a primary change nothing. */
+static void test_forced_primary(void **state)
+{
+    (void)state;
+    view_record cur = backup_then_primary_died();
+    int64_t reg[VIEW_MAX_SERVERS] = {0, 111, 102};
+    view_record next, next2, next3;
+    view_inputs in = inputs(&cur, reg, 1, 3, 2);
+    in.caught_up[1] = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.primary[0], -1);
+    /* Forced onto server 1 (live, member of group 0 = {0, 1}): any live server proposes it. */
+    in = inputs(&next, reg, 2, 3, 2);
+    in.forced[0] = true;
+    in.forced_to[0] = 1;
+    assert_int_equal(view_decide(&in, &next2), VIEW_FALLBACK);
+    in.self = 1;
+    assert_int_equal(view_decide(&in, &next2), VIEW_PROPOSE);
+    assert_int_equal(next2.v.primary[0], 1);
+    assert_true(view_in_sync(&next2.v, 0, 1));
+    assert_false(view_in_sync(&next2.v, 0, 0));
+    assert_int_equal(next2.v.primary[1], next.v.primary[1]);
+    assert_int_equal(next2.v.primary[2], next.v.primary[2]);
+    /* Server 0 comes back: group 0 stays with 1; 0 is in sync there once it copied. */
+    reg[0] = 130;
+    in = inputs(&next2, reg, 0, 3, 2);
+    in.caught_up[2] = true;
+    in.caught_up[0] = true;
+    assert_int_equal(view_decide(&in, &next3), VIEW_PROPOSE);
+    assert_int_equal(next3.v.primary[0], 1);
+    assert_true(view_in_sync(&next3.v, 0, 0));
+    /* Nothing forced: a server that is no member (2 in group 0), one not live, a group with a
+     * primary. */
+    in = inputs(&next, reg, 1, 3, 2);
+    reg[0] = 0;
+    in.forced[0] = true;
+    in.forced_to[0] = 2;
+    assert_int_equal(view_decide(&in, &next2), VIEW_KEEP);
+    in.forced_to[0] = 0;
+    assert_int_equal(view_decide(&in, &next2), VIEW_KEEP);
+    in.forced[0] = false;
+    in.forced[1] = true;
+    in.forced_to[1] = 1;
+    assert_int_equal(view_decide(&in, &next2), VIEW_KEEP);
+    assert_int_equal(next2.v.primary[1], 2);
+}
+
 static void test_rejoin_not_with_a_primary_move(void **state)
 {
     (void)state;
@@ -645,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_rejoin),
         cmocka_unit_test(test_group_without_members),
         cmocka_unit_test(test_out_of_sync_member_never_serves),
+        cmocka_unit_test(test_forced_primary),
         cmocka_unit_test(test_in_sync_member_without_its_copy_waits),
         cmocka_unit_test(test_rejoin_not_with_a_primary_move),
         cmocka_unit_test(test_whole_cluster_restart),
