@@ -15,6 +15,7 @@
 
 #include "checkpoint.h"
 #include "log.h"
+#include "methods.h"
 #include "metrics.h"
 #include "placement.h"
 #include "repl_match.h"
@@ -625,20 +626,7 @@ static void start_peers_locked(rgroup *G)
 
 static bool is_update(int method)
 {
-    switch (method) {
-    case PSD__V1__METHOD__CREATE_VARIABLE:
-    case PSD__V1__METHOD__PUSH:
-    case PSD__V1__METHOD__PUSH_PULL:
-    case PSD__V1__METHOD__ASSIGN:
-    case PSD__V1__METHOD__CLOCK:
-    case PSD__V1__METHOD__DELETE_VARIABLE:
-    case PSD__V1__METHOD__STEP:
-    case PSD__V1__METHOD__TABLE_CREATE:
-    case PSD__V1__METHOD__TABLE_PUSH:
-        return true;
-    default:
-        return false;
-    }
+    return server_method_logged(method);
 }
 
 static rpc_handler_fn original_handler(const rpc_method *m)
