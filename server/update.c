@@ -49,7 +49,8 @@ static uint64_t apply_grad(variable *v, uint64_t first, const uint8_t *grad, int
     return bad;
 }
 
-/* One push: Push, PushPull or an item of Step. */
+/* ---- dense variables ---- */
+
 int update_push_one(server_state *st, variable *v, const push_in *in, push_reply_fn reply,
                     void *reply_arg, int out_dtype, bool *duplicate, uint64_t *version, char *err,
                     size_t errlen)
@@ -144,7 +145,7 @@ static uint8_t *push_pull_reply_alloc(void *arg, bool duplicate, uint64_t versio
                                env->tensor->count);
 }
 
-/* Push and push-pull: push_one, and the reply. */
+/* Push and push-pull: update_push_one, and the reply. */
 static void push_apply(rpc_call *call, server_state *st, variable *v, bool reply_params,
                        bool assign)
 {
@@ -203,6 +204,8 @@ void handle_push_pull(rpc_call *call, void *arg)
 {
     push_common(call, arg, true, false);
 }
+
+/* ---- sparse tables ---- */
 
 int server_table_push(server_state *st, server_table *e, uint64_t client, uint64_t seq,
                       int32_t worker, const int64_t *ids, uint64_t n, const uint8_t *grads,

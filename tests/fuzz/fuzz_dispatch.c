@@ -1,6 +1,6 @@
 /* libFuzzer harness: the ps-server's method dispatch on a real store. Each input runs through
  * rpc_server_handle_bytes (common/rpc_server.h: the generic checks of the RPC layer, then the
- * handler of server/handlers.c, no socket) against one server_state (store, dedup table, sync
+ * handler of server/methods.c, no socket) against one server_state (store, dedup table, sync
  * state) built once with a few variables (async, BSP, SSP, Adam).
  *
  * Two modes, by the input's first byte:
