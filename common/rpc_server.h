@@ -33,6 +33,9 @@ enum rpc_method_flags {
     RPC_POOL = 1u << 3,    /* always run on a pool thread (may do heavy work, e.g. BSP updates) */
     RPC_REPLY_RANGE = 1u << 4, /* the reply carries Envelope.tensor's range as its segment */
     RPC_MAY_SEGMENT = 1u << 5, /* a raw segment may follow (described by Envelope.tensor) */
+    /* changes state: a replicated server logs it and its backups apply it in log order (the
+     * RPC layer itself does not look at this flag) */
+    RPC_LOGGED = 1u << 6,
 };
 
 typedef struct rpc_method {

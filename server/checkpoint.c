@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "status.h"
 #include "table.h"
+#include "table_ckpt.h"
 #include "timeutil.h"
 #include "util.h"
 

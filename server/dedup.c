@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdalign.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -739,4 +740,37 @@ int dedup_import_floors(dedup *d, const uint64_t *w, size_t nwords)
 out:
     pthread_mutex_unlock(&d->admit);
     return rc;
+}
+
+/* ---- refusals ---- */
+
+void dedup_refusal(dedup_result d, uint64_t client_id, uint64_t seq_no, uint64_t floor, char *err,
+                   size_t errlen)
+{
+    unsigned long long seq = (unsigned long long)seq_no, client = (unsigned long long)client_id;
+    if (d == DEDUP_EVICTED)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the client was evicted from the dedup table "
+                 "(dedup-max-clients, dedup-idle-ms) when its highest seq was %llu, so this one "
+                 "may already have been applied: refused, not applied again (seqs above %llu "
+                 "are accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_UNPROVEN)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: the dedup table does not know this client "
+                 "and cannot prove it is not one it evicted and forgot (dedup-max-clients "
+                 "exceeded beyond the tombstones; floor %llu for this id), so this push may "
+                 "already have been applied: refused, not applied (seqs above %llu are "
+                 "accepted)",
+                 seq, client, (unsigned long long)floor, (unsigned long long)floor);
+    else if (d == DEDUP_NO_MEMORY)
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx: no memory for the client's dedup window, so "
+                 "the push cannot be proven new: refused, it may or may not have been applied",
+                 seq, client);
+    else
+        snprintf(err, errlen,
+                 "push seq %llu of client %016llx is older than the dedup window "
+                 "(dedup-window): refused, it may or may not have been applied",
+                 seq, client);
 }

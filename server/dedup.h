@@ -72,6 +72,11 @@ dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq);
 /* The same, with the client's floor (its highest seq when evicted, or the floor of its hash)
  * in *floor when the result is DEDUP_EVICTED or DEDUP_UNPROVEN (for the refusal's message). */
 dedup_result dedup_begin_floor(dedup *d, uint64_t client, uint64_t seq, uint64_t *floor);
+/* The message of a push that dedup could not prove new (dedup_begin_floor's d other than
+ * DEDUP_NEW and DEDUP_DUPLICATE; the push is refused ABORTED): why, and what the client can
+ * know; floor as dedup_begin_floor gave it. */
+void dedup_refusal(dedup_result d, uint64_t client, uint64_t seq, uint64_t floor, char *err,
+                   size_t errlen);
 
 /* Clears the mark of a request that dedup_begin accepted but that was not applied. */
 void dedup_unmark(dedup *d, uint64_t client, uint64_t seq);

@@ -17,10 +17,13 @@
 #include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
+#include "methods.h"
 #include "metrics.h"
 #include "program.h"
 #include "replica.h"
 #include "server.h"
+#include "table_bsp.h"
+#include "table_status.h"
 #include "timeutil.h"
 #include "view_agent.h"
 #include "tls.h"
@@ -297,6 +300,8 @@ int main(int argc, char **argv)
         log_error("out of memory");
         return 1;
     }
+    /* The sparse tables' BSP aggregates apply when the barrier moves. */
+    sync_set_barrier_fn(server_tables_bsp_apply);
     /* /metrics, /livez, /readyz: up from the start, ready once restored and listening. */
     http_endpoint *http = NULL;
     const char *http_addr = opt_str(prog.opts, OPT_HTTP_LISTEN);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "methods.h"
 #include "status.h"
 #include "sync.h"
 #include "timeutil.h"

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "var_rpc.h"
 #include "sync.h"
 #include "timeutil.h"
 

@@ -8,29 +8,12 @@
 #include <string.h>
 
 #include "log.h"
+#include "methods.h"
 #include "placement.h"
 #include "status.h"
 #include "sync.h"
 #include "table.h"
 #include "timeutil.h"
-
-static bool is_update(int method)
-{
-    switch (method) {
-    case PSD__V1__METHOD__CREATE_VARIABLE:
-    case PSD__V1__METHOD__PUSH:
-    case PSD__V1__METHOD__PUSH_PULL:
-    case PSD__V1__METHOD__ASSIGN:
-    case PSD__V1__METHOD__CLOCK:
-    case PSD__V1__METHOD__DELETE_VARIABLE:
-    case PSD__V1__METHOD__STEP:
-    case PSD__V1__METHOD__TABLE_CREATE:
-    case PSD__V1__METHOD__TABLE_PUSH:
-        return true;
-    default:
-        return false;
-    }
-}
 
 static rpc_handler_fn original_handler(const rpc_method *m)
 {
@@ -324,7 +307,7 @@ void repl_dispatch(rpc_call *call, void *arg)
     /* A table pull reads: not logged, unless it registers its worker again (sync_wait), which
      * every copy must do at the same point of the log (rare: after an eviction). */
     bool reads =
-        !is_update(m->method) && !(m->method == PSD__V1__METHOD__TABLE_PULL &&
+        !server_method_logged(m->method) && !(m->method == PSD__V1__METHOD__TABLE_PULL &&
                                    sync_would_register(G->st, env->worker_id, env->client_id));
     if (reads) {
         /* A pull that parks (staleness bound, BSP barrier) is answered by the update that ends

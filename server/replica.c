@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "methods.h"
 #include "placement.h"
 #include "status.h"
 #include "sync.h"

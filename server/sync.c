@@ -1,6 +1,7 @@
 #include "sync.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,14 @@ struct sync_state {
 
 _Static_assert(STALENESS_BUCKETS == sizeof(((variable *)0)->st_hist) / sizeof(uint64_t),
                "variable histogram size");
+
+/* The barrier hook of the process (sync_set_barrier_fn). */
+static _Atomic(sync_barrier_fn) barrier_fn;
+
+void sync_set_barrier_fn(sync_barrier_fn fn)
+{
+    atomic_store(&barrier_fn, fn);
+}
 
 /* Metrics (metrics.h): pulls parked on the staleness bound now, and how long they waited. */
 static metric *m_waiting, *m_wait_seconds, *m_staleness;
@@ -332,7 +341,8 @@ int sync_aggregate(server_state *st, variable *v, int32_t worker, const void *gr
 }
 
 /* When the slowest live worker's clock has moved: applies BSP aggregates (all workers are
- * past the clock they were pushed for), then answers the pulls the bound now allows. */
+ * past the clock they were pushed for: the variables', then the barrier hook's), then answers the
+ * pulls the bound now allows. */
 static void advance(server_state *st)
 {
     sync_state *s = st->sync;
@@ -353,7 +363,9 @@ static void advance(server_state *st)
             if (vars[i]->staleness == 0)
                 bsp_apply(st, vars[i]);
         store_list_release(vars, n);
-        server_tables_bsp_apply(st, s->mean);
+        sync_barrier_fn barrier = atomic_load(&barrier_fn);
+        if (barrier)
+            barrier(st, s->mean);
     }
     waiter *ready = NULL;
     pthread_mutex_lock(&s->lock);

@@ -37,6 +37,14 @@ void sync_destroy(sync_state *s);
  * (sync_evict) in log order; and a pull (not logged) does not re-register an evicted worker. */
 typedef void (*sync_evict_fn)(void *arg, int32_t worker);
 void sync_set_logged(server_state *st, sync_evict_fn evict, void *arg);
+/* The barrier hook: called when the slowest live worker's clock moves forward, after the dense
+ * variables' BSP aggregates are applied and before the pulls it allows are answered (with the
+ * state and whether BSP divides sums by the pushes that made them); the server's start-up
+ * registers the sparse tables' (server_tables_bsp_apply), so that this module does not depend
+ * on tables. One for the process (every server_state), set before any request is served;
+ * NULL: none. */
+typedef void (*sync_barrier_fn)(server_state *st, bool mean);
+void sync_set_barrier_fn(sync_barrier_fn fn);
 /* Evicts worker (if live) as the sweep does when it has been silent too long: its waits
  * resume, BSP aggregates it held back are applied. A logged eviction's apply, on every
  * replica. */

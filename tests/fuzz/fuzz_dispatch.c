@@ -1,6 +1,6 @@
 /* libFuzzer harness: the ps-server's method dispatch on a real store. Each input runs through
  * rpc_server_handle_bytes (common/rpc_server.h: the generic checks of the RPC layer, then the
- * handler of server/handlers.c, no socket) against one server_state (store, dedup table, sync
+ * handler of server/methods.c, no socket) against one server_state (store, dedup table, sync
  * state) built once with a few variables (async, BSP, SSP, Adam).
  *
  * Two modes, by the input's first byte:
@@ -30,9 +30,11 @@
 
 #include "frame.h"
 #include "log.h"
+#include "methods.h"
 #include "rpc_server.h"
 #include "server.h"
 #include "status.h"
+#include "table_bsp.h"
 #include "timeutil.h"
 #include "util.h"
 
@@ -207,6 +209,7 @@ static void init(void)
     if (st.vars == NULL || st.dedup == NULL || st.sync == NULL ||
         server_set_limits(&st, 64u << 20, 256, DEDUP_CLIENTS, 60000) != 0)
         abort();
+    sync_set_barrier_fn(server_tables_bsp_apply); /* as ps-server's start-up */
     rpc_server_config cfg = {
         .max_message = MAX_MESSAGE,
         .inline_max = 64 << 10,

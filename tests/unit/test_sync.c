@@ -1,7 +1,8 @@
 /* Unit tests for server/sync.c's clock table in a replicated group's state (sync_set_logged):
  * the sweep hands a silent worker to the group's log instead of evicting it, so nothing changes
  * until the logged eviction is applied (sync_evict), which then applies the BSP aggregate the
- * worker held back, as an unreplicated state's sweep does at once. */
+ * worker held back, as an unreplicated state's sweep does at once; and the barrier hook
+ * (sync_set_barrier_fn), called once each time the slowest live worker's clock moves forward. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,11 +145,55 @@ static void test_logged_sweep_goes_through_the_log(void **state)
     state_fini(&st);
 }
 
+static struct {
+    int calls;
+    server_state *st;
+    bool mean;
+    float param0; /* the dense aggregate's effect when the hook ran */
+} barrier_rec;
+static variable *barrier_var;
+
+static void barrier_hook(server_state *st, bool mean)
+{
+    barrier_rec.calls++;
+    barrier_rec.st = st;
+    barrier_rec.mean = mean;
+    barrier_rec.param0 = barrier_var->params[0];
+}
+
+static void test_barrier_hook(void **state)
+{
+    (void)state;
+    server_state st;
+    state_init(&st, 10000);
+    barrier_var = bsp_var(&st);
+    memset(&barrier_rec, 0, sizeof(barrier_rec));
+    sync_set_barrier_fn(barrier_hook);
+    worker0_step(&st, barrier_var);
+    assert_int_equal(barrier_rec.calls, 0); /* worker 1 holds the barrier */
+    int64_t min;
+    assert_int_equal(sync_clock(&st, 1, 9, 1, &min), 1);
+    assert_int_equal(min, 1);
+    /* Once, with this state, after the variables' aggregates were applied. */
+    assert_int_equal(barrier_rec.calls, 1);
+    assert_ptr_equal(barrier_rec.st, &st);
+    assert_false(barrier_rec.mean);
+    assert_true(barrier_rec.param0 == -3.0f);
+    /* A clock that does not move the barrier does not call it. */
+    assert_int_equal(sync_clock(&st, 0, 7, 2, &min), 2);
+    assert_int_equal(barrier_rec.calls, 1);
+    sync_set_barrier_fn(NULL);
+    assert_int_equal(sync_clock(&st, 1, 9, 2, &min), 2);
+    assert_int_equal(barrier_rec.calls, 1);
+    state_fini(&st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unlogged_sweep_evicts_and_applies),
         cmocka_unit_test(test_logged_sweep_goes_through_the_log),
+        cmocka_unit_test(test_barrier_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

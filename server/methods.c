@@ -1,0 +1,61 @@
+/* The method table of ps-server: each method's request type, handler and flags. RPC_LOGGED
+ * marks the methods that change state: a replicated group's primary logs them and its backups
+ * apply them in log order (replica.c reads the flag: server_method_logged). */
+#include "methods.h"
+
+#include "admin_rpc.h"
+#include "replica.h"
+#include "step_rpc.h"
+#include "table_rpc.h"
+#include "update.h"
+#include "var_rpc.h"
+
+const rpc_method server_methods[] = {
+    {PSD__V1__METHOD__CREATE_VARIABLE, "CreateVariable",
+     &psd__v1__create_variable_request__descriptor, handle_var_create, RPC_LOGGED},
+    {PSD__V1__METHOD__LOOKUP_VARIABLE, "LookupVariable",
+     &psd__v1__lookup_variable_request__descriptor, handle_var_lookup, 0},
+    {PSD__V1__METHOD__LIST_VARIABLES, "ListVariables", &psd__v1__list_variables_request__descriptor,
+     handle_var_list, 0},
+    {PSD__V1__METHOD__PULL, "Pull", &psd__v1__pull_request__descriptor, handle_var_pull,
+     RPC_RANGE | RPC_REPLY_RANGE},
+    {PSD__V1__METHOD__PUSH, "Push", &psd__v1__push_request__descriptor, handle_push,
+     RPC_RANGE | RPC_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__PUSH_PULL, "PushPull", &psd__v1__push_request__descriptor, handle_push_pull,
+     RPC_RANGE | RPC_SEGMENT | RPC_REPLY_RANGE | RPC_LOGGED},
+    {PSD__V1__METHOD__ASSIGN, "Assign", &psd__v1__push_request__descriptor, handle_assign,
+     RPC_RANGE | RPC_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__CLOCK, "Clock", &psd__v1__clock_request__descriptor, handle_clock,
+     RPC_POOL | RPC_LOGGED},
+    {PSD__V1__METHOD__SERVER_STATUS, "ServerStatus", &psd__v1__server_status_request__descriptor,
+     handle_server_status, 0},
+    {PSD__V1__METHOD__CHECKPOINT, "Checkpoint", &psd__v1__checkpoint_request__descriptor,
+     handle_checkpoint, RPC_ADMIN},
+    {PSD__V1__METHOD__SHUTDOWN, "Shutdown", &psd__v1__shutdown_request__descriptor, handle_shutdown,
+     RPC_ADMIN},
+    {PSD__V1__METHOD__DELETE_VARIABLE, "DeleteVariable",
+     &psd__v1__delete_variable_request__descriptor, handle_var_delete, RPC_ADMIN | RPC_LOGGED},
+    {PSD__V1__METHOD__STEP, "Step", &psd__v1__step_request__descriptor, handle_step,
+     RPC_MAY_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__TABLE_CREATE, "TableCreate", &psd__v1__table_create_request__descriptor,
+     handle_table_create, RPC_LOGGED},
+    {PSD__V1__METHOD__TABLE_LOOKUP, "TableLookup", &psd__v1__table_lookup_request__descriptor,
+     handle_table_lookup, 0},
+    {PSD__V1__METHOD__TABLE_PULL, "TablePull", &psd__v1__table_pull_request__descriptor,
+     handle_table_pull, RPC_SEGMENT},
+    {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
+     handle_table_push, RPC_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
+     handle_table_export, RPC_ADMIN | RPC_POOL},
+    {PSD__V1__METHOD__REPLICATE, "Replicate", &psd__v1__replicate_request__descriptor,
+     replica_handle_replicate, RPC_POOL | RPC_MAY_SEGMENT}, /* its own: the cluster token */
+};
+const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);
+
+bool server_method_logged(int method)
+{
+    for (size_t i = 0; i < server_methods_len; i++)
+        if (server_methods[i].method == method)
+            return (server_methods[i].flags & RPC_LOGGED) != 0;
+    return false;
+}

@@ -1,0 +1,41 @@
+/* Checkpoints of sparse tables: a cut of every table of the registry (table.h's table_cut: its
+ * packed TableSpec and each partition's rows, oldest first, whole or changed since the
+ * previous cut), for the checkpoint writer. */
+#ifndef PSD_SERVER_TABLE_CKPT_H
+#define PSD_SERVER_TABLE_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "table_registry.h"
+
+typedef struct server_table_copy {
+    uint8_t *spec;
+    size_t spec_len;
+    uint32_t row_floats, nparts;
+    uint64_t rows;                  /* rows copied (after server_tables_copy_finish) */
+    uint64_t removed;               /* removed ids copied (delta cuts) */
+    bool delta;                     /* changes since the cut `base`, else every row */
+    const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
+    struct table_cut *cut;
+} server_table_copy;
+/* Cuts of every table, in three steps. server_tables_copy_prepare (before holding updates
+ * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy
+ * (with every update held off, store_freeze) takes them, starts a cut of every table
+ * registered now (table_cut_start; a table created since the prepare is prepared there, one
+ * deleted since is dropped) and puts the started cuts in *out, *n: O(tables). base: the id of
+ * the previous chain cut for deltas (0: whole); id: this cut's (table_cut_id_new: chain cuts,
+ * which consume the tables' change marks; 0: snapshot cuts, whole, which leave them to the
+ * chain); track: record removals. Both return 0 (*out NULL when there are no tables) or -1
+ * when memory runs out (free *out anyway). Only the checkpointer of a chain may take its chain
+ * cuts (another chain cut of a table makes the chain's next cut of it whole). */
+int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n);
+int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
+                       server_table_copy **out, size_t *n);
+/* Copies what the cuts still need, after updates are let go again (each partition under its
+ * own lock). Returns 0, or -1 when memory ran out. */
+int server_tables_copy_finish(server_table_copy *c, size_t n);
+void server_tables_copy_free(server_table_copy *c, size_t n);
+
+#endif
