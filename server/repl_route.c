@@ -306,9 +306,9 @@ void repl_dispatch(rpc_call *call, void *arg)
     }
     /* A table pull reads: not logged, unless it registers its worker again (sync_wait), which
      * every copy must do at the same point of the log (rare: after an eviction). */
-    bool reads =
-        !server_method_logged(m->method) && !(m->method == PSD__V1__METHOD__TABLE_PULL &&
-                                   sync_would_register(G->st, env->worker_id, env->client_id));
+    bool reads = !server_method_logged(m->method) &&
+                 !(m->method == PSD__V1__METHOD__TABLE_PULL &&
+                   sync_would_register(G->st, env->worker_id, env->client_id));
     if (reads) {
         /* A pull that parks (staleness bound, BSP barrier) is answered by the update that ends
          * its wait: its reply goes out once that update is applied everywhere (repl_commit_gate).
