@@ -294,6 +294,7 @@ int main(int argc, char **argv)
                           SERVER_MAX_WORKERS);
     if (st.vars == NULL || st.dedup == NULL || st.sync == NULL ||
         server_set_limits(&st, (uint64_t)opt_int(prog.opts, OPT_MAX_SERVER_BYTES),
+                          (uint32_t)opt_int(prog.opts, OPT_REPLICAS),
                           (uint64_t)opt_int(prog.opts, OPT_MAX_VARIABLES),
                           (uint64_t)opt_int(prog.opts, OPT_DEDUP_MAX_CLIENTS),
                           (uint64_t)opt_int(prog.opts, OPT_DEDUP_IDLE_MS)) != 0) {
@@ -390,9 +391,7 @@ int main(int argc, char **argv)
             http_endpoint_stop(http);
             checkpointer_destroy(ck);
             ckpt_dir_unlock(ck_lock);
-            store_destroy(st.vars);
-            dedup_destroy(st.dedup);
-            sync_destroy(st.sync);
+            server_state_clear(&st);
             program_end(&prog);
             return fail;
         }
@@ -522,8 +521,7 @@ int main(int argc, char **argv)
         http_endpoint_stop(http);
         checkpointer_destroy(ck);
         ckpt_dir_unlock(ck_lock);
-        store_destroy(st.vars);
-        dedup_destroy(st.dedup);
+        server_state_clear(&st);
         program_end(&prog);
         return 1;
     }
@@ -605,10 +603,7 @@ int main(int argc, char **argv)
     log_info("stopped: %llu updates applied, %llu duplicates dropped",
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));
-    server_tables_free(&st);
-    store_destroy(st.vars);
-    dedup_destroy(st.dedup);
-    sync_destroy(st.sync);
+    server_state_clear(&st);
     program_end(&prog);
     return exit_code;
 }

@@ -13,19 +13,6 @@
 struct repl_node repl = {.vlock = PTHREAD_MUTEX_INITIALIZER};
 _Thread_local repl_applying_t repl_applying;
 
-/* Frees a state made by repl_state_make (or restored into one) with everything it holds:
- * tables, variables, dedup and sync state. NULL: nothing. */
-void server_state_free(server_state *st)
-{
-    if (st == NULL)
-        return;
-    server_tables_free(st);
-    store_destroy(st->vars);
-    dedup_destroy(st->dedup);
-    sync_destroy(st->sync);
-    free(st);
-}
-
 void repl_metrics_collect(metrics_out *out, void *arg)
 {
     (void)arg;
@@ -65,8 +52,8 @@ server_state *repl_state_make(uint32_t g, char *err, size_t errlen)
     st->sync = sync_create(c->n_workers, c->worker_timeout_ms, c->bsp_mean, SERVER_MAX_WORKERS);
     st->rpc = repl.groups[c->self]->st->rpc;
     if (st->vars && st->dedup && st->sync &&
-        server_set_limits(st, c->max_bytes, c->max_vars, c->dedup_max_clients, c->dedup_idle_ms) ==
-            0)
+        server_set_limits(st, c->max_bytes, c->replicas, c->max_vars, c->dedup_max_clients,
+                          c->dedup_idle_ms) == 0)
         return st;
     server_state_free(st);
 oom:

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "dedup.h"
 #include "rpc_server.h"
 #include "store.h"
@@ -33,7 +34,9 @@ typedef struct server_state {
      * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
     atomic_uint_fast64_t create_gen;
     struct server_tables *tables;     /* sparse tables (table_registry.c); NULL: none yet */
-    uint64_t max_bytes;               /* max-server-bytes in force (server_set_limits) */
+    /* What its variables and tables may hold (max-server-bytes, or its share of it for a
+     * replica group's copy); owned by the state (server_set_limits); NULL: no limit. */
+    mem_budget *budget;
     atomic_uint_fast64_t table_bytes; /* bytes the tables hold */
     struct view_agent *view_agent;    /* replicas > 1: the failover agent (view_agent.h) */
     /* A replica group's state (replicas > 1): its tables' rows expire only through sweeps its
@@ -43,9 +46,18 @@ typedef struct server_state {
     struct checkpointer *_Atomic ck;
 } server_state;
 
-/* Sets the limits of st's store and dedup table: max_bytes 0 means 75% of physical memory
- * (max-server-bytes). Logs them. Returns 0, or -1 when memory can't be had (var_rpc.c). */
-int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
+/* Sets the limits of st (made with its store and dedup table): max_bytes is the process's
+ * max-server-bytes (0: 75% of physical memory); with replicas r > 1 a process holds copies
+ * of r replica groups, and each copy's variables and tables may hold max_bytes / r (the same
+ * share at every copy of a group, so that the copies decide alike). max_vars on its store, and
+ * the dedup table's limits. Logs them. Returns 0, or -1 when memory can't be had. */
+int server_set_limits(server_state *st, uint64_t max_bytes, uint32_t replicas, uint64_t max_vars,
                       uint64_t dedup_max_clients, uint64_t dedup_idle_ms);
+
+/* Frees what st holds: tables, variables, dedup and sync state, its budget; the pointers are
+ * left NULL. No call, checkpointer or metrics collector may still use them. */
+void server_state_clear(server_state *st);
+/* server_state_clear, then frees st itself (made on the heap). NULL: nothing. */
+void server_state_free(server_state *st);
 
 #endif

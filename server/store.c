@@ -29,9 +29,11 @@ struct store {
     variable *buckets[STORE_BUCKETS];
     size_t n;
     uint64_t bytes;
-    /* Limits (0: none) and the room reserved by creates in progress, guarded by lock. */
-    uint64_t max_bytes, max_vars;
+    /* The variables allowed at most (0: no limit) and the room reserved by creates in
+     * progress, guarded by lock; bytes and pending_bytes are held in budget (NULL: none). */
+    uint64_t max_vars;
     uint64_t pending_bytes, pending_vars;
+    mem_budget *budget;
 };
 
 store *store_create(void)
@@ -60,6 +62,7 @@ void store_destroy(store *s)
             v = n;
         }
     }
+    budget_give(s->budget, s->bytes + s->pending_bytes);
     pthread_rwlock_destroy(&s->lock);
     pthread_rwlock_destroy(&s->snap);
     free(s);
@@ -357,7 +360,9 @@ void variable_release(variable *v)
     if (s) {
         uint64_t b = store_shard_bytes(v->count, v->nslots);
         pthread_rwlock_wrlock(&s->lock);
-        s->bytes -= b < s->bytes ? b : s->bytes;
+        b = b < s->bytes ? b : s->bytes;
+        s->bytes -= b;
+        budget_give(s->budget, b);
         pthread_rwlock_unlock(&s->lock);
     }
     variable_destroy(v);
@@ -376,10 +381,14 @@ static variable *find_locked(store *s, const char *name)
     return NULL;
 }
 
-void store_set_limits(store *s, uint64_t max_bytes, uint64_t max_vars)
+void store_set_limits(store *s, mem_budget *b, uint64_t max_vars)
 {
     pthread_rwlock_wrlock(&s->lock);
-    s->max_bytes = max_bytes;
+    if (b != s->budget) {
+        budget_give(s->budget, s->bytes + s->pending_bytes);
+        budget_force(b, s->bytes + s->pending_bytes);
+        s->budget = b;
+    }
     s->max_vars = max_vars;
     pthread_rwlock_unlock(&s->lock);
 }
@@ -394,16 +403,16 @@ int store_reserve(store *s, uint64_t bytes, char *err, size_t errlen)
 {
     int rc = STATUS_OK;
     pthread_rwlock_wrlock(&s->lock);
-    uint64_t held = s->bytes + s->pending_bytes;
     if (s->max_vars && s->n + s->pending_vars >= s->max_vars) {
         errf(err, errlen, "server holds %zu variables, the most allowed (max-variables %llu)", s->n,
              (unsigned long long)s->max_vars);
         rc = STATUS_RESOURCE_EXHAUSTED;
-    } else if (s->max_bytes && (bytes > s->max_bytes || held > s->max_bytes - bytes)) {
+    } else if (!budget_take(s->budget, bytes)) {
         errf(err, errlen,
              "shard of %llu bytes (parameters and optimizer state) would exceed "
-             "max-server-bytes %llu (%llu held)",
-             (unsigned long long)bytes, (unsigned long long)s->max_bytes, (unsigned long long)held);
+             "max-server-bytes %llu (%llu held by this server's variables and tables)",
+             (unsigned long long)bytes, (unsigned long long)budget_max(s->budget),
+             (unsigned long long)budget_held(s->budget));
         rc = STATUS_RESOURCE_EXHAUSTED;
     } else {
         s->pending_bytes += bytes;
@@ -416,7 +425,9 @@ int store_reserve(store *s, uint64_t bytes, char *err, size_t errlen)
 void store_unreserve(store *s, uint64_t bytes)
 {
     pthread_rwlock_wrlock(&s->lock);
-    s->pending_bytes -= bytes < s->pending_bytes ? bytes : s->pending_bytes;
+    bytes = bytes < s->pending_bytes ? bytes : s->pending_bytes;
+    s->pending_bytes -= bytes;
+    budget_give(s->budget, bytes);
     if (s->pending_vars)
         s->pending_vars--;
     pthread_rwlock_unlock(&s->lock);
@@ -431,7 +442,9 @@ variable *store_insert(store *s, variable *v)
         v->next = s->buckets[b];
         s->buckets[b] = v;
         s->n++;
-        s->bytes += store_shard_bytes(v->count, v->nslots);
+        uint64_t bytes = store_shard_bytes(v->count, v->nslots);
+        s->bytes += bytes;
+        budget_force(s->budget, bytes); /* its room was reserved, or it was restored */
         v->owner = s;
         old = v; /* the creator's reference is the store's now; one more for the caller */
     }

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "optimizer.h"
 #include "ps.pb-c.h"
 
@@ -127,9 +128,11 @@ void variable_retain(variable *v);
  * bytes from its store's. NULL is a no-op. Never call it holding the store's lock. */
 void variable_release(variable *v);
 
-/* Limits on what clients may create (0: none): bytes of parameters plus optimizer slots, and
- * variables. Checkpoint restores insert regardless (store_insert does not check them). */
-void store_set_limits(store *s, uint64_t max_bytes, uint64_t max_vars);
+/* Limits on what clients may create: the budget that the bytes of parameters plus optimizer
+ * slots count against (NULL: none; budget.h: shared by every state of a process), and the
+ * variables (0: no limit). Checkpoint restores insert regardless (store_insert does not check
+ * them, and counts their bytes in the budget all the same). */
+void store_set_limits(store *s, mem_budget *b, uint64_t max_vars);
 
 /* Bytes a shard of count elements with nslots optimizer slots holds. */
 uint64_t store_shard_bytes(uint64_t count, size_t nslots);

@@ -228,30 +228,29 @@ int registry_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err,
     return STATUS_OK;
 }
 
-/* max-server-bytes: a table's allocation is refused when the tables' bytes and the
- * variables' would pass it (the table then evicts a row to make room, or refuses the row). */
-static bool budget_take(void *arg, uint64_t bytes)
+/* max-server-bytes: a table's allocation is refused when it would take the process's
+ * variables and tables past it (the table then evicts a row to make room, or refuses the
+ * row); the state's own table bytes are counted for its status. */
+static bool table_budget_take(void *arg, uint64_t bytes)
 {
     server_state *st = arg;
-    uint64_t now = atomic_fetch_add(&st->table_bytes, bytes) + bytes;
-    uint64_t vars = store_bytes(st->vars);
-    if (st->max_bytes && (now > st->max_bytes || vars > st->max_bytes - now)) {
-        atomic_fetch_sub(&st->table_bytes, bytes);
+    if (!budget_take(st->budget, bytes))
         return false;
-    }
+    atomic_fetch_add(&st->table_bytes, bytes);
     return true;
 }
 
-static void budget_give(void *arg, uint64_t bytes)
+static void table_budget_give(void *arg, uint64_t bytes)
 {
     server_state *st = arg;
+    budget_give(st->budget, bytes);
     atomic_fetch_sub(&st->table_bytes, bytes);
 }
 
 void registry_budget(table_spec *ts, server_state *st)
 {
-    ts->budget.take = budget_take;
-    ts->budget.give = budget_give;
+    ts->budget.take = table_budget_take;
+    ts->budget.give = table_budget_give;
     ts->budget.arg = st;
 }
 

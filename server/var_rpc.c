@@ -92,23 +92,6 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
     return STATUS_OK;
 }
 
-int server_set_limits(server_state *st, uint64_t max_bytes, uint64_t max_vars,
-                      uint64_t dedup_max_clients, uint64_t dedup_idle_ms)
-{
-    if (max_bytes == 0) {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        if (pages > 0 && page > 0)
-            max_bytes = (uint64_t)pages / 4 * 3 * (uint64_t)page;
-    }
-    store_set_limits(st->vars, max_bytes, max_vars);
-    st->max_bytes = max_bytes;
-    log_info("limits: max-server-bytes %llu, max-variables %llu, dedup-max-clients %llu, "
-             "dedup-idle-ms %llu",
-             (unsigned long long)max_bytes, (unsigned long long)max_vars,
-             (unsigned long long)dedup_max_clients, (unsigned long long)dedup_idle_ms);
-    return dedup_set_limits(st->dedup, dedup_max_clients, dedup_idle_ms);
-}
-
 static void fill_shard(const server_state *st, const variable *v, Psd__V1__Shard *sh)
 {
     sh->server = st->task_index;

@@ -207,7 +207,7 @@ static void init(void)
     st.dedup = dedup_create(1024);
     st.sync = sync_create(0, 10000, true, 64);
     if (st.vars == NULL || st.dedup == NULL || st.sync == NULL ||
-        server_set_limits(&st, 64u << 20, 256, DEDUP_CLIENTS, 60000) != 0)
+        server_set_limits(&st, 64u << 20, 1, 256, DEDUP_CLIENTS, 60000) != 0)
         abort();
     sync_set_barrier_fn(server_tables_bsp_apply); /* as ps-server's start-up */
     rpc_server_config cfg = {

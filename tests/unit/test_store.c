@@ -1,6 +1,7 @@
 /* Unit tests for the range locks of server/store.c: how a shard maps onto stripes, that
  * disjoint ranges are held at once by two threads while overlapping ones, and a whole-shard
- * lock, exclude each other, and that the BSP aggregate is made once however many threads ask. */
+ * lock, exclude each other, that the BSP aggregate is made once however many threads ask, and
+ * that variables count against the memory budget (max-server-bytes). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -434,6 +435,46 @@ static void test_server_only_optimizer_refused(void **state)
     variable_destroy(v);
 }
 
+/* max-server-bytes: a store's reserves, its inserted variables and whatever else takes from the
+ * same budget (a table's rows) count against one limit; what is given back (unreserve, delete,
+ * destroy) is free again; a restore inserts past the limit and counts all the same. */
+static void test_budget_counts_variables_and_tables(void **state)
+{
+    (void)state;
+    mem_budget b = {0};
+    budget_set_max(&b, 1000);
+    store *s = store_create();
+    assert_non_null(s);
+    store_set_limits(s, &b, 0);
+    char err[256];
+    assert_int_equal(store_reserve(s, 600, err, sizeof(err)), 0);
+    assert_true(budget_take(&b, 300)); /* a table's slab */
+    assert_int_equal(budget_held(&b), 900);
+    assert_int_not_equal(store_reserve(s, 200, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "max-server-bytes 1000 (900 held"));
+    assert_false(budget_take(&b, 101));
+    store_unreserve(s, 600);
+    assert_int_equal(budget_held(&b), 300);
+    variable *v = make_var(100); /* 400 bytes (SGD: no slots) */
+    variable *in = store_insert(s, v);
+    assert_int_equal(budget_held(&b), 700);
+    variable *w = make_var(100);
+    w->name[0] = 'w';
+    variable *in2 = store_insert(s, w); /* a restore: past the limit, counted */
+    assert_int_equal(budget_held(&b), 1100);
+    assert_false(budget_take(&b, 1));
+    variable_release(in2);
+    variable *gone = store_remove(s, "w");
+    assert_non_null(gone);
+    variable_release(gone); /* the store's reference: the last one */
+    assert_int_equal(budget_held(&b), 700);
+    variable_release(in);
+    store_destroy(s);
+    assert_int_equal(budget_held(&b), 300);
+    budget_give(&b, 300);
+    assert_int_equal(budget_held(&b), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -444,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_agg_ensure_once),
         cmocka_unit_test(test_timing),
         cmocka_unit_test(test_server_only_optimizer_refused),
+        cmocka_unit_test(test_budget_counts_variables_and_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
