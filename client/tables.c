@@ -9,6 +9,7 @@
 
 #include "client_internal.h"
 #include "placement.h"
+#include "spec_fields.h"
 #include "status.h"
 
 /* The server's limit of ids per request (server/server.h SERVER_TABLE_MAX_IDS). */
@@ -25,21 +26,17 @@ void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_
     spec->dim = dim;
     spec->initializer = PS_INIT_ZEROS;
     spec->optimizer = opt;
-    spec->learning_rate = 0.01;
-    spec->momentum = 0.9;
-    spec->beta1 = 0.9;
-    spec->beta2 = 0.999;
-    spec->epsilon = 1e-8;
-    spec->initial_accumulator = 0.1;
-    spec->weight_decay = 0.01;
-    spec->ftrl_beta = 1.0;
     spec->staleness = PS_STALENESS_DEFAULT;
-    if (opt == PS_OPT_ADAM || opt == PS_OPT_ADAMW)
-        spec->learning_rate = 0.001;
-    if (opt == PS_OPT_ADAGRAD)
-        spec->epsilon = 1e-7;
-    if (opt == PS_OPT_FTRL)
-        spec->learning_rate = 0.05;
+    /* The optimizer's defaults: their rows of common/spec_fields.h, then the kind's own. */
+#define PS_HPARAM_DEFAULT_(field, pt, wt, def) spec->field = (def);
+    PS_SPEC_HPARAMS(PS_HPARAM_DEFAULT_)
+    PS_TABLE_HPARAMS(PS_HPARAM_DEFAULT_)
+#undef PS_HPARAM_DEFAULT_
+#define PS_HPARAM_KIND_DEFAULT_(ID, field, def)                                                    \
+    if (opt == PS_OPT_##ID)                                                                        \
+        spec->field = (def);
+    PS_HPARAM_KIND_DEFAULTS(PS_HPARAM_KIND_DEFAULT_)
+#undef PS_HPARAM_KIND_DEFAULT_
 }
 
 static ps_table *table_new(ps_client *c, const char *name, uint32_t dim)
