@@ -248,6 +248,20 @@ static void table_part_done(void *arg, int status, const char *message, const fr
     client_op_release(tc->op, p->server, status, message);
 }
 
+/* Starts every part of a table call's op (client_op_fanout). */
+static void table_call_send_all(void *arg, ps_op *op)
+{
+    table_call *tc = arg;
+    tc->op = op;
+    for (size_t i = 0; i < tc->nparts; i++) {
+        table_part *p = &tc->parts[i];
+        int rc =
+            client_call(tc->t->c, p->server, &tc->t->c->call, table_part_build, table_part_done, p);
+        if (rc != 0)
+            client_op_release(op, p->server, rc, "could not start the call");
+    }
+}
+
 static void table_call_free(void *arg)
 {
     table_call *tc = arg;
@@ -329,23 +343,8 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         }
     tc->nparts = k;
     free(count);
-    ps_op *op = client_op_new(c, 0, cb, arg);
-    if (op == NULL) {
-        table_call_free(tc);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    tc->op = op;
-    client_op_set_ext(op, tc, table_call_free, NULL);
-    client_op_hold(op, (int)tc->nparts);
-    for (size_t i = 0; i < tc->nparts; i++) {
-        table_part *p = &tc->parts[i];
-        int rc = client_call(c, p->server, &c->call, table_part_build, table_part_done, p);
-        if (rc != 0)
-            client_op_release(op, p->server, rc, "could not start the call");
-    }
-    *out_op = op;
-    client_op_release(op, -1, STATUS_OK, "");
-    return PS_OK;
+    return client_op_fanout(c, cb, arg, tc, table_call_free, NULL, tc->nparts, table_call_send_all,
+                            out_op);
 }
 
 static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
