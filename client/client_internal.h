@@ -135,6 +135,14 @@ void client_op_hold(ps_op *op, int n);
 void client_op_release(ps_op *op, int server, int status, const char *message);
 /* The first error recorded so far (STATUS_OK if none). */
 int client_op_status(ps_op *op);
+/* Starts an op whose state (ext) is the caller's, of nparts parts: makes the op (cb, arg),
+ * attaches ext (client_op_set_ext), sets *out_op, holds the op for the nparts parts, calls
+ * start(ext, op), which starts every part (each part, or start for a part that could not
+ * start, releases its hold once), then drops the starter's hold. Returns PS_OK, or
+ * PS_RESOURCE_EXHAUSTED (the op not made, ext freed with ext_free, start not called). */
+int client_op_fanout(ps_client *c, ps_done_fn cb, void *arg, void *ext, void (*ext_free)(void *ext),
+                     void (*ext_complete)(void *ext, int status), size_t nparts,
+                     void (*start)(void *ext, ps_op *op), ps_op **out_op);
 
 /* Sends `request` to each of servers[0..n) at once and waits for all. replies[i] receives the
  * unpacked reply of servers[i] (NULL on error); free with client_free_replies. Returns PS_OK or

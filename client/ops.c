@@ -176,6 +176,25 @@ int client_op_status(ps_op *op)
     return st;
 }
 
+int client_op_fanout(ps_client *c, ps_done_fn cb, void *arg, void *ext, void (*ext_free)(void *ext),
+                     void (*ext_complete)(void *ext, int status), size_t nparts,
+                     void (*start)(void *ext, ps_op *op), ps_op **out_op)
+{
+    ps_op *op = client_op_new(c, 0, cb, arg);
+    if (op == NULL) {
+        ext_free(ext);
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    client_op_set_ext(op, ext, ext_free, ext_complete);
+    *out_op = op;
+    /* The starter's hold (client_op_new's) keeps the op from completing (and being freed by a
+     * callback) before every part is started. */
+    client_op_hold(op, (int)nparts);
+    start(ext, op);
+    client_op_release(op, -1, STATUS_OK, "");
+    return PS_OK;
+}
+
 /* Counts the parts of [offset, offset+count) on one server's range [lo, hi). */
 static size_t parts_in(uint64_t offset, uint64_t count, uint64_t lo, uint64_t hi, uint64_t chunk)
 {

@@ -483,6 +483,22 @@ static void msg_done(void *arg, int status, const char *message, const frame *re
     client_op_release(s->op, m->server, status, message);
 }
 
+/* Starts a step's op (client_op_fanout): phase-1 messages and single messages now; a
+ * server's phase 2 once its phase 1 is done (or now, when it has none). */
+static void step_send_all(void *arg, ps_op *op)
+{
+    step_state *s = arg;
+    s->op = op;
+    for (int sv = 0; sv < s->c->nservers; sv++) {
+        bool has1 = s->srv[sv].phase1_left > 0;
+        for (size_t k = 0; k < s->nmsgs; k++) {
+            step_msg *m = &s->msgs[k];
+            if (m->server == sv && (m->phase1 || !has1))
+                msg_start(m);
+        }
+    }
+}
+
 /* After a step that clocked: the client's clock moves to push_clock + 1, or to the clock a
  * server gave (an evicted worker continues from the servers' clock). */
 static void step_complete(void *arg, int status)
@@ -572,8 +588,8 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
 
 /* ps_step_ex_async, at the client's clock or at_clock if that is higher (ps_pull_at_async). */
 static int step_start(ps_client *c, const ps_step_item *items, size_t n,
-                      const ps_table_item *tables, size_t ntables, unsigned flags,
-                      int64_t at_clock, ps_done_fn cb, void *arg, ps_op **out_op)
+                      const ps_table_item *tables, size_t ntables, unsigned flags, int64_t at_clock,
+                      ps_done_fn cb, void *arg, ps_op **out_op)
 {
     if (c == NULL || out_op == NULL || (items == NULL && n > 0) || (tables == NULL && ntables > 0))
         return client_fail(PS_INVALID_ARGUMENT, "ps_step: NULL client, items, table items or op");
@@ -624,27 +640,8 @@ static int step_start(ps_client *c, const ps_step_item *items, size_t n,
         step_state_free(s);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    ps_op *op = client_op_new(c, 0, cb, arg);
-    if (op == NULL) {
-        step_state_free(s);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    s->op = op;
-    client_op_set_ext(op, s, step_state_free, step_complete);
-    *out_op = op;
-    client_op_hold(op, (int)s->nmsgs);
-    /* Phase-1 messages and single messages now; a server's phase 2 once its phase 1 is done
-     * (or now, when it has none). */
-    for (int sv = 0; sv < c->nservers; sv++) {
-        bool has1 = s->srv[sv].phase1_left > 0;
-        for (size_t k = 0; k < s->nmsgs; k++) {
-            step_msg *m = &s->msgs[k];
-            if (m->server == sv && (m->phase1 || !has1))
-                msg_start(m);
-        }
-    }
-    client_op_release(op, -1, STATUS_OK, "");
-    return PS_OK;
+    return client_op_fanout(c, cb, arg, s, step_state_free, step_complete, s->nmsgs, step_send_all,
+                            out_op);
 }
 
 int ps_step_ex_async(ps_client *c, const ps_step_item *items, size_t n, const ps_table_item *tables,

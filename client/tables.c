@@ -9,6 +9,7 @@
 
 #include "client_internal.h"
 #include "placement.h"
+#include "spec_fields.h"
 #include "status.h"
 
 /* The server's limit of ids per request (server/server.h SERVER_TABLE_MAX_IDS). */
@@ -25,21 +26,17 @@ void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_
     spec->dim = dim;
     spec->initializer = PS_INIT_ZEROS;
     spec->optimizer = opt;
-    spec->learning_rate = 0.01;
-    spec->momentum = 0.9;
-    spec->beta1 = 0.9;
-    spec->beta2 = 0.999;
-    spec->epsilon = 1e-8;
-    spec->initial_accumulator = 0.1;
-    spec->weight_decay = 0.01;
-    spec->ftrl_beta = 1.0;
     spec->staleness = PS_STALENESS_DEFAULT;
-    if (opt == PS_OPT_ADAM || opt == PS_OPT_ADAMW)
-        spec->learning_rate = 0.001;
-    if (opt == PS_OPT_ADAGRAD)
-        spec->epsilon = 1e-7;
-    if (opt == PS_OPT_FTRL)
-        spec->learning_rate = 0.05;
+    /* The optimizer's defaults: their rows of common/spec_fields.h, then the kind's own. */
+#define PS_HPARAM_DEFAULT_(field, pt, wt, def) spec->field = (def);
+    PS_SPEC_HPARAMS(PS_HPARAM_DEFAULT_)
+    PS_TABLE_HPARAMS(PS_HPARAM_DEFAULT_)
+#undef PS_HPARAM_DEFAULT_
+#define PS_HPARAM_KIND_DEFAULT_(ID, field, def)                                                    \
+    if (opt == PS_OPT_##ID)                                                                        \
+        spec->field = (def);
+    PS_HPARAM_KIND_DEFAULTS(PS_HPARAM_KIND_DEFAULT_)
+#undef PS_HPARAM_KIND_DEFAULT_
 }
 
 static ps_table *table_new(ps_client *c, const char *name, uint32_t dim)
@@ -251,6 +248,20 @@ static void table_part_done(void *arg, int status, const char *message, const fr
     client_op_release(tc->op, p->server, status, message);
 }
 
+/* Starts every part of a table call's op (client_op_fanout). */
+static void table_call_send_all(void *arg, ps_op *op)
+{
+    table_call *tc = arg;
+    tc->op = op;
+    for (size_t i = 0; i < tc->nparts; i++) {
+        table_part *p = &tc->parts[i];
+        int rc =
+            client_call(tc->t->c, p->server, &tc->t->c->call, table_part_build, table_part_done, p);
+        if (rc != 0)
+            client_op_release(op, p->server, rc, "could not start the call");
+    }
+}
+
 static void table_call_free(void *arg)
 {
     table_call *tc = arg;
@@ -332,23 +343,8 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         }
     tc->nparts = k;
     free(count);
-    ps_op *op = client_op_new(c, 0, cb, arg);
-    if (op == NULL) {
-        table_call_free(tc);
-        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
-    }
-    tc->op = op;
-    client_op_set_ext(op, tc, table_call_free, NULL);
-    client_op_hold(op, (int)tc->nparts);
-    for (size_t i = 0; i < tc->nparts; i++) {
-        table_part *p = &tc->parts[i];
-        int rc = client_call(c, p->server, &c->call, table_part_build, table_part_done, p);
-        if (rc != 0)
-            client_op_release(op, p->server, rc, "could not start the call");
-    }
-    *out_op = op;
-    client_op_release(op, -1, STATUS_OK, "");
-    return PS_OK;
+    return client_op_fanout(c, cb, arg, tc, table_call_free, NULL, tc->nparts, table_call_send_all,
+                            out_op);
 }
 
 static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,

@@ -42,23 +42,16 @@ int ps_optimizer_parse(const char *name, ps_optimizer *out)
 /* The size of the first published layout: every field up to staleness. */
 #define SPEC_SIZE_V1 (offsetof(ps_var_spec, staleness) + sizeof(int))
 
-/* The defaults of every field, whatever the caller's struct_size. */
+/* The defaults of every field (their rows of common/spec_fields.h), whatever the caller's
+ * struct_size. */
 static void spec_defaults(ps_var_spec *spec, const char *name)
 {
     memset(spec, 0, sizeof(*spec));
     spec->struct_size = sizeof(*spec);
     spec->name = name;
-    spec->dtype = PS_FLOAT32;
-    spec->initializer = PS_INIT_ZEROS;
-    spec->optimizer = PS_OPT_SGD;
-    spec->learning_rate = 0.01;
-    spec->momentum = 0.9;
-    spec->beta1 = 0.9;
-    spec->beta2 = 0.999;
-    spec->epsilon = 1e-8;
-    spec->initial_accumulator = 0.1;
-    spec->staleness = PS_STALENESS_DEFAULT;
-    spec->weight_decay = 0.01;
+#define PS_SPEC_DEFAULT_(field, pt, wt, def) spec->field = (def);
+    PS_SPEC_FIELDS(PS_SPEC_DEFAULT_)
+#undef PS_SPEC_DEFAULT_
 }
 
 void ps_var_spec_init_sized(ps_var_spec *spec, size_t size, const char *name)
@@ -124,7 +117,7 @@ static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1
         shape[i] = s->dims[i];
     w->n_shape = (size_t)s->ndims;
     w->shape = shape;
-#define PS_SPEC_TO_WIRE_(field, pt, wt) w->field = (wt)s->field;
+#define PS_SPEC_TO_WIRE_(field, pt, wt, def) w->field = (wt)s->field;
     PS_SPEC_FIELDS(PS_SPEC_TO_WIRE_)
 #undef PS_SPEC_TO_WIRE_
     w->split = split;
@@ -272,7 +265,7 @@ static int from_wire(const Psd__V1__VariableSpec *w, ps_var_spec *s)
     s->ndims = (int)w->n_shape;
     for (size_t i = 0; i < w->n_shape; i++)
         s->dims[i] = w->shape[i];
-#define PS_SPEC_FROM_WIRE_(field, pt, wt) s->field = (pt)w->field;
+#define PS_SPEC_FROM_WIRE_(field, pt, wt, def) s->field = (pt)w->field;
     PS_SPEC_FIELDS(PS_SPEC_FROM_WIRE_)
 #undef PS_SPEC_FROM_WIRE_
     return 0;

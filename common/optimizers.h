@@ -12,8 +12,9 @@
  * value         the stable number on the wire and in checkpoints: append, never renumber.
  * suggested_lr  the learning rate ps-worker uses when none is given (--lr 0).
  *
- * The optimizer's behaviour (slot count, validation, defaults, initial slots, update) is its
- * row in server/optimizer.c's registry. docs/design.md has the recipe for adding one. */
+ * The optimizer's behaviour (slot count, validation, initial slots, update) is its row in
+ * server/optimizer.c's registry; its defaults are in common/spec_fields.h. docs/design.md has the
+ * recipe for adding one. */
 #ifndef PS_COMMON_OPTIMIZERS_H
 #define PS_COMMON_OPTIMIZERS_H
 

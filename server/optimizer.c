@@ -1,7 +1,7 @@
 /* Server-side optimizers: see optimizer.h for the contracts.
  *
- * Every optimizer is one row of `registry` below: its slot count, its changes to the common
- * defaults, the checks of the fields it uses, the initial values of its slots and its update.
+ * Every optimizer is one row of `registry` below: its slot count, the checks of the fields it
+ * uses, the initial values of its slots and its update.
  * Names and numbers come from common/optimizers.h.
  *
  * The apply loops are the server's hot path (one pass over up to 64 MiB per
@@ -217,8 +217,6 @@ OPT_LOOP static void apply_ftrl(float alpha, float beta, float l1, float l2, flo
 typedef struct optimizer_ops {
     /* State arrays per variable (at most OPTIMIZER_MAX_SLOTS). */
     size_t slots;
-    /* Changes to the common defaults (optimizer_params_default); NULL: none. */
-    void (*defaults)(optimizer_params *p);
     /* Checks the fields the kind uses besides learning_rate (checked for all); NULL: none. */
     int (*validate)(const optimizer_params *p, char *err, size_t errlen);
     /* Initial slot values; NULL: every slot 0. */
@@ -271,11 +269,6 @@ static void momentum_apply(const optimizer_params *p, float *w, const unsigned c
         apply_momentum(p->learning_rate, p->momentum, w, g, slots[0], n);
 }
 
-static void adagrad_defaults(optimizer_params *p)
-{
-    p->epsilon = 1e-7f; /* as Keras */
-}
-
 static int adagrad_validate(const optimizer_params *p, char *err, size_t errlen)
 {
     if (check_positive("epsilon", p->epsilon, err, errlen) != 0)
@@ -298,11 +291,6 @@ static void adagrad_apply(const optimizer_params *p, float *w, const unsigned ch
                           float *const *slots, size_t n)
 {
     apply_adagrad(p->learning_rate, p->epsilon, w, g, slots[0], n);
-}
-
-static void adam_defaults(optimizer_params *p)
-{
-    p->learning_rate = 0.001f;
 }
 
 static int adam_validate(const optimizer_params *p, char *err, size_t errlen)
@@ -342,14 +330,6 @@ static void adamw_apply(const optimizer_params *p, float *w, const unsigned char
     apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
 }
 
-static void ftrl_defaults(optimizer_params *p)
-{
-    p->learning_rate = 0.05f; /* alpha */
-    p->ftrl_beta = 1.0f;
-    p->l1 = 0.0f;
-    p->l2 = 0.0f;
-}
-
 static int ftrl_validate(const optimizer_params *p, char *err, size_t errlen)
 {
     if (check_non_negative("ftrl_beta", p->ftrl_beta, err, errlen) != 0)
@@ -369,23 +349,13 @@ static const optimizer_ops registry[] = {
     [OPTIMIZER_SGD] = {.slots = 0, .apply = sgd_apply},
     [OPTIMIZER_MOMENTUM] = {.slots = 1, .validate = momentum_validate, .apply = momentum_apply},
     [OPTIMIZER_ADAGRAD] = {.slots = 1,
-                           .defaults = adagrad_defaults,
                            .validate = adagrad_validate,
                            .init = adagrad_init,
                            .apply = adagrad_apply},
-    [OPTIMIZER_ADAM] = {.slots = 3,
-                        .defaults = adam_defaults,
-                        .validate = adam_validate,
-                        .apply = adam_apply},
-    [OPTIMIZER_ADAMW] = {.slots = 3,
-                         .defaults = adam_defaults,
-                         .validate = adamw_validate,
-                         .apply = adamw_apply},
+    [OPTIMIZER_ADAM] = {.slots = 3, .validate = adam_validate, .apply = adam_apply},
+    [OPTIMIZER_ADAMW] = {.slots = 3, .validate = adamw_validate, .apply = adamw_apply},
     /* z and n start at 0. */
-    [OPTIMIZER_FTRL] = {.slots = 2,
-                        .defaults = ftrl_defaults,
-                        .validate = ftrl_validate,
-                        .apply = ftrl_apply},
+    [OPTIMIZER_FTRL] = {.slots = 2, .validate = ftrl_validate, .apply = ftrl_apply},
 };
 
 _Static_assert(sizeof(registry) / sizeof(registry[0]) == OPTIMIZER_KIND_COUNT,
@@ -411,19 +381,16 @@ void optimizer_params_default(optimizer_params *p, optimizer_kind kind)
         return;
     memset(p, 0, sizeof(*p));
     p->kind = kind;
-    p->learning_rate = 0.01f;
-    p->momentum = 0.9f;
+#define PS_HPARAM_DEFAULT_(field, pt, wt, def) p->field = (float)(def);
+    PS_SPEC_HPARAMS(PS_HPARAM_DEFAULT_)
+    PS_TABLE_HPARAMS(PS_HPARAM_DEFAULT_)
+#undef PS_HPARAM_DEFAULT_
     p->nesterov = false;
-    p->beta1 = 0.9f;
-    p->beta2 = 0.999f;
-    p->epsilon = 1e-8f;
-    p->initial_accumulator = 0.1f;
-    p->weight_decay = 0.01f;
-    p->ftrl_beta = 1.0f;
-    p->l1 = 0.0f;
-    p->l2 = 0.0f;
-    if (optimizer_kind_valid(kind) && registry[kind].defaults != NULL)
-        registry[kind].defaults(p);
+#define PS_HPARAM_KIND_DEFAULT_(ID, field, def)                                                    \
+    if (kind == OPTIMIZER_##ID)                                                                    \
+        p->field = (float)(def);
+    PS_HPARAM_KIND_DEFAULTS(PS_HPARAM_KIND_DEFAULT_)
+#undef PS_HPARAM_KIND_DEFAULT_
 }
 
 int optimizer_validate(const optimizer_params *p, char *err, size_t errlen)

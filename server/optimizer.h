@@ -56,20 +56,20 @@ typedef enum {
  *   ftrl_beta, l1, l2    FTRL: finite, >= 0 */
 typedef struct optimizer_params {
     optimizer_kind kind;
-#define PS_OPTIMIZER_PARAM_(field, pt, wt) float field;
+#define PS_OPTIMIZER_PARAM_(field, pt, wt, def) float field;
     PS_SPEC_HPARAMS(PS_OPTIMIZER_PARAM_)
+    bool nesterov; /* MOMENTUM: Nesterov accelerated gradient */
+    /* FTRL: ftrl_beta, the beta of the per-coordinate rate alpha/(beta + sqrt(n)); l1 and l2,
+     * the L1 and L2 regularization strengths. */
+    PS_TABLE_HPARAMS(PS_OPTIMIZER_PARAM_)
 #undef PS_OPTIMIZER_PARAM_
-    bool nesterov;   /* MOMENTUM: Nesterov accelerated gradient */
-    float ftrl_beta; /* FTRL: beta of the per-coordinate rate alpha/(beta + sqrt(n)) */
-    float l1, l2;    /* FTRL: L1 and L2 regularization strengths */
 } optimizer_params;
 
-/* Fills *p with the defaults for `kind` (every field is written): the common
- * ones (learning_rate 0.01, momentum 0.9, nesterov false, beta1 0.9, beta2
- * 0.999, epsilon 1e-8, initial_accumulator 0.1, weight_decay 0.01), then the
- * kind's own (Adam and AdamW: learning_rate 0.001; Adagrad: epsilon 1e-7, as
- * Keras; FTRL: learning_rate (alpha) 0.05, ftrl_beta 1, l1 0, l2 0). Does nothing when p is NULL.
- * `kind` is stored as given, even if invalid. */
+/* Fills *p with the defaults for `kind` (every field is written): each field's row of
+ * common/spec_fields.h (PS_SPEC_HPARAMS, PS_TABLE_HPARAMS; nesterov false), then the kind's
+ * own (PS_HPARAM_KIND_DEFAULTS: Adam and AdamW learning_rate 0.001, Adagrad epsilon 1e-7, FTRL
+ * learning_rate (alpha) 0.05). Does nothing when p is NULL. `kind` is stored as given, even if
+ * invalid. */
 void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
 
 /* Checks the fields that p->kind uses against the bounds documented on

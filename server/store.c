@@ -112,7 +112,7 @@ static int to_optimizer(const Psd__V1__VariableSpec *s, optimizer_params *p)
     if (!optimizer_on_wire(s->optimizer) || !optimizer_kind_valid((int)s->optimizer))
         return -1;
     optimizer_params_default(p, (optimizer_kind)s->optimizer);
-#define PS_HPARAM_FROM_WIRE_(field, pt, wt) p->field = (float)s->field;
+#define PS_HPARAM_FROM_WIRE_(field, pt, wt, def) p->field = (float)s->field;
     PS_SPEC_HPARAMS(PS_HPARAM_FROM_WIRE_)
 #undef PS_HPARAM_FROM_WIRE_
     p->nesterov = s->nesterov;
@@ -552,7 +552,7 @@ const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpe
             return "shape";
         }
     }
-#define PS_SPEC_DIFF_(field, pt, wt)                                                               \
+#define PS_SPEC_DIFF_(field, pt, wt, def)                                                          \
     if (a->field != b->field) {                                                                    \
         SPEC_FMT_(va, sizeof(va), a->field);                                                       \
         SPEC_FMT_(vb, sizeof(vb), b->field);                                                       \
@@ -560,8 +560,8 @@ const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpe
         return #field;                                                                             \
     }
     PS_SPEC_FIELDS(PS_SPEC_DIFF_)
-    PS_SPEC_DIFF_(split, bool, protobuf_c_boolean)
-    PS_SPEC_DIFF_(num_servers, uint32_t, uint32_t)
+    PS_SPEC_DIFF_(split, bool, protobuf_c_boolean, false)
+    PS_SPEC_DIFF_(num_servers, uint32_t, uint32_t, 0)
 #undef PS_SPEC_DIFF_
     errf(detail, cap, "%s", "");
     return NULL;

@@ -1,17 +1,11 @@
-/* Sparse tables: see table.h for the contracts.
+/* Sparse tables: see table.h for the contracts. This file holds a table's rows: creation and
+ * settings, slabs and slots, the index's use and growth, pull, push (the batch, admission asked
+ * of table_evict.h, the optimizer's update), removal, restore, export and counters. How rows
+ * leave (LRU, eviction, TTL) and admission are in table_evict.c; copy-on-write checkpoint cuts
+ * and their change marks in table_cut.c; the layout all three share in table_layout.h.
  *
- * Layout of one partition:
- *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
- *           deletion), doubled when it would pass 3/4 full.
- *   slabs   rows_per_slab (a power of two) rows of row_bytes each; slot s lives in slab
- *           s >> slab_shift at s & (rows_per_slab - 1). Slabs are never moved or freed
- *           before the table, so a row pointer stays valid under the partition's lock.
- *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
- *           per optimizer slot. Free slots are chained through the header's `next`.
- *   lru     a doubly linked list of the rows, most recently updated first.
- *   sketch  with min_count > 1: 4 x SKETCH_WIDTH saturating counters (count-min).
- *
- * table_id_hash(id) gives the partition (its top bits) and the home bucket (its low bits). */
+ * The ids' hashes are made here: table_id_hash(id) gives the partition (its top bits) and the
+ * home bucket (its low bits); a second, independent hash of it keys the admission sketch. */
 #include "table.h"
 
 #include <math.h>
@@ -23,94 +17,14 @@
 #include <time.h>
 
 #include "placement.h"
+#include "table_cut.h"
+#include "table_evict.h"
 #include "table_index.h"
+#include "table_layout.h"
 #include "util.h"
 
 #define SLAB_BYTES (64u * 1024u)
-#define SKETCH_DEPTH 4
-#define SKETCH_WIDTH 1024u
-#define SKETCH_AGE_EVERY 8192u
 #define MAX_MIN_COUNT 65535u
-
-typedef struct row_header {
-    int64_t id;
-    int64_t updated_ms;
-    uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
-} row_header;
-
-typedef struct partition {
-    pthread_rwlock_t lock;
-    table_index ix;
-    unsigned char **slabs;
-    uint32_t nslabs, slabs_cap;
-    uint64_t max_rows;  /* rows kept at most: the partition's share of max_rows (0: none) */
-    uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
-    uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
-    uint32_t lru_head, lru_tail;
-    uint16_t *sketch;
-    uint32_t sketch_events;
-    uint64_t bytes;
-    /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
-     * row was made or updated since the partition's last copy; ndirty counts them. */
-    uint32_t ndirty;
-    uint64_t cut_gen; /* the table's cut_gen this partition was copied for */
-    int64_t *gone;    /* ids removed since the last copy (recorded while t->track) */
-    size_t ngone, gone_cap;
-    bool removed_lost; /* a removal could not be recorded: the next copy is whole */
-    /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
-    _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
-        evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
-        longest_growth_ns;
-} partition;
-
-struct table {
-    char *name;
-    uint64_t name_key; /* placement_hash(name): the initializer's table key */
-    uint32_t dim, nslots, row_floats;
-    size_t row_bytes;
-    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
-    uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
-    uint32_t nparts;
-    optimizer_params opt;
-    initializer_params init;
-    uint32_t min_count;
-    int64_t ttl_ms;
-    uint64_t max_rows;
-    uint64_t expected_rows;
-    bool never_evict;
-    table_budget budget;
-    uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
-    _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
-    partition *parts;
-    /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
-     * `cut` before anything changes it. */
-    _Atomic uint64_t cut_gen;
-    struct table_cut *_Atomic cut;
-    _Atomic uint32_t pending;  /* partitions not yet copied into `cut` */
-    _Atomic bool track;        /* record removed ids (the next chain cut may be a delta) */
-    _Atomic uint64_t last_cut; /* the id of the newest chain cut (0: none usable as a base) */
-    _Atomic int refs;          /* 1 for the table's owner, 1 per cut not yet freed */
-};
-
-/* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
- * each, so that the wait of a push that finds its partition pending is short), turned into
- * table_rows by table_cut_finish outside the lock. */
-typedef struct raw_part {
-    unsigned char *bytes; /* nslabs slabs of slab_size bytes (room for cap) */
-    uint32_t nslabs, cap;
-    uint32_t lru_tail;
-    size_t count;
-} raw_part;
-
-struct table_cut {
-    table *t;
-    uint64_t base; /* the chain cut this one may be a delta of (0: whole) */
-    uint64_t id;   /* this cut's id; 0: a snapshot cut */
-    bool delta, started, finished;
-    _Atomic bool failed;
-    table_rows *parts; /* [t->nparts] */
-    raw_part *raw;     /* [t->nparts] */
-};
 
 static inline uint64_t mix64(uint64_t z)
 {
@@ -119,19 +33,10 @@ static inline uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-static inline uint32_t part_of(const table *t, uint64_t h)
+/* The admission sketch's key of an id (table_sketch_admit): independent of its placement. */
+static inline uint64_t sketch_key(uint64_t h)
 {
-    return t->part_shift >= 64 ? 0 : (uint32_t)(h >> t->part_shift);
-}
-
-static inline void count_add(_Atomic uint64_t *c, uint64_t v)
-{
-    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
-}
-
-static inline uint64_t count_get(_Atomic uint64_t *c)
-{
-    return atomic_load_explicit(c, memory_order_relaxed);
+    return mix64(h ^ UINT64_C(0xD6E8FEB86659FD93));
 }
 
 void table_set_budget_arg(table *t, void *arg)
@@ -145,12 +50,6 @@ static bool budget_take(table *t, uint64_t bytes)
     return t->budget.take == NULL || t->budget.take(t->budget.arg, bytes);
 }
 
-static void budget_give(table *t, uint64_t bytes)
-{
-    if (t->budget.give != NULL && bytes > 0)
-        t->budget.give(t->budget.arg, bytes);
-}
-
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -159,52 +58,6 @@ static uint64_t now_ns(void)
 }
 
 /* ---- rows and slabs ---------------------------------------------------------------------- */
-
-static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
-{
-    uint32_t mask = (1u << t->slab_shift) - 1;
-    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
-}
-
-static inline float *row_floats(row_header *h)
-{
-    return (float *)(h + 1);
-}
-
-/* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
-static inline size_t slab_bitmap_bytes(const table *t)
-{
-    return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
-}
-
-static inline uint64_t *dirty_word(const table *t, const partition *p, uint32_t slot, uint64_t *bit)
-{
-    uint32_t i = slot & ((1u << t->slab_shift) - 1);
-    unsigned char *slab = p->slabs[slot >> t->slab_shift];
-    uint64_t *bm = (uint64_t *)(void *)(slab + ((size_t)1 << t->slab_shift) * t->row_bytes);
-    *bit = UINT64_C(1) << (i & 63);
-    return bm + (i >> 6);
-}
-
-/* Marks slot1's row changed since the partition's last copy. */
-static inline void mark_dirty(const table *t, partition *p, uint32_t slot1)
-{
-    uint64_t bit, *w = dirty_word(t, p, slot1 - 1, &bit);
-    if (!(*w & bit)) {
-        *w |= bit;
-        p->ndirty++;
-    }
-}
-
-static inline bool clear_dirty(const table *t, partition *p, uint32_t slot1)
-{
-    uint64_t bit, *w = dirty_word(t, p, slot1 - 1, &bit);
-    if (!(*w & bit))
-        return false;
-    *w &= ~bit;
-    p->ndirty--;
-    return true;
-}
 
 /* A free slot: a reused one, else the next fresh one (a new slab when the last is full).
  * Returns slot + 1, or 0 when memory runs out (*fail = TABLE_NOMEM) or the budget refuses a
@@ -257,53 +110,6 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
     return ++p->used;
 }
 
-static void slot_free(table *t, partition *p, uint32_t slot1)
-{
-    row_header *h = row_at(t, p, slot1 - 1);
-    h->next = p->free_head;
-    p->free_head = slot1;
-}
-
-static void lru_unlink(table *t, partition *p, uint32_t slot1)
-{
-    row_header *h = row_at(t, p, slot1 - 1);
-    if (h->prev != 0)
-        row_at(t, p, h->prev - 1)->next = h->next;
-    else
-        p->lru_head = h->next;
-    if (h->next != 0)
-        row_at(t, p, h->next - 1)->prev = h->prev;
-    else
-        p->lru_tail = h->prev;
-    h->prev = h->next = 0;
-}
-
-static void lru_push_front(table *t, partition *p, uint32_t slot1)
-{
-    row_header *h = row_at(t, p, slot1 - 1);
-    h->prev = 0;
-    h->next = p->lru_head;
-    if (p->lru_head != 0)
-        row_at(t, p, p->lru_head - 1)->prev = slot1;
-    else
-        p->lru_tail = slot1;
-    p->lru_head = slot1;
-}
-
-/* ---- checkpoint cuts: copy before the first change ------------------------------------- */
-
-static void cut_copy(table *t, partition *p, uint64_t gen);
-
-/* Takes p's lock to change it. When a cut is pending for p, p is copied into it first, so that
- * the cut holds p as it was when the cut began (only this partition's callers wait). */
-static void write_lock(table *t, partition *p)
-{
-    pthread_rwlock_wrlock(&p->lock);
-    uint64_t gen = atomic_load_explicit(&t->cut_gen, memory_order_acquire);
-    if (p->cut_gen != gen)
-        cut_copy(t, p, gen);
-}
-
 /* ---- the index --------------------------------------------------------------------------- */
 
 /* Doubles p's index, asking the budget first. Returns 0, or TABLE_NOMEM / TABLE_LIMIT when
@@ -326,60 +132,6 @@ static int index_grow(table *t, partition *p)
     if (dt > count_get(&p->longest_growth_ns))
         atomic_store_explicit(&p->longest_growth_ns, dt, memory_order_relaxed);
     return 0;
-}
-
-/* Records a removed id for the next delta cut (while the table tracks removals). */
-static void note_removed(table *t, partition *p, int64_t id)
-{
-    if (!atomic_load_explicit(&t->track, memory_order_relaxed) || p->removed_lost)
-        return;
-    if (p->ngone == p->gone_cap) {
-        size_t cap = p->gone_cap ? 2 * p->gone_cap : 64;
-        int64_t *r = realloc(p->gone, cap * sizeof(*r));
-        if (r == NULL) {
-            /* Not recorded: this partition's next copy is whole instead of a delta. */
-            free(p->gone);
-            p->gone = NULL;
-            p->ngone = p->gone_cap = 0;
-            p->removed_lost = true;
-            return;
-        }
-        p->gone = r;
-        p->gone_cap = cap;
-    }
-    p->gone[p->ngone++] = id;
-}
-
-/* Removes row `id` (present at index position pos) from index, LRU and slots. */
-static void row_remove(table *t, partition *p, uint32_t pos)
-{
-    uint32_t slot1 = p->ix.e[pos].slot1;
-    note_removed(t, p, p->ix.e[pos].id);
-    clear_dirty(t, p, slot1);
-    table_index_delete_at(&p->ix, pos);
-    lru_unlink(t, p, slot1);
-    slot_free(t, p, slot1);
-}
-
-/* ---- admission ---------------------------------------------------------------------------- */
-
-/* Counts one push of an id without a row; true when it reaches min_count. */
-static bool sketch_admit(table *t, partition *p, uint64_t h)
-{
-    uint64_t h2 = mix64(h ^ UINT64_C(0xD6E8FEB86659FD93));
-    uint32_t est = UINT32_MAX;
-    for (int d = 0; d < SKETCH_DEPTH; d++) {
-        uint16_t *c = &p->sketch[d * SKETCH_WIDTH + ((h2 >> (d * 16)) & (SKETCH_WIDTH - 1))];
-        if (*c < UINT16_MAX)
-            (*c)++;
-        est = *c < est ? *c : est;
-    }
-    if (++p->sketch_events >= SKETCH_AGE_EVERY) {
-        for (uint32_t i = 0; i < SKETCH_DEPTH * SKETCH_WIDTH; i++)
-            p->sketch[i] >>= 1;
-        p->sketch_events = 0;
-    }
-    return est >= t->min_count;
 }
 
 /* ---- creation ----------------------------------------------------------------------------- */
@@ -453,32 +205,7 @@ static int partition_init(table *t, partition *p)
     if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
     p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
-    if (t->min_count > 1) {
-        p->sketch = calloc(SKETCH_DEPTH * SKETCH_WIDTH, sizeof(*p->sketch));
-        if (p->sketch == NULL)
-            return -1;
-        p->bytes += SKETCH_DEPTH * SKETCH_WIDTH * sizeof(*p->sketch);
-    }
-    return 0;
-}
-
-/* Bytes the table holds beyond its struct, name and partition array (taken from the budget). */
-static uint64_t table_held_bytes(const table *t)
-{
-    uint64_t b = 0;
-    for (uint32_t i = 0; i < t->nparts; i++)
-        b += t->parts[i].bytes;
-    return b;
-}
-
-static void partition_fini(partition *p)
-{
-    for (uint32_t i = 0; i < p->nslabs; i++)
-        free(p->slabs[i]);
-    free(p->slabs);
-    free(p->gone);
-    table_index_fini(&p->ix);
-    free(p->sketch);
+    return table_sketch_init(t, p);
 }
 
 int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
@@ -562,21 +289,6 @@ oom:
     return TABLE_NOMEM;
 }
 
-/* Frees t once its owner and every cut have let go of it. */
-static void table_unref(table *t)
-{
-    if (atomic_fetch_sub(&t->refs, 1) != 1)
-        return;
-    budget_give(t, t->own_bytes + table_held_bytes(t));
-    for (uint32_t i = 0; i < t->nparts; i++) {
-        partition_fini(&t->parts[i]);
-        pthread_rwlock_destroy(&t->parts[i].lock);
-    }
-    free(t->parts);
-    free(t->name);
-    free(t);
-}
-
 void table_destroy(table *t)
 {
     if (t != NULL)
@@ -631,45 +343,25 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* Removes p's least recently updated row, counted in *counter. False when p has none (or the
- * table never evicts). */
-static bool evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
-{
-    if (p->lru_tail == 0 || t->never_evict)
-        return false;
-    row_header *victim = row_at(t, p, p->lru_tail - 1);
-    row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
-    count_add(counter, 1);
-    return true;
-}
-
-/* Makes room for one more row in p under its share of max_rows, evicting p's least recently
- * updated row when p is full (it then has one: every share is at least 1). */
-static void reserve_row(table *t, partition *p)
-{
-    if (p->max_rows != 0 && p->ix.count >= p->max_rows)
-        evict_lru(t, p, &p->evicted_max_rows);
-}
-
 /* Makes row id in p (write-locked, absent from the index) from the initializer and stores
  * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
  * memory and p has no row to evict for room (*out then 0). */
 static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
 {
     *out = 0;
-    reserve_row(t, p);
+    table_reserve_row(t, p);
     if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
             return rc;
         /* Over the budget: the partition's oldest row gives its index entry instead. */
-        if (rc == TABLE_LIMIT && !evict_lru(t, p, &p->evicted_memory))
+        if (rc == TABLE_LIMIT && !table_evict_lru(t, p, &p->evicted_memory))
             return TABLE_LIMIT;
     }
     int fail = TABLE_OK;
     uint32_t slot1 = slot_alloc(t, p, &fail);
     /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
-    if (slot1 == 0 && fail == TABLE_LIMIT && evict_lru(t, p, &p->evicted_memory))
+    if (slot1 == 0 && fail == TABLE_LIMIT && table_evict_lru(t, p, &p->evicted_memory))
         slot1 = slot_alloc(t, p, &fail);
     if (slot1 == 0)
         return fail;
@@ -684,8 +376,8 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
     optimizer_init_slots(&t->opt, slots, t->dim);
     /* The probe runs again: an eviction above may have shifted entries. */
     table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
-    lru_push_front(t, p, slot1);
-    mark_dirty(t, p, slot1);
+    table_lru_push_front(t, p, slot1);
+    table_mark_dirty(t, p, slot1);
     count_add(&p->rows_created, 1);
     *out = slot1;
     return TABLE_OK;
@@ -835,14 +527,14 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         if (b.starts[q] == b.starts[q + 1])
             continue;
         partition *p = &t->parts[q];
-        write_lock(t, p);
+        table_write_lock(t, p);
         for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
             uint32_t u = b.order[e];
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
             uint32_t slot1 = table_index_find(&p->ix, id, h);
             if (slot1 == 0) {
-                if (t->min_count > 1 && !sketch_admit(t, p, h)) {
+                if (t->min_count > 1 && !table_sketch_admit(t, p, sketch_key(h))) {
                     count_add(&p->pushes_counted, 1);
                     if (b.udone)
                         b.udone[u] = true;
@@ -879,10 +571,10 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 continue;
             }
             r->updated_ms = now_ms;
-            mark_dirty(t, p, slot1);
+            table_mark_dirty(t, p, slot1);
             if (p->lru_head != slot1) {
-                lru_unlink(t, p, slot1);
-                lru_push_front(t, p, slot1);
+                table_lru_unlink(t, p, slot1);
+                table_lru_push_front(t, p, slot1);
             }
             count_add(&p->rows_updated, 1);
         }
@@ -916,7 +608,7 @@ int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_
     return table_push_track(t, ids, n, grads, now_ms, NULL, err, errlen);
 }
 
-/* ---- removal, sweep ------------------------------------------------------------------------ */
+/* ---- removal ----------------------------------------------------------------------------- */
 
 size_t table_remove(table *t, const int64_t *ids, size_t n)
 {
@@ -924,10 +616,10 @@ size_t table_remove(table *t, const int64_t *ids, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint64_t h = table_id_hash(ids[i]);
         partition *p = &t->parts[part_of(t, h)];
-        write_lock(t, p);
+        table_write_lock(t, p);
         uint32_t pos = table_index_probe(&p->ix, ids[i], h);
         if (p->ix.e[pos].slot1 != 0) {
-            row_remove(t, p, pos);
+            table_row_remove(t, p, pos);
             count_add(&p->removed, 1);
             removed++;
         }
@@ -936,29 +628,7 @@ size_t table_remove(table *t, const int64_t *ids, size_t n)
     return removed;
 }
 
-size_t table_sweep(table *t, int64_t now_ms)
-{
-    if (t->ttl_ms == 0)
-        return 0;
-    size_t removed = 0;
-    for (uint32_t q = 0; q < t->nparts; q++) {
-        partition *p = &t->parts[q];
-        write_lock(t, p);
-        /* The LRU tail is the oldest update; a row updated at u expires once now - u > ttl. */
-        while (p->lru_tail != 0) {
-            row_header *r = row_at(t, p, p->lru_tail - 1);
-            if (!(now_ms - r->updated_ms > t->ttl_ms))
-                break;
-            row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
-            count_add(&p->evicted_ttl, 1);
-            removed++;
-        }
-        pthread_rwlock_unlock(&p->lock);
-    }
-    return removed;
-}
-
-/* ---- stats, copies, restore --------------------------------------------------------------- */
+/* ---- counters, export, restore ------------------------------------------------------------ */
 
 void table_stats_get(table *t, table_stats *out)
 {
@@ -985,326 +655,6 @@ void table_stats_get(table *t, table_stats *out)
         uint64_t g = count_get(&p->longest_growth_ns);
         out->longest_growth_ns = g > out->longest_growth_ns ? g : out->longest_growth_ns;
     }
-}
-
-void table_rows_free(table_rows *rows)
-{
-    if (rows == NULL)
-        return;
-    free(rows->ids);
-    free(rows->updated_ms);
-    free(rows->floats);
-    free(rows->removed);
-    memset(rows, 0, sizeof(*rows));
-}
-
-/* Room for n rows of t in out (ids, update times, floats). Returns 0 or -1 (memory). */
-static int rows_alloc(const table *t, table_rows *out, size_t n)
-{
-    out->ids = malloc(n * sizeof(*out->ids));
-    out->updated_ms = malloc(n * sizeof(*out->updated_ms));
-    out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
-    return out->ids == NULL || out->updated_ms == NULL || out->floats == NULL ? -1 : 0;
-}
-
-/* Copies every row of p (oldest update first, so that inserting them in order rebuilds the
- * LRU order) into out. Returns 0 or -1 (memory). */
-static int copy_all(table *t, partition *p, table_rows *out)
-{
-    size_t n = p->ix.count;
-    out->full = true;
-    if (n == 0)
-        return 0;
-    if (rows_alloc(t, out, n) != 0)
-        return -1;
-    size_t i = 0;
-    for (uint32_t s1 = p->lru_tail; s1 != 0 && i < n; s1 = row_at(t, p, s1 - 1)->prev, i++) {
-        row_header *r = row_at(t, p, s1 - 1);
-        out->ids[i] = r->id;
-        out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
-    }
-    out->n = i;
-    return 0;
-}
-
-/* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
- * are those updated since the last copy, so they lead the LRU list: the walk from its head
- * stops once it has seen all ndirty of them. Returns 0 or -1 (memory). */
-static int copy_changed(table *t, partition *p, table_rows *out)
-{
-    size_t n = p->ndirty;
-    out->full = false;
-    if (n > 0) {
-        if (rows_alloc(t, out, n) != 0)
-            return -1;
-        size_t i = n;
-        for (uint32_t s1 = p->lru_head; s1 != 0 && i > 0; s1 = row_at(t, p, s1 - 1)->next) {
-            uint64_t bit, *w = dirty_word(t, p, s1 - 1, &bit);
-            if (!(*w & bit))
-                continue;
-            row_header *r = row_at(t, p, s1 - 1);
-            i--;
-            out->ids[i] = r->id;
-            out->updated_ms[i] = r->updated_ms;
-            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
-        }
-        if (i != 0) /* fewer marked rows than counted: an internal error, copy whole instead */
-            return -1;
-        out->n = n;
-    }
-    out->removed = p->gone;
-    out->nremoved = p->ngone;
-    p->gone = NULL;
-    p->ngone = p->gone_cap = 0;
-    return 0;
-}
-
-/* After a copy: nothing of p is changed since it. */
-static void clear_marks(table *t, partition *p)
-{
-    if (p->ndirty > 0) {
-        size_t off = ((size_t)1 << t->slab_shift) * t->row_bytes;
-        for (uint32_t i = 0; i < p->nslabs; i++)
-            memset(p->slabs[i] + off, 0, slab_bitmap_bytes(t));
-        p->ndirty = 0;
-    }
-    free(p->gone);
-    p->gone = NULL;
-    p->ngone = p->gone_cap = 0;
-    p->removed_lost = false;
-}
-
-static size_t slab_size(const table *t)
-{
-    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
-}
-
-/* Copies p's slabs as they are into raw. Returns 0 or -1 (memory). */
-static int copy_raw(table *t, partition *p, raw_part *raw)
-{
-    size_t ss = slab_size(t);
-    raw->nslabs = p->nslabs;
-    raw->lru_tail = p->lru_tail;
-    raw->count = p->ix.count;
-    if (p->nslabs == 0 || p->ix.count == 0)
-        return 0;
-    if (raw->bytes == NULL || raw->cap < p->nslabs) {
-        /* Grown since table_cut_prepare (or not prepared): fresh memory, slower to fill. */
-        free(raw->bytes);
-        raw->bytes = malloc((size_t)p->nslabs * ss);
-        raw->cap = p->nslabs;
-        if (raw->bytes == NULL)
-            return -1;
-    }
-    for (uint32_t i = 0; i < p->nslabs; i++)
-        memcpy(raw->bytes + (size_t)i * ss, p->slabs[i], ss);
-    return 0;
-}
-
-/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
-static int raw_rows(const table *t, raw_part *raw, table_rows *out)
-{
-    size_t n = raw->count, ss = slab_size(t);
-    uint32_t mask = (1u << t->slab_shift) - 1;
-    out->full = true;
-    if (n > 0) {
-        if (rows_alloc(t, out, n) != 0)
-            return -1;
-    }
-    size_t i = 0;
-    for (uint32_t s1 = raw->lru_tail; s1 != 0 && i < n; i++) {
-        uint32_t slot = s1 - 1;
-        if ((slot >> t->slab_shift) >= raw->nslabs)
-            return -1; /* not the partition's links: an internal error */
-        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot >> t->slab_shift) * ss +
-                                               (size_t)(slot & mask) * t->row_bytes);
-        out->ids[i] = r->id;
-        out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
-        s1 = r->prev;
-    }
-    out->n = i;
-    free(raw->bytes);
-    raw->bytes = NULL;
-    return i == n ? 0 : -1;
-}
-
-/* Copies p (write-locked, pending for cut generation gen) into the table's cut. A chain cut
- * then clears p's marks (what changes from now on is the next delta); a snapshot cut leaves
- * them to the chain. */
-static void cut_copy(table *t, partition *p, uint64_t gen)
-{
-    table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
-    uint32_t q = (uint32_t)(p - t->parts);
-    table_rows *out = &c->parts[q];
-    p->cut_gen = gen;
-    atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel);
-    bool whole = !c->delta || p->removed_lost;
-    out->full = whole;
-    int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
-    if (rc != 0) {
-        table_rows_free(out);
-        atomic_store(&c->failed, true);
-        /* Marks kept, but the chain is broken: no later cut may be a delta of this one. */
-        uint64_t id = c->id;
-        if (id != 0)
-            atomic_compare_exchange_strong(&t->last_cut, &id, 0);
-        return;
-    }
-    if (c->id != 0)
-        clear_marks(t, p);
-}
-
-uint64_t table_cut_id_new(void)
-{
-    static _Atomic uint64_t last_id;
-    return atomic_fetch_add(&last_id, 1) + 1;
-}
-
-table_cut *table_cut_prepare(table *t, uint64_t base)
-{
-    table_cut *c = calloc(1, sizeof(*c));
-    if (c == NULL)
-        return NULL;
-    c->parts = calloc(t->nparts, sizeof(*c->parts));
-    c->raw = calloc(t->nparts, sizeof(*c->raw));
-    if (c->parts == NULL || c->raw == NULL) {
-        free(c->parts);
-        free(c->raw);
-        free(c);
-        return NULL;
-    }
-    for (uint32_t q = 0; q < t->nparts; q++)
-        c->parts[q].row_floats = t->row_floats;
-    c->t = t;
-    c->base = base;
-    atomic_fetch_add(&t->refs, 1);
-    /* table_cut_start decides; a cut that is a delta now most likely still is one then (and
-     * a whole copy not prepared for allocates its memory when it copies). */
-    if (base != 0 && atomic_load(&t->last_cut) == base)
-        return c;
-    /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
-     * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
-    size_t ss = slab_size(t);
-    for (uint32_t q = 0; q < t->nparts; q++) {
-        partition *p = &t->parts[q];
-        pthread_rwlock_rdlock(&p->lock);
-        uint32_t nslabs = p->nslabs;
-        pthread_rwlock_unlock(&p->lock);
-        if (nslabs == 0)
-            continue;
-        uint32_t cap = nslabs + nslabs / 8 + 1;
-        c->raw[q].bytes = malloc((size_t)cap * ss);
-        if (c->raw[q].bytes == NULL)
-            break; /* copy_raw allocates then */
-        /* Not 0: a compiler may turn malloc + memset 0 into calloc, which touches nothing. */
-        memset(c->raw[q].bytes, 0xa5, (size_t)cap * ss);
-        c->raw[q].cap = cap;
-    }
-    return c;
-}
-
-void table_cut_start(table_cut *c, uint64_t id, bool track)
-{
-    table *t = c->t;
-    /* The previous cut (another taker's, its finish not done yet) gets its pending partitions
-     * first: each partition is pending for one cut at a time. */
-    for (uint32_t q = 0; q < t->nparts && atomic_load(&t->pending) > 0; q++) {
-        write_lock(t, &t->parts[q]);
-        pthread_rwlock_unlock(&t->parts[q].lock);
-    }
-    c->started = true;
-    c->id = id;
-    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base;
-    if (id != 0) {
-        atomic_store(&t->last_cut, id);
-        atomic_store(&t->track, track);
-    }
-    atomic_store(&t->pending, t->nparts);
-    atomic_store_explicit(&t->cut, c, memory_order_release);
-    atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
-}
-
-table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track)
-{
-    table_cut *c = table_cut_prepare(t, base);
-    if (c != NULL)
-        table_cut_start(c, id, track);
-    return c;
-}
-
-table *table_cut_table(const table_cut *c)
-{
-    return c->t;
-}
-
-int table_cut_finish(table_cut *c)
-{
-    table *t = c->t;
-    if (!c->started)
-        return -1;
-    for (uint32_t q = 0; q < t->nparts; q++) {
-        partition *p = &t->parts[q];
-        write_lock(t, p); /* copies p if no change did first */
-        pthread_rwlock_unlock(&p->lock);
-    }
-    c->finished = true;
-    for (uint32_t q = 0; q < t->nparts; q++) {
-        if (c->raw[q].nslabs > 0 && raw_rows(t, &c->raw[q], &c->parts[q]) != 0) {
-            table_rows_free(&c->parts[q]);
-            atomic_store(&c->failed, true);
-        }
-        free(c->raw[q].bytes);
-        c->raw[q].bytes = NULL;
-        c->raw[q].nslabs = 0;
-        c->parts[q].row_floats = t->row_floats;
-    }
-    return atomic_load(&c->failed) ? -1 : 0;
-}
-
-bool table_cut_is_delta(const table_cut *c)
-{
-    return c->delta;
-}
-
-const table_rows *table_cut_rows(const table_cut *c, uint32_t part)
-{
-    return part < c->t->nparts ? &c->parts[part] : NULL;
-}
-
-void table_cut_free(table_cut *c)
-{
-    if (c == NULL)
-        return;
-    table *t = c->t;
-    if (c->started && !c->finished)
-        (void)table_cut_finish(c); /* no partition may still point at c */
-    for (uint32_t q = 0; q < t->nparts; q++) {
-        table_rows_free(&c->parts[q]);
-        free(c->raw[q].bytes);
-    }
-    free(c->parts);
-    free(c->raw);
-    free(c);
-    table_unref(t);
-}
-
-int table_copy_partition(table *t, uint32_t part, table_rows *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->row_floats = t->row_floats;
-    if (part >= t->nparts)
-        return -1;
-    partition *p = &t->parts[part];
-    pthread_rwlock_rdlock(&p->lock);
-    int rc = copy_all(t, p, out);
-    pthread_rwlock_unlock(&p->lock);
-    if (rc != 0) {
-        table_rows_free(out);
-        out->row_floats = t->row_floats;
-    }
-    return rc;
 }
 
 size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows)
@@ -1338,10 +688,10 @@ size_t table_partition_clear(table *t, uint32_t part)
         return 0;
     partition *p = &t->parts[part];
     size_t removed = 0;
-    write_lock(t, p);
+    table_write_lock(t, p);
     while (p->lru_tail != 0) {
         row_header *r = row_at(t, p, p->lru_tail - 1);
-        row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
+        table_row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
         removed++;
     }
     pthread_rwlock_unlock(&p->lock);
@@ -1352,7 +702,7 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
 {
     uint64_t h = table_id_hash(id);
     partition *p = &t->parts[part_of(t, h)];
-    write_lock(t, p);
+    table_write_lock(t, p);
     uint32_t slot1 = table_index_find(&p->ix, id, h);
     int rc = TABLE_OK;
     if (slot1 == 0)
@@ -1361,9 +711,9 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
         row_header *r = row_at(t, p, slot1 - 1);
         memcpy(row_floats(r), floats, t->row_floats * sizeof(float));
         r->updated_ms = updated_ms;
-        lru_unlink(t, p, slot1);
-        lru_push_front(t, p, slot1);
-        mark_dirty(t, p, slot1);
+        table_lru_unlink(t, p, slot1);
+        table_lru_push_front(t, p, slot1);
+        table_mark_dirty(t, p, slot1);
     }
     pthread_rwlock_unlock(&p->lock);
     return rc;

@@ -133,8 +133,43 @@ static int client_failure(int status)
 static int create_variables(trainer *t)
 {
     const train_config *cfg = t->cfg;
-    for (int i = 0; i < model_num_params(t->m); i++) {
-        model_param *p = model_get_param(t->m, i);
+    int rc = train_create_param_vars(t->client, t->m, cfg, t->vars);
+    if (rc != PS_OK) {
+        if (rc == PS_ALREADY_EXISTS)
+            log_error("a variable of that name exists with other settings: use another "
+                      "--model-name or restart the servers");
+        return client_failure(rc);
+    }
+    /* Completion counters, one slot per worker: each worker adds 1 to its own slot at the end
+     * (SGD with rate 1 on a gradient of -1). Worker 0 waits until every slot has reached its
+     * own, whenever the others finished, even before worker 0 started; with a server kept
+     * across runs, the k-th run waits for every slot to reach k. The worker count is in the
+     * name so that runs with another count do not collide. */
+    char name[96];
+    snprintf(name, sizeof(name), "%s/workers_done_of_%d", cfg->model_name, cfg->shard_count);
+    rc = train_create_slots_var(t->client, name, cfg->shard_count, &t->done_var);
+    if (rc != PS_OK)
+        return client_failure(rc);
+    /* Lost-update slots, one per worker: each sets its own to the count of its acknowledged
+     * pushes that server restarts lost, before it marks itself done; worker 0 adds them up. */
+    snprintf(name, sizeof(name), "%s/lost_pushes_of_%d", cfg->model_name, cfg->shard_count);
+    rc = train_create_slots_var(t->client, name, cfg->shard_count, &t->lost_var);
+    if (rc != PS_OK)
+        return client_failure(rc);
+    if (cfg->progress_every <= 0)
+        return TRAIN_EXIT_OK;
+    /* Progress slots, one per worker, updated like the completion counters (train.h). */
+    snprintf(name, sizeof(name), "%s/progress_of_%d", cfg->model_name, cfg->shard_count);
+    rc = train_create_slots_var(t->client, name, cfg->shard_count, &t->progress_var);
+    if (rc != PS_OK)
+        return client_failure(rc);
+    return TRAIN_EXIT_OK;
+}
+
+int train_create_param_vars(ps_client *client, model *m, const train_config *cfg, ps_var **vars)
+{
+    for (int i = 0; i < model_num_params(m); i++) {
+        model_param *p = model_get_param(m, i);
         ps_var_spec spec;
         ps_var_spec_init(&spec, p->name);
         spec.dtype = PS_FLOAT32;
@@ -149,55 +184,29 @@ static int create_variables(trainer *t)
         spec.momentum = cfg->momentum;
         spec.nesterov = cfg->nesterov;
         spec.staleness = cfg->staleness;
-        int rc = ps_var_create(t->client, &spec, &t->vars[i]);
+        int rc = ps_var_create(client, &spec, &vars[i]);
         if (rc != PS_OK) {
             log_error("creating variable %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
-            if (rc == PS_ALREADY_EXISTS)
-                log_error("a variable of that name exists with other settings: use another "
-                          "--model-name or restart the servers");
-            return client_failure(rc);
+            return rc;
         }
     }
-    /* Completion counters, one slot per worker: each worker adds 1 to its own slot at the end
-     * (SGD with rate 1 on a gradient of -1). Worker 0 waits until every slot has reached its
-     * own, whenever the others finished, even before worker 0 started; with a server kept
-     * across runs, the k-th run waits for every slot to reach k. The worker count is in the
-     * name so that runs with another count do not collide. */
-    char name[96];
-    snprintf(name, sizeof(name), "%s/workers_done_of_%d", cfg->model_name, cfg->shard_count);
+    return PS_OK;
+}
+
+int train_create_slots_var(ps_client *client, const char *name, int count, ps_var **out)
+{
     ps_var_spec spec;
     ps_var_spec_init(&spec, name);
     spec.ndims = 1;
-    spec.dims[0] = (uint64_t)cfg->shard_count;
+    spec.dims[0] = (uint64_t)count;
     spec.initializer = PS_INIT_ZEROS;
     spec.optimizer = PS_OPT_SGD;
     spec.learning_rate = 1.0;
     spec.staleness = PS_STALENESS_ASYNC;
-    int rc = ps_var_create(t->client, &spec, &t->done_var);
-    if (rc != PS_OK) {
+    int rc = ps_var_create(client, &spec, out);
+    if (rc != PS_OK)
         log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
-        return client_failure(rc);
-    }
-    /* Lost-update slots, one per worker: each sets its own to the count of its acknowledged
-     * pushes that server restarts lost, before it marks itself done; worker 0 adds them up. */
-    snprintf(name, sizeof(name), "%s/lost_pushes_of_%d", cfg->model_name, cfg->shard_count);
-    spec.name = name;
-    rc = ps_var_create(t->client, &spec, &t->lost_var);
-    if (rc != PS_OK) {
-        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
-        return client_failure(rc);
-    }
-    if (cfg->progress_every <= 0)
-        return TRAIN_EXIT_OK;
-    /* Progress slots, one per worker, updated like the completion counters (train.h). */
-    snprintf(name, sizeof(name), "%s/progress_of_%d", cfg->model_name, cfg->shard_count);
-    spec.name = name;
-    rc = ps_var_create(t->client, &spec, &t->progress_var);
-    if (rc != PS_OK) {
-        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
-        return client_failure(rc);
-    }
-    return TRAIN_EXIT_OK;
+    return rc;
 }
 
 /* Steps a float slot counts exactly (2^24). */

@@ -88,6 +88,18 @@ extern volatile int train_stop_signal;
  * other workers, evaluates on `test` and prints the final line
  * "test_accuracy=..." on stdout, and saves the model if asked. Logs progress.
  * Returns a TRAIN_EXIT_* code (errors logged). */
+/* Creates (idempotently) the variable of each of m's parameters, vars[i] for parameter i: its
+ * shape, initialized once by its owning server (Glorot-uniform for a kernel, zeros else, seed
+ * cfg->seed + i), with cfg's optimizer, learning rate, momentum, Nesterov and staleness.
+ * Returns PS_OK, or the status of the first create that failed (logged as "creating variable
+ * NAME: status: message"; the variables before it stay made). */
+int train_create_param_vars(ps_client *client, model *m, const train_config *cfg, ps_var **vars);
+
+/* Creates (idempotently) variable `name` of `count` float slots, one per worker, each changed
+ * only by its own worker: zeros, SGD at learning rate 1 (pushing -d adds d), asynchronous.
+ * Returns PS_OK, or the create's status (logged as above). */
+int train_create_slots_var(ps_client *client, const char *name, int count, ps_var **out);
+
 /* Waits for the operations ops[0..n) of parameters 0..n-1 (NULL ones skipped), destroys them
  * and clears the slots; returns the first failure, logged as "WHAT PARAM: status: message". */
 int train_wait_param_ops(model *m, ps_op **ops, int n, const char *what);

@@ -69,38 +69,12 @@ static int create_cluster_state(emb_trainer *t)
         log_error("creating table %s: %s: %s", name, ps_strerror(rc), ps_last_error());
         return exit_for(rc);
     }
-    for (int i = 0; i < model_num_params(t->m); i++) {
-        model_param *p = model_get_param(t->m, i);
-        ps_var_spec spec;
-        ps_var_spec_init(&spec, p->name);
-        spec.ndims = p->ndims;
-        for (int d = 0; d < p->ndims; d++)
-            spec.dims[d] = p->dims[d];
-        spec.initializer = p->is_kernel ? PS_INIT_GLOROT_UNIFORM : PS_INIT_ZEROS;
-        spec.seed = cfg->seed + (uint64_t)i;
-        spec.optimizer = cfg->optimizer;
-        spec.learning_rate = cfg->lr;
-        spec.momentum = cfg->momentum;
-        spec.nesterov = cfg->nesterov;
-        spec.staleness = cfg->staleness;
-        if ((rc = ps_var_create(t->client, &spec, &t->vars[i])) != PS_OK) {
-            log_error("creating variable %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
-            return exit_for(rc);
-        }
-    }
+    if ((rc = train_create_param_vars(t->client, t->m, cfg, t->vars)) != PS_OK)
+        return exit_for(rc);
     /* Completion slots, one per worker, as the MLP's trainer keeps them. */
     snprintf(name, sizeof(name), "%s/workers_done_of_%d", cfg->model_name, cfg->shard_count);
-    ps_var_spec spec;
-    ps_var_spec_init(&spec, name);
-    spec.ndims = 1;
-    spec.dims[0] = (uint64_t)cfg->shard_count;
-    spec.optimizer = PS_OPT_SGD;
-    spec.learning_rate = 1.0;
-    spec.staleness = PS_STALENESS_ASYNC;
-    if ((rc = ps_var_create(t->client, &spec, &t->done_var)) != PS_OK) {
-        log_error("creating variable %s: %s: %s", name, ps_strerror(rc), ps_last_error());
+    if ((rc = train_create_slots_var(t->client, name, cfg->shard_count, &t->done_var)) != PS_OK)
         return exit_for(rc);
-    }
     return TRAIN_EXIT_OK;
 }
 

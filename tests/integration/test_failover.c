@@ -29,6 +29,7 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "replicated_cluster.h"
 #include "status.h"
 #include "view_etcd.h"
 
@@ -40,18 +41,16 @@
 static const char *server_bin, *self_bin;
 static test_cluster tc;
 static etcd_proc etcd;
-static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL,
-                              NULL,         NULL};
+static test_repl_flags flags; /* the servers' flags, for test_cluster_respawn */
+static const char *lease_ms = "1000";
+static const char *more[3]; /* the test's own server flags */
 static const char *client_replicas = "2";
 
 static int start(const char *replicas)
 {
-    if (etcd_proc_start(&etcd) != 0)
-        return -1;
-    extra[1] = replicas;
-    extra[3] = etcd.endpoint;
     client_replicas = replicas;
-    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, replicas, lease_ms,
+                                 more);
 }
 
 static int setup(void **state)
@@ -69,20 +68,15 @@ static int setup_ckpt(void **state)
     snprintf(ckpt_dir, sizeof(ckpt_dir), "/tmp/psd-fo-ckpt-XXXXXX");
     if (mkdtemp(ckpt_dir) == NULL)
         return -1;
-    if (etcd_proc_start(&etcd) != 0)
-        return -1;
-    extra[1] = "2";
-    extra[3] = etcd.endpoint;
-    extra[6] = "--checkpoint-dir";
-    extra[7] = ckpt_dir;
-    client_replicas = "2";
-    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+    more[0] = "--checkpoint-dir";
+    more[1] = ckpt_dir;
+    return start("2");
 }
 
 static int teardown_ckpt(void **state)
 {
     int rc = teardown(state);
-    extra[6] = NULL;
+    more[0] = more[1] = NULL;
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", ckpt_dir);
     if (system(cmd) != 0)
@@ -99,28 +93,13 @@ static int setup3(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    int rc = test_cluster_stop(&tc); /* every server exits cleanly (0) */
-    etcd_proc_stop(&etcd);
-    return rc;
+    return test_replicated_stop(&tc, &etcd); /* every server exits cleanly (0) */
 }
 
 static ps_client *open_client(void)
 {
-    ps_config *cfg;
-    ps_client *c = NULL;
-    char tf[1200];
-    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
-    if (ps_config_create(&cfg) != PS_OK)
-        return NULL;
-    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
-        ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
-        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
-        ps_config_set(cfg, "replicas", client_replicas) != PS_OK)
-        fprintf(stderr, "config: %s\n", ps_last_error());
-    else if (ps_client_open(&c, cfg) != PS_OK)
-        fprintf(stderr, "open: %s\n", ps_last_error());
-    ps_config_destroy(cfg);
-    return c;
+    static const char *const settings[] = {"split-threshold-bytes", "4K", NULL};
+    return test_replicated_client(&tc, -1, client_replicas, settings);
 }
 
 static ps_var *make_var(ps_client *c)
@@ -282,7 +261,7 @@ static void test_kill_primary_exact_sums_then_rejoin(void **state)
     /* Server 1 comes back: it copies groups 0 and 1 from their primaries (0 and 2) while pushes
      * go on (for seconds, more on a loaded machine or under ASan: up to 90 s allowed), and is
      * added back once caught up; pushes then wait for it again. */
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     double t0 = now_s();
     bool same = false;
     int pushes = 0;
@@ -363,8 +342,8 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
     ps_var *v = make_var(c);
     assert_non_null(v);
     check_all(c, v, want);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, flags.v), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     float *g = ones();
     t0 = now_s();
     bool same = false;
@@ -399,7 +378,7 @@ static void test_three_replicas_kill_two_then_rejoin(void **state)
 static void restart_whole_and_check(float *g)
 {
     for (int i = 0; i < NSERVERS; i++)
-        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, extra), 0);
+        assert_int_equal(test_cluster_respawn(&tc, server_bin, i, flags.v), 0);
     ps_client *c = open_client();
     assert_non_null(c);
     ps_var *v = make_var(c);
@@ -534,7 +513,7 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     view before = read_view();
     assert_false(view_in_sync(&before, 0, 1));
     kill_server(0);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     view w = wait_live(1);
     assert_int_equal(w.live[1], 1);
     assert_int_equal(w.primary[0], -1);
@@ -562,7 +541,7 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     frame_fini(&f);
     nng_msg_free(m);
     /* ps 0 comes back: group 0 is served again, whole. */
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, flags.v), 0);
     w = wait_live(0);
     assert_int_equal(w.primary[0], 0);
     c = open_client();
@@ -625,7 +604,7 @@ static void test_forced_primary(void **state)
     ps_client_close(c);
     assert_int_equal(checkpoint_now(0), 0);
     kill_server(0);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     view w = wait_live(1);
     assert_int_equal(w.primary[0], -1);
     char out[4096];
@@ -659,7 +638,7 @@ static void test_forced_primary(void **state)
         assert_true(all[i] == (i < VAR_N / NSERVERS ? 0.0f : -50.0f));
     push_ok(c, v, g);
     /* ps 0 comes back: behind in group 0, it copies from ps 1; ps 1 keeps serving it. */
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, flags.v), 0);
     w = wait_live(0);
     assert_int_equal(w.primary[0], 1);
     for (int k = 0; k < 5; k++)
@@ -677,14 +656,14 @@ static void test_forced_primary(void **state)
 static int setup_long_lease(void **state)
 {
     (void)state;
-    extra[5] = "10000";
+    lease_ms = "10000";
     return start("2");
 }
 
 static int teardown_long_lease(void **state)
 {
     int rc = teardown(state);
-    extra[5] = "1000";
+    lease_ms = "1000";
     return rc;
 }
 
@@ -707,7 +686,7 @@ static void test_sigterm_after_rejoin_revokes(void **state)
         push_ok(c, v, g);
     /* A restart is a new incarnation: dropped at once (its new registration), then it rejoins. */
     kill_server(1);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     view w = wait_live(1);
     assert_int_equal(w.live[1], 1);
     for (int k = 0; k < 10; k++)
@@ -736,10 +715,10 @@ static void test_sigterm_after_rejoin_revokes(void **state)
 static int setup_hb(void **state)
 {
     (void)state;
-    extra[6] = "--worker-timeout-ms";
-    extra[7] = "2000";
+    more[0] = "--worker-timeout-ms";
+    more[1] = "2000";
     int rc = start("2");
-    extra[6] = extra[7] = NULL;
+    more[0] = more[1] = NULL;
     return rc;
 }
 

@@ -34,6 +34,7 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "replicated_cluster.h"
 #include "status.h"
 
 #define NSERVERS 3
@@ -50,57 +51,36 @@
 static const char *server_bin, *self_bin;
 static test_cluster tc;
 static etcd_proc etcd;
-static const char *extra[] = {
-    "--replicas",        "2",   "--coordinator",       NULL,    "--lease-ms", "1000",
-    "--bsp-aggregation", "sum", "--worker-timeout-ms", "10000", NULL};
+static test_repl_flags flags;
+static const char *more[] = {"--bsp-aggregation", "sum", "--worker-timeout-ms", "10000", NULL};
 
 static int setup(void **state)
 {
     (void)state;
-    if (etcd_proc_start(&etcd) != 0)
-        return -1;
-    extra[3] = etcd.endpoint;
-    return test_cluster_start_workers(&tc, server_bin, NSERVERS, NWORKERS, extra);
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, NWORKERS, "2", "1000",
+                                 more);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int rc = test_cluster_stop(&tc); /* every server exits cleanly (0) */
-    etcd_proc_stop(&etcd);
-    return rc;
+    return test_replicated_stop(&tc, &etcd); /* every server exits cleanly (0) */
 }
 
 /* worker < 0: a client that is no worker. */
 static ps_client *open_client(int worker)
 {
-    char tf[1400];
-    if (worker >= 0)
-        test_cluster_tf_config(&tc, "worker", worker, tf, sizeof(tf));
-    else
-        test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
-    ps_config *cfg;
-    ps_client *c = NULL;
-    if (ps_config_create(&cfg) != PS_OK)
-        return NULL;
-    if (ps_config_set(cfg, "tf-config", tf) != PS_OK ||
-        ps_config_set(cfg, "split-threshold-bytes", "4K") != PS_OK ||
-        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
-        ps_config_set(cfg, "heartbeat-ms", "100") != PS_OK ||
-        ps_config_set(cfg, "replicas", "2") != PS_OK)
-        fprintf(stderr, "config: %s\n", ps_last_error());
-    else if (ps_client_open(&c, cfg) != PS_OK)
-        fprintf(stderr, "open: %s\n", ps_last_error());
-    ps_config_destroy(cfg);
-    return c;
+    static const char *const settings[] = {"split-threshold-bytes", "4K", "heartbeat-ms", "100",
+                                           NULL};
+    return test_replicated_client(&tc, worker, "2", settings);
 }
 
 /* The eviction test's servers evict a worker silent for 1.5 s. */
 static int setup_short_timeout(void **state)
 {
-    extra[9] = "1500";
+    more[3] = "1500";
     int rc = setup(state);
-    extra[9] = "10000";
+    more[3] = "10000";
     return rc;
 }
 

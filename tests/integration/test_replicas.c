@@ -25,6 +25,7 @@
 #include "etcd_proc.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "replicated_cluster.h"
 #include "view_etcd.h"
 
 #define NSERVERS 3
@@ -37,43 +38,25 @@ static const char *server_bin;
 static test_cluster tc;
 static etcd_proc etcd;
 
-static const char *extra[] = {"--replicas", "2", "--coordinator", NULL, "--lease-ms", "1000", NULL};
+static test_repl_flags flags; /* the servers' flags, for test_cluster_respawn */
 
 static int setup(void **state)
 {
     (void)state;
-    if (etcd_proc_start(&etcd) != 0)
-        return -1;
-    extra[3] = etcd.endpoint;
-    return test_cluster_start(&tc, server_bin, NSERVERS, extra);
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, "2", "1000", NULL);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    int rc = test_cluster_stop(&tc);
-    etcd_proc_stop(&etcd);
-    return rc;
+    return test_replicated_stop(&tc, &etcd);
 }
 
 static ps_client *open_client(void)
 {
-    ps_config *cfg;
-    ps_client *c = NULL;
-    char tf[1200];
-    test_cluster_tf_config(&tc, NULL, 0, tf, sizeof(tf));
-    if (ps_config_create(&cfg) != PS_OK)
-        return NULL;
-    if (ps_config_set(cfg, "cluster", tf) != PS_OK ||
-        ps_config_set(cfg, "split-threshold-bytes", "64K") != PS_OK ||
-        ps_config_set(cfg, "chunk-bytes", "64K") != PS_OK ||
-        ps_config_set(cfg, "deadline-ms", "60000") != PS_OK ||
-        ps_config_set(cfg, "replicas", "2") != PS_OK)
-        fprintf(stderr, "config: %s\n", ps_last_error());
-    else if (ps_client_open(&c, cfg) != PS_OK)
-        fprintf(stderr, "open: %s\n", ps_last_error());
-    ps_config_destroy(cfg);
-    return c;
+    static const char *const settings[] = {"split-threshold-bytes", "64K", "chunk-bytes", "64K",
+                                           NULL};
+    return test_replicated_client(&tc, -1, "2", settings);
 }
 
 static float grad(int client, int round, size_t i)
@@ -237,7 +220,7 @@ static void test_ttl_table_copies_identical(void **state)
         usleep(5000);
         if (!restarted && ms_since(&t0) >= 1000) {
             assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
-            assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, extra), 0);
+            assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
             restarted = true;
         }
         /* Epoch 2: ps 1 left the view; 3: it is back. */

@@ -1,0 +1,372 @@
+/* Copy-on-write checkpoint cuts of a sparse table and their change marks (contracts: table.h,
+ * table_cut_*; the marks: table_cut.h), and the copies of a partition's rows they and
+ * table_copy_partition hand out (table_rows).
+ *
+ * A cut is taken in two steps. table_cut_start marks every partition pending (a new cut
+ * generation); from then on each partition is copied by whichever comes first: the first
+ * change (table_write_lock) or table_cut_finish. A whole copy is its slabs byte for byte
+ * (copy_raw, short under the lock), turned into rows outside the lock (raw_rows); a delta copy
+ * is the rows whose dirty bit is set and the ids removed since the previous chain cut. */
+#include "table_cut.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "table_layout.h"
+
+/* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
+ * each, so that the wait of a push that finds its partition pending is short), turned into
+ * table_rows by table_cut_finish outside the lock. */
+typedef struct raw_part {
+    unsigned char *bytes; /* nslabs slabs of slab_size bytes (room for cap) */
+    uint32_t nslabs, cap;
+    uint32_t lru_tail;
+    size_t count;
+} raw_part;
+
+struct table_cut {
+    table *t;
+    uint64_t base; /* the chain cut this one may be a delta of (0: whole) */
+    uint64_t id;   /* this cut's id; 0: a snapshot cut */
+    bool delta, started, finished;
+    _Atomic bool failed;
+    table_rows *parts; /* [t->nparts] */
+    raw_part *raw;     /* [t->nparts] */
+};
+
+/* Records a removed id for the next delta cut (while the table tracks removals). */
+void table_note_removed(table *t, partition *p, int64_t id)
+{
+    if (!atomic_load_explicit(&t->track, memory_order_relaxed) || p->removed_lost)
+        return;
+    if (p->ngone == p->gone_cap) {
+        size_t cap = p->gone_cap ? 2 * p->gone_cap : 64;
+        int64_t *r = realloc(p->gone, cap * sizeof(*r));
+        if (r == NULL) {
+            /* Not recorded: this partition's next copy is whole instead of a delta. */
+            free(p->gone);
+            p->gone = NULL;
+            p->ngone = p->gone_cap = 0;
+            p->removed_lost = true;
+            return;
+        }
+        p->gone = r;
+        p->gone_cap = cap;
+    }
+    p->gone[p->ngone++] = id;
+}
+
+void table_rows_free(table_rows *rows)
+{
+    if (rows == NULL)
+        return;
+    free(rows->ids);
+    free(rows->updated_ms);
+    free(rows->floats);
+    free(rows->removed);
+    memset(rows, 0, sizeof(*rows));
+}
+
+/* Room for n rows of t in out (ids, update times, floats). Returns 0 or -1 (memory). */
+static int rows_alloc(const table *t, table_rows *out, size_t n)
+{
+    out->ids = malloc(n * sizeof(*out->ids));
+    out->updated_ms = malloc(n * sizeof(*out->updated_ms));
+    out->floats = malloc(n * (size_t)t->row_floats * sizeof(float));
+    return out->ids == NULL || out->updated_ms == NULL || out->floats == NULL ? -1 : 0;
+}
+
+/* Copies every row of p (oldest update first, so that inserting them in order rebuilds the
+ * LRU order) into out. Returns 0 or -1 (memory). */
+static int copy_all(table *t, partition *p, table_rows *out)
+{
+    size_t n = p->ix.count;
+    out->full = true;
+    if (n == 0)
+        return 0;
+    if (rows_alloc(t, out, n) != 0)
+        return -1;
+    size_t i = 0;
+    for (uint32_t s1 = p->lru_tail; s1 != 0 && i < n; s1 = row_at(t, p, s1 - 1)->prev, i++) {
+        row_header *r = row_at(t, p, s1 - 1);
+        out->ids[i] = r->id;
+        out->updated_ms[i] = r->updated_ms;
+        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+    }
+    out->n = i;
+    return 0;
+}
+
+/* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
+ * are those updated since the last copy, so they lead the LRU list: the walk from its head
+ * stops once it has seen all ndirty of them. Returns 0 or -1 (memory). */
+static int copy_changed(table *t, partition *p, table_rows *out)
+{
+    size_t n = p->ndirty;
+    out->full = false;
+    if (n > 0) {
+        if (rows_alloc(t, out, n) != 0)
+            return -1;
+        size_t i = n;
+        for (uint32_t s1 = p->lru_head; s1 != 0 && i > 0; s1 = row_at(t, p, s1 - 1)->next) {
+            uint64_t bit, *w = table_dirty_word(t, p, s1 - 1, &bit);
+            if (!(*w & bit))
+                continue;
+            row_header *r = row_at(t, p, s1 - 1);
+            i--;
+            out->ids[i] = r->id;
+            out->updated_ms[i] = r->updated_ms;
+            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        }
+        if (i != 0) /* fewer marked rows than counted: an internal error, copy whole instead */
+            return -1;
+        out->n = n;
+    }
+    out->removed = p->gone;
+    out->nremoved = p->ngone;
+    p->gone = NULL;
+    p->ngone = p->gone_cap = 0;
+    return 0;
+}
+
+/* After a copy: nothing of p is changed since it. */
+static void clear_marks(table *t, partition *p)
+{
+    if (p->ndirty > 0) {
+        size_t off = ((size_t)1 << t->slab_shift) * t->row_bytes;
+        for (uint32_t i = 0; i < p->nslabs; i++)
+            memset(p->slabs[i] + off, 0, slab_bitmap_bytes(t));
+        p->ndirty = 0;
+    }
+    free(p->gone);
+    p->gone = NULL;
+    p->ngone = p->gone_cap = 0;
+    p->removed_lost = false;
+}
+
+/* Copies p's slabs as they are into raw. Returns 0 or -1 (memory). */
+static int copy_raw(table *t, partition *p, raw_part *raw)
+{
+    size_t ss = slab_size(t);
+    raw->nslabs = p->nslabs;
+    raw->lru_tail = p->lru_tail;
+    raw->count = p->ix.count;
+    if (p->nslabs == 0 || p->ix.count == 0)
+        return 0;
+    if (raw->bytes == NULL || raw->cap < p->nslabs) {
+        /* Grown since table_cut_prepare (or not prepared): fresh memory, slower to fill. */
+        free(raw->bytes);
+        raw->bytes = malloc((size_t)p->nslabs * ss);
+        raw->cap = p->nslabs;
+        if (raw->bytes == NULL)
+            return -1;
+    }
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        memcpy(raw->bytes + (size_t)i * ss, p->slabs[i], ss);
+    return 0;
+}
+
+/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
+static int raw_rows(const table *t, raw_part *raw, table_rows *out)
+{
+    size_t n = raw->count, ss = slab_size(t);
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    out->full = true;
+    if (n > 0) {
+        if (rows_alloc(t, out, n) != 0)
+            return -1;
+    }
+    size_t i = 0;
+    for (uint32_t s1 = raw->lru_tail; s1 != 0 && i < n; i++) {
+        uint32_t slot = s1 - 1;
+        if ((slot >> t->slab_shift) >= raw->nslabs)
+            return -1; /* not the partition's links: an internal error */
+        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot >> t->slab_shift) * ss +
+                                               (size_t)(slot & mask) * t->row_bytes);
+        out->ids[i] = r->id;
+        out->updated_ms[i] = r->updated_ms;
+        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        s1 = r->prev;
+    }
+    out->n = i;
+    free(raw->bytes);
+    raw->bytes = NULL;
+    return i == n ? 0 : -1;
+}
+
+/* table_cut.h */
+void table_cut_copy(table *t, partition *p, uint64_t gen)
+{
+    table_cut *c = atomic_load_explicit(&t->cut, memory_order_acquire);
+    uint32_t q = (uint32_t)(p - t->parts);
+    table_rows *out = &c->parts[q];
+    p->cut_gen = gen;
+    atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel);
+    bool whole = !c->delta || p->removed_lost;
+    out->full = whole;
+    int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
+    if (rc != 0) {
+        table_rows_free(out);
+        atomic_store(&c->failed, true);
+        /* Marks kept, but the chain is broken: no later cut may be a delta of this one. */
+        uint64_t id = c->id;
+        if (id != 0)
+            atomic_compare_exchange_strong(&t->last_cut, &id, 0);
+        return;
+    }
+    if (c->id != 0)
+        clear_marks(t, p);
+}
+
+uint64_t table_cut_id_new(void)
+{
+    static _Atomic uint64_t last_id;
+    return atomic_fetch_add(&last_id, 1) + 1;
+}
+
+table_cut *table_cut_prepare(table *t, uint64_t base)
+{
+    table_cut *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->parts = calloc(t->nparts, sizeof(*c->parts));
+    c->raw = calloc(t->nparts, sizeof(*c->raw));
+    if (c->parts == NULL || c->raw == NULL) {
+        free(c->parts);
+        free(c->raw);
+        free(c);
+        return NULL;
+    }
+    for (uint32_t q = 0; q < t->nparts; q++)
+        c->parts[q].row_floats = t->row_floats;
+    c->t = t;
+    c->base = base;
+    atomic_fetch_add(&t->refs, 1);
+    /* table_cut_start decides; a cut that is a delta now most likely still is one then (and
+     * a whole copy not prepared for allocates its memory when it copies). */
+    if (base != 0 && atomic_load(&t->last_cut) == base)
+        return c;
+    /* Whole copies: room for each partition's slabs (and 1/8 more for growth until the
+     * cut), faulted in now, so that the copy under a partition's lock is a memcpy. */
+    size_t ss = slab_size(t);
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        uint32_t nslabs = p->nslabs;
+        pthread_rwlock_unlock(&p->lock);
+        if (nslabs == 0)
+            continue;
+        uint32_t cap = nslabs + nslabs / 8 + 1;
+        c->raw[q].bytes = malloc((size_t)cap * ss);
+        if (c->raw[q].bytes == NULL)
+            break; /* copy_raw allocates then */
+        /* Not 0: a compiler may turn malloc + memset 0 into calloc, which touches nothing. */
+        memset(c->raw[q].bytes, 0xa5, (size_t)cap * ss);
+        c->raw[q].cap = cap;
+    }
+    return c;
+}
+
+void table_cut_start(table_cut *c, uint64_t id, bool track)
+{
+    table *t = c->t;
+    /* The previous cut (another taker's, its finish not done yet) gets its pending partitions
+     * first: each partition is pending for one cut at a time. */
+    for (uint32_t q = 0; q < t->nparts && atomic_load(&t->pending) > 0; q++) {
+        table_write_lock(t, &t->parts[q]);
+        pthread_rwlock_unlock(&t->parts[q].lock);
+    }
+    c->started = true;
+    c->id = id;
+    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base;
+    if (id != 0) {
+        atomic_store(&t->last_cut, id);
+        atomic_store(&t->track, track);
+    }
+    atomic_store(&t->pending, t->nparts);
+    atomic_store_explicit(&t->cut, c, memory_order_release);
+    atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
+}
+
+table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track)
+{
+    table_cut *c = table_cut_prepare(t, base);
+    if (c != NULL)
+        table_cut_start(c, id, track);
+    return c;
+}
+
+table *table_cut_table(const table_cut *c)
+{
+    return c->t;
+}
+
+int table_cut_finish(table_cut *c)
+{
+    table *t = c->t;
+    if (!c->started)
+        return -1;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        table_write_lock(t, p); /* copies p if no change did first */
+        pthread_rwlock_unlock(&p->lock);
+    }
+    c->finished = true;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        if (c->raw[q].nslabs > 0 && raw_rows(t, &c->raw[q], &c->parts[q]) != 0) {
+            table_rows_free(&c->parts[q]);
+            atomic_store(&c->failed, true);
+        }
+        free(c->raw[q].bytes);
+        c->raw[q].bytes = NULL;
+        c->raw[q].nslabs = 0;
+        c->parts[q].row_floats = t->row_floats;
+    }
+    return atomic_load(&c->failed) ? -1 : 0;
+}
+
+bool table_cut_is_delta(const table_cut *c)
+{
+    return c->delta;
+}
+
+const table_rows *table_cut_rows(const table_cut *c, uint32_t part)
+{
+    return part < c->t->nparts ? &c->parts[part] : NULL;
+}
+
+void table_cut_free(table_cut *c)
+{
+    if (c == NULL)
+        return;
+    table *t = c->t;
+    if (c->started && !c->finished)
+        (void)table_cut_finish(c); /* no partition may still point at c */
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        table_rows_free(&c->parts[q]);
+        free(c->raw[q].bytes);
+    }
+    free(c->parts);
+    free(c->raw);
+    free(c);
+    table_unref(t);
+}
+
+int table_copy_partition(table *t, uint32_t part, table_rows *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->row_floats = t->row_floats;
+    if (part >= t->nparts)
+        return -1;
+    partition *p = &t->parts[part];
+    pthread_rwlock_rdlock(&p->lock);
+    int rc = copy_all(t, p, out);
+    pthread_rwlock_unlock(&p->lock);
+    if (rc != 0) {
+        table_rows_free(out);
+        out->row_floats = t->row_floats;
+    }
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* How rows leave a sparse table and how new ones are let in: the LRU order of each partition,
+ * row removal, eviction (to stay within max_rows, or to make room when the budget refuses
+ * memory), the TTL sweep (table_sweep, table.h) and admission (min_count's count-min sketch).
+ * This is where another policy (LFU, decayed counts) plugs in: table.c asks here which row
+ * gives way and whether a new id is admitted, and tells here which row was updated.
+ * Private to table.c and table_evict.c. */
+#ifndef SERVER_TABLE_EVICT_H
+#define SERVER_TABLE_EVICT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "table_layout.h"
+
+/* Unlinks slot1's row from p's LRU list. */
+static inline void table_lru_unlink(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    if (h->prev != 0)
+        row_at(t, p, h->prev - 1)->next = h->next;
+    else
+        p->lru_head = h->next;
+    if (h->next != 0)
+        row_at(t, p, h->next - 1)->prev = h->prev;
+    else
+        p->lru_tail = h->prev;
+    h->prev = h->next = 0;
+}
+
+/* Puts slot1's row (not in the list) first: the most recently updated. */
+static inline void table_lru_push_front(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    h->prev = 0;
+    h->next = p->lru_head;
+    if (p->lru_head != 0)
+        row_at(t, p, p->lru_head - 1)->prev = slot1;
+    else
+        p->lru_tail = slot1;
+    p->lru_head = slot1;
+}
+
+/* Removes the row at index position pos of p (write-locked) from the index, the LRU list and
+ * its slot (back on the free list), recording the removal for the next delta cut. */
+void table_row_remove(table *t, partition *p, uint32_t pos);
+
+/* Removes p's least recently updated row, counted in *counter. False when p has none (or the
+ * table never evicts). */
+bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter);
+
+/* Makes room for one more row in p under its share of max_rows, evicting p's least recently
+ * updated row when p is full (it then has one: every share is at least 1). */
+void table_reserve_row(table *t, partition *p);
+
+/* Allocates p's admission sketch when the table has min_count > 1 (its bytes counted in
+ * p->bytes). Returns 0, or -1 when memory runs out. */
+int table_sketch_init(const table *t, partition *p);
+
+/* Counts one push of an id without a row (key: a hash of the id independent of the one that
+ * places it, table.c); true when its count reaches min_count. */
+bool table_sketch_admit(table *t, partition *p, uint64_t key);
+
+#endif /* SERVER_TABLE_EVICT_H */

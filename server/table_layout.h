@@ -1,0 +1,177 @@
+/* The memory layout of a sparse table (table.h), shared by the files that implement it:
+ * table.c (rows, slabs, index use, push and pull), table_evict.c (the LRU order, row removal,
+ * eviction, the TTL sweep, admission) and table_cut.c (copy-on-write checkpoint cuts and their
+ * change marks). Includes run one way: table.c includes table_evict.h and table_cut.h,
+ * table_evict.c includes table_cut.h, and all three include this header, which includes none of
+ * them.
+ *
+ * Layout of one partition:
+ *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
+ *           deletion), doubled when it would pass 3/4 full.
+ *   slabs   rows_per_slab (a power of two) rows of row_bytes each, then a dirty bitmap (one bit
+ *           per slot, table_cut.h); slot s lives in slab s >> slab_shift at
+ *           s & (rows_per_slab - 1). Slabs are never moved or freed before the table, so a row
+ *           pointer stays valid under the partition's lock.
+ *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
+ *           per optimizer slot. Free slots are chained through the header's `next`.
+ *   lru     a doubly linked list of the rows, most recently updated first (table_evict.h).
+ *   sketch  with min_count > 1: the admission count-min sketch (table_evict.c).
+ *
+ * table_id_hash(id) gives the partition (its top bits) and the home bucket (its low bits).
+ * Private to table.c, table_evict.c and table_cut.c. */
+#ifndef SERVER_TABLE_LAYOUT_H
+#define SERVER_TABLE_LAYOUT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "table.h"
+#include "table_index.h"
+
+typedef struct row_header {
+    int64_t id;
+    int64_t updated_ms;
+    uint32_t prev, next; /* LRU neighbours (slot + 1, 0: none); `next` chains free slots */
+} row_header;
+
+typedef struct partition {
+    pthread_rwlock_t lock;
+    table_index ix;
+    unsigned char **slabs;
+    uint32_t nslabs, slabs_cap;
+    uint64_t max_rows;  /* rows kept at most: the partition's share of max_rows (0: none) */
+    uint32_t used;      /* slots ever handed out (the rest of the last slab is fresh) */
+    uint32_t free_head; /* slot + 1 of the first free slot; 0: none */
+    uint32_t lru_head, lru_tail;
+    uint16_t *sketch;
+    uint32_t sketch_events;
+    uint64_t bytes;
+    /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
+     * row was made or updated since the partition's last copy; ndirty counts them. */
+    uint32_t ndirty;
+    uint64_t cut_gen; /* the table's cut_gen this partition was copied for */
+    int64_t *gone;    /* ids removed since the last copy (recorded while t->track) */
+    size_t ngone, gone_cap;
+    bool removed_lost; /* a removal could not be recorded: the next copy is whole */
+    /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
+    _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
+        evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
+        longest_growth_ns;
+} partition;
+
+struct table {
+    char *name;
+    uint64_t name_key; /* placement_hash(name): the initializer's table key */
+    uint32_t dim, nslots, row_floats;
+    size_t row_bytes;
+    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
+    uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
+    uint32_t nparts;
+    optimizer_params opt;
+    initializer_params init;
+    uint32_t min_count;
+    int64_t ttl_ms;
+    uint64_t max_rows;
+    uint64_t expected_rows;
+    bool never_evict;
+    table_budget budget;
+    uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
+    _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
+    partition *parts;
+    /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
+     * `cut` before anything changes it. */
+    _Atomic uint64_t cut_gen;
+    struct table_cut *_Atomic cut;
+    _Atomic uint32_t pending;  /* partitions not yet copied into `cut` */
+    _Atomic bool track;        /* record removed ids (the next chain cut may be a delta) */
+    _Atomic uint64_t last_cut; /* the id of the newest chain cut (0: none usable as a base) */
+    _Atomic int refs;          /* 1 for the table's owner, 1 per cut not yet freed */
+};
+
+static inline uint32_t part_of(const table *t, uint64_t h)
+{
+    return t->part_shift >= 64 ? 0 : (uint32_t)(h >> t->part_shift);
+}
+
+static inline void count_add(_Atomic uint64_t *c, uint64_t v)
+{
+    atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+static inline uint64_t count_get(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+static inline void budget_give(table *t, uint64_t bytes)
+{
+    if (t->budget.give != NULL && bytes > 0)
+        t->budget.give(t->budget.arg, bytes);
+}
+
+/* ---- rows and slabs ---------------------------------------------------------------------- */
+
+static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
+{
+    uint32_t mask = (1u << t->slab_shift) - 1;
+    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
+}
+
+static inline float *row_floats(row_header *h)
+{
+    return (float *)(h + 1);
+}
+
+/* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
+static inline size_t slab_bitmap_bytes(const table *t)
+{
+    return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
+}
+
+/* Bytes of one slab: its rows, then its dirty bitmap. */
+static inline size_t slab_size(const table *t)
+{
+    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
+}
+
+/* ---- teardown ---------------------------------------------------------------------------- */
+
+/* Bytes the table holds beyond its struct, name and partition array (taken from the budget). */
+static inline uint64_t table_held_bytes(const table *t)
+{
+    uint64_t b = 0;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        b += t->parts[i].bytes;
+    return b;
+}
+
+/* Frees what a partition holds (one that partition_init left half made included). */
+static inline void partition_fini(partition *p)
+{
+    for (uint32_t i = 0; i < p->nslabs; i++)
+        free(p->slabs[i]);
+    free(p->slabs);
+    free(p->gone);
+    table_index_fini(&p->ix);
+    free(p->sketch);
+}
+
+/* Frees t once its owner (table_destroy) and every cut (table_cut_free) have let go of it. */
+static inline void table_unref(table *t)
+{
+    if (atomic_fetch_sub(&t->refs, 1) != 1)
+        return;
+    budget_give(t, t->own_bytes + table_held_bytes(t));
+    for (uint32_t i = 0; i < t->nparts; i++) {
+        partition_fini(&t->parts[i]);
+        pthread_rwlock_destroy(&t->parts[i].lock);
+    }
+    free(t->parts);
+    free(t->name);
+    free(t);
+}
+
+#endif /* SERVER_TABLE_LAYOUT_H */
