@@ -19,7 +19,7 @@
 #include <zlib.h>
 
 #include "checkpoint.h"
-#include "checkpoint_state.h"
+#include "ckpt_dir.h"
 #include "log.h"
 #include "server.h"
 
