@@ -315,8 +315,8 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
         free(spec);
         return errf(r->err, r->errlen, "table record at byte %" PRIu64 ": %s", r->pos, terr);
     }
-    l->tables[l->ntables++] = (loaded_table){.t = t, .spec = spec, .len = spec_len};
     /* freed with l from here on */
+    l->tables[l->ntables++] = (loaded_table){.t = t, .spec = spec, .len = spec_len};
     if (ckr_u32(r, &row_floats, "a table record") || ckr_u32(r, &pad, "a table record") ||
         ckr_u64(r, &rows, "a table record"))
         return -1;

@@ -1,9 +1,10 @@
-/* Unit tests for server/checkpoint.c: a shard written and restored into a fresh server state
- * is the same shard (parameters, Adam slots, versions, placement, exactly-once windows); a
- * byte flipped anywhere in the newest file, or the file cut anywhere, makes the restore fall
- * back to the previous checkpoint; a file of another task or cluster size is refused. The
- * directory's lock refuses a second holder and names the first; the record of the last server
- * reads back as written, and the restore verdict follows from it and what was restored. */
+/* Unit tests for server/checkpoint.h (the ckpt_*.c files and checkpointer.c): a shard written and
+ * restored into a fresh server state is the same shard (parameters, Adam slots, versions,
+ * placement, exactly-once windows); a byte flipped anywhere in the newest file, or the file cut
+ * anywhere, makes the restore fall back to the previous checkpoint; a file of another task or
+ * cluster size is refused. The directory's lock refuses a second holder and names the first; the
+ * record of the last server reads back as written, and the restore verdict follows from it and what
+ * was restored. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
