@@ -13,8 +13,8 @@
  *   ckpt_dir.h       the directory: listing, pruning, the lock, the record of the last server
  *   ckpt_types.h     the configuration and results they share
  *   checkpoint.c     the cluster's hash a header records
- * Includes run one way: checkpointer -> snapshot, format, dir; restore -> format, dir;
- * format, dir -> frame; everything -> types. */
+ * Includes and calls run one way: each of checkpointer, ckpt_restore, ckpt_format,
+ * ckpt_snapshot, ckpt_dir, ckpt_frame and ckpt_types uses only those after it in this list. */
 #ifndef PSD_SERVER_CHECKPOINT_H
 #define PSD_SERVER_CHECKPOINT_H
 
