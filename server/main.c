@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
-#include "checkpoint_state.h"
+#include "ckpt_dir.h"
 #include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"

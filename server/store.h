@@ -107,7 +107,7 @@ uint32_t variable_stripe_of(const variable *v, uint64_t first);
 uint64_t variable_stripe_elems(const variable *v);
 
 /* Words of agg_workers made at the least: a checkpoint copies that many (SERVER_MAX_WORKERS
- * bits, checked in checkpoint.c), whatever max_workers the sync state was made with. */
+ * bits, checked in ckpt_snapshot.c), whatever max_workers the sync state was made with. */
 #define VARIABLE_AGG_MIN_WORDS 64u
 
 /* Makes v's BSP aggregate, once: agg (count zeroed floats) and agg_workers (words for

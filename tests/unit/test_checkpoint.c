@@ -1,9 +1,10 @@
-/* Unit tests for server/checkpoint.c: a shard written and restored into a fresh server state
- * is the same shard (parameters, Adam slots, versions, placement, exactly-once windows); a
- * byte flipped anywhere in the newest file, or the file cut anywhere, makes the restore fall
- * back to the previous checkpoint; a file of another task or cluster size is refused. The
- * directory's lock refuses a second holder and names the first; the record of the last server
- * reads back as written, and the restore verdict follows from it and what was restored. */
+/* Unit tests for server/checkpoint.h (the ckpt_*.c files and checkpointer.c): a shard written and
+ * restored into a fresh server state is the same shard (parameters, Adam slots, versions,
+ * placement, exactly-once windows); a byte flipped anywhere in the newest file, or the file cut
+ * anywhere, makes the restore fall back to the previous checkpoint; a file of another task or
+ * cluster size is refused. The directory's lock refuses a second holder and names the first; the
+ * record of the last server reads back as written, and the restore verdict follows from it and what
+ * was restored. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,9 +20,10 @@
 #include <zlib.h>
 
 #include "checkpoint.h"
-#include "checkpoint_state.h"
+#include "ckpt_dir.h"
 #include "log.h"
 #include "server.h"
+#include "table.h"
 
 #define NEL 1000
 
@@ -621,6 +623,81 @@ static void test_restore_verdict(void **state)
     assert_false(ckpt_restore_verdict(&clean_empty, 0, false, 0, 0, m, sizeof(m)));
 }
 
+/* A sparse table through a chain (full-every 3): full, delta, delta, full, delta, delta, each
+ * after rows were changed, added and removed. The restore reads the newest full file and its
+ * two deltas, and the tables are those of the last checkpoint, row for row. */
+static void test_table_delta_chain(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    add_var(&st, "w", PSD__V1__OPTIMIZER__OPT_ADAM, 1.0f);
+    Psd__V1__TableSpec ts = PSD__V1__TABLE_SPEC__INIT;
+    ts.name = "emb";
+    ts.dim = 4;
+    ts.optimizer = PSD__V1__OPTIMIZER__OPT_ADAGRAD;
+    ts.learning_rate = 0.1;
+    ts.initial_accumulator = 0.1;
+    ts.epsilon = 1e-8;
+    ts.staleness = -1;
+    ts.num_servers = 1;
+    uint8_t spec[256];
+    size_t len = psd__v1__table_spec__pack(&ts, spec);
+    table *t = NULL;
+    char err[512];
+    if (server_table_make(&st, spec, len, &t, err, sizeof(err)) != 0)
+        fail_msg("server_table_make: %s", err);
+    assert_int_equal(server_table_register(&st, t, spec, len), 0);
+    uint32_t rf = table_row_floats(t);
+    float row[64];
+    assert_true(rf <= 64);
+    for (int64_t id = -50; id < 200; id++) {
+        for (uint32_t k = 0; k < rf; k++)
+            row[k] = (float)id * 0.25f + (float)k;
+        assert_int_equal(table_insert_row(t, id * 7919, row, 1700000000000 + id), TABLE_OK);
+    }
+    checkpoint_config cfg = config();
+    cfg.full_every = 3;
+    checkpointer *ck = checkpointer_create(&st, &cfg, 1, err, sizeof(err));
+    assert_non_null(ck);
+    checkpoint_info info;
+    for (int round = 0; round < 6; round++) {
+        for (int64_t id = round * 10; id < round * 10 + 20; id++) {
+            for (uint32_t k = 0; k < rf; k++)
+                row[k] = (float)(id + round) * 0.5f;
+            assert_int_equal(table_insert_row(t, id * 7919 + round, row, 1700000001000 + id),
+                             TABLE_OK);
+        }
+        int64_t gone[2] = {(round - 50) * 7919, (round - 40) * 7919};
+        table_remove(t, gone, 2);
+        if (checkpoint_write(ck, &info, err, sizeof(err)) != 0)
+            fail_msg("checkpoint_write: %s", err);
+        assert_int_equal(info.seq, (uint64_t)round + 1);
+        assert_int_equal(info.base, round % 3 == 0 ? 0 : (uint64_t)round);
+    }
+    checkpointer_destroy(ck);
+    table_stats want;
+    table_stats_get(t, &want);
+
+    server_state back;
+    state_init(&back, 0, 1);
+    uint64_t max_seq = 0;
+    checkpoint_info ri;
+    assert_int_equal(checkpoint_restore(&back, &cfg, &ri, &max_seq, err, sizeof(err)),
+                     CKPT_RESTORED);
+    assert_int_equal(ri.seq, 6);
+    assert_int_equal(ri.base, 4);
+    assert_int_equal(ri.deltas, 2);
+    assert_int_equal(ri.table_rows, want.rows);
+    assert_int_equal(server_tables_checksum(&back, 1), server_tables_checksum(&st, 1));
+    expect_same_var(&st, &back, "w");
+    server_tables_free(&back);
+    state_fini(&back);
+    server_tables_free(&st);
+    state_fini(&st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +707,7 @@ int main(void)
         cmocka_unit_test(test_finished_workers_round_trip),
         cmocka_unit_test(test_replica_position_round_trip),
         cmocka_unit_test(test_initial_variable_is_its_spec),
+        cmocka_unit_test(test_table_delta_chain),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
     };

@@ -1,8 +1,12 @@
-/* What a checkpoint directory says about the servers that used it: a lock, so that one server
- * of a task at a time writes there, and a record of the newest checkpoint the last one wrote
- * and how it stopped, so that a restart can tell exactly what its restore lost.
+/* A checkpoint directory: its checkpoint files (listed newest first, pruned by whole chains,
+ * the directory made and fsynced), and what it says about the servers that used it: a lock,
+ * so that one server of a task at a time writes there, and a record of the newest checkpoint
+ * the last one wrote and how it stopped, so that a restart can tell exactly what its restore
+ * lost.
  *
- * Files, per task, beside the checkpoints:
+ * Files, per task:
+ *   ckpt-<task>-<seq>.psc          a checkpoint (ckpt_format.h)
+ *   .ckpt-<task>-<seq>.psc.tmp     one being written (removed at the next start)
  *   .lock-<task>   held with flock(LOCK_EX) for the server's life; holds its pid (text)
  *   .state-<task>  one text line, replaced atomically (write, fsync, rename):
  *                    "running pid=<pid> checkpoint=<seq> versions=<sum>" while it serves;
@@ -11,12 +15,35 @@
  *                  <seq> is the newest checkpoint durable at that moment (0: none), <sum> the
  *                  sum of its variables' versions (updates applied, per shard).
  * A `.running-<task>` marker of an older release counts as "running" with nothing known. */
-#ifndef PSD_SERVER_CHECKPOINT_STATE_H
-#define PSD_SERVER_CHECKPOINT_STATE_H
+#ifndef PSD_SERVER_CKPT_DIR_H
+#define PSD_SERVER_CKPT_DIR_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* Makes dir and its parents if missing and checks it is a writable directory. Returns 0, or
+ * -1 with a message (a configuration error: e.g. a path below a regular file). */
+int checkpoint_mkdir(const char *dir, char *err, size_t errlen);
+
+/* fsyncs directory dir (after a rename in it). Returns 0, or -1 with a message. */
+int ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
+
+/* A checkpoint file of the directory: its sequence number and name (no directory). */
+typedef struct ckpt_file {
+    uint64_t seq;
+    char name[64];
+} ckpt_file;
+
+/* Checkpoint files of task in dir, newest first. With remove_tmp, deletes the task's leftover
+ * temporary files. Returns the count (*out malloc'd), or -1 with a message. */
+long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
+                   size_t errlen);
+
+/* Deletes task's old checkpoints in dir: the newest `keep` files are restore points, and each
+ * keeps its whole chain (a delta needs every file back to its full checkpoint). Failures are
+ * logged. */
+void ckpt_dir_prune(const char *dir, uint32_t task, int keep);
 
 /* Creates dir (and its parents) if missing and takes task's lock in it. Returns the lock's
  * file descriptor (>= 0, close-on-exec; keep it open while serving), or -1 with a message in

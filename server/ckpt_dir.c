@@ -1,5 +1,8 @@
-#include "checkpoint_state.h"
+/* A checkpoint directory (ckpt_dir.h): listing, pruning, making and fsyncing it, the lock of
+ * a task and the record of how its last server stopped. */
+#include "ckpt_dir.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -7,11 +10,143 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
+#include "ckpt_frame.h"
 #include "log.h"
 #include "util.h"
+
+int checkpoint_mkdir(const char *dir, char *err, size_t errlen)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof(buf), "%s", dir) >= (int)sizeof(buf))
+        return errf(err, errlen, "checkpoint-dir is too long (%zu bytes)", strlen(dir));
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return errf(err, errlen, "cannot create checkpoint directory %s: %s", buf,
+                            strerror(errno));
+            *p = c;
+            if (c == '\0')
+                break;
+        }
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return errf(err, errlen, "checkpoint-dir %s is not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return errf(err, errlen, "checkpoint-dir %s is not writable: %s", dir, strerror(errno));
+    return 0;
+}
+
+int ckpt_fsync_dir(const char *dir, char *err, size_t errlen)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return errf(err, errlen, "opening directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0)
+        return errf(err, errlen, "fsync of directory %s: %s", dir, strerror(e));
+    return 0;
+}
+
+static int cmp_seq_desc(const void *a, const void *b)
+{
+    const ckpt_file *x = a, *y = b;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
+long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
+                   size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return errf(err, errlen, "cannot read checkpoint directory %s: %s", dir, strerror(errno));
+    size_t n = 0, cap = 16;
+    ckpt_file *f = malloc(cap * sizeof(*f));
+    struct dirent *e;
+    while (f && (e = readdir(d)) != NULL) {
+        unsigned t;
+        unsigned long long seq;
+        int end = 0;
+        char tmpname[300];
+        if (sscanf(e->d_name, "ckpt-%u-%llu.psc%n", &t, &seq, &end) == 2 &&
+            e->d_name[end] == '\0' && t == task && strlen(e->d_name) < sizeof(f->name)) {
+            if (n == cap) {
+                ckpt_file *nf = realloc(f, 2 * cap * sizeof(*nf));
+                if (nf == NULL) {
+                    free(f);
+                    f = NULL;
+                    break;
+                }
+                f = nf;
+                cap *= 2;
+            }
+            f[n].seq = seq;
+            snprintf(f[n].name, sizeof(f[n].name), "%s", e->d_name);
+            n++;
+        } else if (remove_tmp &&
+                   sscanf(e->d_name, ".ckpt-%u-%llu.psc.tmp%n", &t, &seq, &end) == 2 &&
+                   e->d_name[end] == '\0' && t == task &&
+                   (size_t)snprintf(tmpname, sizeof(tmpname), "%s/%s", dir, e->d_name) <
+                       sizeof(tmpname)) {
+            if (unlink(tmpname) == 0)
+                log_warn("removed %s, an unfinished checkpoint (the server stopped while writing "
+                         "it)",
+                         tmpname);
+        }
+    }
+    closedir(d);
+    if (f == NULL)
+        return errf(err, errlen, "out of memory listing %s", dir);
+    qsort(f, n, sizeof(*f), cmp_seq_desc);
+    *out = f;
+    return (long)n;
+}
+
+void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n)
+{
+    ckpt_file *f;
+    char err[512];
+    long n = ckpt_dir_list(dir, task, false, &f, err, sizeof(err));
+    if (n < 0) {
+        log_warn("not deleting old checkpoints: %s", err);
+        return;
+    }
+    bool *keep = calloc(n ? (size_t)n : 1, sizeof(*keep));
+    if (keep == NULL) {
+        free(f);
+        log_warn("not deleting old checkpoints: out of memory");
+        return;
+    }
+    for (long i = 0; i < n && i < keep_n; i++) {
+        for (long cur = i; cur < n && !keep[cur];) {
+            keep[cur] = true;
+            char path[4200];
+            uint64_t prev = 0;
+            snprintf(path, sizeof(path), "%s/%s", dir, f[cur].name);
+            if (ckpt_peek_prev(path, &prev, err, sizeof(err)) != 0 || prev == 0)
+                break;
+            while (cur < n && f[cur].seq != prev)
+                cur++;
+        }
+    }
+    for (long i = 0; i < n; i++) {
+        if (keep[i])
+            continue;
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", dir, f[i].name);
+        if (unlink(path) != 0)
+            log_warn("cannot delete old checkpoint %s: %s", path, strerror(errno));
+    }
+    free(keep);
+    free(f);
+}
 
 static int task_path(char *buf, size_t cap, const char *dir, const char *what, uint32_t task)
 {

@@ -1,0 +1,148 @@
+/* The checkpoint file format: its header, its records, and the one table of record types
+ * (ckpt_format.c) that writes a snapshot (ckpt_snapshot.h) as a file and reads a file back
+ * (ckpt_loaded), the framing being ckpt_frame.h's.
+ *
+ * A checkpoint holds every variable this server holds (its packed VariableSpec, range,
+ * parameters, optimizer slots, version, staleness bound, BSP aggregate), the clock table and
+ * the exactly-once dedup windows, so that a push resent after a restore is still dropped.
+ *
+ * File `ckpt-<task>-<seq>.psc` in the checkpoint directory, little-endian:
+ *   header (64 bytes): magic "PSDCKPT\0", u32 format version (2), u32 header size (64),
+ *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
+ *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
+ *   records: u32 type, u32 flags (0 but for a variable record's CKPT_VAR_INITIAL), u64 payload
+ *     length, payload, u32 CRC-32 of type, flags, length and payload. Types: 1 variable, 2
+ *     dedup table, 3 clock table, 4 end (payload: u64 records before it, u64 sum of their
+ *     payload lengths), 5 (version 2) what proves evicted clients' pushes applied: the
+ *     windows' floors, the tombstones and the hashed floors (words of dedup_export_floors).
+ *     6 a sparse table (u32 spec length, packed TableSpec, u32 floats per row, u32 0, u64
+ *     rows, then per row, oldest update first: i64 id, i64 update time in ms, its floats:
+ *     parameters then optimizer slots); written only when the server holds tables.
+ *     7 (deltas only) a sparse table's changes since the previous file: u32 spec length,
+ *     packed TableSpec, u32 floats per row, u32 partitions, then per partition: u32 flags
+ *     (CKPT_PART_WHOLE: the partition's every row, replacing it), u32 0, u64 removed ids,
+ *     u64 rows, the removed ids (i64), the rows as in record 6.
+ *     8 (after record 3, only when a known worker is not live) the clock table's rest: i64 the
+ *     barrier's frontier (where a worker joining with none live starts), u64 n, then n times
+ *     u32 worker id, u32 0, u64 the client it finished as (workers that finished: that client
+ *     does not rejoin). Files without it restore as before (no worker finished, frontier 0).
+ *     9 (replicated servers, replicas > 1) the replica group's log position: u64 the view epoch
+ *     the server was at, u64 the group's next log sequence number (the file holds every logged
+ *     operation before it). A restart publishes it so that the first view makes the member
+ *     with the newest copy the group's primary (view.h, view_copy).
+ * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
+ *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
+ *   the variables, dedup and clock records whole (as a full file), and of each table either
+ *   record 6 (a table new since the previous file, or one it could not diff) or record 7; a
+ *   table of the previous file absent from a delta was deleted. Restore reads the full file,
+ *   then each delta in order; the newest file of a chain whose deltas are all valid is the
+ *   restore point. A damaged delta ends the chain there: the state of the file before it is
+ *   restored and the log says which file was skipped and why. Pruning keeps whole chains.
+ *     A file without its end record is truncated. Version 1 files (no record 5, no
+ *     CKPT_VAR_INITIAL records) are read too.
+ * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
+ * the last `checkpoint-keep` are kept. */
+#ifndef PSD_SERVER_CKPT_FORMAT_H
+#define PSD_SERVER_CKPT_FORMAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt_frame.h"
+#include "server.h"
+#include "table.h"
+
+/* Record types; ckpt_format.c holds the table of them. */
+enum {
+    CKPT_REC_VARIABLE = 1,
+    CKPT_REC_DEDUP = 2,
+    CKPT_REC_SYNC = 3,
+    CKPT_REC_END = 4,
+    CKPT_REC_DEDUP_FLOORS = 5,
+    CKPT_REC_TABLE = 6,
+    CKPT_REC_TABLE_DELTA = 7,
+    CKPT_REC_SYNC_OUT = 8,
+    CKPT_REC_REPLICA = 9,
+};
+/* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
+enum { CKPT_PART_WHOLE = 1 };
+/* Flags of a variable record: INITIAL, never updated (version 0, no BSP aggregate): the
+ * payload is the meta part alone, and the restore fills the values with the spec's
+ * initializer (deterministic: a pure function of the spec), so that the checkpoint made for a
+ * create costs the spec, not the shard. */
+enum { CKPT_VAR_INITIAL = 1 };
+
+typedef struct ckpt_snapshot ckpt_snapshot; /* ckpt_snapshot.h */
+
+/* What a file's header says besides its format version. */
+typedef struct ckpt_file_id {
+    uint32_t num_servers, task;
+    uint64_t cluster_hash; /* checkpoint_cluster_hash of the ps addresses */
+    uint64_t seq;
+    uint64_t prev; /* a delta: the previous file of its chain (0: a full checkpoint) */
+} ckpt_file_id;
+
+/* Bytes ckpt_file_write writes for s. */
+uint64_t ckpt_file_size(const ckpt_snapshot *s);
+
+/* Writes s into w's file: the header (a delta's when id->prev != 0), every record, the end
+ * record; flushes w. Returns 0, or -1 with w's message. */
+int ckpt_file_write(ckpt_writer *w, const ckpt_snapshot *s, const ckpt_file_id *id);
+
+/* A sparse table a file holds, made but not registered yet, with its packed TableSpec. */
+typedef struct loaded_table {
+    table *t;
+    uint8_t *spec;
+    size_t len;
+} loaded_table;
+
+/* A table delta record, checked but not applied (its rows apply over the previous file's). */
+typedef struct ckpt_table_delta {
+    char *name;
+    uint8_t *spec;
+    size_t spec_len;
+    uint32_t row_floats, nparts;
+    uint8_t *body; /* the partitions, as in the record */
+    uint64_t body_len;
+} ckpt_table_delta;
+
+/* What a file restores, before it is applied. */
+typedef struct ckpt_loaded {
+    variable **vars;
+    size_t nvars, cap;
+    uint64_t *dedup;
+    uint64_t dedup_clients;
+    uint32_t dedup_words;
+    uint64_t *floors; /* a dedup_export_floors array; NULL in a version 1 file */
+    size_t nfloors;
+    sync_worker_rec *workers;
+    size_t nworkers;
+    int64_t applied_min;
+    int64_t frontier; /* SYNC_NO_FRONTIER without record 8 */
+    bool have_sync;
+    uint64_t bytes;
+    loaded_table *tables; /* [ntables] */
+    size_t ntables;
+    ckpt_table_delta *tdeltas; /* a delta file's table records 7 */
+    size_t ntdeltas;
+    uint64_t prev; /* a delta file: the previous file of its chain (0: a full file) */
+    bool has_pos;  /* record 9 */
+    uint64_t pos_epoch, pos_lsn;
+} ckpt_loaded;
+
+/* Reads the whole file at path, named with sequence number name_seq, into *l for st's task
+ * (st's tables are made, not registered). Fills *seq_out. Returns 0, -1 (damaged: err says
+ * why; *l empty) or CKPT_REFUSED (made for another cluster shape or task). */
+int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, uint64_t name_seq,
+                   ckpt_loaded *l, uint64_t *seq_out, char *err, size_t errlen);
+
+/* Frees what l holds and zeroes it. */
+void ckpt_loaded_free(ckpt_loaded *l);
+
+/* A restored row's update time from the one stored: rows' update times are wall-clock ms
+ * (ttl_ms counts from them); files of older servers hold monotonic ones, far below any
+ * wall-clock time of this century: such a row's age starts again at the restore. */
+int64_t ckpt_row_time(int64_t updated_ms);
+
+#endif
