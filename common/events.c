@@ -60,8 +60,7 @@ static double wall_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *dir, char *err, size_t errlen)
+int event_dir_make(const char *dir, char *err, size_t errlen)
 {
     char p[4096];
     if (snprintf(p, sizeof(p), "%s", dir) >= (int)sizeof(p))
@@ -80,6 +79,8 @@ static int make_dirs(const char *dir, char *err, size_t errlen)
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return errf(err, errlen, "%s is not a directory", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return errf(err, errlen, "cannot write in %s: %s", dir, strerror(errno));
     return 0;
 }
 
@@ -216,7 +217,7 @@ int event_writer_open(event_writer **out, const char *dir, const event_writer_op
     w->flush_ns =
         (uint64_t)(opts && opts->flush_ms ? opts->flush_ms : EVENTS_FLUSH_MS_DEFAULT) * 1000000u;
     w->last_flush_ns = time_now_ns();
-    if (make_dirs(dir, err, errlen) != 0 || open_file(w, err, errlen) != 0) {
+    if (event_dir_make(dir, err, errlen) != 0 || open_file(w, err, errlen) != 0) {
         event_writer_close(w);
         return -1;
     }

@@ -62,6 +62,10 @@ bool event_writer_failed(const event_writer *w);
 /* The path of the file being written (for messages and tests). */
 const char *event_writer_path(const event_writer *w);
 
+/* Creates dir and its missing parents (mkdir -p) and checks that files can be made in it.
+ * Returns 0, or -1 with a message in err ("cannot create DIR: Permission denied"). */
+int event_dir_make(const char *dir, char *err, size_t errlen);
+
 /* The TFRecord framing of data[0..len) into out, which holds len + 16 bytes. Returns len + 16. */
 size_t event_record_frame(unsigned char *out, const void *data, size_t len);
 
