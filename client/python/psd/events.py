@@ -201,6 +201,7 @@ class EventWriter:
         self._size = 0
         self._last_flush = time.monotonic()
         os.makedirs(logdir, exist_ok=True)
+        self.path = ""
         self._open_file()
 
     # -- files --
@@ -227,7 +228,7 @@ class EventWriter:
         self._buf_len = 0
 
     def _append(self, event: bytes, rotate: bool = True) -> None:
-        if self.failed:
+        if self.failed or self._fd < 0:  # stopped, or closed
             return
         rec = frame_record(event)
         if rotate and self._size and self._size + self._buf_len + len(rec) > self.max_bytes:

@@ -436,10 +436,11 @@ class AttachedModule:
                 e.stage.param_from_host(e.param)
 
     def detach(self) -> None:
-        """Removes the gradient hooks (the variables stay on the servers) and closes the event
-        file. Idempotent."""
+        """Removes the gradient hooks (the variables stay on the servers) and flushes the event
+        file (.events stays open for the user's last figures; close() it, or it closes when
+        collected). Idempotent."""
         if self.events is not None:
-            self.events.close()
+            self.events.flush()
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -147,3 +147,38 @@ def test_tensorboard_reads_it(tmp_path):
         [(s, 0.25 * s) for s in range(1, 11)]
     h = acc.Histograms("w")[0].histogram_value
     assert h.num == 3 and h.min == -2.0 and h.max == 1.5
+
+
+def test_torch_attach_logdir(tmp_path, cluster2, uname):
+    """psd.torch.attach(logdir=...): psd's figures every events_every steps in
+    logdir/worker-0, and the user's own scalars through dist.events into the same file."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (python3-torch)")
+    import psd
+    import psd.torch
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    logdir = str(tmp_path / "logs")
+    with psd.Client(cluster2.spec, use_env=False, deadline_ms=10000, worker_id=0) as c:
+        dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, prefix=uname + "/",
+                                chief=True, staleness=psd.STALENESS_ASYNC, logdir=logdir,
+                                events_every=2)
+        for s in range(6):
+            model.zero_grad()
+            loss = model(torch.randn(4, 8)).square().mean()
+            loss.backward()
+            clock = dist.step()
+            dist.events.add_scalar("train/loss", loss.item(), clock)
+        dist.detach()
+        dist.events.close()
+    names = files(os.path.join(logdir, "worker-0"))
+    assert len(names) == 1
+    evs = list(ev.read_events(names[0]))
+    psd_steps = [e["step"] for e in evs if "psd/push_ms" in e.get("scalars", {})]
+    assert len(psd_steps) == 3 and all(s % 2 == 0 for s in psd_steps)
+    for e in evs:
+        if "psd/push_ms" in e.get("scalars", {}):
+            sc = e["scalars"]
+            assert sc["psd/bytes_pulled"] == 4 * sum(p.numel() for p in model.parameters())
+            assert sc["psd/push_ms"] >= 0 and sc["psd/sync_ms"] >= 0
+            assert "psd/staleness_max" in sc
+    assert len([e for e in evs if "train/loss" in e.get("scalars", {})]) == 6
