@@ -9,7 +9,8 @@
  *   at each progress log line (log-every): staleness/max, staleness/waits, staleness/wait_ms
  *   at each evaluation (worker 0): test/loss, test/accuracy
  *   every histogram-every steps (0: never): weights/<param> and gradients/<param> histograms
- * With events-every equal to log-every, the train/ figures are the values of the progress log lines.
+ * With events-every equal to log-every, the train/ figures are the values of the progress log
+ * lines.
  *
  * Every function takes NULL (no --logdir) and then does nothing. */
 #ifndef WORKER_TRAIN_EVENTS_H

@@ -41,13 +41,13 @@ CHECK="$SRC/tests/support/tb_check.py"
 export PYTHONPATH="$SRC/client/python"
 
 tmp=$(mktemp -d /tmp/ps-test-events-XXXXXX)
-procs_on_exit
+small=
 cleanup_mount() {
-    if [ -n "${small:-}" ] && mountpoint -q "$small" 2>/dev/null; then
+    if [ -n "$small" ] && mountpoint -q "$small" 2>/dev/null; then
         umount "$small" 2>/dev/null
     fi
 }
-procs_hook=cleanup_mount
+procs_on_exit cleanup_mount
 
 worker_args=(--layers "784,32,10" --batch-size 64 --steps 60 --log-every 20 --events-every 20
     --eval-every 30 --histogram-every 30 --log-format json --data-dir "$DATA_DIR")
