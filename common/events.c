@@ -38,18 +38,25 @@ struct event_writer {
     bool failed;
 };
 
-size_t event_record_frame(unsigned char *out, const void *data, size_t len)
+/* Frames the len bytes of data already at rec + 12: the length and its CRC before, the data's
+ * CRC after. */
+static void frame_in_place(unsigned char *rec, size_t len)
 {
     uint64_t n = len;
     for (int i = 0; i < 8; i++)
-        out[i] = (unsigned char)(n >> (8 * i));
-    uint32_t c = crc32c_mask(crc32c(0, out, 8));
+        rec[i] = (unsigned char)(n >> (8 * i));
+    uint32_t c = crc32c_mask(crc32c(0, rec, 8));
     for (int i = 0; i < 4; i++)
-        out[8 + i] = (unsigned char)(c >> (8 * i));
-    memcpy(out + 12, data, len);
-    c = crc32c_mask(crc32c(0, data, len));
+        rec[8 + i] = (unsigned char)(c >> (8 * i));
+    c = crc32c_mask(crc32c(0, rec + 12, len));
     for (int i = 0; i < 4; i++)
-        out[12 + len + i] = (unsigned char)(c >> (8 * i));
+        rec[12 + len + i] = (unsigned char)(c >> (8 * i));
+}
+
+size_t event_record_frame(unsigned char *out, const void *data, size_t len)
+{
+    memmove(out + 12, data, len);
+    frame_in_place(out, len);
     return len + 16;
 }
 
@@ -183,16 +190,7 @@ static int append_event(event_writer *w, const Psd__Events__Event *ev)
     }
     unsigned char *rec = w->buf + w->len;
     psd__events__event__pack(ev, rec + 12);
-    /* frame in place: the data already sits at rec + 12 */
-    uint64_t len = n;
-    for (int i = 0; i < 8; i++)
-        rec[i] = (unsigned char)(len >> (8 * i));
-    uint32_t c = crc32c_mask(crc32c(0, rec, 8));
-    for (int i = 0; i < 4; i++)
-        rec[8 + i] = (unsigned char)(c >> (8 * i));
-    c = crc32c_mask(crc32c(0, rec + 12, n));
-    for (int i = 0; i < 4; i++)
-        rec[12 + n + i] = (unsigned char)(c >> (8 * i));
+    frame_in_place(rec, n);
     w->len += n + 16;
     if (w->len >= EVENTS_BUFFER_MAX || time_now_ns() - w->last_flush_ns >= w->flush_ns)
         return event_writer_flush(w);
