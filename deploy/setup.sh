@@ -6,7 +6,10 @@
 #                            runc, debootstrap, curl and podman-compose (the container image and
 #                            compose tests, with netavark and aardvark-dns for the compose
 #                            network's service names), python3-torch (the PyTorch glue) and
-#                            etcd-server (the coordinator of replicated servers)
+#                            etcd-server (the coordinator of replicated servers); and a venv
+#                            with the tensorboard package from PyPI (the test of the event
+#                            files reads them with TensorBoard's own reader) in
+#                            /opt/psd-tb-venv, or PSD_TB_VENV
 #   deploy/setup.sh --etcd   also etcd-server, for replicated servers (replicas > 1) on this
 #                            machine: `ps-local --replicas N` starts it itself
 #
@@ -51,11 +54,31 @@ elif [ "$with_etcd" = yes ]; then
   packages+=(etcd-server)
 fi
 
+# --test: TensorBoard (from PyPI, the only download here besides Debian's packages) in a venv
+# of its own, for tests/integration/test_events.sh; made once, as root directly or through sudo.
+tb_venv() {
+  local venv=${PSD_TB_VENV:-/opt/psd-tb-venv} run=()
+  [ "$with_tests" = yes ] || return 0
+  "$venv/bin/python" -c "import tensorboard" 2>/dev/null && return 0
+  if [ ! -w "$(dirname "$venv")" ] && [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+      run=(sudo)
+    else
+      echo "setup: cannot write $venv; run as root: python3 -m venv $venv &&" \
+        "$venv/bin/pip install tensorboard (or set PSD_TB_VENV)" >&2
+      return 1
+    fi
+  fi
+  echo "setup: making $venv with the tensorboard package from PyPI" >&2
+  "${run[@]}" python3 -m venv "$venv" && "${run[@]}" "$venv/bin/pip" install -q tensorboard
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
+  tb_venv
   exec "$(dirname "$0")/nng/fetch.sh" # the nng block at the end
 fi
 
@@ -74,6 +97,7 @@ fi
 "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get update -q
 "${as_root[@]}" DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   "${missing[@]}"
+tb_venv
 
 # nng: Debian 12's nng 1.5.2 has defects the service cannot live with; the build then links
 # Debian's nng source with our fixes (deploy/nng/), fetched and patched here (a no-op once done).

@@ -14,6 +14,7 @@
 
 #include "checkpoint.h"
 #include "ckpt_dir.h"
+#include "events_export.h"
 #include "http_endpoint.h"
 #include "jemalloc_conf.h"
 #include "log.h"
@@ -270,6 +271,20 @@ int main(int argc, char **argv)
                   n_replicas, cl->n_ps, VIEW_MAX_SERVERS);
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
+    }
+
+    /* TensorBoard event files of the metrics: an unwritable events-dir is a configuration
+     * error, found before anything starts. */
+    events_export *events = NULL;
+    if (opt_str(prog.opts, OPT_EVENTS_DIR)[0] != '\0') {
+        char eerr[4600];
+        if (events_export_open(&events, opt_str(prog.opts, OPT_EVENTS_DIR), cl->task_index,
+                               (int)opt_int(prog.opts, OPT_EVENTS_INTERVAL_S), eerr,
+                               sizeof(eerr)) != 0) {
+            log_error("%s", eerr);
+            program_end(&prog);
+            return PROGRAM_EXIT_CONFIG;
+        }
     }
 
     /* Signals are taken synchronously by the main thread only. */
@@ -532,6 +547,11 @@ int main(int argc, char **argv)
         http_endpoint_set_detail_fn(http, checkpoint_detail, &st);
     }
     http_endpoint_set_ready(http, true, NULL);
+    if (events != NULL) {
+        if (http == NULL) /* the figures of the server's structures, as /metrics has them */
+            metrics_add_collector(server_collect, &st);
+        events_export_start(events);
+    }
     log_info("ps %u of %u serving on %s (version %s, instance %016llx), expecting %d worker(s), "
              "%d pool threads",
              st.task_index, st.num_servers, url, PSD_VERSION,
@@ -585,6 +605,7 @@ int main(int argc, char **argv)
     rpc_server_stop(st.rpc);
     replica_free();
     int exit_code = 0;
+    events_export_close(events); /* its last sample reads the collector below */
     /* Both read the checkpointer, freed below. */
     http_endpoint_set_detail_fn(http, NULL, NULL);
     metrics_remove_collector(server_collect, &st);

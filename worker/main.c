@@ -20,6 +20,7 @@
 #include "model.h"
 #include "program.h"
 #include "train.h"
+#include "train_events.h"
 #include "train_embbag.h"
 
 static const char usage[] =
@@ -385,6 +386,16 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
                   "servers)");
         rc = TRAIN_EXIT_CONFIG;
     }
+    /* Checked before connecting: an unwritable --logdir is a configuration error. */
+    if (rc == 0 && opt_str(o, OPT_LOGDIR)[0] != '\0') {
+        char eerr[4600];
+        if (train_events_open(&tc.events, opt_str(o, OPT_LOGDIR), id->is_chief ? "chief" : "worker",
+                              id->task_index, opt_int(o, OPT_EVENTS_EVERY),
+                              opt_int(o, OPT_HISTOGRAM_EVERY), eerr, sizeof(eerr)) != 0) {
+            log_error("%s", eerr);
+            rc = TRAIN_EXIT_CONFIG;
+        }
+    }
     ps_config *pc = NULL;
     if (rc == 0)
         rc = client_config(o, tc.shard_index, &pc);
@@ -407,6 +418,7 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
             rc = train_run(client, be, &tc, &train, &test, &res);
     }
     ps_client_close(client);
+    train_events_close(tc.events);
     dataset_free(&train);
     dataset_free(&test);
     return rc;

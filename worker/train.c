@@ -15,6 +15,7 @@
 #include "metrics.h"
 #include "optimizers.h"
 #include "timeutil.h"
+#include "train_events.h"
 
 volatile int train_stop_signal = 0;
 
@@ -803,6 +804,7 @@ static int finish_evaluator(trainer *t, const dataset *test, int epochs, train_r
     res->test_accuracy = acc;
     res->test_loss = loss;
     log_eval(res->first_step + res->steps, epochs, loss, acc, true);
+    train_events_eval(cfg->events, res->first_step + res->steps, loss, acc);
     if (cfg->save_model != NULL && cfg->save_model[0] != '\0') {
         char err[512];
         if (model_save(t->m, cfg->save_model, err, sizeof(err)) != 0) {
@@ -995,6 +997,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     uint64_t t_start = time_now_ns();
+    train_events_begin(cfg->events, client, t.m, t_start);
     uint64_t comm_ns = 0, win_comm_ns = 0, win_start = t_start;
     uint64_t wait_ns = 0; /* of comm_ns: blocked for the prefetched parameters */
     double win_loss = 0.0, win_correct = 0.0;
@@ -1145,6 +1148,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
         res->samples += (uint64_t)batch;
 
         uint64_t now = time_now_ns();
+        train_events_step(cfg->events, done_steps, &st, batch, step_comm, now);
         if (done_steps % cfg->log_every == 0 || done_steps == total) {
             double dt = secs(now - win_start);
             last_loss = win_loss / (double)win_steps;
@@ -1158,6 +1162,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                 memset(&ss, 0, sizeof(ss));
             if (ss.max > res->staleness_max)
                 res->staleness_max = ss.max;
+            train_events_staleness(cfg->events, done_steps, &ss);
             if (!cfg->progress_bar) {
                 char fields[512];
                 snprintf(fields, sizeof(fields),
@@ -1196,6 +1201,7 @@ int train_run(ps_client *client, backend *be, const train_config *cfg, const dat
                 goto out;
             bar_clear(&t);
             log_eval(done_steps, epoch + 1, loss, acc, false);
+            train_events_eval(cfg->events, done_steps, loss, acc);
             if (cfg->target_accuracy > 0 && acc >= cfg->target_accuracy &&
                 res->time_to_target_s < 0) {
                 res->time_to_target_s = secs(time_now_ns() - t_start);

@@ -47,6 +47,8 @@ typedef struct train_config {
     int slow_worker;        /* shard index that sleeps slow_delay_ms per step, -1 none */
     int64_t slow_delay_ms;  /* a straggler, for staleness experiments */
     double target_accuracy; /* > 0: report when evaluation first reaches it */
+    /* --logdir's event files (train_events.h), or NULL */
+    struct train_events *events;
     /* who am I */
     int shard_index; /* 0 .. shard_count-1; 0 evaluates */
     int shard_count;

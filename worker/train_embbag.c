@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "timeutil.h"
+#include "train_events.h"
 
 typedef struct emb_trainer {
     ps_client *client;
@@ -275,6 +276,7 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
              cfg->shard_index, cfg->shard_count, shard.n, batch, total,
              ps_optimizer_name(cfg->optimizer), cfg->lr);
     uint64_t t0 = time_now_ns(), comm_ns = 0, rows_pulled = 0;
+    train_events_begin(cfg->events, client, t.m, t0);
     double win_loss = 0.0, win_correct = 0.0;
     int64_t win_steps = 0;
     int shuffled = -1;
@@ -324,9 +326,11 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
             exit_code = exit_for(prc);
             goto out;
         }
-        comm_ns += (c1 - c0) + (time_now_ns() - c2);
+        uint64_t c3 = time_now_ns();
+        comm_ns += (c1 - c0) + (c3 - c2);
         res->steps++;
         res->samples += (uint64_t)batch;
+        train_events_step(cfg->events, step + 1, &st, batch, (c1 - c0) + (c3 - c2), c3);
         win_loss += st.loss;
         win_correct += st.correct;
         win_steps++;
@@ -377,6 +381,7 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
         res->test_accuracy = acc;
         res->test_loss = loss;
         log_info("final test_accuracy=%.4f test_loss=%.4f on %zu examples", acc, loss, test->n);
+        train_events_eval(cfg->events, res->steps, loss, acc);
         printf("test_accuracy=%.4f test_loss=%.4f steps=%" PRId64 " wall_s=%.2f "
                "samples_per_s=%.1f comm_ms_per_step=%.3f\n",
                acc, loss, res->steps, res->wall_s, res->samples_per_s, res->comm_ms_per_step);

@@ -60,6 +60,7 @@
 
 #include <json-c/json.h>
 
+#include "events.h"
 #include "local_etcd.h"
 
 #include "log.h"
@@ -871,6 +872,7 @@ typedef struct task_args {
     const char *cluster, *server_path, *worker_path;
     const char *python; /* interpreter of a worker script, or NULL */
     char *progress;     /* --progress=... for ps-worker, or NULL */
+    char *logdir;       /* --logdir=... for ps-worker, or NULL */
     const char *const *server_args;
     int n_server_args;
     const char **worker_args;
@@ -901,6 +903,8 @@ static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
     } else {
         if (ta->progress != NULL)
             ta->cargv[na++] = ta->progress;
+        if (ta->logdir != NULL)
+            ta->cargv[na++] = ta->logdir;
         for (int j = 0; j < ta->n_worker_args; j++)
             ta->cargv[na++] = (char *)ta->worker_args[j];
     }
@@ -1130,7 +1134,19 @@ static int run(const launch_config *lc)
         python != NULL ? " " : "", worker_path);
 
     static local_etcd etcd;
-    const char **all_server_args = calloc((size_t)n_server_args + 3, sizeof(char *));
+    /* --logdir: the event files of every task under one directory, checked first. */
+    const char *logdir = opt_str(o, OPT_LOCAL_LOGDIR);
+    static char logdir_arg[PATH_MAX + 16], events_dir_arg[PATH_MAX + 16];
+    if (logdir[0] != '\0') {
+        char lerr[PATH_MAX + 256];
+        if (strlen(logdir) >= PATH_MAX || event_dir_make(logdir, lerr, sizeof(lerr)) != 0) {
+            say_error("--logdir: %s", strlen(logdir) >= PATH_MAX ? "path too long" : lerr);
+            return 2;
+        }
+        snprintf(logdir_arg, sizeof(logdir_arg), "--logdir=%s", logdir);
+        snprintf(events_dir_arg, sizeof(events_dir_arg), "--events-dir=%s", logdir);
+    }
+    const char **all_server_args = calloc((size_t)n_server_args + 4, sizeof(char *));
     static char replicas_arg[64], coordinator_arg[96];
     if (all_server_args == NULL) {
         say_error("out of memory");
@@ -1151,16 +1167,19 @@ static int run(const launch_config *lc)
         all_server_args[0] = replicas_arg;
         all_server_args[1] = coordinator_arg;
     }
+    int n_ours = n_replicas > 1 ? 2 : 0;
+    if (logdir[0] != '\0')
+        all_server_args[n_ours++] = events_dir_arg;
     for (int j = 0; j < n_server_args; j++) /* the user's come last and win */
-        all_server_args[j + (n_replicas > 1 ? 2 : 0)] = server_args[j];
+        all_server_args[j + n_ours] = server_args[j];
     server_args = all_server_args;
-    n_server_args += n_replicas > 1 ? 2 : 0;
+    n_server_args += n_ours;
 
     child kids[MAX_TASKS];
     int n_kids = 0;
     pid_t pgid = 0, self = getpid();
     char tf[16384 + 128];
-    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 4), sizeof(char *));
+    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 5), sizeof(char *));
     if (cargv == NULL) {
         say_error("out of memory");
         local_etcd_stop(&etcd);
@@ -1174,6 +1193,9 @@ static int run(const launch_config *lc)
                     .worker_path = worker_path,
                     .python = python,
                     .progress = python == NULL && is_ps_worker(worker_path) ? progress : NULL,
+                    .logdir = python == NULL && is_ps_worker(worker_path) && logdir[0] != '\0'
+                                  ? logdir_arg
+                                  : NULL,
                     .server_args = server_args,
                     .n_server_args = n_server_args,
                     .worker_args = lc->rest,

@@ -14,6 +14,10 @@ every N-th example from i. Progress goes to stderr; worker 0 evaluates the final
 prints one line on stdout: `test_accuracy=... steps=... wall_s=... samples_per_s=...`.
 
     ps-local --workers 2 --worker client/python/examples/torch_attach.py -- --epochs 1
+
+With --logdir DIR, each worker writes TensorBoard event files into DIR/worker-<i>: psd's own
+figures (psd.torch.attach(..., logdir=DIR)) and the training loss and, on worker 0, the test
+accuracy (through the same writer, dist.events); `tensorboard --logdir DIR` shows them.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--data-dir", default=fashion_mnist.DEFAULT_DIR)
+    ap.add_argument("--logdir", default=None, help="TensorBoard event files in DIR/worker-<i>")
     args = ap.parse_args()
 
     tf = json.loads(os.environ.get("TF_CONFIG") or "{}")
@@ -71,7 +76,7 @@ def main() -> int:
         # instead of: opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         dist = psd.torch.attach(client, model, optimizer="adam", lr=args.lr,
                                 staleness=args.staleness, prefix=args.prefix,
-                                overlap=not args.no_overlap)
+                                overlap=not args.no_overlap, logdir=args.logdir)
         loss_fn = nn.CrossEntropyLoss()
         g = torch.Generator().manual_seed(args.seed + index)
         steps = len(x) // args.batch
@@ -83,7 +88,9 @@ def main() -> int:
                 model.zero_grad()
                 loss = loss_fn(model(x[idx]), y[idx])
                 loss.backward()
-                dist.step()  # instead of: opt.step()
+                clock = dist.step()  # instead of: opt.step()
+                if dist.events is not None and clock % 10 == 0:
+                    dist.events.add_scalar("train/loss", loss.item(), clock)
                 if s % 100 == 0:
                     print(f"worker {index} epoch {epoch + 1} step {s}/{steps} "
                           f"loss {loss.item():.4f}", file=sys.stderr, flush=True)
@@ -98,6 +105,9 @@ def main() -> int:
         with torch.no_grad():
             logits = model(torch.from_numpy(x_test))
             acc = float((logits.argmax(1) == torch.from_numpy(y_test)).float().mean())
+        if dist.events is not None:
+            dist.events.add_scalar("test/accuracy", acc, n)
+            dist.events.close()
         print(f"test_accuracy={acc:.4f} steps={n} wall_s={wall:.2f} "
               f"samples_per_s={n * args.batch / wall:.1f}", flush=True)
     return 0

@@ -40,6 +40,14 @@ Embedding and EmbeddingBag are torch.nn.Embedding and torch.nn.EmbeddingBag over
 table: forward pulls the rows of the batch's unique ids, backward pushes their gradients from a
 hook (synchronously, once per forward); they hold no parameters and need no step().
 
+TensorBoard: attach(..., logdir=DIR) writes psd's own figures of every events_every steps into
+DIR/<task type>-<index> (TF_CONFIG's task, as ps-worker's --logdir) with psd.events: psd/push_ms
+(waiting for the pushes in step()), psd/sync_ms (clock and pull), psd/bytes_pushed and
+psd/bytes_pulled per step, psd/staleness_max (the first variable's, as the servers saw it). The
+writer is the attached module's .events: the user's own scalars go there too
+(dist.events.add_scalar("train/loss", loss, step)), or through torch.utils.tensorboard into the
+same directory.
+
 torch is imported when this module is, not by ``import psd``.
 """
 
@@ -56,6 +64,7 @@ import torch
 
 from .client import STALENESS_ASYNC, STALENESS_DEFAULT, Client, Variable
 from .errors import DeadlineExceededError, NotFoundError
+from .events import EventWriter, run_dir
 
 READY_MARKER = "__psd_torch_ready"
 
@@ -168,7 +177,8 @@ class AttachedModule:
                  lr: Optional[float], staleness: int, prefix: str,
                  param_groups: Optional[Sequence[Mapping[str, Any]]], chief: Optional[bool],
                  overlap: bool, init_timeout_s: float, seed: int,
-                 hyper: Mapping[str, Any]) -> None:
+                 hyper: Mapping[str, Any], logdir: Optional[str] = None,
+                 events_every: int = 10) -> None:
         for k in hyper:
             if k not in _HYPER:
                 raise TypeError(f"psd.torch.attach: unknown argument {k!r} (hyper-parameters: "
@@ -183,6 +193,11 @@ class AttachedModule:
         self._handles: List[Any] = []
         self._keep: List[Any] = []
         self._executor: Optional[ThreadPoolExecutor] = None
+        self.events: Optional[EventWriter] = None
+        if logdir is not None:
+            self.events = EventWriter(run_dir(logdir))  # OSError: unusable directory
+        self._events_every = max(1, int(events_every))
+        self._win = [0, 0.0, 0.0, 0, 0]  # steps, push s, sync s, bytes pushed, bytes pulled
 
         named = list(module.named_parameters())
         if not named:
@@ -330,6 +345,7 @@ class AttachedModule:
         waits for every push, advances the clock and brings the fresh parameters into the
         module (in place: the Parameter objects stay the same). Returns the new clock.
         Raises the first failed push's PsError (the other pushes are still waited for)."""
+        t0 = time.perf_counter()
         fused: Dict[int, Any] = {}  # entry index -> gradient sent in the one client.step
         if not self.overlap:
             for i, e in enumerate(self._entries):
@@ -355,6 +371,7 @@ class AttachedModule:
             for e in self._entries:
                 e.pulled = None
             raise first
+        t1 = time.perf_counter()
         items = []
         landed: List[_Entry] = []
         for i, e in enumerate(self._entries):
@@ -377,7 +394,33 @@ class AttachedModule:
             self.client.clock()
         for e in landed:
             e.stage.param_from_host(e.param)
+        if self.events is not None:
+            self._record(t0, t1, time.perf_counter())
         return self.client.current_clock
+
+    def _record(self, t0: float, t1: float, t2: float) -> None:
+        w = self._win
+        w[0] += 1
+        w[1] += t1 - t0
+        w[2] += t2 - t1
+        for e in self._entries:
+            n = e.param.numel() * 4
+            w[4] += n
+            if e.param.grad is not None:
+                w[3] += n
+        clock = self.client.current_clock
+        if clock % self._events_every != 0:
+            return
+        k = float(w[0])
+        values = {"psd/push_ms": w[1] * 1e3 / k, "psd/sync_ms": w[2] * 1e3 / k,
+                  "psd/bytes_pushed": w[3] / k, "psd/bytes_pulled": w[4] / k}
+        try:
+            values["psd/staleness_max"] = float(self._entries[0].var.staleness().max)
+        except Exception:  # noqa: BLE001 (a figure, never a reason to stop training)
+            pass
+        assert self.events is not None
+        self.events.add_scalars(values, clock)
+        self._win = [0, 0.0, 0.0, 0, 0]
 
     def pull(self) -> None:
         """Copies every parameter's current values from the servers into the module."""
@@ -393,7 +436,11 @@ class AttachedModule:
                 e.stage.param_from_host(e.param)
 
     def detach(self) -> None:
-        """Removes the gradient hooks (the variables stay on the servers). Idempotent."""
+        """Removes the gradient hooks (the variables stay on the servers) and flushes the event
+        file (.events stays open for the user's last figures; close() it, or it closes when
+        collected). Idempotent."""
+        if self.events is not None:
+            self.events.flush()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -413,7 +460,8 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
            lr: Optional[float] = None, staleness: int = STALENESS_DEFAULT, prefix: str = "",
            param_groups: Optional[Sequence[Mapping[str, Any]]] = None,
            chief: Optional[bool] = None, overlap: bool = True, init_timeout_s: float = 300.0,
-           seed: int = 0, **hyper: Any) -> AttachedModule:
+           seed: int = 0, logdir: Optional[str] = None, events_every: int = 10,
+           **hyper: Any) -> AttachedModule:
     """Puts every parameter of `module` on the servers and hooks its gradients (see the
     module's documentation). Blocks until the variables exist and hold the chief's values.
 
@@ -431,6 +479,8 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
         overlap: push each gradient from its hook during backward (False: step() pushes them
             all after backward).
         init_timeout_s: how long a non-chief waits for the chief's values.
+        logdir, events_every: TensorBoard event files of psd's figures every events_every
+            steps in logdir/<task type>-<index> (the module's documentation); None: none.
     Raises TypeError/ValueError naming a parameter that cannot be attached (not float32, not on
     the CPU or a CUDA device), DeadlineExceededError when the chief's values do not come in
     time, and the servers' errors (AlreadyExistsError for a variable of another shape).
@@ -438,7 +488,7 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
     return AttachedModule(client, module, optimizer=optimizer, lr=lr, staleness=staleness,
                           prefix=prefix, param_groups=param_groups, chief=chief,
                           overlap=overlap, init_timeout_s=init_timeout_s, seed=seed,
-                          hyper=hyper)
+                          hyper=hyper, logdir=logdir, events_every=events_every)
 
 
 # -- embedding modules over sparse tables --
