@@ -458,9 +458,15 @@ static void *ck_thread(void *arg)
         uint64_t now = time_now_ns();
         uint64_t updates = atomic_load(&ck->st->updates_applied);
         if (ck->interval_s > 0 && now - ck->last_ns >= (uint64_t)ck->interval_s * 1000000000ull) {
+            /* Counted without ck->lock (code that holds the state's swap lock for reading
+             * may wait for it), under the state's swap lock (a copy may replace it). */
+            pthread_mutex_unlock(&ck->lock);
             variable **vars;
+            server_state_read_begin(ck->st);
             size_t nv = store_list(ck->st->vars, &vars);
             store_list_release(vars, nv);
+            server_state_read_end(ck->st);
+            pthread_mutex_lock(&ck->lock);
             if (updates != ck->last_updates || nv != ck->last_nvars)
                 due = true;
             else
@@ -569,6 +575,12 @@ void checkpointer_request(checkpointer *ck, rpc_call *call)
     ck->queue[ck->nqueue++] = call;
     pthread_cond_signal(&ck->cond);
     pthread_mutex_unlock(&ck->lock);
+}
+
+void checkpointer_barrier(checkpointer *ck)
+{
+    pthread_mutex_lock(&ck->write_lock);
+    pthread_mutex_unlock(&ck->write_lock);
 }
 
 void checkpointer_stop(checkpointer *ck)

@@ -46,6 +46,9 @@ void checkpointer_request(checkpointer *ck, rpc_call *call);
 /* Answers parked requests and stops and joins the thread (call before the RPC server
  * stops); checkpoint_write still works afterwards. NULL is a no-op. */
 void checkpointer_stop(checkpointer *ck);
+/* Returns once a checkpoint ck was writing when called (if any) is written: one that begins
+ * later takes its snapshot of the state as it is then. */
+void checkpointer_barrier(checkpointer *ck);
 /* Parks a CreateVariable call until its variable is in a durable checkpoint, so that a
  * variable whose creation was acknowledged survives any crash: v's create_gen is compared
  * with the newest durable checkpoint's (a restored variable's is 0). rep is the reply to send

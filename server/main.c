@@ -30,9 +30,8 @@
 #include "tls.h"
 
 /* /metrics of the state that lives in the server's structures (metrics.h collector). */
-static void server_collect(metrics_out *out, void *arg)
+static void collect_state(metrics_out *out, server_state *st)
 {
-    server_state *st = arg;
     char num[32];
     metrics_emit_one(out, "psd_server_uptime_seconds", METRIC_GAUGE, "Seconds since start.",
                      (double)(time_now_ns() - st->start_ns) * 1e-9);
@@ -120,6 +119,16 @@ static void server_collect(metrics_out *out, void *arg)
         }
     }
     sync_status_free(&rep);
+}
+
+/* The server's metrics, read under its state's swap lock (a rejoin copy may replace what the
+ * state holds). */
+static void server_collect(metrics_out *out, void *arg)
+{
+    server_state *st = arg;
+    server_state_read_begin(st);
+    collect_state(out, st);
+    server_state_read_end(st);
 }
 
 /* /readyz's detail: checkpoints that fail leave the server ready (it serves correctly; taking
@@ -579,9 +588,12 @@ int main(int argc, char **argv)
         sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig > 0)
             break;
-        if (replica_sweeps_own())
+        if (replica_sweeps_own()) {
+            server_state_read_begin(&st);
             sync_sweep(&st); /* liveness and wait deadlines */
-        replica_sweep();     /* ... of the groups it took over */
+            server_state_read_end(&st);
+        }
+        replica_sweep(); /* ... of the groups it took over */
     }
     if (sig > 0)
         log_info("received %s, shutting down", sig == SIGTERM ? "SIGTERM" : "SIGINT");

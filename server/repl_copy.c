@@ -314,41 +314,44 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
     if (local == NULL)
         return -1; /* st leaks: out of memory anyway */
     server_state *old = NULL;
-    if (!G->owned && (old = malloc(sizeof(*old))) == NULL) {
+    if (!G->owned && (old = calloc(1, sizeof(*old))) == NULL) {
         rpc_server_close_local(local);
+        server_state_free(st);
         return -1;
     }
+    /* No reader is in the old contents (swap) and no update (order) while they are replaced. */
+    pthread_rwlock_wrlock(&G->swap);
     pthread_mutex_lock(&G->order);
+    st->swap = &G->swap;
     if (!G->owned) {
-        /* The server's own group keeps its address (its checkpoints and metrics use it): the
-         * copy's contents move in, the previous ones out. */
-        memcpy(old, G->st, sizeof(*old));
-        /* What belongs to the process, not to the group's contents, stays: its checkpointer,
-         * its failover agent (a stop revokes the lease through it: without it a server that
-         * had rejoined left the others waiting for its lease to expire), its RPC server, a
-         * shutdown asked for, its start time, counters and create count. */
-        atomic_store(&st->ck, atomic_load(&G->st->ck));
-        st->view_agent = G->st->view_agent;
-        st->rpc = G->st->rpc;
-        st->start_ns = G->st->start_ns;
-        atomic_store(&st->shutdown_requested, atomic_load(&G->st->shutdown_requested));
-        atomic_store(&st->updates_applied, atomic_load(&G->st->updates_applied));
-        atomic_store(&st->duplicates_dropped, atomic_load(&G->st->duplicates_dropped));
-        /* Creates count on from the process's count: its checkpointer's durable mark is in
-         * that count (back at 0, a create would pass for durable before any checkpoint). */
-        atomic_store(&st->create_gen, atomic_load(&G->st->create_gen));
-        memcpy(G->st, st, sizeof(*st));
-        free(st);
-        st = G->st;
-        old->rpc = NULL;
+        /* The server's own group keeps its state: what belongs to the process stays (its
+         * checkpointer, failover agent, RPC server, a shutdown asked for, start time, counters
+         * and create count: its checkpointer's durable mark is in that count); the contents
+         * (variables, dedup and sync state, tables and their budget) move in, the previous
+         * ones out into old. */
+        server_state *cur = G->st;
+        old->task_index = cur->task_index;
+        old->num_servers = cur->num_servers;
+        old->vars = cur->vars;
+        old->dedup = cur->dedup;
+        old->sync = cur->sync;
+        old->tables = cur->tables;
+        old->budget = cur->budget;
+        atomic_store(&old->table_bytes, atomic_load(&cur->table_bytes));
+        cur->vars = st->vars;
+        cur->dedup = st->dedup;
+        cur->sync = st->sync;
+        cur->tables = st->tables;
+        cur->budget = st->budget;
+        atomic_store(&cur->table_bytes, atomic_load(&st->table_bytes));
+        free(st); /* its contents are cur's now */
+        st = cur;
         /* The tables count their memory against the state they were made in. */
         server_tables_rebind(st);
         server_tables_rebind(old);
     } else {
         old = G->st;
     }
-    if (repl.nretired < sizeof(repl.retired) / sizeof(repl.retired[0]))
-        repl.retired[repl.nretired++] = old;
     rpc_server_close_local(G->local);
     G->local = local;
     G->st = st;
@@ -367,6 +370,16 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
     }
     pthread_mutex_unlock(&G->q);
     pthread_mutex_unlock(&G->order);
+    pthread_rwlock_unlock(&G->swap);
+    /* The replaced contents are freed once nothing can use them: a checkpoint of the own
+     * group's state that began before (its snapshot holds their tables) ends first; calls
+     * parked on them (none once the group stopped being served here) are answered. */
+    checkpointer *ck = atomic_load(G->owned ? &old->ck : &G->st->ck);
+    if (ck)
+        checkpointer_barrier(ck);
+    sync_cancel_all(old, "the server replaced its copy of the group: retry");
+    atomic_store(&old->ck, NULL);
+    server_state_free(old);
 
     log_info("group %u: installed a copy of %zu bytes at lsn %llu; catching up on its log", G->g,
              len, (unsigned long long)lsn);

@@ -19,6 +19,10 @@ void repl_metrics_collect(metrics_out *out, void *arg)
     metrics_emit_one(out, "psd_replica_degraded_groups", METRIC_GAUGE,
                      "Groups this server serves as primary with a backup out of the view.",
                      (double)replica_degraded_groups());
+    metrics_emit_one(out, "psd_replica_state_copies", METRIC_GAUGE,
+                     "Copies of group state this server holds (its own group's and the groups it "
+                     "backs up): replicas, once every copy a rejoin replaced was freed.",
+                     (double)server_states_held());
     metrics_emit_one(out, "psd_replica_ops_streamed_total", METRIC_COUNTER,
                      "Logged operations applied by backups of groups this server serves.",
                      (double)atomic_load(&repl.replicated_ops));
@@ -76,6 +80,7 @@ void repl_group_free(rgroup *G)
     for (uint32_t i = 0; i < G->npeers; i++)
         free(G->peers[i].img);
     pthread_mutex_destroy(&G->order);
+    pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
     free(G);

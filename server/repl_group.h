@@ -8,8 +8,9 @@
  * repl_route.c (requests to the group's primary, logged), repl_view.c (view changes),
  * replica.c (start, stop, sweeps).
  *
- * Locks, always taken in this order: repl.vlock (the view), a group's order (one update at a
- * time), a group's q (log, peers, commit). */
+ * Locks, always taken in this order: a group's swap (its state's contents replaced), repl.vlock
+ * (the view), a group's order (one update at a time), a group's q (log, peers, commit); the view
+ * lock is also taken before a group's order without swap. */
 #ifndef PSD_REPL_GROUP_H
 #define PSD_REPL_GROUP_H
 
@@ -77,8 +78,11 @@ typedef struct rgroup {
     bool owned;            /* st made here (a backup copy), freed at stop */
     rpc_server *local;     /* runs logged requests through the handlers on st */
     pthread_mutex_t order; /* one update at a time: apply order = log order */
-    uint64_t next_lsn;     /* next lsn to assign (primary) or to apply (backup); order */
-    uint64_t last_epoch;   /* the epoch of the operation at next_lsn - 1 (0: unknown); order */
+    /* Held for writing (before order) while a rejoin copy replaces st's contents; for reading
+     * by code that reads them without order (server_state.swap points here). */
+    pthread_rwlock_t swap;
+    uint64_t next_lsn;   /* next lsn to assign (primary) or to apply (backup); order */
+    uint64_t last_epoch; /* the epoch of the operation at next_lsn - 1 (0: unknown); order */
     /* The op time of the newest operation logged or applied here (order): a primary's next
      * one is never earlier (repl_op_time_locked), so that a wall clock stepped back, or a new
      * primary's clock behind the old one's, never runs a group's time backwards. */
@@ -129,8 +133,6 @@ struct repl_node {
     atomic_uint_fast64_t replicated_ops, failovers;
     view_agent *agent;     /* the coordinator's agent (NULL: a fixed view) */
     atomic_bool uncertain; /* the lease could not be renewed: acknowledge nothing alone */
-    server_state *retired[VIEW_MAX_SERVERS * 2]; /* states replaced by copies, freed at the end */
-    size_t nretired;
     /* The own group's log position after replica_free, for its final checkpoint. */
     bool final_valid;
     uint64_t final_epoch, final_lsn;

@@ -250,9 +250,16 @@ void repl_dispatch(rpc_call *call, void *arg)
     rgroup *G = repl.groups[g];
     if (m->method == PSD__V1__METHOD__SERVER_STATUS || m->method == PSD__V1__METHOD__SHUTDOWN ||
         m->method == PSD__V1__METHOD__CHECKPOINT) {
-        /* Not a group's data: status of the group asked (when held), admin calls of the
-         * process (checkpoints are of the server's own group). */
-        h(call, G && m->method == PSD__V1__METHOD__SERVER_STATUS ? G->st : repl.groups[self]->st);
+        /* Not a group's data: status of the group asked (when held), read under its swap
+         * lock; admin calls of the process (checkpoints are of the server's own group). */
+        if (m->method == PSD__V1__METHOD__SERVER_STATUS) {
+            rgroup *S = G ? G : repl.groups[self];
+            pthread_rwlock_rdlock(&S->swap);
+            h(call, S->st);
+            pthread_rwlock_unlock(&S->swap);
+        } else {
+            h(call, repl.groups[self]->st);
+        }
         return;
     }
     char holders[96] = "";
@@ -306,6 +313,7 @@ void repl_dispatch(rpc_call *call, void *arg)
     }
     /* A table pull reads: not logged, unless it registers its worker again (sync_wait), which
      * every copy must do at the same point of the log (rare: after an eviction). */
+    pthread_rwlock_rdlock(&G->swap); /* a read holds it; an update holds order instead */
     bool reads = !server_method_logged(m->method) &&
                  !(m->method == PSD__V1__METHOD__TABLE_PULL &&
                    sync_would_register(G->st, env->worker_id, env->client_id));
@@ -319,7 +327,9 @@ void repl_dispatch(rpc_call *call, void *arg)
         sync_set_thread_logged(true);
         if (!rpc_call_deferred_here(call))
             rpc_call_set_gate(call, NULL, NULL, 0);
+        pthread_rwlock_unlock(&G->swap);
         return;
     }
+    pthread_rwlock_unlock(&G->swap);
     run_update(call, G, h);
 }

@@ -35,6 +35,12 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         G->g = g;
         repl.groups[g] = G;
         pthread_mutex_init(&G->order, NULL);
+        pthread_rwlockattr_t ra;
+        pthread_rwlockattr_init(&ra);
+        /* A replacing copy waits for the readers in, not for every reader to come. */
+        pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+        pthread_rwlock_init(&G->swap, &ra);
+        pthread_rwlockattr_destroy(&ra);
         pthread_mutex_init(&G->q, NULL);
         pthread_cond_init(&G->qcond, NULL);
         G->next_lsn = 1;
@@ -57,6 +63,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
             if (cfg->own_ck && repl_ckpt_restore(G, err, errlen) != 0)
                 goto fail;
         }
+        G->st->swap = &G->swap;
         rpc_server_config lc = {
             .max_message = cfg->max_message,
             .default_deadline_ms = 60000,
@@ -170,12 +177,15 @@ void replica_sweep(void)
         pthread_mutex_lock(&repl.vlock);
         bool mine = repl.cur.epoch != 0 && repl.cur.primary[g] == (int32_t)self;
         pthread_mutex_unlock(&repl.vlock);
-        /* A group served is never replaced by a copy; a replaced state is retired, not
-         * freed, until replica_free. Its own group's workers are swept by the caller. */
+        /* The state is read under swap: a copy may replace it once the group is no longer
+         * served here. Its own group's workers are swept by the caller. */
+        rgroup *G = repl.groups[g];
+        pthread_rwlock_rdlock(&G->swap);
         if (mine && g != self)
-            sync_sweep(repl.groups[g]->st);
+            sync_sweep(G->st);
         if (mine)
-            server_tables_sweep_due(repl.groups[g]->st, repl_log_sweep, repl.groups[g]);
+            server_tables_sweep_due(G->st, repl_log_sweep, G);
+        pthread_rwlock_unlock(&G->swap);
     }
 }
 
@@ -249,9 +259,6 @@ void replica_free(void)
 {
     if (!repl.on)
         return;
-    for (size_t i = 0; i < repl.nretired; i++)
-        server_state_free(repl.retired[i]);
-    repl.nretired = 0;
     for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
         rgroup *G = repl.groups[g];
         if (G && G->ck) {

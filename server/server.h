@@ -33,7 +33,7 @@ typedef struct server_state {
     /* Variables created by clients, counted; bumped with the store's update lock held, so a
      * checkpoint's snapshot holds exactly the variables of create_gen <= its own. */
     atomic_uint_fast64_t create_gen;
-    struct server_tables *tables;     /* sparse tables (table_registry.c); NULL: none yet */
+    struct server_tables *tables; /* sparse tables (table_registry.c); NULL: none yet */
     /* What its variables and tables may hold (max-server-bytes, or its share of it for a
      * replica group's copy); owned by the state (server_set_limits); NULL: no limit. */
     mem_budget *budget;
@@ -44,7 +44,26 @@ typedef struct server_state {
     bool replicated;
     /* The running checkpointer of this state (checkpointer_of), NULL: none. */
     struct checkpointer *_Atomic ck;
+    /* replicas > 1: a rejoin copy replaces what this state holds (variables, tables, dedup and
+     * sync state) with this lock held for writing, and its group's order lock; code that reads
+     * them holding neither (metrics, the checkpointer's thread, reads served unlogged) holds it
+     * for reading (server_state_read_begin). NULL: never replaced. */
+    pthread_rwlock_t *swap;
 } server_state;
+
+/* Brackets code that reads what st holds without its group's order lock (server_state.swap).
+ * Never held while taking a group's order lock or the view's lock. */
+static inline void server_state_read_begin(server_state *st)
+{
+    if (st->swap)
+        pthread_rwlock_rdlock(st->swap);
+}
+
+static inline void server_state_read_end(server_state *st)
+{
+    if (st->swap)
+        pthread_rwlock_unlock(st->swap);
+}
 
 /* Sets the limits of st (made with its store and dedup table): max_bytes is the process's
  * max-server-bytes (0: 75% of physical memory); with replicas r > 1 a process holds copies
@@ -57,6 +76,10 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint32_t replicas, u
 /* Frees what st holds: tables, variables, dedup and sync state, its budget; the pointers are
  * left NULL. No call, checkpointer or metrics collector may still use them. */
 void server_state_clear(server_state *st);
+/* States whose contents this process holds (server_set_limits to server_state_clear): with
+ * replicas r, r once every copy a rejoin replaced was freed. */
+uint64_t server_states_held(void);
+
 /* server_state_clear, then frees st itself (made on the heap). NULL: nothing. */
 void server_state_free(server_state *st);
 

@@ -7,6 +7,14 @@
 #include "log.h"
 #include "table_registry.h"
 
+/* Contents (variables, tables, ...) held by this process: one budget each. */
+static atomic_uint_fast64_t contents_held;
+
+uint64_t server_states_held(void)
+{
+    return atomic_load(&contents_held);
+}
+
 int server_set_limits(server_state *st, uint64_t max_bytes, uint32_t replicas, uint64_t max_vars,
                       uint64_t dedup_max_clients, uint64_t dedup_idle_ms)
 {
@@ -15,8 +23,11 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint32_t replicas, u
         if (pages > 0 && page > 0)
             max_bytes = (uint64_t)pages / 4 * 3 * (uint64_t)page;
     }
-    if (st->budget == NULL && (st->budget = calloc(1, sizeof(*st->budget))) == NULL)
-        return -1;
+    if (st->budget == NULL) {
+        if ((st->budget = calloc(1, sizeof(*st->budget))) == NULL)
+            return -1;
+        atomic_fetch_add(&contents_held, 1);
+    }
     uint64_t share = replicas > 1 ? max_bytes / replicas : max_bytes;
     budget_set_max(st->budget, share);
     store_set_limits(st->vars, st->budget, max_vars);
@@ -41,7 +52,10 @@ void server_state_clear(server_state *st)
     store_destroy(st->vars);
     dedup_destroy(st->dedup);
     sync_destroy(st->sync);
-    free(st->budget); /* after what counted against it */
+    if (st->budget) {
+        free(st->budget); /* after what counted against it */
+        atomic_fetch_sub(&contents_held, 1);
+    }
     st->vars = NULL;
     st->dedup = NULL;
     st->sync = NULL;
