@@ -11,6 +11,7 @@
 
 #include <nng/protocol/reqrep0/req.h>
 
+#include "hash.h"
 #include "log.h"
 #include "status.h"
 #include "timeutil.h"
@@ -142,14 +143,6 @@ static bool conn_note_instance(rpc_conn *c, uint64_t instance, bool replicated)
     return true;
 }
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint64_t *rng)
 {
     if (max_ms == 0)
@@ -160,7 +153,7 @@ uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint6
     if (b > max_ms)
         b = max_ms;
     uint64_t half = b / 2;
-    return (uint32_t)(b + (half > 0 ? splitmix64(rng) % (half + 1) : 0));
+    return (uint32_t)(b + (half > 0 ? splitmix64_next(rng) % (half + 1) : 0));
 }
 
 const char *rpc_conn_url(const rpc_conn *c)

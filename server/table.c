@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hash.h"
 #include "placement.h"
 #include "table_index.h"
 #include "util.h"
@@ -111,13 +112,6 @@ struct table_cut {
     table_rows *parts; /* [t->nparts] */
     raw_part *raw;     /* [t->nparts] */
 };
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 static inline uint32_t part_of(const table *t, uint64_t h)
 {
