@@ -19,7 +19,7 @@
 
 /* A call without a reply this long is logged, and again at the interval while it waits. */
 #define WATCH_FIRST_NS 2000000000ull
-#define WATCH_REPEAT_NS 5000000000ull
+#define WATCH_REPEAT_MS 5000
 #define WATCH_TICK_MS 250
 /* TLS: a connection the server closes within this of its handshake counts as a refusal of
  * our certificate; after each one in a row the dialer waits up to twice as long before the
@@ -84,7 +84,7 @@ struct rpc_conn {
     bool watching;
     pthread_t watcher;
     pthread_cond_t watch_cond;
-    uint64_t logged_ns; /* last "waiting for" line of the current episode, 0 if none */
+    log_every waiting_log; /* the "waiting for" lines of the current episode */
     bool (*hint)(void *hint_arg, uint64_t since_ns, char *buf, size_t cap); /* config's */
     void *hint_arg;
     bool tls;
@@ -701,7 +701,7 @@ static void req_cb(void *arg)
 }
 
 /* Logs calls of this connection that wait long for a reply: one line for all of them, when
- * the oldest has waited WATCH_FIRST_NS and then every WATCH_REPEAT_NS while any still waits. */
+ * the oldest has waited WATCH_FIRST_NS and then every WATCH_REPEAT_MS while any still waits. */
 static void *watch_main(void *arg)
 {
     rpc_conn *c = arg;
@@ -741,12 +741,11 @@ static void *watch_main(void *arg)
             }
         }
         if (waiting == 0) {
-            c->logged_ns = 0;
+            log_every_reset(&c->waiting_log);
             continue;
         }
-        if (c->logged_ns != 0 && now - c->logged_ns < WATCH_REPEAT_NS)
+        if (!log_every_due(&c->waiting_log, WATCH_REPEAT_MS, now))
             continue;
-        c->logged_ns = now;
         pthread_mutex_unlock(&c->lock);
         char why[400];
         if (c->hint == NULL || !c->hint(c->hint_arg, now - oldest, why, sizeof(why)))

@@ -43,9 +43,9 @@ struct view_agent {
     /* stats */
     uint64_t views_installed, failovers, errors;
     char last_error[512];
-    int64_t last_error_log_ms;
+    log_every error_log; /* "failover waits for etcd" lines */
     bool etcd_failing;
-    int64_t mismatch_log_ms;
+    log_every mismatch_log; /* lines about a view or registration that is not ours */
 
     pthread_mutex_t cb_mu; /* held while the callback runs; never taken under mu */
     view_agent_fn fn;
@@ -340,9 +340,9 @@ static void note_error(view_agent *a, const char *what, const char *err)
     pthread_mutex_lock(&a->mu);
     a->errors++;
     snprintf(a->last_error, sizeof(a->last_error), "%s: %s", what, err);
-    say = !a->etcd_failing || now - a->last_error_log_ms >= AGENT_ERROR_LOG_MS;
-    if (say)
-        a->last_error_log_ms = now;
+    if (!a->etcd_failing)
+        log_every_reset(&a->error_log); /* a new episode: said at once */
+    say = log_every_due(&a->error_log, AGENT_ERROR_LOG_MS, (uint64_t)now * 1000000u);
     a->etcd_failing = true;
     pthread_mutex_unlock(&a->mu);
     if (say)
@@ -612,9 +612,8 @@ static void poll_once(view_agent *a)
             (rec.v.num_servers != a->cfg.num_servers || rec.v.replicas != a->cfg.replicas)) {
             int64_t now = mono_ms();
             pthread_mutex_lock(&a->mu);
-            bool say = a->mismatch_log_ms == 0 || now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
-            if (say)
-                a->mismatch_log_ms = now;
+            bool say =
+                log_every_due(&a->mismatch_log, AGENT_ERROR_LOG_MS, (uint64_t)now * 1000000u);
             pthread_mutex_unlock(&a->mu);
             if (say)
                 log_error("the view in etcd (%s/view) is for %u servers with %u replicas, this "
@@ -633,9 +632,7 @@ static void poll_once(view_agent *a)
         if (regressed) {
             int64_t t = mono_ms();
             pthread_mutex_lock(&a->mu);
-            regressed = t - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
-            if (regressed)
-                a->mismatch_log_ms = t;
+            regressed = log_every_due(&a->mismatch_log, AGENT_ERROR_LOG_MS, (uint64_t)t * 1000000u);
             pthread_mutex_unlock(&a->mu);
         }
         if (regressed)
@@ -684,9 +681,8 @@ static void poll_once(view_agent *a)
                 reg[a->cfg.self] = own;
             } else if (!gone) {
                 pthread_mutex_lock(&a->mu);
-                bool say = now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
-                if (say)
-                    a->mismatch_log_ms = now;
+                bool say =
+                    log_every_due(&a->mismatch_log, AGENT_ERROR_LOG_MS, (uint64_t)now * 1000000u);
                 pthread_mutex_unlock(&a->mu);
                 if (say)
                     log_error("%s/servers/%u holds lease %" PRId64 ", not this server's %" PRId64
@@ -712,9 +708,8 @@ static void poll_once(view_agent *a)
             for (uint32_t i = 0; i < a->cfg.num_servers; i++)
                 regs += reg[i] != 0;
             pthread_mutex_lock(&a->mu);
-            bool say = now - a->mismatch_log_ms >= AGENT_ERROR_LOG_MS;
-            if (say)
-                a->mismatch_log_ms = now;
+            bool say =
+                log_every_due(&a->mismatch_log, AGENT_ERROR_LOG_MS, (uint64_t)now * 1000000u);
             pthread_mutex_unlock(&a->mu);
             if (say)
                 log_info("the first view waits for every server to register: %u of %u so far "
