@@ -599,6 +599,20 @@ fail:
     return -1;
 }
 
+int http_endpoint_start_logged(http_endpoint **out, const char *addr)
+{
+    *out = NULL;
+    if (addr == NULL || addr[0] == '\0')
+        return 0;
+    char err[512];
+    if (http_endpoint_start(out, addr, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return -1;
+    }
+    log_info("metrics on http://%s/metrics (port %d)", addr, http_endpoint_port(*out));
+    return 0;
+}
+
 int http_endpoint_port(const http_endpoint *e)
 {
     return e ? e->port : 0;
