@@ -9,7 +9,7 @@
 #include "status.h"
 #include "timeutil.h"
 
-#define REFUSAL_LOG_INTERVAL_NS 1000000000u
+#define REFUSAL_LOG_INTERVAL_MS 1000
 
 /* ---- the admin role ---- */
 
@@ -154,20 +154,24 @@ static bool refusal_log_due(rpc_refusals *rs, const char *peer, uint64_t *suppre
     struct rpc_refusal_log *e = NULL, *oldest = &rs->slot[0];
     for (int i = 0; i < RPC_REFUSAL_SLOTS && e == NULL; i++) {
         struct rpc_refusal_log *r = &rs->slot[i];
-        if (r->logged_ns != 0 && strcmp(r->addr, addr) == 0)
+        if (r->log.logged && strcmp(r->addr, addr) == 0)
             e = r;
-        else if (r->logged_ns < oldest->logged_ns)
+        else if (oldest->log.logged && (!r->log.logged || r->log.last_ns < oldest->log.last_ns))
             oldest = r;
     }
     if (e == NULL) {
         e = oldest;
         memcpy(e->addr, addr, n + 1);
-        e->logged_ns = now;
+        log_every_reset(&e->log);
         e->suppressed = 0;
-    } else if (now - e->logged_ns >= REFUSAL_LOG_INTERVAL_NS) {
-        *suppressed = e->suppressed;
-        *since_s = (double)(now - e->logged_ns) / 1e9;
-        e->logged_ns = now;
+    }
+    uint64_t last_ns = e->log.last_ns;
+    bool again = e->log.logged;
+    if (log_every_due(&e->log, REFUSAL_LOG_INTERVAL_MS, now)) {
+        if (again) {
+            *suppressed = e->suppressed;
+            *since_s = (double)(now - last_ns) / 1e9;
+        }
         e->suppressed = 0;
     } else {
         e->suppressed++;

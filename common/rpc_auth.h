@@ -13,6 +13,7 @@
 
 #include <nng/nng.h>
 
+#include "log.h"
 #include "rpc_server.h"
 
 #define RPC_REFUSAL_SLOTS 32
@@ -23,8 +24,8 @@ typedef struct rpc_refusals {
     pthread_mutex_t lock;
     struct rpc_refusal_log {
         char addr[INET6_ADDRSTRLEN + 16];
-        uint64_t logged_ns;  /* 0: slot unused */
-        uint64_t suppressed; /* refusals from addr not logged since then */
+        log_every log;       /* its lines; not logged yet: slot unused */
+        uint64_t suppressed; /* refusals from addr not logged since its last line */
     } slot[RPC_REFUSAL_SLOTS];
     atomic_uint_fast64_t refused; /* connections closed for want of a verified certificate */
 } rpc_refusals;
