@@ -10,7 +10,7 @@
  *   rpc_validate.c  the generic checks of every request (uses rpc_call.c, rpc_auth.c,
  *                   rpc_conns.c);
  *   rpc_local.c     the in-process server and held requests (uses rpc_call.c,
- *                   rpc_validate.c);
+ *                   rpc_validate.c, and rpc_conns.c's and rpc_auth.c's init and fini);
  *   rpc_server.c    the socket's contexts, their state machine and the pool (uses all). */
 #ifndef PSD_COMMON_RPC_SERVER_INTERNAL_H
 #define PSD_COMMON_RPC_SERVER_INTERNAL_H
