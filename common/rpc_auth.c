@@ -1,15 +1,13 @@
 /* Who may call the RPC server (rpc_auth.h): the admin role and the TLS connection policy. */
 #include "rpc_auth.h"
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "log.h"
 #include "rpc_server_internal.h"
 #include "status.h"
-#include "timeutil.h"
-
-#define REFUSAL_LOG_INTERVAL_MS 1000
 
 /* ---- the admin role ---- */
 
@@ -119,68 +117,6 @@ bool rpc_call_carries_token(const rpc_call *c, const char *token)
 
 /* ---- the TLS connection policy ---- */
 
-void rpc_refusals_init(rpc_refusals *r)
-{
-    memset(r->slot, 0, sizeof(r->slot));
-    pthread_mutex_init(&r->lock, NULL);
-    atomic_init(&r->refused, 0);
-}
-
-void rpc_refusals_fini(rpc_refusals *r)
-{
-    pthread_mutex_destroy(&r->lock);
-}
-
-/* Rate limit of the refusal lines (a refused client redials many times a second): true when
- * a refusal from peer ("address:port") is to be logged now, at most once a second per
- * address; *suppressed then gets how many refusals from that address were not logged since
- * its last line, over *since_s seconds. RPC_REFUSAL_SLOTS addresses are remembered, the least
- * recently logged one giving way to a new one (its count not logged is lost). */
-static bool refusal_log_due(rpc_refusals *rs, const char *peer, uint64_t *suppressed,
-                            double *since_s)
-{
-    char addr[sizeof(rs->slot[0].addr)];
-    const char *colon = strrchr(peer, ':');
-    size_t n = colon != NULL && colon != peer ? (size_t)(colon - peer) : strlen(peer);
-    if (n >= sizeof(addr))
-        n = sizeof(addr) - 1;
-    memcpy(addr, peer, n);
-    addr[n] = '\0';
-    uint64_t now = time_now_ns();
-    bool due = true;
-    *suppressed = 0;
-    *since_s = 0;
-    pthread_mutex_lock(&rs->lock);
-    struct rpc_refusal_log *e = NULL, *oldest = &rs->slot[0];
-    for (int i = 0; i < RPC_REFUSAL_SLOTS && e == NULL; i++) {
-        struct rpc_refusal_log *r = &rs->slot[i];
-        if (r->log.logged && strcmp(r->addr, addr) == 0)
-            e = r;
-        else if (oldest->log.logged && (!r->log.logged || r->log.last_ns < oldest->log.last_ns))
-            oldest = r;
-    }
-    if (e == NULL) {
-        e = oldest;
-        memcpy(e->addr, addr, n + 1);
-        log_every_reset(&e->log);
-        e->suppressed = 0;
-    }
-    uint64_t last_ns = e->log.last_ns;
-    bool again = e->log.logged;
-    if (log_every_due(&e->log, REFUSAL_LOG_INTERVAL_MS, now)) {
-        if (again) {
-            *suppressed = e->suppressed;
-            *since_s = (double)(now - last_ns) / 1e9;
-        }
-        e->suppressed = 0;
-    } else {
-        e->suppressed++;
-        due = false;
-    }
-    pthread_mutex_unlock(&rs->lock);
-    return due;
-}
-
 /* The listener's authentication is OPTIONAL so that this can log the refusal: with REQUIRED,
  * mbed TLS refuses the handshake and nng 1.5 reports nothing at all. */
 void rpc_auth_tls_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
@@ -196,10 +132,10 @@ void rpc_auth_tls_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
     char peer[96];
     bool loopback;
     pipe_peer(p, peer, sizeof(peer), &loopback);
-    atomic_fetch_add(&s->refusals.refused, 1);
+    atomic_fetch_add(&s->conns.tls_refused, 1);
     uint64_t suppressed;
     double since_s;
-    if (!refusal_log_due(&s->refusals, peer, &suppressed, &since_s)) {
+    if (!rpc_conns_refusal_due(&s->conns, peer, &suppressed, &since_s)) {
         nng_pipe_close(p);
         return;
     }

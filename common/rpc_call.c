@@ -1,6 +1,6 @@
 /* One RPC call (rpc_server_internal.h): the reply a handler sets and what it reads of the call,
  * and what every server, on a socket or in process, keeps of its own: its identity, the
- * metrics of its methods and the fault injection of tests. */
+ * metrics of its methods, the fault injection of tests, its locks and connection table. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +25,8 @@ struct rpc_method_metrics {
 
 static metric_family *fam_requests;
 
-void rpcs_metrics_init(rpc_server *s)
+/* Makes the metrics of s's methods (s->mm; left NULL when out of memory: none recorded). */
+static void metrics_init(rpc_server *s)
 {
     fam_requests = metrics_family(METRIC_COUNTER, "psd_rpc_requests_total",
                                   "RPC requests answered, by method and reply status.",
@@ -70,13 +71,27 @@ void rpcs_metrics_record(rpc_call *c, size_t reply_len)
     metric_add(m->bytes_out, reply_len);
 }
 
-void rpcs_identity_init(rpc_server *s)
+void rpcs_server_init(rpc_server *s, const rpc_server_config *cfg)
 {
+    s->cfg = *cfg;
     if (getrandom(&s->instance, sizeof(s->instance), 0) != sizeof(s->instance))
         s->instance = time_now_ns() ^ ((uint64_t)getpid() << 40);
     if (s->instance == 0)
         s->instance = 1; /* 0 reads as "no instance" (a reply from an older server) */
     atomic_store(&s->fault_rng, s->instance);
+    metrics_init(s);
+    pthread_mutex_init(&s->qlock, NULL);
+    pthread_cond_init(&s->qcond, NULL);
+    rpc_conns_init(&s->conns, cfg->max_connections, cfg->max_per_connection);
+}
+
+void rpcs_server_free(rpc_server *s)
+{
+    rpc_conns_fini(&s->conns);
+    pthread_mutex_destroy(&s->qlock);
+    pthread_cond_destroy(&s->qcond);
+    free(s->mm);
+    free(s);
 }
 
 /* splitmix64 over a shared counter: thread-safe. */

@@ -69,23 +69,18 @@ rpc_server *rpc_server_open_local(const rpc_server_config *cfg)
     rpc_server *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
-    s->cfg = *cfg;
+    rpc_server_config local = *cfg;
     /* No contexts and no room to park: rpc_call_defer never opens a context on the (absent)
      * socket, it refuses and the handler replies at once. */
-    s->cfg.url = NULL;
-    s->cfg.contexts = 0;
-    s->cfg.max_parked = 0;
-    s->cfg.threads = 0;
-    s->cfg.max_connections = 0;
-    s->cfg.max_per_connection = 0;
-    s->cfg.drop_percent = 0;
-    memset(&s->cfg.tls, 0, sizeof(s->cfg.tls));
-    rpcs_identity_init(s);
-    rpcs_metrics_init(s);
-    pthread_mutex_init(&s->qlock, NULL);
-    pthread_cond_init(&s->qcond, NULL);
-    rpc_conns_init(&s->conns, 0, 0);
-    rpc_refusals_init(&s->refusals);
+    local.url = NULL;
+    local.contexts = 0;
+    local.max_parked = 0;
+    local.threads = 0;
+    local.max_connections = 0;
+    local.max_per_connection = 0;
+    local.drop_percent = 0;
+    memset(&local.tls, 0, sizeof(local.tls));
+    rpcs_server_init(s, &local);
     return s;
 }
 
@@ -172,10 +167,5 @@ void rpc_server_close_local(rpc_server *s)
 {
     if (s == NULL)
         return;
-    rpc_refusals_fini(&s->refusals);
-    rpc_conns_fini(&s->conns);
-    pthread_mutex_destroy(&s->qlock);
-    pthread_cond_destroy(&s->qcond);
-    free(s->mm);
-    free(s);
+    rpcs_server_free(s);
 }

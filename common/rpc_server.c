@@ -16,6 +16,7 @@
 
 #include "log.h"
 #include "rpc_local.h"
+#include "rpc_auth.h"
 #include "rpc_server_internal.h"
 #include "rpc_validate.h"
 #include "status.h"
@@ -364,16 +365,10 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    s->cfg = *cfg;
-    rpcs_identity_init(s);
-    rpcs_metrics_init(s);
+    rpcs_server_init(s, cfg);
     if (cfg->drop_percent > 0 || cfg->dup_percent > 0)
         log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice",
                  cfg->drop_percent, cfg->dup_percent);
-    pthread_mutex_init(&s->qlock, NULL);
-    pthread_cond_init(&s->qcond, NULL);
-    rpc_conns_init(&s->conns, cfg->max_connections, cfg->max_per_connection);
-    rpc_refusals_init(&s->refusals);
     int rv = nng_rep0_open(&s->sock);
     if (rv != 0) {
         snprintf(err, errlen, "cannot open REP socket: %s", nng_strerror(rv));
@@ -418,12 +413,7 @@ fail_close:
     rpc_server_stop(s);
     return -1;
 fail_sock:
-    free(s->mm);
-    rpc_refusals_fini(&s->refusals);
-    rpc_conns_fini(&s->conns);
-    pthread_mutex_destroy(&s->qlock);
-    pthread_cond_destroy(&s->qcond);
-    free(s);
+    rpcs_server_free(s);
     return -1;
 }
 
@@ -497,10 +487,5 @@ void rpc_server_stop(rpc_server *s)
         }
         free(s->calls);
     }
-    rpc_refusals_fini(&s->refusals);
-    rpc_conns_fini(&s->conns);
-    pthread_mutex_destroy(&s->qlock);
-    pthread_cond_destroy(&s->qcond);
-    free(s->mm);
-    free(s);
+    rpcs_server_free(s);
 }

@@ -2,15 +2,16 @@
  * and the helpers of rpc_call.c. Private to common/rpc_*.c.
  *
  * The files, and which way they use each other (never back):
- *   rpc_conns.c     connections and their caps (uses nothing of the others);
- *   rpc_call.c      a call: its reply, what a handler reads of it; identity, metrics and fault
- *                   injection of a server;
+ *   rpc_conns.c     connections, their caps and the log of refused ones (uses nothing of the
+ *                   others);
+ *   rpc_call.c      a call: its reply, what a handler reads of it; what every server keeps:
+ *                   identity, metrics, fault injection, locks (uses rpc_conns.c);
  *   rpc_auth.c      the admin role (token, loopback peer) and the TLS connection policy
  *                   (uses rpc_call.c, rpc_conns.c);
  *   rpc_validate.c  the generic checks of every request (uses rpc_call.c, rpc_auth.c,
  *                   rpc_conns.c);
  *   rpc_local.c     the in-process server and held requests (uses rpc_call.c,
- *                   rpc_validate.c, and rpc_conns.c's and rpc_auth.c's init and fini);
+ *                   rpc_validate.c);
  *   rpc_server.c    the socket's contexts, their state machine and the pool (uses all). */
 #ifndef PSD_COMMON_RPC_SERVER_INTERNAL_H
 #define PSD_COMMON_RPC_SERVER_INTERNAL_H
@@ -22,7 +23,6 @@
 
 #include <nng/nng.h>
 
-#include "rpc_auth.h"
 #include "rpc_conns.h"
 #include "rpc_server.h"
 
@@ -79,18 +79,19 @@ struct rpc_server {
     /* Fault injection (tests only): a counter hashed into random numbers, and what it did. */
     atomic_uint_fast64_t fault_rng;
     atomic_uint_fast64_t dropped, duplicated;
-    rpc_refusals refusals;         /* connections refused by the TLS policy (rpc_auth.c) */
-    rpc_conns conns;               /* max_connections, max_per_connection (rpc_conns.c) */
+    rpc_conns conns;               /* caps, counts and refusals (rpc_conns.c) */
     struct rpc_method_metrics *mm; /* per method, and one more for requests of no known method */
     nng_listener listener;         /* on cfg.url */
 };
 
 /* ---- rpc_call.c ---- */
 
-/* Draws s->instance (random, never 0) and seeds the fault injection's numbers with it. */
-void rpcs_identity_init(rpc_server *s);
-/* Makes the metrics of s's methods (s->mm; left NULL when out of memory: none recorded). */
-void rpcs_metrics_init(rpc_server *s);
+/* Sets up what every server keeps, on a socket or in process, in s (zeroed memory): cfg
+ * copied, its instance (random, never 0, also the seed of fault injection), the metrics of
+ * its methods (none when out of memory), its locks and its connection table. */
+void rpcs_server_init(rpc_server *s, const rpc_server_config *cfg);
+/* Frees what rpcs_server_init made, and s. */
+void rpcs_server_free(rpc_server *s);
 /* The one metrics hook: c's reply (reply_len bytes; or, when none could be built, its request)
  * is done. */
 void rpcs_metrics_record(rpc_call *c, size_t reply_len);

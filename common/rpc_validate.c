@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 
+#include "rpc_auth.h"
 #include "rpc_server_internal.h"
 #include "status.h"
 #include "timeutil.h"
