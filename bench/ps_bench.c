@@ -33,6 +33,7 @@
 #include "jemalloc_conf.h"
 
 #include "bench.h"
+#include "ipc_socket.h"
 #include "options.h"
 #include "program.h"
 
@@ -328,35 +329,12 @@ static void ipc_path_release(int slot)
     ipc_used[slot] = 0;
 }
 
-/* Whether a socket bound to path listens, read from /proc/net/unix (Linux): not by connecting,
- * since a bare connect() that closes without the SP handshake was seen to stop a live nng IPC
- * listener from serving (server/main.c, server_remove_stale_ipc). */
-static bool ipc_listening(const char *path)
-{
-    FILE *f = fopen("/proc/net/unix", "r");
-    if (f == NULL)
-        return false;
-    char line[4200];
-    bool live = false;
-    size_t plen = strlen(path);
-    while (!live && fgets(line, sizeof(line), f) != NULL) {
-        size_t n = strcspn(line, "\n");
-        line[n] = '\0';
-        /* "Num: RefCount Protocol Flags Type St Inode Path"; Flags 00010000: accepting. */
-        unsigned long flags = 0;
-        live = n > plen && strcmp(line + n - plen, path) == 0 && line[n - plen - 1] == ' ' &&
-               sscanf(line, "%*s %*s %*s %lx", &flags) == 1 && (flags & 0x10000) != 0;
-    }
-    fclose(f);
-    return live;
-}
-
 /* Waits until a socket listens at path, or the child exits (left to be reaped by child_stop),
  * or timeout_ms passes. Returns 0 when it listens. */
 static int wait_ipc(const char *path, pid_t child, int timeout_ms)
 {
     for (int waited = 0; waited <= timeout_ms; waited += 10) {
-        if (ipc_listening(path))
+        if (ipc_socket_bound(path, true) == 1)
             return 0;
         siginfo_t si;
         memset(&si, 0, sizeof(si));

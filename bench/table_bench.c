@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "cluster_proc.h"
+#include "hash.h"
 #include "psclient.h"
 #include "table.h"
 
@@ -44,13 +45,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
 }
 
 /* Resident set size of this process, bytes (0 when /proc is not there). */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hash.h"
 #include "program.h"
 #include "table.h"
 
@@ -28,13 +29,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
 }
 
 typedef struct pusher {

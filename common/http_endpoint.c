@@ -88,7 +88,8 @@ struct http_endpoint {
     uint64_t accept_after_ns; /* accept paused until then (no descriptors) */
     http_body *metrics;       /* the newest rendered text, or NULL */
     int old_bodies;           /* older texts still being sent */
-    uint64_t evicted, full_logged_ns, fd_fail, fd_logged_ns;
+    uint64_t evicted, fd_fail;
+    log_every full_log, fd_log; /* the two refusal warnings, at most every HTTP_LOG_EVERY_MS */
     http_detail_fn detail_fn;
     void *detail_arg;
 };
@@ -376,12 +377,10 @@ static void accept_all(http_endpoint *e, uint64_t now)
 {
     uint64_t evicted = e->evicted;
     accept_some(e, now);
-    if (e->evicted != evicted &&
-        now - e->full_logged_ns >= (uint64_t)HTTP_LOG_EVERY_MS * 1000000u) {
+    if (e->evicted != evicted && log_every_due(&e->full_log, HTTP_LOG_EVERY_MS, now)) {
         log_warn("http: %d connections open, the most served at once: %llu closed so far to make "
                  "room for new ones (each time the one that had waited longest for its client)",
                  HTTP_MAX_CONNS, (unsigned long long)e->evicted);
-        e->full_logged_ns = now;
     }
 }
 
@@ -415,11 +414,10 @@ static void accept_some(http_endpoint *e, uint64_t now)
                  * of spinning on a listener that stays readable. */
                 e->accept_after_ns = now + (uint64_t)HTTP_ACCEPT_BACKOFF_MS * 1000000u;
                 e->fd_fail++;
-                if (now - e->fd_logged_ns >= (uint64_t)HTTP_LOG_EVERY_MS * 1000000u) {
+                if (log_every_due(&e->fd_log, HTTP_LOG_EVERY_MS, now)) {
                     log_warn("http: cannot accept connections: %s (%llu times); the process is "
                              "out of file descriptors",
                              strerror(errno), (unsigned long long)e->fd_fail);
-                    e->fd_logged_ns = now;
                 }
             }
             return;
@@ -599,6 +597,20 @@ fail:
     pthread_mutex_destroy(&e->lock);
     free(e);
     return -1;
+}
+
+int http_endpoint_start_logged(http_endpoint **out, const char *addr)
+{
+    *out = NULL;
+    if (addr == NULL || addr[0] == '\0')
+        return 0;
+    char err[512];
+    if (http_endpoint_start(out, addr, err, sizeof(err)) != 0) {
+        log_error("%s", err);
+        return -1;
+    }
+    log_info("metrics on http://%s/metrics (port %d)", addr, http_endpoint_port(*out));
+    return 0;
 }
 
 int http_endpoint_port(const http_endpoint *e)

@@ -21,6 +21,11 @@ typedef struct http_endpoint http_endpoint;
  * true, ...). Returns 0, or -1 with a message in err (bad address, port in use). */
 int http_endpoint_start(http_endpoint **out, const char *addr, char *err, size_t errlen);
 
+/* A program's endpoint from its http-listen setting: when addr is set and not empty, starts it
+ * (http_endpoint_start) and logs where its metrics are; NULL in *out when addr is not set.
+ * Returns 0, or -1 with the error logged (and *out NULL). */
+int http_endpoint_start_logged(http_endpoint **out, const char *addr);
+
 /* The TCP port it listens on (the one chosen when addr's port was 0). */
 int http_endpoint_port(const http_endpoint *e);
 

@@ -473,3 +473,17 @@ void log_fields(log_level lvl, const char *fields_json, const char *fmt, ...)
     va_end(ap);
     errno = saved_errno;
 }
+
+bool log_every_due(log_every *e, uint32_t every_ms, uint64_t now_ns)
+{
+    if (e->logged && now_ns - e->last_ns < (uint64_t)every_ms * 1000000u)
+        return false;
+    e->logged = true;
+    e->last_ns = now_ns;
+    return true;
+}
+
+void log_every_reset(log_every *e)
+{
+    e->logged = false;
+}

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Longest line written, newline included; longer lines are truncated. */
 #define LOG_LINE_MAX 8192
@@ -90,6 +91,24 @@ void log_set_message_sink(log_level min_level, log_message_fn fn, void *arg);
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* A line that may repeat many times a second (a peer redialling, a condition polled), logged
+ * at most once every interval: a zero-initialised log_every, then
+ *     if (log_every_due(&e, 5000, time_now_ns()))
+ *         log_warn(...);
+ * Not thread-safe itself: the caller's lock, if any, guards it. */
+typedef struct log_every {
+    uint64_t last_ns; /* when the last line let through was due */
+    bool logged;      /* false: none yet since the start or log_every_reset */
+} log_every;
+
+/* Whether the line e limits is to be logged at now_ns (a monotonic time, time_now_ns): the
+ * first time, the first time after log_every_reset, and when every_ms or more have passed
+ * since the last line it let through. When true, now_ns becomes the last line's time. */
+bool log_every_due(log_every *e, uint32_t every_ms, uint64_t now_ns);
+
+/* Forgets the last line: the next one is due at once (e.g. a new episode of a condition). */
+void log_every_reset(log_every *e);
 
 /* Writes src into dst as the body of a JSON string (no surrounding quotes):
  * '"' and '\\' are backslash-escaped, control characters become \n, \t, \r,

@@ -1,20 +1,11 @@
+/* Placement (placement.h): which server holds which variable, range and table row. */
 #include "placement.h"
 
 #include <string.h>
 
-uint64_t fnv1a_update(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 uint64_t placement_hash(const char *name)
 {
-    return fnv1a_update(FNV1A_INIT, name, strlen(name));
+    return fnv1a(name, strlen(name));
 }
 
 uint32_t placement_owner(const char *name, uint32_t num_servers)
@@ -37,18 +28,10 @@ void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint
     *count = base + (server < extra ? 1 : 0);
 }
 
-/* splitmix64's finalizer (Stafford's variant 13), as proto/README.md writes it. */
-static uint64_t placement_mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 uint64_t placement_table_hash(const char *name, int64_t id)
 {
-    return placement_mix64(placement_hash(name) ^
-                           placement_mix64((uint64_t)id + 0x9E3779B97F4A7C15ull));
+    /* mix64 is splitmix64's finaliser, as proto/README.md writes it. */
+    return mix64(placement_hash(name) ^ mix64((uint64_t)id + HASH_GOLDEN_GAMMA));
 }
 
 uint32_t placement_table_owner(const char *name, int64_t id, uint32_t num_servers)

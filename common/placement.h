@@ -8,12 +8,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hash.h" /* FNV1A_INIT, fnv1a_update, mix64 */
+
 /* Stable 64-bit FNV-1a hash of a NUL-terminated string (the same on every platform). */
 uint64_t placement_hash(const char *name);
-
-/* FNV-1a: h (FNV1A_INIT to start) extended by n bytes at p. */
-#define FNV1A_INIT 0xcbf29ce484222325ull
-uint64_t fnv1a_update(uint64_t h, const void *p, size_t n);
 
 /* Server holding a variable that is not split: placement_hash(name) % num_servers. */
 uint32_t placement_owner(const char *name, uint32_t num_servers);

@@ -1,3 +1,6 @@
+/* The RPC client (rpc_client.h): connections of REQ sockets to one server, calls with
+ * deadlines, retries and backoff, and the watch that logs calls waiting long for a reply. The
+ * sockets' credentials (TLS, admin token) are made in rpc_tls.c. */
 #include "rpc_client.h"
 
 #include <errno.h>
@@ -11,6 +14,7 @@
 
 #include <nng/protocol/reqrep0/req.h>
 
+#include "hash.h"
 #include "log.h"
 #include "status.h"
 #include "timeutil.h"
@@ -18,7 +22,7 @@
 
 /* A call without a reply this long is logged, and again at the interval while it waits. */
 #define WATCH_FIRST_NS 2000000000ull
-#define WATCH_REPEAT_NS 5000000000ull
+#define WATCH_REPEAT_MS 5000
 #define WATCH_TICK_MS 250
 /* TLS: a connection the server closes within this of its handshake counts as a refusal of
  * our certificate; after each one in a row the dialer waits up to twice as long before the
@@ -83,7 +87,7 @@ struct rpc_conn {
     bool watching;
     pthread_t watcher;
     pthread_cond_t watch_cond;
-    uint64_t logged_ns; /* last "waiting for" line of the current episode, 0 if none */
+    log_every waiting_log; /* the "waiting for" lines of the current episode */
     bool (*hint)(void *hint_arg, uint64_t since_ns, char *buf, size_t cap); /* config's */
     void *hint_arg;
     bool tls;
@@ -142,14 +146,6 @@ static bool conn_note_instance(rpc_conn *c, uint64_t instance, bool replicated)
     return true;
 }
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint64_t *rng)
 {
     if (max_ms == 0)
@@ -160,144 +156,12 @@ uint32_t rpc_backoff_ms(uint32_t backoff_ms, uint32_t max_ms, int attempt, uint6
     if (b > max_ms)
         b = max_ms;
     uint64_t half = b / 2;
-    return (uint32_t)(b + (half > 0 ? splitmix64(rng) % (half + 1) : 0));
+    return (uint32_t)(b + (half > 0 ? splitmix64_next(rng) % (half + 1) : 0));
 }
 
 const char *rpc_conn_url(const rpc_conn *c)
 {
     return c->url;
-}
-
-/* Reads a whole (small) file into a NUL-terminated buffer; NULL with err set on failure. */
-static char *read_pem(const char *what, const char *path, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
-        snprintf(err, errlen, "cannot read %s %s: %s", what, path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1 || cap > (1u << 20))
-            break;
-        char *b = realloc(buf, cap * 2);
-        if (b == NULL) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = b;
-        cap *= 2;
-    }
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (buf == NULL || bad) {
-        snprintf(err, errlen, "cannot read %s %s: %s", what, path,
-                 buf ? "read error" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
-}
-
-int rpc_tls_config(nng_tls_config **out, const rpc_tls *t, bool server, char *err, size_t errlen)
-{
-    nng_tls_config *cfg = NULL;
-    char *cert = NULL, *key = NULL;
-    int rv;
-    if (tls_config_alloc(&cfg, server ? NNG_TLS_MODE_SERVER : NNG_TLS_MODE_CLIENT, t->engine, err,
-                         errlen) != 0)
-        return -1;
-    if ((rv = nng_tls_config_ca_file(cfg, t->ca)) != 0) {
-        snprintf(err, errlen, "tls-ca %s: cannot load a PEM CA certificate from it: %s", t->ca,
-                 nng_strerror(rv));
-        goto fail;
-    }
-    bool has_cert = t->cert && t->cert[0], has_key = t->key && t->key[0];
-    if (has_cert != has_key || (server && !has_cert)) {
-        snprintf(err, errlen, "tls-ca is set but %s: set both tls-cert and tls-key%s",
-                 !has_cert ? "tls-cert is not" : "tls-key is not",
-                 server ? " (ps-server needs its own certificate)" : "");
-        goto fail;
-    }
-    if (has_cert) {
-        if ((cert = read_pem("tls-cert", t->cert, err, errlen)) == NULL ||
-            (key = read_pem("tls-key", t->key, err, errlen)) == NULL)
-            goto fail;
-        if ((rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) {
-            snprintf(err, errlen,
-                     "tls-cert %s / tls-key %s: not a PEM certificate and its unencrypted key: %s",
-                     t->cert, t->key, nng_strerror(rv));
-            goto fail;
-        }
-    }
-    if (!server && t->server_name && t->server_name[0] &&
-        (rv = nng_tls_config_server_name(cfg, t->server_name)) != 0) {
-        snprintf(err, errlen, "tls-server-name %s: %s", t->server_name, nng_strerror(rv));
-        goto fail;
-    }
-    /* A server verifies but accepts first, so that rpc_server can log and close a connection
-     * without a valid certificate (nng reports nothing about a refused handshake). */
-    rv = nng_tls_config_auth_mode(cfg,
-                                  server ? NNG_TLS_AUTH_MODE_OPTIONAL : NNG_TLS_AUTH_MODE_REQUIRED);
-    if (rv != 0) {
-        snprintf(err, errlen, "cannot set the TLS authentication mode: %s", nng_strerror(rv));
-        goto fail;
-    }
-    free(cert);
-    free(key);
-    *out = cfg;
-    return 0;
-fail:
-    free(cert);
-    free(key);
-    nng_tls_config_free(cfg);
-    return -1;
-}
-
-int rpc_tls_url(const char *url, bool tls, char *buf, size_t cap)
-{
-    int n;
-    if (tls && strncmp(url, "tcp://", 6) == 0)
-        n = snprintf(buf, cap, "tls+%s", url);
-    else
-        n = snprintf(buf, cap, "%s", url);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
-
-int rpc_read_token(const char *path, char *buf, size_t cap, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        snprintf(err, errlen, "admin-token-file %s: %s", path, strerror(errno));
-        return -1;
-    }
-    bool got = fgets(buf, (int)cap, f) != NULL;
-    bool bad = ferror(f) != 0;
-    fclose(f);
-    if (bad || !got) {
-        snprintf(err, errlen, "admin-token-file %s: %s", path, bad ? "read error" : "empty file");
-        return -1;
-    }
-    size_t n = strcspn(buf, "\r\n");
-    if (buf[n] == '\0' && n == cap - 1) {
-        snprintf(err, errlen, "admin-token-file %s: token longer than %zu bytes", path, cap - 2);
-        return -1;
-    }
-    buf[n] = '\0';
-    if (n == 0) {
-        snprintf(err, errlen, "admin-token-file %s: the first line (the token) is empty", path);
-        return -1;
-    }
-    if (strspn(buf, " \t\v\f") == n) {
-        snprintf(err, errlen, "admin-token-file %s: the first line (the token) is only blanks",
-                 path);
-        return -1;
-    }
-    return 0;
 }
 
 /* Counts each socket's connections up (pick_socket). Under TLS also counts connections made
@@ -708,7 +572,7 @@ static void req_cb(void *arg)
 }
 
 /* Logs calls of this connection that wait long for a reply: one line for all of them, when
- * the oldest has waited WATCH_FIRST_NS and then every WATCH_REPEAT_NS while any still waits. */
+ * the oldest has waited WATCH_FIRST_NS and then every WATCH_REPEAT_MS while any still waits. */
 static void *watch_main(void *arg)
 {
     rpc_conn *c = arg;
@@ -748,12 +612,11 @@ static void *watch_main(void *arg)
             }
         }
         if (waiting == 0) {
-            c->logged_ns = 0;
+            log_every_reset(&c->waiting_log);
             continue;
         }
-        if (c->logged_ns != 0 && now - c->logged_ns < WATCH_REPEAT_NS)
+        if (!log_every_due(&c->waiting_log, WATCH_REPEAT_MS, now))
             continue;
-        c->logged_ns = now;
         pthread_mutex_unlock(&c->lock);
         char why[400];
         if (c->hint == NULL || !c->hint(c->hint_arg, now - oldest, why, sizeof(why)))

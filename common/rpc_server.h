@@ -4,7 +4,11 @@
  *
  * Every request gets exactly one reply. Malformed input (truncated, garbage, oversized,
  * unknown method, wrong version, bad body) is answered with an error status and a message;
- * the server keeps serving everyone else. */
+ * the server keeps serving everyone else.
+ *
+ * The whole public interface; the implementation is spread by concept over rpc_server.c (the
+ * socket's contexts and pool), rpc_call.c, rpc_validate.c, rpc_auth.c, rpc_conns.c and
+ * rpc_local.c (rpc_server_internal.h says which holds what). */
 #ifndef PSD_COMMON_RPC_SERVER_H
 #define PSD_COMMON_RPC_SERVER_H
 

@@ -194,4 +194,15 @@ typedef enum view_change {
  * known_epoch. */
 view_change view_decide(const view_inputs *in, view_record *next);
 
+/* Whether a new view is made from scratch: there is none, or none of its live servers still
+ * holds the lease it joined with (left over from a cluster that stopped, or whose every server
+ * died). reg as in view_inputs, n servers. */
+bool view_from_scratch(const view_record *cur, const int64_t *reg, uint32_t n);
+/* Some group of v waits without a primary (operators' overrides are read only then). */
+bool view_waits(const view *v);
+/* Server s's restored copy of group g among the inputs, NULL when it registered none. */
+const view_copy *view_inputs_copy(const view_inputs *in, int32_t s, uint32_t g);
+/* The first live member of group g in ring order, -1 when none lives. */
+int32_t view_first_live(const view *v, uint32_t g);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "util.h"
 #include "view_etcd.h"
 
@@ -371,11 +372,10 @@ int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
 
 void view_default_prefix(const char *const *ps, size_t n_ps, char *buf, size_t cap)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over the addresses, NUL-separated */
-    for (size_t i = 0; i < n_ps; i++) {
-        for (const unsigned char *p = (const unsigned char *)ps[i]; *p; p++)
-            h = (h ^ *p) * 1099511628211ull;
-        h = (h ^ 0) * 1099511628211ull;
-    }
+    /* FNV-1a over the addresses, NUL-separated, from a start value that is not FNV's offset
+     * basis (a digit short): kept, since it names the keys of existing clusters. */
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n_ps; i++)
+        h = fnv1a_update(h, ps[i], strlen(ps[i]) + 1);
     snprintf(buf, cap, "/psd/%016" PRIx64, h);
 }

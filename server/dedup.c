@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "log.h"
 #include "metrics.h"
 #include "timeutil.h"
@@ -81,14 +82,8 @@ struct dedup {
     metric *m_evict_full, *m_evict_idle, *m_forgotten, *m_refused[REFUSE_KINDS];
 };
 
-/* splitmix64's finaliser: client ids of tests and tools are small integers, and the shard
- * (top bits) and the bucket (low bits) must not follow each other. */
-static uint64_t mix(uint64_t x)
-{
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+/* Client ids are hashed with mix64 (hash.h): client ids of tests and tools are small
+ * integers, and the shard (top bits) and the bucket (low bits) must not follow each other. */
 
 static shard *shard_of(dedup *d, uint64_t h)
 {
@@ -127,7 +122,7 @@ static void lru_push_front(shard *sh, client_window *w)
 /* The two floors of an id (independent of its shard, bucket and tombstone set). */
 static void floor_pos(uint64_t client, uint32_t *a, uint32_t *b)
 {
-    uint64_t h = mix(client ^ 0x6a09e667f3bcc909ull);
+    uint64_t h = mix64(client ^ 0x6a09e667f3bcc909ull);
     *a = (uint32_t)(h & (FLOOR_BUCKETS - 1));
     *b = (uint32_t)((h >> 32) & (FLOOR_BUCKETS - 1));
 }
@@ -167,7 +162,7 @@ static void fold(dedup *d, uint64_t client, uint64_t highest)
 
 static tombstone *tomb_set(const dedup *d, uint64_t client)
 {
-    return &d->tombs[(mix(client) >> 8) % d->ntsets * TOMB_WAYS];
+    return &d->tombs[(mix64(client) >> 8) % d->ntsets * TOMB_WAYS];
 }
 
 /* Records that client's seqs up to highest may have been applied; with admit held. A full
@@ -245,7 +240,7 @@ static void touch(shard *sh, client_window *w)
 /* Removes w from the table, leaving its tombstone; with admit and sh's lock held. */
 static void evict(dedup *d, shard *sh, client_window *w, bool idle)
 {
-    client_window **p = bucket_of(sh, mix(w->client));
+    client_window **p = bucket_of(sh, mix64(w->client));
     while (*p != w)
         p = &(*p)->next;
     *p = w->next;
@@ -361,7 +356,7 @@ static client_window *create(dedup *d, shard *sh, uint64_t client, uint64_t h)
  * known client, takes only the shard's lock; a new one is added under admit. */
 static client_window *acquire(dedup *d, uint64_t client, shard **out)
 {
-    uint64_t h = mix(client);
+    uint64_t h = mix64(client);
     shard *sh = shard_of(d, h);
     *out = sh;
     pthread_mutex_lock(&sh->lock);
@@ -560,7 +555,7 @@ void dedup_unmark(dedup *d, uint64_t client, uint64_t seq)
 {
     if (seq == 0)
         return;
-    uint64_t h = mix(client);
+    uint64_t h = mix64(client);
     shard *sh = shard_of(d, h);
     pthread_mutex_lock(&sh->lock);
     client_window *w = lookup(sh, client, h);
@@ -679,7 +674,7 @@ uint64_t *dedup_export_floors(dedup *d, size_t *nwords)
  * with admit held. */
 static void import_floor(dedup *d, uint64_t client, uint64_t f, int kind)
 {
-    uint64_t h = mix(client);
+    uint64_t h = mix64(client);
     shard *sh = shard_of(d, h);
     pthread_mutex_lock(&sh->lock);
     client_window *w = lookup(sh, client, h);

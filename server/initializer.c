@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "hash.h"
 #include "util.h"
 
 #define GOLDEN_GAMMA UINT64_C(0x9E3779B97F4A7C15)
@@ -27,14 +28,6 @@ static const char *const kind_names[INITIALIZER_KIND_COUNT] = {"zeros", "constan
 static bool kind_valid(initializer_kind k)
 {
     return (unsigned)k < INITIALIZER_KIND_COUNT;
-}
-
-/* splitmix64's finalizer (Stafford's variant 13). */
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
 }
 
 static uint64_t stream_key(uint64_t seed, uint64_t stream)

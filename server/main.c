@@ -16,6 +16,7 @@
 #include "ckpt_dir.h"
 #include "events_export.h"
 #include "http_endpoint.h"
+#include "ipc_socket.h"
 #include "jemalloc_conf.h"
 #include "log.h"
 #include "methods.h"
@@ -156,21 +157,8 @@ static int server_remove_stale_ipc(const char *path)
     struct stat stt;
     if (lstat(path, &stt) != 0 || !S_ISSOCK(stt.st_mode))
         return 0;
-    FILE *f = fopen("/proc/net/unix", "r");
-    if (f == NULL)
-        return 0;
-    char line[4200];
-    bool live = false;
-    size_t plen = strlen(path);
-    while (!live && fgets(line, sizeof(line), f) != NULL) {
-        size_t n = strcspn(line, "\n");
-        line[n] = '\0';
-        /* The path is the last field: " ... Inode /the/path". */
-        live = n > plen && strcmp(line + n - plen, path) == 0 && line[n - plen - 1] == ' ';
-    }
-    fclose(f);
-    if (live)
-        return 0;
+    if (ipc_socket_bound(path, false) != 0)
+        return 0; /* live, or the table cannot be read */
     if (unlink(path) != 0 && errno != ENOENT) {
         log_error("cannot remove stale ipc socket %s: %s", path, strerror(errno));
         return -1;
@@ -328,18 +316,14 @@ int main(int argc, char **argv)
     /* The sparse tables' BSP aggregates apply when the barrier moves. */
     sync_set_barrier_fn(server_tables_bsp_apply);
     /* /metrics, /livez, /readyz: up from the start, ready once restored and listening. */
-    http_endpoint *http = NULL;
-    const char *http_addr = opt_str(prog.opts, OPT_HTTP_LISTEN);
-    if (http_addr && http_addr[0]) {
-        char herr[512];
-        if (http_endpoint_start(&http, http_addr, herr, sizeof(herr)) != 0) {
-            log_error("%s", herr);
-            program_end(&prog);
-            return 1;
-        }
+    http_endpoint *http;
+    if (http_endpoint_start_logged(&http, opt_str(prog.opts, OPT_HTTP_LISTEN)) != 0) {
+        program_end(&prog);
+        return 1;
+    }
+    if (http) {
         http_endpoint_set_ready(http, false, "restoring checkpoint");
         metrics_add_collector(server_collect, &st);
-        log_info("metrics on http://%s/metrics (port %d)", http_addr, http_endpoint_port(http));
     }
     /* Checkpoints: restore the newest valid one before serving, then keep writing them. */
     checkpoint_config ck_cfg = {

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hash.h"
 #include "placement.h"
 #include "table_cut.h"
 #include "table_evict.h"
@@ -25,13 +26,6 @@
 
 #define SLAB_BYTES (64u * 1024u)
 #define MAX_MIN_COUNT 65535u
-
-static inline uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
 
 /* The admission sketch's key of an id (table_sketch_admit): independent of its placement. */
 static inline uint64_t sketch_key(uint64_t h)

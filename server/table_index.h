@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "hash.h"
+
 /* Packed to 12 bytes (a quarter less index memory than 16; x86-64 and arm64 load the
  * unaligned id at no measurable cost). Fields are only read and written by value. */
 typedef struct __attribute__((packed)) table_index_entry {
@@ -31,10 +33,7 @@ typedef struct table_index {
  * server), so one server's rows still spread over all its partitions. */
 static inline uint64_t table_id_hash(int64_t id)
 {
-    uint64_t z = (uint64_t)id * UINT64_C(0x9E3779B97F4A7C15) + UINT64_C(0x5851F42D4C957F2D);
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
+    return mix64((uint64_t)id * HASH_GOLDEN_GAMMA + UINT64_C(0x5851F42D4C957F2D));
 }
 
 /* Bytes of an index of cap entries. */

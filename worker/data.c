@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
+
 void dataset_free(dataset *d)
 {
     if (d == NULL)
@@ -45,10 +47,7 @@ void dataset_scale(dataset *d, float lo, float hi)
 
 uint64_t data_rng_next(uint64_t *state)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return splitmix64_next(state);
 }
 
 /* Uniform in [0, bound) without modulo bias worth caring about (bound < 2^32). */
@@ -86,7 +85,7 @@ int data_shard_init(data_shard *s, size_t total, int task, int count, uint64_t s
     s->n = last - first;
     memmove(all, all + first, s->n * sizeof(uint32_t));
     s->index = all;
-    s->seed = seed ^ ((uint64_t)task * 0x9e3779b97f4a7c15ull);
+    s->seed = seed ^ ((uint64_t)task * HASH_GOLDEN_GAMMA);
     return 0;
 }
 

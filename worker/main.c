@@ -460,18 +460,13 @@ int main(int argc, char **argv)
         program_end(&prog);
         return TRAIN_EXIT_CONFIG;
     }
-    http_endpoint *http = NULL;
-    const char *http_addr = opt_str(prog.opts, OPT_HTTP_LISTEN);
-    if (http_addr && http_addr[0]) {
-        char herr[512];
-        if (http_endpoint_start(&http, http_addr, herr, sizeof(herr)) != 0) {
-            log_error("%s", herr);
-            program_end(&prog);
-            return TRAIN_EXIT_CONFIG;
-        }
-        http_endpoint_set_ready_fn(http, worker_ready, NULL);
-        log_info("metrics on http://%s/metrics (port %d)", http_addr, http_endpoint_port(http));
+    http_endpoint *http;
+    if (http_endpoint_start_logged(&http, opt_str(prog.opts, OPT_HTTP_LISTEN)) != 0) {
+        program_end(&prog);
+        return TRAIN_EXIT_CONFIG;
     }
+    if (http)
+        http_endpoint_set_ready_fn(http, worker_ready, NULL);
     bool eval_mode = opt_str(prog.opts, OPT_EVAL)[0] != '\0';
     static identity id;
     if (!eval_mode)

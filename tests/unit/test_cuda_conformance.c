@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "backend.h"
+#include "hash.h"
 #include "model.h"
 
 #define TOL 1e-4
@@ -34,11 +35,7 @@ static uint64_t rng_state, run_seed;
 
 static uint64_t next_u64(void)
 {
-    /* splitmix64 */
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return splitmix64_next(&rng_state);
 }
 
 /* Uniform in [0.05, 1] with a random sign: never zero. */

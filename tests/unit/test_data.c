@@ -429,6 +429,16 @@ static void test_gather(void **state)
     assert_int_equal(by[1], 7);
 }
 
+/* The data order (shuffles, shards) follows data_rng_next: splitmix64, pinned. */
+static void test_rng_pinned(void **state)
+{
+    (void)state;
+    uint64_t s = 0;
+    assert_true(data_rng_next(&s) == 0xe220a8397b1dcdafull);
+    assert_true(data_rng_next(&s) == 0x6e789e6aa1b965f4ull);
+    assert_true(data_rng_next(&s) == 0x06c45d188009454full);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +447,7 @@ int main(void)
         cmocka_unit_test(test_idx_dir),     cmocka_unit_test(test_real_fashion_mnist),
         cmocka_unit_test(test_csv_good),    cmocka_unit_test(test_csv_corrupt),
         cmocka_unit_test(test_shards),      cmocka_unit_test(test_gather),
+        cmocka_unit_test(test_rng_pinned),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -345,6 +345,26 @@ static void test_concurrent_lines_do_not_interleave(void **state)
     free(out);
 }
 
+/* log_every: the first line is due, then one per interval, and at once after a reset. Times
+ * are given, not read from a clock. */
+static void test_log_every(void **state)
+{
+    (void)state;
+    const uint64_t ms = 1000000u, t0 = 123456789u * ms;
+    log_every e = {0};
+    assert_true(log_every_due(&e, 5000, t0));
+    assert_false(log_every_due(&e, 5000, t0));
+    assert_false(log_every_due(&e, 5000, t0 + 4999 * ms));
+    assert_true(log_every_due(&e, 5000, t0 + 5000 * ms));
+    assert_false(log_every_due(&e, 5000, t0 + 9999 * ms)); /* counted from the last line */
+    assert_true(log_every_due(&e, 5000, t0 + 10000 * ms));
+    log_every_reset(&e);
+    assert_true(log_every_due(&e, 5000, t0 + 10001 * ms));
+    assert_false(log_every_due(&e, 5000, t0 + 10002 * ms));
+    log_every z = {0}; /* the first line is due whatever the time */
+    assert_true(log_every_due(&z, 5000, 0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +377,7 @@ int main(void)
         cmocka_unit_test(test_text_format),
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_concurrent_lines_do_not_interleave),
+        cmocka_unit_test(test_log_every),
     };
     return cmocka_run_group_tests_name("log", tests, NULL, NULL);
 }

@@ -1,4 +1,4 @@
-/* view_decide (common/view_agent.c): the next view from the installed one, the registered
+/* view_decide (common/view_decide.c): the next view from the installed one, the registered
  * servers, their restored copies and this server's catch-up marks. */
 #include <setjmp.h>
 #include <stdarg.h>
