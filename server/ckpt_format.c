@@ -619,6 +619,73 @@ static int read_sync_out(file_read *f, uint32_t flags, uint64_t len)
     return 0;
 }
 
+/* ---- the tables' admission sketches (record 10) ---- */
+
+static uint64_t sketch_rec_len(const server_table_copy *c)
+{
+    return 4 + strlen(c->name) + 4 + 8 + c->sketch_len;
+}
+
+static uint64_t sketches_size(const ckpt_snapshot *s)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->ntables; i++)
+        if (s->tables[i].sketch_len)
+            n += 20 + sketch_rec_len(&s->tables[i]);
+    return n;
+}
+
+static int write_sketches(ckpt_writer *w, const ckpt_snapshot *s, tally *t)
+{
+    for (size_t i = 0; i < s->ntables; i++) {
+        const server_table_copy *c = &s->tables[i];
+        if (c->sketch_len == 0)
+            continue;
+        uint32_t nl = (uint32_t)strlen(c->name);
+        if (ckw_rec_begin(w, CKPT_REC_TABLE_SKETCH, sketch_rec_len(c)) || ckw_u32(w, nl) ||
+            ckw_put(w, c->name, nl) || ckw_u32(w, 0) || ckw_u64(w, c->sketch_len) ||
+            ckw_put(w, c->sketch, c->sketch_len) || ckw_rec_end(w))
+            return -1;
+        t->nrec++;
+        t->total += sketch_rec_len(c);
+    }
+    return 0;
+}
+
+static int read_sketch(file_read *f, uint32_t flags, uint64_t len)
+{
+    (void)flags;
+    ckpt_reader *r = &f->r;
+    ckpt_loaded *l = f->l;
+    uint32_t nl, pad;
+    uint64_t n;
+    if (len < 16 || ckr_u32(r, &nl, "a table sketch record"))
+        return -1;
+    if (nl == 0 || nl > TABLE_MAX_NAME || nl > len - 16)
+        return errf(r->err, r->errlen, "table sketch record at byte %" PRIu64 ": bad name size %u",
+                    r->pos, nl);
+    struct loaded_sketch *ns = realloc(l->sketches, (l->nsketches + 1) * sizeof(*ns));
+    if (ns == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    l->sketches = ns;
+    struct loaded_sketch *e = &l->sketches[l->nsketches];
+    memset(e, 0, sizeof(*e));
+    if ((e->name = calloc(1, nl + 1)) == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    l->nsketches++; /* freed with l from here on */
+    if (ckr_get(r, e->name, nl, "a table sketch record") ||
+        ckr_u32(r, &pad, "a table sketch record") || ckr_u64(r, &n, "a table sketch record"))
+        return -1;
+    if (pad != 0 || n != len - 16 - nl)
+        return errf(r->err, r->errlen,
+                    "table sketch record of \"%s\" ending at byte %" PRIu64 ": inconsistent sizes",
+                    e->name, r->pos);
+    if ((e->data = malloc(n ? n : 1)) == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    e->len = n;
+    return ckr_get(r, e->data, n, "a table sketch record");
+}
+
 /* ---- the replica group's log position (record 9) ---- */
 
 static uint64_t replica_size(const ckpt_snapshot *s)
@@ -695,6 +762,7 @@ static const struct record_type {
     /* write_tables writes each table as record 6 or 7. */
     {CKPT_REC_TABLE, "table", 1, true, tables_size, write_tables, read_table},
     {CKPT_REC_TABLE_DELTA, "table delta", CKPT_FORMAT_DELTA, true, NULL, NULL, read_table_delta},
+    {CKPT_REC_TABLE_SKETCH, "table sketch", 1, true, sketches_size, write_sketches, read_sketch},
     {CKPT_REC_DEDUP, "dedup table", 1, false, dedup_size, write_dedup, read_dedup},
     {CKPT_REC_DEDUP_FLOORS, "dedup floors", 2, false, floors_size, write_floors, read_floors},
     {CKPT_REC_SYNC, "clock table", 1, false, sync_size, write_sync, read_sync},
@@ -776,6 +844,11 @@ void ckpt_loaded_free(ckpt_loaded *l)
         free(l->tdeltas[i].body);
     }
     free(l->tdeltas);
+    for (size_t i = 0; i < l->nsketches; i++) {
+        free(l->sketches[i].name);
+        free(l->sketches[i].data);
+    }
+    free(l->sketches);
     memset(l, 0, sizeof(*l));
 }
 

@@ -30,6 +30,10 @@
  *     the server was at, u64 the group's next log sequence number (the file holds every logged
  *     operation before it). A restart publishes it so that the first view makes the member
  *     with the newest copy the group's primary (view.h, view_copy).
+ *     10 (after the tables, for each table with min_count > 1) the table's admission sketches:
+ *     u32 name length, the name, u32 0, u64 n, then n bytes (table_sketch_save: per partition
+ *     u32 events, then its u16 counters), so that a restored copy admits ids exactly as the
+ *     one it was taken from. A table without it (older files) restores with empty sketches.
  * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
  *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
  *   the variables, dedup and clock records whole (as a full file), and of each table either
@@ -64,6 +68,7 @@ enum {
     CKPT_REC_TABLE_DELTA = 7,
     CKPT_REC_SYNC_OUT = 8,
     CKPT_REC_REPLICA = 9,
+    CKPT_REC_TABLE_SKETCH = 10,
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };
@@ -124,6 +129,12 @@ typedef struct ckpt_loaded {
     uint64_t bytes;
     loaded_table *tables; /* [ntables] */
     size_t ntables;
+    struct loaded_sketch {
+        char *name;
+        uint8_t *data;
+        size_t len;
+    } * sketches; /* records 10: admission sketches by table name */
+    size_t nsketches;
     ckpt_table_delta *tdeltas; /* a delta file's table records 7 */
     size_t ntdeltas;
     uint64_t prev; /* a delta file: the previous file of its chain (0: a full file) */

@@ -17,8 +17,22 @@
 #include "timeutil.h"
 #include "util.h"
 
+static long loaded_find_table(const ckpt_loaded *l, const char *name);
+
 static int apply_loaded(server_state *st, ckpt_loaded *l, char *err, size_t errlen)
 {
+    /* The sketches of the newest file, onto the tables as restored. */
+    for (size_t i = 0; i < l->nsketches; i++) {
+        long b = loaded_find_table(l, l->sketches[i].name);
+        if (b < 0)
+            return errf(err, errlen, "admission sketch of table \"%s\", which the file lacks",
+                        l->sketches[i].name);
+        if (table_sketch_load(l->tables[b].t, l->sketches[i].data, l->sketches[i].len) != 0)
+            return errf(err, errlen,
+                        "admission sketch of table \"%s\": %zu bytes, which its spec does not "
+                        "hold",
+                        l->sketches[i].name, l->sketches[i].len);
+    }
     for (size_t i = 0; i < l->ntables; i++) {
         loaded_table *lt = &l->tables[i];
         if (server_table_register(st, lt->t, lt->spec, lt->len))
@@ -173,6 +187,15 @@ static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
     l->applied_min = d->applied_min;
     l->frontier = d->frontier;
     l->have_sync = d->have_sync;
+    for (size_t i = 0; i < l->nsketches; i++) {
+        free(l->sketches[i].name);
+        free(l->sketches[i].data);
+    }
+    free(l->sketches);
+    l->sketches = d->sketches; /* the delta's sketches: the newest */
+    l->nsketches = d->nsketches;
+    d->sketches = NULL;
+    d->nsketches = 0;
     l->has_pos = d->has_pos; /* the delta's position: the newest */
     l->pos_epoch = d->pos_epoch;
     l->pos_lsn = d->pos_lsn;

@@ -515,7 +515,10 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
     uint64_t refused = 0, overflowed = 0;
     int64_t first_refused = 0, first_overflowed = 0;
     const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
-    uint32_t first = atomic_fetch_add_explicit(&t->rotor, 1, memory_order_relaxed);
+    /* The partition to start at, from the batch alone (concurrent pushes of different ids
+     * start apart): every copy of a replicated table goes through a push's partitions in the
+     * same order, so that what the budget lets each one make is the same. */
+    uint32_t first = n ? (uint32_t)mix64((uint64_t)ids[0] ^ ((uint64_t)n << 32)) : 0;
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
         if (b.starts[q] == b.starts[q + 1])

@@ -183,6 +183,16 @@ size_t table_remove(table *t, const int64_t *ids, size_t n);
  * 0 when the table has no ttl. Holds one partition's lock at a time. */
 size_t table_sweep(table *t, int64_t now_ms);
 
+/* The admission sketches (min_count > 1) as checkpoints and copies carry them, so that a
+ * restored copy admits ids exactly as the one it was taken from: table_sketch_bytes is their
+ * size (0 without admission), table_sketch_save writes them to buf (per partition: u32 its
+ * events since the last halving, then its counters, u16 each, little-endian) with updates held
+ * off, table_sketch_load reads them back into a table of the same spec (0, or -1 when len is
+ * not table_sketch_bytes). */
+size_t table_sketch_bytes(const table *t);
+void table_sketch_save(const table *t, uint8_t *buf);
+int table_sketch_load(table *t, const uint8_t *buf, size_t len);
+
 /* Current counters (consistent per partition). */
 void table_stats_get(table *t, table_stats *out);
 

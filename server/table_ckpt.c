@@ -14,6 +14,10 @@ static int copy_prepare(server_table_copy *tc, table_entry *e, uint64_t base)
     tc->spec = malloc(tc->spec_len ? tc->spec_len : 1);
     tc->nparts = table_partitions(e->t);
     tc->row_floats = table_row_floats(e->t);
+    tc->name = table_name(e->t);
+    tc->sketch_len = table_sketch_bytes(e->t);
+    if (tc->sketch_len && (tc->sketch = malloc(tc->sketch_len)) == NULL)
+        return -1;
     if (tc->spec == NULL || (tc->cut = table_cut_prepare(e->t, base)) == NULL)
         return -1;
     psd__v1__table_spec__pack(e->spec, tc->spec);
@@ -67,6 +71,8 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
     for (size_t i = 0; rc == 0 && i < nt; i++) {
         table_cut_start(c[i].cut, id, track);
         c[i].delta = table_cut_is_delta(c[i].cut);
+        if (c[i].sketch)
+            table_sketch_save(es[i]->t, c[i].sketch); /* with the rows of the cut */
     }
     server_tables_copy_free(pre, npre); /* tables deleted since the prepare, if any */
     registry_release(es, nt);
@@ -98,6 +104,7 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
 {
     for (size_t i = 0; c && i < n; i++) {
         free(c[i].spec);
+        free(c[i].sketch);
         table_cut_free(c[i].cut);
     }
     free(c);

@@ -19,6 +19,9 @@ typedef struct server_table_copy {
     bool delta;                     /* changes since the cut `base`, else every row */
     const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
     struct table_cut *cut;
+    const char *name;  /* the table's (held by the cut) */
+    uint8_t *sketch;   /* its admission sketches as of the cut (table_sketch_save) */
+    size_t sketch_len; /* 0: the table admits every id */
 } server_table_copy;
 /* Cuts of every table, in three steps. server_tables_copy_prepare (before holding updates
  * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy

@@ -92,6 +92,48 @@ int table_sketch_init(const table *t, partition *p)
     return 0;
 }
 
+#define SKETCH_PART_BYTES (4 + SKETCH_DEPTH * SKETCH_WIDTH * 2)
+
+size_t table_sketch_bytes(const table *t)
+{
+    return t->min_count > 1 ? (size_t)t->nparts * SKETCH_PART_BYTES : 0;
+}
+
+void table_sketch_save(const table *t, uint8_t *buf)
+{
+    if (t->min_count <= 1)
+        return;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        const partition *p = &t->parts[q];
+        uint8_t *o = buf + (size_t)q * SKETCH_PART_BYTES;
+        uint32_t ev = p->sketch_events;
+        for (int b = 0; b < 4; b++)
+            o[b] = (uint8_t)(ev >> (8 * b));
+        for (uint32_t i = 0; i < SKETCH_DEPTH * SKETCH_WIDTH; i++) {
+            uint16_t c = p->sketch ? p->sketch[i] : 0;
+            o[4 + 2 * i] = (uint8_t)c;
+            o[5 + 2 * i] = (uint8_t)(c >> 8);
+        }
+    }
+}
+
+int table_sketch_load(table *t, const uint8_t *buf, size_t len)
+{
+    if (len != table_sketch_bytes(t))
+        return -1;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        partition *p = &t->parts[q];
+        if (p->sketch == NULL)
+            return -1;
+        const uint8_t *o = buf + (size_t)q * SKETCH_PART_BYTES;
+        p->sketch_events =
+            (uint32_t)o[0] | (uint32_t)o[1] << 8 | (uint32_t)o[2] << 16 | (uint32_t)o[3] << 24;
+        for (uint32_t i = 0; i < SKETCH_DEPTH * SKETCH_WIDTH; i++)
+            p->sketch[i] = (uint16_t)(o[4 + 2 * i] | o[5 + 2 * i] << 8);
+    }
+    return 0;
+}
+
 bool table_sketch_admit(table *t, partition *p, uint64_t key)
 {
     uint32_t est = UINT32_MAX;

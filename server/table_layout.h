@@ -78,8 +78,7 @@ struct table {
     uint64_t expected_rows;
     bool never_evict;
     table_budget budget;
-    uint64_t own_bytes;     /* the table struct, name, partition array: taken at creation */
-    _Atomic uint32_t rotor; /* where the next push starts, spreading concurrent pushes */
+    uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
     partition *parts;
     /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
      * `cut` before anything changes it. */

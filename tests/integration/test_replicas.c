@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
@@ -276,6 +277,62 @@ static void test_ttl_table_copies_identical(void **state)
     }
 }
 
+/* Admission (min_count > 1) decides alike on every copy, also on one that rejoined: its copy
+ * carries the admission sketches. Ids pushed twice, a server restarted (it copies its groups
+ * back from their primaries), each id pushed once more: the third push admits every id on the
+ * primary and on the rejoined backup alike (before, the backup's sketch started empty and it
+ * only counted them). */
+static void test_admission_alike_after_rejoin(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "rep/adm", 4, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.min_count = 3;
+    ps_table *t;
+    assert_int_equal(ps_table_create(c, &sp, &t), PS_OK);
+    enum { N = 240 };
+    int64_t ids[N];
+    float g[N * 4];
+    for (int i = 0; i < N; i++)
+        ids[i] = 1000 + 7 * i;
+    for (int i = 0; i < N * 4; i++)
+        g[i] = 1.0f;
+    for (int round = 0; round < 2; round++)
+        assert_int_equal(ps_table_push(t, ids, N, g), PS_OK);
+    uint64_t e0 = test_server_epoch(tc.ports[0]);
+    assert_int_equal(kill(tc.pids[2], SIGKILL), 0);
+    int st;
+    assert_int_equal(waitpid(tc.pids[2], &st, 0), tc.pids[2]);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 2, flags.v), 0);
+    /* Out of the view, then back in it (two more epochs). */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (test_server_epoch(tc.ports[0]) < e0 + 2) {
+        assert_true(ms_since(&t0) < 60000);
+        usleep(50 * 1000);
+    }
+    assert_int_equal(ps_table_push(t, ids, N, g), PS_OK);
+    float rows[N * 4];
+    assert_int_equal(ps_table_pull(t, ids, N, rows), PS_OK);
+    for (int i = 0; i < N; i++)
+        assert_true(rows[i * 4] == -1.0f); /* admitted at the third push, its gradient applied */
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
+        assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
+        assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1), 0);
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %u\n",
+                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
+                (unsigned long long)l1, (grp + 1) % NSERVERS);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+    }
+    ps_table_free(t);
+    ps_client_close(c);
+}
+
 /* A table pull reads: it is not logged (no log position, nothing streamed to the backups),
  * while a table push is. (The TTL table of the test before goes on sweeping: a logged
  * operation a second.) */
@@ -490,6 +547,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ttl_table_copies_identical),
         cmocka_unit_test(test_table_pull_not_logged),
         cmocka_unit_test(test_replicate_bad_input),
+        cmocka_unit_test(test_admission_alike_after_rejoin),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
