@@ -174,18 +174,21 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     };
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
-    /* Sequence numbers start at the wall clock in ns, not at 1: a server that had to forget
-     * evicted clients refuses an unknown client's pushes up to a floor made of their highest
-     * seqs (server/dedup.h), and a client opened later starts above any seq they reached. */
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    atomic_store(&c->next_seq, (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
     c->nservers = (int)cl.n_ps;
     c->servers = calloc(cl.n_ps, sizeof(*c->servers));
     c->route = calloc(cl.n_ps, sizeof(*c->route));
+    c->next_seq = calloc(cl.n_ps, sizeof(*c->next_seq));
     for (size_t i = 0; c->route && i < cl.n_ps; i++)
         atomic_init(&c->route[i], (int)i);
-    if (c->servers == NULL || c->route == NULL) {
+    /* Every group's sequence numbers start at the wall clock in ns, not at 1: a server that had
+     * to forget evicted clients refuses an unknown client's pushes up to a floor made of their
+     * highest seqs (server/dedup.h), and a client opened later starts above any seq they
+     * reached. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (size_t i = 0; c->next_seq && i < cl.n_ps; i++)
+        atomic_init(&c->next_seq[i], (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
+    if (c->servers == NULL || c->route == NULL || c->next_seq == NULL) {
         cluster_fini(&cl);
         ps_config_destroy(own);
         ps_client_close(c);
@@ -292,6 +295,7 @@ void ps_client_close(ps_client *c)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
     free(c->servers);
     free(c->route);
+    free(c->next_seq);
     for (int i = 0; c->hb && i < c->nservers; i++)
         pthread_mutex_destroy(&c->hb[i].lock);
     free(c->hb);
@@ -417,6 +421,11 @@ void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, ui
 }
 
 /* ---- message building -------------------------------------------------------------------- */
+
+uint64_t client_next_seq(ps_client *c, int server)
+{
+    return atomic_fetch_add(&c->next_seq[server], 1) + 1;
+}
 
 void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_ms)
 {

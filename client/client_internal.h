@@ -61,7 +61,9 @@ struct ps_client {
     uint64_t client_id;
     char admin_token[256]; /* admin-token-file's token, sent in every request; "" if none */
     atomic_uint_fast64_t next_request;
-    atomic_uint_fast64_t next_seq;
+    /* Sequence numbers of updates, one stream per placement task (its replica group, or its
+     * server with replicas 1): [nservers], see client_next_seq. */
+    atomic_uint_fast64_t *next_seq;
     atomic_int_fast64_t clock;
     pthread_mutex_t lock; /* guards vars and the heartbeat state */
     ps_var **vars;
@@ -107,6 +109,12 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The sequence number of a new update (a push piece) to placement task `server` (0 <= server <
+ * nservers), from that task's own stream: its replica group's exactly-once window (one per group,
+ * server/dedup.h) sees every number in turn, so the pieces a failover has the client resend are
+ * as far apart there as the pieces in flight to that group, not as all those to every group. */
+uint64_t client_next_seq(ps_client *c, int server);
 
 /* Fills the common envelope fields for a request from this client. */
 void client_envelope(ps_client *c, envelope *env, int method, uint32_t deadline_ms);

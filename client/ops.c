@@ -1,6 +1,7 @@
 /* Pull, push and push-pull: an operation on a range of a variable is split by owning server
  * and then into chunks of chunk-bytes; every part is in flight at once, each with its own
- * sequence number (pushes), and the operation completes when the last part does. */
+ * sequence number (pushes; from its server's stream, client_next_seq), and the operation
+ * completes when the last part does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,7 +215,7 @@ static size_t add_parts(ps_op *op, size_t k, int server, uint64_t lo, uint64_t h
         p->offset = x;
         p->count = b - x < chunk ? b - x : chunk;
         if (op->kind != OP_PULL)
-            p->seq = atomic_fetch_add(&op->c->next_seq, 1) + 1;
+            p->seq = client_next_seq(op->c, server);
     }
     return k;
 }

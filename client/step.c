@@ -2,7 +2,8 @@
  * method of proto/ps.proto).
  *
  * Planning. Every item's range is cut by owning server (split variables) and into pieces of at
- * most chunk-bytes, each push piece with its own sequence number. A server whose pushes and
+ * most chunk-bytes, each push piece with its own sequence number (from the stream of the
+ * server's group: every message goes to one server, client_next_seq). A server whose pushes and
  * pulls each fit in chunk-bytes gets one message carrying all of them and the clock: one
  * round trip per server per step. A server with more gets its pushes first, packed into
  * messages of up to chunk-bytes sent at once; once every one is acknowledged, its pulls
@@ -101,8 +102,8 @@ static void step_state_free(void *arg)
     free(s);
 }
 
-static int add_piece(step_state *s, size_t item, uint64_t offset, uint64_t count, bool push,
-                     bool pull, bool table)
+static int add_piece(step_state *s, int server, size_t item, uint64_t offset, uint64_t count,
+                     bool push, bool pull, bool table)
 {
     if (s->npieces == s->cappieces) {
         size_t cap = s->cappieces ? 2 * s->cappieces : 16;
@@ -119,7 +120,7 @@ static int add_piece(step_state *s, size_t item, uint64_t offset, uint64_t count
     p->push = push;
     p->pull = pull;
     p->table = table;
-    p->seq = push ? atomic_fetch_add(&s->c->next_seq, 1) + 1 : 0;
+    p->seq = push ? client_next_seq(s->c, server) : 0;
     return 0;
 }
 
@@ -178,7 +179,7 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
                     return -1;
             }
-            if (add_piece(s, i, x, n, ps, pl, false) != 0)
+            if (add_piece(s, server, i, x, n, ps, pl, false) != 0)
                 return -1;
             m->npieces++;
             m->push_elems += ps ? n : 0;
@@ -211,7 +212,7 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
                     return -1;
             }
-            if (add_piece(s, j, x, n, ps, pl, true) != 0)
+            if (add_piece(s, server, j, x, n, ps, pl, true) != 0)
                 return -1;
             m->npieces++;
             m->ntable++;

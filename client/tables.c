@@ -339,7 +339,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
             p->start = at;
             p->count = count[s + 1] - at < max_ids ? count[s + 1] - at : max_ids;
             if (push)
-                p->seq = atomic_fetch_add(&c->next_seq, 1) + 1;
+                p->seq = client_next_seq(c, s);
         }
     tc->nparts = k;
     free(count);
