@@ -98,6 +98,13 @@ static void routed_done(void *arg, int status, const char *message, const frame 
              * applied twice) waits again there. */
             next = r->target;
         }
+    } else if (time_left && r->capped && reply == NULL && r->hops < ROUTE_MAX_HOPS &&
+               (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED) &&
+               !atomic_load(&c->conns_closing)) {
+        /* Not known to be replicated, the server down: asked again (the same request), so that
+         * a reply meanwhile saying the cluster is replicated sends the next attempt on to the
+         * group's new primary instead of waiting out the deadline on a dead server. */
+        next = r->target;
     }
     if (next >= 0) {
         atomic_store(&c->route[r->group], next);
@@ -105,6 +112,13 @@ static void routed_done(void *arg, int status, const char *message, const frame 
         r->hops++;
         if (attempt(r) == 0)
             return;
+    }
+    char msg[600];
+    if (r->hops > 0 && reply == NULL && status == STATUS_DEADLINE_EXCEEDED) {
+        /* The last attempt's deadline was a probe interval: say the call's. */
+        snprintf(msg, sizeof(msg), "%s (%d attempts within the call's deadline of %u ms)",
+                 message ? message : "no reply", r->hops + 1, r->opts.deadline_ms);
+        message = msg;
     }
     r->done(r->arg, status, message, reply);
     free(r);
@@ -119,16 +133,20 @@ static int attempt(routed *r)
         return STATUS_DEADLINE_EXCEEDED;
     rpc_call_opts o = r->opts;
     o.deadline_ms = (uint32_t)left_ms;
+    bool down = rpc_conn_sockets_up(c->servers[r->target]) == 0;
+    r->capped = false;
     if (c->replicated || atomic_load(&c->view_epoch) != 0) {
         /* A group waiting for one of its in-sync members answers UNAVAILABLE for as long as
          * that takes: retried (with backoff) through the attempt, then the next attempt, until
          * the call's own deadline, not given up after a few tries. */
         o.retries = ROUTE_UNAVAILABLE_RETRIES;
-        uint32_t cap =
-            rpc_conn_sockets_up(c->servers[r->target]) > 0 ? ROUTE_PROBE_MS : ROUTE_DOWN_PROBE_MS;
+        uint32_t cap = down ? ROUTE_DOWN_PROBE_MS : ROUTE_PROBE_MS;
         r->capped = o.deadline_ms > cap;
         if (r->capped)
             o.deadline_ms = cap;
+    } else if (down && o.deadline_ms > ROUTE_DOWN_PROBE_MS) {
+        r->capped = true; /* asked again after it (routed_done) */
+        o.deadline_ms = ROUTE_DOWN_PROBE_MS;
     }
     return rpc_conn_call(r->conns[r->target], &o, routed_build, routed_done, r);
 }

@@ -13,12 +13,12 @@
  * interpreter.
  *
  * Every child gets TF_CONFIG with the cluster and its own task; free loopback ports are found
- * by binding (or taken from --base-port up). With --transport ipc the ps tasks listen on ipc:// sockets in a private directory under $TMPDIR
- * (or /tmp), ps-local.PID.XXXXXX, removed at exit and on SIGTERM, SIGINT and SIGHUP; one that a
- * SIGKILLed launcher left (its PID gone, no socket listening) is removed by the next ps-local
- * that starts. The workers' entries stay host:port. The children share a process
- * group of their own and die with the launcher (PR_SET_PDEATHSIG), so nothing outlives it even if
- * it is killed.
+ * by binding (or taken from --base-port up). With --transport ipc the ps tasks listen on ipc://
+ * sockets in a private directory under $TMPDIR (or /tmp), ps-local.PID.XXXXXX, removed at exit and
+ * on SIGTERM, SIGINT and SIGHUP; one that a SIGKILLed launcher left (its PID gone, no socket
+ * listening) is removed by the next ps-local that starts. The workers' entries stay host:port. The
+ * children share a process group of their own and die with the launcher (PR_SET_PDEATHSIG), so
+ * nothing outlives it even if it is killed.
  *
  * Each line a child writes on stderr is labelled with its role and index (the text form
  * "worker 1: ..." on a terminal, the JSON line's role and task otherwise); stdout is passed
@@ -1166,6 +1166,10 @@ static int run(const launch_config *lc)
         snprintf(coordinator_arg, sizeof(coordinator_arg), "--coordinator=%s", etcd.endpoint);
         all_server_args[0] = replicas_arg;
         all_server_args[1] = coordinator_arg;
+        /* The workers' clients know the cluster is replicated before any reply says so: a
+         * first call to a server that died meanwhile follows its group to the new primary
+         * instead of waiting its whole deadline on the dead one. */
+        setenv("PS_REPLICAS", replicas_arg + strlen("--replicas="), 1);
     }
     int n_ours = n_replicas > 1 ? 2 : 0;
     if (logdir[0] != '\0')
