@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdalign.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@
 /* Evictions and forgotten tombstones are logged at most this often. */
 #define EVICT_LOG_NS (10ull * 1000000000ull)
 /* First word of dedup_export_floors' array. */
-#define FLOORS_FORMAT 1u
+#define FLOORS_FORMAT 2u /* 2: with every window's time and LRU order; 1 is read too */
 
 typedef enum floor_kind { FLOOR_NONE, FLOOR_TOMBSTONE, FLOOR_HASH } floor_kind;
 
@@ -35,7 +36,8 @@ typedef struct client_window {
     uint64_t client;
     uint64_t highest;    /* highest seq marked; bit 0 of the window is `highest` */
     uint64_t *bits;      /* bit i set: seq (highest - i) applied */
-    uint64_t last_ns;    /* when last heard from */
+    uint64_t last_ms;    /* when last heard from: the op time (time_op_ms) of its update */
+    uint64_t tick;       /* when last heard from, in the table's count of hearings */
     uint64_t tomb_floor; /* evicted once: seqs up to this may have been applied */
     int floor_kind;      /* where tomb_floor came from (floor_kind) */
     struct client_window *next;
@@ -69,7 +71,8 @@ struct dedup {
     pthread_mutex_t admit;
     uint32_t words;
     uint64_t nclients;
-    uint64_t max_clients, idle_ns;
+    uint64_t max_clients, idle_ms;
+    atomic_uint_fast64_t ticks; /* hearings: orders the least recently heard across shards */
     uint64_t evicted_full, evicted_idle;
     tombstone *tombs; /* ntsets sets of TOMB_WAYS slots */
     size_t ntsets;
@@ -228,11 +231,19 @@ static client_window *lookup(shard *sh, uint64_t client, uint64_t h)
     return NULL;
 }
 
-/* Marks w heard now; with its shard's lock held, so last_ns follows each shard's LRU order
- * (and, the clock being monotonic, compares across shards). */
-static void touch(shard *sh, client_window *w)
+/* Marks w heard now, with its shard's lock held: at the op time of the update (time_op_ms: in
+ * a replicated group the time its primary logged it, the same on every copy) and the table's
+ * next tick (a group applies its updates one at a time, in log order, so every copy counts its
+ * hearings alike): copies evict the same clients, idle or least recently heard. */
+static void heard(dedup *d, client_window *w)
 {
-    w->last_ns = time_now_ns();
+    w->last_ms = time_op_ms();
+    w->tick = atomic_fetch_add(&d->ticks, 1) + 1;
+}
+
+static void touch(dedup *d, shard *sh, client_window *w)
+{
+    heard(d, w);
     lru_unlink(sh, w);
     lru_push_front(sh, w);
 }
@@ -293,14 +304,15 @@ static void unlock_all(dedup *d)
  * the oldest client may be in any; only adding a client, which is rare, pays for it. */
 static void make_room(dedup *d)
 {
-    if (d->idle_ns == 0 && (d->max_clients == 0 || d->nclients < d->max_clients))
+    if (d->idle_ms == 0 && (d->max_clients == 0 || d->nclients < d->max_clients))
         return;
     lock_all(d);
-    uint64_t now = time_now_ns();
-    if (d->idle_ns) {
+    uint64_t now = time_op_ms();
+    if (d->idle_ms) {
         for (uint32_t i = 0; i < DEDUP_SHARDS; i++) {
             shard *sh = &d->shards[i];
-            while (sh->lru_tail && now - sh->lru_tail->last_ns > d->idle_ns)
+            while (sh->lru_tail && now > sh->lru_tail->last_ms &&
+                   now - sh->lru_tail->last_ms > d->idle_ms)
                 evict(d, sh, sh->lru_tail, true);
         }
     }
@@ -308,8 +320,7 @@ static void make_room(dedup *d)
         shard *oldest = NULL;
         for (uint32_t i = 0; i < DEDUP_SHARDS; i++) {
             shard *sh = &d->shards[i];
-            if (sh->lru_tail &&
-                (oldest == NULL || sh->lru_tail->last_ns < oldest->lru_tail->last_ns))
+            if (sh->lru_tail && (oldest == NULL || sh->lru_tail->tick < oldest->lru_tail->tick))
                 oldest = sh;
         }
         if (oldest == NULL)
@@ -317,7 +328,7 @@ static void make_room(dedup *d)
         evict(d, oldest, oldest->lru_tail, false);
     }
     unlock_all(d);
-    log_evictions(d, now);
+    log_evictions(d, time_now_ns());
 }
 
 /* Adds client to sh, with admit and sh's lock held. NULL when memory can't be had. */
@@ -332,7 +343,7 @@ static client_window *create(dedup *d, shard *sh, uint64_t client, uint64_t h)
         return NULL;
     }
     w->client = client;
-    w->last_ns = time_now_ns();
+    heard(d, w);
     /* Evicted before: everything up to its highest counts as possibly applied. Else it may
      * still be a forgotten one: its hash's floor stands for its highest. */
     uint64_t f = tomb_take(d, client);
@@ -362,7 +373,7 @@ static client_window *acquire(dedup *d, uint64_t client, shard **out)
     pthread_mutex_lock(&sh->lock);
     client_window *w = lookup(sh, client, h);
     if (w) {
-        touch(sh, w);
+        touch(d, sh, w);
         return w;
     }
     pthread_mutex_unlock(&sh->lock);
@@ -372,7 +383,7 @@ static client_window *acquire(dedup *d, uint64_t client, shard **out)
     pthread_mutex_lock(&sh->lock);
     w = lookup(sh, client, h);
     if (w) {
-        touch(sh, w);
+        touch(d, sh, w);
         pthread_mutex_unlock(&d->admit);
         return w;
     }
@@ -403,7 +414,7 @@ int dedup_set_limits(dedup *d, uint64_t max_clients, uint64_t idle_ms)
         tomb_put(d, old[i].client, old[i].highest);
     free(old);
     d->max_clients = max_clients;
-    d->idle_ns = idle_ms * 1000000u;
+    d->idle_ms = idle_ms;
     pthread_mutex_unlock(&d->admit);
     return 0;
 }
@@ -617,7 +628,9 @@ int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bi
 
 /* dedup_export_floors' array, in words: FLOORS_FORMAT, floor_all; n, then n windows' (client,
  * floor, floor_kind); n, then n tombstones' (client, highest); n, then n nonzero floors'
- * (index, seq). */
+ * (index, seq); (format 2) the table's ticks; n, then every window's (client, time last heard
+ * in ms, tick), shard by shard from the least recently heard, so that an import evicts as the
+ * exporter would. */
 uint64_t *dedup_export_floors(dedup *d, size_t *nwords)
 {
     pthread_mutex_lock(&d->admit);
@@ -629,7 +642,8 @@ uint64_t *dedup_export_floors(dedup *d, size_t *nwords)
                 nwin += w->tomb_floor != 0;
     for (uint32_t i = 0; d->floors && i < FLOOR_BUCKETS; i++)
         nfl += d->floors[i] != 0;
-    size_t n = 5 + 3 * (size_t)nwin + 2 * (size_t)d->ntombs + 2 * (size_t)nfl;
+    size_t n =
+        7 + 3 * (size_t)nwin + 2 * (size_t)d->ntombs + 2 * (size_t)nfl + 3 * (size_t)d->nclients;
     uint64_t *out = malloc(n * sizeof(uint64_t));
     if (out) {
         size_t k = 0;
@@ -659,6 +673,15 @@ uint64_t *dedup_export_floors(dedup *d, size_t *nwords)
             if (d->floors[i]) {
                 out[k++] = i;
                 out[k++] = d->floors[i];
+            }
+        }
+        out[k++] = atomic_load(&d->ticks);
+        out[k++] = d->nclients;
+        for (uint32_t i = 0; i < DEDUP_SHARDS; i++) {
+            for (client_window *w = d->shards[i].lru_tail; w; w = w->lru_prev) {
+                out[k++] = w->client;
+                out[k++] = w->last_ms;
+                out[k++] = w->tick;
             }
         }
         *nwords = k;
@@ -695,7 +718,7 @@ int dedup_import_floors(dedup *d, const uint64_t *w, size_t nwords)
 {
     size_t k = 0;
     /* Each count is checked against the words left before its entries are read. */
-    if (nwords < 3 || w[0] != FLOORS_FORMAT)
+    if (nwords < 3 || w[0] < 1 || w[0] > FLOORS_FORMAT)
         return -1;
     pthread_mutex_lock(&d->admit);
     int rc = -1;
@@ -730,6 +753,29 @@ int dedup_import_floors(dedup *d, const uint64_t *w, size_t nwords)
             goto out;
         if (d->floors[w[k]] < w[k + 1])
             d->floors[w[k]] = w[k + 1];
+    }
+    if (w[0] >= 2) {
+        /* The windows' times, each shard's from the least recently heard: pushed to the front
+         * in that order, they leave every shard's LRU order as it was. */
+        if (k + 1 >= nwords)
+            goto out;
+        atomic_store(&d->ticks, w[k++]);
+        n = w[k++];
+        if (n > (nwords - k) / 3)
+            goto out;
+        for (uint64_t i = 0; i < n; i++, k += 3) {
+            uint64_t h = mix64(w[k]);
+            shard *sh = shard_of(d, h);
+            pthread_mutex_lock(&sh->lock);
+            client_window *cw = lookup(sh, w[k], h);
+            if (cw) {
+                cw->last_ms = w[k + 1];
+                cw->tick = w[k + 2];
+                lru_unlink(sh, cw);
+                lru_push_front(sh, cw);
+            }
+            pthread_mutex_unlock(&sh->lock);
+        }
     }
     rc = k == nwords ? 0 : -1;
 out:

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "dedup.h"
+#include "timeutil.h"
 #include "metrics.h"
 
 static void test_in_order_and_duplicates(void **state)
@@ -324,8 +325,12 @@ static void test_export_import_floors(void **state)
     assert_true(dedup_begin(r, 1999 * 0x51ed27ull, 4) != DEDUP_NEW);
     /* Malformed: wrong format word, counts past the end, trailing words, bad index. */
     assert_int_equal(dedup_import_floors(r, f, 2), -1);
-    uint64_t bad[8] = {2, 0, 0, 0, 0};
-    assert_int_equal(dedup_import_floors(r, bad, 5), -1);
+    uint64_t bad[8] = {3, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(dedup_import_floors(r, bad, 7), -1);
+    uint64_t no_times[5] = {2, 0, 0, 0, 0}; /* format 2 without its times */
+    assert_int_equal(dedup_import_floors(r, no_times, 5), -1);
+    uint64_t v2[7] = {2, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(dedup_import_floors(r, v2, 7), 0);
     uint64_t big[5] = {1, 0, 1000, 0, 0};
     assert_int_equal(dedup_import_floors(r, big, 5), -1);
     uint64_t idx[7] = {1, 0, 0, 0, 1, 1u << 20, 5};
@@ -336,6 +341,63 @@ static void test_export_import_floors(void **state)
     assert_int_equal(dedup_import_floors(r, ok, 5), 0);
     free(e);
     free(f);
+    dedup_destroy(r);
+    dedup_destroy(d);
+}
+
+/* The windows' times and LRU order travel with an export (format 2 of the floors): a table
+ * imported from another evicts the same clients as it, idle or least recently heard, when both
+ * go on with the same operations at the same op times (replica copies). */
+static void test_export_import_times(void **state)
+{
+    (void)state;
+    dedup *d = dedup_create(64);
+    assert_int_equal(dedup_set_limits(d, 40, 5000), 0);
+    uint64_t base = 1700000000000ull;
+    for (uint64_t i = 0; i < 40; i++) {
+        uint64_t c = (i * 17) % 40 + 1; /* heard in an order unlike their ids' */
+        time_op_set(base + i * 100);
+        assert_int_equal(dedup_begin(d, c * 0x9e37ull, 1), DEDUP_NEW);
+    }
+    assert_int_equal(dedup_evicted(d), 0);
+    uint64_t n;
+    uint32_t words;
+    size_t nw;
+    uint64_t *e = dedup_export(d, &n, &words);
+    uint64_t *f = dedup_export_floors(d, &nw);
+    assert_non_null(e);
+    assert_non_null(f);
+    dedup *r = dedup_create(64);
+    assert_int_equal(dedup_set_limits(r, 40, 5000), 0);
+    time_op_set(base + 60000); /* imported later: its own clock says nothing of the clients */
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t *x = e + i * (2 + words);
+        assert_int_equal(dedup_import(r, x[0], x[1], x + 2, words), 0);
+    }
+    assert_int_equal(dedup_import_floors(r, f, nw), 0);
+    size_t nw2;
+    uint64_t *f2 = dedup_export_floors(r, &nw2);
+    assert_non_null(f2);
+    assert_int_equal(nw2, nw);
+    assert_memory_equal(f2, f, nw * sizeof(uint64_t)); /* same times, same LRU order */
+    /* Both go on alike: new clients at the same op times evict the same ones. */
+    for (uint64_t c = 41; c <= 60; c++) {
+        time_op_set(base + 7800 + c * 10); /* the first ones idle, then the least recent */
+        assert_int_equal(dedup_begin(d, c * 0x9e37ull, 1), DEDUP_NEW);
+        assert_int_equal(dedup_begin(r, c * 0x9e37ull, 1), DEDUP_NEW);
+    }
+    time_op_set(0);
+    uint64_t *g1 = dedup_export_floors(d, &nw);
+    uint64_t *g2 = dedup_export_floors(r, &nw2);
+    assert_int_equal(nw, nw2);
+    assert_memory_equal(g1, g2, nw * sizeof(uint64_t));
+    assert_int_equal(dedup_evicted(d), dedup_evicted(r));
+    assert_true(dedup_evicted(d) > 0);
+    free(e);
+    free(f);
+    free(f2);
+    free(g1);
+    free(g2);
     dedup_destroy(r);
     dedup_destroy(d);
 }
@@ -432,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_random_never_twice),
         cmocka_unit_test(test_set_limits_keeps_tombstones),
         cmocka_unit_test(test_export_import_floors),
+        cmocka_unit_test(test_export_import_times),
         cmocka_unit_test(test_threads_distinct_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
