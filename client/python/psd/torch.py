@@ -627,6 +627,8 @@ class _TableModule(torch.nn.Module):
             kw = {k: (None if k in defaults and v == defaults[k] else v)
                   for k, v in kw.items()}
         self.table = _table_for(client, name, embedding_dim, kw, who)
+        self._pushes: List[Any] = []  # backward's pushes in flight (psd/_calls.py ops)
+        self._prefetched: Any = None  # (ids, unique, inverse, their array, rows, op)
         self.client = client
         self.name = name
         self.num_embeddings = num_embeddings
@@ -657,28 +659,99 @@ class _TableModule(torch.nn.Module):
                              f"[0, {self.num_embeddings}) (num_embeddings=None allows any "
                              f"int64 id)")
 
+    def flush(self) -> None:
+        """Waits for the pushes backward started (they run while the rest of the step does)
+        and raises the first one's PsError. The next forward and prefetch() do it too."""
+        ops, self._pushes = self._pushes, []
+        first: Optional[BaseException] = None
+        for op in ops:
+            rc = op.wait()
+            if rc != 0 and first is None:
+                first = error_for(rc, op.message())
+            op.close()
+        if first is not None:
+            raise first
+
+    def prefetch(self, input: "torch.Tensor") -> None:  # noqa: A002 (torch's name)
+        """Starts the pull of the rows of `input`'s unique ids (the next batch's: the ids
+        forward will be given) and returns at once; forward(input) with the same ids takes
+        them (waiting only for what is still in flight), other ids are pulled as usual. The
+        rows hold what the servers applied when they answered: the pushes of this module's
+        earlier steps (waited for here), not necessarily those still to come (call it after
+        backward to include that step's, e.g. while the optimizer steps and the next batch
+        loads). Without prefetch() forward pulls when it runs."""
+        x = self._ids(input)
+        flat = x.reshape(-1)
+        self._check_range(flat)
+        self._drop_prefetch()
+        self.flush()
+        uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+        uniq = uniq.contiguous()
+        ids = uniq.numpy()
+        rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
+        op = None
+        if ids.size:
+            t = self.table
+            c = self.client._enter()
+            try:
+                rc, op = _calls.impl().table_pull_async(t._h, ids.ctypes.data, ids.size,
+                                                        _addr(rows), (uniq, rows, t))
+            finally:
+                self.client._leave()
+            _check(rc)
+        self._prefetched = (flat.cpu().clone(), uniq, inverse, ids, rows, op)
+
+    def _drop_prefetch(self) -> None:
+        pf, self._prefetched = self._prefetched, None
+        if pf is not None and pf[5] is not None:
+            pf[5].close()  # waits for it: its rows buffer is not reused before
+
+    def _take_prefetch(self, flat: "torch.Tensor") -> Any:
+        """(uniq, inverse, ids, rows) of the prefetch for `flat`'s ids, or None."""
+        pf = self._prefetched
+        if pf is None:
+            return None
+        cpu = flat.cpu()
+        if pf[0].shape != cpu.shape or not torch.equal(pf[0], cpu):
+            self._drop_prefetch()
+            return None
+        self._prefetched = None
+        op = pf[5]
+        if op is not None:
+            rc = op.wait()
+            msg = op.message() if rc != 0 else ""
+            op.close()
+            if rc != 0:
+                raise error_for(rc, msg)
+        return pf[1:5]
+
     def _pull_unique(self, flat: "torch.Tensor") -> Any:
         """(rows, inverse): rows holds the unique ids' rows (a leaf that requires grad when
         autograd records, with the hook that pushes its gradient), inverse maps every id of
         flat to its row."""
         self._check_range(flat)
         device = flat.device
-        uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
-        uniq = uniq.contiguous()
-        ids = uniq.numpy()
-        rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
-        if ids.size:
-            self.table.pull(ids, rows)
+        pf = self._take_prefetch(flat)
+        self.flush()  # this module's earlier pushes: applied before the rows are read
+        if pf is not None:
+            uniq, inverse, ids, rows = pf
+        else:
+            uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+            uniq = uniq.contiguous()
+            ids = uniq.numpy()
+            rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
+            if ids.size:
+                self.table.pull(ids, rows)
         if device.type != "cpu":
             rows = rows.to(device)
             inverse = inverse.to(device)
         if torch.is_grad_enabled():
             rows.requires_grad_(True)
-            rows.register_hook(self._pusher(ids))
+            rows.register_hook(self._pusher(uniq, ids))
         return rows, inverse
 
-    def _pusher(self, ids: Any) -> Any:
-        table, who = self.table, self._who
+    def _pusher(self, uniq: "torch.Tensor", ids: Any) -> Any:
+        table, who, client = self.table, self._who, self.client
         pushed = [False]
 
         def push(grad: "torch.Tensor") -> None:
@@ -691,7 +764,16 @@ class _TableModule(torch.nn.Module):
                 g = grad.detach()
                 if g.device.type != "cpu":
                     g = g.cpu()
-                table.push(ids, g.contiguous())
+                g = g.contiguous()
+                c = client._enter()
+                try:
+                    rc, op = _calls.impl().table_push_async(table._h, ids.ctypes.data,
+                                                            ids.size, _addr(g),
+                                                            (uniq, g, table))
+                finally:
+                    client._leave()
+                _check(rc)
+                self._pushes.append(op)
             return None
         return push
 
@@ -699,11 +781,20 @@ class _TableModule(torch.nn.Module):
 class Embedding(_TableModule):
     """torch.nn.Embedding over a psd sparse table: forward(input) -> input.shape + (dim,).
 
-    Forward pulls the rows of the batch's unique ids in one call; backward pushes their
-    gradient (one row per unique id) to the table, from a hook, synchronously, once per
-    forward; the table's optimizer (on the servers) updates the rows. There is no parameter
-    and nothing to do in a torch optimizer's step() or zero_grad(): the next forward pulls the
-    updated rows.
+    Forward pulls the rows of the batch's unique ids in one call (or takes the rows
+    prefetch() started for these ids); backward starts the push of their gradient (one row per
+    unique id) to the table from a hook, once per forward, without waiting for it; the
+    table's optimizer (on the servers) updates the rows. The next forward (or prefetch(), or
+    flush()) waits for that push, so that it pulls the updated rows. There is no parameter
+    and nothing to do in a torch optimizer's step() or zero_grad().
+
+    Pipelining the next batch:
+
+        for x, x_next in batches:      # x_next: the batch after x
+            loss = loss_fn(model(x))   # emb(x) takes the rows prefetched for x
+            loss.backward()            # the rows' push starts
+            emb.prefetch(x_next)       # waits for the push, starts the pull of x_next's rows
+            dist.step()                # dense step while the pull is in flight
 
     Args:
         client: a psd.Client. name: the table's name.
@@ -739,9 +830,10 @@ class EmbeddingBag(_TableModule):
     torch has it. Ids: int64 (int32 converted).
 
     The same constructor arguments as Embedding, and mode, include_last_offset. Forward pulls
-    the unique ids' rows in one call, pooling is torch's own embedding_bag over them, and
-    backward pushes their gradient (synchronously, from a hook, once per forward); nothing to
-    do in step() or zero_grad().
+    the unique ids' rows in one call (or takes those prefetch() started), pooling is torch's
+    own embedding_bag over them, and backward starts the push of their gradient (from a hook,
+    once per forward, waited for by the next forward, prefetch() or flush()); nothing to do in
+    step() or zero_grad().
     """
 
     def __init__(self, client: Client, name: str, num_embeddings: Optional[int] = None,
