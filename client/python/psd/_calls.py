@@ -12,7 +12,9 @@ Two implementations with the same signatures:
 Which one: the environment variable ``PSD_EXTENSION`` = ``off`` forces ctypes; = a path loads
 the extension from that file (an error if it does not load: a path set on purpose is never
 silently replaced); unset, the extension installed with the package (``psd/_ext*.so``) if
-there is one, else ctypes. ``impl()`` is the one in use, ``name()`` says which.
+there is one, else the one a meson build made beside the libpsclient in use (BUILD/client/
+python/_ext*.so for BUILD/client/libpsclient.so, as PSD_LIBRARY or ps-local name it), else
+ctypes. ``impl()`` is the one in use, ``name()`` says which.
 
 Arguments are handles and addresses as ints (0 or None: NULL): items are tuples
 ``(var, offset, count, grad, dst)``, table items ``(table, ids, n, grads, rows)``. A call
@@ -183,18 +185,34 @@ def _bind(mod: Any) -> Any:
     return mod
 
 
+def _load_file(path: str) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader("psd._ext", path)
+    spec = importlib.util.spec_from_file_location("psd._ext", path, loader=loader)
+    if spec is None:
+        raise ImportError(f"no module spec for {path}")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _beside_library() -> Optional[str]:
+    """BUILD/client/python/_ext<suffix> of this interpreter, for libpsclient loaded from
+    BUILD/client/ (a meson build tree), if that file exists."""
+    libdir = os.path.dirname(os.path.abspath(_native.library_path()))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(libdir, "python", "_ext" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _load_extension() -> Tuple[Any, str]:
     env = os.environ.get("PSD_EXTENSION", "")
     if env == "off":
         return None, "ctypes (PSD_EXTENSION=off)"
     if env:
         try:
-            loader = importlib.machinery.ExtensionFileLoader("psd._ext", env)
-            spec = importlib.util.spec_from_file_location("psd._ext", env, loader=loader)
-            if spec is None:
-                raise ImportError(f"no module spec for {env}")
-            mod = importlib.util.module_from_spec(spec)
-            loader.exec_module(mod)
+            mod = _load_file(env)
         except (ImportError, OSError) as e:
             raise ExtensionNotLoadedError(f"PSD_EXTENSION={env}: cannot load psd._ext from it "
                                           f"({e}); PSD_EXTENSION=off uses ctypes") from e
@@ -202,8 +220,16 @@ def _load_extension() -> Tuple[Any, str]:
     try:
         from . import _ext  # type: ignore[attr-defined]
     except ImportError:
-        return None, "ctypes (no psd._ext built)"
-    return _bind(_ext), f"extension ({getattr(_ext, '__file__', 'psd._ext')})"
+        pass
+    else:
+        return _bind(_ext), f"extension ({getattr(_ext, '__file__', 'psd._ext')})"
+    path = _beside_library()
+    if path is not None:
+        try:
+            return _bind(_load_file(path)), f"extension ({path})"
+        except (ImportError, OSError) as e:
+            return None, f"ctypes ({path} does not load: {e})"
+    return None, "ctypes (no psd._ext built)"
 
 
 def impl() -> Any:
