@@ -522,6 +522,11 @@ class AttachedModule:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for op in self._ops:  # a step's pushes never finished by step(): waited for, dropped
+            op.close()
+        self._ops = []
+        self._bucket = []
+        self._bucket_bytes = 0
         self._keep.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -692,7 +697,7 @@ class _TableModule(torch.nn.Module):
         op = None
         if ids.size:
             t = self.table
-            c = self.client._enter()
+            self.client._enter()  # the client stays open while the call starts
             try:
                 rc, op = _calls.impl().table_pull_async(t._h, ids.ctypes.data, ids.size,
                                                         _addr(rows), (uniq, rows, t))
@@ -765,7 +770,7 @@ class _TableModule(torch.nn.Module):
                 if g.device.type != "cpu":
                     g = g.cpu()
                 g = g.contiguous()
-                c = client._enter()
+                client._enter()
                 try:
                     rc, op = _calls.impl().table_push_async(table._h, ids.ctypes.data,
                                                             ids.size, _addr(g),

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 
-import psd
 from psd import _calls
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
