@@ -10,7 +10,8 @@ overlap: a wide MLP (784-4096-4096-10, 20.1 M parameters) on one worker and one 
 ddp: the Fashion-MNIST MLP (784-256-128-10, Adam lr 1e-3, batch 128 per worker) as 2 workers:
     psd.torch through ps-local (1 ps, BSP; through the extension module psd._ext and through
     ctypes, PSD_EXTENSION=off) against torch DistributedDataParallel (gloo, CPU), same shards,
-    same epochs, in paired rounds (--repeat; each round runs every mode once, DDP first):
+    same epochs, in paired rounds (--repeat; each round runs every mode once, in an order that
+    turns by one each round):
     samples/s per worker and test accuracy, each mode's ratio to DDP per round and the medians.
 
     PSD_LIBRARY=build/client/libpsclient.so /usr/bin/python3 \\
@@ -146,8 +147,9 @@ def _samples_per_s(out: str) -> float:
 
 
 def ddp(args: argparse.Namespace) -> None:
-    """Paired rounds: each round runs DDP, then every psd.torch mode, one after the other,
-    so that each round's ratios compare runs under about the same load; medians over rounds."""
+    """Paired rounds: each round runs DDP and every psd.torch mode, one after the other (the
+    order turning each round), so that each round's ratios compare runs under about the same
+    load; medians over rounds."""
     load_before = os.getloadavg()
     modes = [("psd.torch BSP overlap (ext)", [], {}),
              ("psd.torch BSP overlap (ctypes)", [], {"PSD_EXTENSION": "off"})]
@@ -161,28 +163,39 @@ def ddp(args: argparse.Namespace) -> None:
         script = os.path.join(tmp, "ddp_worker.py")
         with open(script, "w") as f:
             f.write(DDP_WORKER)
-        for run in range(args.repeat):
+        def run_ddp() -> float:
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             procs = [subprocess.Popen([sys.executable, script, EXAMPLES, str(r), "2",
                                        str(args.epochs)], env=env, stdout=subprocess.PIPE,
                                       text=True) for r in range(2)]
             out = procs[0].communicate()[0]
             procs[1].wait()
-            base = _samples_per_s(out)
-            sps["DDP gloo"].append(base)
-            print(f"ddp gloo run {run + 1}: {out.strip()}", flush=True)
-            for i, (name, extra, env_extra) in enumerate(modes):
-                p = subprocess.run([args.ps_local, "--workers", "2", "--worker",
-                                    os.path.join(EXAMPLES, "torch_attach.py"), "--",
-                                    "--epochs", str(args.epochs), "--prefix",
-                                    f"bench{run}m{i}/", *extra],
-                                   capture_output=True, text=True,
-                                   env=dict(os.environ, **env_extra))
-                v = _samples_per_s(p.stdout)
-                sps[name].append(v)
-                ratios[name].append(v / base)
-                print(f"{name} run {run + 1}: {p.stdout.strip()} (exit {p.returncode}); "
-                      f"/ DDP {v / base:.2f}", flush=True)
+            print(f"DDP gloo run {run + 1}: {out.strip()}", flush=True)
+            return _samples_per_s(out)
+
+        def run_psd(i: int) -> float:
+            name, extra, env_extra = modes[i]
+            p = subprocess.run([args.ps_local, "--workers", "2", "--worker",
+                                os.path.join(EXAMPLES, "torch_attach.py"), "--",
+                                "--epochs", str(args.epochs), "--prefix",
+                                f"bench{run}m{i}/", *extra],
+                               capture_output=True, text=True, env=dict(os.environ, **env_extra))
+            print(f"{name} run {run + 1}: {p.stdout.strip()} (exit {p.returncode})", flush=True)
+            return _samples_per_s(p.stdout)
+
+        # every mode once per round, DDP among them; the order turns by one each round so
+        # that no mode always runs first (or right after another)
+        order = [-1] + list(range(len(modes)))
+        for run in range(args.repeat):
+            k = run % len(order)
+            got = {}
+            for i in order[k:] + order[:k]:
+                got[i] = run_ddp() if i < 0 else run_psd(i)
+            sps["DDP gloo"].append(got[-1])
+            for i, (name, _, _) in enumerate(modes):
+                sps[name].append(got[i])
+                ratios[name].append(got[i] / got[-1])
+                print(f"round {run + 1}: {name} / DDP {got[i] / got[-1]:.2f}", flush=True)
     load_after = os.getloadavg()
     lines = ["| mode | samples/s per worker, each round | median | / DDP, each round "
              "(paired) | median / DDP |", "|---|---|---|---|---|"]
