@@ -139,15 +139,16 @@ def test_pushes_start_during_backward(cluster2, uname, overlap, bucket_bytes):
         dist.detach()
 
 
-def test_buckets_give_the_hand_loops_values(cluster2, uname):
+@pytest.mark.parametrize("staleness", [psd.STALENESS_ASYNC, psd.STALENESS_BSP])
+def test_buckets_give_the_hand_loops_values(cluster2, uname, staleness):
     """Buckets smaller than the model: the gradients' pushes start during backward, a request
-    per full bucket; the values are the hand loop's."""
+    per full bucket (push-pulls for asynchronous variables); the values are the hand loop's."""
     data = batches(3)
     expected = hand_sgd(mlp(1), data, 0.1)
     model = mlp(1)
     with worker(cluster2, 0) as c:
         # backward's order: 2.bias (3), 2.weight (96), 0.bias (32), 0.weight (640) floats
-        dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, staleness=psd.STALENESS_BSP,
+        dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, staleness=staleness,
                                 prefix=uname + "/", chief=True, bucket_bytes=400)
         for x, y in data:
             model.zero_grad()
