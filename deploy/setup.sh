@@ -42,7 +42,7 @@ packages=(
   libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev
   dataset-fashion-mnist
   iproute2 iptables openssl
-  python3-numpy python3-pytest python3-venv
+  python3-numpy python3-pytest python3-venv python3-dev
 )
 if [ "$with_tests" = yes ]; then
   packages+=(

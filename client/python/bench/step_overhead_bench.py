@@ -17,6 +17,12 @@ present) through the same psd.Client (same connections, worker id 0, clock), BSP
               AttachedModule.step(); gradients set once and left in place.
   psd.torch, overlap=False   AttachedModule.step() of the same module attached with
               overlap=False (no hooks: step() sends every gradient itself).
+  psd.torch, bucket_bytes=0  the hooks mode with every gradient's push started from its hook
+              (one request per gradient, then step()'s), as psd.torch did before buckets.
+
+The Python modes run twice, through the extension module psd._ext ("ext") and through ctypes
+("ctypes"), psd/_calls.py's two implementations, in the same process (--no-ctypes: the
+extension only; without a built extension: ctypes only).
 
 The modes take turns (--steps each per round, --rounds rounds) so that they share the
 machine's load; each step is timed; medians over every step of a mode. Prints a Markdown table
@@ -79,6 +85,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions of the psd.torch mode")
     ap.add_argument("--results", help="append the table to this Markdown file")
+    ap.add_argument("--no-ctypes", action="store_true",
+                    help="time the Python modes through the extension only")
     args = ap.parse_args()
     load_before = os.getloadavg()
 
@@ -89,7 +97,7 @@ def main() -> int:
     import torch
     import psd
     import psd.torch
-    from psd import _native
+    from psd import _calls, _native
 
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="psd-bench-")
@@ -126,6 +134,9 @@ def main() -> int:
                                   prefix="ovh/")
             am_seq = psd.torch.attach(client, model, lr=1e-9, staleness=0, chief=True,
                                       overlap=False, prefix="ovh/")
+            am_each = psd.torch.attach(client, model, lr=1e-9, staleness=0, chief=True,
+                                       overlap=True, prefix="ovh/", bucket_bytes=0)
+            hooks_each = [am_each._hook(e) for e in am_each._entries]
             entries = am._entries
             hooks = [am._hook(e) for e in entries]
             vars_ = [e.var for e in entries]
@@ -172,14 +183,36 @@ def main() -> int:
                     f()
                 am.step()
 
+            def torch_step_each() -> None:
+                for f in hooks_each:
+                    f()
+                am_each.step()
+
+            def through(which: str, run: Callable[[int], List[int]]) -> Callable[[int], List[int]]:
+                def switched(steps: int) -> List[int]:
+                    _calls.use(which)
+                    return run(steps)
+                return switched
+
+            try:
+                _calls.use("extension")
+                impls = ["ext"] if args.no_ctypes else ["ext", "ctypes"]
+            except ValueError as e:
+                print(f"no extension module: {e}; the Python modes run through ctypes only")
+                impls = ["ctypes"]
             modes = {
                 "C": c_mode(cs.c_step_loop),
                 "C (torch)": c_mode(cs.c_torch_pattern_loop),
                 "ctypes": py_mode(raw),
-                "Client.step": py_mode(lambda: client.step(step_items)),
-                "psd.torch": py_mode(torch_step),
-                "psd.torch, overlap=False": py_mode(am_seq.step),
             }
+            for which in impls:
+                use = "extension" if which == "ext" else "ctypes"
+                modes[f"Client.step ({which})"] = through(
+                    use, py_mode(lambda: client.step(step_items)))
+                modes[f"psd.torch ({which})"] = through(use, py_mode(torch_step))
+                modes[f"psd.torch, overlap=False ({which})"] = through(use, py_mode(am_seq.step))
+                modes[f"psd.torch, bucket_bytes=0 ({which})"] = through(
+                    use, py_mode(torch_step_each))
             for name, run in modes.items():  # warm-up
                 run(10)
                 times[name] = []
@@ -204,6 +237,7 @@ def main() -> int:
                 print(prof_text)
             am.detach()
             am_seq.detach()
+            am_each.detach()
     finally:
         srv.terminate()
         srv.wait()

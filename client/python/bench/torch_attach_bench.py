@@ -8,8 +8,11 @@ overlap: a wide MLP (784-4096-4096-10, 20.1 M parameters) on one worker and one 
     (sequential - overlap) / communication.
 
 ddp: the Fashion-MNIST MLP (784-256-128-10, Adam lr 1e-3, batch 128 per worker) as 2 workers:
-    psd.torch through ps-local (1 ps, BSP) against torch DistributedDataParallel (gloo, CPU),
-    same shards, same epochs: samples/s per worker and test accuracy.
+    psd.torch through ps-local (1 ps, BSP; through the extension module psd._ext and through
+    ctypes, PSD_EXTENSION=off) against torch DistributedDataParallel (gloo, CPU), same shards,
+    same epochs, in paired rounds (--repeat; each round runs every mode once, in an order that
+    turns by one each round):
+    samples/s per worker and test accuracy, each mode's ratio to DDP per round and the medians.
 
     PSD_LIBRARY=build/client/libpsclient.so /usr/bin/python3 \\
         client/python/bench/torch_attach_bench.py overlap --server build/server/ps-server
@@ -136,29 +139,86 @@ dist.destroy_process_group()
 '''
 
 
+def _samples_per_s(out: str) -> float:
+    for tok in out.split():
+        if tok.startswith("samples_per_s="):
+            return float(tok.split("=", 1)[1])
+    return float("nan")
+
+
 def ddp(args: argparse.Namespace) -> None:
+    """Paired rounds: each round runs DDP and every psd.torch mode, one after the other (the
+    order turning each round), so that each round's ratios compare runs under about the same
+    load; medians over rounds."""
+    load_before = os.getloadavg()
+    modes = [("psd.torch BSP overlap (ext)", [], {}),
+             ("psd.torch BSP overlap (ctypes)", [], {"PSD_EXTENSION": "off"})]
+    if args.all:
+        modes += [("psd.torch BSP push after backward (ext)", ["--no-overlap"], {}),
+                  ("psd.torch async overlap (ext)", ["--staleness", "-1"], {})]
+    sps: dict = {"DDP gloo": []}
+    sps.update({name: [] for name, _, _ in modes})
+    ratios: dict = {name: [] for name, _, _ in modes}
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "ddp_worker.py")
         with open(script, "w") as f:
             f.write(DDP_WORKER)
-        for run in range(args.repeat):
+        def run_ddp() -> float:
             env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             procs = [subprocess.Popen([sys.executable, script, EXAMPLES, str(r), "2",
                                        str(args.epochs)], env=env, stdout=subprocess.PIPE,
                                       text=True) for r in range(2)]
             out = procs[0].communicate()[0]
             procs[1].wait()
-            print(f"ddp gloo run {run + 1}: {out.strip()}", flush=True)
-            for extra, name in (([], "psd.torch BSP overlap"),
-                                (["--no-overlap"], "psd.torch BSP push after backward"),
-                                (["--staleness", "-1"], "psd.torch async overlap")):
-                p = subprocess.run([args.ps_local, "--workers", "2", "--worker",
-                                    os.path.join(EXAMPLES, "torch_attach.py"), "--",
-                                    "--epochs", str(args.epochs), "--prefix",
-                                    f"bench{run}{len(extra)}{extra[-1] if extra else ''}/",
-                                    *extra], capture_output=True, text=True)
-                print(f"{name} run {run + 1}: {p.stdout.strip()} (exit {p.returncode})",
-                      flush=True)
+            print(f"DDP gloo run {run + 1}: {out.strip()}", flush=True)
+            return _samples_per_s(out)
+
+        def run_psd(i: int) -> float:
+            name, extra, env_extra = modes[i]
+            p = subprocess.run([args.ps_local, "--workers", "2", "--worker",
+                                os.path.join(EXAMPLES, "torch_attach.py"), "--",
+                                "--epochs", str(args.epochs), "--prefix",
+                                f"bench{run}m{i}/", *extra],
+                               capture_output=True, text=True, env=dict(os.environ, **env_extra))
+            print(f"{name} run {run + 1}: {p.stdout.strip()} (exit {p.returncode})", flush=True)
+            return _samples_per_s(p.stdout)
+
+        # every mode once per round, DDP among them; the order turns by one each round so
+        # that no mode always runs first (or right after another)
+        order = [-1] + list(range(len(modes)))
+        for run in range(args.repeat):
+            k = run % len(order)
+            got = {}
+            for i in order[k:] + order[:k]:
+                got[i] = run_ddp() if i < 0 else run_psd(i)
+            sps["DDP gloo"].append(got[-1])
+            for i, (name, _, _) in enumerate(modes):
+                sps[name].append(got[i])
+                ratios[name].append(got[i] / got[-1])
+                print(f"round {run + 1}: {name} / DDP {got[i] / got[-1]:.2f}", flush=True)
+    load_after = os.getloadavg()
+    lines = ["| mode | samples/s per worker, each round | median | / DDP, each round "
+             "(paired) | median / DDP |", "|---|---|---|---|---|"]
+    for name, vals in sps.items():
+        each = ", ".join(f"{v:.0f}" for v in vals)
+        med = statistics.median(vals)
+        if name in ratios:
+            r = ", ".join(f"{x:.2f}" for x in ratios[name])
+            lines.append(f"| {name} | {each} | {med:.0f} | {r} | "
+                         f"{statistics.median(ratios[name]):.2f} |")
+        else:
+            lines.append(f"| {name} | {each} | {med:.0f} | | |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    print(f"\n{args.repeat} paired rounds, {args.epochs} epoch(s) each; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write(f"\n`torch_attach_bench.py ddp --epochs {args.epochs} --repeat "
+                    f"{args.repeat}`, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+                    f"load average {load_before[0]:.1f} before and {load_after[0]:.1f} "
+                    f"after:\n\n{table}\n")
 
 
 def main() -> None:
@@ -173,7 +233,10 @@ def main() -> None:
     d = sub.add_parser("ddp")
     d.add_argument("--ps-local", required=True)
     d.add_argument("--epochs", type=int, default=2)
-    d.add_argument("--repeat", type=int, default=1)
+    d.add_argument("--repeat", type=int, default=1, help="paired rounds")
+    d.add_argument("--all", action="store_true",
+                   help="also psd.torch without overlap and asynchronous")
+    d.add_argument("--results", help="append the table to this Markdown file")
     args = ap.parse_args()
     overlap(args) if args.what == "overlap" else ddp(args)
 

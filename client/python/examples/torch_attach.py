@@ -4,9 +4,11 @@ psd.torch: two changed lines (attach instead of a torch optimizer, dist.step() i
 opt.step()).
 
 The module keeps its own initial values (torch's default init, seeded): the chief (worker 0)
-writes them to the servers, the other workers wait for them and pull. Each gradient is pushed
-by a hook as soon as backward has produced it; dist.step() finishes the pushes, advances the
-clock and brings the new parameters into the module. The optimizer (Adam) runs on the servers.
+writes them to the servers, the other workers wait for them and pull. A hook hands each
+gradient over as soon as backward has produced it (pushed during backward once a bucket of
+them is full; this model's 0.9 MB fit in one bucket, so they go with the step's own request);
+dist.step() pushes what is left, advances the clock and brings the new parameters into the
+module, in one request per server. The optimizer (Adam) runs on the servers.
 Default staleness 0 (BSP: every step applies the gradients of all workers at once).
 
 The task comes from TF_CONFIG (as ps-local and Kubernetes set it); worker i of N trains on

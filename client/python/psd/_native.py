@@ -199,6 +199,8 @@ _PROTOTYPES = {
     "ps_clock": (c_int, [_P, POINTER(c_int64)]),
     "ps_step": (c_int, [_P, POINTER(StepItem), c_size_t, c_uint]),
     "ps_step_ex": (c_int, [_P, POINTER(StepItem), c_size_t, POINTER(TableItem), c_size_t, c_uint]),
+    "ps_step_ex_async": (c_int, [_P, POINTER(StepItem), c_size_t, POINTER(TableItem), c_size_t,
+                                 c_uint, DONE_FN, _P, POINTER(c_void_p)]),
     "ps_client_clock": (c_int64, [_P]),
     "ps_server_status": (c_int, [_P, c_int, POINTER(ServerStats)]),
     "ps_cluster_workers_live": (c_int, [_P, c_int, POINTER(c_ubyte)]),
@@ -213,6 +215,8 @@ _PROTOTYPES = {
     "ps_table_max_ids": (c_size_t, [_P]),
     "ps_table_pull": (c_int, [_P, _P, c_size_t, _P]),
     "ps_table_push": (c_int, [_P, _P, c_size_t, _P]),
+    "ps_table_pull_async": (c_int, [_P, _P, c_size_t, _P, DONE_FN, _P, POINTER(c_void_p)]),
+    "ps_table_push_async": (c_int, [_P, _P, c_size_t, _P, DONE_FN, _P, POINTER(c_void_p)]),
 }
 
 

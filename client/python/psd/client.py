@@ -13,7 +13,7 @@ from ctypes import byref, c_char_p, c_int, c_int64, c_size_t, c_ubyte, c_void_p
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _native
+from . import _calls, _native
 from ._buffers import _EMPTY_ADDR, resolve
 from .errors import InvalidArgumentError, PsError, error_for
 
@@ -109,6 +109,28 @@ def _reap() -> None:
         if L is None:
             L = _native.lib()
         L.ps_op_destroy(op)
+
+
+def _start_future(client: "Client", fn_name: str, with_client: bool, args: Tuple[Any, ...],
+                  result: Any, keep: Tuple[Any, ...]) -> "Future[Any]":
+    """Starts libpsclient's fn_name(client if with_client, *args, callback, token, &op) and
+    returns the Future the callback completes (with `result`); `keep` lives until then."""
+    _reap()
+    fut: Future[Any] = Future()
+    fut.set_running_or_notify_cancel()  # the transfer cannot be called back: no cancel()
+    token = next(_tokens)
+    _pending[token] = _Pending(fut, result, keep)
+    op = c_void_p()
+    c = client._enter()
+    try:
+        lead = (c,) if with_client else ()
+        rc = getattr(_native.lib(), fn_name)(*lead, *args, _ON_DONE, token, byref(op))
+    finally:
+        client._leave()
+    if rc != 0:
+        _pending.pop(token, None)
+        _raise(rc)
+    return fut
 
 
 # ---- status --------------------------------------------------------------------------------
@@ -362,21 +384,7 @@ class Variable:
 
     def _start(self, fn_name: str, args: Tuple[Any, ...], result: Any,
                keep: Tuple[Any, ...]) -> "Future[Any]":
-        _reap()
-        fut: Future[Any] = Future()
-        fut.set_running_or_notify_cancel()  # the transfer cannot be called back: no cancel()
-        token = next(_tokens)
-        _pending[token] = _Pending(fut, result, keep)
-        op = c_void_p()
-        c = self._client._enter()
-        try:
-            rc = getattr(_native.lib(), fn_name)(c, self._h, *args, _ON_DONE, token, byref(op))
-        finally:
-            self._client._leave()
-        if rc != 0:
-            _pending.pop(token, None)
-            _raise(rc)
-        return fut
+        return _start_future(self._client, fn_name, True, (self._h,) + args, result, keep)
 
     def pull_async(self, out: Any = None, *, offset: Optional[int] = None,
                    count: Optional[int] = None) -> "Future[Any]":
@@ -475,6 +483,30 @@ class Table:
             _raise(rc)
         del keep, keep_ids
         return out
+
+    def pull_async(self, ids: Any, out: Any = None) -> "Future[Any]":
+        """Starts a pull of the rows of `ids` (as pull) into `out` (allocated if None) and
+        returns a Future whose result is `out`. `ids` and `out` must not be touched until it
+        is done; the Future keeps them alive."""
+        addr, n, keep_ids = self._ids(ids, "pull_async")
+        if out is None:
+            import numpy as np
+            out = np.empty((n, self.dim), dtype=np.float32)
+        oaddr, got, keep, _ = resolve(out, writable=True,
+                                      what=f"pull_async of table {self.name!r}")
+        self._rows(n, got, "pull_async", "out")
+        return _start_future(self._client, "ps_table_pull_async", False,
+                             (self._h, addr, n, oaddr), out, (keep, keep_ids, self))
+
+    def push_async(self, ids: Any, grads: Any) -> "Future[None]":
+        """Starts a push (as push) and returns a Future (result None); `ids` and `grads` must
+        not be modified until it is done (a resent request is built from them again)."""
+        addr, n, keep_ids = self._ids(ids, "push_async")
+        gaddr, got, keep, _ = resolve(grads, writable=False,
+                                      what=f"push_async of table {self.name!r}")
+        self._rows(n, got, "push_async", "grads")
+        return _start_future(self._client, "ps_table_push_async", False,
+                             (self._h, addr, n, gaddr), None, (keep, keep_ids, self))
 
     def push(self, ids: Any, grads: Any) -> None:
         """Pushes grads (float32, n x dim elements: row i is the gradient of ids[i]); the
@@ -649,8 +681,8 @@ class Client:
         Table.pull: grads None: no push; out None (or absent): a new (n, dim) array, False: no
         pull. Returns the pulled arrays in item order, then one per table item (None where
         nothing was pulled). Blocks."""
-        arr = (_native.StepItem * max(len(items), 1))()
-        tarr = (_native.TableItem * max(len(tables), 1))()
+        citems: List[Tuple[Any, ...]] = []
+        ctables: List[Tuple[Any, ...]] = []
         outs: List[Any] = []
         keep: List[Any] = []
         for i, item in enumerate(items):
@@ -660,20 +692,17 @@ class Client:
             out = item[2] if len(item) == 3 else None
             if not isinstance(var, Variable):
                 raise TypeError(f"step item {i}: {var!r} is not a psd.Variable")
-            arr[i].var = var._h
-            arr[i].offset = 0
-            arr[i].count = var.size
+            gaddr = addr = None
             if grad is not None:
                 _, _, gaddr, gkeep = var._src(grad, None, None, "step")
-                arr[i].grad = gaddr
                 keep.append(gkeep)
             if out is False:
                 outs.append(None)
             else:
                 out, _, _, addr, okeep = var._dest(out, None, None, "step")
-                arr[i].dst = addr
                 keep.append(okeep)
                 outs.append(out)
+            citems.append((var._h, 0, var.size, gaddr, addr))
         for i, item in enumerate(tables):
             if not 3 <= len(item) <= 4:
                 raise ValueError(f"step table item {i}: expected (table, ids, grads[, out])")
@@ -683,41 +712,42 @@ class Client:
                 raise TypeError(f"step table item {i}: {tab!r} is not a psd.Table")
             if grads is None and out is False:
                 raise ValueError(f"step table item {i}: neither grads nor out")
-            addr, n, keep_ids = tab._ids(ids, "step")
+            iaddr, n, keep_ids = tab._ids(ids, "step")
             keep.append(keep_ids)
-            t = tarr[i]
-            t.struct_size = ctypes.sizeof(_native.TableItem)
-            t.table = tab._h
-            t.ids = addr
-            t.n = n
+            gaddr = oaddr = None
             if grads is not None:
                 gaddr, got, gkeep, _ = resolve(grads, writable=False,
                                                what=f"step push of table {tab.name!r}")
                 tab._rows(n, got, "step push", "grads")
-                t.grads = gaddr
                 keep.append(gkeep)
             if out is False:
                 outs.append(None)
-                continue
-            if out is None:
-                import numpy as np
-                out = np.empty((n, tab.dim), dtype=np.float32)
-            oaddr, got, okeep, _ = resolve(out, writable=True,
-                                           what=f"step pull of table {tab.name!r}")
-            tab._rows(n, got, "step pull", "out")
-            t.rows = oaddr
-            keep.append(okeep)
-            outs.append(out)
+            else:
+                if out is None:
+                    import numpy as np
+                    out = np.empty((n, tab.dim), dtype=np.float32)
+                oaddr, got, okeep, _ = resolve(out, writable=True,
+                                               what=f"step pull of table {tab.name!r}")
+                tab._rows(n, got, "step pull", "out")
+                keep.append(okeep)
+                outs.append(out)
+            ctables.append((tab._h, iaddr, n, gaddr, oaddr))
+        self._step_raw(citems, ctables, _native.PS_STEP_CLOCK if clock else 0)
+        del keep
+        return outs
+
+    def _step_raw(self, items: Sequence[Tuple[Any, ...]], tables: Sequence[Tuple[Any, ...]],
+                  flags: int) -> None:
+        """ps_step_ex of items (var, offset, count, grad, dst) and table items (table, ids, n,
+        grads, rows) given as handles and addresses (psd/_calls.py), in one call into C.
+        Blocks; raises the step's PsError."""
         c = self._enter()
         try:
-            rc = _native.lib().ps_step_ex(c, arr, len(items), tarr, len(tables),
-                                          _native.PS_STEP_CLOCK if clock else 0)
+            rc = _calls.impl().step(c, items, tables, flags)
         finally:
             self._leave()
         if rc != 0:
             _raise(rc)
-        del keep
-        return outs
 
     @property
     def current_clock(self) -> int:

@@ -21,14 +21,21 @@ finds the marker already there (servers restored from a checkpoint, a restarted 
 nothing and pulls like the others: training resumes where the servers are.
 
 Overlap: a hook on each parameter's gradient accumulator (Tensor.register_post_accumulate_grad_hook
-where torch has it, the AccumulateGrad node's hook otherwise, as Horovod does) starts the push of
-that gradient while backward computes the others. For a variable with staleness -1 (asynchronous)
-the push is a push-pull, so the parameter's next values come back with the push's reply; for
-bounded staleness (BSP 0, SSP s > 0) step() waits for the pushes, then one request per server
-advances the clock and pulls every variable at the new clock (waiting for the bound). One backward
-per step: a second accumulation into a gradient already pushed raises (pass overlap=False to
-accumulate gradients over several backward passes; step() then sends them all, CPU ones in the
-same one request per server that advances the clock and pulls).
+where torch has it, the AccumulateGrad node's hook otherwise, as Horovod does) hands that gradient
+over as soon as backward has computed it. Gradients are gathered into buckets in the order they
+come (bucket_bytes, 4 MiB by default, as DDP's buckets): once a bucket holds bucket_bytes its
+pushes start, all of them in one request per server, while backward computes the rest; the
+gradients of the last, partial bucket (the late hooks: nothing is left to hide them behind) go
+with step()'s own request, which pushes them, advances the clock and pulls every variable at the
+new clock (waiting for the staleness bound) in one round trip per server. A model smaller than
+bucket_bytes thus costs one request per server per step, as the C client's ps_step does;
+bucket_bytes=0 starts every gradient's push from its hook. For a variable with staleness -1
+(asynchronous) a bucket's push is a push-pull, so the parameter's next values come back with
+its reply. One backward per step: a second accumulation into a gradient already handed over
+raises (pass overlap=False to accumulate gradients over several backward passes; step() then
+sends them all, CPU ones in the same one request per server that advances the clock and pulls).
+Each of these is one call into libpsclient, through the native extension psd._ext where it is
+built (psd/_calls.py), else through ctypes.
 
 Tensors: CPU parameters and gradients are read and written in place (no copy). CUDA ones go
 through pinned host buffers: the gradient is copied on a side stream ordered after the compute
@@ -37,8 +44,10 @@ copied back on the side stream, which the compute stream then waits for. Only fl
 on the CPU or a CUDA device are accepted; anything else raises naming the parameter.
 
 Embedding and EmbeddingBag are torch.nn.Embedding and torch.nn.EmbeddingBag over a psd sparse
-table: forward pulls the rows of the batch's unique ids, backward pushes their gradients from a
-hook (synchronously, once per forward); they hold no parameters and need no step().
+table: forward pulls the rows of the batch's unique ids (or takes those prefetch() started for
+it), backward starts the push of their gradients from a hook without waiting for it (once per
+forward; the next forward, prefetch() or flush() waits for it); they hold no parameters and need
+no step().
 
 TensorBoard: attach(..., logdir=DIR) writes psd's own figures of every events_every steps into
 DIR/<task type>-<index> (TF_CONFIG's task, as ps-worker's --logdir) with psd.events: psd/push_ms
@@ -62,8 +71,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
+from . import _calls, _native
+from ._buffers import _EMPTY_ADDR
 from .client import STALENESS_ASYNC, STALENESS_DEFAULT, Client, Variable
-from .errors import DeadlineExceededError, NotFoundError
+from .errors import DeadlineExceededError, NotFoundError, error_for
 from .events import EventWriter, run_dir
 
 READY_MARKER = "__psd_torch_ready"
@@ -137,7 +148,8 @@ class _CudaStage:
 
 
 class _Entry:
-    __slots__ = ("name", "param", "var", "asynchronous", "stage", "future", "pulled", "buf")
+    __slots__ = ("name", "param", "var", "asynchronous", "stage", "future", "pulled", "buf",
+                 "grad", "sent")
 
     def __init__(self, name: str, param: "torch.nn.Parameter", var: Variable,
                  stage: Optional[_CudaStage]) -> None:
@@ -146,9 +158,23 @@ class _Entry:
         self.var = var
         self.asynchronous = var.staleness_bound == STALENESS_ASYNC
         self.stage = stage
-        self.future: Optional["Future[Any]"] = None  # this step's push (or push-pull)
+        self.future: Optional["Future[Any]"] = None  # a CUDA parameter's push (or push-pull)
         self.pulled: Any = None  # the push-pull's destination, when it brought values back
         self.buf: Any = None  # that destination for a CPU parameter, made once
+        self.grad: Any = None  # this step's CPU gradient, waiting in the open bucket
+        self.sent = False  # this step's gradient was handed over (bucket, request or stage)
+
+
+def _addr(t: "torch.Tensor") -> int:
+    """The address of a contiguous CPU float32 tensor's memory (a valid one when empty)."""
+    return t.data_ptr() if t.numel() else _EMPTY_ADDR
+
+
+def _check(rc: int) -> None:
+    """Raises the PsError of a call that failed on this thread."""
+    if rc != 0:
+        from .client import _raise
+        _raise(rc)
 
 
 def _check_param(name: str, p: "torch.nn.Parameter") -> None:
@@ -178,7 +204,7 @@ class AttachedModule:
                  param_groups: Optional[Sequence[Mapping[str, Any]]], chief: Optional[bool],
                  overlap: bool, init_timeout_s: float, seed: int,
                  hyper: Mapping[str, Any], logdir: Optional[str] = None,
-                 events_every: int = 10) -> None:
+                 events_every: int = 10, bucket_bytes: int = 4 << 20) -> None:
         for k in hyper:
             if k not in _HYPER:
                 raise TypeError(f"psd.torch.attach: unknown argument {k!r} (hyper-parameters: "
@@ -197,6 +223,14 @@ class AttachedModule:
         if logdir is not None:
             self.events = EventWriter(run_dir(logdir))  # OSError: unusable directory
         self._events_every = max(1, int(events_every))
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or \
+                bucket_bytes < 0:
+            raise ValueError(f"psd.torch.attach: bucket_bytes must be an int >= 0, not "
+                             f"{bucket_bytes!r}")
+        self.bucket_bytes = bucket_bytes
+        self._bucket: List[_Entry] = []  # CPU gradients handed over, not sent yet
+        self._bucket_bytes = 0
+        self._ops: List[Any] = []  # this step's bucket requests in flight (psd/_calls.py ops)
         self._win = [0, 0.0, 0.0, 0, 0]  # steps, push s, sync s, bytes pushed, bytes pulled
 
         named = list(module.named_parameters())
@@ -297,8 +331,10 @@ class AttachedModule:
 
     # -- pushes --
 
-    def _start_push(self, e: _Entry) -> None:
-        if e.future is not None:
+    def _start_push(self, e: _Entry, send_full: bool = True) -> None:
+        """Hands e's gradient over: into the open bucket (sent once it holds bucket_bytes, if
+        send_full) for a CPU parameter, to the stage thread for a CUDA one."""
+        if e.sent:
             raise RuntimeError(
                 f"psd.torch: the gradient of {e.name!r} was accumulated again after it was "
                 f"pushed in this step; call step() after each backward, or attach with "
@@ -308,17 +344,13 @@ class AttachedModule:
             return
         if grad.is_sparse:
             raise ValueError(f"psd.torch: the gradient of {e.name!r} is sparse")
+        e.sent = True
         if e.stage is None:
-            if not grad.is_contiguous():
-                grad = grad.contiguous()
-            if e.asynchronous:
-                # not into param.data: backward may still read the parameter
-                if e.buf is None or e.buf.shape != e.param.shape:
-                    e.buf = torch.empty_like(e.param.data, memory_format=torch.contiguous_format)
-                e.future = e.var.push_pull_async(grad, e.buf)
-                e.pulled = e.buf
-            else:
-                e.future = e.var.push_async(grad)
+            e.grad = grad if grad.is_contiguous() else grad.contiguous()
+            self._bucket.append(e)
+            self._bucket_bytes += e.grad.numel() * 4
+            if send_full and self._bucket_bytes >= self.bucket_bytes:
+                self._send_bucket()
             return
         st = e.stage
         st.grad_to_host(grad)
@@ -338,23 +370,52 @@ class AttachedModule:
         e.future = self._executor.submit(send)
         e.pulled = st.host_param if asynchronous else None
 
+    def _send_bucket(self) -> None:
+        """Starts the pushes of the open bucket's gradients in one request per server (a
+        push-pull into e.buf for an asynchronous variable)."""
+        items = []
+        keep = []
+        for e in self._bucket:
+            dst = None
+            if e.asynchronous:
+                # not into param.data: backward may still read the parameter
+                if e.buf is None or e.buf.shape != e.param.shape:
+                    e.buf = torch.empty_like(e.param.data, memory_format=torch.contiguous_format)
+                dst = _addr(e.buf)
+                e.pulled = e.buf
+                keep.append(e.buf)
+            items.append((e.var._h, 0, e.var.size, _addr(e.grad), dst))
+            keep.append(e.grad)
+            e.grad = None
+        self._bucket = []
+        self._bucket_bytes = 0
+        c = self.client._enter()
+        try:
+            rc, op = _calls.impl().step_async(c, items, (), 0, keep)
+        finally:
+            self.client._leave()
+        _check(rc)
+        self._ops.append(op)
+
     # -- step --
 
     def step(self) -> int:
-        """Finishes this step: pushes what the hooks have not (all of it with overlap=False),
-        waits for every push, advances the clock and brings the fresh parameters into the
-        module (in place: the Parameter objects stay the same). Returns the new clock.
-        Raises the first failed push's PsError (the other pushes are still waited for)."""
+        """Finishes this step: pushes what the hooks have not sent (all of it with
+        overlap=False), waits for the pushes already in flight, and in one request per server
+        pushes the rest, advances the clock and brings the fresh parameters into the module (in
+        place: the Parameter objects stay the same). Returns the new clock. Raises the first
+        failed push's PsError (the other pushes are still waited for)."""
         t0 = time.perf_counter()
-        fused: Dict[int, Any] = {}  # entry index -> gradient sent in the one client.step
         if not self.overlap:
-            for i, e in enumerate(self._entries):
-                g = e.param.grad
-                if e.stage is None and g is not None and not g.is_sparse:
-                    fused[i] = g if g.is_contiguous() else g.contiguous()
-                else:
-                    self._start_push(e)
+            for e in self._entries:
+                self._start_push(e, send_full=False)  # every CPU gradient in the one request
         first: Optional[BaseException] = None
+        for op in self._ops:
+            rc = op.wait()
+            if rc != 0 and first is None:
+                first = error_for(rc, op.message())
+            op.close()
+        self._ops = []
         for e in self._entries:
             if e.future is None:
                 continue
@@ -365,16 +426,20 @@ class AttachedModule:
             except BaseException as x:  # noqa: BLE001 (re-raised below)
                 if first is None:
                     first = x
-                e.pulled = None
             e.future = None
         if first is not None:
             for e in self._entries:
-                e.pulled = None
+                e.pulled = e.grad = None
+                e.sent = False
+            self._bucket = []
+            self._bucket_bytes = 0
             raise first
         t1 = time.perf_counter()
         items = []
+        keep = []
         landed: List[_Entry] = []
-        for i, e in enumerate(self._entries):
+        for e in self._entries:
+            e.sent = False
             if e.pulled is not None:
                 if e.stage is None:
                     e.param.data.copy_(e.pulled)
@@ -382,16 +447,29 @@ class AttachedModule:
                     landed.append(e)
                 e.pulled = None
                 continue
-            items.append((e.var, fused.get(i),
-                          e.stage.host_param if e.stage else e.param.data))
+            grad = None
+            if e.grad is not None:
+                grad = _addr(e.grad)
+                keep.append(e.grad)
+                e.grad = None
             if e.stage is not None:
+                dst = e.stage.host_param
                 landed.append(e)
+            else:
+                dst = e.param.data
+                if not dst.is_contiguous():
+                    raise ValueError(f"psd.torch: parameter {e.name!r} is no longer "
+                                     f"contiguous; its values cannot be pulled in place")
+            items.append((e.var._h, 0, e.var.size, grad, _addr(dst)))
+        self._bucket = []
+        self._bucket_bytes = 0
         for e in landed:
-            e.stage.landed.synchronize()  # host_param may be written again (client.step)
+            e.stage.landed.synchronize()  # host_param may be written again (the step)
         if items:
-            self.client.step(items, clock=True)
+            self.client._step_raw(items, (), _native.PS_STEP_CLOCK)
         else:
             self.client.clock()
+        del keep
         for e in landed:
             e.stage.param_from_host(e.param)
         if self.events is not None:
@@ -444,6 +522,11 @@ class AttachedModule:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for op in self._ops:  # a step's pushes never finished by step(): waited for, dropped
+            op.close()
+        self._ops = []
+        self._bucket = []
+        self._bucket_bytes = 0
         self._keep.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -461,7 +544,7 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
            param_groups: Optional[Sequence[Mapping[str, Any]]] = None,
            chief: Optional[bool] = None, overlap: bool = True, init_timeout_s: float = 300.0,
            seed: int = 0, logdir: Optional[str] = None, events_every: int = 10,
-           **hyper: Any) -> AttachedModule:
+           bucket_bytes: int = 4 << 20, **hyper: Any) -> AttachedModule:
     """Puts every parameter of `module` on the servers and hooks its gradients (see the
     module's documentation). Blocks until the variables exist and hold the chief's values.
 
@@ -476,8 +559,11 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
         param_groups: [{"params": [...], "optimizer": ..., "lr": ..., "staleness": ...}, ...]
             for parameters with their own settings.
         chief: whether this process writes the initial values (default: is_chief()).
-        overlap: push each gradient from its hook during backward (False: step() pushes them
-            all after backward).
+        overlap: hand each gradient over from its hook during backward (False: step() pushes
+            them all after backward).
+        bucket_bytes: with overlap, the gradients' pushes start during backward once this many
+            bytes of them are ready (one request per server for all of them); the rest go with
+            step()'s request. 0: every gradient's push starts from its hook.
         init_timeout_s: how long a non-chief waits for the chief's values.
         logdir, events_every: TensorBoard event files of psd's figures every events_every
             steps in logdir/<task type>-<index> (the module's documentation); None: none.
@@ -488,7 +574,8 @@ def attach(client: Client, module: "torch.nn.Module", *, optimizer: str = "sgd",
     return AttachedModule(client, module, optimizer=optimizer, lr=lr, staleness=staleness,
                           prefix=prefix, param_groups=param_groups, chief=chief,
                           overlap=overlap, init_timeout_s=init_timeout_s, seed=seed,
-                          hyper=hyper, logdir=logdir, events_every=events_every)
+                          hyper=hyper, logdir=logdir, events_every=events_every,
+                          bucket_bytes=bucket_bytes)
 
 
 # -- embedding modules over sparse tables --
@@ -545,6 +632,8 @@ class _TableModule(torch.nn.Module):
             kw = {k: (None if k in defaults and v == defaults[k] else v)
                   for k, v in kw.items()}
         self.table = _table_for(client, name, embedding_dim, kw, who)
+        self._pushes: List[Any] = []  # backward's pushes in flight (psd/_calls.py ops)
+        self._prefetched: Any = None  # (ids, unique, inverse, their array, rows, op)
         self.client = client
         self.name = name
         self.num_embeddings = num_embeddings
@@ -575,28 +664,99 @@ class _TableModule(torch.nn.Module):
                              f"[0, {self.num_embeddings}) (num_embeddings=None allows any "
                              f"int64 id)")
 
+    def flush(self) -> None:
+        """Waits for the pushes backward started (they run while the rest of the step does)
+        and raises the first one's PsError. The next forward and prefetch() do it too."""
+        ops, self._pushes = self._pushes, []
+        first: Optional[BaseException] = None
+        for op in ops:
+            rc = op.wait()
+            if rc != 0 and first is None:
+                first = error_for(rc, op.message())
+            op.close()
+        if first is not None:
+            raise first
+
+    def prefetch(self, input: "torch.Tensor") -> None:  # noqa: A002 (torch's name)
+        """Starts the pull of the rows of `input`'s unique ids (the next batch's: the ids
+        forward will be given) and returns at once; forward(input) with the same ids takes
+        them (waiting only for what is still in flight), other ids are pulled as usual. The
+        rows hold what the servers applied when they answered: the pushes of this module's
+        earlier steps (waited for here), not necessarily those still to come (call it after
+        backward to include that step's, e.g. while the optimizer steps and the next batch
+        loads). Without prefetch() forward pulls when it runs."""
+        x = self._ids(input)
+        flat = x.reshape(-1)
+        self._check_range(flat)
+        self._drop_prefetch()
+        self.flush()
+        uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+        uniq = uniq.contiguous()
+        ids = uniq.numpy()
+        rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
+        op = None
+        if ids.size:
+            t = self.table
+            self.client._enter()  # the client stays open while the call starts
+            try:
+                rc, op = _calls.impl().table_pull_async(t._h, ids.ctypes.data, ids.size,
+                                                        _addr(rows), (uniq, rows, t))
+            finally:
+                self.client._leave()
+            _check(rc)
+        self._prefetched = (flat.cpu().clone(), uniq, inverse, ids, rows, op)
+
+    def _drop_prefetch(self) -> None:
+        pf, self._prefetched = self._prefetched, None
+        if pf is not None and pf[5] is not None:
+            pf[5].close()  # waits for it: its rows buffer is not reused before
+
+    def _take_prefetch(self, flat: "torch.Tensor") -> Any:
+        """(uniq, inverse, ids, rows) of the prefetch for `flat`'s ids, or None."""
+        pf = self._prefetched
+        if pf is None:
+            return None
+        cpu = flat.cpu()
+        if pf[0].shape != cpu.shape or not torch.equal(pf[0], cpu):
+            self._drop_prefetch()
+            return None
+        self._prefetched = None
+        op = pf[5]
+        if op is not None:
+            rc = op.wait()
+            msg = op.message() if rc != 0 else ""
+            op.close()
+            if rc != 0:
+                raise error_for(rc, msg)
+        return pf[1:5]
+
     def _pull_unique(self, flat: "torch.Tensor") -> Any:
         """(rows, inverse): rows holds the unique ids' rows (a leaf that requires grad when
         autograd records, with the hook that pushes its gradient), inverse maps every id of
         flat to its row."""
         self._check_range(flat)
         device = flat.device
-        uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
-        uniq = uniq.contiguous()
-        ids = uniq.numpy()
-        rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
-        if ids.size:
-            self.table.pull(ids, rows)
+        pf = self._take_prefetch(flat)
+        self.flush()  # this module's earlier pushes: applied before the rows are read
+        if pf is not None:
+            uniq, inverse, ids, rows = pf
+        else:
+            uniq, inverse = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+            uniq = uniq.contiguous()
+            ids = uniq.numpy()
+            rows = torch.empty((ids.size, self.embedding_dim), dtype=torch.float32)
+            if ids.size:
+                self.table.pull(ids, rows)
         if device.type != "cpu":
             rows = rows.to(device)
             inverse = inverse.to(device)
         if torch.is_grad_enabled():
             rows.requires_grad_(True)
-            rows.register_hook(self._pusher(ids))
+            rows.register_hook(self._pusher(uniq, ids))
         return rows, inverse
 
-    def _pusher(self, ids: Any) -> Any:
-        table, who = self.table, self._who
+    def _pusher(self, uniq: "torch.Tensor", ids: Any) -> Any:
+        table, who, client = self.table, self._who, self.client
         pushed = [False]
 
         def push(grad: "torch.Tensor") -> None:
@@ -609,7 +769,16 @@ class _TableModule(torch.nn.Module):
                 g = grad.detach()
                 if g.device.type != "cpu":
                     g = g.cpu()
-                table.push(ids, g.contiguous())
+                g = g.contiguous()
+                client._enter()
+                try:
+                    rc, op = _calls.impl().table_push_async(table._h, ids.ctypes.data,
+                                                            ids.size, _addr(g),
+                                                            (uniq, g, table))
+                finally:
+                    client._leave()
+                _check(rc)
+                self._pushes.append(op)
             return None
         return push
 
@@ -617,11 +786,20 @@ class _TableModule(torch.nn.Module):
 class Embedding(_TableModule):
     """torch.nn.Embedding over a psd sparse table: forward(input) -> input.shape + (dim,).
 
-    Forward pulls the rows of the batch's unique ids in one call; backward pushes their
-    gradient (one row per unique id) to the table, from a hook, synchronously, once per
-    forward; the table's optimizer (on the servers) updates the rows. There is no parameter
-    and nothing to do in a torch optimizer's step() or zero_grad(): the next forward pulls the
-    updated rows.
+    Forward pulls the rows of the batch's unique ids in one call (or takes the rows
+    prefetch() started for these ids); backward starts the push of their gradient (one row per
+    unique id) to the table from a hook, once per forward, without waiting for it; the
+    table's optimizer (on the servers) updates the rows. The next forward (or prefetch(), or
+    flush()) waits for that push, so that it pulls the updated rows. There is no parameter
+    and nothing to do in a torch optimizer's step() or zero_grad().
+
+    Pipelining the next batch:
+
+        for x, x_next in batches:      # x_next: the batch after x
+            loss = loss_fn(model(x))   # emb(x) takes the rows prefetched for x
+            loss.backward()            # the rows' push starts
+            emb.prefetch(x_next)       # waits for the push, starts the pull of x_next's rows
+            dist.step()                # dense step while the pull is in flight
 
     Args:
         client: a psd.Client. name: the table's name.
@@ -657,9 +835,10 @@ class EmbeddingBag(_TableModule):
     torch has it. Ids: int64 (int32 converted).
 
     The same constructor arguments as Embedding, and mode, include_last_offset. Forward pulls
-    the unique ids' rows in one call, pooling is torch's own embedding_bag over them, and
-    backward pushes their gradient (synchronously, from a hook, once per forward); nothing to
-    do in step() or zero_grad().
+    the unique ids' rows in one call (or takes those prefetch() started), pooling is torch's
+    own embedding_bag over them, and backward starts the push of their gradient (from a hook,
+    once per forward, waited for by the next forward, prefetch() or flush()); nothing to do in
+    step() or zero_grad().
     """
 
     def __init__(self, client: Client, name: str, num_embeddings: Optional[int] = None,

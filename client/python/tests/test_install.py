@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -21,7 +22,8 @@ def lib_path() -> str:
 
 
 def run_py(code: str, cwd: str, env_changes: dict) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("PSD_LIBRARY", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PSD_LIBRARY", "PYTHONPATH", "PSD_EXTENSION")}
     env.update(env_changes)
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -64,6 +66,17 @@ def test_pip_install_bundles_the_library(tmp_path) -> None:
                {"PYTHONPATH": str(site)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(site / "psd" / "libpsclient.so.0")
+    # the extension module psd._ext is built with the package where Python's headers are
+    # (Debian: python3-dev) and then used; without them the package uses ctypes
+    built = list((site / "psd").glob("_ext*.so"))
+    r = run_py("from psd import _calls; print(_calls.name())", str(tmp_path),
+               {"PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr
+    if os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        assert len(built) == 1
+        assert r.stdout.strip() == f"extension ({built[0]})"
+    else:
+        assert r.stdout.strip().startswith("ctypes")
 
 
 def test_debian_venv_with_system_site_packages(tmp_path) -> None:

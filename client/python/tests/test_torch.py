@@ -105,41 +105,83 @@ class _Probe(torch.autograd.Function):
         return g, None
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_pushes_start_during_backward(cluster2, uname, overlap):
+@pytest.mark.parametrize("overlap,bucket_bytes", [(True, 0), (True, 4 << 20), (False, 0)])
+def test_pushes_start_during_backward(cluster2, uname, overlap, bucket_bytes):
+    """bucket_bytes=0: every push is in flight before backward() returns; a bucket larger than
+    the model: every gradient is handed over during backward and waits for step()'s request
+    (the late hooks' pushes go with it); overlap=False: nothing happens during backward."""
     model = mlp(1)
     (x, y), = batches(1)
     x.requires_grad_(True)
     with worker(cluster2, 0) as c:
         dist = psd.torch.attach(c, model, lr=0.1, prefix=uname + "/", chief=True,
-                                overlap=overlap)
-        started = []
-        seen = lambda: started.extend(e.future is not None for e in dist._entries)  # noqa
-        torch.nn.functional.cross_entropy(model(_Probe.apply(x, seen)), y).backward()
-        # overlapped: every push was in flight before backward() returned; else none
-        assert started == [overlap] * 4
+                                staleness=psd.STALENESS_BSP, overlap=overlap,
+                                bucket_bytes=bucket_bytes)
+        seen = []
+        probe = lambda: seen.extend((e.sent, e.grad is not None)  # noqa: E731
+                                    for e in dist._entries)
+        torch.nn.functional.cross_entropy(model(_Probe.apply(x, probe)), y).backward()
+        if not overlap:
+            assert seen == [(False, False)] * 4
+        elif bucket_bytes == 0:
+            assert seen == [(True, False)] * 4 and len(dist._ops) == 4  # sent, one by one
+        else:
+            assert seen == [(True, True)] * 4 and dist._ops == []  # in the open bucket
+        calls = []
+        real = c._step_raw
+        c._step_raw = lambda items, *a: (calls.append(list(items)), real(items, *a))[1]
         dist.step()
+        # step()'s one request pulls every variable and carries the gradients not yet sent
+        assert len(calls) == 1 and len(calls[0]) == 4
+        assert all(dst for _, _, _, _, dst in calls[0])
+        assert all(bool(grad) == (bucket_bytes != 0 or not overlap)
+                   for _, _, _, grad, _ in calls[0])
+        dist.detach()
+
+
+@pytest.mark.parametrize("staleness", [psd.STALENESS_ASYNC, psd.STALENESS_BSP])
+def test_buckets_give_the_hand_loops_values(cluster2, uname, staleness):
+    """Buckets smaller than the model: the gradients' pushes start during backward, a request
+    per full bucket (push-pulls for asynchronous variables); the values are the hand loop's."""
+    data = batches(3)
+    expected = hand_sgd(mlp(1), data, 0.1)
+    model = mlp(1)
+    with worker(cluster2, 0) as c:
+        # backward's order: 2.bias (3), 2.weight (96), 0.bias (32), 0.weight (640) floats
+        dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, staleness=staleness,
+                                prefix=uname + "/", chief=True, bucket_bytes=400)
+        for x, y in data:
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            # 2.bias, 2.weight and 0.bias (524 bytes), then 0.weight (2560) alone
+            assert len(dist._ops) == 2
+            dist.step()
+        got = values(model)
+        for n in expected:
+            np.testing.assert_array_equal(got[n], expected[n], err_msg=n)
+        with pytest.raises(ValueError, match="bucket_bytes"):
+            psd.torch.attach(c, model, prefix=uname + "/", chief=True, bucket_bytes=-1)
         dist.detach()
 
 
 def test_step_without_overlap_sends_gradients_with_the_pulls(cluster2, uname):
-    """overlap=False, CPU parameters: step() makes one Client.step carrying every gradient
-    and every pull (one request per server) instead of pushes before a pull-only step; the
+    """overlap=False, CPU parameters: step() makes one request carrying every gradient and
+    every pull (one request per server) instead of pushes before a pull-only step; the
     values are the hand loop's."""
     data = batches(2)
     expected = hand_sgd(mlp(1), data, 0.1)
     model = mlp(1)
     with worker(cluster2, 0) as c:
         dist = psd.torch.attach(c, model, optimizer="sgd", lr=0.1, staleness=psd.STALENESS_BSP,
-                                prefix=uname + "/", chief=True, overlap=False)
+                                prefix=uname + "/", chief=True, overlap=False, bucket_bytes=0)
         calls = []
-        real_step = c.step
-        c.step = lambda items, **kw: (calls.append(list(items)), real_step(items, **kw))[1]
+        real_step = c._step_raw
+        c._step_raw = lambda items, *a: (calls.append(list(items)), real_step(items, *a))[1]
         train(dist, model, data)
         assert len(calls) == 2
         for items in calls:
             assert len(items) == 4
-            assert all(grad is not None and out is not None for _, grad, out in items)
+            assert all(grad and dst for _, _, _, grad, dst in items)
         got = values(model)
         for n in expected:
             np.testing.assert_array_equal(got[n], expected[n], err_msg=n)

@@ -60,6 +60,7 @@ def test_embedding_bag_equals_torch(client, uname, mode, shape):
     opt.zero_grad()
     (want * upstream).sum().backward()
     opt.step()
+    bag.flush()  # backward's push, started without waiting
     rows = bag.table.pull(IDS)
     np.testing.assert_allclose(rows, ref.weight.detach().numpy(), rtol=0, atol=1e-6)
     # the rows in the batch moved, the others did not
@@ -83,6 +84,7 @@ def test_embedding_bag_per_sample_weights_and_int32(client, uname):
     opt = torch.optim.SGD(ref.parameters(), lr=LR)
     want.sum().backward()
     opt.step()
+    bag.flush()
     np.testing.assert_allclose(bag.table.pull(IDS), ref.weight.detach().numpy(), rtol=0,
                                atol=1e-6)
     # int32 ids are taken as int64
@@ -104,6 +106,7 @@ def test_embedding_equals_torch(client, uname):
     opt = torch.optim.SGD(ref.parameters(), lr=LR)
     (want * upstream).sum().backward()
     opt.step()
+    emb.flush()
     np.testing.assert_allclose(emb.table.pull(IDS), ref.weight.detach().numpy(), rtol=0,
                                atol=1e-6)
     # 1-D input and no grad: rows pulled, nothing pushed
@@ -120,12 +123,51 @@ def test_push_once_per_forward(client, uname):
     out = emb(ids)
     # the output used twice in the graph: the gradients are summed, then pushed once
     (out.sum() + 2 * out.sum()).backward(retain_graph=True)
+    emb.flush()
     np.testing.assert_array_equal(emb.table.pull(np.array([4, -1], np.int64)),
                                   [[-6, -6], [-3, -3]])
     with pytest.raises(RuntimeError, match="already pushed"):
         out.sum().backward()
     np.testing.assert_array_equal(emb.table.pull(np.array([4, -1], np.int64)),
                                   [[-6, -6], [-3, -3]])
+
+
+def test_prefetch_and_pushes_without_waiting(client, uname):
+    """backward's push returns at once (flush() or the next forward waits for it);
+    prefetch(x) starts the pull of x's rows after the pushes, forward(x) takes them; a
+    forward of other ids pulls its own."""
+    emb = psd.torch.Embedding(client, uname, embedding_dim=3, lr=1.0, initializer="zeros")
+    a, b = torch.tensor([5, 1, 5]), torch.tensor([[2, 1]])
+    emb(a).sum().backward()
+    assert len(emb._pushes) == 1
+    emb.prefetch(a)  # waits for the push: the prefetched rows hold it
+    assert emb._pushes == []
+    with torch.no_grad():
+        out = emb(a)
+    np.testing.assert_array_equal(out.numpy(), [[-2] * 3, [-1] * 3, [-2] * 3])
+    emb.prefetch(a)
+    out = emb(b)  # not the prefetched ids: its own pull, the prefetch dropped
+    np.testing.assert_array_equal(out.detach().numpy(), [[[0] * 3, [-1] * 3]])
+    assert emb._prefetched is None
+    out.sum().backward()
+    emb.flush()
+    np.testing.assert_array_equal(emb.table.pull(np.array([5, 1, 2], np.int64)),
+                                  [[-2] * 3, [-2] * 3, [-1] * 3])
+    # an empty batch prefetched: nothing to pull
+    emb.prefetch(torch.zeros(0, dtype=torch.int64))
+    assert emb(torch.zeros(0, dtype=torch.int64)).shape == (0, 3)
+
+
+def test_table_push_and_pull_futures(client, uname):
+    t = client.create_table(uname, 2, optimizer="sgd", learning_rate=1.0)
+    ids = np.array([3, -4], np.int64)
+    assert t.push_async(ids, np.ones((2, 2), np.float32)).result() is None
+    out = np.zeros((2, 2), np.float32)
+    assert t.pull_async(ids, out).result() is out
+    np.testing.assert_array_equal(out, -np.ones((2, 2)))
+    np.testing.assert_array_equal(t.pull_async(ids[:1]).result(), [[-1, -1]])
+    with pytest.raises(ValueError, match="grads has 2 float32 elements"):
+        t.push_async(ids, np.ones(2, np.float32))
 
 
 def test_existing_table_and_errors(client, uname):
@@ -236,5 +278,6 @@ def test_cuda_ids(client, uname):
     opt = torch.optim.SGD(ref.parameters(), lr=LR)
     want.sum().backward()
     opt.step()
+    bag.flush()
     np.testing.assert_allclose(bag.table.pull(IDS), ref.weight.detach().numpy(), rtol=0,
                                atol=1e-6)
