@@ -93,7 +93,7 @@ static int copy_all(table *t, partition *p, table_rows *out)
         row_header *r = row_at(t, p, s1 - 1);
         out->ids[i] = r->id;
         out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        row_to_floats(t, r, out->floats + i * t->row_floats);
     }
     out->n = i;
     return 0;
@@ -118,7 +118,7 @@ static int copy_changed(table *t, partition *p, table_rows *out)
             i--;
             out->ids[i] = r->id;
             out->updated_ms[i] = r->updated_ms;
-            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+            row_to_floats(t, r, out->floats + i * t->row_floats);
         }
         if (i != 0) /* fewer marked rows than counted: an internal error, copy whole instead */
             return -1;
@@ -187,7 +187,7 @@ static int raw_rows(const table *t, raw_part *raw, table_rows *out)
                                                (size_t)(slot & mask) * t->row_bytes);
         out->ids[i] = r->id;
         out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        row_to_floats(t, r, out->floats + i * t->row_floats);
         s1 = r->prev;
     }
     out->n = i;

@@ -12,8 +12,13 @@
  *           per slot, table_cut.h); slot s lives in slab s >> slab_shift at
  *           s & (rows_per_slab - 1). Slabs are never moved or freed before the table, so a row
  *           pointer stays valid under the partition's lock.
- *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
- *           per optimizer slot. Free slots are chained through the header's `next`.
+ *   rows    a row_header (id, update time, LRU links), then the dim parameters in the table's
+ *           dtype (float32, bfloat16 or float16; param_bytes, padded to 4 bytes), then the
+ *           optimizer's state in float32 (optimizer_row_shape): nslots arrays of dim floats,
+ *           nscalars floats of the row, ncounts uint32 counters of the row. Free slots are
+ *           chained through the header's `next`. A row's "floats" (row_to_floats: copies,
+ *           checkpoints, restore) are table_row_floats values: the parameters widened to
+ *           float32, the slots, the scalars, then each counter as a float.
  *   lru     a doubly linked list of the rows, most recently updated first (table_evict.h).
  *   sketch  with min_count > 1: the admission count-min sketch (table_evict.c).
  *
@@ -27,7 +32,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "row_dtype.h"
 #include "table.h"
 #include "table_index.h"
 
@@ -48,6 +55,7 @@ typedef struct partition {
     uint32_t lru_head, lru_tail;
     uint16_t *sketch;
     uint32_t sketch_events;
+    float *wide; /* 16-bit tables: one row's parameters in float32 (row_make) */
     uint64_t bytes;
     /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
      * row was made or updated since the partition's last copy; ndirty counts them. */
@@ -66,6 +74,9 @@ struct table {
     char *name;
     uint64_t name_key; /* placement_hash(name): the initializer's table key */
     uint32_t dim, nslots, row_floats;
+    uint32_t nscalars, ncounts; /* the optimizer's per-row floats and counters */
+    row_dtype dtype;            /* the parameters' storage type */
+    uint32_t param_bytes;       /* bytes of the parameters in a row, padded to 4 */
     size_t row_bytes;
     uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
     uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
@@ -120,9 +131,52 @@ static inline row_header *row_at(const table *t, const partition *p, uint32_t sl
     return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
 }
 
-static inline float *row_floats(row_header *h)
+/* The parameters of a row, in the table's dtype (float32: row_state's floats follow them). */
+static inline unsigned char *row_params(row_header *h)
 {
-    return (float *)(h + 1);
+    return (unsigned char *)(h + 1);
+}
+
+/* The optimizer's state of a row: nslots * dim + nscalars floats, then ncounts counters. */
+static inline float *row_state(const table *t, row_header *h)
+{
+    return (float *)(void *)(row_params(h) + t->param_bytes);
+}
+
+static inline uint32_t *row_counts(const table *t, row_header *h)
+{
+    return (uint32_t *)(void *)(row_state(t, h) + (size_t)t->nslots * t->dim + t->nscalars);
+}
+
+/* Floats of a row's state that are floats (the counters excluded). */
+static inline size_t state_floats(const table *t)
+{
+    return (size_t)t->nslots * t->dim + t->nscalars;
+}
+
+/* out[0..row_floats) = the row's floats (see the layout above). */
+static inline void row_to_floats(const table *t, row_header *h, float *out)
+{
+    row_dtype_widen(t->dtype, out, row_params(h), t->dim);
+    size_t nf = state_floats(t);
+    memcpy(out + t->dim, row_state(t, h), nf * sizeof(float));
+    const uint32_t *c = row_counts(t, h);
+    for (uint32_t i = 0; i < t->ncounts; i++)
+        out[t->dim + nf + i] = (float)c[i];
+}
+
+/* The row's contents from in[0..row_floats) (row_to_floats' form): parameters rounded to the
+ * dtype, counters from their floats (clamped to 0 .. 2^32 - 1; NaN as 0). */
+static inline void row_from_floats(const table *t, row_header *h, const float *in)
+{
+    row_dtype_narrow(t->dtype, row_params(h), in, t->dim);
+    size_t nf = state_floats(t);
+    memcpy(row_state(t, h), in + t->dim, nf * sizeof(float));
+    uint32_t *c = row_counts(t, h);
+    for (uint32_t i = 0; i < t->ncounts; i++) {
+        float v = in[t->dim + nf + i];
+        c[i] = v >= 4294967295.0f ? UINT32_MAX : v >= 1.0f ? (uint32_t)v : 0;
+    }
 }
 
 /* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
@@ -157,6 +211,7 @@ static inline void partition_fini(partition *p)
     free(p->gone);
     table_index_fini(&p->ix);
     free(p->sketch);
+    free(p->wide);
 }
 
 /* Frees t once its owner (table_destroy) and every cut (table_cut_free) have let go of it. */

@@ -476,7 +476,8 @@ static void test_validate(void **state)
 static void test_names(void **state)
 {
     (void)state;
-    const char *names[] = {"sgd", "momentum", "adagrad", "adam", "adamw", "ftrl"};
+    const char *names[] = {"sgd",   "momentum", "adagrad",        "adam",
+                           "adamw", "ftrl",     "rowwise_adagrad"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OPTIMIZER_KIND_COUNT, "a name per kind");
     for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
         optimizer_kind out = OPTIMIZER_SGD;
