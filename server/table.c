@@ -69,7 +69,7 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
         p->free_head = row_at(t, p, s1 - 1)->next;
         return s1;
     }
-    uint32_t per_slab = 1u << t->slab_shift;
+    uint32_t per_slab = t->slab_rows;
     if (p->used == UINT32_MAX - 1) {
         *fail = TABLE_LIMIT;
         return 0;
@@ -247,9 +247,13 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->row_bytes =
         sizeof(row_header) + t->param_bytes + (size_t)(t->row_floats - t->dim) * sizeof(float);
     t->row_bytes = (t->row_bytes + _Alignof(row_header) - 1) & ~(_Alignof(row_header) - 1);
-    t->slab_shift = 0;
-    while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
-        t->slab_shift++;
+    /* As many rows as fit in SLAB_BYTES with their bitmap (table_layout.h), at least one. */
+    t->slab_rows = (uint32_t)(SLAB_BYTES / t->row_bytes);
+    while (t->slab_rows > 1 &&
+           (size_t)t->slab_rows * t->row_bytes + ((size_t)t->slab_rows + 63) / 64 * 8 > SLAB_BYTES)
+        t->slab_rows--;
+    if (t->slab_rows == 0)
+        t->slab_rows = 1;
     t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
     /* Every partition keeps at least one row of max_rows: fewer partitions for a smaller one. */
     while (spec->max_rows != 0 && t->nparts > spec->max_rows)

@@ -8,10 +8,12 @@
  * Layout of one partition:
  *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
  *           deletion), doubled when it would pass 3/4 full.
- *   slabs   rows_per_slab (a power of two) rows of row_bytes each, then a dirty bitmap (one bit
- *           per slot, table_cut.h); slot s lives in slab s >> slab_shift at
- *           s & (rows_per_slab - 1). Slabs are never moved or freed before the table, so a row
- *           pointer stays valid under the partition's lock.
+ *   slabs   slab_rows rows of row_bytes each, then a dirty bitmap (one bit per slot,
+ *           table_cut.h): as many rows as fit in SLAB_BYTES (64 KiB, one of the allocator's
+ *           size classes, so that no slab is rounded up by a fraction of a row size: with
+ *           152-byte rows a power-of-two count wasted 5%), at least one; slot s lives in slab
+ *           s / slab_rows at s % slab_rows. Slabs are never moved or freed before the table, so
+ *           a row pointer stays valid under the partition's lock.
  *   rows    a row_header (id, update time, LRU links), then the dim parameters in the table's
  *           dtype (float32, bfloat16 or float16; param_bytes, padded to 4 bytes), then the
  *           optimizer's state in float32 (optimizer_row_shape): nslots arrays of dim floats,
@@ -78,7 +80,7 @@ struct table {
     row_dtype dtype;            /* the parameters' storage type */
     uint32_t param_bytes;       /* bytes of the parameters in a row, padded to 4 */
     size_t row_bytes;
-    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
+    uint32_t slab_rows;  /* rows per slab */
     uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
     uint32_t nparts;
     optimizer_params opt;
@@ -127,8 +129,8 @@ static inline void budget_give(table *t, uint64_t bytes)
 
 static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
 {
-    uint32_t mask = (1u << t->slab_shift) - 1;
-    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
+    return (row_header *)(p->slabs[slot / t->slab_rows] +
+                          (size_t)(slot % t->slab_rows) * t->row_bytes);
 }
 
 /* The parameters of a row, in the table's dtype (float32: row_state's floats follow them). */
@@ -182,13 +184,13 @@ static inline void row_from_floats(const table *t, row_header *h, const float *i
 /* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
 static inline size_t slab_bitmap_bytes(const table *t)
 {
-    return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
+    return ((size_t)t->slab_rows + 63) / 64 * sizeof(uint64_t);
 }
 
 /* Bytes of one slab: its rows, then its dirty bitmap. */
 static inline size_t slab_size(const table *t)
 {
-    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
+    return (size_t)t->slab_rows * t->row_bytes + slab_bitmap_bytes(t);
 }
 
 /* ---- teardown ---------------------------------------------------------------------------- */
