@@ -29,7 +29,11 @@
  * for the largest tables; with --wire, in the ps-server processes only (their resident sizes).
  * --dtype float32|bfloat16|float16: how the table stores its parameters (table_spec.dtype); the
  *   raw bytes stay those of float32 rows (the id, then 4 bytes per float of table_row_floats),
- *   so a 16-bit table's ratios show what it saves. */
+ *   so a 16-bit table's ratios show what it saves.
+ * --partitions P (in process): the table's partitions (default 64). Every partition holds its
+ *   own index and slabs, so --rows N/K --partitions 64/K has the per-partition state (index
+ *   load, slabs, arrays left to the allocator by index growths) of N rows in 64 partitions:
+ *   the same bytes per row, at 1/K of the memory (bench/RESULTS.md, lean rows). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -192,6 +196,7 @@ typedef struct config {
     double zipf_s;
     optimizer_kind opt;
     row_dtype dtype;
+    uint32_t partitions; /* --partitions (in process; 0: the table's default) */
     uint32_t threads;
     int quick;
     int fill_only;
@@ -225,6 +230,7 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     s.name = "bench/emb";
     s.dim = dim;
     s.dtype = c->dtype;
+    s.partitions = c->partitions;
     optimizer_params_default(&s.opt, c->opt);
     s.init.kind = INITIALIZER_UNIFORM;
     s.init.a = -0.05;
@@ -698,6 +704,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             i++;
+        } else if (strcmp(a, "--partitions") == 0 && v) {
+            c.partitions = (uint32_t)strtoul(v, NULL, 10);
+            i++;
         } else if (strcmp(a, "--dtype") == 0 && v) {
             c.dtype = strcmp(v, "bfloat16") == 0  ? ROW_BFLOAT16
                       : strcmp(v, "float16") == 0 ? ROW_FLOAT16
@@ -720,7 +729,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S] "
-                    "[--optimizer NAME] [--dtype T] [--threads T] [--quick] [--fill-only] "
+                    "[--optimizer NAME] [--dtype T] [--partitions P] [--threads T] [--quick] "
+                    "[--fill-only] "
                     "[--wire PS_SERVER [--servers N] [--inflight K] [--replicas R "
                     "--coordinator URL]]\n",
                     argv[0]);
