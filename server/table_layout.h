@@ -9,7 +9,7 @@
  *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
  *           deletion), doubled when it would pass 3/4 full.
  *   slabs   slab_rows rows of row_bytes each, then a dirty bitmap (one bit per slot,
- *           table_cut.h): as many rows as fit in SLAB_BYTES (64 KiB, one of the allocator's
+ *           table_cut.h): as many rows as fit in SLAB_BYTES (14 KiB, one of the allocator's
  *           size classes, so that no slab is rounded up by a fraction of a row size: with
  *           152-byte rows a power-of-two count wasted 5%), at least one; slot s lives in slab
  *           s / slab_rows at s % slab_rows. Slabs are never moved or freed before the table, so
