@@ -3,6 +3,8 @@
  * nearest, ties to even (subnormals included). */
 #include "row_dtype.h"
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "frame.h"
@@ -83,6 +85,43 @@ static float f32_of_f16(uint16_t h)
     return f32_of_bits(o | ((uint32_t)h & 0x8000u) << 16);
 }
 
+/* float16 by the CPU's conversion instructions (F16C: every x86-64 CPU with AVX2 has them),
+ * 8 values at a time, picked at run time; the same IEEE results as the functions above. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ROW_F16C 1
+
+static bool have_f16c(void)
+{
+    static atomic_int known = -1; /* -1: not asked yet */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
+        k = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k > 0;
+}
+
+__attribute__((target("avx,f16c"))) static size_t widen_f16c(float *dst, const unsigned char *s,
+                                                             size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const void *)(s + 2 * i))));
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static size_t narrow_f16c(unsigned char *o, const float *src,
+                                                              size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((void *)(o + 2 * i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+#endif
+
 void row_dtype_widen(row_dtype d, float *dst, const void *src, size_t n)
 {
     const unsigned char *s = src;
@@ -93,13 +132,19 @@ void row_dtype_widen(row_dtype d, float *dst, const void *src, size_t n)
     case ROW_BFLOAT16:
         frame_get_floats(dst, s, n, PSD__V1__DTYPE__BFLOAT16);
         return;
-    case ROW_FLOAT16:
-        for (size_t i = 0; i < n; i++) {
+    case ROW_FLOAT16: {
+        size_t i = 0;
+#ifdef ROW_F16C
+        if (have_f16c())
+            i = widen_f16c(dst, s, n);
+#endif
+        for (; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, sizeof(h));
             dst[i] = f32_of_f16(h);
         }
         return;
+    }
     }
 }
 
@@ -113,11 +158,17 @@ void row_dtype_narrow(row_dtype d, void *dst, const float *src, size_t n)
     case ROW_BFLOAT16:
         frame_put_floats(o, src, n, PSD__V1__DTYPE__BFLOAT16);
         return;
-    case ROW_FLOAT16:
-        for (size_t i = 0; i < n; i++) {
+    case ROW_FLOAT16: {
+        size_t i = 0;
+#ifdef ROW_F16C
+        if (have_f16c())
+            i = narrow_f16c(o, src, n);
+#endif
+        for (; i < n; i++) {
             uint16_t h = f16_of_f32(src[i]);
             memcpy(o + 2 * i, &h, sizeof(h));
         }
         return;
+    }
     }
 }

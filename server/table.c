@@ -384,7 +384,9 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
         pthread_rwlock_rdlock(&p->lock);
         count_add(&p->lookups, 1);
         uint32_t slot1 = table_index_find(&p->ix, ids[i], h);
-        if (slot1 != 0)
+        if (slot1 != 0 && t->dtype == ROW_FLOAT32)
+            memcpy(dst, row_params(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
+        else if (slot1 != 0)
             row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
         else
             count_add(&p->lookup_misses, 1);

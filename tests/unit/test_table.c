@@ -1547,6 +1547,39 @@ static void test_row_dtype_conversions(void **state)
         row_dtype_narrow(ROW_FLOAT16, &y, &f, 1);
         assert_int_equal(x, y);
     }
+    /* Whole arrays (the CPU's conversion where it has one) give what one value at a time (the
+     * portable conversion) gives: every float16 value, and float32 values around its range. */
+    enum { NH = 65536, NF = 200000 };
+    uint16_t *all = malloc(NH * sizeof(*all)), *bulk = malloc(NF * sizeof(*bulk));
+    float *wide = malloc(NF * sizeof(*wide)), one;
+    for (uint32_t v = 0; v < NH; v++)
+        all[v] = (uint16_t)v;
+    row_dtype_widen(ROW_FLOAT16, wide, all, NH);
+    for (uint32_t v = 0; v < NH; v++) {
+        row_dtype_widen(ROW_FLOAT16, &one, &all[v], 1);
+        if (!isnan(one))
+            assert_memory_equal(&one, &wide[v], sizeof(one));
+    }
+    uint32_t seed = 1;
+    for (int i = 0; i < NF; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        /* exponents from 2^-30 to 2^17, any mantissa, either sign */
+        uint32_t bits = (seed & 0x807fffffu) | ((97u + (seed >> 8) % 48u) << 23);
+        memcpy(&wide[i], &bits, sizeof(bits));
+    }
+    row_dtype_narrow(ROW_FLOAT16, bulk, wide, NF);
+    for (int i = 0; i < NF; i++) {
+        uint16_t h1;
+        row_dtype_narrow(ROW_FLOAT16, &h1, &wide[i], 1);
+        if (h1 != bulk[i]) {
+            print_error("float16 of %a: 0x%04x one at a time, 0x%04x in bulk\n", (double)wide[i],
+                        h1, bulk[i]);
+            fail();
+        }
+    }
+    free(all);
+    free(bulk);
+    free(wide);
     /* bfloat16: 8 bits of mantissa, ties to even. */
     const float bin[] = {1.0f, 1.00390625f /* 1 + 2^-8: a tie, to 1 */, 1.01171875f, 3e38f};
     uint16_t bh[4];
