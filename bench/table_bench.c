@@ -18,7 +18,7 @@
  * once. A second table compares those ids/s with the in-process ones of the same run.
  *
  * usage: ps-table-bench [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S]
- *                       [--optimizer adagrad] [--threads T] [--quick]
+ *                       [--optimizer adagrad] [--dtype float32] [--threads T] [--quick]
  *                       [--wire PS_SERVER [--servers N] [--inflight K]
  *                        [--replicas R --coordinator ETCD_URL]] [--fill-only]
  * --replicas R (with --coordinator, an etcd's client URL): the servers keep R copies of every
@@ -26,7 +26,14 @@
  *   ones: bench/table_replication_bench.sh).
  * --quick: 20,000 rows, dim 4 and 16, 20 batches of 512: a smoke run that checks itself.
  * --fill-only: only make the rows and report memory (no Zipf phases: no CDF of --rows doubles),
- * for the largest tables; with --wire, in the ps-server processes only (their resident sizes). */
+ * for the largest tables; with --wire, in the ps-server processes only (their resident sizes).
+ * --dtype float32|bfloat16|float16: how the table stores its parameters (table_spec.dtype); the
+ *   raw bytes stay those of float32 rows (the id, then 4 bytes per float of table_row_floats),
+ *   so a 16-bit table's ratios show what it saves.
+ * --partitions P (in process): the table's partitions (default 64). Every partition holds its
+ *   own index and slabs, so --rows N/K --partitions 64/K has the per-partition state (index
+ *   load, slabs, arrays left to the allocator by index growths) of N rows in 64 partitions:
+ *   the same bytes per row, at 1/K of the memory (bench/RESULTS.md, lean rows). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -182,6 +189,8 @@ typedef struct config {
     uint32_t batch, batches;
     double zipf_s;
     optimizer_kind opt;
+    row_dtype dtype;
+    uint32_t partitions; /* --partitions (in process; 0: the table's default) */
     uint32_t threads;
     int quick;
     int fill_only;
@@ -191,6 +200,15 @@ typedef struct config {
     int replicas;            /* --replicas (1: none) */
     const char *coordinator; /* --coordinator, with --replicas above 1 */
 } config;
+
+/* The optimizer column: its name, and the dtype when not float32. */
+static const char *opt_label(const config *c)
+{
+    static char buf[64];
+    snprintf(buf, sizeof(buf), "%s%s%s", optimizer_name(c->opt), c->dtype ? " " : "",
+             c->dtype ? row_dtype_name(c->dtype) : "");
+    return buf;
+}
 
 static const config *wire_cfg; /* the run's settings, for wire_client */
 
@@ -205,6 +223,8 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     memset(&s, 0, sizeof(s));
     s.name = "bench/emb";
     s.dim = dim;
+    s.dtype = c->dtype;
+    s.partitions = c->partitions;
     optimizer_params_default(&s.opt, c->opt);
     s.init.kind = INITIALIZER_UNIFORM;
     s.init.a = -0.05;
@@ -249,10 +269,9 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     }
     if (c->fill_only) {
         printf("| %u | %s | %llu | %.2f | %.0f | | | | | | %.3f | %.1f | %.1f | %.2f | %.2f |\n",
-               dim, optimizer_name(c->opt), (unsigned long long)c->rows, fill_s,
-               (double)c->rows / fill_s, (double)st.longest_growth_ns / 1e6,
-               (double)st.bytes / (double)st.rows, raw / (double)st.rows, (double)st.bytes / raw,
-               (double)rss / raw);
+               dim, opt_label(c), (unsigned long long)c->rows, fill_s, (double)c->rows / fill_s,
+               (double)st.longest_growth_ns / 1e6, (double)st.bytes / (double)st.rows,
+               raw / (double)st.rows, (double)st.bytes / raw, (double)rss / raw);
         fflush(stdout);
         free(ids);
         free(g);
@@ -301,10 +320,10 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     res->pull = ids_total / pull_s;
     printf("| %u | %s | %llu | %.2f | %.0f | %.0f | %.0f | %.0f | %.0f | %.3f | %.1f | %.1f | "
            "%.2f | %.2f |\n",
-           dim, optimizer_name(c->opt), (unsigned long long)c->rows, fill_s,
-           (double)c->rows / fill_s, ids_total / push_s, ids_total / pull_s, par1, par,
-           (double)st.longest_growth_ns / 1e6, (double)st.bytes / (double)st.rows,
-           raw / (double)st.rows, (double)st.bytes / raw, (double)rss / raw);
+           dim, opt_label(c), (unsigned long long)c->rows, fill_s, (double)c->rows / fill_s,
+           ids_total / push_s, ids_total / pull_s, par1, par, (double)st.longest_growth_ns / 1e6,
+           (double)st.bytes / (double)st.rows, raw / (double)st.rows, (double)st.bytes / raw,
+           (double)rss / raw);
     fflush(stdout);
     free(ids);
     free(g);
@@ -428,6 +447,9 @@ static double wire_make_rows(ps_client *cl, const config *c, uint32_t dim, float
     ts.init_a = -0.05;
     ts.init_b = 0.05;
     ts.seed = 1;
+    ts.dtype = c->dtype == ROW_BFLOAT16  ? PS_BFLOAT16
+               : c->dtype == ROW_FLOAT16 ? PS_FLOAT16
+                                         : PS_FLOAT32;
     if (ps_table_create(cl, &ts, tb) != PS_OK) {
         fprintf(stderr, "ps_table_create: %s\n", ps_last_error());
         return -1;
@@ -535,10 +557,9 @@ static int run_wire_fill(const config *c, uint32_t dim)
     double raw = (double)ti.rows * (8.0 + 4.0 * table_row_floats(probe));
     table_destroy(probe);
     printf("| %u | %s | %d | %llu | %.1f | %.0f | %.1f | %.1f | %.3f | %.3f | %.3f | %.3f |\n", dim,
-           optimizer_name(c->opt), c->servers, (unsigned long long)ti.rows, fill,
-           (double)ti.rows / fill, (double)ti.bytes / (double)ti.rows, raw / (double)ti.rows,
-           (double)ti.bytes / raw, (double)(rss - rss0) / raw, (double)rss / raw,
-           (double)hwm / raw);
+           opt_label(c), c->servers, (unsigned long long)ti.rows, fill, (double)ti.rows / fill,
+           (double)ti.bytes / (double)ti.rows, raw / (double)ti.rows, (double)ti.bytes / raw,
+           (double)(rss - rss0) / raw, (double)rss / raw, (double)hwm / raw);
     fflush(stdout);
     rc = 0;
 out:
@@ -677,6 +698,18 @@ int main(int argc, char **argv)
                 return 2;
             }
             i++;
+        } else if (strcmp(a, "--partitions") == 0 && v) {
+            c.partitions = (uint32_t)strtoul(v, NULL, 10);
+            i++;
+        } else if (strcmp(a, "--dtype") == 0 && v) {
+            c.dtype = strcmp(v, "bfloat16") == 0  ? ROW_BFLOAT16
+                      : strcmp(v, "float16") == 0 ? ROW_FLOAT16
+                                                  : ROW_FLOAT32;
+            if (c.dtype == ROW_FLOAT32 && strcmp(v, "float32") != 0) {
+                fprintf(stderr, "--dtype %s: float32, bfloat16 or float16\n", v);
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--dims") == 0 && v) {
             c.ndims = 0;
             for (char *p = (char *)v; *p && c.ndims < 8;) {
@@ -690,7 +723,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--rows N] [--dims 16,64] [--batch B] [--batches K] [--zipf S] "
-                    "[--optimizer NAME] [--threads T] [--quick] [--fill-only] "
+                    "[--optimizer NAME] [--dtype T] [--partitions P] [--threads T] [--quick] "
+                    "[--fill-only] "
                     "[--wire PS_SERVER [--servers N] [--inflight K] [--replicas R "
                     "--coordinator URL]]\n",
                     argv[0]);

@@ -138,7 +138,10 @@ int ps_client_num_servers(const ps_client *c);
 
 /* ---- variables -------------------------------------------------------------------------- */
 
-typedef enum ps_dtype { PS_FLOAT32 = 1 } ps_dtype;
+/* Variables are PS_FLOAT32; a table's rows (ps_table_spec.dtype) may also be stored in 16 bits:
+ * PS_BFLOAT16 (8 bits of mantissa, float32's range) or PS_FLOAT16 (IEEE half: 11 bits, up to
+ * 65504), rounded to nearest, with the optimizer's state kept in float32. */
+typedef enum ps_dtype { PS_FLOAT32 = 1, PS_BFLOAT16 = 2, PS_FLOAT16 = 3 } ps_dtype;
 
 typedef enum ps_initializer {
     PS_INIT_ZEROS = 0,
@@ -157,6 +160,9 @@ typedef enum ps_optimizer {
     PS_OPT_ADAM = 3,
     PS_OPT_ADAMW = 4, /* Adam with decoupled weight decay (weight_decay) */
     PS_OPT_FTRL = 5,  /* FTRL-Proximal: sparse tables only (ps_table_spec) */
+    /* Row-wise Adagrad: one accumulator per row (of the row's mean squared gradient), the
+     * update p -= lr / (sqrt(acc) + epsilon) * g; sparse tables only (ps_table_spec). */
+    PS_OPT_ROWWISE_ADAGRAD = 6,
 } ps_optimizer;
 
 /* Canonical lower-case name of an optimizer ("sgd", "momentum", "adagrad", "adam", "adamw"),
@@ -478,7 +484,8 @@ typedef struct ps_table_spec {
     ps_initializer initializer; /* ZEROS, CONSTANT, UNIFORM or NORMAL */
     double init_a, init_b;
     uint64_t seed;
-    ps_optimizer optimizer; /* any, PS_OPT_FTRL included; per-row ("lazy") updates */
+    ps_optimizer optimizer; /* any, PS_OPT_FTRL and PS_OPT_ROWWISE_ADAGRAD included; per-row
+                               ("lazy") updates; Adam's step count is one per row */
     double learning_rate;   /* FTRL: alpha */
     double momentum;
     bool nesterov;
@@ -493,11 +500,16 @@ typedef struct ps_table_spec {
      * a pull by a worker at clock c waits until every live worker reached c - s), as for
      * variables (docs/design.md). */
     int staleness;
+    /* How the servers store the rows' parameters: PS_FLOAT32 (the default), PS_BFLOAT16 or
+     * PS_FLOAT16 (half the bytes; each update rounds them, and an update smaller than half a
+     * unit in the last place is lost; not with PS_OPT_ADAMW, whose decay would be). The
+     * optimizer's state stays float32; pulls and pushes still carry float32 rows. */
+    ps_dtype dtype;
 } ps_table_spec;
 
 /* Fills *spec with the defaults (zeros initializer, the optimizer's default settings as for
- * variables; FTRL: learning_rate 0.05, ftrl_beta 1, l1 = l2 = 0; no admission or eviction;
- * staleness PS_STALENESS_DEFAULT). */
+ * variables; FTRL: learning_rate 0.05, ftrl_beta 1, l1 = l2 = 0; row-wise Adagrad: Adagrad's;
+ * no admission or eviction; staleness PS_STALENESS_DEFAULT; dtype PS_FLOAT32). */
 void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_optimizer opt);
 
 /* Creates the table on every server (idempotent for the same spec; another spec under the

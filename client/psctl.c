@@ -212,6 +212,14 @@ static int cmd_status(ps_client *c)
 /* ---- vars ------------------------------------------------------------------------------ */
 
 /* A table's line (text) or object (JSON) in `vars`. */
+/* A table's optimizer: the variables' names and the tables' own. */
+static const char *table_optimizer_name(int opt)
+{
+    return opt == PS_OPT_FTRL              ? "ftrl"
+           : opt == PS_OPT_ROWWISE_ADAGRAD ? "rowwise_adagrad"
+                                           : ps_optimizer_name(opt);
+}
+
 static void print_table(const char *name, const ps_table_info *t, bool json)
 {
     uint64_t evicted = t->evicted_ttl + t->evicted_max_rows + t->evicted_memory;
@@ -222,9 +230,8 @@ static void print_table(const char *name, const ps_table_info *t, bool json)
                "\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"admissions\":%" PRIu64
                ",\"pushes_held_back\":%" PRIu64 ",\"evictions\":{\"ttl\":%" PRIu64
                ",\"max_rows\":%" PRIu64 ",\"memory\":%" PRIu64 "}}",
-               t->dim, t->staleness,
-               t->optimizer == PS_OPT_FTRL ? "ftrl" : ps_optimizer_name(t->optimizer), t->rows,
-               t->bytes, t->rows_created, t->pushes_counted, t->evicted_ttl, t->evicted_max_rows,
+               t->dim, t->staleness, table_optimizer_name(t->optimizer), t->rows, t->bytes,
+               t->rows_created, t->pushes_counted, t->evicted_ttl, t->evicted_max_rows,
                t->evicted_memory);
     } else {
         printf("%s\ttable dim=%u rows=%" PRIu64 " bytes=%" PRIu64 " admissions=%" PRIu64
@@ -302,9 +309,9 @@ static int cmd_table_one(ps_client *c, const char *name)
            "rows:            %" PRIu64 "\nbytes:           %" PRIu64 "\n"
            "admissions:      %" PRIu64 " (pushes held back by min_count: %" PRIu64 ")\n"
            "evictions:       ttl %" PRIu64 ", max_rows %" PRIu64 ", memory %" PRIu64 "\n",
-           name, t.dim, t.optimizer == PS_OPT_FTRL ? "ftrl" : ps_optimizer_name(t.optimizer),
-           t.staleness, t.staleness < 0 ? " (asynchronous)" : "", t.servers, t.rows, t.bytes,
-           t.rows_created, t.pushes_counted, t.evicted_ttl, t.evicted_max_rows, t.evicted_memory);
+           name, t.dim, table_optimizer_name(t.optimizer), t.staleness,
+           t.staleness < 0 ? " (asynchronous)" : "", t.servers, t.rows, t.bytes, t.rows_created,
+           t.pushes_counted, t.evicted_ttl, t.evicted_max_rows, t.evicted_memory);
     return 0;
 }
 

@@ -27,6 +27,7 @@ void ps_table_spec_init(ps_table_spec *spec, const char *name, uint32_t dim, ps_
     spec->initializer = PS_INIT_ZEROS;
     spec->optimizer = opt;
     spec->staleness = PS_STALENESS_DEFAULT;
+    spec->dtype = PS_FLOAT32;
     /* The optimizer's defaults: their rows of common/spec_fields.h, then the kind's own. */
 #define PS_HPARAM_DEFAULT_(field, pt, wt, def) spec->field = (def);
     PS_SPEC_HPARAMS(PS_HPARAM_DEFAULT_)
@@ -79,8 +80,27 @@ int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
         return client_fail(PS_INVALID_ARGUMENT, "ps_table_create: NULL argument");
     if (strlen(spec->name) == 0 || strlen(spec->name) > PS_MAX_NAME)
         return client_fail(PS_INVALID_ARGUMENT, "table name must be 1 to %d bytes", PS_MAX_NAME);
+    /* float32 travels as unspecified (the servers' one form of it); 0 is float32 too. */
+    Psd__V1__DType dtype;
+    switch ((int)spec->dtype) {
+    case 0:
+    case PS_FLOAT32:
+        dtype = PSD__V1__DTYPE__DTYPE_UNSPECIFIED;
+        break;
+    case PS_BFLOAT16:
+        dtype = PSD__V1__DTYPE__BFLOAT16;
+        break;
+    case PS_FLOAT16:
+        dtype = PSD__V1__DTYPE__FLOAT16;
+        break;
+    default:
+        return client_fail(PS_INVALID_ARGUMENT,
+                           "table \"%s\": dtype %d: not PS_FLOAT32, PS_BFLOAT16 or PS_FLOAT16",
+                           spec->name, (int)spec->dtype);
+    }
     Psd__V1__TableSpec w = PSD__V1__TABLE_SPEC__INIT;
     w.name = (char *)spec->name;
+    w.dtype = dtype;
     w.dim = spec->dim;
     w.optimizer = (Psd__V1__Optimizer)spec->optimizer;
     w.learning_rate = spec->learning_rate;

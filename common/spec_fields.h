@@ -19,8 +19,9 @@
  * PS_TABLE_HPARAMS are the optimizer's settings that only sparse tables carry (ps_table_spec,
  * the wire's TableSpec: FTRL's), in the same form. PS_HPARAM_KIND_DEFAULTS are the defaults
  * that an optimizer changes for itself, X(ID, field, default) with ID as in
- * common/optimizers.h (FTRL included); a field's default is its row's unless a row here names
- * the kind. These three lists are the one place of the optimizers' defaults. */
+ * common/optimizers.h (FTRL and ROWWISE_ADAGRAD, the tables' own, included); a field's default is
+ * its row's unless a row here names the kind. These three lists are the one place of the
+ * optimizers' defaults. */
 #ifndef PS_COMMON_SPEC_FIELDS_H
 #define PS_COMMON_SPEC_FIELDS_H
 
@@ -39,7 +40,8 @@
     X(l2, double, double, 0.0)
 
 #define PS_HPARAM_KIND_DEFAULTS(X)                                                                 \
-    X(ADAGRAD, epsilon, 1e-7) /* as Keras */                                                       \
+    X(ADAGRAD, epsilon, 1e-7)         /* as Keras */                                               \
+    X(ROWWISE_ADAGRAD, epsilon, 1e-7) /* as Adagrad */                                             \
     X(ADAM, learning_rate, 0.001)                                                                  \
     X(ADAMW, learning_rate, 0.001)                                                                 \
     X(FTRL, learning_rate, 0.05) /* FTRL's alpha */

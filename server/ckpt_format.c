@@ -321,14 +321,17 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
         ckr_u64(r, &rows, "a table record"))
         return -1;
     uint64_t per = 16 + 4 * (uint64_t)row_floats;
-    if (row_floats != table_row_floats(t) || pad != 0 || rows > (len - 20 - spec_len) / per ||
-        len != 20 + spec_len + rows * per)
+    /* Rows as this version writes them, or as before Adam's step count was one per row. */
+    bool legacy = row_floats != table_row_floats(t) && row_floats == table_legacy_row_floats(t);
+    if ((row_floats != table_row_floats(t) && !legacy) || pad != 0 ||
+        rows > (len - 20 - spec_len) / per || len != 20 + spec_len + rows * per)
         return errf(r->err, r->errlen,
                     "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
                     r->pos);
-    float *row = malloc((size_t)row_floats * 4);
+    float *row = malloc(((size_t)row_floats + table_row_floats(t)) * 4);
     if (row == NULL)
         return errf(r->err, r->errlen, "out of memory");
+    float *now = row + row_floats; /* a legacy row converted */
     for (uint64_t i = 0; i < rows; i++) {
         uint64_t id, upd;
         if (ckr_u64(r, &id, "a table row") || ckr_u64(r, &upd, "a table row") ||
@@ -336,7 +339,9 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
             free(row);
             return -1;
         }
-        int rc = table_insert_row(t, (int64_t)id, row, ckpt_row_time((int64_t)upd));
+        if (legacy)
+            table_row_from_legacy(t, row, now);
+        int rc = table_insert_row(t, (int64_t)id, legacy ? now : row, ckpt_row_time((int64_t)upd));
         if (rc != TABLE_OK) {
             free(row);
             return errf(r->err, r->errlen, "table \"%s\": row %" PRId64 " could not be restored%s",

@@ -86,9 +86,12 @@ static void loaded_drop_table(ckpt_loaded *l, size_t i)
 static int apply_table_delta(table *t, const ckpt_table_delta *d, char *err, size_t errlen)
 {
     uint64_t per = 16 + 4 * (uint64_t)d->row_floats, off = 0;
-    float *row = malloc((size_t)d->row_floats * 4);
+    /* Rows as written now, or as before Adam's step count was one per row (apply_delta). */
+    bool legacy = d->row_floats != table_row_floats(t);
+    float *row = malloc(((size_t)d->row_floats + table_row_floats(t)) * 4);
     if (row == NULL)
         return errf(err, errlen, "out of memory");
+    float *now = row + d->row_floats;
     for (uint32_t p = 0; p < d->nparts; p++) {
         uint32_t flags;
         uint64_t nrem, nrows;
@@ -108,7 +111,9 @@ static int apply_table_delta(table *t, const ckpt_table_delta *d, char *err, siz
             memcpy(&id, d->body + off, 8);
             memcpy(&upd, d->body + off + 8, 8);
             memcpy(row, d->body + off + 16, (size_t)d->row_floats * 4);
-            int rc = table_insert_row(t, id, row, ckpt_row_time(upd));
+            if (legacy)
+                table_row_from_legacy(t, row, now);
+            int rc = table_insert_row(t, id, legacy ? now : row, ckpt_row_time(upd));
             if (rc != TABLE_OK) {
                 free(row);
                 return errf(err, errlen, "table \"%s\": row %" PRId64 " could not be restored%s",
@@ -136,7 +141,9 @@ static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
                         td->name);
         const loaded_table *lt = &l->tables[b];
         if (lt->len != td->spec_len || memcmp(lt->spec, td->spec, td->spec_len) != 0 ||
-            table_row_floats(lt->t) != td->row_floats || table_partitions(lt->t) != td->nparts)
+            (table_row_floats(lt->t) != td->row_floats &&
+             table_legacy_row_floats(lt->t) != td->row_floats) ||
+            table_partitions(lt->t) != td->nparts)
             return errf(err, errlen,
                         "table \"%s\": the delta's spec differs from the one before it", td->name);
     }

@@ -82,6 +82,26 @@ OPT_LOOP static void apply_adagrad(float lr, float eps, float *restrict w,
     }
 }
 
+/* Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD, TorchRec's default for embeddings): one
+ * accumulator per row takes the mean of the row's squared gradient, and every element of the
+ * row steps by lr*g/(sqrt(acc) + eps). */
+OPT_LOOP static float row_mean_square(const unsigned char *restrict g, size_t n)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float gi = load_grad(g, i);
+        s += gi * gi;
+    }
+    return s / (float)n;
+}
+
+OPT_LOOP static void apply_scaled(float rate, float *restrict w, const unsigned char *restrict g,
+                                  size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] -= rate * load_grad(g, i);
+}
+
 /* Adam (Kingma & Ba, algorithm 1, epsilon outside the root) with a per-element
  * step count t: ranges of one variable are pushed as independent chunks, so
  * the step count cannot be a per-variable scalar. t is stored as float, which
@@ -156,11 +176,28 @@ OPT_LOOP static void adam_mixed_t(const adam_consts *c, float *restrict w,
     }
 }
 
-static void apply_adam_loop(const optimizer_params *p, float *restrict w,
-                            const unsigned char *restrict g, float *restrict m, float *restrict v,
-                            float *restrict t, size_t n)
+/* A table row's Adam step: its one step count t (optimizer_apply_row), the corrections
+ * computed once as in adam_uniform_t, so that a row gets the values a range of a variable
+ * whose elements all had step t - 1 would. */
+OPT_LOOP static void adam_row(const adam_consts *c, float tn, float *restrict w,
+                              const unsigned char *restrict g, float *restrict m, float *restrict v,
+                              size_t n)
 {
-    const adam_consts c = {
+    const float lr = c->lr, b1 = c->b1, omb1 = c->omb1, b2 = c->b2, omb2 = c->omb2, eps = c->eps;
+    const float bc1 = bias_correction(tn, c->l1), bc2 = bias_correction(tn, c->l2);
+    for (size_t i = 0; i < n; i++) {
+        float gi = load_grad(g, i);
+        float mi = b1 * m[i] + omb1 * gi;
+        float vi = b2 * v[i] + omb2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+static adam_consts adam_consts_of(const optimizer_params *p)
+{
+    return (adam_consts){
         .lr = p->learning_rate,
         .b1 = p->beta1,
         .omb1 = 1.0f - p->beta1,
@@ -170,6 +207,13 @@ static void apply_adam_loop(const optimizer_params *p, float *restrict w,
         .l1 = (float)log1p((double)p->beta1 - 1.0), /* b - 1 is exact in double */
         .l2 = (float)log1p((double)p->beta2 - 1.0),
     };
+}
+
+static void apply_adam_loop(const optimizer_params *p, float *restrict w,
+                            const unsigned char *restrict g, float *restrict m, float *restrict v,
+                            float *restrict t, size_t n)
+{
+    const adam_consts c = adam_consts_of(p);
     for (size_t off = 0; off < n; off += ADAM_BLOCK) {
         size_t k = n - off < ADAM_BLOCK ? n - off : ADAM_BLOCK;
         float t0 = t[off];
@@ -221,9 +265,19 @@ typedef struct optimizer_ops {
     int (*validate)(const optimizer_params *p, char *err, size_t errlen);
     /* Initial slot values; NULL: every slot 0. */
     void (*init)(const optimizer_params *p, float *const *slots, size_t n);
-    /* The update (see optimizer_apply). */
+    /* The update (see optimizer_apply); NULL for a kind only table rows have. */
     void (*apply)(const optimizer_params *p, float *params, const unsigned char *grad,
                   float *const *slots, size_t n);
+    /* A table row's own shape and update (optimizer_row_shape_of, optimizer_apply_row) where
+     * they differ from a variable's: apply_row NULL means the row is a range of `slots`
+     * arrays updated by `apply`, initialized by `init`. */
+    size_t row_slots, row_scalars, row_counts;
+    void (*init_row)(const optimizer_params *p, float *const *slots, float *scalars,
+                     uint32_t *counts, size_t dim);
+    void (*apply_row)(const optimizer_params *p, float *w, const unsigned char *grad,
+                      float *const *slots, float *scalars, uint32_t *counts, size_t dim);
+    /* Refused with 16-bit rows: the reason (optimizer_row_shape narrow_ok false); NULL: fine. */
+    const char *not_narrow;
 } optimizer_ops;
 
 /* Each check is written so that NaN fails it (comparisons with NaN are false). */
@@ -308,6 +362,22 @@ static void adam_apply(const optimizer_params *p, float *w, const unsigned char 
     apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
 }
 
+/* A row's step count: one more, saturating (t past 2^24 no longer changes the corrections). */
+static float row_step(uint32_t *counts)
+{
+    if (counts[0] != UINT32_MAX)
+        counts[0]++;
+    return (float)counts[0];
+}
+
+static void adam_apply_row(const optimizer_params *p, float *w, const unsigned char *g,
+                           float *const *slots, float *scalars, uint32_t *counts, size_t dim)
+{
+    (void)scalars;
+    const adam_consts c = adam_consts_of(p);
+    adam_row(&c, row_step(counts), w, g, slots[0], slots[1], dim);
+}
+
 static int adamw_validate(const optimizer_params *p, char *err, size_t errlen)
 {
     if (adam_validate(p, err, errlen) != 0)
@@ -328,6 +398,31 @@ static void adamw_apply(const optimizer_params *p, float *w, const unsigned char
     if (p->weight_decay != 0.0f)
         decay_weights(1.0f - p->learning_rate * p->weight_decay, w, n);
     apply_adam_loop(p, w, g, slots[0], slots[1], slots[2], n);
+}
+
+static void adamw_apply_row(const optimizer_params *p, float *w, const unsigned char *g,
+                            float *const *slots, float *scalars, uint32_t *counts, size_t dim)
+{
+    if (p->weight_decay != 0.0f)
+        decay_weights(1.0f - p->learning_rate * p->weight_decay, w, dim);
+    adam_apply_row(p, w, g, slots, scalars, counts, dim);
+}
+
+static void rowwise_adagrad_init_row(const optimizer_params *p, float *const *slots, float *scalars,
+                                     uint32_t *counts, size_t dim)
+{
+    (void)slots, (void)counts, (void)dim;
+    scalars[0] = p->initial_accumulator;
+}
+
+static void rowwise_adagrad_apply_row(const optimizer_params *p, float *w, const unsigned char *g,
+                                      float *const *slots, float *scalars, uint32_t *counts,
+                                      size_t dim)
+{
+    (void)slots, (void)counts;
+    float acc = scalars[0] + row_mean_square(g, dim);
+    scalars[0] = acc;
+    apply_scaled(p->learning_rate / (sqrtf(acc) + p->epsilon), w, g, dim);
 }
 
 static int ftrl_validate(const optimizer_params *p, char *err, size_t errlen)
@@ -352,10 +447,29 @@ static const optimizer_ops registry[] = {
                            .validate = adagrad_validate,
                            .init = adagrad_init,
                            .apply = adagrad_apply},
-    [OPTIMIZER_ADAM] = {.slots = 3, .validate = adam_validate, .apply = adam_apply},
-    [OPTIMIZER_ADAMW] = {.slots = 3, .validate = adamw_validate, .apply = adamw_apply},
+    /* A variable's t is per element (its ranges are pushed as independent chunks); a row's is
+     * one counter (a row is always updated whole). */
+    [OPTIMIZER_ADAM] = {.slots = 3,
+                        .validate = adam_validate,
+                        .apply = adam_apply,
+                        .row_slots = 2,
+                        .row_counts = 1,
+                        .apply_row = adam_apply_row},
+    [OPTIMIZER_ADAMW] = {.slots = 3,
+                         .validate = adamw_validate,
+                         .apply = adamw_apply,
+                         .row_slots = 2,
+                         .row_counts = 1,
+                         .apply_row = adamw_apply_row,
+                         .not_narrow = "adamw's decay multiplies the weights by 1 - learning_rate "
+                                       "* weight_decay each step, a change 16-bit rounding loses"},
     /* z and n start at 0. */
     [OPTIMIZER_FTRL] = {.slots = 2, .validate = ftrl_validate, .apply = ftrl_apply},
+    /* Table rows only (no variable update). */
+    [OPTIMIZER_ROWWISE_ADAGRAD] = {.validate = adagrad_validate,
+                                   .row_scalars = 1,
+                                   .init_row = rowwise_adagrad_init_row,
+                                   .apply_row = rowwise_adagrad_apply_row},
 };
 
 _Static_assert(sizeof(registry) / sizeof(registry[0]) == OPTIMIZER_KIND_COUNT,
@@ -366,13 +480,15 @@ static const char *const kind_names[] = {
     PS_OPTIMIZERS(PS_OPTIMIZER_NAME_)
 #undef PS_OPTIMIZER_NAME_
         [OPTIMIZER_FTRL] = "ftrl",
+    [OPTIMIZER_ROWWISE_ADAGRAD] = "rowwise_adagrad",
 };
 
 /* A kind is valid when it has a row with an update (a hole in the table does not count). */
 bool optimizer_kind_valid(int k)
 {
-    return k >= 0 && k < OPTIMIZER_KIND_COUNT && registry[k].apply != NULL &&
-           registry[k].slots <= OPTIMIZER_MAX_SLOTS;
+    return k >= 0 && k < OPTIMIZER_KIND_COUNT &&
+           (registry[k].apply != NULL || registry[k].apply_row != NULL) &&
+           registry[k].slots <= OPTIMIZER_MAX_SLOTS && registry[k].row_slots <= OPTIMIZER_MAX_SLOTS;
 }
 
 void optimizer_params_default(optimizer_params *p, optimizer_kind kind)
@@ -491,7 +607,55 @@ void optimizer_apply(const optimizer_params *p, float *params, const void *grad,
     if (p == NULL || params == NULL || grad == NULL || n == 0 || !optimizer_kind_valid(p->kind))
         return;
     const optimizer_ops *ops = &registry[p->kind];
-    if (!slots_present(ops, slots))
+    if (ops->apply == NULL || !slots_present(ops, slots))
         return;
     ops->apply(p, params, grad, slots, n);
+}
+
+void optimizer_row_shape_of(optimizer_kind k, optimizer_row_shape *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!optimizer_kind_valid(k))
+        return;
+    const optimizer_ops *ops = &registry[k];
+    out->slots = ops->apply_row != NULL ? ops->row_slots : ops->slots;
+    out->scalars = ops->row_scalars;
+    out->counts = ops->row_counts;
+    out->narrow_ok = ops->not_narrow == NULL;
+}
+
+const char *optimizer_not_narrow(optimizer_kind k)
+{
+    return optimizer_kind_valid(k) ? registry[k].not_narrow : NULL;
+}
+
+void optimizer_init_row(const optimizer_params *p, float *const *slots, float *scalars,
+                        uint32_t *counts, size_t dim)
+{
+    if (p == NULL || !optimizer_kind_valid(p->kind))
+        return;
+    const optimizer_ops *ops = &registry[p->kind];
+    if (ops->apply_row == NULL) {
+        optimizer_init_slots(p, slots, dim);
+        return;
+    }
+    for (size_t s = 0; s < ops->row_slots; s++)
+        fill_floats(slots[s], 0.0f, dim);
+    fill_floats(scalars, 0.0f, ops->row_scalars);
+    for (size_t c = 0; c < ops->row_counts; c++)
+        counts[c] = 0;
+    if (ops->init_row != NULL)
+        ops->init_row(p, slots, scalars, counts, dim);
+}
+
+void optimizer_apply_row(const optimizer_params *p, float *w, const void *grad, float *const *slots,
+                         float *scalars, uint32_t *counts, size_t dim)
+{
+    if (p == NULL || !optimizer_kind_valid(p->kind) || dim == 0)
+        return;
+    const optimizer_ops *ops = &registry[p->kind];
+    if (ops->apply_row == NULL)
+        ops->apply(p, w, grad, slots, dim);
+    else
+        ops->apply_row(p, w, grad, slots, scalars, counts, dim);
 }

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "optimizers.h"
 #include "spec_fields.h"
@@ -27,13 +28,15 @@ typedef enum {
 #undef PS_OPTIMIZER_KIND_
     /* Server-side kinds that the wire does not carry yet (their settings are not in
      * PS_SPEC_HPARAMS): usable by sparse tables (server/table.h), refused for a variable
-     * created over the wire (optimizer_on_wire). Value PS_OPTIMIZER_COUNT is reserved for
-     * FTRL when it is added to common/optimizers.h. */
+     * created over the wire (optimizer_on_wire). Their values are the wire's TableSpec
+     * optimizer numbers (proto/ps.proto OPT_FTRL, OPT_ROWWISE_ADAGRAD). */
     OPTIMIZER_FTRL = PS_OPTIMIZER_COUNT,
+    /* Row-wise Adagrad: one accumulator per table row (rows only: see optimizer_row_shape). */
+    OPTIMIZER_ROWWISE_ADAGRAD = PS_OPTIMIZER_COUNT + 1,
 } optimizer_kind;
 
 /* Number of optimizer kinds (valid kinds are 0 .. OPTIMIZER_KIND_COUNT - 1). */
-#define OPTIMIZER_KIND_COUNT (PS_OPTIMIZER_COUNT + 1)
+#define OPTIMIZER_KIND_COUNT (PS_OPTIMIZER_COUNT + 2)
 
 /* True for a kind that the wire (ps.proto's Optimizer) carries: those of common/optimizers.h. */
 #define optimizer_on_wire(k) ((int)(k) >= 0 && (int)(k) < PS_OPTIMIZER_COUNT)
@@ -50,8 +53,8 @@ typedef enum {
  *   learning_rate        all kinds: finite, > 0
  *   momentum             MOMENTUM: finite, in [0, 1)
  *   beta1, beta2         ADAM, ADAMW: finite, in [0, 1)
- *   epsilon              ADAM, ADAMW, ADAGRAD: finite, > 0
- *   initial_accumulator  ADAGRAD: finite, >= 0
+ *   epsilon              ADAM, ADAMW, ADAGRAD, ROWWISE_ADAGRAD: finite, > 0
+ *   initial_accumulator  ADAGRAD, ROWWISE_ADAGRAD: finite, >= 0
  *   weight_decay         ADAMW: finite, >= 0 (learning_rate * weight_decay <= 1)
  *   ftrl_beta, l1, l2    FTRL: finite, >= 0 */
 typedef struct optimizer_params {
@@ -79,7 +82,8 @@ void optimizer_params_default(optimizer_params *p, optimizer_kind kind);
  * to errlen). Never crashes on any input. */
 int optimizer_validate(const optimizer_params *p, char *err, size_t errlen);
 
-/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl".
+/* Canonical lower-case name of a kind: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl",
+ * "rowwise_adagrad".
  * Returns "unknown" (never NULL) for a value outside the enum. */
 const char *optimizer_name(optimizer_kind k);
 
@@ -93,10 +97,46 @@ bool optimizer_kind_valid(int k);
 
 /* Number of float state arrays one variable needs for kind k: sgd 0,
  * momentum 1 (accumulator a), adagrad 1 (accumulator acc), adam and adamw 3
- * (m, v and the per-element step count t stored as float), ftrl 2 (z and n).
- * Returns 0 for an
- * unknown kind. */
+ * (m, v and the per-element step count t stored as float), ftrl 2 (z and n),
+ * rowwise_adagrad 0 (a variable cannot have it: its ranges arrive as chunks that are not
+ * rows). Returns 0 for an unknown kind. */
 size_t optimizer_slot_count(optimizer_kind k);
+
+/* The optimizer state of one sparse table row of `dim` parameters, which is always updated
+ * whole (optimizer_apply_row): `slots` float arrays of dim elements, then `scalars` floats
+ * and `counts` uint32 counters of the row itself. sgd 0/0/0, momentum 1/0/0, adagrad 1/0/0,
+ * ftrl 2/0/0 (as for variables); adam and adamw 2 (m, v) / 0 / 1 (the row's step count t:
+ * every element of a row takes the same steps); rowwise_adagrad 0 / 1 (the accumulator of the
+ * row's mean squared gradient, TorchRec's and FBGEMM's row-wise Adagrad) / 0. `narrow_ok`:
+ * the kind can keep the parameters in 16 bits (bfloat16, float16), with its state in float32;
+ * false for adamw, whose decay multiplies the weights by 1 - learning_rate * weight_decay
+ * (0.99999 by default), a change 16-bit rounding loses. All zero for an unknown kind. */
+typedef struct optimizer_row_shape {
+    size_t slots, scalars, counts;
+    bool narrow_ok;
+} optimizer_row_shape;
+void optimizer_row_shape_of(optimizer_kind k, optimizer_row_shape *out);
+/* Why kind k cannot keep 16-bit parameters (narrow_ok false), for an error message; NULL when
+ * it can or is unknown. */
+const char *optimizer_not_narrow(optimizer_kind k);
+
+/* Writes a new row's initial state (shape as optimizer_row_shape_of(p->kind)): slots[i] point
+ * at dim floats each, scalars at its floats, counts at its counters. Adagrad's accumulators
+ * (element or row) start at initial_accumulator, the rest at 0. Does nothing for an unknown
+ * kind or a NULL p. */
+void optimizer_init_row(const optimizer_params *p, float *const *slots, float *scalars,
+                        uint32_t *counts, size_t dim);
+
+/* Applies one update to a whole row w[0..dim) with the gradient grad (unaligned, host order
+ * float32 as for optimizer_apply) and the row's state (as optimizer_init_row). The same
+ * update as optimizer_apply for every kind a variable has, except:
+ *   adam, adamw      the row's step count t (one counter, saturating at 2^32 - 1) replaces
+ *                    the per-element one: the same values as optimizer_apply on a whole range
+ *                    whose elements all had that t
+ *   rowwise_adagrad  acc += sum(g*g)/dim; p -= (lr/(sqrt(acc) + eps))*g
+ * p is assumed validated; nothing is written for an unknown kind. */
+void optimizer_apply_row(const optimizer_params *p, float *w, const void *grad, float *const *slots,
+                         float *scalars, uint32_t *counts, size_t dim);
 
 /* Writes the initial values of the n elements of every slot of p->kind:
  * slots[i] must point at n writable floats for i < optimizer_slot_count().

@@ -24,7 +24,11 @@
 #include "table_layout.h"
 #include "util.h"
 
-#define SLAB_BYTES (64u * 1024u)
+/* The largest of jemalloc's small size classes (with 4 KiB pages): small classes are packed in
+ * runs with nothing between them, where every large allocation (16 KiB and up) gets a page of
+ * its own for cache-oblivious placement, which at 64 KiB slabs kept 6-9% of the rows' bytes
+ * resident more (bench/RESULTS.md, lean rows). A row larger than this has a slab of its own. */
+#define SLAB_BYTES (14u * 1024u)
 #define MAX_MIN_COUNT 65535u
 
 /* The admission sketch's key of an id (table_sketch_admit): independent of its placement. */
@@ -63,7 +67,7 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
         p->free_head = row_at(t, p, s1 - 1)->next;
         return s1;
     }
-    uint32_t per_slab = 1u << t->slab_shift;
+    uint32_t per_slab = t->slab_rows;
     if (p->used == UINT32_MAX - 1) {
         *fail = TABLE_LIMIT;
         return 0;
@@ -149,6 +153,13 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
     char why[200];
     if (optimizer_validate(&s->opt, why, sizeof(why)) != 0)
         return errf(err, errlen, "table %s: %s", s->name, why);
+    if (row_dtype_size(s->dtype) == 0)
+        return errf(err, errlen, "table %s: dtype %d: unknown (float32, bfloat16 or float16)",
+                    s->name, (int)s->dtype);
+    const char *wide = optimizer_not_narrow(s->opt.kind);
+    if (s->dtype != ROW_FLOAT32 && wide != NULL)
+        return errf(err, errlen, "table %s: %s rows cannot have optimizer %s: %s", s->name,
+                    row_dtype_name(s->dtype), optimizer_name(s->opt.kind), wide);
     if (initializer_validate(&s->init, NULL, 0, why, sizeof(why)) != 0)
         return errf(err, errlen, "table %s: %s", s->name, why);
     if (s->init.kind == INITIALIZER_GLOROT_UNIFORM)
@@ -199,6 +210,11 @@ static int partition_init(table *t, partition *p)
     if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
     p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
+    if (t->dtype != ROW_FLOAT32) {
+        if ((p->wide = malloc((size_t)t->dim * sizeof(float))) == NULL)
+            return -1;
+        p->bytes += (size_t)t->dim * sizeof(float);
+    }
     return table_sketch_init(t, p);
 }
 
@@ -217,14 +233,25 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->dim = spec->dim;
     t->opt = spec->opt;
     t->init = spec->init;
-    t->nslots = (uint32_t)optimizer_slot_count(spec->opt.kind);
-    t->row_floats = t->dim * (1 + t->nslots);
+    optimizer_row_shape shape;
+    optimizer_row_shape_of(spec->opt.kind, &shape);
+    t->nslots = (uint32_t)shape.slots;
+    t->nscalars = (uint32_t)shape.scalars;
+    t->ncounts = (uint32_t)shape.counts;
+    t->row_floats = t->dim * (1 + t->nslots) + t->nscalars + t->ncounts;
+    t->dtype = spec->dtype;
+    t->param_bytes = (uint32_t)((t->dim * row_dtype_size(t->dtype) + 3) & ~(size_t)3);
     /* Rounded up to the header's alignment, so that every row header in a slab is aligned. */
-    t->row_bytes = sizeof(row_header) + (size_t)t->row_floats * sizeof(float);
+    t->row_bytes =
+        sizeof(row_header) + t->param_bytes + (size_t)(t->row_floats - t->dim) * sizeof(float);
     t->row_bytes = (t->row_bytes + _Alignof(row_header) - 1) & ~(_Alignof(row_header) - 1);
-    t->slab_shift = 0;
-    while (((size_t)2 << t->slab_shift) * t->row_bytes <= SLAB_BYTES)
-        t->slab_shift++;
+    /* As many rows as fit in SLAB_BYTES with their bitmap (table_layout.h), at least one. */
+    t->slab_rows = (uint32_t)(SLAB_BYTES / t->row_bytes);
+    while (t->slab_rows > 1 &&
+           (size_t)t->slab_rows * t->row_bytes + ((size_t)t->slab_rows + 63) / 64 * 8 > SLAB_BYTES)
+        t->slab_rows--;
+    if (t->slab_rows == 0)
+        t->slab_rows = 1;
     t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
     /* Every partition keeps at least one row of max_rows: fewer partitions for a smaller one. */
     while (spec->max_rows != 0 && t->nparts > spec->max_rows)
@@ -304,6 +331,32 @@ uint32_t table_row_floats(const table *t)
     return t->row_floats;
 }
 
+row_dtype table_dtype(const table *t)
+{
+    return t->dtype;
+}
+
+uint32_t table_legacy_row_floats(const table *t)
+{
+    if (t->ncounts == 0)
+        return t->row_floats;
+    return t->dim * (1 + (uint32_t)optimizer_slot_count(t->opt.kind));
+}
+
+void table_row_from_legacy(const table *t, const float *legacy, float *out)
+{
+    /* Adam's legacy row: parameters, m, v, then the step count of each element. */
+    size_t keep = (size_t)t->dim * (1 + t->nslots) + t->nscalars;
+    memcpy(out, legacy, keep * sizeof(float));
+    if (t->ncounts == 0)
+        return;
+    const float *steps = legacy + keep;
+    float most = 0.0f;
+    for (uint32_t i = 0; i < t->dim; i++)
+        most = steps[i] > most ? steps[i] : most;
+    out[keep] = most;
+}
+
 uint32_t table_partitions(const table *t)
 {
     return t->nparts;
@@ -325,8 +378,10 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
         pthread_rwlock_rdlock(&p->lock);
         count_add(&p->lookups, 1);
         uint32_t slot1 = table_index_find(&p->ix, ids[i], h);
-        if (slot1 != 0)
-            memcpy(dst, row_floats(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
+        if (slot1 != 0 && t->dtype == ROW_FLOAT32)
+            memcpy(dst, row_params(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
+        else if (slot1 != 0)
+            row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
         else
             count_add(&p->lookup_misses, 1);
         pthread_rwlock_unlock(&p->lock);
@@ -362,12 +417,18 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
     row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
     r->updated_ms = 0;
-    float *w = row_floats(r);
-    initializer_fill_row(&t->init, t->name_key, id, w, t->dim);
-    float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+    if (t->dtype == ROW_FLOAT32) {
+        initializer_fill_row(&t->init, t->name_key, id, (float *)(void *)row_params(r), t->dim);
+    } else {
+        float *wide = p->wide; /* the initializer's row before rounding */
+        initializer_fill_row(&t->init, t->name_key, id, wide, t->dim);
+        row_dtype_narrow(t->dtype, row_params(r), wide, t->dim);
+    }
+    float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
     for (uint32_t s = 0; s < t->nslots; s++)
-        slots[s] = w + (size_t)(s + 1) * t->dim;
-    optimizer_init_slots(&t->opt, slots, t->dim);
+        slots[s] = state + (size_t)s * t->dim;
+    optimizer_init_row(&t->opt, slots, state + (size_t)t->nslots * t->dim, row_counts(t, r),
+                       t->dim);
     /* The probe runs again: an eviction above may have shifted entries. */
     table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
     table_lru_push_front(t, p, slot1);
@@ -380,15 +441,16 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
 /* ---- push -------------------------------------------------------------------------------- */
 
 typedef struct batch {
-    size_t nu;        /* distinct ids */
-    int64_t *uids;    /* [nu] */
-    uint64_t *hashes; /* [nu] */
-    float *sums;      /* [nu * dim] summed gradients */
-    uint32_t *order;  /* [nu] distinct ids grouped by partition */
-    uint32_t *starts; /* [nparts + 1] group bounds in order */
-    uint32_t *of;     /* [n] the distinct index of each id (table_push_track only) */
-    bool *udone;      /* [nu] done with that distinct id (table_push_track only) */
-    float *saved;     /* [row_floats] a row as it was before its update */
+    size_t nu;            /* distinct ids */
+    int64_t *uids;        /* [nu] */
+    uint64_t *hashes;     /* [nu] */
+    float *sums;          /* [nu * dim] summed gradients */
+    uint32_t *order;      /* [nu] distinct ids grouped by partition */
+    uint32_t *starts;     /* [nparts + 1] group bounds in order */
+    uint32_t *of;         /* [n] the distinct index of each id (table_push_track only) */
+    bool *udone;          /* [nu] done with that distinct id (table_push_track only) */
+    unsigned char *saved; /* [row_bytes] a row as it was before its update */
+    float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
 } batch;
 
 static void batch_free(batch *b)
@@ -401,6 +463,7 @@ static void batch_free(batch *b)
     free(b->of);
     free(b->udone);
     free(b->saved);
+    free(b->wide);
 }
 
 /* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
@@ -418,13 +481,14 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     b->sums = malloc(n * (size_t)t->dim * sizeof(float));
     b->order = malloc(n * sizeof(*b->order));
     b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
-    b->saved = malloc((size_t)t->row_floats * sizeof(float));
+    b->saved = malloc(t->row_bytes);
+    b->wide = malloc((size_t)t->dim * sizeof(float));
     if (track) {
         b->of = malloc(n * sizeof(*b->of));
         b->udone = calloc(n, sizeof(*b->udone));
     }
     if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
-        b->order == NULL || b->starts == NULL || b->saved == NULL ||
+        b->order == NULL || b->starts == NULL || b->saved == NULL || b->wide == NULL ||
         (track && (b->of == NULL || b->udone == NULL))) {
         free(map);
         batch_free(b);
@@ -514,7 +578,7 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
     int rc = TABLE_OK;
     uint64_t refused = 0, overflowed = 0;
     int64_t first_refused = 0, first_overflowed = 0;
-    const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
+    const size_t body_bytes = t->row_bytes - sizeof(row_header);
     /* The partition to start at, from the batch alone (concurrent pushes of different ids
      * start apart): every copy of a replicated table goes through a push's partitions in the
      * same order, so that what the budget lets each one make is the same. */
@@ -552,17 +616,33 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 }
             }
             row_header *r = row_at(t, p, slot1 - 1);
-            float *w = row_floats(r);
-            float *slots[OPTIMIZER_MAX_SLOTS] = {0};
+            unsigned char *body = row_params(r);
+            float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
             for (uint32_t s = 0; s < t->nslots; s++)
-                slots[s] = w + (size_t)(s + 1) * t->dim;
-            memcpy(b.saved, w, row_bytes);
-            optimizer_apply(&t->opt, w, b.sums + (size_t)u * t->dim, slots, t->dim);
+                slots[s] = state + (size_t)s * t->dim;
+            memcpy(b.saved, body, body_bytes);
+            bool narrow = t->dtype != ROW_FLOAT32;
+            float *w = narrow ? b.wide : (float *)(void *)body;
+            if (narrow)
+                row_dtype_widen(t->dtype, w, body, t->dim);
+            optimizer_apply_row(&t->opt, w, b.sums + (size_t)u * t->dim, slots,
+                                state + (size_t)t->nslots * t->dim, row_counts(t, r), t->dim);
             if (b.udone)
                 b.udone[u] = true;
-            if (!all_finite((const unsigned char *)w, t->row_floats, &bad)) {
+            bool finite;
+            if (narrow) {
+                /* Rounded to the dtype, then read back: past its range is infinite. */
+                row_dtype_narrow(t->dtype, body, w, t->dim);
+                row_dtype_widen(t->dtype, w, body, t->dim);
+                finite = all_finite((const unsigned char *)w, t->dim, &bad) &&
+                         all_finite((const unsigned char *)state, state_floats(t), &bad);
+            } else {
+                /* float32: the parameters and the state's floats are contiguous. */
+                finite = all_finite(body, t->dim + state_floats(t), &bad);
+            }
+            if (!finite) {
                 /* Finite gradients that overflow the row: it keeps its values. */
-                memcpy(w, b.saved, row_bytes);
+                memcpy(body, b.saved, body_bytes);
                 if (overflowed++ == 0)
                     first_overflowed = id;
                 continue;
@@ -667,7 +747,7 @@ size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float 
             if (table_index_find(&p->ix, r->id, table_id_hash(r->id)) != s + 1)
                 continue;
             ids[n] = r->id;
-            memcpy(rows + n * (size_t)t->dim, row_floats(r), t->dim * sizeof(float));
+            row_dtype_widen(t->dtype, rows + n * (size_t)t->dim, row_params(r), t->dim);
             n++;
         }
         bool more = s < p->used;
@@ -706,7 +786,7 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
         rc = row_make(t, p, id, h, &slot1);
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
-        memcpy(row_floats(r), floats, t->row_floats * sizeof(float));
+        row_from_floats(t, r, floats);
         r->updated_ms = updated_ms;
         table_lru_unlink(t, p, slot1);
         table_lru_push_front(t, p, slot1);

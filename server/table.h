@@ -1,4 +1,5 @@
-/* Sparse tables: int64 id -> a row of `dim` float32 and its optimizer's per-row slots.
+/* Sparse tables: int64 id -> a row of `dim` parameters (float32, bfloat16 or float16) and its
+ * optimizer's per-row state (float32).
  *
  * A table is the server-side store of one sparse embedding table's rows held by this server
  * (which rows a server holds is common/placement.h's placement_table_owner). Rows are made
@@ -10,21 +11,24 @@
  * the top bits of a mix of the id; each has its own lock, its own open-addressing index
  * (linear probing, deletion by backward shift: no tombstones; doubled by itself past 3/4
  * full, so a growth stalls only that partition) and its own slabs of rows (a row is a
- * 24-byte header (id, update time, LRU links) then dim parameters then dim floats per slot,
- * contiguous; slabs are allocated SLAB_BYTES at a time, never per row; removed rows' slots are
- * reused first). Pushes to different partitions apply in parallel; pulls take a partition's lock
- * shared.
+ * 24-byte header (id, update time, LRU links) then dim parameters in the table's dtype then the
+ * optimizer's state: dim floats per slot, and the row's own scalars and counters
+ * (optimizer_row_shape), contiguous; slabs are allocated SLAB_BYTES at a time, never per row;
+ * removed rows' slots are reused first). Pushes to different partitions apply in parallel; pulls
+ * take a partition's lock shared.
  *
  * ids: every int64 value is a valid id, negative ones included (they are hashed as their
  * two's complement uint64; nothing is reserved).
  *
  * Gradients: a batch is applied as one sparse step: duplicate ids are summed first (in the
  * batch's order), then each distinct row gets one optimizer update. Optimizers are lazy: only
- * the rows of the batch change; Adam's step count t is per row (per element, as for dense
- * variables), so a row's bias correction counts that row's updates. A batch holding a NaN or
- * infinite gradient is refused whole (nothing applied). A finite gradient whose update would
- * overflow a row (a parameter or slot to inf or NaN) is refused for that row: the row keeps
- * its values (TABLE_OVERFLOW), so a table never holds a non-finite value.
+ * the rows of the batch change; Adam's step count t is one counter per row, so a row's bias
+ * correction counts that row's updates. A 16-bit table (dtype) widens a row's parameters to
+ * float32 for the update and rounds them back (to nearest, ties to even); its optimizer state
+ * stays float32. Pulls widen; the rows travel in float32 (or the client's wire-dtype). A batch
+ * holding a NaN or infinite gradient is refused whole (nothing applied). A finite gradient whose
+ * update would overflow a row (a parameter or slot to inf or NaN) is refused for that row: the row
+ * keeps its values (TABLE_OVERFLOW), so a table never holds a non-finite value.
  *
  * Admission and eviction (all optional, per table):
  *   min_count  a row is made only by the push that brings its id's count to min_count (a
@@ -63,6 +67,7 @@
 
 #include "initializer.h"
 #include "optimizer.h"
+#include "row_dtype.h"
 
 /* Limits of a table's settings. */
 #define TABLE_MAX_DIM 65536
@@ -98,7 +103,9 @@ void table_set_budget_arg(table *t, void *arg);
 /* Settings of a table, all fixed at creation. */
 typedef struct table_spec {
     const char *name;        /* 1..TABLE_MAX_NAME bytes; copied */
-    uint32_t dim;            /* floats per row, 1..TABLE_MAX_DIM */
+    uint32_t dim;            /* parameters per row, 1..TABLE_MAX_DIM */
+    row_dtype dtype;         /* the parameters' storage (ROW_FLOAT32 when zeroed); 16 bits
+                                only with an optimizer whose row shape is narrow_ok */
     optimizer_params opt;    /* any kind of the registry, FTRL included; validated */
     initializer_params init; /* ZEROS, CONSTANT, UNIFORM or NORMAL; validated */
     uint32_t min_count;      /* pushes of an id before its row is made; 0 or 1: the first */
@@ -147,8 +154,18 @@ void table_destroy(table *t);
 
 const char *table_name(const table *t);
 uint32_t table_dim(const table *t);
-/* Floats per row in a slab: dim * (1 + slot count of the optimizer). */
+/* Floats of a row as copies, checkpoints and table_insert_row have it: dim parameters (widened
+ * to float32), then the optimizer's row state (optimizer_row_shape: dim floats per slot, the
+ * row's scalars, its counters as floats). */
 uint32_t table_row_floats(const table *t);
+row_dtype table_dtype(const table *t);
+
+/* The row floats of checkpoints written before a row's Adam step count was one counter:
+ * dim * (1 + optimizer_slot_count) (Adam, AdamW: 4 * dim, the step count per element); the
+ * same as table_row_floats for every other table. table_row_from_legacy converts one such row
+ * into out[0..table_row_floats) (the row's step count: the largest of its elements'). */
+uint32_t table_legacy_row_floats(const table *t);
+void table_row_from_legacy(const table *t, const float *legacy, float *out);
 
 /* Writes the rows of ids[0..n) into out[0..n*dim), in the given order (duplicates repeated):
  * a row's current parameters, or its initializer row when it has none (no row is made). */

@@ -93,7 +93,7 @@ static int copy_all(table *t, partition *p, table_rows *out)
         row_header *r = row_at(t, p, s1 - 1);
         out->ids[i] = r->id;
         out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        row_to_floats(t, r, out->floats + i * t->row_floats);
     }
     out->n = i;
     return 0;
@@ -118,7 +118,7 @@ static int copy_changed(table *t, partition *p, table_rows *out)
             i--;
             out->ids[i] = r->id;
             out->updated_ms[i] = r->updated_ms;
-            memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+            row_to_floats(t, r, out->floats + i * t->row_floats);
         }
         if (i != 0) /* fewer marked rows than counted: an internal error, copy whole instead */
             return -1;
@@ -135,7 +135,7 @@ static int copy_changed(table *t, partition *p, table_rows *out)
 static void clear_marks(table *t, partition *p)
 {
     if (p->ndirty > 0) {
-        size_t off = ((size_t)1 << t->slab_shift) * t->row_bytes;
+        size_t off = (size_t)t->slab_rows * t->row_bytes;
         for (uint32_t i = 0; i < p->nslabs; i++)
             memset(p->slabs[i] + off, 0, slab_bitmap_bytes(t));
         p->ndirty = 0;
@@ -172,7 +172,6 @@ static int copy_raw(table *t, partition *p, raw_part *raw)
 static int raw_rows(const table *t, raw_part *raw, table_rows *out)
 {
     size_t n = raw->count, ss = slab_size(t);
-    uint32_t mask = (1u << t->slab_shift) - 1;
     out->full = true;
     if (n > 0) {
         if (rows_alloc(t, out, n) != 0)
@@ -181,13 +180,13 @@ static int raw_rows(const table *t, raw_part *raw, table_rows *out)
     size_t i = 0;
     for (uint32_t s1 = raw->lru_tail; s1 != 0 && i < n; i++) {
         uint32_t slot = s1 - 1;
-        if ((slot >> t->slab_shift) >= raw->nslabs)
+        if (slot / t->slab_rows >= raw->nslabs)
             return -1; /* not the partition's links: an internal error */
-        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot >> t->slab_shift) * ss +
-                                               (size_t)(slot & mask) * t->row_bytes);
+        row_header *r = (row_header *)(void *)(raw->bytes + (size_t)(slot / t->slab_rows) * ss +
+                                               (size_t)(slot % t->slab_rows) * t->row_bytes);
         out->ids[i] = r->id;
         out->updated_ms[i] = r->updated_ms;
-        memcpy(out->floats + i * t->row_floats, row_floats(r), t->row_floats * sizeof(float));
+        row_to_floats(t, r, out->floats + i * t->row_floats);
         s1 = r->prev;
     }
     out->n = i;

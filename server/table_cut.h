@@ -34,9 +34,9 @@ static inline void table_write_lock(table *t, partition *p)
 static inline uint64_t *table_dirty_word(const table *t, const partition *p, uint32_t slot,
                                          uint64_t *bit)
 {
-    uint32_t i = slot & ((1u << t->slab_shift) - 1);
-    unsigned char *slab = p->slabs[slot >> t->slab_shift];
-    uint64_t *bm = (uint64_t *)(void *)(slab + ((size_t)1 << t->slab_shift) * t->row_bytes);
+    uint32_t i = slot % t->slab_rows;
+    unsigned char *slab = p->slabs[slot / t->slab_rows];
+    uint64_t *bm = (uint64_t *)(void *)(slab + (size_t)t->slab_rows * t->row_bytes);
     *bit = UINT64_C(1) << (i & 63);
     return bm + (i >> 6);
 }

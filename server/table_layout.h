@@ -8,12 +8,19 @@
  * Layout of one partition:
  *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
  *           deletion), doubled when it would pass 3/4 full.
- *   slabs   rows_per_slab (a power of two) rows of row_bytes each, then a dirty bitmap (one bit
- *           per slot, table_cut.h); slot s lives in slab s >> slab_shift at
- *           s & (rows_per_slab - 1). Slabs are never moved or freed before the table, so a row
- *           pointer stays valid under the partition's lock.
- *   rows    a row_header (id, update time, LRU links) then dim parameters, then dim floats
- *           per optimizer slot. Free slots are chained through the header's `next`.
+ *   slabs   slab_rows rows of row_bytes each, then a dirty bitmap (one bit per slot,
+ *           table_cut.h): as many rows as fit in SLAB_BYTES (14 KiB, one of the allocator's
+ *           size classes, so that no slab is rounded up by a fraction of a row size: with
+ *           152-byte rows a power-of-two count wasted 5%), at least one; slot s lives in slab
+ *           s / slab_rows at s % slab_rows. Slabs are never moved or freed before the table, so
+ *           a row pointer stays valid under the partition's lock.
+ *   rows    a row_header (id, update time, LRU links), then the dim parameters in the table's
+ *           dtype (float32, bfloat16 or float16; param_bytes, padded to 4 bytes), then the
+ *           optimizer's state in float32 (optimizer_row_shape): nslots arrays of dim floats,
+ *           nscalars floats of the row, ncounts uint32 counters of the row. Free slots are
+ *           chained through the header's `next`. A row's "floats" (row_to_floats: copies,
+ *           checkpoints, restore) are table_row_floats values: the parameters widened to
+ *           float32, the slots, the scalars, then each counter as a float.
  *   lru     a doubly linked list of the rows, most recently updated first (table_evict.h).
  *   sketch  with min_count > 1: the admission count-min sketch (table_evict.c).
  *
@@ -27,7 +34,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "row_dtype.h"
 #include "table.h"
 #include "table_index.h"
 
@@ -48,6 +57,7 @@ typedef struct partition {
     uint32_t lru_head, lru_tail;
     uint16_t *sketch;
     uint32_t sketch_events;
+    float *wide; /* 16-bit tables: one row's parameters in float32 (row_make) */
     uint64_t bytes;
     /* Checkpoint cuts (table_cut_begin). A slot's dirty bit (in its slab's bitmap) says its
      * row was made or updated since the partition's last copy; ndirty counts them. */
@@ -66,8 +76,11 @@ struct table {
     char *name;
     uint64_t name_key; /* placement_hash(name): the initializer's table key */
     uint32_t dim, nslots, row_floats;
+    uint32_t nscalars, ncounts; /* the optimizer's per-row floats and counters */
+    row_dtype dtype;            /* the parameters' storage type */
+    uint32_t param_bytes;       /* bytes of the parameters in a row, padded to 4 */
     size_t row_bytes;
-    uint32_t slab_shift; /* rows per slab = 1 << slab_shift */
+    uint32_t slab_rows;  /* rows per slab */
     uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
     uint32_t nparts;
     optimizer_params opt;
@@ -115,25 +128,68 @@ static inline void budget_give(table *t, uint64_t bytes)
 
 static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
 {
-    uint32_t mask = (1u << t->slab_shift) - 1;
-    return (row_header *)(p->slabs[slot >> t->slab_shift] + (size_t)(slot & mask) * t->row_bytes);
+    return (row_header *)(p->slabs[slot / t->slab_rows] +
+                          (size_t)(slot % t->slab_rows) * t->row_bytes);
 }
 
-static inline float *row_floats(row_header *h)
+/* The parameters of a row, in the table's dtype (float32: row_state's floats follow them). */
+static inline unsigned char *row_params(row_header *h)
 {
-    return (float *)(h + 1);
+    return (unsigned char *)(h + 1);
+}
+
+/* The optimizer's state of a row: nslots * dim + nscalars floats, then ncounts counters. */
+static inline float *row_state(const table *t, row_header *h)
+{
+    return (float *)(void *)(row_params(h) + t->param_bytes);
+}
+
+static inline uint32_t *row_counts(const table *t, row_header *h)
+{
+    return (uint32_t *)(void *)(row_state(t, h) + (size_t)t->nslots * t->dim + t->nscalars);
+}
+
+/* Floats of a row's state that are floats (the counters excluded). */
+static inline size_t state_floats(const table *t)
+{
+    return (size_t)t->nslots * t->dim + t->nscalars;
+}
+
+/* out[0..row_floats) = the row's floats (see the layout above). */
+static inline void row_to_floats(const table *t, row_header *h, float *out)
+{
+    row_dtype_widen(t->dtype, out, row_params(h), t->dim);
+    size_t nf = state_floats(t);
+    memcpy(out + t->dim, row_state(t, h), nf * sizeof(float));
+    const uint32_t *c = row_counts(t, h);
+    for (uint32_t i = 0; i < t->ncounts; i++)
+        out[t->dim + nf + i] = (float)c[i];
+}
+
+/* The row's contents from in[0..row_floats) (row_to_floats' form): parameters rounded to the
+ * dtype, counters from their floats (clamped to 0 .. 2^32 - 1; NaN as 0). */
+static inline void row_from_floats(const table *t, row_header *h, const float *in)
+{
+    row_dtype_narrow(t->dtype, row_params(h), in, t->dim);
+    size_t nf = state_floats(t);
+    memcpy(row_state(t, h), in + t->dim, nf * sizeof(float));
+    uint32_t *c = row_counts(t, h);
+    for (uint32_t i = 0; i < t->ncounts; i++) {
+        float v = in[t->dim + nf + i];
+        c[i] = v >= 4294967295.0f ? UINT32_MAX : v >= 1.0f ? (uint32_t)v : 0;
+    }
 }
 
 /* Bytes of a slab's dirty bitmap (after its rows: one bit per slot). */
 static inline size_t slab_bitmap_bytes(const table *t)
 {
-    return (((size_t)1 << t->slab_shift) + 63) / 64 * sizeof(uint64_t);
+    return ((size_t)t->slab_rows + 63) / 64 * sizeof(uint64_t);
 }
 
 /* Bytes of one slab: its rows, then its dirty bitmap. */
 static inline size_t slab_size(const table *t)
 {
-    return ((size_t)1 << t->slab_shift) * t->row_bytes + slab_bitmap_bytes(t);
+    return (size_t)t->slab_rows * t->row_bytes + slab_bitmap_bytes(t);
 }
 
 /* ---- teardown ---------------------------------------------------------------------------- */
@@ -156,6 +212,7 @@ static inline void partition_fini(partition *p)
     free(p->gone);
     table_index_fini(&p->ix);
     free(p->sketch);
+    free(p->wide);
 }
 
 /* Frees t once its owner (table_destroy) and every cut (table_cut_free) have let go of it. */

@@ -220,6 +220,22 @@ int registry_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err,
     out->init.a = s->init_a;
     out->init.b = s->init_b;
     out->init.seed = s->seed;
+    switch (s->dtype) {
+    case PSD__V1__DTYPE__DTYPE_UNSPECIFIED:
+    case PSD__V1__DTYPE__FLOAT32:
+        out->dtype = ROW_FLOAT32;
+        break;
+    case PSD__V1__DTYPE__BFLOAT16:
+        out->dtype = ROW_BFLOAT16;
+        break;
+    case PSD__V1__DTYPE__FLOAT16:
+        out->dtype = ROW_FLOAT16;
+        break;
+    default:
+        snprintf(err, errlen, "table \"%s\": dtype %d is not one of FLOAT32, BFLOAT16, FLOAT16",
+                 s->name, (int)s->dtype);
+        return STATUS_INVALID_ARGUMENT;
+    }
     out->min_count = s->min_count;
     out->ttl_ms = s->ttl_ms;
     out->max_rows = s->max_rows;

@@ -40,6 +40,9 @@ void handle_table_create(rpc_call *call, void *arg)
                         s->name, s->num_servers, st->num_servers);
         return;
     }
+    /* float32 rows are stored as unspecified: one spec whichever way a client says it. */
+    if (s->dtype == PSD__V1__DTYPE__FLOAT32)
+        s->dtype = PSD__V1__DTYPE__DTYPE_UNSPECIFIED;
     bool from_default = s->staleness == -2;
     if (from_default)
         s->staleness = st->default_staleness;

@@ -317,6 +317,10 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     tc.batch_size = (int)opt_int(o, OPT_BATCH_SIZE);
     tc.epochs = (int)opt_int(o, OPT_EPOCHS);
     tc.steps = opt_int(o, OPT_STEPS);
+    const char *edt = opt_enum(o, OPT_EMBED_DTYPE);
+    tc.embed_dtype = strcmp(edt, "bfloat16") == 0  ? PS_BFLOAT16
+                     : strcmp(edt, "float16") == 0 ? PS_FLOAT16
+                                                   : PS_FLOAT32;
     if (ps_optimizer_parse(opt_enum(o, OPT_OPTIMIZER), &tc.optimizer) != PS_OK) {
         log_error("--optimizer: %s", ps_last_error());
         return TRAIN_EXIT_CONFIG;

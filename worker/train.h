@@ -29,6 +29,7 @@ typedef struct train_config {
     int epochs;
     int64_t steps; /* > 0 overrides epochs */
     ps_optimizer optimizer;
+    ps_dtype embed_dtype; /* --model embbag-mlp: how the servers store the table's rows */
     double lr;
     double momentum;
     bool nesterov;

@@ -65,6 +65,7 @@ static int create_cluster_state(emb_trainer *t)
     ts.learning_rate = cfg->lr;
     ts.momentum = cfg->momentum;
     ts.nesterov = cfg->nesterov;
+    ts.dtype = cfg->embed_dtype;
     int rc = ps_table_create(t->client, &ts, &t->table);
     if (rc != PS_OK) {
         log_error("creating table %s: %s: %s", name, ps_strerror(rc), ps_last_error());

@@ -698,6 +698,139 @@ static void test_table_delta_chain(void **state)
     state_fini(&st);
 }
 
+/* Rewrites the Adam table records (type 6) of the checkpoint at path as they were written
+ * before a row's step count was one counter: 4 * dim floats a row, the step count repeated for
+ * every element. Fixes the records' CRCs and the end record's total. */
+static void rewrite_adam_rows_as_legacy(const char *path, uint32_t dim)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static unsigned char in[1 << 22], out[1 << 22];
+    size_t n = fread(in, 1, sizeof(in), f);
+    fclose(f);
+    assert_true(n > 64 && n < sizeof(in));
+    memcpy(out, in, 64);
+    size_t pos = 64, o = 64;
+    uint64_t total = 0;
+    int rewritten = 0;
+    while (pos < n) {
+        uint32_t type;
+        uint64_t len;
+        memcpy(&type, in + pos, 4);
+        memcpy(&len, in + pos + 8, 8);
+        size_t rec = 16 + (size_t)len + 4;
+        assert_true(pos + rec <= n);
+        const unsigned char *pl = in + pos + 16;
+        uint32_t spec_len = 0, rf = 0, legacy_rf = 4 * dim;
+        if (type == CKPT_REC_TABLE) {
+            memcpy(&spec_len, pl, 4);
+            memcpy(&rf, pl + 4 + spec_len, 4);
+        }
+        if (type == CKPT_REC_TABLE && rf == 3 * dim + 1) { /* the Adam table's */
+            uint64_t rows;
+            memcpy(&rows, pl + 4 + spec_len + 8, 8);
+            uint64_t nlen = 4 + spec_len + 16 + rows * (16 + 4 * (uint64_t)legacy_rf);
+            unsigned char *q = out + o;
+            memcpy(q, in + pos, 8);
+            memcpy(q + 8, &nlen, 8);
+            memcpy(q + 16, pl, 4 + spec_len);
+            memcpy(q + 16 + 4 + spec_len, &legacy_rf, 4);
+            memcpy(q + 16 + 4 + spec_len + 4, pl + 4 + spec_len + 4, 12);
+            const unsigned char *src = pl + 4 + spec_len + 16;
+            unsigned char *dst = q + 16 + 4 + spec_len + 16;
+            for (uint64_t i = 0; i < rows; i++) {
+                memcpy(dst, src, 16 + 12 * (size_t)dim); /* id, time, parameters, m, v */
+                float t;
+                memcpy(&t, src + 16 + 12 * (size_t)dim, 4);
+                for (uint32_t k = 0; k < dim; k++)
+                    memcpy(dst + 16 + 12 * (size_t)dim + 4 * k, &t, 4);
+                src += 16 + 4 * (size_t)rf;
+                dst += 16 + 4 * (size_t)legacy_rf;
+            }
+            uint32_t crc = (uint32_t)crc32(0L, q, (uInt)(16 + nlen));
+            memcpy(q + 16 + nlen, &crc, 4);
+            o += 16 + nlen + 4;
+            total += nlen;
+            rewritten++;
+        } else if (type == CKPT_REC_END) {
+            memcpy(out + o, in + pos, 24);
+            memcpy(out + o + 24, &total, 8);
+            uint32_t crc = (uint32_t)crc32(0L, out + o, 32);
+            memcpy(out + o + 32, &crc, 4);
+            o += rec;
+        } else {
+            memcpy(out + o, in + pos, rec);
+            o += rec;
+            total += len;
+        }
+        pos += rec;
+    }
+    assert_int_equal(rewritten, 1);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(out, 1, o, f), o);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A checkpoint written before Adam's step count was one per row (4 * dim floats a row) still
+ * restores: the rows come back with their step counts; a table of another dtype carries it in
+ * its spec record. */
+static void test_table_legacy_adam_rows(void **state)
+{
+    (void)state;
+    clear_dir();
+    server_state st;
+    state_init(&st, 0, 1);
+    enum { DIM = 3 };
+    const Psd__V1__Optimizer opts[] = {PSD__V1__OPTIMIZER__OPT_ADAM,
+                                       PSD__V1__OPTIMIZER__OPT_ROWWISE_ADAGRAD};
+    const char *names[] = {"adam_rows", "rw_half"};
+    table *tabs[2];
+    for (int i = 0; i < 2; i++) {
+        Psd__V1__TableSpec ts = PSD__V1__TABLE_SPEC__INIT;
+        ts.name = (char *)names[i];
+        ts.dim = DIM;
+        ts.optimizer = opts[i];
+        ts.learning_rate = 0.01;
+        ts.beta1 = 0.9;
+        ts.beta2 = 0.999;
+        ts.epsilon = 1e-8;
+        ts.initial_accumulator = 0.1;
+        ts.staleness = -1;
+        ts.num_servers = 1;
+        if (i == 1)
+            ts.dtype = PSD__V1__DTYPE__FLOAT16;
+        uint8_t spec[256];
+        size_t len = psd__v1__table_spec__pack(&ts, spec);
+        char err[512];
+        if (server_table_make(&st, spec, len, &tabs[i], err, sizeof(err)) != 0)
+            fail_msg("server_table_make: %s", err);
+        assert_int_equal(server_table_register(&st, tabs[i], spec, len), 0);
+    }
+    assert_int_equal(table_row_floats(tabs[0]), 3 * DIM + 1);
+    assert_int_equal(table_dtype(tabs[1]), ROW_FLOAT16);
+    char err[512];
+    for (int64_t id = 0; id < 40; id++) {
+        float g[DIM] = {0.5f, -0.25f, (float)id / 8};
+        for (int step = 0; step <= id % 5; step++)
+            for (int i = 0; i < 2; i++)
+                assert_int_equal(
+                    table_push(tabs[i], &id, 1, g, 1700000000000 + id, err, sizeof(err)), TABLE_OK);
+    }
+    checkpoint_info info;
+    write_one(&st, 1, &info);
+    rewrite_adam_rows_as_legacy(info.path, DIM);
+    server_state back;
+    checkpoint_info rinfo;
+    assert_int_equal(restore(&back, 0, 1, &rinfo), CKPT_RESTORED);
+    assert_int_equal(rinfo.table_rows, 80);
+    assert_int_equal(server_tables_checksum(&back, 1), server_tables_checksum(&st, 1));
+    server_tables_free(&back);
+    state_fini(&back);
+    server_tables_free(&st);
+    state_fini(&st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -708,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_replica_position_round_trip),
         cmocka_unit_test(test_initial_variable_is_its_spec),
         cmocka_unit_test(test_table_delta_chain),
+        cmocka_unit_test(test_table_legacy_adam_rows),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
     };

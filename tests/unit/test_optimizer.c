@@ -476,7 +476,8 @@ static void test_validate(void **state)
 static void test_names(void **state)
 {
     (void)state;
-    const char *names[] = {"sgd", "momentum", "adagrad", "adam", "adamw", "ftrl"};
+    const char *names[] = {"sgd",   "momentum", "adagrad",        "adam",
+                           "adamw", "ftrl",     "rowwise_adagrad"};
     _Static_assert(sizeof(names) / sizeof(names[0]) == OPTIMIZER_KIND_COUNT, "a name per kind");
     for (int k = 0; k < OPTIMIZER_KIND_COUNT; k++) {
         optimizer_kind out = OPTIMIZER_SGD;
@@ -555,6 +556,98 @@ static void test_apply_finite_keeps_overflowing_elements(void **state)
     assert_true(aw[0] < 1.0f && aw[2] < 1.0f && acc[0] > acc0);
 }
 
+/* A table row's shape and update (optimizer_row_shape_of, optimizer_apply_row). */
+static void test_row_shapes_and_updates(void **state)
+{
+    (void)state;
+    struct {
+        optimizer_kind k;
+        size_t slots, scalars, counts;
+        bool narrow;
+    } want[] = {
+        {OPTIMIZER_SGD, 0, 0, 0, true},
+        {OPTIMIZER_MOMENTUM, 1, 0, 0, true},
+        {OPTIMIZER_ADAGRAD, 1, 0, 0, true},
+        {OPTIMIZER_ADAM, 2, 0, 1, true},
+        {OPTIMIZER_ADAMW, 2, 0, 1, false},
+        {OPTIMIZER_FTRL, 2, 0, 0, true},
+        {OPTIMIZER_ROWWISE_ADAGRAD, 0, 1, 0, true},
+    };
+    _Static_assert(sizeof(want) / sizeof(want[0]) == OPTIMIZER_KIND_COUNT, "a row per kind");
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        optimizer_row_shape sh;
+        optimizer_row_shape_of(want[i].k, &sh);
+        assert_int_equal(sh.slots, want[i].slots);
+        assert_int_equal(sh.scalars, want[i].scalars);
+        assert_int_equal(sh.counts, want[i].counts);
+        assert_int_equal(sh.narrow_ok, want[i].narrow);
+        assert_int_equal(optimizer_not_narrow(want[i].k) == NULL, want[i].narrow);
+    }
+    optimizer_row_shape sh;
+    optimizer_row_shape_of((optimizer_kind)99, &sh);
+    assert_true(sh.slots == 0 && sh.scalars == 0 && sh.counts == 0 && !sh.narrow_ok);
+
+    /* Adam and AdamW: a row with one step count gives what a variable's range whose elements
+     * share t gives, bit for bit; the count is the row's steps. */
+    enum { D = 37 };
+    float g[D];
+    for (int i = 0; i < D; i++)
+        g[i] = (float)(i % 9) * 0.125f - 0.5f;
+    const optimizer_kind adams[] = {OPTIMIZER_ADAM, OPTIMIZER_ADAMW};
+    for (int a = 0; a < 2; a++) {
+        optimizer_params p;
+        optimizer_params_default(&p, adams[a]);
+        float wv[D], wr[D], sv[3][D], sr[2][D];
+        float *vslots[3] = {sv[0], sv[1], sv[2]}, *rslots[2] = {sr[0], sr[1]};
+        uint32_t t = 99;
+        for (int i = 0; i < D; i++)
+            wv[i] = wr[i] = (float)i * 0.01f;
+        optimizer_init_slots(&p, vslots, D);
+        optimizer_init_row(&p, rslots, NULL, &t, D);
+        assert_int_equal(t, 0);
+        for (int step = 0; step < 4; step++) {
+            optimizer_apply(&p, wv, g, vslots, D);
+            optimizer_apply_row(&p, wr, g, rslots, NULL, &t, D);
+        }
+        assert_int_equal(t, 4);
+        assert_memory_equal(wv, wr, sizeof(wv));
+        assert_memory_equal(sv[0], sr[0], sizeof(sr[0]));
+        assert_memory_equal(sv[1], sr[1], sizeof(sr[1]));
+        t = UINT32_MAX; /* saturates */
+        optimizer_apply_row(&p, wr, g, rslots, NULL, &t, D);
+        assert_int_equal(t, UINT32_MAX);
+    }
+
+    /* Row-wise Adagrad against the formula, computed here in double. */
+    optimizer_params p;
+    optimizer_params_default(&p, OPTIMIZER_ROWWISE_ADAGRAD);
+    assert_true(p.epsilon == 1e-7f && p.initial_accumulator == 0.1f);
+    p.learning_rate = 0.3f;
+    float w[D], acc = -1.0f;
+    double rw[D], racc = p.initial_accumulator;
+    for (int i = 0; i < D; i++)
+        rw[i] = w[i] = (float)i * 0.02f;
+    optimizer_init_row(&p, NULL, &acc, NULL, D);
+    assert_true(acc == 0.1f);
+    for (int step = 0; step < 5; step++) {
+        optimizer_apply_row(&p, w, g, NULL, &acc, NULL, D);
+        double ms = 0;
+        for (int i = 0; i < D; i++)
+            ms += (double)g[i] * g[i];
+        racc += ms / D;
+        for (int i = 0; i < D; i++)
+            rw[i] -= p.learning_rate / (sqrt(racc) + p.epsilon) * g[i];
+    }
+    assert_true(fabs(acc - racc) < 1e-6);
+    for (int i = 0; i < D; i++)
+        assert_true(fabs(w[i] - rw[i]) < 1e-5);
+    /* No variable update: optimizer_apply leaves a range alone. */
+    float before[D];
+    memcpy(before, w, sizeof(w));
+    optimizer_apply(&p, w, g, NULL, D);
+    assert_memory_equal(before, w, sizeof(w));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -572,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_row_shapes_and_updates),
         cmocka_unit_test(test_bad_apply_args),
         cmocka_unit_test(test_apply_finite_keeps_overflowing_elements),
     };

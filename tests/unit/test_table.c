@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "placement.h"
+#include "row_dtype.h"
 #include "table.h"
 #include "table_index.h"
 
@@ -280,6 +281,7 @@ static void test_removal_and_slot_reuse(void **state)
 {
     (void)state;
     table_spec s = base_spec("rm", 8, OPTIMIZER_ADAGRAD);
+    s.partitions = 1; /* the new ids land where the removed ones were freed */
     table *t = make(&s);
     enum { N = 20000 };
     int64_t *ids = malloc(N * sizeof(*ids));
@@ -335,9 +337,10 @@ static void test_memory_accounting(void **state)
     table_stats empty, st;
     table_stats_get(t, &empty);
     assert_true(empty.bytes > 0);
-    /* 24-byte header + 16 parameters + 3 slots of 16. */
-    assert_int_equal(empty.row_bytes, 24 + 4 * 16 * 4);
-    assert_int_equal(table_row_floats(t), 64);
+    /* 24-byte header + 16 parameters + 2 slots of 16 (m, v) + the row's step count, rounded
+     * to 8 bytes. */
+    assert_int_equal(empty.row_bytes, 24 + 3 * 16 * 4 + 8);
+    assert_int_equal(table_row_floats(t), 49);
     enum { N = 50000 };
     int64_t *ids = malloc(N * sizeof(*ids));
     float *g = calloc((size_t)N * 16, sizeof(float));
@@ -375,7 +378,7 @@ static void test_duplicates_summed(void **state)
     assert_int_equal(table_copy_partition(t, table_partition_of(t, 5), &rows), 0);
     for (size_t i = 0; i < rows.n; i++) {
         if (rows.ids[i] == 5) {
-            assert_true(rows.floats[i * rows.row_floats + 6] == 1.0f); /* t slot: one step */
+            assert_true(rows.floats[i * rows.row_floats + 6] == 1.0f); /* the row's t: one step */
             assert_true(rows.floats[i * rows.row_floats + 2] == (1.0f - 0.9f) * -1.5f);
         }
     }
@@ -400,6 +403,16 @@ typedef struct ref_row {
 static void ref_apply(const optimizer_params *p, ref_row *r, const double *g)
 {
     double lr = p->learning_rate;
+    if (p->kind == OPTIMIZER_ROWWISE_ADAGRAD) {
+        /* One accumulator (s[0][0]) of the row's mean squared gradient. */
+        double ms = 0;
+        for (int k = 0; k < REF_DIM; k++)
+            ms += g[k] * g[k];
+        r->s[0][0] += ms / REF_DIM;
+        for (int k = 0; k < REF_DIM; k++)
+            r->w[k] -= lr / (sqrt(r->s[0][0]) + p->epsilon) * g[k];
+        return;
+    }
     for (int k = 0; k < REF_DIM; k++) {
         double gi = g[k], *w = &r->w[k];
         switch (p->kind) {
@@ -437,6 +450,8 @@ static void ref_apply(const optimizer_params *p, ref_row *r, const double *g)
                 *w = -(*z - (*z > 0 ? p->l1 : -p->l1)) / ((p->ftrl_beta + sqrt(*n)) / lr + p->l2);
             break;
         }
+        default:
+            break;
         }
     }
 }
@@ -482,7 +497,9 @@ static void check_against_reference(optimizer_kind kind)
                 init_row(t, &s, (int64_t)id * 1000 - 20000, w0);
                 for (int k = 0; k < REF_DIM; k++) {
                     ref[id].w[k] = w0[k];
-                    ref[id].s[0][k] = kind == OPTIMIZER_ADAGRAD ? s.opt.initial_accumulator : 0;
+                    ref[id].s[0][k] = kind == OPTIMIZER_ADAGRAD || kind == OPTIMIZER_ROWWISE_ADAGRAD
+                                          ? s.opt.initial_accumulator
+                                          : 0;
                 }
                 ref[id].made = true;
             }
@@ -510,8 +527,9 @@ static void check_against_reference(optimizer_kind kind)
 static void test_optimizers_against_reference(void **state)
 {
     (void)state;
-    const optimizer_kind kinds[] = {OPTIMIZER_SGD,  OPTIMIZER_MOMENTUM, OPTIMIZER_ADAGRAD,
-                                    OPTIMIZER_ADAM, OPTIMIZER_ADAMW,    OPTIMIZER_FTRL};
+    const optimizer_kind kinds[] = {
+        OPTIMIZER_SGD,   OPTIMIZER_MOMENTUM, OPTIMIZER_ADAGRAD,        OPTIMIZER_ADAM,
+        OPTIMIZER_ADAMW, OPTIMIZER_FTRL,     OPTIMIZER_ROWWISE_ADAGRAD};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
         check_against_reference(kinds[i]);
 }
@@ -781,10 +799,11 @@ static void test_memory_budget(void **state)
     table_destroy(t);
     assert_true(b.used == 0);
 
-    /* Room for one slab (1024 rows of 40 bytes) and an index of 1024 entries, not 2048: the
-     * index may not grow past 3/4 of 1024, so the table settles at 768 rows, the oldest
-     * giving their index entries to the new ones. */
-    b = (test_budget){.cap = empty + 8 * sizeof(void *) + 1024 * 40 + (1024 - 16) * 12 + 1000};
+    /* Room for three slabs (each the 357 rows of 40 bytes and their bitmap that fit in 14 KiB)
+     * and an index of 1024 entries, not 2048: the index may not grow past 3/4 of 1024, so the
+     * table settles at 768 rows, the oldest giving their index entries to the new ones. */
+    b = (test_budget){.cap = empty + 8 * sizeof(void *) + 3 * (357 * 40 + 6 * 8) +
+                             (1024 - 16) * 12 + 1000};
     t = make(&s);
     for (int base = 0; base < N; base += B) {
         for (int i = 0; i < B; i++)
@@ -1396,6 +1415,295 @@ static void test_cut_under_concurrent_pushes(void **state)
     table_destroy(t);
 }
 
+/* ---- lean rows: the row's Adam step, row-wise Adagrad's shape, 16-bit parameters ---- */
+
+/* The row floats of id in t (from a copy of its partition); false when it has no row. */
+static bool row_floats_of(table *t, int64_t id, float *out)
+{
+    table_rows rows;
+    assert_int_equal(table_copy_partition(t, table_partition_of(t, id), &rows), 0);
+    bool found = false;
+    for (size_t i = 0; i < rows.n; i++)
+        if (rows.ids[i] == id) {
+            memcpy(out, rows.floats + i * rows.row_floats, rows.row_floats * sizeof(float));
+            found = true;
+        }
+    table_rows_free(&rows);
+    return found;
+}
+
+static void test_adam_step_per_row(void **state)
+{
+    (void)state;
+    enum { D = 8 };
+    table_spec s = base_spec("adam_t", D, OPTIMIZER_ADAM);
+    table *t = make(&s);
+    /* m, v, then one step count: 3 * dim + 1 floats, the per-element t gone. */
+    assert_int_equal(table_row_floats(t), 3 * D + 1);
+    assert_int_equal(table_legacy_row_floats(t), 4 * D);
+    int64_t a = 11, b = 12;
+    float g[D];
+    for (int k = 0; k < D; k++)
+        g[k] = 0.25f * (float)(k + 1);
+    for (int step = 0; step < 5; step++)
+        push_ok(t, &a, 1, g, step);
+    push_ok(t, &b, 1, g, 9);
+    float row[3 * D + 1];
+    assert_true(row_floats_of(t, a, row));
+    assert_true(row[3 * D] == 5.0f);
+    assert_true(row_floats_of(t, b, row));
+    assert_true(row[3 * D] == 1.0f);
+    /* The same values as a dense variable's Adam on the whole row, five steps. */
+    float w[D], sl[3][D], *slots[3] = {sl[0], sl[1], sl[2]};
+    init_row(t, &s, a, w);
+    optimizer_init_slots(&s.opt, slots, D);
+    for (int step = 0; step < 5; step++)
+        optimizer_apply(&s.opt, w, g, slots, D);
+    float got[D];
+    table_pull(t, &a, 1, got);
+    assert_memory_equal(got, w, sizeof(w));
+    /* A checkpoint's row from before: parameters, m, v, a step count per element. */
+    float legacy[4 * D], now[3 * D + 1];
+    for (int k = 0; k < 4 * D; k++)
+        legacy[k] = k < 3 * D ? (float)k : 7.0f;
+    table_row_from_legacy(t, legacy, now);
+    for (int k = 0; k < 3 * D; k++)
+        assert_true(now[k] == (float)k);
+    assert_true(now[3 * D] == 7.0f);
+    assert_int_equal(table_insert_row(t, 99, now, 5), TABLE_OK);
+    assert_true(row_floats_of(t, 99, row));
+    assert_memory_equal(row, now, sizeof(now));
+    /* The counter saturates rather than wrapping. */
+    now[3 * D] = 1e12f;
+    assert_int_equal(table_insert_row(t, 99, now, 5), TABLE_OK);
+    assert_true(row_floats_of(t, 99, row));
+    assert_true(row[3 * D] == 4294967296.0f);
+    table_destroy(t);
+}
+
+static void test_rowwise_adagrad_shape(void **state)
+{
+    (void)state;
+    optimizer_row_shape sh;
+    optimizer_row_shape_of(OPTIMIZER_ROWWISE_ADAGRAD, &sh);
+    assert_true(sh.slots == 0 && sh.scalars == 1 && sh.counts == 0 && sh.narrow_ok);
+    assert_int_equal(optimizer_slot_count(OPTIMIZER_ROWWISE_ADAGRAD), 0);
+    assert_false(optimizer_on_wire(OPTIMIZER_ROWWISE_ADAGRAD)); /* no variable has it */
+    optimizer_kind k;
+    assert_int_equal(optimizer_parse("rowwise_adagrad", &k), 0);
+    assert_int_equal(k, OPTIMIZER_ROWWISE_ADAGRAD);
+    table_spec s = base_spec("rw", 16, OPTIMIZER_ROWWISE_ADAGRAD);
+    table *t = make(&s);
+    table_stats st;
+    table_stats_get(t, &st);
+    /* 24-byte header, 16 parameters, one accumulator: 92 bytes, rounded to 96 (Adagrad's
+     * element-wise accumulator makes it 152). */
+    assert_int_equal(st.row_bytes, 96);
+    assert_int_equal(table_row_floats(t), 17);
+    int64_t id = 3;
+    float g[16];
+    for (int i = 0; i < 16; i++)
+        g[i] = i < 8 ? 1.0f : -1.0f;
+    push_ok(t, &id, 1, g, 1);
+    float row[17], w0[16];
+    assert_true(row_floats_of(t, id, row));
+    init_row(t, &s, id, w0);
+    /* acc = 0.1 + mean(g^2) = 1.1; each element moves by lr / (sqrt(1.1) + eps). */
+    assert_true(fabsf(row[16] - 1.1f) < 1e-6f);
+    float step = s.opt.learning_rate / (sqrtf(1.1f) + s.opt.epsilon);
+    for (int i = 0; i < 16; i++)
+        assert_true(fabsf(row[i] - (w0[i] - step * g[i])) < 1e-6f);
+    table_destroy(t);
+}
+
+static void test_row_dtype_conversions(void **state)
+{
+    (void)state;
+    /* float16: exact values, rounding to nearest even, the range's ends, subnormals. */
+    const float in[] = {
+        1.0f,     -2.5f, 65504.0f,      65519.0f,
+        65520.0f, 1e-7f, 5.9604645e-8f, 1.00048828125f /* 1 + 2^-11: a tie, to even (1) */,
+        0.0f};
+    const uint16_t want[] = {0x3c00, 0xc100, 0x7bff, 0x7bff, 0x7c00, 0x0002, 0x0001, 0x3c00, 0};
+    uint16_t h[9];
+    row_dtype_narrow(ROW_FLOAT16, h, in, 9);
+    for (int i = 0; i < 9; i++) {
+        if (h[i] != want[i]) {
+            print_error("float16 of %g = 0x%04x, want 0x%04x\n", (double)in[i], h[i], want[i]);
+            fail();
+        }
+    }
+    float back[9];
+    row_dtype_widen(ROW_FLOAT16, back, h, 9);
+    assert_true(back[0] == 1.0f && back[1] == -2.5f && back[2] == 65504.0f);
+    assert_true(isinf(back[4]) && back[6] == 5.9604645e-8f && back[8] == 0.0f);
+    /* Every float16 value widens and narrows back to itself. */
+    for (uint32_t v = 0; v < 0x10000u; v++) {
+        uint16_t x = (uint16_t)v, y;
+        float f;
+        row_dtype_widen(ROW_FLOAT16, &f, &x, 1);
+        if (isnan(f))
+            continue;
+        row_dtype_narrow(ROW_FLOAT16, &y, &f, 1);
+        assert_int_equal(x, y);
+    }
+    /* Whole arrays (the CPU's conversion where it has one) give what one value at a time (the
+     * portable conversion) gives: every float16 value, and float32 values around its range. */
+    enum { NH = 65536, NF = 200000 };
+    uint16_t *all = malloc(NH * sizeof(*all)), *bulk = malloc(NF * sizeof(*bulk));
+    float *wide = malloc(NF * sizeof(*wide)), one;
+    for (uint32_t v = 0; v < NH; v++)
+        all[v] = (uint16_t)v;
+    row_dtype_widen(ROW_FLOAT16, wide, all, NH);
+    for (uint32_t v = 0; v < NH; v++) {
+        row_dtype_widen(ROW_FLOAT16, &one, &all[v], 1);
+        if (!isnan(one))
+            assert_memory_equal(&one, &wide[v], sizeof(one));
+    }
+    uint32_t seed = 1;
+    for (int i = 0; i < NF; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        /* exponents from 2^-30 to 2^17, any mantissa, either sign */
+        uint32_t bits = (seed & 0x807fffffu) | ((97u + (seed >> 8) % 48u) << 23);
+        memcpy(&wide[i], &bits, sizeof(bits));
+    }
+    row_dtype_narrow(ROW_FLOAT16, bulk, wide, NF);
+    for (int i = 0; i < NF; i++) {
+        uint16_t h1;
+        row_dtype_narrow(ROW_FLOAT16, &h1, &wide[i], 1);
+        if (h1 != bulk[i]) {
+            print_error("float16 of %a: 0x%04x one at a time, 0x%04x in bulk\n", (double)wide[i],
+                        h1, bulk[i]);
+            fail();
+        }
+    }
+    free(all);
+    free(bulk);
+    free(wide);
+    /* bfloat16: 8 bits of mantissa, ties to even. */
+    const float bin[] = {1.0f, 1.00390625f /* 1 + 2^-8: a tie, to 1 */, 1.01171875f, 3e38f};
+    uint16_t bh[4];
+    row_dtype_narrow(ROW_BFLOAT16, bh, bin, 4);
+    assert_int_equal(bh[0], 0x3f80);
+    assert_int_equal(bh[1], 0x3f80);
+    assert_int_equal(bh[2], 0x3f82); /* 1 + 3*2^-8 ties up to even 1 + 4*2^-8 */
+    assert_string_equal(row_dtype_name(ROW_BFLOAT16), "bfloat16");
+    assert_int_equal(row_dtype_size(ROW_FLOAT16), 2);
+    assert_int_equal(row_dtype_size((row_dtype)7), 0);
+}
+
+/* A 16-bit table against a float32 one: rows rounded, updates close, copies round trip. */
+static void check_narrow_table(row_dtype d, optimizer_kind kind)
+{
+    enum { D = 16, N = 64, STEPS = 20 };
+    table_spec s32 = base_spec("wide", D, kind), s16 = base_spec("wide", D, kind);
+    s16.dtype = d;
+    table *t32 = make(&s32), *t16 = make(&s16);
+    table_stats a, b;
+    table_stats_get(t32, &a);
+    table_stats_get(t16, &b);
+    assert_true(b.row_bytes == a.row_bytes - 32); /* 2 bytes a parameter less */
+    assert_int_equal(table_row_floats(t16), table_row_floats(t32));
+    assert_int_equal(table_dtype(t16), d);
+    int64_t ids[N];
+    float g[N * D];
+    unsigned seed = 7;
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < N; i++) {
+            ids[i] = i * 31;
+            for (int k = 0; k < D; k++) {
+                seed = seed * 1103515245u + 12345u;
+                g[i * D + k] = (float)((int)((seed >> 16) % 128) - 64) / 256.0f;
+            }
+        }
+        push_ok(t32, ids, N, g, step);
+        push_ok(t16, ids, N, g, step);
+    }
+    float r32[N * D], r16[N * D];
+    table_pull(t32, ids, N, r32);
+    table_pull(t16, ids, N, r16);
+    /* Each step rounds once, by at most half a unit in the last place (bfloat16 keeps 8 bits,
+     * float16 11): an update smaller than that may be lost whole (Adam's lr-sized steps). */
+    double u = d == ROW_BFLOAT16 ? 1.0 / 256 : 1.0 / 2048;
+    for (int i = 0; i < N * D; i++) {
+        double tol = STEPS * u * (fabs(r32[i]) > 0.5 ? fabs(r32[i]) : 0.5);
+        if (!(fabs((double)r16[i] - r32[i]) <= tol)) {
+            print_error("%s %s [%d]: %g against float32's %g\n", row_dtype_name(d),
+                        optimizer_name(kind), i, (double)r16[i], (double)r32[i]);
+            fail();
+        }
+        /* A pulled value is exactly a 16-bit one. */
+        uint16_t h;
+        float back;
+        row_dtype_narrow(d, &h, &r16[i], 1);
+        row_dtype_widen(d, &back, &h, 1);
+        assert_true(back == r16[i]);
+    }
+    /* Copies (checkpoints) round trip: the floats of a 16-bit table are its values exactly. */
+    table *c = make(&s16);
+    uint32_t rf = table_row_floats(t16);
+    for (uint32_t q = 0; q < table_partitions(t16); q++) {
+        table_rows rows;
+        assert_int_equal(table_copy_partition(t16, q, &rows), 0);
+        for (size_t i = 0; i < rows.n; i++)
+            assert_int_equal(table_insert_row(c, rows.ids[i], rows.floats + i * rf, 5), 0);
+        table_rows_free(&rows);
+    }
+    float rc[N * D];
+    table_pull(c, ids, N, rc);
+    assert_memory_equal(rc, r16, sizeof(rc));
+    float x[64], y[64];
+    assert_true(rf <= 64);
+    assert_true(row_floats_of(t16, ids[3], x));
+    assert_true(row_floats_of(c, ids[3], y));
+    assert_memory_equal(x, y, rf * sizeof(float));
+    table_destroy(c);
+    table_destroy(t32);
+    table_destroy(t16);
+}
+
+static void test_narrow_rows(void **state)
+{
+    (void)state;
+    const optimizer_kind kinds[] = {OPTIMIZER_SGD, OPTIMIZER_ADAGRAD, OPTIMIZER_ROWWISE_ADAGRAD,
+                                    OPTIMIZER_ADAM, OPTIMIZER_FTRL};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        check_narrow_table(ROW_BFLOAT16, kinds[i]);
+        check_narrow_table(ROW_FLOAT16, kinds[i]);
+    }
+}
+
+static void test_narrow_rows_refused(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    table *t = NULL;
+    table_spec s = base_spec("n", 4, OPTIMIZER_ADAMW);
+    s.dtype = ROW_BFLOAT16;
+    assert_int_equal(table_create(&s, &t, err, sizeof(err)), TABLE_INVALID);
+    assert_null(t);
+    assert_non_null(strstr(err, "bfloat16 rows cannot have optimizer adamw"));
+    s = base_spec("n", 4, OPTIMIZER_SGD);
+    s.dtype = (row_dtype)9;
+    assert_int_equal(table_create(&s, &t, err, sizeof(err)), TABLE_INVALID);
+    assert_non_null(strstr(err, "dtype 9: unknown"));
+    /* float16 overflows past 65504: that row is refused, the table keeps it finite. */
+    s = base_spec("n", 4, OPTIMIZER_SGD);
+    s.dtype = ROW_FLOAT16;
+    s.opt.learning_rate = 1.0f;
+    t = make(&s);
+    int64_t id = 1;
+    float g[4] = {-70000.0f, 0, 0, 0}, before[4], after[4];
+    table_pull(t, &id, 1, before);
+    uint16_t h[4];
+    row_dtype_narrow(ROW_FLOAT16, h, before, 4); /* the row is made from it, rounded */
+    row_dtype_widen(ROW_FLOAT16, before, h, 4);
+    assert_int_equal(table_push(t, &id, 1, g, 1, err, sizeof(err)), TABLE_OVERFLOW);
+    table_pull(t, &id, 1, after);
+    assert_memory_equal(before, after, sizeof(before));
+    table_destroy(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1409,6 +1717,11 @@ int main(void)
         cmocka_unit_test(test_duplicates_summed),
         cmocka_unit_test(test_optimizers_against_reference),
         cmocka_unit_test(test_ftrl_registry_row),
+        cmocka_unit_test(test_adam_step_per_row),
+        cmocka_unit_test(test_rowwise_adagrad_shape),
+        cmocka_unit_test(test_row_dtype_conversions),
+        cmocka_unit_test(test_narrow_rows),
+        cmocka_unit_test(test_narrow_rows_refused),
         cmocka_unit_test(test_min_count_admission),
         cmocka_unit_test(test_max_rows_evicts_least_recently_updated),
         cmocka_unit_test(test_ttl_sweep),

@@ -98,10 +98,16 @@ class TableSpec(Structure):
         ("ttl_ms", c_int64),
         ("max_rows", c_uint64),
         ("staleness", c_int),
+        ("dtype", c_int),
     ]
 
 
 PS_OPT_FTRL = 5
+PS_OPT_ROWWISE_ADAGRAD = 6
+# The tables' own optimizers (ps_optimizer_parse knows the variables').
+TABLE_OPTIMIZERS = {"ftrl": PS_OPT_FTRL, "rowwise_adagrad": PS_OPT_ROWWISE_ADAGRAD}
+# ps_table_spec.dtype: how the servers store a table's rows.
+TABLE_DTYPES = {"float32": 1, "bfloat16": 2, "float16": 3}
 
 
 class StepItem(Structure):

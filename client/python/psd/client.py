@@ -911,13 +911,16 @@ class Client:
                      ttl_ms: int = 0,
                      max_rows: int = 0,
                      staleness: int = -2,
+                     dtype: str = "float32",
                      **hparams: float) -> Table:
         """Creates a sparse table on every server (idempotent for the same spec; another
         spec raises AlreadyExistsError).
 
         Args:
             dim: floats per row, 1..65536.
-            optimizer: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl" (or a number).
+            optimizer: "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl",
+                "rowwise_adagrad" (one accumulator per row) (or a number). Adam's step count
+                is one per row.
             initializer: "zeros", "constant", "uniform" or "normal" (init_a, init_b, seed):
                 a row is a pure function of (seed, name, id).
             min_count: pushes of an id before its row is made; ttl_ms: rows not updated for
@@ -925,15 +928,23 @@ class Client:
             staleness: -2 the servers' default-staleness, -1 asynchronous, 0 BSP (a clock's
                 pushes applied as one update once every live worker passed it), s >= 1 SSP (a
                 worker's pull at clock c waits until every live worker reached c - s).
+            dtype: how the servers store the rows' parameters: "float32", or "bfloat16" /
+                "float16" (half the memory, each update rounded; the optimizer's state stays
+                float32; not with "adamw"). Rows are still pulled and pushed as float32.
             hparams: learning_rate, momentum, nesterov, beta1, beta2, epsilon,
                 initial_accumulator, weight_decay, ftrl_beta, l1, l2.
         Blocks.
         """
         if isinstance(optimizer, str):
-            opt = (_native.PS_OPT_FTRL if optimizer.lower() == "ftrl"
-                   else optimizer_parse(optimizer))
+            opt = _native.TABLE_OPTIMIZERS.get(optimizer.lower())
+            if opt is None:
+                opt = optimizer_parse(optimizer)
         else:
             opt = int(optimizer)
+        row_dtype = _native.TABLE_DTYPES.get(str(dtype).lower())
+        if row_dtype is None:
+            raise ValueError(f"table {name!r}: unknown dtype {dtype!r} (float32, bfloat16 or "
+                             f"float16)")
         init = _native.INITIALIZERS.get(initializer.lower())
         if init is None:
             raise ValueError(f"table {name!r}: unknown initializer {initializer!r}")
@@ -949,9 +960,11 @@ class Client:
         spec.ttl_ms = ttl_ms
         spec.max_rows = max_rows
         spec.staleness = staleness
+        spec.dtype = row_dtype
         known = {f for f, _ in _native.TableSpec._fields_}
         for field, value in hparams.items():
-            if field not in known or field in ("name", "dim", "optimizer", "initializer"):
+            if field not in known or field in ("name", "dim", "optimizer", "initializer",
+                                               "dtype"):
                 raise TypeError(f"table {name!r}: unknown setting {field!r}")
             setattr(spec, field, value)
         out = c_void_p()

@@ -41,6 +41,58 @@ def test_table_initializer_rows_are_deterministic(client: psd.Client, uname: str
     np.testing.assert_array_equal(t.pull(ids), a)
 
 
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 and back, to nearest even (the servers' rounding)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def test_table_16bit_rows(client: psd.Client, uname: str) -> None:
+    ids = np.array([3, -5, 3], dtype=np.int64)
+    grads = np.array([[0.1, 0.2], [0.3, -0.7], [0.05, 0.0]], dtype=np.float32)
+    init = np.float32(1.0 / 3.0)
+    for dtype, rnd in (("bfloat16", _round_bf16),
+                       ("float16", lambda a: a.astype(np.float16).astype(np.float32))):
+        t = client.create_table(f"{uname}/{dtype}", 2, optimizer="sgd", learning_rate=1.0,
+                                initializer="constant", init_a=float(init), dtype=dtype)
+        # the initializer's row, rounded once the row is made; each update rounded again
+        np.testing.assert_array_equal(t.pull(ids[:1]), [[init, init]])
+        t.push(ids, grads)
+        rows = t.pull(ids)
+        assert rows.dtype == np.float32
+        made = rnd(np.full(2, init, dtype=np.float32))
+        np.testing.assert_array_equal(rows[0], rnd(made - (grads[0] + grads[2])))
+        np.testing.assert_array_equal(rows[1], rnd(made - grads[1]))
+        # the same spec again is the same table; another dtype is another spec
+        client.create_table(f"{uname}/{dtype}", 2, optimizer="sgd", learning_rate=1.0,
+                            initializer="constant", init_a=float(init), dtype=dtype)
+        with pytest.raises(psd.AlreadyExistsError):
+            client.create_table(f"{uname}/{dtype}", 2, optimizer="sgd", learning_rate=1.0,
+                                initializer="constant", init_a=float(init))
+    # float32 said or left out: one spec
+    client.create_table(f"{uname}/f32", 2)
+    client.create_table(f"{uname}/f32", 2, dtype="float32")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        client.create_table(f"{uname}/bad", 2, dtype="int8")
+    with pytest.raises(psd.InvalidArgumentError, match="adamw"):
+        client.create_table(f"{uname}/aw", 2, optimizer="adamw", dtype="bfloat16")
+
+
+def test_table_rowwise_adagrad(client: psd.Client, uname: str) -> None:
+    t = client.create_table(uname, 4, optimizer="rowwise_adagrad", learning_rate=0.5,
+                            initial_accumulator=0.1, epsilon=1e-7)
+    g = np.array([[1.0, -1.0, 2.0, 0.0]], dtype=np.float32)
+    ids = np.array([9], dtype=np.int64)
+    t.push(ids, g)
+    t.push(ids, g)
+    acc, w = 0.1, np.zeros(4)
+    for _ in range(2):
+        acc += float(np.mean(g.astype(np.float64) ** 2))
+        w -= 0.5 / (np.sqrt(acc) + 1e-7) * g[0]
+    np.testing.assert_allclose(t.pull(ids)[0], w, rtol=1e-5, atol=1e-6)
+
+
 def test_table_errors(client: psd.Client, uname: str) -> None:
     t = client.create_table(uname, 2, optimizer="ftrl")
     with pytest.raises(TypeError, match="int64"):
