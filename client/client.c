@@ -1,5 +1,7 @@
-/* libpsclient: connection to the cluster, variables, and whole-variable operations split by
- * shard and chunk, all parts in flight at once. */
+/* libpsclient's client (psclient.h): opening and closing the connections to the cluster, its
+ * settings, per-group sequence numbers, heartbeats, and the calls and errors every operation
+ * shares; variables are in variables.c, their operations in ops.c, steps in step.c, tables in
+ * tables.c. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>

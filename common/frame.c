@@ -1,3 +1,4 @@
+/* The wire frame (frame.h): an Envelope and its optional tensor segment, built and parsed. */
 #include "frame.h"
 
 #include <stdio.h>

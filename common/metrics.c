@@ -1,3 +1,5 @@
+/* Prometheus metrics (metrics.h): counters, gauges and histograms, collectors, and the text
+ * exposition /metrics serves. */
 #include "metrics.h"
 
 #include <math.h>

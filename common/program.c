@@ -1,3 +1,5 @@
+/* A program's start (program.h): options from flags, environment and config file, the cluster
+ * spec, logging, and the usage and error exits every binary shares. */
 #include "program.h"
 
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* Status codes (status.h): their names and the mapping from nng's errors. */
 #include "status.h"
 
 #include <nng/nng.h>

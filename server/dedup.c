@@ -1,3 +1,6 @@
+/* The exactly-once table (dedup.h): per client a window of the sequence numbers applied, in
+ * shards with their LRU lists, eviction (idle, least recently heard), tombstones and floors
+ * for evicted clients, and export/import for checkpoints and copies. */
 #include "dedup.h"
 
 #include <pthread.h>

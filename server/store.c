@@ -1,3 +1,5 @@
+/* The variables of a server state (store.h): the name table, variables and their range
+ * locks, the BSP aggregate, limits and the memory budget, and the checkpoint gate. */
 #include "store.h"
 
 #include <inttypes.h>

@@ -1,3 +1,5 @@
+/* The clock table of a server state (sync.h): workers' clocks and liveness, staleness waits
+ * and BSP barriers, evictions of silent workers, and export/import for checkpoints. */
 #include "sync.h"
 
 #include <pthread.h>
