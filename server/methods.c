@@ -1,14 +1,22 @@
 /* The method table of ps-server: each method's request type, handler and flags. RPC_LOGGED
  * marks the methods that change state: a replicated group's primary logs them and its backups
- * apply them in log order (replica.c reads the flag: server_method_logged). */
+ * apply them in log order (repl_route.c reads the flag: server_method_logged). */
 #include "methods.h"
 
 #include "admin_rpc.h"
-#include "replica.h"
+#include "status.h"
 #include "step_rpc.h"
 #include "table_rpc.h"
 #include "update.h"
 #include "var_rpc.h"
+
+/* REPLICATE on a server that does not replicate (replicas 1). */
+static void refuse_replicate(rpc_call *call, void *arg)
+{
+    (void)arg;
+    rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                    "this server runs with replicas 1: it holds no replica group");
+}
 
 const rpc_method server_methods[] = {
     {PSD__V1__METHOD__CREATE_VARIABLE, "CreateVariable",
@@ -47,8 +55,9 @@ const rpc_method server_methods[] = {
      handle_table_push, RPC_SEGMENT | RPC_LOGGED},
     {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
      handle_table_export, RPC_ADMIN | RPC_POOL},
+    /* Replication's own (the cluster token); replica_start puts its handler in its table. */
     {PSD__V1__METHOD__REPLICATE, "Replicate", &psd__v1__replicate_request__descriptor,
-     replica_handle_replicate, RPC_POOL | RPC_MAY_SEGMENT}, /* its own: the cluster token */
+     refuse_replicate, RPC_POOL | RPC_MAY_SEGMENT},
 };
 const size_t server_methods_len = sizeof(server_methods) / sizeof(server_methods[0]);
 

@@ -2,11 +2,12 @@
  * (rgroup, rop), the members it streams to (rpeer), the process's replication state (repl) and
  * the functions one file offers the others. replica.h is the interface to the rest of the server.
  *
- * Files, bottom to top: repl_group.c (these types' life cycle, metrics), repl_log.c (the log and
- * its commit), repl_progress.c (the streams to the backups), repl_apply.c (a backup applies what
- * is streamed), repl_ckpt.c (checkpoints of groups taken over), repl_copy.c (rejoin copies),
- * repl_route.c (requests to the group's primary, logged), repl_view.c (view changes),
- * replica.c (start, stop, sweeps).
+ * Files, bottom to top (each calls only those below it): repl_group.c (the process's state,
+ * states made for copies), repl_log.c (the log and its commit), repl_progress.c (the streams to
+ * the backups), repl_route.c (requests to the group's primary, logged), repl_ckpt.c
+ * (checkpoints of groups taken over), repl_copy.c (rejoin copies), repl_apply.c (a backup
+ * applies what is streamed), repl_view.c (view changes), replica.c (start, stop, sweeps,
+ * metrics).
  *
  * Locks, always taken in this order: a group's swap (its state's contents replaced), repl.vlock
  * (the view), a group's order (one update at a time), a group's q (log, peers, commit); the view
@@ -148,11 +149,8 @@ typedef struct repl_applying {
 } repl_applying_t;
 extern _Thread_local repl_applying_t repl_applying;
 
-/* repl_group.c: states and groups made and freed, metrics. */
+/* repl_group.c: a state for the copy of group g (server_state_free frees it). */
 server_state *repl_state_make(uint32_t g, char *err, size_t errlen);
-void server_state_free(server_state *st);
-void repl_group_free(rgroup *G);
-void repl_metrics_collect(metrics_out *out, void *arg);
 
 /* repl_log.c: the log, its commit and the replies it holds. */
 bool repl_lease_valid_now(void);

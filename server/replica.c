@@ -13,6 +13,9 @@
 #include "sync.h"
 #include "timeutil.h"
 
+static void repl_metrics_collect(metrics_out *out, void *arg);
+static void repl_group_free(rgroup *G);
+
 int replica_start(const replica_config *cfg, server_state *own, char *err, size_t errlen)
 {
     if (cfg->replicas < 2 || cfg->replicas > REPLICA_MAX || cfg->replicas > cfg->num_servers ||
@@ -110,8 +113,9 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
     }
     for (size_t i = 0; i < server_methods_len; i++) {
         repl.methods[i] = server_methods[i];
-        if (server_methods[i].method != PSD__V1__METHOD__REPLICATE)
-            repl.methods[i].handler = repl_dispatch;
+        repl.methods[i].handler = server_methods[i].method == PSD__V1__METHOD__REPLICATE
+                                      ? replica_handle_replicate
+                                      : repl_dispatch;
     }
     repl.n_methods = server_methods_len;
     repl.on = true;
@@ -132,6 +136,54 @@ fail:
     free(repl.methods);
     repl.methods = NULL;
     return -1;
+}
+
+static void repl_metrics_collect(metrics_out *out, void *arg)
+{
+    (void)arg;
+    metrics_emit_one(out, "psd_replica_degraded_groups", METRIC_GAUGE,
+                     "Groups this server serves as primary with a backup out of the view.",
+                     (double)replica_degraded_groups());
+    metrics_emit_one(out, "psd_replica_state_copies", METRIC_GAUGE,
+                     "Copies of group state this server holds (its own group's and the groups it "
+                     "backs up): replicas, once every copy a rejoin replaced was freed.",
+                     (double)server_states_held());
+    metrics_emit_one(out, "psd_replica_ops_streamed_total", METRIC_COUNTER,
+                     "Logged operations applied by backups of groups this server serves.",
+                     (double)atomic_load(&repl.replicated_ops));
+    uint64_t lag = 0;
+    for (uint32_t g = 0; g < repl.cfg.num_servers; g++) {
+        rgroup *G = repl.groups[g];
+        if (G == NULL)
+            continue;
+        pthread_mutex_lock(&G->q);
+        if (G->serving)
+            lag += G->last_lsn - G->committed;
+        pthread_mutex_unlock(&G->q);
+    }
+    metrics_emit_one(out, "psd_replica_lag_ops", METRIC_GAUGE,
+                     "Logged operations not yet applied by every backup in the view.", (double)lag);
+}
+
+static void repl_group_free(rgroup *G)
+{
+    if (G == NULL)
+        return;
+    rpc_server_close_local(G->local);
+    if (G->owned)
+        server_state_free(G->st);
+    while (G->head) {
+        rop *o = G->head;
+        G->head = o->next;
+        repl_op_free(o);
+    }
+    for (uint32_t i = 0; i < G->npeers; i++)
+        free(G->peers[i].img);
+    pthread_mutex_destroy(&G->order);
+    pthread_rwlock_destroy(&G->swap);
+    pthread_mutex_destroy(&G->q);
+    pthread_cond_destroy(&G->qcond);
+    free(G);
 }
 
 const rpc_method *replica_methods(size_t *n)
