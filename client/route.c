@@ -98,13 +98,6 @@ static void routed_done(void *arg, int status, const char *message, const frame 
              * applied twice) waits again there. */
             next = r->target;
         }
-    } else if (time_left && r->capped && reply == NULL && r->hops < ROUTE_MAX_HOPS &&
-               (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED) &&
-               !atomic_load(&c->conns_closing)) {
-        /* Not known to be replicated, the server down: asked again (the same request), so that
-         * a reply meanwhile saying the cluster is replicated sends the next attempt on to the
-         * group's new primary instead of waiting out the deadline on a dead server. */
-        next = r->target;
     }
     if (next >= 0) {
         atomic_store(&c->route[r->group], next);
@@ -144,9 +137,6 @@ static int attempt(routed *r)
         r->capped = o.deadline_ms > cap;
         if (r->capped)
             o.deadline_ms = cap;
-    } else if (down && o.deadline_ms > ROUTE_DOWN_PROBE_MS) {
-        r->capped = true; /* asked again after it (routed_done) */
-        o.deadline_ms = ROUTE_DOWN_PROBE_MS;
     }
     return rpc_conn_call(r->conns[r->target], &o, routed_build, routed_done, r);
 }

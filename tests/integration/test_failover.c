@@ -652,37 +652,6 @@ static void test_forced_primary(void **state)
     ps_client_close(c);
 }
 
-/* A client not told the cluster is replicated (replicas 1, its default) whose first calls find
- * a primary dead: the call to the dead server is asked again every probe interval, and once a
- * reply from another server says the cluster is replicated it follows the group to its new
- * primary, where it waited out its whole deadline on the dead server before. */
-static void test_unconfigured_client_follows_failover(void **state)
-{
-    (void)state;
-    view w = wait_live(1); /* the first view */
-    assert_int_equal(w.primary[1], 1);
-    kill_server(1);
-    double t0 = now_s();
-    do {
-        w = read_view();
-        usleep(50 * 1000);
-    } while (w.primary[1] != 2 && now_s() - t0 < 30.0);
-    assert_int_equal(w.primary[1], 2);
-    static const char *const settings[] = {"split-threshold-bytes", "4K", NULL};
-    ps_client *c = test_replicated_client(&tc, -1, "1", settings);
-    assert_non_null(c);
-    double t1 = now_s();
-    ps_var *v = make_var(c);
-    assert_non_null(v);
-    float *g = ones();
-    push_ok(c, v, g);
-    check_all(c, v, -1.0f);
-    fprintf(stderr, "create, push and pull with ps 1 dead took %.2f s\n", now_s() - t1);
-    assert_true(now_s() - t1 < 50.0); /* its deadline is 60 s: it did not wait it out */
-    free(g);
-    ps_client_close(c);
-}
-
 /* A lease of 10 s: whether a stopping server revoked its lease shows as seconds. */
 static int setup_long_lease(void **state)
 {
@@ -867,7 +836,6 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_out_of_sync_member_never_takes_a_group, setup_ckpt,
                                         teardown_ckpt),
         cmocka_unit_test_setup_teardown(test_forced_primary, setup_ckpt, teardown_ckpt),
-        cmocka_unit_test_setup_teardown(test_unconfigured_client_follows_failover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_after_rejoin_revokes, setup_long_lease,
                                         teardown_long_lease),
         cmocka_unit_test_setup_teardown(test_heartbeats_follow_the_primary, setup_hb, teardown),
