@@ -507,9 +507,6 @@ typedef struct export_call {
     bool done;
     int status;
     char message[400];
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    bool finished;
 } export_call;
 
 static int export_build(void *arg, uint32_t deadline_ms, nng_msg **out)
@@ -549,10 +546,6 @@ static void export_done(void *arg, int status, const char *message, const frame 
         if (r)
             psd__v1__table_export_reply__free_unpacked(r, NULL);
     }
-    pthread_mutex_lock(&x->lock);
-    x->finished = true;
-    pthread_cond_signal(&x->cond);
-    pthread_mutex_unlock(&x->lock);
 }
 
 int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64_t *ids,
@@ -570,20 +563,15 @@ int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64
     req.cursor = *cursor;
     req.max_rows = (uint32_t)(max < cap ? max : cap);
     export_call x = {.t = t, .req = &req, .max = req.max_rows, .ids = ids, .rows = rows};
-    pthread_mutex_init(&x.lock, NULL);
-    pthread_cond_init(&x.cond, NULL);
-    int rc = client_call(t->c, server, &t->c->call, export_build, export_done, &x);
+    rpc_waiter w;
+    rpc_waiter_init(&w, export_done, &x);
+    int rc = client_call(t->c, server, &t->c->call, export_build, rpc_waiter_done, &w);
     if (rc != 0) {
-        x.status = rc;
+        x.status = rpc_waiter_abandon(&w, rc);
         snprintf(x.message, sizeof(x.message), "cannot start the call");
     } else {
-        pthread_mutex_lock(&x.lock);
-        while (!x.finished)
-            pthread_cond_wait(&x.cond, &x.lock);
-        pthread_mutex_unlock(&x.lock);
+        rpc_waiter_wait(&w);
     }
-    pthread_mutex_destroy(&x.lock);
-    pthread_cond_destroy(&x.cond);
     if (x.status != STATUS_OK)
         return client_fail(x.status, "ps %d: %s", server, x.message);
     *n = x.n;

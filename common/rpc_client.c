@@ -941,3 +941,50 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
     req_attempt(r);
     return 0;
 }
+
+void rpc_waiter_init(rpc_waiter *w, rpc_done_fn done, void *arg)
+{
+    pthread_mutex_init(&w->m, NULL);
+    pthread_cond_init(&w->c, NULL);
+    w->done = false;
+    w->status = STATUS_OK;
+    w->fn = done;
+    w->arg = arg;
+}
+
+void rpc_waiter_done(void *arg, int status, const char *message, const frame *reply)
+{
+    rpc_waiter *w = arg;
+    if (w->fn)
+        w->fn(w->arg, status, message, reply);
+    pthread_mutex_lock(&w->m);
+    w->status = status;
+    w->done = true;
+    pthread_cond_signal(&w->c);
+    pthread_mutex_unlock(&w->m);
+}
+
+int rpc_waiter_abandon(rpc_waiter *w, int start_status)
+{
+    pthread_mutex_destroy(&w->m);
+    pthread_cond_destroy(&w->c);
+    return start_status;
+}
+
+int rpc_waiter_wait(rpc_waiter *w)
+{
+    pthread_mutex_lock(&w->m);
+    while (!w->done)
+        pthread_cond_wait(&w->c, &w->m);
+    pthread_mutex_unlock(&w->m);
+    return rpc_waiter_abandon(w, w->status);
+}
+
+int rpc_conn_call_wait(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
+                       void *arg)
+{
+    rpc_waiter w;
+    rpc_waiter_init(&w, done, arg);
+    int rc = rpc_conn_call(c, o, build, rpc_waiter_done, &w);
+    return rc != 0 ? rpc_waiter_abandon(&w, rc) : rpc_waiter_wait(&w);
+}

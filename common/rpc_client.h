@@ -20,6 +20,7 @@
 #ifndef PSD_COMMON_RPC_CLIENT_H
 #define PSD_COMMON_RPC_CLIENT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,6 +106,29 @@ void rpc_conn_close(rpc_conn *c);
  * could not be started (done will not run). Does not block. */
 int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
                   void *arg);
+
+/* A call waited for, on any function that starts calls with an rpc_done_fn (rpc_conn_call,
+ * the client's routed calls): rpc_waiter_init(&w, done, arg), start the call with
+ * rpc_waiter_done and &w, then rpc_waiter_wait(&w). done (may be NULL) runs first, on the nng
+ * thread, while the reply is valid; the wait returns the call's final status. */
+typedef struct rpc_waiter {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    bool done;
+    int status;
+    rpc_done_fn fn;
+    void *arg;
+} rpc_waiter;
+void rpc_waiter_init(rpc_waiter *w, rpc_done_fn done, void *arg);
+void rpc_waiter_done(void *w, int status, const char *message, const frame *reply);
+/* Waits for the call, frees w's lock and returns its status. */
+int rpc_waiter_wait(rpc_waiter *w);
+/* rpc_waiter_wait after a call whose start failed: frees w's lock, returns start_status. */
+int rpc_waiter_abandon(rpc_waiter *w, int start_status);
+/* rpc_conn_call, waited for: done (may be NULL) runs with the reply, then the call's final
+ * status is returned (or rpc_conn_call's, when it could not start). */
+int rpc_conn_call_wait(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
+                       void *arg);
 
 /* The URL this connection dials. */
 const char *rpc_conn_url(const rpc_conn *c);

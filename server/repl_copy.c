@@ -149,9 +149,6 @@ void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest 
 }
 
 typedef struct copy_call {
-    pthread_mutex_t m;
-    pthread_cond_t c;
-    bool done;
     int status;
     char message[512];
     uint8_t body[64];
@@ -182,8 +179,7 @@ static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 static void copy_done(void *arg, int status, const char *message, const frame *reply)
 {
     copy_call *k = arg;
-    pthread_mutex_lock(&k->m);
-    k->status = status;
+    k->status = status; /* read once the call is waited for (rpc_conn_call_wait) */
     snprintf(k->message, sizeof(k->message), "%s", message);
     if (status == STATUS_OK && reply) {
         Psd__V1__ReplicateReply *r =
@@ -212,9 +208,6 @@ static void copy_done(void *arg, int status, const char *message, const frame *r
         if (r)
             psd__v1__replicate_reply__free_unpacked(r, NULL);
     }
-    k->done = true;
-    pthread_cond_signal(&k->c);
-    pthread_mutex_unlock(&k->m);
 }
 
 /* Fetches a whole image of group G from server prim. Returns 0 with it in k. */
@@ -246,16 +239,15 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
         rq.copy_offset = k->len;
         rq.from = repl.cfg.self + 1;
         k->body_len = psd__v1__replicate_request__pack(&rq, k->body);
-        k->done = false;
         rpc_call_opts o = {.deadline_ms = 60000, .retries = 3, .backoff_ms = 100};
-        if (rpc_conn_call(conn, &o, copy_build, copy_done, k) != 0) {
+        k->status = INT32_MIN; /* copy_done not run: the call did not start */
+        int st = rpc_conn_call_wait(conn, &o, copy_build, copy_done, k);
+        if (k->status == INT32_MIN) {
+            log_warn("group %u: cannot start a copy call to primary %d: %s", G->g, prim,
+                     status_name(st));
             rc = -1;
             break;
         }
-        pthread_mutex_lock(&k->m);
-        while (!k->done)
-            pthread_cond_wait(&k->c, &k->m);
-        pthread_mutex_unlock(&k->m);
         if (k->status != STATUS_OK) {
             log_warn("group %u: copy from primary %d failed: %s: %s", G->g, prim,
                      status_name(k->status), k->message);
@@ -391,8 +383,6 @@ static void *copy_main(void *arg)
     rgroup *G = arg;
     copy_call k;
     memset(&k, 0, sizeof(k));
-    pthread_mutex_init(&k.m, NULL);
-    pthread_cond_init(&k.c, NULL);
     while (!atomic_load(&repl.stopping)) {
         pthread_mutex_lock(&repl.vlock);
         int32_t prim = repl.cur.primary[G->g];
@@ -417,8 +407,6 @@ static void *copy_main(void *arg)
         nanosleep(&ts, NULL);
     }
     free(k.dst);
-    pthread_mutex_destroy(&k.m);
-    pthread_cond_destroy(&k.c);
     pthread_mutex_lock(&G->q);
     G->copying = false;
     pthread_mutex_unlock(&G->q);

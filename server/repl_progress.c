@@ -17,9 +17,6 @@
  * lower rank in the view applied it, so that the first live backup (the next primary) is
  * always the most advanced one. */
 typedef struct sync_call {
-    pthread_mutex_t m;
-    pthread_cond_t c;
-    bool done;
     /* The batch's peer, first lsn and the log's end when it was sent: an acknowledgement is
      * taken in (acked, commit, answers) by the reply's callback itself (batch_done), not
      * after a hand-over to the peer's thread. */
@@ -146,13 +143,9 @@ static void batch_done(void *arg, int status, const char *message, const frame *
         pthread_mutex_unlock(&G->q);
         repl_answer(done);
     }
-    pthread_mutex_lock(&s->m);
-    s->status = status;
+    s->status = status; /* read once the call is waited for (rpc_conn_call_wait) */
     s->applied = applied;
     snprintf(s->message, sizeof(s->message), "%s", message);
-    s->done = true;
-    pthread_cond_signal(&s->c);
-    pthread_mutex_unlock(&s->m);
 }
 
 /* Highest lsn peer p may be sent now (q held): the log's end, or what the peer of next lower
@@ -183,8 +176,6 @@ static void *peer_main(void *arg)
     rgroup *G = p->grp;
     sync_call sc;
     memset(&sc, 0, sizeof(sc));
-    pthread_mutex_init(&sc.m, NULL);
-    pthread_cond_init(&sc.c, NULL);
     size_t budget = repl.cfg.max_message > 4096 ? repl.cfg.max_message - 4096 : 4096;
     if (budget > BATCH_MAX_BYTES)
         budget = BATCH_MAX_BYTES;
@@ -282,7 +273,6 @@ static void *peer_main(void *arg)
         pthread_mutex_unlock(&G->q);
         int st = STATUS_RESOURCE_EXHAUSTED;
         if (sc.body) {
-            sc.done = false;
             sc.seg_len = seg;
             sc.applied = 0;
             sc.peer = p;
@@ -290,16 +280,11 @@ static void *peer_main(void *arg)
             sc.sent_last = sent_last;
             rpc_call_opts o = {
                 .deadline_ms = 3000, .retries = 0, .backoff_ms = 20, .max_backoff_ms = 200};
-            st = rpc_conn_call(p->conn, &o, build_batch, batch_done, &sc);
-            if (st == 0) {
-                pthread_mutex_lock(&sc.m);
-                while (!sc.done)
-                    pthread_cond_wait(&sc.c, &sc.m);
-                pthread_mutex_unlock(&sc.m);
+            sc.status = INT32_MIN; /* batch_done not run: the call did not start */
+            snprintf(sc.message, sizeof(sc.message), "could not start the call");
+            st = rpc_conn_call_wait(p->conn, &o, build_batch, batch_done, &sc);
+            if (sc.status != INT32_MIN)
                 st = sc.status;
-            } else {
-                snprintf(sc.message, sizeof(sc.message), "could not start the call");
-            }
         } else {
             snprintf(sc.message, sizeof(sc.message), "out of memory");
         }
@@ -342,8 +327,6 @@ static void *peer_main(void *arg)
         }
     }
     pthread_mutex_unlock(&G->q);
-    pthread_mutex_destroy(&sc.m);
-    pthread_cond_destroy(&sc.c);
     return NULL;
 }
 
