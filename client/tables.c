@@ -564,8 +564,8 @@ int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64
     req.max_rows = (uint32_t)(max < cap ? max : cap);
     export_call x = {.t = t, .req = &req, .max = req.max_rows, .ids = ids, .rows = rows};
     rpc_waiter w;
-    rpc_waiter_init(&w, export_done, &x);
-    int rc = client_call(t->c, server, &t->c->call, export_build, rpc_waiter_done, &w);
+    rpc_waiter_init(&w, export_build, export_done, &x);
+    int rc = client_call(t->c, server, &t->c->call, rpc_waiter_build, rpc_waiter_done, &w);
     if (rc != 0) {
         x.status = rpc_waiter_abandon(&w, rc);
         snprintf(x.message, sizeof(x.message), "cannot start the call");

@@ -942,14 +942,21 @@ int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_d
     return 0;
 }
 
-void rpc_waiter_init(rpc_waiter *w, rpc_done_fn done, void *arg)
+void rpc_waiter_init(rpc_waiter *w, rpc_build_fn build, rpc_done_fn done, void *arg)
 {
     pthread_mutex_init(&w->m, NULL);
     pthread_cond_init(&w->c, NULL);
     w->done = false;
     w->status = STATUS_OK;
+    w->build = build;
     w->fn = done;
     w->arg = arg;
+}
+
+int rpc_waiter_build(void *arg, uint32_t deadline_ms, nng_msg **out)
+{
+    rpc_waiter *w = arg;
+    return w->build(w->arg, deadline_ms, out);
 }
 
 void rpc_waiter_done(void *arg, int status, const char *message, const frame *reply)
@@ -984,7 +991,7 @@ int rpc_conn_call_wait(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, 
                        void *arg)
 {
     rpc_waiter w;
-    rpc_waiter_init(&w, done, arg);
-    int rc = rpc_conn_call(c, o, build, rpc_waiter_done, &w);
+    rpc_waiter_init(&w, build, done, arg);
+    int rc = rpc_conn_call(c, o, rpc_waiter_build, rpc_waiter_done, &w);
     return rc != 0 ? rpc_waiter_abandon(&w, rc) : rpc_waiter_wait(&w);
 }

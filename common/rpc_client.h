@@ -107,19 +107,23 @@ void rpc_conn_close(rpc_conn *c);
 int rpc_conn_call(rpc_conn *c, const rpc_call_opts *o, rpc_build_fn build, rpc_done_fn done,
                   void *arg);
 
-/* A call waited for, on any function that starts calls with an rpc_done_fn (rpc_conn_call,
- * the client's routed calls): rpc_waiter_init(&w, done, arg), start the call with
- * rpc_waiter_done and &w, then rpc_waiter_wait(&w). done (may be NULL) runs first, on the nng
- * thread, while the reply is valid; the wait returns the call's final status. */
+/* A call waited for, on any function that starts calls with an rpc_build_fn and an
+ * rpc_done_fn on one argument (rpc_conn_call, the client's routed calls):
+ * rpc_waiter_init(&w, build, done, arg), start the call with rpc_waiter_build,
+ * rpc_waiter_done and &w, then rpc_waiter_wait(&w). build and done get arg; done (may be NULL)
+ * runs first, on the nng thread, while the reply is valid; the wait returns the call's final
+ * status. */
 typedef struct rpc_waiter {
     pthread_mutex_t m;
     pthread_cond_t c;
     bool done;
     int status;
+    rpc_build_fn build;
     rpc_done_fn fn;
     void *arg;
 } rpc_waiter;
-void rpc_waiter_init(rpc_waiter *w, rpc_done_fn done, void *arg);
+void rpc_waiter_init(rpc_waiter *w, rpc_build_fn build, rpc_done_fn done, void *arg);
+int rpc_waiter_build(void *w, uint32_t deadline_ms, nng_msg **out);
 void rpc_waiter_done(void *w, int status, const char *message, const frame *reply);
 /* Waits for the call, frees w's lock and returns its status. */
 int rpc_waiter_wait(rpc_waiter *w);
