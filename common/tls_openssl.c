@@ -60,6 +60,7 @@ struct nng_tls_engine_conn {
     uint8_t secret[2][TLS_RECORDS_SECRET_MAX];
     size_t secret_len[2];
     bool direct;
+    bool openssl_records; /* application data went through OpenSSL's records: it stays there */
     tls_records records;
 };
 
@@ -199,9 +200,9 @@ static void records_begin(nng_tls_engine_conn *ec)
 {
     const SSL_CIPHER *c = SSL_get_current_cipher(ec->ssl);
     int w = SSL_is_server(ec->ssl) ? 1 : 0;
-    ec->direct = tls_records_available() && SSL_version(ec->ssl) == TLS1_3_VERSION && c != NULL &&
-                 !SSL_has_pending(ec->ssl) && ec->secret_len[0] > 0 &&
-                 ec->secret_len[0] == ec->secret_len[1] &&
+    ec->direct = tls_records_available() && !ec->openssl_records &&
+                 SSL_version(ec->ssl) == TLS1_3_VERSION && c != NULL && !SSL_has_pending(ec->ssl) &&
+                 ec->secret_len[0] > 0 && ec->secret_len[0] == ec->secret_len[1] &&
                  tls_records_start(&ec->records, SSL_CIPHER_get_name(c), ec->secret[w],
                                    ec->secret[1 - w], ec->secret_len[0]) == 0;
     OPENSSL_cleanse(ec->secret, sizeof(ec->secret));
@@ -287,6 +288,7 @@ static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
     ERR_clear_error();
     while (total < *szp) {
         if (SSL_read_ex(ec->ssl, buf + total, *szp - total, &n) == 1) {
+            ec->openssl_records = true;
             total += n;
             continue;
         }
@@ -339,6 +341,7 @@ static int conn_send(nng_tls_engine_conn *ec, const uint8_t *buf, size_t *szp)
     ERR_clear_error();
     if (SSL_write_ex(ec->ssl, buf, len, &n) != 1)
         return ssl_error(ec, 0);
+    ec->openssl_records = true;
     *szp = n;
     return 0;
 }
