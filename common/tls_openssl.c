@@ -1,7 +1,7 @@
 /* An nng TLS engine over OpenSSL 3 (nng/supplemental/tls/engine.h): nng keeps the TCP stream,
- * its send and receive buffers (64 KiB with deploy/nng/patches/0003) and the framing; OpenSSL does
- * the handshake (through a BIO whose reads and writes are nng_tls_engine_recv/_send), and a TLS
- * 1.3 connection's records are then sealed and opened in place on nng's buffers (tls_records.c,
+ * its send and receive buffers (256 KiB each with deploy/nng/patches/0008) and the framing; OpenSSL
+ * does the handshake (through a BIO whose reads and writes are nng_tls_engine_recv/_send), and a
+ * TLS 1.3 connection's records are then sealed and opened in place on nng's buffers (tls_records.c,
  * with the traffic secrets OpenSSL's key log reports); TLS 1.2 keeps OpenSSL's records.
  * Same contract as nng's own mbed TLS engine: a client verifies the server by default, a server
  * does not ask for a client certificate unless told; authentication OPTIONAL completes the
