@@ -32,6 +32,7 @@ for pair in server:ps-server client:worker-0; do
         2>>"$tmp/openssl.log"
 done
 
+# shellcheck disable=SC2054 # commas inside option values
 common=(--servers=1 "--sizes=$SIZES" --ops=push,pull --no-raw --no-variants --wait-idle=2)
 # shellcheck disable=SC2206
 extra=(${PS_TLS_BENCH_ARGS:-})

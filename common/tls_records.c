@@ -294,23 +294,32 @@ void tls_records_close_notify(tls_records *r, void *conn)
 
 /* ---- opening (5.2, 5.4) ---- */
 
-/* What a record's content of type asks for once opened: 0 go on (application data or a
- * ticket), or the error that ends the connection. */
+/* What a record's content of type asks for once opened: 0 go on (application data, tickets,
+ * a KeyUpdate), or the error that ends the connection. A handshake record holds whole
+ * messages (a KeyUpdate last: messages never span a key change, 5.1). */
 static int on_control(tls_records *r, uint8_t type, const uint8_t *msg, size_t n)
 {
     if (type == CT_ALERT) /* close_notify: the peer is done; any other: it failed */
         return n == 2 && msg[1] == 0 ? NNG_ECONNSHUT : NNG_ECRYPTO;
-    if (type != CT_HANDSHAKE || n < 4 || (size_t)((msg[1] << 16) | (msg[2] << 8) | msg[3]) != n - 4)
-        return NNG_ECRYPTO; /* one whole handshake message per record is all peers send here */
-    if (msg[0] == HS_NEW_SESSION_TICKET)
-        return 0;
-    if (msg[0] == HS_KEY_UPDATE && n == 5 && msg[4] <= 1) {
+    if (type != CT_HANDSHAKE || n == 0)
+        return NNG_ECRYPTO;
+    for (size_t off = 0; off < n;) {
+        if (n - off < 4)
+            return NNG_ECRYPTO;
+        const uint8_t *m = msg + off;
+        size_t mlen = ((size_t)m[1] << 16) | ((size_t)m[2] << 8) | m[3];
+        if (mlen > n - off - 4)
+            return NNG_ECRYPTO;
+        off += 4 + mlen;
+        if (m[0] == HS_NEW_SESSION_TICKET)
+            continue; /* we never resume */
+        if (m[0] != HS_KEY_UPDATE || mlen != 1 || m[4] > 1 || off != n)
+            return NNG_ECRYPTO;
         if (dir_update(r, &r->rd, false) != 0)
             return NNG_ECRYPTO;
-        r->update_due = r->update_due || msg[4] == 1;
-        return 0;
+        r->update_due = r->update_due || m[4] == 1;
     }
-    return NNG_ECRYPTO;
+    return 0;
 }
 
 /* Opens the record at p (header already read: len bytes follow) into out, which has room for

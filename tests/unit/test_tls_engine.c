@@ -2,14 +2,14 @@
  * certificates made here: what it offers to a plain OpenSSL peer (TLS 1.3, AES-GCM first on a
  * CPU with AES instructions, TLS 1.2 with an ECDHE AEAD suite when the peer stops there), bytes
  * intact both ways at sizes spanning many records (TLS 1.3's records done in place by
- * tls_records.c with each suite, against a peer that pads its records and asks for a KeyUpdate),
- * the `verified` answer of authentication
- * OPTIONAL for a client of the CA, one without a certificate, one of another CA and an
- * expired one (all complete the handshake), refusals by a client (REQUIRED) of a server it
- * does not trust or of the wrong name, interworking with nng's mbed TLS engine both ways, a
- * send that times out with the engine's buffer full (the next one fails or goes out intact after
- * what went before, never mixed with the first), and clear errors for an unknown engine and bad
- * PEM. */
+ * tls_records.c: with each suite against a client that pads its records and asks for a
+ * KeyUpdate, and on our client's side against a plain OpenSSL server that sends tickets), the
+ * `verified` answer of authentication OPTIONAL for a client of the CA, one without a certificate,
+ * one of another CA and an expired one (all complete the handshake), refusals by a client
+ * (REQUIRED) of a server it does not trust or of the wrong name, interworking with nng's mbed TLS
+ * engine both ways, a send that times out with the engine's buffer full (the next one fails or goes
+ * out intact after what went before, never mixed with the first), and clear errors for an unknown
+ * engine and bad PEM. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -371,6 +371,98 @@ static void test_tls13_suites(void **state)
     }
 }
 
+/* ---- a plain OpenSSL server, in a thread ---- */
+
+typedef struct {
+    int fd;          /* listening socket */
+    size_t bulk;     /* bytes read, then echoed */
+    int echo_ok;     /* out: read and echoed them all */
+    char cipher[64]; /* out */
+} raw_server;
+
+/* Accepts one connection, with OpenSSL's defaults for tickets (two NewSessionTickets after
+ * the handshake), reads bulk bytes and echoes them. */
+static void *raw_server_run(void *arg)
+{
+    raw_server *rs = arg;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_use_certificate(ctx, server_id.cert);
+    SSL_CTX_use_PrivateKey(ctx, server_id.key);
+    int fd = accept(rs->fd, NULL, NULL);
+    SSL *ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    uint8_t *buf = malloc(rs->bulk);
+    size_t done = 0, n;
+    int ok = fd >= 0 && buf != NULL && SSL_accept(ssl) == 1;
+    if (ok)
+        snprintf(rs->cipher, sizeof(rs->cipher), "%s", SSL_get_cipher_name(ssl));
+    while (ok && done < rs->bulk) {
+        ok = SSL_read_ex(ssl, buf + done, rs->bulk - done, &n) == 1;
+        done += ok ? n : 0;
+    }
+    rs->echo_ok = ok && SSL_write_ex(ssl, buf, rs->bulk, &n) == 1 && n == rs->bulk;
+    SSL_shutdown(ssl);
+    SSL_free(ssl);
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    SSL_CTX_free(ctx);
+    ERR_clear_error();
+    return NULL;
+}
+
+/* Our client against a plain OpenSSL server: TLS 1.3 records done in place on the client's
+ * side, the server's tickets ignored, bytes intact both ways. */
+static void test_client_to_raw_server(void **state)
+{
+    (void)state;
+    raw_server rs = {.bulk = BULK};
+    rs.fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(rs.fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(rs.fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(rs.fd, 1), 0);
+    assert_int_equal(getsockname(rs.fd, (struct sockaddr *)&sa, &sl), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, raw_server_run, &rs), 0);
+
+    char url[64];
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+    nng_stream_dialer *d;
+    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
+    nng_tls_config *cfg =
+        config(NNG_TLS_MODE_CLIENT, "openssl", &ca, &client_id, NNG_TLS_AUTH_MODE_REQUIRED);
+    assert_int_equal(nng_tls_config_server_name(cfg, "ps-server"), 0);
+    assert_int_equal(nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg), 0);
+    nng_tls_config_free(cfg);
+    nng_aio *dial;
+    assert_int_equal(nng_aio_alloc(&dial, NULL, NULL), 0);
+    nng_aio_set_timeout(dial, 10000);
+    nng_stream_dialer_dial(d, dial);
+    nng_aio_wait(dial);
+    assert_int_equal(nng_aio_result(dial), 0);
+    nng_stream *cs = nng_aio_get_output(dial, 0);
+    uint8_t *out = malloc(BULK), *in = malloc(BULK);
+    assert_non_null(out);
+    assert_non_null(in);
+    pattern(out, BULK, 31);
+    assert_int_equal(stream_send_all(cs, out, BULK), 0);
+    assert_int_equal(stream_recv_all(cs, in, BULK), 0);
+    pthread_join(t, NULL);
+    assert_true(rs.echo_ok);
+    assert_memory_equal(out, in, BULK);
+    assert_string_equal(rs.cipher, tls_openssl_cpu_has_aes() ? "TLS_AES_128_GCM_SHA256"
+                                                             : "TLS_CHACHA20_POLY1305_SHA256");
+    free(out);
+    free(in);
+    nng_stream_free(cs);
+    nng_aio_free(dial);
+    nng_stream_dialer_free(d);
+    close(rs.fd);
+}
+
 /* OPTIONAL: every one completes the handshake; only a certificate of the CA is verified. */
 static void test_optional_verified(void **state)
 {
@@ -640,10 +732,11 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_offer_tls13),       cmocka_unit_test(test_offer_tls12),
-        cmocka_unit_test(test_optional_verified), cmocka_unit_test(test_engines_interwork),
-        cmocka_unit_test(test_client_refuses),    cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_tls13_suites),      cmocka_unit_test(test_send_after_timeout),
+        cmocka_unit_test(test_offer_tls13),          cmocka_unit_test(test_offer_tls12),
+        cmocka_unit_test(test_optional_verified),    cmocka_unit_test(test_engines_interwork),
+        cmocka_unit_test(test_client_refuses),       cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_tls13_suites),         cmocka_unit_test(test_send_after_timeout),
+        cmocka_unit_test(test_client_to_raw_server),
     };
     return cmocka_run_group_tests(tests, setup_certs, teardown_certs);
 }
