@@ -1,6 +1,8 @@
 /* An nng TLS engine over OpenSSL 3 (nng/supplemental/tls/engine.h): nng keeps the TCP stream,
- * its send and receive buffers (64 KiB with deploy/nng/patches/0003) and the framing; OpenSSL does
- * the handshake and the records through a BIO whose reads and writes are nng_tls_engine_recv/_send.
+ * its send and receive buffers (256 KiB each with deploy/nng/patches/0008) and the framing; OpenSSL
+ * does the handshake (through a BIO whose reads and writes are nng_tls_engine_recv/_send), and a
+ * TLS 1.3 connection's records are then sealed and opened in place on nng's buffers (tls_records.c,
+ * with the traffic secrets OpenSSL's key log reports); TLS 1.2 keeps OpenSSL's records.
  * Same contract as nng's own mbed TLS engine: a client verifies the server by default, a server
  * does not ask for a client certificate unless told; authentication OPTIONAL completes the
  * handshake whatever the peer presented and reports through `verified` whether its certificate was
@@ -8,6 +10,7 @@
 #include "tls_openssl.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+
+#include "tls_records.h"
 
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -50,6 +55,13 @@ struct nng_tls_engine_conn {
     nng_tls_engine_config *cfg;
     bool verify_failed; /* the verify callback saw a certificate error (OPTIONAL lets it by) */
     int pending_err;    /* an error met after a read returned data: the next read returns it */
+    /* TLS 1.3 traffic secrets from the key log, client's [0] and server's [1], until the
+     * handshake ends; then `direct` says whether records does the records. */
+    uint8_t secret[2][TLS_RECORDS_SECRET_MAX];
+    size_t secret_len[2];
+    bool direct;
+    bool openssl_records; /* application data went through OpenSSL's records: it stays there */
+    tls_records records;
 };
 
 static BIO_METHOD *bio_method;
@@ -155,6 +167,48 @@ static int verify_cb(int ok, X509_STORE_CTX *store)
     return ec->cfg->auth == NNG_TLS_AUTH_MODE_OPTIONAL ? 1 : ok;
 }
 
+/* OpenSSL's key log: keeps this connection's first TLS 1.3 application traffic secrets
+ * ("CLIENT_TRAFFIC_SECRET_0 <client random> <secret>", hex), for tls_records. Nothing is
+ * written anywhere. */
+static void keylog_cb(const SSL *ssl, const char *line)
+{
+    static const char *labels[2] = {"CLIENT_TRAFFIC_SECRET_0 ", "SERVER_TRAFFIC_SECRET_0 "};
+    nng_tls_engine_conn *ec = SSL_get_app_data(ssl);
+    if (ec == NULL)
+        return;
+    for (int w = 0; w < 2; w++) {
+        size_t ll = strlen(labels[w]);
+        if (strncmp(line, labels[w], ll) != 0)
+            continue;
+        const char *hex = strchr(line + ll, ' '); /* past the client random */
+        size_t n = 0;
+        for (hex = hex != NULL ? hex + 1 : "";
+             isxdigit((unsigned char)hex[0]) && isxdigit((unsigned char)hex[1]) &&
+             n < TLS_RECORDS_SECRET_MAX;
+             hex += 2) {
+            char byte[3] = {hex[0], hex[1], '\0'};
+            ec->secret[w][n++] = (uint8_t)strtoul(byte, NULL, 16);
+        }
+        ec->secret_len[w] = hex[0] == '\0' ? n : 0;
+    }
+}
+
+/* At the end of a handshake: TLS 1.3 with a suite tls_records knows, both secrets seen and
+ * nothing of the peer's left inside OpenSSL: the records are done in place from here on. The
+ * secrets are wiped either way. */
+static void records_begin(nng_tls_engine_conn *ec)
+{
+    const SSL_CIPHER *c = SSL_get_current_cipher(ec->ssl);
+    int w = SSL_is_server(ec->ssl) ? 1 : 0;
+    ec->direct = tls_records_available() && !ec->openssl_records &&
+                 SSL_version(ec->ssl) == TLS1_3_VERSION && c != NULL && !SSL_has_pending(ec->ssl) &&
+                 ec->secret_len[0] > 0 && ec->secret_len[0] == ec->secret_len[1] &&
+                 tls_records_start(&ec->records, SSL_CIPHER_get_name(c), ec->secret[w],
+                                   ec->secret[1 - w], ec->secret_len[0]) == 0;
+    OPENSSL_cleanse(ec->secret, sizeof(ec->secret));
+    ec->secret_len[0] = ec->secret_len[1] = 0;
+}
+
 static int conn_init(nng_tls_engine_conn *ec, void *tls, nng_tls_engine_config *cfg)
 {
     ec->tls = tls;
@@ -193,6 +247,8 @@ static int conn_init(nng_tls_engine_conn *ec, void *tls, nng_tls_engine_config *
 
 static void conn_fini(nng_tls_engine_conn *ec)
 {
+    tls_records_stop(&ec->records);
+    OPENSSL_cleanse(ec->secret, sizeof(ec->secret));
     SSL_free(ec->ssl);
     ec->ssl = NULL;
 }
@@ -200,7 +256,9 @@ static void conn_fini(nng_tls_engine_conn *ec)
 static void conn_close(nng_tls_engine_conn *ec)
 {
     /* A close_notify if it can go out now; nng closes the TCP connection either way. */
-    if (ec->ssl != NULL && SSL_is_init_finished(ec->ssl))
+    if (ec->direct)
+        tls_records_close_notify(&ec->records, ec->tls);
+    else if (ec->ssl != NULL && SSL_is_init_finished(ec->ssl))
         (void)SSL_shutdown(ec->ssl);
     ERR_clear_error();
 }
@@ -209,7 +267,10 @@ static int conn_handshake(nng_tls_engine_conn *ec)
 {
     ERR_clear_error();
     int rc = SSL_do_handshake(ec->ssl);
-    return rc == 1 ? 0 : ssl_error(ec, rc);
+    if (rc != 1)
+        return ssl_error(ec, rc);
+    records_begin(ec);
+    return 0;
 }
 
 /* Reads records until buf is full or no whole record is buffered: one call of nng's, one
@@ -217,6 +278,8 @@ static int conn_handshake(nng_tls_engine_conn *ec)
 static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
 {
     size_t total = 0, n;
+    if (ec->direct)
+        return tls_records_recv(&ec->records, ec->tls, buf, szp);
     if (ec->pending_err != 0) {
         int rv = ec->pending_err;
         ec->pending_err = 0;
@@ -225,6 +288,7 @@ static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
     ERR_clear_error();
     while (total < *szp) {
         if (SSL_read_ex(ec->ssl, buf + total, *szp - total, &n) == 1) {
+            ec->openssl_records = true;
             total += n;
             continue;
         }
@@ -239,15 +303,45 @@ static int conn_recv(nng_tls_engine_conn *ec, uint8_t *buf, size_t *szp)
     return 0;
 }
 
-/* Writes all of buf or returns NNG_EAGAIN: nng calls again with the same buffer once its
- * send buffer drains (OpenSSL remembers how much of it went out), so a message completes
- * nng's aio once rather than once per 16 KiB record. */
+/* OpenSSL's records (TLS 1.2): the most of len whose records fit in space, at most
+ * RECORD_SLACK bytes of header, explicit nonce, tag and padding each (29 for AES-GCM). */
+#define RECORD_PLAIN 16384
+#define RECORD_SLACK 64
+static size_t fits_in(size_t space, size_t len)
+{
+    size_t whole = space / (RECORD_PLAIN + RECORD_SLACK) * RECORD_PLAIN;
+    size_t rest = space % (RECORD_PLAIN + RECORD_SLACK);
+    size_t n = whole + (rest > RECORD_SLACK ? rest - RECORD_SLACK : 0);
+    return n < len ? n : len;
+}
+
+/* Sends what fits of buf and returns its count (nng hands over the rest once its send buffer
+ * drains); NNG_EAGAIN when nothing fits. Nothing is held back: TLS 1.3 records are sealed
+ * whole into nng's buffer, and OpenSSL is given only as much as its records fit in there, so
+ * it never keeps a record of a buffer that must be written again. */
 static int conn_send(nng_tls_engine_conn *ec, const uint8_t *buf, size_t *szp)
 {
-    size_t n;
+    size_t n, len = *szp;
+    if (ec->direct)
+        return tls_records_send(&ec->records, ec->tls, buf, szp);
+#ifdef NNG_TLS_ENGINE_DIRECT
+    nng_iov iov[2];
+    unsigned niov;
+    int rv = nng_tls_engine_send_space(ec->tls, iov, &niov);
+    if (rv != 0)
+        return rv;
+    size_t space = 0;
+    for (unsigned i = 0; i < niov; i++)
+        space += iov[i].iov_len;
+    if ((len = fits_in(space, len)) == 0)
+        return NNG_EAGAIN;
+#else
+    (void)fits_in;
+#endif
     ERR_clear_error();
-    if (SSL_write_ex(ec->ssl, buf, *szp, &n) != 1)
+    if (SSL_write_ex(ec->ssl, buf, len, &n) != 1)
         return ssl_error(ec, 0);
+    ec->openssl_records = true;
     *szp = n;
     return 0;
 }
@@ -307,6 +401,7 @@ static int config_init(nng_tls_engine_config *cfg, nng_tls_mode mode)
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_num_tickets(ctx, 0);
     SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_keylog_callback(ctx, keylog_cb);
     config_set_verify(cfg);
     return 0;
 }

@@ -1,11 +1,15 @@
 /* The OpenSSL TLS engine (common/tls_openssl.c) through nng's TLS streams on loopback, with
  * certificates made here: what it offers to a plain OpenSSL peer (TLS 1.3, AES-GCM first on a
  * CPU with AES instructions, TLS 1.2 with an ECDHE AEAD suite when the peer stops there), bytes
- * intact both ways at sizes spanning many records, the `verified` answer of authentication
- * OPTIONAL for a client of the CA, one without a certificate, one of another CA and an
- * expired one (all complete the handshake), refusals by a client (REQUIRED) of a server it
- * does not trust or of the wrong name, interworking with nng's mbed TLS engine both ways, and
- * clear errors for an unknown engine and bad PEM. */
+ * intact both ways at sizes spanning many records (TLS 1.3's records done in place by
+ * tls_records.c: with each suite against a client that pads its records and asks for a
+ * KeyUpdate, and on our client's side against a plain OpenSSL server that sends tickets), the
+ * `verified` answer of authentication OPTIONAL for a client of the CA, one without a certificate,
+ * one of another CA and an expired one (all complete the handshake), refusals by a client
+ * (REQUIRED) of a server it does not trust or of the wrong name, interworking with nng's mbed TLS
+ * engine both ways, a send that times out with the engine's buffer full (the next one fails or goes
+ * out intact after what went before, never mixed with the first), and clear errors for an unknown
+ * engine and bad PEM. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -212,13 +216,16 @@ static int stream_send_all(nng_stream *s, const uint8_t *buf, size_t n)
 
 typedef struct {
     int port;
-    const ident *id;  /* certificate presented; NULL: none */
-    int max_version;  /* TLS1_2_VERSION or TLS1_3_VERSION */
-    size_t bulk;      /* bytes sent, then read back (the server echoes them) */
-    int handshake_ok; /* out */
-    int version;      /* out: SSL_version */
-    char cipher[64];  /* out */
-    int echo_ok;      /* out: the bytes came back intact */
+    const ident *id;   /* certificate presented; NULL: none */
+    int max_version;   /* TLS1_2_VERSION or TLS1_3_VERSION */
+    size_t bulk;       /* bytes sent, then read back (the server echoes them) */
+    const char *suite; /* the only TLS 1.3 suite offered; NULL: all, ChaCha20 first */
+    bool key_update;   /* asks for a KeyUpdate after the first byte */
+    size_t padding;    /* pads records to a multiple of this (0: none) */
+    int handshake_ok;  /* out */
+    int version;       /* out: SSL_version */
+    char cipher[64];   /* out */
+    int echo_ok;       /* out: the bytes came back intact */
 } raw_client;
 
 static void *raw_client_run(void *arg)
@@ -227,8 +234,11 @@ static void *raw_client_run(void *arg)
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     SSL_CTX_set_max_proto_version(ctx, rc->max_version);
     /* ChaCha20 first on our side: the server's order must win. */
-    SSL_CTX_set_ciphersuites(ctx, "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384:"
-                                  "TLS_AES_128_GCM_SHA256");
+    SSL_CTX_set_ciphersuites(ctx, rc->suite ? rc->suite
+                                            : "TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384:"
+                                              "TLS_AES_128_GCM_SHA256");
+    if (rc->padding > 0)
+        SSL_CTX_set_block_padding(ctx, rc->padding);
     SSL_CTX_set_cipher_list(ctx, "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES256-GCM-SHA384:"
                                  "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES128-SHA");
     X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), ca.cert);
@@ -254,7 +264,9 @@ static void *raw_client_run(void *arg)
         pattern(out, rc->bulk + 1, 7);
         size_t n = 0, done = 0;
         /* A first byte, then the rest: the server has read and judged us before we wait. */
-        int ok = SSL_write_ex(ssl, out, 1, &n) == 1 && SSL_write_ex(ssl, out + 1, rc->bulk, &n);
+        int ok = SSL_write_ex(ssl, out, 1, &n) == 1 &&
+                 (!rc->key_update || SSL_key_update(ssl, SSL_KEY_UPDATE_REQUESTED) == 1) &&
+                 SSL_write_ex(ssl, out + 1, rc->bulk, &n);
         while (ok && done < rc->bulk + 1) {
             ok = SSL_read_ex(ssl, back + done, rc->bulk + 1 - done, &n) == 1;
             done += ok ? n : 0;
@@ -328,6 +340,127 @@ static void test_offer_tls12(void **state)
                                                              : "ECDHE-ECDSA-CHACHA20-POLY1305");
     assert_true(rc.echo_ok);
     assert_true(verified);
+}
+
+/* TLS 1.3's other suites, done in place (tls_records.c), against a peer that pads its records
+ * (so even the first byte's record does not fit the 1-byte read) and asks for a KeyUpdate
+ * (answered with ours before the echo). */
+static void test_tls13_suites(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *suite;
+        bool key_update;
+        size_t padding;
+    } cases[] = {{"TLS_CHACHA20_POLY1305_SHA256", true, 512},
+                 {"TLS_AES_256_GCM_SHA384", true, 0},
+                 {"TLS_AES_128_GCM_SHA256", false, 4096}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        raw_client rc = {.id = &client_id,
+                         .max_version = TLS1_3_VERSION,
+                         .bulk = BULK,
+                         .suite = cases[i].suite,
+                         .key_update = cases[i].key_update,
+                         .padding = cases[i].padding};
+        bool verified = false;
+        serve_raw(&rc, &verified);
+        assert_true(rc.handshake_ok);
+        assert_string_equal(rc.cipher, cases[i].suite);
+        assert_true(rc.echo_ok);
+        assert_true(verified);
+    }
+}
+
+/* ---- a plain OpenSSL server, in a thread ---- */
+
+typedef struct {
+    int fd;          /* listening socket */
+    size_t bulk;     /* bytes read, then echoed */
+    int echo_ok;     /* out: read and echoed them all */
+    char cipher[64]; /* out */
+} raw_server;
+
+/* Accepts one connection, with OpenSSL's defaults for tickets (two NewSessionTickets after
+ * the handshake), reads bulk bytes and echoes them. */
+static void *raw_server_run(void *arg)
+{
+    raw_server *rs = arg;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_use_certificate(ctx, server_id.cert);
+    SSL_CTX_use_PrivateKey(ctx, server_id.key);
+    int fd = accept(rs->fd, NULL, NULL);
+    SSL *ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    uint8_t *buf = malloc(rs->bulk);
+    size_t done = 0, n;
+    int ok = fd >= 0 && buf != NULL && SSL_accept(ssl) == 1;
+    if (ok)
+        snprintf(rs->cipher, sizeof(rs->cipher), "%s", SSL_get_cipher_name(ssl));
+    while (ok && done < rs->bulk) {
+        ok = SSL_read_ex(ssl, buf + done, rs->bulk - done, &n) == 1;
+        done += ok ? n : 0;
+    }
+    rs->echo_ok = ok && SSL_write_ex(ssl, buf, rs->bulk, &n) == 1 && n == rs->bulk;
+    SSL_shutdown(ssl);
+    SSL_free(ssl);
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    SSL_CTX_free(ctx);
+    ERR_clear_error();
+    return NULL;
+}
+
+/* Our client against a plain OpenSSL server: TLS 1.3 records done in place on the client's
+ * side, the server's tickets ignored, bytes intact both ways. */
+static void test_client_to_raw_server(void **state)
+{
+    (void)state;
+    raw_server rs = {.bulk = BULK};
+    rs.fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(rs.fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(rs.fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(rs.fd, 1), 0);
+    assert_int_equal(getsockname(rs.fd, (struct sockaddr *)&sa, &sl), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, raw_server_run, &rs), 0);
+
+    char url[64];
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+    nng_stream_dialer *d;
+    assert_int_equal(nng_stream_dialer_alloc(&d, url), 0);
+    nng_tls_config *cfg =
+        config(NNG_TLS_MODE_CLIENT, "openssl", &ca, &client_id, NNG_TLS_AUTH_MODE_REQUIRED);
+    assert_int_equal(nng_tls_config_server_name(cfg, "ps-server"), 0);
+    assert_int_equal(nng_stream_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg), 0);
+    nng_tls_config_free(cfg);
+    nng_aio *dial;
+    assert_int_equal(nng_aio_alloc(&dial, NULL, NULL), 0);
+    nng_aio_set_timeout(dial, 10000);
+    nng_stream_dialer_dial(d, dial);
+    nng_aio_wait(dial);
+    assert_int_equal(nng_aio_result(dial), 0);
+    nng_stream *cs = nng_aio_get_output(dial, 0);
+    uint8_t *out = malloc(BULK), *in = malloc(BULK);
+    assert_non_null(out);
+    assert_non_null(in);
+    pattern(out, BULK, 31);
+    assert_int_equal(stream_send_all(cs, out, BULK), 0);
+    assert_int_equal(stream_recv_all(cs, in, BULK), 0);
+    pthread_join(t, NULL);
+    assert_true(rs.echo_ok);
+    assert_memory_equal(out, in, BULK);
+    assert_string_equal(rs.cipher, tls_openssl_cpu_has_aes() ? "TLS_AES_128_GCM_SHA256"
+                                                             : "TLS_CHACHA20_POLY1305_SHA256");
+    free(out);
+    free(in);
+    nng_stream_free(cs);
+    nng_aio_free(dial);
+    nng_stream_dialer_free(d);
+    close(rs.fd);
 }
 
 /* OPTIONAL: every one completes the handshake; only a certificate of the CA is verified. */
@@ -450,6 +583,117 @@ static void test_engines_interwork(void **state)
 #endif
 }
 
+/* Connects an OpenSSL-engine client to an OpenSSL-engine listener with TLS up to max (an nng
+ * version), and sends one byte through, so the handshake is over: *cs and *ss get the ends. */
+static void pair_open(nng_tls_version max, nng_stream_listener **lp, nng_stream_dialer **dp,
+                      nng_stream **cs, nng_stream **ss)
+{
+    int port;
+    *lp = listen_on("openssl", &port);
+    char url[64];
+    snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", port);
+    assert_int_equal(nng_stream_dialer_alloc(dp, url), 0);
+    nng_tls_config *cfg =
+        config(NNG_TLS_MODE_CLIENT, "openssl", &ca, &client_id, NNG_TLS_AUTH_MODE_REQUIRED);
+    assert_int_equal(nng_tls_config_server_name(cfg, "ps-server"), 0);
+    assert_int_equal(nng_tls_config_version(cfg, NNG_TLS_1_2, max), 0);
+    assert_int_equal(nng_stream_dialer_set_ptr(*dp, NNG_OPT_TLS_CONFIG, cfg), 0);
+    nng_tls_config_free(cfg);
+    nng_aio *acc, *dial;
+    assert_int_equal(nng_aio_alloc(&acc, NULL, NULL), 0);
+    assert_int_equal(nng_aio_alloc(&dial, NULL, NULL), 0);
+    nng_aio_set_timeout(acc, 10000);
+    nng_aio_set_timeout(dial, 10000);
+    nng_stream_listener_accept(*lp, acc);
+    nng_stream_dialer_dial(*dp, dial);
+    nng_aio_wait(dial);
+    nng_aio_wait(acc);
+    assert_int_equal(nng_aio_result(dial), 0);
+    assert_int_equal(nng_aio_result(acc), 0);
+    *cs = nng_aio_get_output(dial, 0);
+    *ss = nng_aio_get_output(acc, 0);
+    nng_aio_free(acc);
+    nng_aio_free(dial);
+    uint8_t one = 1;
+    send_job job = {.s = *cs, .buf = &one, .n = 1};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, send_run, &job), 0);
+    assert_int_equal(stream_recv_all(*ss, &one, 1), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(job.rv, 0);
+}
+
+/* A send times out while the engine's buffer is full (the peer reads nothing), then a different
+ * buffer is sent: it must fail, or arrive intact right after some prefix of the first, never
+ * with the first's bytes in it nor missing its own (an engine holding back part of the first
+ * buffer to be "written again" would mix them). TLS 1.3 (records done in place) and TLS 1.2
+ * (OpenSSL's records). */
+static void test_send_after_timeout(void **state)
+{
+    (void)state;
+    const size_t big = 32u << 20, small = 1u << 20; /* big: more than loopback TCP holds */
+    uint8_t *a = malloc(big), *b = malloc(small), *in = malloc(big + small);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(in);
+    pattern(a, big, 21);
+    pattern(b, small, 22);
+    nng_tls_version maxes[] = {NNG_TLS_1_3, NNG_TLS_1_2};
+    for (size_t v = 0; v < sizeof(maxes) / sizeof(maxes[0]); v++) {
+        nng_stream_listener *l;
+        nng_stream_dialer *d;
+        nng_stream *cs, *ss;
+        pair_open(maxes[v], &l, &d, &cs, &ss);
+        nng_aio *aio;
+        assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
+        nng_iov iov = {.iov_buf = a, .iov_len = big};
+        nng_aio_set_iov(aio, 1, &iov);
+        nng_aio_set_timeout(aio, 200);
+        nng_stream_send(cs, aio);
+        nng_aio_wait(aio);
+        assert_int_not_equal(nng_aio_result(aio), 0);
+        nng_aio_free(aio);
+
+        send_job job = {.s = cs, .buf = b, .n = small};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, send_run, &job), 0);
+        /* Reads until b's bytes end what came, or the stream ends. */
+        size_t got = 0;
+        assert_int_equal(nng_aio_alloc(&aio, NULL, NULL), 0);
+        nng_aio_set_timeout(aio, 10000);
+        while (got < big + small) {
+            nng_iov rv_iov = {.iov_buf = in + got, .iov_len = big + small - got};
+            nng_aio_set_iov(aio, 1, &rv_iov);
+            nng_stream_recv(ss, aio);
+            nng_aio_wait(aio);
+            if (nng_aio_result(aio) != 0)
+                break;
+            got += nng_aio_count(aio);
+            if (got >= small && memcmp(in + got - small, b, small) == 0)
+                break;
+        }
+        nng_aio_free(aio);
+        nng_stream_close(cs);
+        pthread_join(t, NULL);
+        /* What came is a prefix of a, then a prefix of b (all of b when its send succeeded). */
+        size_t k = 0;
+        while (k < got && k < big && in[k] == a[k])
+            k++;
+        size_t rest = got - k;
+        if (job.rv == 0)
+            assert_int_equal(rest, small);
+        assert_true(rest <= small);
+        assert_memory_equal(in + k, b, rest);
+        nng_stream_free(cs);
+        nng_stream_free(ss);
+        nng_stream_dialer_free(d);
+        nng_stream_listener_free(l);
+    }
+    free(a);
+    free(b);
+    free(in);
+}
+
 /* A client (REQUIRED) refuses a server of another CA or of another name: no bytes pass. */
 static void test_client_refuses(void **state)
 {
@@ -488,9 +732,11 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_offer_tls13),       cmocka_unit_test(test_offer_tls12),
-        cmocka_unit_test(test_optional_verified), cmocka_unit_test(test_engines_interwork),
-        cmocka_unit_test(test_client_refuses),    cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_offer_tls13),          cmocka_unit_test(test_offer_tls12),
+        cmocka_unit_test(test_optional_verified),    cmocka_unit_test(test_engines_interwork),
+        cmocka_unit_test(test_client_refuses),       cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_tls13_suites),         cmocka_unit_test(test_send_after_timeout),
+        cmocka_unit_test(test_client_to_raw_server),
     };
     return cmocka_run_group_tests(tests, setup_certs, teardown_certs);
 }
