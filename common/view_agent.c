@@ -28,6 +28,7 @@ struct view_agent {
     pthread_mutex_t mu; /* everything below but the callback */
     pthread_cond_t cv;
     bool stopping;
+    bool halted; /* view_agent_halt done (its caller's thread only) */
     /* the lease */
     int64_t lease_id;       /* 0: not registered */
     int64_t lease_ttl_ms;   /* as granted */
@@ -734,8 +735,21 @@ void view_agent_leave(view_agent *a)
 
 void view_agent_stop(view_agent *a)
 {
-    if (a == NULL)
+    view_agent_halt(a);
+    view_agent_free(a);
+}
+
+void view_agent_free(view_agent *a)
+{
+    if (a)
+        agent_free(a);
+}
+
+void view_agent_halt(view_agent *a)
+{
+    if (a == NULL || a->halted)
         return;
+    a->halted = true;
     pthread_mutex_lock(&a->mu);
     a->stopping = true;
     pthread_cond_broadcast(&a->cv);
@@ -755,7 +769,6 @@ void view_agent_stop(view_agent *a)
             log_warn("cannot revoke lease %" PRId64 " (it expires by itself): %s", a->lease_id,
                      err);
     }
-    agent_free(a);
 }
 
 void view_agent_on_change(view_agent *a, view_agent_fn fn, void *arg)

@@ -103,8 +103,13 @@ typedef struct view_agent_config {
 int view_agent_start(view_agent **out, const view_agent_config *cfg, char *err, size_t errlen);
 
 /* Stops the threads and revokes the lease (so that the others fail over at once instead of
- * after the TTL). NULL: nothing. Call it after the server stopped acknowledging. */
+ * after the TTL), then frees a. NULL: nothing. Call it after the server stopped acknowledging. */
 void view_agent_stop(view_agent *a);
+/* view_agent_stop in two: halt stops the threads and revokes the lease (no view reaches the
+ * callback after it); a stays readable (view_agent_token, view_agent_serving: replication's
+ * threads may still ask it) until view_agent_free. */
+void view_agent_halt(view_agent *a);
+void view_agent_free(view_agent *a);
 
 /* Sets the one callback (NULL: none). If a view is known already, fn is called with it
  * (VIEW_EVENT_VIEW) before this returns. */

@@ -522,9 +522,11 @@ int main(int argc, char **argv)
     }
     if (rpc_server_start(&st.rpc, &rc_cfg, err, sizeof(err)) != 0) {
         log_error("%s", err);
-        view_agent_stop(st.view_agent); /* no view reaches the groups after this */
+        view_agent_halt(st.view_agent); /* no view reaches the groups after this */
         replica_stop();
         replica_free();
+        view_agent_free(st.view_agent);
+        st.view_agent = NULL;
         metrics_remove_collector(server_collect, &st);
         http_endpoint_stop(http);
         checkpointer_destroy(ck);
@@ -594,12 +596,15 @@ int main(int argc, char **argv)
     view_agent_leave(st.view_agent);
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
-    view_agent_stop(st.view_agent);
+    view_agent_halt(st.view_agent);
     checkpointer_stop(ck); /* answers Checkpoint calls still queued */
     /* Answers the calls still waiting for backups. */
     replica_stop();
     rpc_server_stop(st.rpc);
     replica_free();
+    /* After replication's threads, which read its token until they end. */
+    view_agent_free(st.view_agent);
+    st.view_agent = NULL;
     int exit_code = 0;
     events_export_close(events); /* its last sample reads the collector below */
     /* Both read the checkpointer, freed below. */

@@ -171,6 +171,7 @@ static void test_resends_after_failover_stay_in_window(void **state)
     assert_int_equal(ps_client_lost_updates(c), 0);
     free(w);
     free(g);
+    ps_table_free(t);
     ps_client_close(c);
 }
 
