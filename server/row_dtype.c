@@ -88,15 +88,31 @@ static float f32_of_f16(uint16_t h)
 /* float16 by the CPU's conversion instructions (F16C: every x86-64 CPU with AVX2 has them),
  * 8 values at a time, picked at run time; the same IEEE results as the functions above. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define ROW_F16C 1
+
+/* F16C and AVX by CPUID leaf 1 (ECX bits 29 and 28), with the OS saving the AVX registers
+ * (OSXSAVE, bit 27, and XCR0's SSE and AVX state bits): what gcc's and clang's
+ * __builtin_cpu_supports would say, which clang 14 does not know for "f16c". */
+static bool cpu_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return false;
+    if (!(c & (1u << 27)) || !(c & (1u << 28)) || !(c & (1u << 29)))
+        return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
+}
 
 static bool have_f16c(void)
 {
     static atomic_int known = -1; /* -1: not asked yet */
     int k = atomic_load_explicit(&known, memory_order_relaxed);
     if (k < 0) {
-        k = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+        k = cpu_f16c();
         atomic_store_explicit(&known, k, memory_order_relaxed);
     }
     return k > 0;
