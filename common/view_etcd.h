@@ -150,8 +150,7 @@ int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
 int view_etcd_force(etcd_client *c, const char *prefix, uint32_t group, uint32_t server,
                     uint64_t epoch, char *err, size_t errlen);
 /* Removes prefix/force/<group>. */
-int view_etcd_unforce(etcd_client *c, const char *prefix, uint32_t group, char *err,
-                      size_t errlen);
+int view_etcd_unforce(etcd_client *c, const char *prefix, uint32_t group, char *err, size_t errlen);
 /* Reads the overrides made for the view of epoch: forced[g] and to[g] (the server) for each
  * group g < num_servers whose entry names that epoch; others (older views, bad values) are
  * ignored. */
