@@ -198,6 +198,19 @@ int view_etcd_register(etcd_client *c, const char *prefix, uint32_t index, const
     return etcd_put(c, key, url, strlen(url), lease_id, err, errlen);
 }
 
+/* The index that ends a key read under a prefix of kl bytes ("<prefix>/servers/3"): true with
+ * it in *out when it is a decimal number below n (and VIEW_MAX_SERVERS). */
+static bool key_index(const char *key, int kl, uint32_t n, unsigned long *out)
+{
+    const char *idx = key + kl;
+    char *end;
+    unsigned long i = strtoul(idx, &end, 10);
+    if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || i >= n || i >= VIEW_MAX_SERVERS)
+        return false;
+    *out = i;
+    return true;
+}
+
 int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
                       int64_t lease[VIEW_MAX_SERVERS], char (*urls)[VIEW_URL_MAX], char *err,
                       size_t errlen)
@@ -213,11 +226,8 @@ int view_etcd_servers(etcd_client *c, const char *prefix, uint32_t num_servers,
     if (rc != 0)
         return rc;
     for (size_t k = 0; k < n; k++) {
-        const char *idx = kvs[k].key + kl;
-        char *end;
-        unsigned long i = strtoul(idx, &end, 10);
-        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || i >= num_servers ||
-            i >= VIEW_MAX_SERVERS)
+        unsigned long i;
+        if (!key_index(kvs[k].key, kl, num_servers, &i))
             continue;
         lease[i] = kvs[k].lease ? kvs[k].lease : -1; /* a key without a lease still counts */
         if (urls)
@@ -257,11 +267,8 @@ int view_etcd_forced(etcd_client *c, const char *prefix, uint32_t num_servers, u
     if (rc != 0)
         return rc;
     for (size_t k = 0; k < n; k++) {
-        const char *idx = kvs[k].key + kl;
-        char *end;
-        unsigned long g = strtoul(idx, &end, 10);
-        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || g >= num_servers ||
-            g >= VIEW_MAX_SERVERS)
+        unsigned long g;
+        if (!key_index(kvs[k].key, kl, num_servers, &g))
             continue;
         unsigned long s;
         unsigned long long e;
@@ -328,11 +335,8 @@ int view_etcd_copies(etcd_client *c, const char *prefix, uint32_t num_servers,
         return rc;
     size_t cap = 0;
     for (size_t k = 0; k < nk && rc == 0; k++) {
-        const char *idx = kvs[k].key + kl;
-        char *end;
-        unsigned long i = strtoul(idx, &end, 10);
-        if (idx[0] < '0' || idx[0] > '9' || *end != '\0' || i >= num_servers ||
-            i >= VIEW_MAX_SERVERS || reg[i] == 0 || kvs[k].lease != reg[i])
+        unsigned long i;
+        if (!key_index(kvs[k].key, kl, num_servers, &i) || reg[i] == 0 || kvs[k].lease != reg[i])
             continue; /* not a current registration's */
         json_object *j = json_tokener_parse(kvs[k].value);
         json_object *arr = j_obj(j, "copies");
