@@ -489,24 +489,21 @@ static view wait_live(int s)
     return v;
 }
 
-/* A group with no live in-sync member waits for one; it never goes to a member that missed
- * what was acknowledged: ps 1 is killed and ps 0 serves group 0 = {0, 1} alone for 30 pushes
- * (checkpointed); ps 0 is killed; ps 1 comes back and rejoins (caught up on group 1 from ps 2),
- * but group 0 has no primary, and a pull of it is refused naming ps 0; ps 0 comes back with its
- * checkpoint and serves group 0 again with every acknowledged push, and ps 1 copies it. */
-static void test_out_of_sync_member_never_takes_a_group(void **state)
+/* Leaves group 0 = {0, 1} without a live in-sync member: 20 pushes, ps 1 killed, 30 more that
+ * ps 0 acknowledges alone (checkpointed), ps 0 killed, ps 1 restarted and live again (caught up
+ * on group 1). Returns the view then; the all-ones gradient in *g (caller frees). */
+static view strand_group0(float **g)
 {
-    (void)state;
     ps_client *c = open_client();
     assert_non_null(c);
     ps_var *v = make_var(c);
     assert_non_null(v);
-    float *g = ones();
+    *g = ones();
     for (int k = 0; k < 20; k++)
-        push_ok(c, v, g);
+        push_ok(c, v, *g);
     kill_server(1);
     for (int k = 0; k < 30; k++)
-        push_ok(c, v, g);
+        push_ok(c, v, *g);
     check_all(c, v, -50.0f);
     ps_client_close(c);
     assert_int_equal(checkpoint_now(0), 0); /* ps 0's group 0: 50 pushes */
@@ -518,6 +515,21 @@ static void test_out_of_sync_member_never_takes_a_group(void **state)
     assert_int_equal(w.live[1], 1);
     assert_int_equal(w.primary[0], -1);
     assert_int_equal(w.primary[1], 2);
+    return w;
+}
+
+/* A group with no live in-sync member waits for one; it never goes to a member that missed
+ * what was acknowledged: ps 1 is killed and ps 0 serves group 0 = {0, 1} alone for 30 pushes
+ * (checkpointed); ps 0 is killed; ps 1 comes back and rejoins (caught up on group 1 from ps 2),
+ * but group 0 has no primary, and a pull of it is refused naming ps 0; ps 0 comes back with its
+ * checkpoint and serves group 0 again with every acknowledged push, and ps 1 copies it. */
+static void test_out_of_sync_member_never_takes_a_group(void **state)
+{
+    (void)state;
+    float *g;
+    view w = strand_group0(&g);
+    ps_client *c;
+    ps_var *v;
     /* Refused, naming the server that holds group 0's newest copy. */
     envelope env = PSD__V1__ENVELOPE__INIT;
     Psd__V1__PullRequest rq = PSD__V1__PULL_REQUEST__INIT;
@@ -591,22 +603,10 @@ static int psctl(const char *args, char *buf, size_t cap)
 static void test_forced_primary(void **state)
 {
     (void)state;
-    ps_client *c = open_client();
-    assert_non_null(c);
-    ps_var *v = make_var(c);
-    assert_non_null(v);
-    float *g = ones();
-    for (int k = 0; k < 20; k++)
-        push_ok(c, v, g);
-    kill_server(1);
-    for (int k = 0; k < 30; k++)
-        push_ok(c, v, g);
-    ps_client_close(c);
-    assert_int_equal(checkpoint_now(0), 0);
-    kill_server(0);
-    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
-    view w = wait_live(1);
-    assert_int_equal(w.primary[0], -1);
+    float *g;
+    view w = strand_group0(&g);
+    ps_client *c;
+    ps_var *v;
     char out[4096];
     /* Refused: bad arguments, a server that is no member, a group that has a primary, a
      * member that is not live. */
