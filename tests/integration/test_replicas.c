@@ -123,6 +123,22 @@ static int group_checksum(int server, uint32_t group, uint64_t epoch, uint64_t *
     return test_group_checksum(tc.ports[server], group, epoch, sum, vars, lsn);
 }
 
+/* Both copies of every group (ps g and ps g+1) are at the same log position with the same
+ * checksum. */
+static void assert_copies_agree(void)
+{
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
+        assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
+        assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1), 0);
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %u\n",
+                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
+                (unsigned long long)l1, (grp + 1) % NSERVERS);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+    }
+}
+
 static void test_exact_sums_and_identical_replicas(void **state)
 {
     (void)state;
@@ -265,16 +281,7 @@ static void test_ttl_table_copies_identical(void **state)
                      PS_PERMISSION_DENIED);
     frame_fini(&f);
     nng_msg_free(m);
-    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
-        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
-        assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
-        assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1), 0);
-        fprintf(stderr, "group %u: primary %016llx at lsn %llu, backup %016llx at lsn %llu\n", grp,
-                (unsigned long long)s0, (unsigned long long)l0, (unsigned long long)s1,
-                (unsigned long long)l1);
-        assert_int_equal(l0, l1);
-        assert_true(s0 == s1);
-    }
+    assert_copies_agree();
 }
 
 /* Admission (min_count > 1) decides alike on every copy, also on one that rejoined: its copy
@@ -319,16 +326,7 @@ static void test_admission_alike_after_rejoin(void **state)
     assert_int_equal(ps_table_pull(t, ids, N, rows), PS_OK);
     for (int i = 0; i < N; i++)
         assert_true(rows[i * 4] == -1.0f); /* admitted at the third push, its gradient applied */
-    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
-        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 0;
-        assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
-        assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1), 0);
-        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %u\n",
-                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
-                (unsigned long long)l1, (grp + 1) % NSERVERS);
-        assert_int_equal(l0, l1);
-        assert_true(s0 == s1);
-    }
+    assert_copies_agree();
     ps_table_free(t);
     ps_client_close(c);
 }
