@@ -159,6 +159,16 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             wid += (int64_t)cl.n_chief;
     }
     c->worker_id = (int32_t)wid;
+    /* A program that set up no logging of its own (Python, a plain C program) gets the client's
+     * log-level, log-format and identity: its task in the spec, else its worker id. */
+    log_level lvl = LOG_INFO;
+    log_format fmt = LOG_FORMAT_AUTO;
+    log_level_parse(opt_enum(o, OPT_LOG_LEVEL), &lvl);
+    log_format_parse(opt_enum(o, OPT_LOG_FORMAT), &fmt);
+    if (cl.task_type[0])
+        log_adopt(cl.task_type, cl.task_index, lvl, fmt);
+    else
+        log_adopt(wid >= 0 ? "worker" : "client", wid >= 0 ? (int)wid : -1, lvl, fmt);
     const char *token_file = opt_str(o, OPT_ADMIN_TOKEN_FILE);
     if (token_file && token_file[0] &&
         rpc_read_token(token_file, c->admin_token, sizeof(c->admin_token), err, sizeof(err)) != 0) {

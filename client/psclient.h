@@ -62,6 +62,12 @@ const char *ps_version(void);
 
 /* ---- logging ---------------------------------------------------------------------------- */
 
+/* The library writes its lines to stderr as the program's own logger would. In a program that
+ * sets up no psd logging of its own (a Python program, a plain C program), each ps_client_open
+ * applies that client's log-level and log-format settings and names the line's role and task
+ * after the client: its task in the cluster spec, else "worker" and its worker-id setting, else
+ * "client" and -1. */
+
 /* Log levels passed to a ps_log_fn (the log-level setting names them). */
 #define PS_LOG_DEBUG 0
 #define PS_LOG_INFO 1

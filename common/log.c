@@ -23,6 +23,7 @@ static pthread_mutex_t log_mutex = PTHREAD_MUTEX_INITIALIZER;
 static char log_role[LOG_ROLE_MAX] = "?";
 static int log_task = -1;
 static log_format log_fmt = LOG_FORMAT_AUTO;
+static bool log_set_by_program; /* guarded by log_mutex: log_init was called */
 static atomic_int log_min_level = LOG_INFO;
 static log_sink_fn log_sink;        /* guarded by log_mutex; NULL: stderr */
 static void *log_sink_arg;          /* guarded by log_mutex */
@@ -221,19 +222,37 @@ static log_format log_resolve_format(log_format fmt)
     return isatty(STDERR_FILENO) ? LOG_FORMAT_TEXT : LOG_FORMAT_JSON;
 }
 
-void log_init(const char *role, int task_index, log_level min_level, log_format fmt)
+/* Sets the identity under log_mutex; by_program marks a log_init call. */
+static bool log_set_identity(const char *role, int task_index, log_level min_level, log_format fmt,
+                             bool by_program)
 {
     int saved_errno = errno;
+    bool set = false;
 
     if ((int)min_level < LOG_DEBUG || (int)min_level > LOG_ERROR)
         min_level = LOG_INFO;
     pthread_mutex_lock(&log_mutex);
-    snprintf(log_role, sizeof log_role, "%s", role != NULL ? role : "?");
-    log_task = task_index < -1 ? -1 : task_index;
-    log_fmt = log_resolve_format(fmt);
-    atomic_store(&log_min_level, (int)min_level);
+    if (by_program || !log_set_by_program) {
+        snprintf(log_role, sizeof log_role, "%s", role != NULL ? role : "?");
+        log_task = task_index < -1 ? -1 : task_index;
+        log_fmt = log_resolve_format(fmt);
+        atomic_store(&log_min_level, (int)min_level);
+        log_set_by_program = log_set_by_program || by_program;
+        set = true;
+    }
     pthread_mutex_unlock(&log_mutex);
     errno = saved_errno;
+    return set;
+}
+
+void log_init(const char *role, int task_index, log_level min_level, log_format fmt)
+{
+    log_set_identity(role, task_index, min_level, fmt, true);
+}
+
+bool log_adopt(const char *role, int task_index, log_level min_level, log_format fmt)
+{
+    return log_set_identity(role, task_index, min_level, fmt, false);
 }
 
 bool log_enabled(log_level lvl)

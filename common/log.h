@@ -33,6 +33,12 @@ typedef enum { LOG_FORMAT_AUTO, LOG_FORMAT_JSON, LOG_FORMAT_TEXT } log_format;
  * logger behaves as log_init("?", -1, LOG_INFO, LOG_FORMAT_AUTO). */
 void log_init(const char *role, int task_index, log_level min_level, log_format fmt);
 
+/* log_init for a library inside a program that never called log_init (a Python or C program
+ * with a logger of its own, or none): sets the identity, level and format as log_init would and
+ * returns true, unless log_init was called before, in which case the program's settings stay
+ * and it returns false. Thread-safe. */
+bool log_adopt(const char *role, int task_index, log_level min_level, log_format fmt);
+
 /* Parses "debug", "info", "warn" (or "warning") or "error", case-insensitive,
  * into *out. Returns 0, or -1 (and leaves *out alone) for NULL or any other
  * text. */

@@ -122,6 +122,35 @@ static void test_before_init(void **state)
     free(out);
 }
 
+/* Must run second: a library adopts an identity until a program calls log_init, which then
+ * stays. */
+static void test_adopt_until_init(void **state)
+{
+    char *out;
+    struct json_object *obj;
+
+    (void)state;
+    assert_true(log_adopt("worker", 3, LOG_INFO, LOG_FORMAT_JSON));
+    capture_begin();
+    log_info("adopted");
+    out = capture_end();
+    obj = parse_line(out, strlen(out) - 1, "info", "worker", 3);
+    json_object_put(obj);
+    free(out);
+
+    log_init("ps", 1, LOG_INFO, LOG_FORMAT_JSON);
+    assert_false(log_adopt("client", -1, LOG_DEBUG, LOG_FORMAT_TEXT));
+    capture_begin();
+    log_debug("still filtered");
+    log_info("the program's");
+    out = capture_end();
+    assert_int_equal(count_lines(out), 1);
+    obj = parse_line(out, strlen(out) - 1, "info", "ps", 1);
+    assert_string_equal(msg_of(obj), "the program's");
+    json_object_put(obj);
+    free(out);
+}
+
 static void test_escape(void **state)
 {
     char buf[64];
@@ -369,6 +398,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_before_init),
+        cmocka_unit_test(test_adopt_until_init),
         cmocka_unit_test(test_escape),
         cmocka_unit_test(test_escape_truncates_safely),
         cmocka_unit_test(test_parse_level_format),

@@ -66,7 +66,7 @@ def main(argv: List[str] | None = None) -> int:
                                     f"(pixels), not {sizes[0]}")
     x, y = fashion_mnist.shard(x_train, y_train, task.index, task.count)
     try:
-        with psd.Client(task.cluster, worker_id=task.index) as client:
+        with psd.Client(task.cluster, worker_id=task.index, log_format=args.log_format) as client:
             return train(args, task, log, client, sizes, x, y, x_test, y_test, psd)
     except psd.PsError as e:
         log("error", f"{type(e).__name__}: {e}")

@@ -66,7 +66,7 @@ def main(argv: List[str] | None = None) -> int:
     model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
                           nn.Linear(128, 10))
     try:
-        with psd.Client(task.cluster, worker_id=task.index) as client:
+        with psd.Client(task.cluster, worker_id=task.index, log_format=args.log_format) as client:
             return train(args, task, log, client, model, x_t, y_t, x_test_t, y_test_t,
                          threads)
     except psd.PsError as e:

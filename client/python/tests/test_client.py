@@ -421,3 +421,47 @@ def test_close_with_operations_in_flight(cluster2: Cluster) -> None:
         assert f.done()
         err = f.exception(timeout=0)
         assert err is None or isinstance(err, psd.CancelledError), err
+
+
+# ---- the library's log lines ----------------------------------------------------------------
+
+_STALLED_PULL = r"""
+import json, os, signal, sys
+import psd
+spec, pid, fmt = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+with psd.Client(spec, use_env=False, worker_id=3, log_format=fmt, deadline_ms=3500,
+                retries=0) as c:
+    v = c.create_variable("t/log_identity/" + fmt, (4,), optimizer="sgd")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        v.pull()
+    except psd.PsError as e:
+        print(type(e).__name__)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_library_lines_follow_the_log_format_and_name_the_worker(fmt: str) -> None:
+    """A Python program sets up no logging of the library: the client's log_format setting and
+    its worker id (role worker, task 3) decide how the library's lines look."""
+    import json
+    import subprocess
+    import sys
+
+    cluster = Cluster(1)
+    try:
+        r = subprocess.run([sys.executable, "-c", _STALLED_PULL, json.dumps(cluster.spec),
+                            str(cluster.procs[0].pid), fmt],
+                           cwd=__file__.rsplit("/tests/", 1)[0], capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        cluster.stop()
+    lines = [ln for ln in r.stderr.splitlines() if "waiting for" in ln]
+    assert lines, f"no 'waiting for' line from the library; stderr: {r.stderr!r}"
+    if fmt == "text":
+        assert " WARN worker/3: waiting for " in lines[0], lines[0]
+    else:
+        line = json.loads(lines[0])
+        assert (line["level"], line["role"], line["task"]) == ("warn", "worker", 3), line
