@@ -46,6 +46,7 @@
 #include "hash.h"
 #include "psclient.h"
 #include "table.h"
+#include "zipf.h"
 
 static double now_s(void)
 {
@@ -65,51 +66,6 @@ static uint64_t rss_bytes(void)
         res = 0;
     fclose(f);
     return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
-}
-
-/* The id of rank r (0 = most frequent): ranks scrambled so that hot ids are spread. */
-static int64_t rank_id(uint64_t r)
-{
-    return (int64_t)mix64(r + 1);
-}
-
-/* Zipf(s) over ranks 0..n-1 by inversion of its CDF (n doubles). */
-typedef struct zipf {
-    double *cdf;
-    uint64_t n;
-    uint64_t state;
-} zipf;
-
-static int zipf_init(zipf *z, uint64_t n, double s, uint64_t seed)
-{
-    z->cdf = malloc(n * sizeof(double));
-    if (z->cdf == NULL)
-        return -1;
-    double acc = 0;
-    for (uint64_t r = 0; r < n; r++) {
-        acc += pow((double)(r + 1), -s);
-        z->cdf[r] = acc;
-    }
-    for (uint64_t r = 0; r < n; r++)
-        z->cdf[r] /= acc;
-    z->n = n;
-    z->state = seed;
-    return 0;
-}
-
-static uint64_t zipf_draw(zipf *z)
-{
-    z->state += UINT64_C(0x9E3779B97F4A7C15);
-    double u = (double)(mix64(z->state) >> 11) * 0x1.0p-53;
-    uint64_t lo = 0, hi = z->n - 1;
-    while (lo < hi) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        if (z->cdf[mid] < u)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /* One of the threads of the parallel push phase: its own draws from the shared CDF, made
@@ -138,7 +94,7 @@ static void *pusher_run(void *arg)
         for (size_t i = 0; i < (size_t)a->batch * a->dim; i++)
             g[i] = 0.001f;
         for (size_t i = 0; i < n;) {
-            ids[i] = rank_id(zipf_draw(&z));
+            ids[i] = zipf_rank_id(zipf_draw(&z));
             i += table_partition_of(a->t, ids[i]) % a->parts == a->part;
         }
     }
@@ -251,7 +207,7 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     for (uint64_t r = 0; r < c->rows; r += b) {
         size_t n = c->rows - r < b ? (size_t)(c->rows - r) : b;
         for (size_t i = 0; i < n; i++)
-            ids[i] = rank_id(r + i);
+            ids[i] = zipf_rank_id(r + i);
         if (table_push(t, ids, n, g, 1, err, sizeof(err)) != 0) {
             fprintf(stderr, "table_push: %s\n", err);
             return -1;
@@ -285,7 +241,7 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     uint64_t distinct_before = st.rows;
     for (uint32_t k = 0; k < c->batches; k++) {
         for (size_t i = 0; i < b; i++)
-            ids[i] = rank_id(zipf_draw(zf));
+            ids[i] = zipf_rank_id(zipf_draw(zf));
         double a = now_s();
         if (table_push(t, ids, b, g, 2 + k, err, sizeof(err)) != 0) {
             fprintf(stderr, "table_push: %s\n", err);
@@ -295,7 +251,7 @@ static int run_dim(const config *c, uint32_t dim, zipf *zf, inproc *res)
     }
     for (uint32_t k = 0; k < c->batches; k++) {
         for (size_t i = 0; i < b; i++)
-            ids[i] = rank_id(zipf_draw(zf));
+            ids[i] = zipf_rank_id(zipf_draw(zf));
         double a = now_s();
         table_pull(t, ids, b, out);
         pull_s += now_s() - a;
@@ -387,7 +343,7 @@ static double wire_calls(ps_table *tb, bool push, const int64_t *ids, uint64_t r
             uint64_t first = (uint64_t)k * batch;
             n = rows - first < batch ? (size_t)(rows - first) : batch;
             for (size_t i = 0; i < n; i++)
-                seq[(size_t)slot * batch + i] = rank_id(first + i);
+                seq[(size_t)slot * batch + i] = zipf_rank_id(first + i);
         }
         rc = push ? ps_table_push_async(tb, b, n, g, NULL, NULL, &ops[slot])
                   : ps_table_pull_async(tb, b, n, out + (size_t)slot * batch * dim, NULL, NULL,
@@ -589,10 +545,10 @@ static int run_wire(const config *c, uint32_t dim, zipf *zf, const inproc *in, c
         goto out;
     double fill = wire_make_rows(cl, c, dim, g, &tb);
     for (size_t i = 0; i < nids; i++)
-        ids[i] = rank_id(zipf_draw(zf));
+        ids[i] = zipf_rank_id(zipf_draw(zf));
     double push = wire_calls(tb, true, ids, 0, b, c->batches, c->inflight, g, NULL, dim);
     for (size_t i = 0; i < nids; i++)
-        ids[i] = rank_id(zipf_draw(zf));
+        ids[i] = zipf_rank_id(zipf_draw(zf));
     double pull = wire_calls(tb, false, ids, 0, b, c->batches, c->inflight, NULL, out, dim);
     if (fill < 0 || push < 0 || pull < 0)
         goto out;
@@ -795,6 +751,6 @@ int main(int argc, char **argv)
                "ids/s | push ids/s, 2 clients | push / in-process | pull / in-process |\n");
         printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n%s", wire_rows);
     }
-    free(zf.cdf);
+    zipf_free(&zf);
     return rc;
 }

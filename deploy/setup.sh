@@ -5,8 +5,9 @@
 #   deploy/setup.sh --test   that, and what only some tests use (tests/run.sh passes it): podman,
 #                            runc, debootstrap, curl and podman-compose (the container image and
 #                            compose tests, with netavark and aardvark-dns for the compose
-#                            network's service names), python3-torch (the PyTorch glue) and
-#                            etcd-server (the coordinator of replicated servers); and a venv
+#                            network's service names), python3-torch (the PyTorch glue),
+#                            etcd-server (the coordinator of replicated servers) and
+#                            libzmq3-dev (ps-kv-compare's baseline server); and a venv
 #                            with the tensorboard package from PyPI (the test of the event
 #                            files reads them with TensorBoard's own reader) in
 #                            /opt/psd-tb-venv, or PSD_TB_VENV
@@ -49,6 +50,7 @@ if [ "$with_tests" = yes ]; then
     podman runc debootstrap curl podman-compose netavark aardvark-dns
     python3-torch
     etcd-server
+    libzmq3-dev
   )
 elif [ "$with_etcd" = yes ]; then
   packages+=(etcd-server)
