@@ -533,16 +533,18 @@ int ps_table_lookup(ps_client *c, const char *name, ps_table **out);
 void ps_table_free(ps_table *t);
 uint32_t ps_table_dim(const ps_table *t);
 
-/* Rows of ids[0..n) into rows[0..n*dim), in the caller's order, duplicates repeated. The ids
- * are split by owning server and sent to all of them at once, in requests of at most
- * ps_table_max_ids ids. Rows (and ps_table_push's gradients) travel in the client's
- * wire-dtype: bfloat16 rounds them on the wire, the servers keep and apply float32. Blocks. */
+/* Rows of ids[0..n) into rows[0..n*dim), in the caller's order, duplicates repeated. Each
+ * distinct id is sent once; the ids are split by owning server and sent to all of them at
+ * once, in requests of at most ps_table_max_ids ids. Rows (and ps_table_push's gradients) travel in
+ * the client's wire-dtype: bfloat16 rounds them on the wire, the servers keep and apply float32.
+ * Blocks. */
 int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows);
-/* Pushes gradients grads[i*dim .. (i+1)*dim) of ids[i]; the servers sum duplicate ids of a
- * request and apply their optimizer once per distinct row. Each request is applied exactly
- * once (resends are dropped by its sequence number). A gradient holding NaN or Inf makes the
- * servers refuse that request whole (PS_INVALID_ARGUMENT; other servers' requests of the same
- * call may have been applied). Blocks. */
+/* Pushes gradients grads[i*dim .. (i+1)*dim) of ids[i]; duplicate ids' gradients are summed
+ * in the caller's order (by the client in the float32 wire dtype, which then sends each
+ * distinct id once, else by the servers) and the optimizer applied once per distinct row. Each
+ * request is applied exactly once (resends are dropped by its sequence number). A gradient holding
+ * NaN or Inf makes the servers refuse that request whole (PS_INVALID_ARGUMENT; other servers'
+ * requests of the same call may have been applied). Blocks. */
 int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads);
 /* Asynchronous forms: start the call (every request in flight) and return at once, as
  * ps_pull_async does: ids, rows and grads must stay valid and untouched until the operation
@@ -577,7 +579,7 @@ typedef struct ps_table_info {
     uint64_t evicted_ttl;      /* rows removed by ttl_ms */
     uint64_t evicted_max_rows; /* rows removed to stay within max_rows */
     uint64_t evicted_memory;   /* rows removed because max-server-bytes was reached */
-    uint64_t lookups;          /* ids pulled */
+    uint64_t lookups;          /* ids pulled (a request's distinct ids) */
     uint64_t rows_updated;     /* row updates applied */
 } ps_table_info;
 
