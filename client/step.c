@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "id_dups.h"
 #include "placement.h"
 #include "status.h"
 
@@ -40,9 +41,10 @@ typedef struct step_titem {
     const int64_t *ids;
     size_t n;
     const float *grads;
-    float *rows;
+    float *rows;   /* the caller's rows */
     size_t *order; /* indexes into ids: server s's are order[start[s] .. start[s + 1]) */
     size_t *start; /* [nservers + 1] */
+    id_dups *dups; /* the caller's ids had duplicates: ids, n and grads are the distinct ones */
 } step_titem;
 
 typedef struct step_state step_state;
@@ -93,6 +95,7 @@ static void step_state_free(void *arg)
     for (size_t j = 0; s->titems && j < s->ntitems; j++) {
         free(s->titems[j].order);
         free(s->titems[j].start);
+        id_dups_free(s->titems[j].dups);
     }
     free(s->titems);
     free(s->pieces);
@@ -441,8 +444,10 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
         const step_titem *ti = &s->titems[p->item];
         const size_t *ord = ti->order + p->offset;
         size_t dim = ti->t->dim;
-        for (uint64_t x = 0; x < p->count; x++, seg += esize * dim)
-            frame_get_floats(ti->rows + ord[x] * dim, seg, dim, s->dtype);
+        for (uint64_t x = 0; x < p->count; x++, seg += esize * dim) {
+            frame_get_floats(ti->rows + id_dups_place(ti->dups, ord[x]) * dim, seg, dim, s->dtype);
+            id_dups_copy_row(ti->dups, ord[x], ti->rows, dim);
+        }
     }
     if (status == STATUS_OK && m->advance_clock) {
         pthread_mutex_lock(&s->lock);
@@ -563,6 +568,15 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
         ti->n = it.n;
         ti->grads = it.grads;
         ti->rows = it.rows;
+        /* Only distinct ids travel (id_dups.h); pushes in a 16-bit wire dtype as they are. */
+        if ((it.grads == NULL || s->dtype == PSD__V1__DTYPE__FLOAT32) &&
+            id_dups_find(it.ids, it.n, it.grads, ti->t->dim, &ti->dups) == 0 && ti->dups) {
+            ti->ids = ti->dups->ids;
+            ti->n = ti->dups->n;
+            ti->grads = it.grads ? ti->dups->sums : NULL;
+            it.ids = ti->ids;
+            it.n = ti->n;
+        }
         ti->order = malloc((it.n ? it.n : 1) * sizeof(*ti->order));
         ti->start = calloc((size_t)ns + 1, sizeof(*ti->start));
         uint32_t *owner = malloc((it.n ? it.n : 1) * sizeof(*owner));

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "client_internal.h"
-#include "hash.h"
+#include "id_dups.h"
 #include "placement.h"
 #include "spec_fields.h"
 #include "status.h"
@@ -206,113 +206,10 @@ typedef struct table_call {
     const float *grads; /* the gradients sent: the caller's, or their sums per distinct id */
     float *rows;        /* the caller's rows */
     size_t *order;      /* indexes into ids, grouped by server */
-    struct dups *dups;  /* NULL when the caller's ids were distinct */
+    id_dups *dups;      /* NULL when the caller's ids were distinct */
     size_t nparts;
     table_part parts[];
 } table_call;
-
-/* A call's distinct ids when the caller's had duplicates: only those are sent, a push with the
- * sum of each id's gradients in the order the caller gave them (as a server sums a request's
- * duplicates), a pull's row written to every place the caller asked for it. */
-typedef struct dups {
-    size_t n;      /* distinct ids */
-    int64_t *ids;  /* [n] in order of first occurrence */
-    float *sums;   /* [n * dim] a push's summed gradients */
-    size_t *first; /* [n] the caller's first index of each distinct id */
-    size_t *next;  /* [caller's n] the caller's next index with the same id, SIZE_MAX: none */
-} dups;
-
-static void dups_free(dups *d)
-{
-    if (d == NULL)
-        return;
-    free(d->ids);
-    free(d->sums);
-    free(d->first);
-    free(d->next);
-    free(d);
-}
-
-/* The distinct ids of ids[0..n) into *out (NULL when there are no duplicates, or when a push
- * travels in a 16-bit wire dtype, whose rounding comes before the server's sum). Returns 0, or
- * -1 when out of memory. */
-static int dups_find(const int64_t *ids, size_t n, const float *grads, size_t dim, bool sum,
-                     dups **out)
-{
-    *out = NULL;
-    if (n < 2)
-        return 0;
-    size_t cap = 16;
-    while (cap < 2 * n)
-        cap *= 2;
-    size_t *slot = calloc(cap, sizeof(*slot)); /* distinct index + 1 */
-    size_t *of = malloc(n * sizeof(*of));
-    if (slot == NULL || of == NULL) {
-        free(slot);
-        free(of);
-        return -1;
-    }
-    size_t nu = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t j = (size_t)mix64((uint64_t)ids[i]) & (cap - 1);
-        while (slot[j] != 0 && ids[of[slot[j] - 1]] != ids[i])
-            j = (j + 1) & (cap - 1);
-        if (slot[j] == 0) {
-            slot[j] = ++nu;
-            of[nu - 1] = i; /* of[] first holds each distinct id's first index */
-        }
-    }
-    if (nu == n) {
-        free(slot);
-        free(of);
-        return 0;
-    }
-    dups *d = calloc(1, sizeof(*d));
-    if (d != NULL) {
-        d->n = nu;
-        d->ids = malloc(nu * sizeof(*d->ids));
-        d->first = malloc(nu * sizeof(*d->first));
-        d->next = malloc(n * sizeof(*d->next));
-        d->sums = sum ? malloc(nu * dim * sizeof(float)) : NULL;
-    }
-    size_t *last = malloc(nu * sizeof(*last));
-    if (d == NULL || d->ids == NULL || d->first == NULL || d->next == NULL ||
-        (sum && d->sums == NULL) || last == NULL) {
-        free(slot);
-        free(of);
-        free(last);
-        dups_free(d);
-        return -1;
-    }
-    for (size_t u = 0; u < nu; u++) {
-        d->first[u] = last[u] = of[u];
-        d->ids[u] = ids[of[u]];
-        if (sum)
-            memcpy(d->sums + u * dim, grads + of[u] * dim, dim * sizeof(float));
-    }
-    for (size_t i = 0; i < n; i++) {
-        d->next[i] = SIZE_MAX;
-        size_t j = (size_t)mix64((uint64_t)ids[i]) & (cap - 1);
-        while (ids[d->first[slot[j] - 1]] != ids[i])
-            j = (j + 1) & (cap - 1);
-        size_t u = slot[j] - 1;
-        if (d->first[u] == i)
-            continue;
-        d->next[last[u]] = i;
-        last[u] = i;
-        if (sum) {
-            float *acc = d->sums + u * dim;
-            const float *g = grads + i * dim;
-            for (size_t k = 0; k < dim; k++)
-                acc[k] += g[k];
-        }
-    }
-    free(slot);
-    free(of);
-    free(last);
-    *out = d;
-    return 0;
-}
 
 static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
@@ -365,13 +262,10 @@ static void table_part_done(void *arg, int status, const char *message, const fr
             message = "TablePull reply does not carry one row per id in the wire dtype";
         } else {
             const size_t *ord = tc->order + p->start;
-            const dups *d = tc->dups;
             for (size_t k = 0; k < p->count; k++) {
-                size_t at = d ? d->first[ord[k]] : ord[k];
-                float *row = tc->rows + at * dim;
+                float *row = tc->rows + id_dups_place(tc->dups, ord[k]) * dim;
                 frame_get_floats(row, reply->segment + k * dim * esize, dim, dtype);
-                for (size_t i = d ? d->next[at] : SIZE_MAX; i != SIZE_MAX; i = d->next[i])
-                    memcpy(tc->rows + i * dim, row, dim * sizeof(float));
+                id_dups_copy_row(tc->dups, ord[k], tc->rows, dim);
             }
         }
     }
@@ -396,7 +290,7 @@ static void table_call_free(void *arg)
 {
     table_call *tc = arg;
     free(tc->order);
-    dups_free(tc->dups);
+    id_dups_free(tc->dups);
     free(tc);
 }
 
@@ -417,13 +311,13 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
                            "max-message-bytes (%zu)",
                            fn, t->name, t->dim, c->max_message);
     /* Only distinct ids travel: fewer bytes, and less for the servers to do. */
-    dups *d = NULL;
-    bool sum = push && c->wire_dtype == PSD__V1__DTYPE__FLOAT32;
-    if ((push && !sum) || dups_find(ids, n, grads, t->dim, push, &d) != 0)
+    id_dups *d = NULL;
+    if ((push && c->wire_dtype != PSD__V1__DTYPE__FLOAT32) ||
+        id_dups_find(ids, n, push ? grads : NULL, t->dim, &d) != 0)
         d = NULL; /* 16-bit pushes, or no memory to spare: sent as they are */
     if (d != NULL) {
         ids = d->ids;
-        grads = push ? d->sums : grads;
+        grads = push ? d->sums : NULL;
         n = d->n;
     }
     int ns = c->nservers;
@@ -434,7 +328,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         free(count);
         free(owner);
         free(order);
-        dups_free(d);
+        id_dups_free(d);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
@@ -451,7 +345,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         free(count);
         free(owner);
         free(order);
-        dups_free(d);
+        id_dups_free(d);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     tc->dups = d;
@@ -460,7 +354,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         free(count);
         free(owner);
         free(order);
-        dups_free(d);
+        id_dups_free(d);
         free(tc);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }

@@ -130,9 +130,23 @@ static void run_exact(const char *chunk, const char *prefix, size_t n)
     ti.n = n;
     ti.grads = g;
     ti.rows = rows;
+    size_t distinct = 0; /* some_ids repeats every fifth id: only the distinct ones travel */
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < i && ids[j] != ids[i])
+            j++;
+        distinct += j == i;
+    }
+    assert_true(distinct < n);
+    snprintf(name, sizeof(name), "%s/emb", prefix);
+    ps_table_info info0 = {.struct_size = sizeof(info0)}, info1 = info0;
+    assert_int_equal(ps_table_info_get(c, name, &info0), PS_OK);
     int64_t before = ps_client_clock(c);
     assert_int_equal(ps_step_ex(c, items, 1, &ti, 1, PS_STEP_CLOCK), PS_OK);
     assert_int_equal(ps_client_clock(c), before + 1);
+    assert_int_equal(ps_table_info_get(c, name, &info1), PS_OK);
+    assert_int_equal(info1.rows_updated - info0.rows_updated, distinct);
+    assert_int_equal(info1.lookups - info0.lookups, distinct);
     /* The rows pulled include the step's own push, in the caller's order. */
     assert_memory_equal(rows, want, n * DIM * sizeof(float));
     for (int i = 0; i < 5; i++)
