@@ -295,6 +295,7 @@ int main(int argc, char **argv)
     static server_state st;
     st.task_index = (uint32_t)cl->task_index;
     st.num_servers = (uint32_t)cl->n_ps;
+    st.slots = slots_static(SLOTS_DEFAULT, st.num_servers);
     st.start_ns = time_now_ns();
     st.vars = store_create();
     st.dedup = dedup_create((uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW));

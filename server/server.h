@@ -12,6 +12,7 @@
 #include "budget.h"
 #include "dedup.h"
 #include "rpc_server.h"
+#include "slots.h"
 #include "store.h"
 #include "sync.h"
 #include "table_registry.h"
@@ -21,6 +22,7 @@
 typedef struct server_state {
     uint32_t task_index;
     uint32_t num_servers;
+    slot_map slots; /* who holds each slot (slots.h): the static map of num_servers servers */
     uint64_t start_ns;
     store *vars;
     dedup *dedup;
