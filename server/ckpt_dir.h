@@ -41,9 +41,11 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
                    size_t errlen);
 
 /* Deletes task's old checkpoints in dir: the newest `keep` files are restore points, and each
- * keeps its whole chain (a delta needs every file back to its full checkpoint). Failures are
- * logged. */
-void ckpt_dir_prune(const char *dir, uint32_t task, int keep);
+ * keeps its whole chain (a delta needs every file back to its full checkpoint); a file for
+ * which keep_file(path, arg) is true (when not NULL) is left alone and not counted. Failures
+ * are logged. */
+void ckpt_dir_prune(const char *dir, uint32_t task, int keep,
+                    bool (*keep_file)(const char *path, void *arg), void *arg);
 
 /* Creates dir (and its parents) if missing and takes task's lock in it. Returns the lock's
  * file descriptor (>= 0, close-on-exec; keep it open while serving), or -1 with a message in

@@ -53,6 +53,15 @@ typedef struct server_state {
     pthread_rwlock_t *swap;
 } server_state;
 
+/* st's slot map: the one it holds, or the static map of its num_servers for a state made
+ * without one. */
+static inline slot_map server_slots(const server_state *st)
+{
+    if (st->slots.nslots != 0 && st->slots.nservers == st->num_servers)
+        return st->slots;
+    return slots_static(SLOTS_DEFAULT, st->num_servers);
+}
+
 /* Brackets code that reads what st holds without its group's order lock (server_state.swap).
  * Never held while taking a group's order lock or the view's lock. */
 static inline void server_state_read_begin(server_state *st)

@@ -23,6 +23,7 @@
 #include "ckpt_dir.h"
 #include "log.h"
 #include "server.h"
+#include "slots.h"
 #include "table.h"
 
 #define NEL 1000
@@ -146,6 +147,25 @@ static void clear_dir(void)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Copies the file from to the file to. */
+static void copy_file(const char *from, const char *to)
+{
+    size_t len = 0;
+    FILE *in = fopen(from, "rb");
+    assert_non_null(in);
+    FILE *out = fopen(to, "wb");
+    assert_non_null(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+        len += n;
+    }
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    assert_true(len > 0);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -181,11 +201,41 @@ static void test_round_trip(void **state)
     assert_int_equal(dedup_begin(back.dedup, 0x1111, 6), DEDUP_NEW);
     state_fini(&back);
 
-    /* another task or cluster size is refused */
-    assert_int_equal(restore(&back, 1, 2, &rinfo), CKPT_NONE); /* task 1 has no files */
+    /* On a cluster of 2, each task restores the variables its slots hold from the file of
+     * the cluster of 1, and every client's window. */
+    const char *names[] = {"a/adam", "a/sgd", "a/adamw"};
+    slot_map m2 = slots_static(SLOTS_DEFAULT, 2);
+    uint32_t held = 0;
+    for (uint32_t t = 0; t < 2; t++) {
+        assert_int_equal(restore(&back, t, 2, &rinfo), CKPT_RESTORED);
+        assert_int_equal(rinfo.from_servers, 1);
+        for (size_t k = 0; k < 3; k++) {
+            variable *x = store_find(st.vars, names[k]), *y = store_find(back.vars, names[k]);
+            if (slots_name_owner(&m2, names[k]) != t) {
+                assert_null(y);
+                continue;
+            }
+            held++;
+            assert_non_null(y);
+            assert_int_equal(y->spec->num_servers, 2);
+            assert_int_equal(atomic_load(&x->version), atomic_load(&y->version));
+            assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+            for (size_t i = 0; i < x->nslots; i++)
+                assert_memory_equal(x->slots[i], y->slots[i], NEL * sizeof(float));
+        }
+        assert_int_equal(dedup_begin(back.dedup, 0x2222, 100), DEDUP_DUPLICATE);
+        assert_int_equal(dedup_begin(back.dedup, 0x1111, 6), DEDUP_NEW);
+        state_fini(&back);
+    }
+    assert_int_equal(held, 3);
+    /* A file of another task under this task's name is refused. */
+    char from[600], to[600];
+    snprintf(from, sizeof(from), "%s/ckpt-0-1.psc", dir);
+    snprintf(to, sizeof(to), "%s/ckpt-1-1.psc", dir);
+    copy_file(from, to);
+    assert_int_equal(restore(&back, 1, 1, &rinfo), CKPT_REFUSED);
     state_fini(&back);
-    assert_int_equal(restore(&back, 0, 2, &rinfo), CKPT_REFUSED);
-    state_fini(&back);
+    unlink(to);
     state_fini(&st);
 }
 
@@ -194,25 +244,6 @@ static long file_size(const char *path)
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     return (long)sb.st_size;
-}
-
-/* Copies the file from to the file to. */
-static void copy_file(const char *from, const char *to)
-{
-    size_t len = 0;
-    FILE *in = fopen(from, "rb");
-    assert_non_null(in);
-    FILE *out = fopen(to, "wb");
-    assert_non_null(out);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
-        assert_int_equal(fwrite(buf, 1, n, out), n);
-        len += n;
-    }
-    fclose(in);
-    assert_int_equal(fclose(out), 0);
-    assert_true(len > 0);
 }
 
 static void flip_byte(const char *path, long off)
