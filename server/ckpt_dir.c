@@ -76,7 +76,8 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
         int end = 0;
         char tmpname[300];
         if (sscanf(e->d_name, "ckpt-%u-%llu.psc%n", &t, &seq, &end) == 2 &&
-            e->d_name[end] == '\0' && t == task && strlen(e->d_name) < sizeof(f->name)) {
+            e->d_name[end] == '\0' && (t == task || task == CKPT_ALL_TASKS) &&
+            strlen(e->d_name) < sizeof(f->name)) {
             if (n == cap) {
                 ckpt_file *nf = realloc(f, 2 * cap * sizeof(*nf));
                 if (nf == NULL) {
@@ -88,6 +89,7 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
                 cap *= 2;
             }
             f[n].seq = seq;
+            f[n].task = t;
             snprintf(f[n].name, sizeof(f[n].name), "%s", e->d_name);
             n++;
         } else if (remove_tmp &&

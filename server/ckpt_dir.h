@@ -29,14 +29,17 @@ int checkpoint_mkdir(const char *dir, char *err, size_t errlen);
 /* fsyncs directory dir (after a rename in it). Returns 0, or -1 with a message. */
 int ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
 
-/* A checkpoint file of the directory: its sequence number and name (no directory). */
+/* A checkpoint file of the directory: its task, sequence number and name (no directory). */
 typedef struct ckpt_file {
     uint64_t seq;
+    uint32_t task;
     char name[64];
 } ckpt_file;
 
-/* Checkpoint files of task in dir, newest first. With remove_tmp, deletes the task's leftover
- * temporary files. Returns the count (*out malloc'd), or -1 with a message. */
+/* Checkpoint files of task in dir, newest first (CKPT_ALL_TASKS: of every task, by sequence
+ * number). With remove_tmp, deletes the task's leftover temporary files. Returns the
+ * count (*out malloc'd), or -1 with a message. */
+#define CKPT_ALL_TASKS UINT32_MAX
 long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
                    size_t errlen);
 

@@ -904,6 +904,7 @@ int ckpt_file_write(ckpt_writer *w, const ckpt_snapshot *s, const ckpt_file_id *
     clock_gettime(CLOCK_REALTIME, &ts);
     u64 = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     memcpy(hdr + 40, &u64, 8);
+    memcpy(hdr + 56, &s->slots.nslots, 4); /* the slot record follows the header */
     u32 = ckpt_header_crc(hdr);
     memcpy(hdr + 60, &u32, 4);
     if (ckw_put(w, hdr, sizeof(hdr)))
@@ -976,6 +977,8 @@ int ckpt_file_read(const char *path, server_state *st, const ckpt_source *src,
         errf(err, errlen, "bad header CRC");
         goto out;
     }
+    uint32_t hslots;
+    memcpy(&hslots, hdr + 56, 4);
     if (ver < CKPT_FORMAT_VERSION_MIN || ver > CKPT_FORMAT_DELTA || hsize != CKPT_HEADER_SIZE) {
         errf(err, errlen,
              "format version %u (header %u bytes); this server reads versions %u to %u", ver, hsize,
@@ -1031,6 +1034,11 @@ int ckpt_file_read(const char *path, server_state *st, const ckpt_source *src,
         fr.nrec++;
         fr.total += len;
     }
+    if (hslots != (l->has_slots ? l->slots_n : 0)) {
+        errf(err, errlen, "the header says %u slots, its slot record %u", hslots,
+             l->has_slots ? l->slots_n : 0);
+        goto out;
+    }
     int extra = fgetc(f);
     if (extra != EOF) {
         errf(err, errlen, "data after the end record at byte %" PRIu64, r->pos);
@@ -1049,27 +1057,54 @@ out:
 int ckpt_peek_shape(const char *path, ckpt_shape *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
-    uint8_t hdr[CKPT_HEADER_SIZE], rec[32];
+    uint8_t hdr[CKPT_HEADER_SIZE], rec[16];
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return errf(err, errlen, "cannot open: %s", strerror(errno));
     size_t got = fread(hdr, 1, sizeof(hdr), f);
     size_t rgot = got == sizeof(hdr) ? fread(rec, 1, sizeof(rec), f) : 0;
-    fclose(f);
-    uint32_t hcrc;
+    uint32_t hcrc, type = 0;
+    uint64_t len = 0;
     memcpy(&hcrc, hdr + 60, 4);
-    if (got != sizeof(hdr) || memcmp(hdr, CKPT_MAGIC, 8) != 0 || hcrc != ckpt_header_crc(hdr))
+    memcpy(&type, rec, 4);
+    memcpy(&len, rec + 8, 8);
+    if (got != sizeof(hdr) || memcmp(hdr, CKPT_MAGIC, 8) != 0 || hcrc != ckpt_header_crc(hdr)) {
+        fclose(f);
         return errf(err, errlen, "bad or truncated header");
+    }
     memcpy(&out->num_servers, hdr + 16, 4);
     memcpy(&out->task, hdr + 20, 4);
-    uint32_t type, flags;
-    memcpy(&type, rec, 4);
-    if (rgot == sizeof(rec) && type == CKPT_REC_SLOTS) {
-        memcpy(&out->slots_n, rec + 16, 4);
-        memcpy(&out->slots_servers, rec + 20, 4);
-        memcpy(&flags, rec + 24, 4);
-        out->has_slots = true;
-        out->slots_fixed = (flags & SLOTS_STATIC) != 0;
+    memcpy(&out->created_ns, hdr + 40, 8);
+    uint32_t hslots;
+    memcpy(&hslots, hdr + 56, 4);
+    if (hslots == 0) {
+        fclose(f);
+        return 0; /* a file written before slots */
     }
+    if (rgot != sizeof(rec) || type != CKPT_REC_SLOTS) {
+        fclose(f);
+        return errf(err, errlen, "damaged slot record");
+    }
+    /* The slot record, its CRC checked: a damaged one must not pass for another placement. */
+    uint8_t *p = len >= 16 && len <= 16 + ((uint64_t)4 << 24) ? malloc((size_t)len + 4) : NULL;
+    bool ok = p && fread(p, 1, (size_t)len + 4, f) == len + 4;
+    fclose(f);
+    uint32_t crc = 0, stored = 0;
+    if (ok) {
+        crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), rec, sizeof(rec));
+        crc = (uint32_t)crc32(crc, p, (uInt)len);
+        memcpy(&stored, p + len, 4);
+    }
+    if (!ok || crc != stored) {
+        free(p);
+        return errf(err, errlen, "damaged slot record");
+    }
+    uint32_t flags;
+    memcpy(&out->slots_n, p, 4);
+    memcpy(&out->slots_servers, p + 4, 4);
+    memcpy(&flags, p + 8, 4);
+    free(p);
+    out->has_slots = true;
+    out->slots_fixed = (flags & SLOTS_STATIC) != 0;
     return 0;
 }

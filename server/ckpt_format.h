@@ -9,7 +9,8 @@
  * File `ckpt-<task>-<seq>.psc` in the checkpoint directory, little-endian:
  *   header (64 bytes): magic "PSDCKPT\0", u32 format version (2), u32 header size (64),
  *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
- *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
+ *     number, u64 creation time (Unix ns), 8 reserved bytes (a delta's previous file, below),
+ *     u32 slots (0: written before slots, no record 11), u32 CRC-32 of the 60 before.
  *   records: u32 type, u32 flags (0 but for a variable record's CKPT_VAR_INITIAL), u64 payload
  *     length, payload, u32 CRC-32 of type, flags, length and payload. Types: 1 variable, 2
  *     dedup table, 3 clock table, 4 end (payload: u64 records before it, u64 sum of their
@@ -170,8 +171,9 @@ int ckpt_file_read(const char *path, server_state *st, const ckpt_source *src,
 /* What a file's header and its slot record (11, when first) say: the placement it holds. */
 typedef struct ckpt_shape {
     uint32_t num_servers, task;
-    bool has_slots;   /* a slot record: */
-    bool slots_fixed; /* the static map of slots_servers over slots_n slots */
+    uint64_t created_ns; /* the header's creation time (Unix ns) */
+    bool has_slots;      /* a slot record: */
+    bool slots_fixed;    /* the static map of slots_servers over slots_n slots */
     uint32_t slots_n, slots_servers;
 } ckpt_shape;
 

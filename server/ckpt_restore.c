@@ -381,12 +381,12 @@ static bool shape_current(const ckpt_shape *sh, const slot_map *now)
     return now->nservers != 0 && now->nslots % now->nservers == 0;
 }
 
-/* The files of files[0..n) (listed from dir) that `want` accepts: current (want_current) or
- * of cluster size want_n and not current. A file whose header does not read counts as
- * current (the restore reports it as today's damaged files). Returns the count, the files
- * into out (as many as files). */
+/* The files of files[0..n) (listed from dir) that `want` accepts: current (want_current:
+ * placed as `now` places, and made after `after` ns) or of cluster size want_n and not
+ * current. A file whose header does not read counts as current (the restore reports it as
+ * today's damaged files). Returns the count, the files into out (as many as files). */
 static long files_of_shape(const char *dir, const ckpt_file *files, long n, const slot_map *now,
-                           bool want_current, uint32_t want_n, ckpt_file *out)
+                           bool want_current, uint64_t after, uint32_t want_n, ckpt_file *out)
 {
     long k = 0;
     for (long i = 0; i < n; i++) {
@@ -395,7 +395,8 @@ static long files_of_shape(const char *dir, const ckpt_file *files, long n, cons
         ckpt_shape sh;
         bool readable = ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0;
         bool cur = !readable || shape_current(&sh, now);
-        if (want_current ? cur : (!cur && sh.num_servers == want_n))
+        if (want_current ? cur && (!readable || sh.created_ns > after)
+                         : (!cur && sh.num_servers == want_n))
             out[k++] = files[i];
     }
     return k;
@@ -685,7 +686,7 @@ static int restore_resized(server_state *st, const checkpoint_config *cfg, uint3
             rc = errf(err, errlen, "out of memory listing checkpoints");
             break;
         }
-        long k2 = files_of_shape(cfg->dir, files, n, now, false, old_n, mine);
+        long k2 = files_of_shape(cfg->dir, files, n, now, false, 0, old_n, mine);
         free(files);
         if (k2 == 0) {
             free(mine);
@@ -763,23 +764,28 @@ bool checkpoint_file_foreign(const char *path, void *map)
            !shape_current(&sh, (const slot_map *)map);
 }
 
-/* The cluster size of the newest file of task in dir placed otherwise than `now`; 0: none. */
-static uint32_t newest_foreign(const char *dir, uint32_t task, const slot_map *now)
+/* The newest file of any task in dir placed otherwise than `now` (by the creation time in
+ * its header): its cluster size in *old_n and its time in *when; false (both 0) when none. */
+static bool newest_foreign(const char *dir, const slot_map *now, uint32_t *old_n, uint64_t *when)
 {
+    *old_n = 0;
+    *when = 0;
     ckpt_file *files;
     char why[512];
-    long n = ckpt_dir_list(dir, task, false, &files, why, sizeof(why));
-    uint32_t old_n = 0;
-    for (long i = 0; i < n && old_n == 0; i++) {
+    long n = ckpt_dir_list(dir, CKPT_ALL_TASKS, false, &files, why, sizeof(why));
+    for (long i = 0; i < n; i++) {
         char path[4200];
         snprintf(path, sizeof(path), "%s/%s", dir, files[i].name);
         ckpt_shape sh;
-        if (ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0 && !shape_current(&sh, now))
-            old_n = sh.num_servers;
+        if (ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0 && !shape_current(&sh, now) &&
+            (*old_n == 0 || sh.created_ns > *when)) {
+            *old_n = sh.num_servers;
+            *when = sh.created_ns;
+        }
     }
     if (n >= 0)
         free(files);
-    return old_n;
+    return *old_n != 0;
 }
 
 int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
@@ -803,18 +809,19 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
         errf(err, errlen, "out of memory listing checkpoints");
         return CKPT_FAILED;
     }
-    long ncur = files_of_shape(cfg->dir, files, n, &now, true, 0, cur);
+    /* The directory's files of other placements (another cluster size, or written before
+     * slots): this task's own files restore only when made after the newest of them (a task's
+     * files of an earlier cluster of this size are older than the cluster between). */
+    uint32_t old_n;
+    uint64_t when;
+    bool foreign = newest_foreign(cfg->dir, &now, &old_n, &when);
+    long ncur = files_of_shape(cfg->dir, files, n, &now, true, when, 0, cur);
     free(files);
     uint64_t t0 = time_now_ns();
     int rc;
     if (ncur == 0) {
-        /* None placed as this cluster places: this server's own files of another cluster
-         * size (or written before slots), else task 0's, which every cluster has. */
-        uint32_t old_n = newest_foreign(cfg->dir, st->task_index, &now);
-        if (old_n == 0 && st->task_index != 0)
-            old_n = newest_foreign(cfg->dir, 0, &now);
         free(cur);
-        if (old_n == 0)
+        if (!foreign)
             return CKPT_NONE;
         rc = restore_resized(st, cfg, old_n, &now, info, err, errlen);
         info->ms = (time_now_ns() - t0) / 1000000u;

@@ -5,7 +5,8 @@
  * delta of the chain) and stops. A cluster of n_to servers on the same directory then pulls
  * exactly (bit for bit) what was pulled before the stop, and one more step gives exactly what
  * the same step gives on a cluster of n_from servers restored from a copy of the directory:
- * the optimizer slots came back too. */
+ * the optimizer slots came back too. The n_to servers restart from their own files, and n_from
+ * servers started again restore from those, not from their own older ones. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -223,6 +224,15 @@ static void resize(int n_from, int n_to)
     expect_same(&cont, &after, "restarted");
     ps_client_close(c);
     cluster_stop(&b);
+
+    /* Back to n_from servers: their own files of that size are older than the n_to servers'
+     * files, which they restore from. */
+    cluster_start(&a, n_from, dir);
+    c = cluster_client(&a);
+    pull_model(c, &after);
+    expect_same(&cont, &after, "resized back");
+    ps_client_close(c);
+    cluster_stop(&a);
 
     snprintf(cmd, sizeof(cmd), "rm -rf %s %s %s.log %s.log", dir, ref, dir, ref);
     assert_int_equal(system(cmd), 0);
