@@ -229,6 +229,16 @@ static void test_round_trip(void **state)
         state_fini(&back);
     }
     assert_int_equal(held, 3);
+    /* With replicas > 1 that restore is refused, saying what to do. */
+    state_init(&back, 1, 2);
+    checkpoint_config rcfg = config();
+    rcfg.replicas = 2;
+    uint64_t max_seq;
+    char err[1024] = "";
+    assert_int_equal(checkpoint_restore(&back, &rcfg, &rinfo, &max_seq, err, sizeof(err)),
+                     CKPT_REFUSED);
+    assert_non_null(strstr(err, "a restore onto another number of servers needs replicas 1"));
+    state_fini(&back);
     /* A file of another task under this task's name is refused. */
     char from[600], to[600];
     snprintf(from, sizeof(from), "%s/ckpt-0-1.psc", dir);
