@@ -20,7 +20,6 @@ server_state *repl_state_make(uint32_t g, char *err, size_t errlen)
         goto oom;
     st->task_index = g;
     st->num_servers = c->num_servers;
-    st->slots = slots_static(SLOTS_DEFAULT, c->num_servers);
     st->replicated = true;
     st->start_ns = time_now_ns();
     st->vars = store_create();

@@ -22,7 +22,9 @@
 typedef struct server_state {
     uint32_t task_index;
     uint32_t num_servers;
-    slot_map slots; /* who holds each slot (slots.h): the static map of num_servers servers */
+    /* Who holds each slot (slots.h); read it with server_slots, which gives a state made
+     * without one (a replica group's copy) the static map of num_servers servers. */
+    slot_map slots;
     uint64_t start_ns;
     store *vars;
     dedup *dedup;
