@@ -187,6 +187,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
     c->nservers = (int)cl.n_ps;
+    c->slots = slots_static(SLOTS_DEFAULT, (uint32_t)cl.n_ps);
     c->servers = calloc(cl.n_ps, sizeof(*c->servers));
     c->route = calloc(cl.n_ps, sizeof(*c->route));
     c->next_seq = calloc(cl.n_ps, sizeof(*c->next_seq));

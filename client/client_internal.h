@@ -9,6 +9,7 @@
 #include "options.h"
 #include "psclient.h"
 #include "rpc_client.h"
+#include "slots.h"
 
 /* What one server acknowledged of one variable's pushes: the updates a restart of that server
  * lost are those acknowledged above the version it restored. */
@@ -51,6 +52,7 @@ typedef struct client_hb {
 
 struct ps_client {
     int nservers;
+    slot_map slots; /* who holds each slot: the static map of the cluster spec */
     rpc_conn **servers;
     rpc_call_opts call;
     uint64_t chunk_elems;

@@ -12,7 +12,7 @@
  * pull always reads after them, as with ps_push + ps_clock + ps_pull.
  *
  * Table items (ps_step_ex) go the same way: each item's ids are grouped by owning server
- * (placement_table_owner) and cut into pieces that fit the same chunk (an id counts as two
+ * (slots_row_owner) and cut into pieces that fit the same chunk (an id counts as two
  * elements, a row as dim), riding in the same messages as the dense pieces. */
 #include <stddef.h>
 #include <stdio.h>
@@ -587,7 +587,7 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
             return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
         }
         for (size_t i = 0; i < it.n; i++) {
-            owner[i] = placement_table_owner(ti->t->name, it.ids[i], ns);
+            owner[i] = slots_row_owner(&c->slots, ti->t->name, it.ids[i]);
             ti->start[owner[i] + 1]++;
         }
         for (uint32_t sv = 0; sv < ns; sv++)

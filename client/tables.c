@@ -1,5 +1,5 @@
 /* Sparse tables: create, lookup, pull and push. A pull or push splits its ids by owning server
- * (placement_table_owner), cuts each server's list into requests of at most max_ids ids, sends
+ * (slots_row_owner), cuts each server's list into requests of at most max_ids ids, sends
  * them all at once and scatters the rows back into the caller's order. */
 #include <stddef.h>
 #include <pthread.h>
@@ -332,7 +332,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
-        owner[i] = placement_table_owner(t->name, ids[i], (uint32_t)ns);
+        owner[i] = slots_row_owner(&c->slots, t->name, ids[i]);
         count[owner[i] + 1]++;
     }
     size_t nparts = 0;

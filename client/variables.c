@@ -173,8 +173,9 @@ static ps_var *cached(ps_client *c, const char *name)
     return found;
 }
 
-static ps_var *make_var(const ps_var_spec *s, bool split, uint32_t nservers)
+static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split)
 {
+    uint32_t nservers = (uint32_t)c->nservers;
     ps_var *v = calloc(1, sizeof(*v));
     if (v == NULL)
         return NULL;
@@ -190,7 +191,7 @@ static ps_var *make_var(const ps_var_spec *s, bool split, uint32_t nservers)
         v->numel *= s->dims[i];
     v->split = split;
     v->nservers = nservers;
-    v->owner = placement_owner(v->name, nservers);
+    v->owner = slots_name_owner(&c->slots, v->name);
     return v;
 }
 
@@ -232,7 +233,7 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
     if (rc != PS_OK)
         return rc;
     if (!split)
-        servers[0] = (int)placement_owner(spec->name, ns);
+        servers[0] = (int)slots_name_owner(&c->slots, spec->name);
     ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));
     if (replies == NULL) {
         free(servers);
@@ -248,7 +249,7 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
     free(servers);
     if (rc != PS_OK)
         return rc;
-    ps_var *v = make_var(spec, split, ns);
+    ps_var *v = make_var(c, spec, split);
     if (v)
         v->spec.staleness = staleness;
     if (v == NULL || (v = remember(c, v)) == NULL)
@@ -282,7 +283,7 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
     }
     /* A variable held whole lives on its hash owner; a split one has a shard (and its spec)
      * on every server, the hash owner included. */
-    int server = (int)placement_owner(name, (uint32_t)c->nservers);
+    int server = (int)slots_name_owner(&c->slots, name);
     Psd__V1__LookupVariableRequest req = PSD__V1__LOOKUP_VARIABLE_REQUEST__INIT;
     req.name = (char *)name;
     ProtobufCMessage *reply = NULL;
@@ -303,7 +304,7 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
                            "\"%s\" was placed for %u servers, this client's cluster has %d", name,
                            ns, c->nservers);
     }
-    v = make_var(&s, r->spec->split, (uint32_t)c->nservers);
+    v = make_var(c, &s, r->spec->split);
     client_free_replies(&reply, 1);
     if (v == NULL || (v = remember(c, v)) == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");

@@ -1,4 +1,5 @@
-/* Placement (placement.h): which server holds which variable, range and table row. */
+/* Placement (placement.h): the hashes of variables and table rows, and a split variable's ranges.
+ */
 #include "placement.h"
 
 #include <string.h>
@@ -6,11 +7,6 @@
 uint64_t placement_hash(const char *name)
 {
     return fnv1a(name, strlen(name));
-}
-
-uint32_t placement_owner(const char *name, uint32_t num_servers)
-{
-    return num_servers ? (uint32_t)(placement_hash(name) % num_servers) : 0;
 }
 
 bool placement_is_split(uint64_t numel, uint64_t bytes, uint64_t threshold_bytes,
@@ -32,9 +28,4 @@ uint64_t placement_table_hash(const char *name, int64_t id)
 {
     /* mix64 is splitmix64's finaliser, as proto/README.md writes it. */
     return mix64(placement_hash(name) ^ mix64((uint64_t)id + HASH_GOLDEN_GAMMA));
-}
-
-uint32_t placement_table_owner(const char *name, int64_t id, uint32_t num_servers)
-{
-    return num_servers ? (uint32_t)(placement_table_hash(name, id) % num_servers) : 0;
 }

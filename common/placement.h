@@ -1,6 +1,7 @@
-/* Placement: which server holds which elements of a variable (DESIGN.md §2). A pure function
- * of the cluster size and the variable's spec, computed identically by every client and
- * checked by every server; there is no coordinator. */
+/* Placement: the hashes that put a variable and a table row in a slot (slots.h says which
+ * server holds a slot), and the ranges a split variable is cut into. Pure functions of the
+ * cluster size and the variable's spec, computed identically by every client and checked by
+ * every server; there is no coordinator. */
 #ifndef PSD_COMMON_PLACEMENT_H
 #define PSD_COMMON_PLACEMENT_H
 
@@ -12,9 +13,6 @@
 
 /* Stable 64-bit FNV-1a hash of a NUL-terminated string (the same on every platform). */
 uint64_t placement_hash(const char *name);
-
-/* Server holding a variable that is not split: placement_hash(name) % num_servers. */
-uint32_t placement_owner(const char *name, uint32_t num_servers);
 
 /* True if a variable of `bytes` bytes and `numel` elements is split in ranges over all
  * servers: there are at least 2 servers, it has at least num_servers elements, and it is at
@@ -33,9 +31,5 @@ void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint
  * where mix64 is splitmix64's finalizer (Stafford's variant 13) and all arithmetic is modulo
  * 2^64; the id is its two's complement value as a uint64 (no byte order involved). */
 uint64_t placement_table_hash(const char *name, int64_t id);
-
-/* Server holding row `id` of the sparse table `name`: placement_table_hash(name, id) %
- * num_servers (0 when num_servers is 0). Every table spans every server. */
-uint32_t placement_table_owner(const char *name, int64_t id, uint32_t num_servers);
 
 #endif

@@ -15,6 +15,7 @@
 #include "ckpt_dir.h"
 #include "ckpt_format.h"
 #include "ckpt_frame.h"
+#include "ckpt_restore.h"
 #include "ckpt_snapshot.h"
 #include "log.h"
 #include "metrics.h"
@@ -304,7 +305,9 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
              " bytes in %" PRIu64 " ms; updates paused %.3f ms",
              info->path, kind, info->variables, s.ntables, info->table_rows, info->bytes, info->ms,
              (double)pause_ns / 1e6);
-    ckpt_dir_prune(ck->dir, ck->st->task_index, ck->keep);
+    /* Files of another cluster size stay: the servers of this one restore from them until
+     * each has written its own (checkpoint_restore). */
+    ckpt_dir_prune(ck->dir, ck->st->task_index, ck->keep, checkpoint_file_foreign, &s.slots);
 out:
     if (w.fd >= 0)
         close(w.fd);

@@ -76,7 +76,8 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
         int end = 0;
         char tmpname[300];
         if (sscanf(e->d_name, "ckpt-%u-%llu.psc%n", &t, &seq, &end) == 2 &&
-            e->d_name[end] == '\0' && t == task && strlen(e->d_name) < sizeof(f->name)) {
+            e->d_name[end] == '\0' && (t == task || task == CKPT_ALL_TASKS) &&
+            strlen(e->d_name) < sizeof(f->name)) {
             if (n == cap) {
                 ckpt_file *nf = realloc(f, 2 * cap * sizeof(*nf));
                 if (nf == NULL) {
@@ -88,6 +89,7 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
                 cap *= 2;
             }
             f[n].seq = seq;
+            f[n].task = t;
             snprintf(f[n].name, sizeof(f[n].name), "%s", e->d_name);
             n++;
         } else if (remove_tmp &&
@@ -109,7 +111,8 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
     return (long)n;
 }
 
-void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n)
+void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n,
+                    bool (*keep_file)(const char *path, void *arg), void *arg)
 {
     ckpt_file *f;
     char err[512];
@@ -117,6 +120,16 @@ void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n)
     if (n < 0) {
         log_warn("not deleting old checkpoints: %s", err);
         return;
+    }
+    if (keep_file) { /* the files it keeps are not this cluster's: not listed */
+        long k = 0;
+        for (long i = 0; i < n; i++) {
+            char path[4200];
+            snprintf(path, sizeof(path), "%s/%s", dir, f[i].name);
+            if (!keep_file(path, arg))
+                f[k++] = f[i];
+        }
+        n = k;
     }
     bool *keep = calloc(n ? (size_t)n : 1, sizeof(*keep));
     if (keep == NULL) {

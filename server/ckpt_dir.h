@@ -29,21 +29,26 @@ int checkpoint_mkdir(const char *dir, char *err, size_t errlen);
 /* fsyncs directory dir (after a rename in it). Returns 0, or -1 with a message. */
 int ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
 
-/* A checkpoint file of the directory: its sequence number and name (no directory). */
+/* A checkpoint file of the directory: its task, sequence number and name (no directory). */
 typedef struct ckpt_file {
     uint64_t seq;
+    uint32_t task;
     char name[64];
 } ckpt_file;
 
-/* Checkpoint files of task in dir, newest first. With remove_tmp, deletes the task's leftover
- * temporary files. Returns the count (*out malloc'd), or -1 with a message. */
+/* Checkpoint files of task in dir, newest first (CKPT_ALL_TASKS: of every task, by sequence
+ * number). With remove_tmp, deletes the task's leftover temporary files. Returns the
+ * count (*out malloc'd), or -1 with a message. */
+#define CKPT_ALL_TASKS UINT32_MAX
 long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
                    size_t errlen);
 
 /* Deletes task's old checkpoints in dir: the newest `keep` files are restore points, and each
- * keeps its whole chain (a delta needs every file back to its full checkpoint). Failures are
- * logged. */
-void ckpt_dir_prune(const char *dir, uint32_t task, int keep);
+ * keeps its whole chain (a delta needs every file back to its full checkpoint); a file for
+ * which keep_file(path, arg) is true (when not NULL) is left alone and not counted. Failures
+ * are logged. */
+void ckpt_dir_prune(const char *dir, uint32_t task, int keep,
+                    bool (*keep_file)(const char *path, void *arg), void *arg);
 
 /* Creates dir (and its parents) if missing and takes task's lock in it. Returns the lock's
  * file descriptor (>= 0, close-on-exec; keep it open while serving), or -1 with a message in

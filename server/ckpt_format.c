@@ -31,6 +31,7 @@ typedef struct tally {
 typedef struct file_read {
     ckpt_reader r;
     server_state *st;
+    const ckpt_source *src;
     uint32_t ver; /* the header's format version */
     ckpt_loaded *l;
     uint64_t nrec, total; /* records read before the end record, sum of their payload lengths */
@@ -99,7 +100,7 @@ static int write_vars(ckpt_writer *w, const ckpt_snapshot *s, tally *t)
 static int read_var(file_read *f, uint32_t flags, uint64_t len)
 {
     ckpt_reader *r = &f->r;
-    const server_state *st = f->st;
+    const ckpt_source *src = f->src;
     ckpt_loaded *l = f->l;
     bool initial = (flags & CKPT_VAR_INITIAL) != 0;
     if ((flags & ~(uint32_t)CKPT_VAR_INITIAL) != 0)
@@ -154,9 +155,10 @@ static int read_var(file_read *f, uint32_t flags, uint64_t len)
     else if (v->nslots != nslots)
         rc = errf(r->err, r->errlen, "variable \"%s\": %u optimizer slots stored, %zu expected",
                   spec->name, nslots, v->nslots);
-    else if (spec->num_servers != st->num_servers)
-        rc = errf(r->err, r->errlen, "variable \"%s\": placed for %u servers, this cluster has %u",
-                  spec->name, spec->num_servers, st->num_servers);
+    else if (spec->num_servers != src->num_servers)
+        rc = errf(r->err, r->errlen,
+                  "variable \"%s\": placed for %u servers, the file's cluster has %u", spec->name,
+                  spec->num_servers, src->num_servers);
     psd__v1__variable_spec__free_unpacked(spec, NULL);
     if (rc != 0) {
         variable_destroy(v);
@@ -280,6 +282,20 @@ static int write_tables(ckpt_writer *w, const ckpt_snapshot *s, tally *t)
     return 0;
 }
 
+uint8_t *ckpt_table_spec_for(const uint8_t *spec, size_t len, uint32_t num_servers, size_t *out_len)
+{
+    Psd__V1__TableSpec *s = psd__v1__table_spec__unpack(NULL, len, spec);
+    if (s == NULL)
+        return NULL;
+    s->num_servers = num_servers;
+    size_t n = psd__v1__table_spec__get_packed_size(s);
+    uint8_t *out = malloc(n ? n : 1);
+    if (out)
+        *out_len = psd__v1__table_spec__pack(s, out);
+    psd__v1__table_spec__free_unpacked(s, NULL);
+    return out;
+}
+
 int64_t ckpt_row_time(int64_t updated_ms)
 {
     return updated_ms < 1000000000000 ? (int64_t)time_wall_ms() : updated_ms;
@@ -311,10 +327,22 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
     }
     table *t = NULL;
     char terr[512];
-    if (server_table_make(f->st, spec, spec_len, &t, terr, sizeof(terr)) != 0) {
+    /* A file of another cluster size: its table is made as this cluster's (its spec as read
+     * is kept, which the file's deltas compare theirs with). */
+    size_t mlen = spec_len;
+    uint8_t *mspec = f->src->num_servers == f->st->num_servers
+                         ? spec
+                         : ckpt_table_spec_for(spec, spec_len, f->st->num_servers, &mlen);
+    if (mspec == NULL || server_table_make(f->st, mspec, mlen, &t, terr, sizeof(terr)) != 0) {
+        if (mspec == NULL)
+            snprintf(terr, sizeof(terr), "a table spec that does not decode");
+        if (mspec != spec)
+            free(mspec);
         free(spec);
         return errf(r->err, r->errlen, "table record at byte %" PRIu64 ": %s", r->pos, terr);
     }
+    if (mspec != spec)
+        free(mspec);
     /* freed with l from here on */
     l->tables[l->ntables++] = (loaded_table){.t = t, .spec = spec, .len = spec_len};
     if (ckr_u32(r, &row_floats, "a table record") || ckr_u32(r, &pad, "a table record") ||
@@ -339,6 +367,9 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
             free(row);
             return -1;
         }
+        if (f->src->keep &&
+            slots_row_owner(f->src->keep, table_name(t), (int64_t)id) != f->src->self)
+            continue; /* another server's row now */
         if (legacy)
             table_row_from_legacy(t, row, now);
         int rc = table_insert_row(t, (int64_t)id, legacy ? now : row, ckpt_row_time((int64_t)upd));
@@ -721,6 +752,59 @@ static int read_replica(file_read *f, uint32_t flags, uint64_t len)
     return 0;
 }
 
+/* ---- the slot map (record 11) ---- */
+
+enum { SLOTS_STATIC = 1 };
+
+static uint64_t slots_size(const ckpt_snapshot *s)
+{
+    return 20 + 16 + (s->slots.owner ? (uint64_t)s->slots.nslots * 4 : 0);
+}
+
+static int write_slots(ckpt_writer *w, const ckpt_snapshot *s, tally *t)
+{
+    const slot_map *m = &s->slots;
+    uint64_t len = slots_size(s) - 20;
+    if (ckw_rec_begin(w, CKPT_REC_SLOTS, len) || ckw_u32(w, m->nslots) || ckw_u32(w, m->nservers) ||
+        ckw_u32(w, m->owner ? 0 : SLOTS_STATIC) || ckw_u32(w, 0) ||
+        (m->owner && ckw_put(w, m->owner, (size_t)m->nslots * 4)) || ckw_rec_end(w))
+        return -1;
+    t->nrec++;
+    t->total += len;
+    return 0;
+}
+
+static int read_slots(file_read *f, uint32_t flags, uint64_t len)
+{
+    (void)flags;
+    ckpt_reader *r = &f->r;
+    ckpt_loaded *l = f->l;
+    uint32_t n, ns, fl, pad;
+    if (len < 16 || ckr_u32(r, &n, "the slot map") || ckr_u32(r, &ns, "the slot map") ||
+        ckr_u32(r, &fl, "the slot map") || ckr_u32(r, &pad, "the slot map"))
+        return -1;
+    bool fixed = (fl & SLOTS_STATIC) != 0;
+    if (!slots_count_valid(n) || ns != f->src->num_servers || pad != 0 ||
+        (fl & ~(uint32_t)SLOTS_STATIC) != 0 || len != 16 + (fixed ? 0 : (uint64_t)n * 4))
+        return errf(r->err, r->errlen, "slot map record at byte %" PRIu64 ": bad sizes", r->pos);
+    if (!fixed) {
+        free(l->slot_owner);
+        l->slot_owner = malloc((size_t)n * 4);
+        if (l->slot_owner == NULL)
+            return errf(r->err, r->errlen, "out of memory for the slot map");
+        if (ckr_get(r, l->slot_owner, (size_t)n * 4, "the slot map"))
+            return -1;
+        for (uint32_t i = 0; i < n; i++)
+            if (l->slot_owner[i] >= ns)
+                return errf(r->err, r->errlen, "slot map: slot %u on task %u of %u", i,
+                            l->slot_owner[i], ns);
+    }
+    l->has_slots = true;
+    l->slots_n = n;
+    l->slots_servers = ns;
+    return 0;
+}
+
 /* ---- the end (record 4): how many records came before it, of how many bytes ---- */
 
 static uint64_t end_size(const ckpt_snapshot *s)
@@ -763,6 +847,7 @@ static const struct record_type {
     int (*write)(ckpt_writer *w, const ckpt_snapshot *s, tally *t);
     int (*read)(file_read *f, uint32_t flags, uint64_t len);
 } record_types[] = {
+    {CKPT_REC_SLOTS, "slot map", 1, true, slots_size, write_slots, read_slots},
     {CKPT_REC_VARIABLE, "variable", 1, false, vars_size, write_vars, read_var},
     /* write_tables writes each table as record 6 or 7. */
     {CKPT_REC_TABLE, "table", 1, true, tables_size, write_tables, read_table},
@@ -819,6 +904,7 @@ int ckpt_file_write(ckpt_writer *w, const ckpt_snapshot *s, const ckpt_file_id *
     clock_gettime(CLOCK_REALTIME, &ts);
     u64 = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     memcpy(hdr + 40, &u64, 8);
+    memcpy(hdr + 56, &s->slots.nslots, 4); /* the slot record follows the header */
     u32 = ckpt_header_crc(hdr);
     memcpy(hdr + 60, &u32, 4);
     if (ckw_put(w, hdr, sizeof(hdr)))
@@ -854,18 +940,21 @@ void ckpt_loaded_free(ckpt_loaded *l)
         free(l->sketches[i].data);
     }
     free(l->sketches);
+    free(l->slot_owner);
     memset(l, 0, sizeof(*l));
 }
 
-int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, uint64_t name_seq,
-                   ckpt_loaded *l, uint64_t *seq_out, char *err, size_t errlen)
+int ckpt_file_read(const char *path, server_state *st, const ckpt_source *src,
+                   uint64_t cluster_hash, uint64_t name_seq, ckpt_loaded *l, uint64_t *seq_out,
+                   char *err, size_t errlen)
 {
     memset(l, 0, sizeof(*l));
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return errf(err, errlen, "cannot open: %s", strerror(errno));
     setvbuf(f, NULL, _IOFBF, 1 << 20);
-    file_read fr = {.r = {.f = f, .path = path, .err = err, .errlen = errlen}, .st = st, .l = l};
+    file_read fr = {
+        .r = {.f = f, .path = path, .err = err, .errlen = errlen}, .st = st, .src = src, .l = l};
     ckpt_reader *r = &fr.r;
     uint8_t hdr[CKPT_HEADER_SIZE];
     int rc = -1;
@@ -888,6 +977,8 @@ int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, ui
         errf(err, errlen, "bad header CRC");
         goto out;
     }
+    uint32_t hslots;
+    memcpy(&hslots, hdr + 56, 4);
     if (ver < CKPT_FORMAT_VERSION_MIN || ver > CKPT_FORMAT_DELTA || hsize != CKPT_HEADER_SIZE) {
         errf(err, errlen,
              "format version %u (header %u bytes); this server reads versions %u to %u", ver, hsize,
@@ -900,11 +991,11 @@ int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, ui
              ver == CKPT_FORMAT_DELTA ? "delta" : "full checkpoint", l->prev);
         goto out;
     }
-    if (nserv != st->num_servers || task != st->task_index) {
+    if (nserv != src->num_servers || task != src->task) {
         errf(err, errlen,
-             "made for ps %u of a cluster of %u ps tasks, but this server is ps %u of %u: "
+             "made for ps %u of a cluster of %u ps tasks, but ps %u of %u was expected: "
              "refusing to restore it (move it away or fix the cluster spec)",
-             task, nserv, st->task_index, st->num_servers);
+             task, nserv, src->task, src->num_servers);
         rc = CKPT_REFUSED;
         goto out;
     }
@@ -913,7 +1004,7 @@ int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, ui
              name_seq);
         goto out;
     }
-    if (hash != cluster_hash)
+    if (hash != cluster_hash && src->keep == NULL) /* a resize: of course other addresses */
         log_warn("%s was made with other ps addresses (same number of tasks): restoring it", path);
     fr.ver = ver;
     for (;;) {
@@ -943,6 +1034,11 @@ int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, ui
         fr.nrec++;
         fr.total += len;
     }
+    if (hslots != (l->has_slots ? l->slots_n : 0)) {
+        errf(err, errlen, "the header says %u slots, its slot record %u", hslots,
+             l->has_slots ? l->slots_n : 0);
+        goto out;
+    }
     int extra = fgetc(f);
     if (extra != EOF) {
         errf(err, errlen, "data after the end record at byte %" PRIu64, r->pos);
@@ -956,4 +1052,59 @@ out:
     if (rc != 0)
         ckpt_loaded_free(l);
     return rc;
+}
+
+int ckpt_peek_shape(const char *path, ckpt_shape *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    uint8_t hdr[CKPT_HEADER_SIZE], rec[16];
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return errf(err, errlen, "cannot open: %s", strerror(errno));
+    size_t got = fread(hdr, 1, sizeof(hdr), f);
+    size_t rgot = got == sizeof(hdr) ? fread(rec, 1, sizeof(rec), f) : 0;
+    uint32_t hcrc, type = 0;
+    uint64_t len = 0;
+    memcpy(&hcrc, hdr + 60, 4);
+    memcpy(&type, rec, 4);
+    memcpy(&len, rec + 8, 8);
+    if (got != sizeof(hdr) || memcmp(hdr, CKPT_MAGIC, 8) != 0 || hcrc != ckpt_header_crc(hdr)) {
+        fclose(f);
+        return errf(err, errlen, "bad or truncated header");
+    }
+    memcpy(&out->num_servers, hdr + 16, 4);
+    memcpy(&out->task, hdr + 20, 4);
+    memcpy(&out->created_ns, hdr + 40, 8);
+    uint32_t hslots;
+    memcpy(&hslots, hdr + 56, 4);
+    if (hslots == 0) {
+        fclose(f);
+        return 0; /* a file written before slots */
+    }
+    if (rgot != sizeof(rec) || type != CKPT_REC_SLOTS) {
+        fclose(f);
+        return errf(err, errlen, "damaged slot record");
+    }
+    /* The slot record, its CRC checked: a damaged one must not pass for another placement. */
+    uint8_t *p = len >= 16 && len <= 16 + ((uint64_t)4 << 24) ? malloc((size_t)len + 4) : NULL;
+    bool ok = p && fread(p, 1, (size_t)len + 4, f) == len + 4;
+    fclose(f);
+    uint32_t crc = 0, stored = 0;
+    if (ok) {
+        crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), rec, sizeof(rec));
+        crc = (uint32_t)crc32(crc, p, (uInt)len);
+        memcpy(&stored, p + len, 4);
+    }
+    if (!ok || crc != stored) {
+        free(p);
+        return errf(err, errlen, "damaged slot record");
+    }
+    uint32_t flags;
+    memcpy(&out->slots_n, p, 4);
+    memcpy(&out->slots_servers, p + 4, 4);
+    memcpy(&flags, p + 8, 4);
+    free(p);
+    out->has_slots = true;
+    out->slots_fixed = (flags & SLOTS_STATIC) != 0;
+    return 0;
 }

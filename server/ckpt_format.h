@@ -9,7 +9,8 @@
  * File `ckpt-<task>-<seq>.psc` in the checkpoint directory, little-endian:
  *   header (64 bytes): magic "PSDCKPT\0", u32 format version (2), u32 header size (64),
  *     u32 num_servers, u32 task index, u64 FNV-1a hash of the ps address list, u64 sequence
- *     number, u64 creation time (Unix ns), 12 reserved bytes, u32 CRC-32 of the 60 before.
+ *     number, u64 creation time (Unix ns), 8 reserved bytes (a delta's previous file, below),
+ *     u32 slots (0: written before slots, no record 11), u32 CRC-32 of the 60 before.
  *   records: u32 type, u32 flags (0 but for a variable record's CKPT_VAR_INITIAL), u64 payload
  *     length, payload, u32 CRC-32 of type, flags, length and payload. Types: 1 variable, 2
  *     dedup table, 3 clock table, 4 end (payload: u64 records before it, u64 sum of their
@@ -30,7 +31,11 @@
  *     the server was at, u64 the group's next log sequence number (the file holds every logged
  *     operation before it). A restart publishes it so that the first view makes the member
  *     with the newest copy the group's primary (view.h, view_copy).
- *     10 (after the tables, for each table with min_count > 1) the table's admission sketches:
+ *     11 (first, files of servers with slots) the slot map the file's state is placed by: u32
+     slots S, u32 server tasks N, u32 flags (1: the static map, slot s -> s mod N, and nothing
+     follows), u32 0, then unless static S times u32 the slot's server task. A file without it
+     was written before slots: its rows and variables held whole are placed by hash mod N.
+     10 (after the tables, for each table with min_count > 1) the table's admission sketches:
  *     u32 name length, the name, u32 0, u64 n, then n bytes (table_sketch_save: per partition
  *     u32 events, then its u16 counters), so that a restored copy admits ids exactly as the
  *     one it was taken from. A table without it (older files) restores with empty sketches.
@@ -69,6 +74,7 @@ enum {
     CKPT_REC_SYNC_OUT = 8,
     CKPT_REC_REPLICA = 9,
     CKPT_REC_TABLE_SKETCH = 10,
+    CKPT_REC_SLOTS = 11,
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };
@@ -140,16 +146,48 @@ typedef struct ckpt_loaded {
     uint64_t prev; /* a delta file: the previous file of its chain (0: a full file) */
     bool has_pos;  /* record 9 */
     uint64_t pos_epoch, pos_lsn;
+    bool has_slots; /* record 11: */
+    uint32_t slots_n, slots_servers;
+    uint32_t *slot_owner; /* [slots_n]; NULL: the static map */
 } ckpt_loaded;
 
-/* Reads the whole file at path, named with sequence number name_seq, into *l for st's task
- * (st's tables are made, not registered). Fills *seq_out. Returns 0, -1 (damaged: err says
- * why; *l empty) or CKPT_REFUSED (made for another cluster shape or task). */
-int ckpt_file_read(const char *path, server_state *st, uint64_t cluster_hash, uint64_t name_seq,
-                   ckpt_loaded *l, uint64_t *seq_out, char *err, size_t errlen);
+/* Which files a read accepts and what it keeps of them. */
+typedef struct ckpt_source {
+    uint32_t num_servers, task; /* what the header must say (else CKPT_REFUSED) */
+    /* NULL: every table row. Else only the rows whose slot `keep` gives to task `self` (a
+     * restore onto another number of servers: ckpt_restore.c). */
+    const slot_map *keep;
+    uint32_t self;
+} ckpt_source;
+
+/* Reads the whole file at path, named with sequence number name_seq, into *l, a file of the
+ * task and cluster size src names (st's tables are made, not registered). Fills *seq_out.
+ * Returns 0, -1 (damaged: err says why; *l empty) or CKPT_REFUSED (made for another cluster
+ * shape or task). */
+int ckpt_file_read(const char *path, server_state *st, const ckpt_source *src,
+                   uint64_t cluster_hash, uint64_t name_seq, ckpt_loaded *l, uint64_t *seq_out,
+                   char *err, size_t errlen);
+
+/* What a file's header and its slot record (11, when first) say: the placement it holds. */
+typedef struct ckpt_shape {
+    uint32_t num_servers, task;
+    uint64_t created_ns; /* the header's creation time (Unix ns) */
+    bool has_slots;      /* a slot record: */
+    bool slots_fixed;    /* the static map of slots_servers over slots_n slots */
+    uint32_t slots_n, slots_servers;
+} ckpt_shape;
+
+/* Reads the shape of the file at path (its header and first record's head, no checksums of
+ * records). Returns 0, or -1 with a message (unreadable header). */
+int ckpt_peek_shape(const char *path, ckpt_shape *out, char *err, size_t errlen);
 
 /* Frees what l holds and zeroes it. */
 void ckpt_loaded_free(ckpt_loaded *l);
+
+/* A packed TableSpec spec (len bytes) with num_servers set to num_servers: malloc'd, its
+ * length in *out_len; NULL when it does not decode or memory runs out. */
+uint8_t *ckpt_table_spec_for(const uint8_t *spec, size_t len, uint32_t num_servers,
+                             size_t *out_len);
 
 /* A restored row's update time from the one stored: rows' update times are wall-clock ms
  * (ttl_ms counts from them); files of older servers hold monotonic ones, far below any

@@ -13,9 +13,14 @@
 #include "ckpt_format.h"
 #include "ckpt_frame.h"
 #include "log.h"
+#include "placement.h"
+#include "slots.h"
 #include "table.h"
 #include "timeutil.h"
 #include "util.h"
+
+/* errf returns -1: a failure's message and CKPT_FAILED in one (rc = errf(...)). */
+_Static_assert(CKPT_FAILED == -1, "errf's -1 is CKPT_FAILED");
 
 static long loaded_find_table(const ckpt_loaded *l, const char *name);
 
@@ -83,7 +88,8 @@ static void loaded_drop_table(ckpt_loaded *l, size_t i)
 }
 
 /* Applies one partition segment list of a table delta to t. Returns 0 or -1 (err). */
-static int apply_table_delta(table *t, const ckpt_table_delta *d, char *err, size_t errlen)
+static int apply_table_delta(table *t, const ckpt_table_delta *d, const ckpt_source *src, char *err,
+                             size_t errlen)
 {
     uint64_t per = 16 + 4 * (uint64_t)d->row_floats, off = 0;
     /* Rows as written now, or as before Adam's step count was one per row (apply_delta). */
@@ -110,6 +116,8 @@ static int apply_table_delta(table *t, const ckpt_table_delta *d, char *err, siz
             int64_t id, upd;
             memcpy(&id, d->body + off, 8);
             memcpy(&upd, d->body + off + 8, 8);
+            if (src->keep && slots_row_owner(src->keep, d->name, id) != src->self)
+                continue; /* another server's row now */
             memcpy(row, d->body + off + 16, (size_t)d->row_floats * 4);
             if (legacy)
                 table_row_from_legacy(t, row, now);
@@ -131,7 +139,8 @@ static int apply_table_delta(table *t, const ckpt_table_delta *d, char *err, siz
  * says (changed rows, removed ids, new and deleted tables), everything else replaced by d's.
  * Returns 0, or -1 with a message: a table delta without its base (nothing applied), or a
  * row that does not fit (l then half applied: the restore fails). d is emptied. */
-static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
+static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, const ckpt_source *src, char *err,
+                       size_t errlen)
 {
     for (size_t i = 0; i < d->ntdeltas; i++) {
         const ckpt_table_delta *td = &d->tdeltas[i];
@@ -169,7 +178,7 @@ static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
     d->ntables = 0;
     for (size_t i = 0; i < d->ntdeltas; i++) {
         long b = loaded_find_table(l, d->tdeltas[i].name);
-        if (b < 0 || apply_table_delta(l->tables[b].t, &d->tdeltas[i], err, errlen) != 0)
+        if (b < 0 || apply_table_delta(l->tables[b].t, &d->tdeltas[i], src, err, errlen) != 0)
             return b < 0
                        ? errf(err, errlen, "internal error: table \"%s\" lost", d->tdeltas[i].name)
                        : -1;
@@ -203,6 +212,12 @@ static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
     l->nsketches = d->nsketches;
     d->sketches = NULL;
     d->nsketches = 0;
+    free(l->slot_owner); /* the delta's slot map: the newest */
+    l->slot_owner = d->slot_owner;
+    d->slot_owner = NULL;
+    l->has_slots = d->has_slots;
+    l->slots_n = d->slots_n;
+    l->slots_servers = d->slots_servers;
     l->has_pos = d->has_pos; /* the delta's position: the newest */
     l->pos_epoch = d->pos_epoch;
     l->pos_lsn = d->pos_lsn;
@@ -216,34 +231,24 @@ static int apply_delta(ckpt_loaded *l, ckpt_loaded *d, char *err, size_t errlen)
     return 0;
 }
 
-int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
-                       uint64_t *max_seq, char *err, size_t errlen)
+/* Loads the newest valid checkpoint among files[0..n) (newest first, files of src's task):
+ * its full file and the deltas of its chain, into *out (not applied). A corrupt or truncated
+ * one is skipped with a warning and the previous one tried. Fills info's path, seq, base,
+ * deltas, skipped, bytes. Returns CKPT_RESTORED, CKPT_REFUSED or CKPT_FAILED (err). */
+static int load_newest(server_state *st, const checkpoint_config *cfg, const ckpt_source *src,
+                       const ckpt_file *files, long n, ckpt_loaded *out, checkpoint_info *info,
+                       char *err, size_t errlen)
 {
-    memset(info, 0, sizeof(*info));
-    *max_seq = 0;
-    struct stat sb;
-    if (stat(cfg->dir, &sb) != 0 && errno == ENOENT)
-        return CKPT_NONE;
-    ckpt_file *files;
-    long n = ckpt_dir_list(cfg->dir, st->task_index, true, &files, err, errlen);
-    if (n < 0)
-        return CKPT_FAILED;
-    if (n == 0) {
-        free(files);
-        return CKPT_NONE;
-    }
-    *max_seq = files[0].seq;
     int rc = CKPT_FAILED;
     size_t off = 0;
-    off += (size_t)snprintf(err, errlen, "no valid checkpoint of ps %u in %s:", st->task_index,
-                            cfg->dir);
+    off +=
+        (size_t)snprintf(err, errlen, "no valid checkpoint of ps %u in %s:", src->task, cfg->dir);
     /* bad[i]: files[i] can't be restored, nor any delta built on it. */
     bool *bad = calloc((size_t)n, sizeof(*bad));
     long *chain = calloc((size_t)n, sizeof(*chain));
     if (bad == NULL || chain == NULL) {
         free(bad);
         free(chain);
-        free(files);
         errf(err, errlen, "out of memory listing checkpoints");
         return CKPT_FAILED;
     }
@@ -287,12 +292,11 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
                 off += (size_t)snprintf(err + off, errlen - off, " %s: %s;", files[i].name, why);
             continue;
         }
-        uint64_t t0 = time_now_ns();
         long full = chain[len - 1];
         snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[full].name);
         ckpt_loaded l;
         uint64_t seq = 0;
-        int r = ckpt_file_read(path, st, cfg->cluster_hash, files[full].seq, &l, &seq, why,
+        int r = ckpt_file_read(path, st, src, cfg->cluster_hash, files[full].seq, &l, &seq, why,
                                sizeof(why));
         if (r == CKPT_REFUSED) {
             errf(err, errlen, "checkpoint %s: %s", path, why);
@@ -318,13 +322,13 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
         /* The deltas, oldest first; a damaged one ends the chain at the file before it. */
         long good = full;
         uint32_t deltas = 0;
-        for (long k = len - 2; k >= 0 && rc == CKPT_FAILED; k--) {
+        for (long k = len - 2; k >= 0; k--) {
             char dpath[4200];
             snprintf(dpath, sizeof(dpath), "%s/%s", cfg->dir, files[chain[k]].name);
             ckpt_loaded d;
             uint64_t dseq = 0;
-            int dr = ckpt_file_read(dpath, st, cfg->cluster_hash, files[chain[k]].seq, &d, &dseq,
-                                    why, sizeof(why));
+            int dr = ckpt_file_read(dpath, st, src, cfg->cluster_hash, files[chain[k]].seq, &d,
+                                    &dseq, why, sizeof(why));
             if (dr == 0 && d.prev != files[good].seq) {
                 ckpt_loaded_free(&d);
                 snprintf(why, sizeof(why), "its header names another previous file");
@@ -338,50 +342,516 @@ int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoin
                 info->skipped = files[chain[k]].seq;
                 break;
             }
-            int ar = apply_delta(&l, &d, why, sizeof(why));
+            int ar = apply_delta(&l, &d, src, why, sizeof(why));
             ckpt_loaded_free(&d);
             if (ar != 0) {
                 errf(err, errlen, "restoring %s over checkpoint %" PRIu64 ": %s", dpath,
                      files[good].seq, why);
-                rc = CKPT_FAILED;
                 ckpt_loaded_free(&l);
-                goto done;
+                free(bad);
+                free(chain);
+                return CKPT_FAILED;
             }
             good = chain[k];
             deltas++;
         }
-        uint64_t versions = 0;
-        for (size_t k = 0; k < l.nvars; k++)
-            versions += atomic_load(&l.vars[k]->version);
-        for (size_t k = 0; k < l.ntables; k++) {
-            table_stats ts;
-            table_stats_get(l.tables[k].t, &ts);
-            info->table_rows += ts.rows;
-        }
-        snprintf(path, sizeof(path), "%s/%s", cfg->dir, files[good].name);
-        if (apply_loaded(st, &l, why, sizeof(why)) != 0) {
-            ckpt_loaded_free(&l);
-            errf(err, errlen, "restoring %s: %s", path, why);
-            rc = CKPT_FAILED;
-            break;
-        }
-        snprintf(info->path, sizeof(info->path), "%s", path);
+        snprintf(info->path, sizeof(info->path), "%s/%s", cfg->dir, files[good].name);
         info->seq = files[good].seq;
         info->base = files[full].seq;
         info->deltas = deltas;
-        info->versions = versions;
         info->bytes = l.bytes;
-        info->variables = (uint32_t)l.nvars;
-        info->ms = (time_now_ns() - t0) / 1000000u;
-        info->has_position = l.has_pos;
-        info->epoch = l.pos_epoch;
-        info->lsn = l.pos_lsn;
-        ckpt_loaded_free(&l);
+        *out = l;
         rc = CKPT_RESTORED;
     }
-done:
     free(bad);
     free(chain);
-    free(files);
     return rc;
+}
+
+/* ---- a restore onto another number of servers (or of files written before slots) ---- */
+
+/* True if a file of shape sh is placed as map `now` places this cluster: the same static map,
+ * or (a file written before slots) hash mod N, which is the static map when N divides S. */
+static bool shape_current(const ckpt_shape *sh, const slot_map *now)
+{
+    if (sh->num_servers != now->nservers || now->owner != NULL)
+        return false;
+    if (sh->has_slots)
+        return sh->slots_fixed && sh->slots_n == now->nslots && sh->slots_servers == now->nservers;
+    return now->nservers != 0 && now->nslots % now->nservers == 0;
+}
+
+/* The files of files[0..n) (listed from dir) that `want` accepts: current (want_current:
+ * placed as `now` places, and made after `after` ns) or of cluster size want_n and not
+ * current. A file whose header does not read counts as current (the restore reports it as
+ * today's damaged files). Returns the count, the files into out (as many as files). */
+static long files_of_shape(const char *dir, const ckpt_file *files, long n, const slot_map *now,
+                           bool want_current, uint64_t after, uint32_t want_n, ckpt_file *out)
+{
+    long k = 0;
+    for (long i = 0; i < n; i++) {
+        char path[4200], why[256];
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i].name);
+        ckpt_shape sh;
+        bool readable = ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0;
+        bool cur = !readable || shape_current(&sh, now);
+        if (want_current ? cur && (!readable || sh.created_ns > after)
+                         : (!cur && sh.num_servers == want_n))
+            out[k++] = files[i];
+    }
+    return k;
+}
+
+static int grow_vars(ckpt_loaded *l)
+{
+    if (l->nvars < l->cap)
+        return 0;
+    size_t nc = l->cap ? 2 * l->cap : 16;
+    variable **nv = realloc(l->vars, nc * sizeof(*nv));
+    if (nv == NULL)
+        return -1;
+    l->vars = nv;
+    l->cap = nc;
+    return 0;
+}
+
+/* What the old tasks' files restore, merged (restore_resized). */
+typedef struct resized {
+    ckpt_loaded all; /* tables, variables (as pieces: place_vars), windows, clocks */
+    struct floors {
+        uint64_t *w;
+        size_t n;
+    } * floors; /* each old task's dedup floors, imported after the windows */
+    size_t nfloors;
+} resized;
+
+/* Moves what l (one old task's state, its rows filtered already) holds into acc: its tables
+ * (rows added to a table acc has), its variables, its exactly-once windows and floors, clocks
+ * (the union, each worker's newest clock), finished workers, the newest frontier. */
+static int merge_task(server_state *st, resized *acc, ckpt_loaded *l, char *err, size_t errlen)
+{
+    ckpt_loaded *all = &acc->all;
+    for (size_t i = 0; i < l->ntables; i++) {
+        loaded_table *lt = &l->tables[i];
+        size_t nlen = 0;
+        uint8_t *nspec = ckpt_table_spec_for(lt->spec, lt->len, st->num_servers, &nlen);
+        if (nspec == NULL)
+            return errf(err, errlen, "out of memory");
+        free(lt->spec);
+        lt->spec = nspec;
+        lt->len = nlen;
+        long b = loaded_find_table(all, table_name(lt->t));
+        if (b < 0) {
+            loaded_table *nt = realloc(all->tables, (all->ntables + 1) * sizeof(*nt));
+            if (nt == NULL)
+                return errf(err, errlen, "out of memory");
+            all->tables = nt;
+            all->tables[all->ntables++] = *lt;
+            *lt = (loaded_table){0};
+            continue;
+        }
+        table *dst = all->tables[b].t;
+        if (all->tables[b].len != lt->len || memcmp(all->tables[b].spec, lt->spec, lt->len) != 0 ||
+            table_row_floats(dst) != table_row_floats(lt->t))
+            return errf(err, errlen, "table \"%s\": the old servers' files hold different specs",
+                        table_name(dst));
+        for (uint32_t p = 0; p < table_partitions(lt->t); p++) {
+            table_rows rows = {0};
+            if (table_copy_partition(lt->t, p, &rows) != 0)
+                return errf(err, errlen, "out of memory copying table \"%s\"", table_name(dst));
+            for (size_t r = 0; r < rows.n; r++) {
+                int rc =
+                    table_insert_row(dst, rows.ids[r], rows.floats + r * (size_t)rows.row_floats,
+                                     rows.updated_ms[r]);
+                if (rc != TABLE_OK) {
+                    table_rows_free(&rows);
+                    return errf(err, errlen,
+                                "table \"%s\": row %" PRId64 " could not be restored%s",
+                                table_name(dst), rows.ids[r],
+                                rc == TABLE_LIMIT ? " within max-server-bytes or max_rows"
+                                                  : " (out of memory)");
+                }
+            }
+            table_rows_free(&rows);
+        }
+    }
+    for (size_t i = 0; i < l->nvars; i++) {
+        if (grow_vars(all) != 0)
+            return errf(err, errlen, "out of memory");
+        all->vars[all->nvars++] = l->vars[i];
+        l->vars[i] = NULL;
+    }
+    l->nvars = 0;
+    /* Exactly-once windows: every client's (a client numbers its updates per placement task,
+     * so a client's window of this server's own old task is the one that numbers its stream
+     * here: it is imported last and wins). */
+    if (l->dedup_clients) {
+        if (all->dedup_words == 0)
+            all->dedup_words = l->dedup_words;
+        size_t per_l = 2 + (size_t)l->dedup_words, per = 2 + (size_t)all->dedup_words;
+        uint64_t *nd =
+            realloc(all->dedup, (size_t)(all->dedup_clients + l->dedup_clients) * per * 8);
+        if (nd == NULL)
+            return errf(err, errlen, "out of memory merging the dedup tables");
+        all->dedup = nd;
+        for (uint64_t c = 0; c < l->dedup_clients; c++) {
+            uint64_t *e = all->dedup + (size_t)all->dedup_clients * per;
+            const uint64_t *x = l->dedup + (size_t)c * per_l;
+            memset(e, 0, per * 8);
+            memcpy(e, x, (per < per_l ? per : per_l) * 8);
+            all->dedup_clients++;
+        }
+    }
+    if (l->floors) {
+        struct floors *nf = realloc(acc->floors, (acc->nfloors + 1) * sizeof(*nf));
+        if (nf == NULL)
+            return errf(err, errlen, "out of memory merging the dedup tombstones");
+        acc->floors = nf;
+        acc->floors[acc->nfloors++] = (struct floors){.w = l->floors, .n = l->nfloors};
+        l->floors = NULL;
+        l->nfloors = 0;
+    }
+    if (l->have_sync) {
+        for (size_t i = 0; i < l->nworkers; i++) {
+            const sync_worker_rec *w = &l->workers[i];
+            size_t k = 0;
+            while (k < all->nworkers && all->workers[k].id != w->id)
+                k++;
+            if (k == all->nworkers) {
+                sync_worker_rec *nw = realloc(all->workers, (all->nworkers + 1) * sizeof(*nw));
+                if (nw == NULL)
+                    return errf(err, errlen, "out of memory merging the clock tables");
+                all->workers = nw;
+                all->workers[all->nworkers++] = *w;
+                continue;
+            }
+            sync_worker_rec *a = &all->workers[k];
+            if (w->clock > a->clock)
+                a->clock = w->clock;
+            a->known = a->known || w->known;
+            a->live = a->live || w->live;
+            if (w->left && !a->left) {
+                a->left = true;
+                a->left_client = w->left_client;
+            }
+        }
+        if (!all->have_sync || l->applied_min > all->applied_min)
+            all->applied_min = l->applied_min;
+        if (l->frontier != SYNC_NO_FRONTIER &&
+            (all->frontier == SYNC_NO_FRONTIER || l->frontier > all->frontier))
+            all->frontier = l->frontier;
+        all->have_sync = true;
+    }
+    all->bytes += l->bytes;
+    return 0;
+}
+
+/* Places acc's variable pieces as this cluster does: a variable held whole goes to its slot's
+ * owner; a split one is cut in this cluster's ranges (or held whole by its slot's owner when
+ * it can't be split over this many servers) and this server's range filled from the old
+ * pieces that cover it. Each variable's version is the highest of its pieces'. */
+static int place_vars(server_state *st, ckpt_loaded *all, const slot_map *now, char *err,
+                      size_t errlen)
+{
+    uint32_t self = st->task_index, m = st->num_servers;
+    size_t nout = 0;
+    for (size_t i = 0; i < all->nvars; i++) {
+        variable *v = all->vars[i];
+        if (v == NULL)
+            continue;
+        all->vars[i] = NULL;
+        if (!v->spec->split) {
+            if (slots_name_owner(now, v->name) != self) {
+                variable_destroy(v);
+                continue;
+            }
+            v->spec->num_servers = m;
+            all->vars[nout++] = v;
+            continue;
+        }
+        uint64_t numel = v->numel, off = 0, cnt = numel;
+        bool split = placement_is_split(numel, numel * 4, 0, m);
+        bool mine = split || slots_name_owner(now, v->name) == self;
+        if (split)
+            placement_range(numel, m, self, &off, &cnt);
+        variable *nv = NULL;
+        if (mine) {
+            v->spec->num_servers = m;
+            v->spec->split = split;
+            char verr[512];
+            nv = variable_create_unfilled(v->spec, numel, off, cnt, verr, sizeof(verr));
+            if (nv == NULL || nv->nslots != v->nslots) {
+                int rc = errf(err, errlen, "variable \"%s\": %s", v->name,
+                              nv ? "pieces with other optimizer slots" : verr);
+                variable_destroy(nv);
+                variable_destroy(v);
+                return rc;
+            }
+            nv->staleness = v->staleness;
+        }
+        uint64_t covered = 0, version = 0;
+        bool agg = false;
+        /* v and the pieces of the same name after it. */
+        for (size_t j = i; j < all->nvars; j++) {
+            variable *p = j == i ? v : all->vars[j];
+            if (j != i && (p == NULL || strcmp(p->name, v->name) != 0))
+                continue;
+            if (nv) {
+                uint64_t lo = p->offset > off ? p->offset : off;
+                uint64_t hi = p->offset + p->count < off + cnt ? p->offset + p->count : off + cnt;
+                if (lo < hi) {
+                    memcpy(nv->params + (lo - off), p->params + (lo - p->offset), (hi - lo) * 4);
+                    for (size_t k = 0; k < nv->nslots; k++)
+                        memcpy(nv->slots[k] + (lo - off), p->slots[k] + (lo - p->offset),
+                               (hi - lo) * 4);
+                    covered += hi - lo;
+                }
+            }
+            uint64_t pv = atomic_load(&p->version);
+            if (pv > version)
+                version = pv;
+            agg = agg || p->agg != NULL;
+            if (j != i) {
+                variable_destroy(p);
+                all->vars[j] = NULL;
+            }
+        }
+        if (nv && covered != cnt) {
+            int rc = errf(err, errlen,
+                          "variable \"%s\": the old servers' files hold %" PRIu64 " of the %" PRIu64
+                          " elements from %" PRIu64 " this server holds now (a server's "
+                          "checkpoints are missing)",
+                          v->name, covered, cnt, off);
+            variable_destroy(nv);
+            variable_destroy(v);
+            return rc;
+        }
+        if (nv && agg)
+            log_warn("variable \"%s\": its BSP aggregate of the open clock is not restored onto "
+                     "another number of servers: the workers' pushes of that clock are dropped",
+                     v->name);
+        variable_destroy(v);
+        if (nv) {
+            atomic_store(&nv->version, version);
+            all->vars[nout++] = nv;
+        }
+    }
+    all->nvars = nout;
+    return 0;
+}
+
+static void resized_free(resized *acc)
+{
+    ckpt_loaded_free(&acc->all);
+    for (size_t i = 0; i < acc->nfloors; i++)
+        free(acc->floors[i].w);
+    free(acc->floors);
+    memset(acc, 0, sizeof(*acc));
+}
+
+/* Restores this server's slots from the files of a cluster of old_n servers (another size,
+ * or files written before slots): every old task's newest valid checkpoint, full file and
+ * deltas, its rows and variables filtered to what `now` gives this server, merged. */
+static int restore_resized(server_state *st, const checkpoint_config *cfg, uint32_t old_n,
+                           const slot_map *now, checkpoint_info *info, char *err, size_t errlen)
+{
+    uint32_t self = st->task_index;
+    if (cfg->replicas > 1 || st->replicated) {
+        errf(err, errlen,
+             "%s holds checkpoints of a cluster of %u ps tasks%s, this one has %u and "
+             "replicas %u: a restore onto another number of servers needs replicas 1 "
+             "(start this cluster with replicas 1 once to restore and checkpoint them, or "
+             "start %u ps tasks)",
+             cfg->dir, old_n, old_n == st->num_servers ? " written before slots" : "",
+             st->num_servers, cfg->replicas, old_n);
+        return CKPT_REFUSED;
+    }
+    resized acc = {0};
+    acc.all.frontier = SYNC_NO_FRONTIER;
+    uint32_t tasks = 0;
+    bool sketches = false;
+    int rc = CKPT_RESTORED;
+    /* This server's own old task last: its clients' windows win (merge_task). */
+    for (uint32_t k = 0; k < old_n && rc == CKPT_RESTORED; k++) {
+        uint32_t t = self < old_n ? (self + 1 + k) % old_n : k;
+        ckpt_file *files = NULL;
+        long n = ckpt_dir_list(cfg->dir, t, false, &files, err, errlen);
+        if (n < 0) {
+            rc = CKPT_FAILED;
+            break;
+        }
+        ckpt_file *mine = malloc((n ? (size_t)n : 1) * sizeof(*mine));
+        if (mine == NULL) {
+            free(files);
+            rc = errf(err, errlen, "out of memory listing checkpoints");
+            break;
+        }
+        long k2 = files_of_shape(cfg->dir, files, n, now, false, 0, old_n, mine);
+        free(files);
+        if (k2 == 0) {
+            free(mine);
+            log_warn("no checkpoint of ps %u of the cluster of %u in %s: the slots it held start "
+                     "empty",
+                     t, old_n, cfg->dir);
+            continue;
+        }
+        ckpt_source src = {.num_servers = old_n, .task = t, .keep = now, .self = self};
+        ckpt_loaded l;
+        checkpoint_info ti = {0};
+        rc = load_newest(st, cfg, &src, mine, k2, &l, &ti, err, errlen);
+        free(mine);
+        if (rc != CKPT_RESTORED)
+            break;
+        log_info("ps %u restores its slots of %s (checkpoint %" PRIu64 ", full %" PRIu64
+                 " + %u deltas, made by ps %u of %u)",
+                 self, ti.path, ti.seq, ti.base, ti.deltas, t, old_n);
+        if (t == self || info->seq == 0) {
+            memcpy(info->path, ti.path, sizeof(info->path));
+            info->seq = ti.seq;
+            info->base = ti.base;
+        }
+        info->deltas += ti.deltas;
+        if (ti.skipped)
+            info->skipped = ti.skipped;
+        sketches = sketches || l.nsketches > 0;
+        char why[1024];
+        if (merge_task(st, &acc, &l, why, sizeof(why)) != 0) {
+            rc = errf(err, errlen, "restoring %s: %s", ti.path, why);
+            ckpt_loaded_free(&l);
+            break;
+        }
+        ckpt_loaded_free(&l);
+        tasks++;
+    }
+    if (rc == CKPT_RESTORED && tasks == 0)
+        rc = CKPT_NONE;
+    char why[1024];
+    if (rc == CKPT_RESTORED && place_vars(st, &acc.all, now, why, sizeof(why)) != 0)
+        rc = errf(err, errlen, "restoring from the checkpoints of %u ps tasks: %s", old_n, why);
+    if (rc == CKPT_RESTORED) {
+        if (sketches)
+            log_warn("tables' admission sketches are not restored onto another number of "
+                     "servers: ids not yet admitted count their pushes from zero again");
+        for (size_t k = 0; k < acc.all.nvars; k++)
+            info->versions += atomic_load(&acc.all.vars[k]->version);
+        for (size_t k = 0; k < acc.all.ntables; k++) {
+            table_stats ts;
+            table_stats_get(acc.all.tables[k].t, &ts);
+            info->table_rows += ts.rows;
+        }
+        info->variables = (uint32_t)acc.all.nvars;
+        info->bytes = acc.all.bytes;
+        info->from_servers = old_n;
+        if (apply_loaded(st, &acc.all, why, sizeof(why)) != 0)
+            rc = errf(err, errlen, "restoring from the checkpoints of %u ps tasks: %s", old_n, why);
+        for (size_t i = 0; rc == CKPT_RESTORED && i < acc.nfloors; i++) {
+            int fr = dedup_import_floors(st->dedup, acc.floors[i].w, acc.floors[i].n);
+            if (fr != 0)
+                rc = errf(err, errlen, "%s",
+                          fr == -2 ? "out of memory restoring the dedup tombstones"
+                                   : "malformed dedup tombstone record");
+        }
+    }
+    resized_free(&acc);
+    return rc;
+}
+
+bool checkpoint_file_foreign(const char *path, void *map)
+{
+    ckpt_shape sh;
+    char why[256];
+    return ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0 &&
+           !shape_current(&sh, (const slot_map *)map);
+}
+
+/* The newest file of any task in dir placed otherwise than `now` (by the creation time in
+ * its header): its cluster size in *old_n and its time in *when; false (both 0) when none. */
+static bool newest_foreign(const char *dir, const slot_map *now, uint32_t *old_n, uint64_t *when)
+{
+    *old_n = 0;
+    *when = 0;
+    ckpt_file *files;
+    char why[512];
+    long n = ckpt_dir_list(dir, CKPT_ALL_TASKS, false, &files, why, sizeof(why));
+    for (long i = 0; i < n; i++) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i].name);
+        ckpt_shape sh;
+        if (ckpt_peek_shape(path, &sh, why, sizeof(why)) == 0 && !shape_current(&sh, now) &&
+            (*old_n == 0 || sh.created_ns > *when)) {
+            *old_n = sh.num_servers;
+            *when = sh.created_ns;
+        }
+    }
+    if (n >= 0)
+        free(files);
+    return *old_n != 0;
+}
+
+int checkpoint_restore(server_state *st, const checkpoint_config *cfg, checkpoint_info *info,
+                       uint64_t *max_seq, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof(*info));
+    *max_seq = 0;
+    struct stat sb;
+    if (stat(cfg->dir, &sb) != 0 && errno == ENOENT)
+        return CKPT_NONE;
+    ckpt_file *files;
+    long n = ckpt_dir_list(cfg->dir, st->task_index, true, &files, err, errlen);
+    if (n < 0)
+        return CKPT_FAILED;
+    if (n > 0)
+        *max_seq = files[0].seq;
+    slot_map now = server_slots(st);
+    ckpt_file *cur = malloc((n ? (size_t)n : 1) * sizeof(*cur));
+    if (cur == NULL) {
+        free(files);
+        errf(err, errlen, "out of memory listing checkpoints");
+        return CKPT_FAILED;
+    }
+    /* The directory's files of other placements (another cluster size, or written before
+     * slots): this task's own files restore only when made after the newest of them (a task's
+     * files of an earlier cluster of this size are older than the cluster between). */
+    uint32_t old_n;
+    uint64_t when;
+    bool foreign = newest_foreign(cfg->dir, &now, &old_n, &when);
+    long ncur = files_of_shape(cfg->dir, files, n, &now, true, when, 0, cur);
+    free(files);
+    uint64_t t0 = time_now_ns();
+    int rc;
+    if (ncur == 0) {
+        free(cur);
+        if (!foreign)
+            return CKPT_NONE;
+        rc = restore_resized(st, cfg, old_n, &now, info, err, errlen);
+        info->ms = (time_now_ns() - t0) / 1000000u;
+        return rc;
+    }
+    ckpt_source src = {
+        .num_servers = st->num_servers, .task = st->task_index, .self = st->task_index};
+    ckpt_loaded l;
+    rc = load_newest(st, cfg, &src, cur, ncur, &l, info, err, errlen);
+    free(cur);
+    if (rc != CKPT_RESTORED)
+        return rc;
+    for (size_t k = 0; k < l.nvars; k++)
+        info->versions += atomic_load(&l.vars[k]->version);
+    for (size_t k = 0; k < l.ntables; k++) {
+        table_stats ts;
+        table_stats_get(l.tables[k].t, &ts);
+        info->table_rows += ts.rows;
+    }
+    char why[1024];
+    if (apply_loaded(st, &l, why, sizeof(why)) != 0) {
+        ckpt_loaded_free(&l);
+        errf(err, errlen, "restoring %s: %s", info->path, why);
+        return CKPT_FAILED;
+    }
+    info->variables = (uint32_t)l.nvars;
+    info->ms = (time_now_ns() - t0) / 1000000u;
+    info->has_position = l.has_pos;
+    info->epoch = l.pos_epoch;
+    info->lsn = l.pos_lsn;
+    ckpt_loaded_free(&l);
+    return CKPT_RESTORED;
 }

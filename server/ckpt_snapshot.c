@@ -260,6 +260,7 @@ int ckpt_snapshot_take(server_state *st, ckpt_snapshot *s, uint64_t base, uint64
                        char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
+    s->slots = server_slots(st);
     snap_ctx c = {.st = st, .base = base, .cut = cut, .track = track};
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < NCOMPONENTS; i++)

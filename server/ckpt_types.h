@@ -20,6 +20,7 @@ typedef struct checkpoint_config {
     int64_t interval_updates; /* after this many updates (0: off) */
     uint64_t cluster_hash;    /* checkpoint_cluster_hash of the ps addresses */
     const char *failpoint;    /* tests only: "checkpoint-crash-mid-write" */
+    uint32_t replicas;        /* the cluster's replicas (> 1: no restore onto another size) */
 } checkpoint_config;
 
 typedef struct checkpoint_info {
@@ -27,16 +28,19 @@ typedef struct checkpoint_info {
     uint64_t seq;
     uint64_t bytes;
     uint32_t variables;
-    uint64_t pause_us;   /* checkpoint: time updates were held off */
-    uint64_t ms;         /* checkpoint: request to durable; restore: time to read */
-    uint64_t versions;   /* sum of its variables' versions (updates applied, per shard) */
-    uint64_t base;       /* checkpoint: the previous file a delta is relative to (0: full);
-                            restore: the full file the chain started from */
-    uint64_t table_rows; /* rows of sparse tables written or restored (a delta: changed) */
-    uint32_t deltas;     /* restore: deltas applied over the full file */
-    uint64_t skipped;    /* restore: seq of a newer delta of the chain found unusable (0: none) */
-    bool has_position;   /* the file holds a replica group's log position (record 9): */
-    uint64_t epoch, lsn; /* its view epoch and next log sequence number */
+    uint64_t pause_us;     /* checkpoint: time updates were held off */
+    uint64_t ms;           /* checkpoint: request to durable; restore: time to read */
+    uint64_t versions;     /* sum of its variables' versions (updates applied, per shard) */
+    uint64_t base;         /* checkpoint: the previous file a delta is relative to (0: full);
+                              restore: the full file the chain started from */
+    uint64_t table_rows;   /* rows of sparse tables written or restored (a delta: changed) */
+    uint32_t deltas;       /* restore: deltas applied over the full file */
+    uint64_t skipped;      /* restore: seq of a newer delta of the chain found unusable (0: none) */
+    uint32_t from_servers; /* restore: the cluster size of the files restored when they were
+                              made by another one or before slots (every old task's files
+                              read, this server's slots kept); 0: this server's own */
+    bool has_position;     /* the file holds a replica group's log position (record 9): */
+    uint64_t epoch, lsn;   /* its view epoch and next log sequence number */
 } checkpoint_info;
 
 /* A replicated group's log position, for record 9: called with hold true just before the state

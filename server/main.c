@@ -295,6 +295,7 @@ int main(int argc, char **argv)
     static server_state st;
     st.task_index = (uint32_t)cl->task_index;
     st.num_servers = (uint32_t)cl->n_ps;
+    st.slots = slots_static(SLOTS_DEFAULT, st.num_servers);
     st.start_ns = time_now_ns();
     st.vars = store_create();
     st.dedup = dedup_create((uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW));
@@ -334,6 +335,7 @@ int main(int argc, char **argv)
         .interval_updates = opt_int(prog.opts, OPT_CHECKPOINT_INTERVAL_UPDATES),
         .cluster_hash = checkpoint_cluster_hash(cl->ps, cl->n_ps),
         .failpoint = opt_str(prog.opts, OPT_TEST_FAILPOINT),
+        .replicas = (uint32_t)opt_int(prog.opts, OPT_REPLICAS),
     };
     checkpointer *ck = NULL;
     int ck_lock = -1;
@@ -363,7 +365,16 @@ int main(int argc, char **argv)
                                        : "");
             fail = PROGRAM_EXIT_CONFIG;
         }
-        if (fail == 0 && r == CKPT_RESTORED) {
+        if (fail == 0 && r == CKPT_RESTORED && ri.from_servers) {
+            own_restore = ri;
+            sync_resume(&st);
+            log_info("restored the slots of ps %u of %u from the checkpoints of a cluster of %u "
+                     "ps tasks in %s (%u deltas): %u variables, %llu table rows, %llu bytes in "
+                     "%llu ms",
+                     st.task_index, st.num_servers, ri.from_servers, ck_cfg.dir, ri.deltas,
+                     ri.variables, (unsigned long long)ri.table_rows, (unsigned long long)ri.bytes,
+                     (unsigned long long)ri.ms);
+        } else if (fail == 0 && r == CKPT_RESTORED) {
             own_restore = ri;
             sync_resume(&st);
             log_info("restored %s: checkpoint %llu (full %llu + %u deltas), %u variables, %llu "
@@ -372,7 +383,7 @@ int main(int argc, char **argv)
                      ri.variables, (unsigned long long)ri.table_rows, (unsigned long long)ri.bytes,
                      (unsigned long long)ri.ms);
         }
-        if (fail == 0) {
+        if (fail == 0 && !(r == CKPT_RESTORED && ri.from_servers)) {
             char verdict[1024];
             bool lost = ckpt_restore_verdict(&last, st.task_index, r == CKPT_RESTORED, ri.seq,
                                              ri.versions, verdict, sizeof(verdict));
@@ -386,6 +397,16 @@ int main(int argc, char **argv)
             if (ck == NULL) {
                 log_error("%s", err);
                 fail = PROGRAM_EXIT_CONFIG;
+            } else if (r == CKPT_RESTORED && ri.from_servers) {
+                /* This server's own checkpoint of what it restored, before it serves: from now
+                 * on it restores from its own files, not the old cluster's. */
+                checkpoint_info wi;
+                if (checkpoint_write(ck, &wi, err, sizeof(err)) != 0) {
+                    log_error("the first checkpoint after restoring from a cluster of %u ps "
+                              "tasks failed: %s",
+                              ri.from_servers, err);
+                    fail = 1;
+                }
             } else if (r == CKPT_RESTORED) {
                 checkpointer_set_restored(ck, ri.seq, ri.versions);
             }

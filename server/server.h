@@ -12,6 +12,7 @@
 #include "budget.h"
 #include "dedup.h"
 #include "rpc_server.h"
+#include "slots.h"
 #include "store.h"
 #include "sync.h"
 #include "table_registry.h"
@@ -21,6 +22,9 @@
 typedef struct server_state {
     uint32_t task_index;
     uint32_t num_servers;
+    /* Who holds each slot (slots.h); read it with server_slots, which gives a state made
+     * without one (a replica group's copy) the static map of num_servers servers. */
+    slot_map slots;
     uint64_t start_ns;
     store *vars;
     dedup *dedup;
@@ -50,6 +54,15 @@ typedef struct server_state {
      * for reading (server_state_read_begin). NULL: never replaced. */
     pthread_rwlock_t *swap;
 } server_state;
+
+/* st's slot map: the one it holds, or the static map of its num_servers for a state made
+ * without one. */
+static inline slot_map server_slots(const server_state *st)
+{
+    if (st->slots.nslots != 0 && st->slots.nservers == st->num_servers)
+        return st->slots;
+    return slots_static(SLOTS_DEFAULT, st->num_servers);
+}
 
 /* Brackets code that reads what st holds without its group's order lock (server_state.swap).
  * Never held while taking a group's order lock or the view's lock. */

@@ -2,7 +2,7 @@
  * optimizer's per-row state (float32).
  *
  * A table is the server-side store of one sparse embedding table's rows held by this server
- * (which rows a server holds is common/placement.h's placement_table_owner). Rows are made
+ * (which rows a server holds is common/slots.h's slots_row_owner). Rows are made
  * on first touch, by a push, from the row initializer (initializer_fill_row: a pure function
  * of (seed, table name, id)); a pull of an id that has no row returns that initializer row
  * without making it.

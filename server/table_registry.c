@@ -384,12 +384,13 @@ int server_table_ids(server_state *st, const server_table *e, const uint8_t *seg
         return STATUS_RESOURCE_EXHAUSTED;
     }
     memcpy(ids, seg, (size_t)n * 8); /* little-endian on the wire and on the hosts we build */
+    slot_map map = server_slots(st);
     for (uint64_t i = 0; i < n; i++) {
-        uint32_t owner = placement_table_owner(name, ids[i], st->num_servers);
+        uint32_t owner = slots_row_owner(&map, name, ids[i]);
         if (owner != st->task_index) {
             snprintf(err, errlen,
                      "table \"%s\": id %lld (index %llu) belongs on ps %u, not ps %u (split ids "
-                     "by placement_table_owner)",
+                     "by slots_row_owner)",
                      name, (long long)ids[i], (unsigned long long)i, owner, st->task_index);
             free(ids);
             return STATUS_INVALID_ARGUMENT;

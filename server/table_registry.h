@@ -4,7 +4,7 @@
  * registering a table from a packed TableSpec (TableCreate, restore, BSP aggregates); and
  * finding a table for a call, checking its ids and reading its rows.
  *
- * Every table exists on every server; each server holds the rows placement_table_owner gives
+ * Every table exists on every server; each server holds the rows slots_row_owner gives
  * it and refuses ids it does not own. A table lives until DeleteVariable names it
  * (server_table_delete) or the server exits. A BSP table's aggregate (table_bsp.h) is a table
  * of this registry too, named the table's name and BSP_SUFFIX. */

@@ -79,7 +79,8 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
             return STATUS_INVALID_ARGUMENT;
         }
     } else {
-        uint32_t owner = placement_owner(spec->name, st->num_servers);
+        slot_map map = server_slots(st);
+        uint32_t owner = slots_name_owner(&map, spec->name);
         if (owner != st->task_index) {
             snprintf(err, errlen,
                      "variable \"%s\" belongs on ps %u, not ps %u (placement mismatch: client "

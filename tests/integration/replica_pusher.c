@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "placement.h"
+#include "slots.h"
 #include "psclient.h"
 
 #define SLOTS 4096
@@ -88,7 +88,7 @@ static int shape_of(const char *var, const char *shape, int nservers, char *name
     int g = atoi(shape + 5);
     for (int n = 0; n < 10000; n++) {
         snprintf(name, cap, "%s-%d", var, n);
-        if ((int)placement_owner(name, (uint32_t)nservers) == g)
+        if ((int)slots_name_owner(&(slot_map){SLOTS_DEFAULT, (uint32_t)nservers, NULL}, name) == g)
             return 1;
     }
     return -1;
@@ -126,7 +126,8 @@ static int64_t table_row_id(const char *name, int slot, int g, int nservers)
 {
     for (int64_t i = 0; i < 256; i++) {
         int64_t id = ((int64_t)slot << 8) + i;
-        if ((int)placement_table_owner(name, id, (uint32_t)nservers) == g)
+        if ((int)slots_row_owner(&(slot_map){SLOTS_DEFAULT, (uint32_t)nservers, NULL}, name, id) ==
+            g)
             return id;
     }
     return ((int64_t)slot << 8) + 255;

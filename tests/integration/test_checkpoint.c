@@ -6,8 +6,9 @@
  * (c) A crash halfway through writing (failpoint) leaves the previous checkpoint restorable.
  * (d) A corrupt (flipped byte) or truncated newest checkpoint falls back to the previous one
  *     with a warning naming the file.
- * (e) A checkpoint of another cluster size or task is refused with exit 2; without
- *     checkpoint-dir the RPC answers FAILED_PRECONDITION.
+ * (e) A server of a cluster of another size restores its slots from the files of the old
+ *     cluster's tasks and writes its own checkpoint; without checkpoint-dir the RPC answers
+ *     FAILED_PRECONDITION.
  * (f) What a restart says it lost follows from what it restored against the record of what
  *     the previous server wrote: a clean stop whose final checkpoint is corrupt is a loss, with
  *     its count.
@@ -330,7 +331,7 @@ static void test_corrupt_newest_falls_back(void **state)
     test_ps_cleanup(&p);
 }
 
-static void test_other_shape_refused(void **state)
+static void test_other_shape_restored(void **state)
 {
     (void)state;
     test_ps p;
@@ -351,23 +352,21 @@ static void test_other_shape_refused(void **state)
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
 
-    /* The same task index in a cluster of 2 ps tasks. */
+    /* Task 1 of a cluster of 2 restores the slots it holds there from task 0's files of the
+     * cluster of 1 (the directory is shared), writes its own checkpoint, and serves. */
     int port2 = test_free_port();
     char spec2[160];
     snprintf(spec2, sizeof(spec2), "{\"ps\":[\"127.0.0.1:%d\",\"127.0.0.1:%d\"]}", p.port, port2);
     const char *extra[] = {"--checkpoint-dir", p.dir, NULL};
-    pid_t pid = test_server_spawn(server_bin, spec2, 0, extra, p.log);
-    assert_int_equal(test_wait_exit(pid, 20000), 2);
-    assert_true(test_file_contains(p.log, "made for ps 0 of a cluster of 1 ps tasks, but this "
-                                          "server is ps 0 of 2"));
-    /* The file copied for task 1 of that cluster. */
-    char from[400], to[400];
-    snprintf(from, sizeof(from), "%s/ckpt-0-1.psc", p.dir);
-    snprintf(to, sizeof(to), "%s/ckpt-1-1.psc", p.dir);
-    assert_int_equal(rename(from, to), 0);
-    pid = test_server_spawn(server_bin, spec2, 1, extra, p.log);
-    assert_int_equal(test_wait_exit(pid, 20000), 2);
-    assert_true(test_file_contains(p.log, "but this server is ps 1 of 2"));
+    pid_t pid = test_server_spawn(server_bin, spec2, 1, extra, p.log);
+    assert_int_equal(test_wait_port(port2, 20000), 0);
+    assert_true(test_file_contains(p.log, "restored the slots of ps 1 of 2 from the checkpoints "
+                                          "of a cluster of 1 ps tasks"));
+    char own[400];
+    snprintf(own, sizeof(own), "%s/ckpt-1-1.psc", p.dir);
+    assert_int_equal(access(own, F_OK), 0);
+    kill(pid, SIGTERM);
+    assert_int_equal(test_wait_exit(pid, 20000), 0);
     test_ps_cleanup(&p);
 }
 
@@ -720,7 +719,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rpc_then_sigkill),
         cmocka_unit_test(test_crash_mid_write),
         cmocka_unit_test(test_corrupt_newest_falls_back),
-        cmocka_unit_test(test_other_shape_refused),
+        cmocka_unit_test(test_other_shape_restored),
         cmocka_unit_test(test_periodic_triggers),
         cmocka_unit_test(test_loss_report_follows_restore),
         cmocka_unit_test(test_second_server_refused),

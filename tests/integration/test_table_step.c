@@ -17,9 +17,13 @@
 #include "cluster_proc.h"
 #include "frame.h"
 #include "placement.h"
+#include "slots.h"
 #include "ps_proc.h"
 #include "psclient.h"
 #include "status.h"
+
+/* The placement of the two servers these tests start. */
+static const slot_map cluster2 = {.nslots = SLOTS_DEFAULT, .nservers = 2, .owner = NULL};
 
 #define DIM 4
 #define LR 0.5f
@@ -205,7 +209,7 @@ static void test_step_tables_one_request_per_server(void **state)
     ti[1].table = t2, ti[1].ids = ids, ti[1].n = N, ti[1].grads = g2, ti[1].rows = r2;
     bool both[2] = {false, false};
     for (int i = 0; i < N; i++)
-        both[placement_table_owner("count/t1", ids[i], 2)] = true;
+        both[slots_row_owner(&cluster2, "count/t1", ids[i])] = true;
     assert_true(both[0] && both[1]);
     ps_server_stats a[2], b[2];
     for (int s = 0; s < 2; s++)
@@ -306,7 +310,7 @@ static int raw_table_step(int port, uint64_t client, const raw_titem *it, int dt
 /* An id of `table` owned by server `server`, from `from` up. */
 static int64_t id_on(const char *table, uint32_t server, int64_t from)
 {
-    while (placement_table_owner(table, from, 2) != server)
+    while (slots_row_owner(&cluster2, table, from) != server)
         from++;
     return from;
 }
@@ -415,7 +419,7 @@ static void test_step_table_bad_input(void **state)
         env.client_id = 5;
         env.body.data = body;
         env.body.len = psd__v1__step_request__pack(&req, body);
-        uint32_t owner = placement_owner("bad/dense", 2);
+        uint32_t owner = slots_name_owner(&cluster2, "bad/dense");
         struct {
             float dense[3];
             int64_t id;

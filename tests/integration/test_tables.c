@@ -19,9 +19,13 @@
 #include "frame.h"
 #include "initializer.h"
 #include "placement.h"
+#include "slots.h"
 #include "ps_proc.h"
 #include "psclient.h"
 #include "table_index.h"
+
+/* The placement of the two servers these tests start. */
+static const slot_map cluster2 = {.nslots = SLOTS_DEFAULT, .nservers = 2, .owner = NULL};
 
 #define DIM 4
 #define LR 0.5f
@@ -79,7 +83,7 @@ static void still_serving(void)
     size_t n = 0;
     for (int64_t id = 1000000; n < 64; id++) {
         ids[n++] = id;
-        seen[placement_table_owner("t/sgd", id, 2)] = true;
+        seen[slots_row_owner(&cluster2, "t/sgd", id)] = true;
     }
     assert_true(seen[0] && seen[1]);
     float rows[64 * DIM];
@@ -96,7 +100,7 @@ static void test_sgd_exact_rows(void **state)
     const size_t n = sizeof(ids) / sizeof(ids[0]);
     bool owners[2] = {false, false};
     for (size_t i = 0; i < n; i++)
-        owners[placement_table_owner("t/sgd", ids[i], 2)] = true;
+        owners[slots_row_owner(&cluster2, "t/sgd", ids[i])] = true;
     assert_true(owners[0] && owners[1]);
     float g[sizeof(ids) / sizeof(ids[0]) * DIM];
     for (size_t i = 0; i < n; i++)
@@ -288,7 +292,7 @@ static int raw_table_pull(nng_socket s, const char *name, const int64_t *ids, ui
 /* The first id at or above `from` that server `server` owns in table name. */
 static int64_t id_on(const char *name, int server, int64_t from)
 {
-    while (placement_table_owner(name, from, 2) != (uint32_t)server)
+    while (slots_row_owner(&cluster2, name, from) != (uint32_t)server)
         from++;
     return from;
 }
@@ -394,7 +398,7 @@ static void test_bad_input(void **state)
     nng_msg_free(m);
     ps_var_spec_init(&vs, "dense/v");
     assert_int_equal(ps_var_create(client, &vs, &v), PS_OK);
-    uint32_t owner = placement_owner("dense/v", 2);
+    uint32_t owner = slots_name_owner(&cluster2, "dense/v");
     nng_socket so = test_raw_dial(tc.ports[owner], 10000);
     int64_t did = 3;
     assert_int_equal(raw_table_pull(so, "dense/v", &did, 1, 8, msg, sizeof(msg)), PS_NOT_FOUND);

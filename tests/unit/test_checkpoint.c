@@ -22,7 +22,9 @@
 #include "checkpoint.h"
 #include "ckpt_dir.h"
 #include "log.h"
+#include "placement.h"
 #include "server.h"
+#include "slots.h"
 #include "table.h"
 
 #define NEL 1000
@@ -146,6 +148,25 @@ static void clear_dir(void)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Copies the file from to the file to. */
+static void copy_file(const char *from, const char *to)
+{
+    size_t len = 0;
+    FILE *in = fopen(from, "rb");
+    assert_non_null(in);
+    FILE *out = fopen(to, "wb");
+    assert_non_null(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+        len += n;
+    }
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    assert_true(len > 0);
+}
+
 static void test_round_trip(void **state)
 {
     (void)state;
@@ -181,11 +202,51 @@ static void test_round_trip(void **state)
     assert_int_equal(dedup_begin(back.dedup, 0x1111, 6), DEDUP_NEW);
     state_fini(&back);
 
-    /* another task or cluster size is refused */
-    assert_int_equal(restore(&back, 1, 2, &rinfo), CKPT_NONE); /* task 1 has no files */
+    /* On a cluster of 2, each task restores the variables its slots hold from the file of
+     * the cluster of 1, and every client's window. */
+    const char *names[] = {"a/adam", "a/sgd", "a/adamw"};
+    slot_map m2 = slots_static(SLOTS_DEFAULT, 2);
+    uint32_t held = 0;
+    for (uint32_t t = 0; t < 2; t++) {
+        assert_int_equal(restore(&back, t, 2, &rinfo), CKPT_RESTORED);
+        assert_int_equal(rinfo.from_servers, 1);
+        for (size_t k = 0; k < 3; k++) {
+            variable *x = store_find(st.vars, names[k]), *y = store_find(back.vars, names[k]);
+            if (slots_name_owner(&m2, names[k]) != t) {
+                assert_null(y);
+                continue;
+            }
+            held++;
+            assert_non_null(y);
+            assert_int_equal(y->spec->num_servers, 2);
+            assert_int_equal(atomic_load(&x->version), atomic_load(&y->version));
+            assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+            for (size_t i = 0; i < x->nslots; i++)
+                assert_memory_equal(x->slots[i], y->slots[i], NEL * sizeof(float));
+        }
+        assert_int_equal(dedup_begin(back.dedup, 0x2222, 100), DEDUP_DUPLICATE);
+        assert_int_equal(dedup_begin(back.dedup, 0x1111, 6), DEDUP_NEW);
+        state_fini(&back);
+    }
+    assert_int_equal(held, 3);
+    /* With replicas > 1 that restore is refused, saying what to do. */
+    state_init(&back, 1, 2);
+    checkpoint_config rcfg = config();
+    rcfg.replicas = 2;
+    uint64_t max_seq;
+    char err[1024] = "";
+    assert_int_equal(checkpoint_restore(&back, &rcfg, &rinfo, &max_seq, err, sizeof(err)),
+                     CKPT_REFUSED);
+    assert_non_null(strstr(err, "a restore onto another number of servers needs replicas 1"));
     state_fini(&back);
-    assert_int_equal(restore(&back, 0, 2, &rinfo), CKPT_REFUSED);
+    /* A file of another task under this task's name is refused. */
+    char from[600], to[600];
+    snprintf(from, sizeof(from), "%s/ckpt-0-1.psc", dir);
+    snprintf(to, sizeof(to), "%s/ckpt-1-1.psc", dir);
+    copy_file(from, to);
+    assert_int_equal(restore(&back, 1, 1, &rinfo), CKPT_REFUSED);
     state_fini(&back);
+    unlink(to);
     state_fini(&st);
 }
 
@@ -194,25 +255,6 @@ static long file_size(const char *path)
     struct stat sb;
     assert_int_equal(stat(path, &sb), 0);
     return (long)sb.st_size;
-}
-
-/* Copies the file from to the file to. */
-static void copy_file(const char *from, const char *to)
-{
-    size_t len = 0;
-    FILE *in = fopen(from, "rb");
-    assert_non_null(in);
-    FILE *out = fopen(to, "wb");
-    assert_non_null(out);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), in)) > 0) {
-        assert_int_equal(fwrite(buf, 1, n, out), n);
-        len += n;
-    }
-    fclose(in);
-    assert_int_equal(fclose(out), 0);
-    assert_true(len > 0);
 }
 
 static void flip_byte(const char *path, long off)
@@ -831,6 +873,107 @@ static void test_table_legacy_adam_rows(void **state)
     state_fini(&st);
 }
 
+/* Makes the checkpoint at path a file of a release before slots: no slot record (11), no slot
+ * count in the header, the end record's counts and both CRCs fixed. */
+static void strip_slot_record(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static uint8_t buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    uint32_t type;
+    uint64_t len;
+    memcpy(&type, buf + 64, 4);
+    memcpy(&len, buf + 72, 8);
+    assert_int_equal(type, 11);
+    size_t rec = 16 + (size_t)len + 4;
+    memmove(buf + 64, buf + 64 + rec, n - 64 - rec);
+    n -= rec;
+    memset(buf + 56, 0, 4);
+    uint32_t crc = (uint32_t)crc32(0L, buf, 60);
+    memcpy(buf + 60, &crc, 4);
+    /* The end record: 16 bytes of head, u64 records before it, u64 their payload bytes, CRC. */
+    uint8_t *end = buf + n - 36;
+    uint64_t nrec, total;
+    memcpy(&nrec, end + 16, 8);
+    memcpy(&total, end + 24, 8);
+    nrec--;
+    total -= len;
+    memcpy(end + 16, &nrec, 8);
+    memcpy(end + 24, &total, 8);
+    crc = (uint32_t)crc32(0L, end, 32);
+    memcpy(end + 32, &crc, 4);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Files of a cluster of 3 written before slots (variables placed by hash mod 3) restore onto
+ * the same 3 servers converted: each holds the variables its slots hold now, and every old
+ * task's windows and the clocks' union (each worker's highest clock). */
+static void test_before_slots_converted(void **state)
+{
+    (void)state;
+    clear_dir();
+    enum { NV = 12 };
+    char names[NV][32];
+    server_state st[3];
+    for (uint32_t t = 0; t < 3; t++)
+        state_init(&st[t], t, 3);
+    for (int i = 0; i < NV; i++) {
+        snprintf(names[i], sizeof(names[i]), "old/v%d", i);
+        add_var(&st[placement_hash(names[i]) % 3], names[i], PSD__V1__OPTIMIZER__OPT_ADAM,
+                (float)(i + 1));
+    }
+    checkpoint_info info;
+    for (uint32_t t = 0; t < 3; t++) {
+        assert_int_equal(dedup_begin(st[t].dedup, 0x100 + t, 5), DEDUP_NEW);
+        sync_worker_rec w[2] = {{.id = 0, .clock = 5 + t, .known = true, .live = true},
+                                {.id = 1, .clock = 9 - t, .known = true, .live = true}};
+        sync_import(&st[t], w, 2, 0, SYNC_NO_FRONTIER);
+        write_one(&st[t], 1, &info);
+        strip_slot_record(info.path);
+    }
+    slot_map m3 = slots_static(SLOTS_DEFAULT, 3);
+    int held = 0, moved = 0;
+    for (uint32_t t = 0; t < 3; t++) {
+        server_state back;
+        checkpoint_info rinfo;
+        assert_int_equal(restore(&back, t, 3, &rinfo), CKPT_RESTORED);
+        assert_int_equal(rinfo.from_servers, 3);
+        for (int i = 0; i < NV; i++) {
+            variable *y = store_find(back.vars, names[i]);
+            if (slots_name_owner(&m3, names[i]) != t) {
+                assert_null(y);
+                continue;
+            }
+            held++;
+            moved += placement_hash(names[i]) % 3 != t;
+            variable *x = store_find(st[placement_hash(names[i]) % 3].vars, names[i]);
+            assert_non_null(y);
+            assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+            for (size_t k = 0; k < x->nslots; k++)
+                assert_memory_equal(x->slots[k], y->slots[k], NEL * sizeof(float));
+        }
+        for (uint32_t c = 0; c < 3; c++)
+            assert_int_equal(dedup_begin(back.dedup, 0x100 + c, 5), DEDUP_DUPLICATE);
+        size_t nw = 0;
+        int64_t amin, frontier;
+        sync_worker_rec *w = sync_export(&back, &nw, &amin, &frontier);
+        assert_int_equal(nw, 2);
+        for (size_t k = 0; k < nw; k++)
+            assert_int_equal(w[k].clock, w[k].id == 0 ? 7 : 9);
+        free(w);
+        state_fini(&back);
+    }
+    assert_int_equal(held, NV);
+    assert_true(moved > 0); /* the test means something: some variables changed server */
+    for (uint32_t t = 0; t < 3; t++)
+        state_fini(&st[t]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -844,6 +987,7 @@ int main(void)
         cmocka_unit_test(test_table_legacy_adam_rows),
         cmocka_unit_test(test_lock_and_record),
         cmocka_unit_test(test_restore_verdict),
+        cmocka_unit_test(test_before_slots_converted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

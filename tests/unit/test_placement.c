@@ -1,4 +1,4 @@
-/* Placement: a pure, stable function every client computes alike. */
+/* Placement and slots: pure, stable functions every client computes alike. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +8,13 @@
 #include <stdio.h>
 
 #include "placement.h"
+#include "slots.h"
+
+/* The static map of n servers over the default slots. */
+static slot_map map_of(uint32_t n)
+{
+    return slots_static(SLOTS_DEFAULT, n);
+}
 
 static void test_hash_is_stable(void **state)
 {
@@ -16,8 +23,15 @@ static void test_hash_is_stable(void **state)
     assert_true(placement_hash("") == 0xcbf29ce484222325ull);
     assert_true(placement_hash("a") == 0xaf63dc4c8601ec8cull);
     assert_true(placement_hash("foobar") == 0x85944171f73967e8ull);
-    assert_int_equal(placement_owner("foobar", 1), 0);
-    assert_int_equal(placement_owner("foobar", 3), (uint32_t)(0x85944171f73967e8ull % 3));
+    /* Slot: the hash's low 12 bits; owner under the static map: slot % N. */
+    assert_int_equal(slots_of_name("foobar", SLOTS_DEFAULT), 0x7e8);
+    assert_int_equal(slots_of_name("", SLOTS_DEFAULT), 805);
+    assert_int_equal(slots_of_name("a", SLOTS_DEFAULT), 3212);
+    assert_int_equal(slots_name_owner(&(slot_map){SLOTS_DEFAULT, 1, NULL}, "foobar"), 0);
+    slot_map m3 = map_of(3), m7 = map_of(7);
+    assert_int_equal(slots_name_owner(&m3, "foobar"), 2024 % 3);
+    assert_int_equal(slots_name_owner(&m7, "a"), 3212 % 7);
+    assert_int_equal(slots_name_owner(&m7, "layer0/weights"), 4);
 }
 
 static void test_owners_spread(void **state)
@@ -27,7 +41,7 @@ static void test_owners_spread(void **state)
     char name[32];
     for (int i = 0; i < 4000; i++) {
         snprintf(name, sizeof(name), "layer%d/weights", i);
-        count[placement_owner(name, 4)]++;
+        count[slots_name_owner(&(slot_map){SLOTS_DEFAULT, 4, NULL}, name)]++;
     }
     for (int s = 0; s < 4; s++)
         assert_in_range(count[s], 800, 1200);
@@ -77,15 +91,27 @@ static void test_table_hash_known_answers(void **state)
     assert_true(placement_table_hash("user_id", 123456789) == 0x1e926616d0069ab1ull);
     assert_true(placement_table_hash("", INT64_MAX) == 0x63682f260ef188e1ull);
     assert_true(placement_table_hash("emb", INT64_MIN) == 0xb3ca82681226397dull);
-    assert_int_equal(placement_table_owner("emb", 1, 7), 5);
-    assert_int_equal(placement_table_owner("user_id", 123456789, 7), 3);
-    assert_int_equal(placement_table_owner("emb", INT64_MIN, 7), 4);
-    assert_int_equal(placement_table_owner("emb", 1, 1), 0);
-    assert_int_equal(placement_table_owner("emb", 1, 0), 0);
+    /* Slots (the hash's low 12 bits) and owners under the static map (slot % N), as
+     * proto/README.md prints them. */
+    assert_int_equal(slots_of_row("emb", 0, SLOTS_DEFAULT), 2681);
+    assert_int_equal(slots_of_row("emb", 1, SLOTS_DEFAULT), 3135);
+    assert_int_equal(slots_of_row("emb", -1, SLOTS_DEFAULT), 2347);
+    assert_int_equal(slots_of_row("user_id", 123456789, SLOTS_DEFAULT), 2737);
+    assert_int_equal(slots_of_row("", INT64_MAX, SLOTS_DEFAULT), 2273);
+    assert_int_equal(slots_of_row("emb", INT64_MIN, SLOTS_DEFAULT), 2429);
+    slot_map m7 = map_of(7), m3 = map_of(3), m1 = map_of(1), m0 = map_of(0);
+    assert_int_equal(slots_row_owner(&m7, "emb", 1), 6);
+    assert_int_equal(slots_row_owner(&m7, "user_id", 123456789), 0);
+    assert_int_equal(slots_row_owner(&m7, "emb", INT64_MIN), 0);
+    assert_int_equal(slots_row_owner(&m3, "emb", 0), 2);
+    assert_int_equal(slots_row_owner(&m3, "", INT64_MAX), 2);
+    assert_int_equal(slots_row_owner(&m1, "emb", 1), 0);
+    assert_int_equal(slots_row_owner(&m0, "emb", 1), 0);
     /* The name matters: the same id of two tables lands apart somewhere. */
+    slot_map m16 = map_of(16);
     int differ = 0;
     for (int64_t id = 0; id < 64; id++)
-        differ += placement_table_owner("a", id, 16) != placement_table_owner("b", id, 16);
+        differ += slots_row_owner(&m16, "a", id) != slots_row_owner(&m16, "b", id);
     assert_true(differ > 32);
 }
 
@@ -97,9 +123,10 @@ static void test_table_rows_balance(void **state)
     enum { ROWS = 200000 };
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
         uint32_t n = sizes[k], count[16] = {0};
+        slot_map m = map_of(n);
         for (int64_t i = 0; i < ROWS; i++) {
             int64_t id = (i % 3 == 0) ? i : (i % 3 == 1) ? -i * 4096 : i << 32;
-            count[placement_table_owner("clicks/ad_id", id, n)]++;
+            count[slots_row_owner(&m, "clicks/ad_id", id)]++;
         }
         double fair = (double)ROWS / n;
         for (uint32_t s = 0; s < n; s++) {
@@ -112,6 +139,39 @@ static void test_table_rows_balance(void **state)
     }
 }
 
+/* The static map: slot s -> s % N; with N a power of two it gives every row and variable the
+ * server hash % N gave before slots (old checkpoints and clients of such clusters agree). An
+ * explicit owner table overrides it slot by slot. */
+static void test_slot_map(void **state)
+{
+    (void)state;
+    assert_true(slots_count_valid(4096) && slots_count_valid(1) && slots_count_valid(1u << 24));
+    assert_false(slots_count_valid(0) || slots_count_valid(3000) || slots_count_valid(1u << 25));
+    const uint32_t pow2[] = {1, 2, 4, 8};
+    char name[32];
+    for (size_t k = 0; k < 4; k++) {
+        slot_map m = map_of(pow2[k]);
+        for (int64_t id = -500; id < 500; id++)
+            assert_int_equal(slots_row_owner(&m, "emb", id),
+                             placement_table_hash("emb", id) % pow2[k]);
+        for (int i = 0; i < 500; i++) {
+            snprintf(name, sizeof(name), "v%d", i);
+            assert_int_equal(slots_name_owner(&m, name), placement_hash(name) % pow2[k]);
+        }
+    }
+    static uint32_t owner[SLOTS_DEFAULT];
+    for (uint32_t s = 0; s < SLOTS_DEFAULT; s++)
+        owner[s] = s % 3;
+    owner[2681] = 1; /* slot of ("emb", 0), moved from 2 to 1 */
+    slot_map moved = {.nslots = SLOTS_DEFAULT, .nservers = 3, .owner = owner};
+    slot_map m3 = map_of(3);
+    assert_int_equal(slots_row_owner(&m3, "emb", 0), 2);
+    assert_int_equal(slots_row_owner(&moved, "emb", 0), 1);
+    for (int64_t id = 1; id < 1000; id++)
+        if (slots_of_row("emb", id, SLOTS_DEFAULT) != 2681)
+            assert_int_equal(slots_row_owner(&moved, "emb", id), slots_row_owner(&m3, "emb", id));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -121,6 +181,7 @@ int main(void)
         cmocka_unit_test(test_ranges_cover_exactly),
         cmocka_unit_test(test_table_hash_known_answers),
         cmocka_unit_test(test_table_rows_balance),
+        cmocka_unit_test(test_slot_map),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

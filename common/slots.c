@@ -1,0 +1,43 @@
+/* Slots (slots.h): the slot of a name or a table row, and the slot map's owners. */
+#include "slots.h"
+
+#include "placement.h"
+
+slot_map slots_static(uint32_t nslots, uint32_t nservers)
+{
+    return (slot_map){.nslots = nslots, .nservers = nservers, .owner = NULL};
+}
+
+bool slots_count_valid(uint64_t n)
+{
+    return n >= 1 && n <= (1u << 24) && (n & (n - 1)) == 0;
+}
+
+uint32_t slots_of_name(const char *name, uint32_t nslots)
+{
+    return slots_of_hash(placement_hash(name), nslots);
+}
+
+uint32_t slots_of_row(const char *table, int64_t id, uint32_t nslots)
+{
+    return slots_of_hash(placement_table_hash(table, id), nslots);
+}
+
+uint32_t slots_owner(const slot_map *m, uint32_t slot)
+{
+    if (m->nservers == 0)
+        return 0;
+    if (m->owner)
+        return m->owner[slot & (m->nslots - 1)];
+    return slot % m->nservers;
+}
+
+uint32_t slots_name_owner(const slot_map *m, const char *name)
+{
+    return slots_owner(m, slots_of_name(name, m->nslots));
+}
+
+uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id)
+{
+    return slots_owner(m, slots_of_row(table, id, m->nslots));
+}

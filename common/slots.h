@@ -1,0 +1,58 @@
+/* Slots: the fixed set of buckets that placement maps names and table rows into, and the map
+ * that says which server task holds each slot (docs/design.md, "Slots"; proto/README.md,
+ * "Placement" gives the functions exactly, for clients outside this code base).
+ *
+ * A cluster has SLOTS_DEFAULT slots for its whole life (a power of two, recorded in
+ * checkpoints). A variable that is not split lives in slot placement_hash(name) & (S-1); row
+ * `id` of a sparse table in slot placement_table_hash(table, id) & (S-1). The slot map gives
+ * each slot's server task; for a static cluster spec of N servers it is slot s -> s % N
+ * (slots_static). Every owner computation of the client and the server goes through here.
+ * Pure functions, no state: thread-safe. */
+#ifndef PSD_COMMON_SLOTS_H
+#define PSD_COMMON_SLOTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Slots of a cluster: 4096, a power of two, fixed for the life of a cluster. */
+#define SLOTS_DEFAULT 4096u
+
+/* Which server task holds each slot. A map made by slots_static (owner NULL) is the static
+ * map of a cluster spec of nservers servers: slot s -> s % nservers. A map with an owner
+ * table (nslots entries, each < nservers) is an explicit one: the form a map published by a
+ * cluster view takes once slots move. */
+typedef struct slot_map {
+    uint32_t nslots;   /* a power of two */
+    uint32_t nservers; /* server tasks; 0: an empty map (every slot's owner is 0) */
+    const uint32_t *owner;
+} slot_map;
+
+/* The static map of a cluster of nservers servers over nslots slots (a power of two). */
+slot_map slots_static(uint32_t nslots, uint32_t nservers);
+
+/* True if n is a usable slot count: a power of two from 1 to 2^24. */
+bool slots_count_valid(uint64_t n);
+
+/* Slot of a 64-bit placement hash: h & (nslots - 1). */
+static inline uint32_t slots_of_hash(uint64_t h, uint32_t nslots)
+{
+    return (uint32_t)(h & (uint64_t)(nslots - 1));
+}
+
+/* Slot of a variable that is not split: placement_hash(name) & (nslots - 1). */
+uint32_t slots_of_name(const char *name, uint32_t nslots);
+
+/* Slot of row `id` of the sparse table `table`: placement_table_hash(table, id) & (nslots-1). */
+uint32_t slots_of_row(const char *table, int64_t id, uint32_t nslots);
+
+/* Server task holding slot `slot` under m. */
+uint32_t slots_owner(const slot_map *m, uint32_t slot);
+
+/* Server task holding the variable `name` (not split) under m. */
+uint32_t slots_name_owner(const slot_map *m, const char *name);
+
+/* Server task holding row `id` of the sparse table `table` under m. Every table spans every
+ * server. */
+uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id);
+
+#endif
