@@ -43,6 +43,14 @@ static void collect_state(metrics_out *out, server_state *st)
     metrics_emit_one(out, "psd_server_duplicates_dropped_total", METRIC_COUNTER,
                      "Retried pushes recognised and not applied again.",
                      (double)atomic_load(&st->duplicates_dropped));
+    slot_map map = server_slots(st);
+    uint32_t owned = 0;
+    for (uint32_t s = 0; s < map.nslots; s++)
+        owned += slots_owner(&map, s) == st->task_index;
+    metrics_emit_one(out, "psd_slots_owned", METRIC_GAUGE,
+                     "Slots of the slot map this server holds (whole variables and table rows "
+                     "placed in them).",
+                     (double)owned);
     metrics_emit_one(out, "psd_server_memory_bytes", METRIC_GAUGE,
                      "Bytes held by every variable (parameters, optimizer slots).",
                      (double)store_bytes(st->vars));

@@ -63,7 +63,8 @@ wait_log() { # file text seconds
 p0=$(port); p1=$(port); p2=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"
 check psctl-slots-none 1 "no slot map under" "$psctl" --cluster "$spec" --coordinator "$coord" slots
-"$bin" --cluster "$spec" --task ps:0 --coordinator "$coord" 2>"$tmp/ps0.log" &
+h0=$(port); h2=$(port)
+"$bin" --cluster "$spec" --task ps:0 --coordinator "$coord" --http-listen 127.0.0.1:$h0 2>"$tmp/ps0.log" &
 pids+=($!)
 "$bin" --cluster "$spec" --task ps:1 --coordinator "$coord" 2>"$tmp/ps1.log" &
 pids+=($!)
@@ -82,7 +83,7 @@ else
 fi
 
 # A server joins: appended to the map, owning nothing.
-"$bin" --cluster "$spec" --join --listen "tcp://127.0.0.1:$p2" --coordinator "$coord" 2>"$tmp/ps2.log" &
+"$bin" --cluster "$spec" --join --listen "tcp://127.0.0.1:$p2" --coordinator "$coord" --http-listen 127.0.0.1:$h2 2>"$tmp/ps2.log" &
 pid2=$!; pids+=($pid2)
 if wait_log "$tmp/ps2.log" "serving on" 15 && grep -q "registered 127.0.0.1:$p2 as server 2 of the slot map (version 2)" "$tmp/ps2.log"; then
   echo "ok   join registers"
@@ -99,6 +100,12 @@ assert [s["task"] for s in m["servers"]] == [0, 1, 2], m
 assert m["servers"][2]["address"] == "127.0.0.1:'$p2'" and m["servers"][2]["joined"], m
 assert m["moves"] == [] and m["split_servers"] == 2, m
  ' "$map"; then echo "ok   psctl slots --json"; else echo "FAIL psctl slots --json: $map"; fail=1; fi
+metric() { /usr/bin/python3 -c 'import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$1/metrics" | grep "^$2 "; }
+if [ "$(metric $h0 psd_slots_owned)" = "psd_slots_owned 2048" ] && [ "$(metric $h2 psd_slots_owned)" = "psd_slots_owned 0" ]; then
+  echo "ok   psd_slots_owned"
+else
+  echo "FAIL psd_slots_owned: $(metric $h0 psd_slots_owned) / $(metric $h2 psd_slots_owned)"; fail=1
+fi
 # A restart of the joined server finds itself in the map: same index, no new version.
 kill -9 $pid2; wait $pid2 2>/dev/null
 "$bin" --cluster "$spec" --join --listen "tcp://127.0.0.1:$p2" --coordinator "$coord" 2>"$tmp/ps2b.log" &
