@@ -115,8 +115,8 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
 
 /* Sets c->slots (client_slots.c): the map the servers published in the coordinator when one
  * is set (replicas 1), else the static map of cl. Returns PS_OK, or a status with
- * ps_last_error set (the coordinator did not answer, another cluster's map, a map that gives
- * slots to a server outside cl). */
+ * ps_last_error set (another cluster's map, a malformed one, a map that gives slots to a
+ * server outside cl); a coordinator that does not answer leaves the static map (logged). */
 int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
 
 /* Sets this thread's ps_last_error and returns status. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "log.h"
 #include "status.h"
 #include "view_etcd.h"
 
@@ -28,11 +29,18 @@ int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl)
         return client_fail(PS_INVALID_ARGUMENT, "%s", err);
     int rc = slots_etcd_read(e, prefix, &c->slots_rec, NULL, err, sizeof(err));
     etcd_client_destroy(e);
-    if (rc == ETCD_ENOTFOUND) /* no server started yet: theirs will be the static map */
+    if (rc == ETCD_ENOTFOUND) /* no server started yet, or replicas > 1: the static map */
         return 0;
-    if (rc != 0)
-        return client_fail(rc == ETCD_EUNREACHABLE ? PS_UNAVAILABLE : PS_FAILED_PRECONDITION,
-                           "cannot read the slot map from the coordinator: %s", err);
+    if (rc == SLOTS_EMALFORMED)
+        return client_fail(PS_FAILED_PRECONDITION, "%s", err);
+    if (rc != 0) {
+        /* etcd down: the static map. The servers check every owner, so a request placed by it
+         * for a slot that moved is refused, never applied on the wrong server. */
+        log_warn("cannot read the slot map from the coordinator (%s): placing by the static map "
+                 "of the cluster spec",
+                 err);
+        return 0;
+    }
     bool same = c->slots_rec.nslots == SLOTS_DEFAULT && c->slots_rec.base == cl->n_ps;
     for (size_t i = 0; same && i < cl->n_ps; i++)
         same = strcmp(c->slots_rec.addr[i], cl->ps[i]) == 0;

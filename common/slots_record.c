@@ -272,9 +272,10 @@ int slots_etcd_read(etcd_client *c, const char *prefix, slots_record *r, int64_t
     if (rc != 0)
         return rc;
     char perr[512];
-    rc = slots_record_from_json(text, r, perr, sizeof(perr));
-    if (rc != 0)
+    if (slots_record_from_json(text, r, perr, sizeof(perr)) != 0) {
         errf(err, errlen, "%s in etcd %s: %s", key, etcd_client_endpoint(c), perr);
+        rc = SLOTS_EMALFORMED;
+    }
     free(text);
     return rc;
 }

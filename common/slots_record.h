@@ -63,8 +63,12 @@ char *slots_record_to_json(const slots_record *r);
  * ETCD_EFAILED with what is wrong in err. */
 int slots_record_from_json(const char *text, slots_record *r, char *err, size_t errlen);
 
+/* slots_etcd_read: the key holds something that is not a slot map. */
+#define SLOTS_EMALFORMED (-16)
+
 /* Reads PREFIX/slots into *r (free it) and its mod revision into *mod_rev (may be NULL).
- * ETCD_ENOTFOUND when no map was published; ETCD_EFAILED when the text is not a map. */
+ * ETCD_ENOTFOUND when no map was published; SLOTS_EMALFORMED when the text is not a map;
+ * another ETCD_E* code when etcd did not answer or answered an error. */
 int slots_etcd_read(etcd_client *c, const char *prefix, slots_record *r, int64_t *mod_rev,
                     char *err, size_t errlen);
 /* Publishes *r as PREFIX/slots if its mod revision is still expect_mod_rev (0: none yet);

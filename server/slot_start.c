@@ -40,7 +40,7 @@ static int attempt(const slot_start_config *cfg, etcd_client *c, const char *pre
     const cluster_spec *cl = cfg->cl;
     int64_t rev = 0;
     int rc = slots_etcd_read(c, prefix, rec, &rev, err, errlen);
-    if (rc == ETCD_EFAILED)
+    if (rc == SLOTS_EMALFORMED)
         return PROGRAM_EXIT_CONFIG;
     if (rc == ETCD_ENOTFOUND && cfg->join_addr)
         return errf(err, errlen,
@@ -129,6 +129,7 @@ int slot_start(const slot_start_config *cfg, slots_record *rec, uint32_t *self, 
             break;
         if (rc == ETCD_ECONFLICT) /* another server changed the map: read it again */
             continue;
+        /* Unreachable, or an error of etcd (no leader yet while it starts): wait and retry. */
         if (waited_ms >= cfg->wait_ms) {
             char why[1024];
             snprintf(why, sizeof(why), "%s", err);

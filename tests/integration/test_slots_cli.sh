@@ -3,7 +3,8 @@
 # static map of the spec, read by the others and by clients; `psctl slots` (text and JSON);
 # `ps-server --join` registers a new server owning no slot (again at a restart: same index);
 # the join's usage errors exit 2 with a message naming the problem; a map of another cluster or
-# of another slot count is refused at start. Skipped (77) without etcd.
+# of another slot count, or a malformed one, is refused at start; a client opens on the static
+# map while etcd is down. Skipped (77) without etcd.
 # Usage: test_slots_cli.sh PS_SERVER PSCTL PSCTL_PUSH
 set -u
 bin=$1 psctl=$2 push=$3
@@ -49,7 +50,7 @@ shm=$tmp
   --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
   --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
   --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd.log" 2>&1 &
-pids+=($!)
+etcd_pid=$!; pids+=($etcd_pid)
 coord="http://127.0.0.1:$cp"
 for _ in $(seq 100); do
   /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
@@ -133,6 +134,16 @@ import base64, json, sys, urllib.request
 v = json.dumps({"version": 1, "slots": 1024, "base": 1, "servers": ["127.0.0.1:9"], "moved": []})
 b = lambda s: base64.b64encode(s.encode()).decode()
 urllib.request.urlopen(sys.argv[1] + "/v3/kv/put", json.dumps({"key": b("/other/slots"), "value": b(v)}).encode(), timeout=5)
+urllib.request.urlopen(sys.argv[1] + "/v3/kv/put", json.dumps({"key": b("/bad/slots"), "value": b("{\"version\":1}")}).encode(), timeout=5)
 PY
+check malformed-map 2 "/bad/slots in etcd .*is missing or not a power of two" "$bin" --cluster '{"ps":["127.0.0.1:9"]}' --task ps:0 --coordinator "$coord" --coordinator-prefix /bad
 check other-slot-count 2 "the slot count differs between servers" "$bin" --cluster '{"ps":["127.0.0.1:9"]}' --task ps:0 --coordinator "$coord" --coordinator-prefix /other
+# etcd down: a client opens on the static map (the servers check every owner) and says so.
+kill -9 $etcd_pid
+if TF_CONFIG="{\"cluster\":$spec}" PS_COORDINATOR="$coord" "$push" v3 >"$tmp/push3.log" 2>&1 &&
+   grep -q "placing by the static map" "$tmp/push3.log"; then
+  echo "ok   client with etcd down"
+else
+  echo "FAIL client with etcd down: $(cat "$tmp/push3.log")"; fail=1
+fi
 exit $fail
