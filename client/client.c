@@ -187,7 +187,6 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
     c->nservers = (int)cl.n_ps;
-    c->slots = slots_static(SLOTS_DEFAULT, (uint32_t)cl.n_ps);
     c->servers = calloc(cl.n_ps, sizeof(*c->servers));
     c->route = calloc(cl.n_ps, sizeof(*c->route));
     c->next_seq = calloc(cl.n_ps, sizeof(*c->next_seq));
@@ -209,6 +208,13 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     }
     c->heartbeat_ms = (uint32_t)opt_int(o, OPT_HEARTBEAT_MS);
     c->replicated = opt_int(o, OPT_REPLICAS) > 1;
+    int slots_rc = client_slots_load(c, o, &cl);
+    if (slots_rc != PS_OK) {
+        cluster_fini(&cl);
+        ps_config_destroy(own);
+        ps_client_close(c);
+        return slots_rc;
+    }
     bool heartbeats = c->worker_id >= 0 && c->heartbeat_ms > 0;
     if (heartbeats) {
         c->hb_conns = calloc(cl.n_ps, sizeof(*c->hb_conns));
@@ -307,6 +313,7 @@ void ps_client_close(ps_client *c)
     for (int i = 0; c->servers && i < c->nservers; i++)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
     free(c->servers);
+    slots_record_free(&c->slots_rec);
     free(c->route);
     free(c->next_seq);
     for (int i = 0; c->hb && i < c->nservers; i++)

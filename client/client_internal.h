@@ -5,11 +5,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "cluster.h"
 #include "frame.h"
 #include "options.h"
 #include "psclient.h"
 #include "rpc_client.h"
-#include "slots.h"
+#include "slots_record.h"
 
 /* What one server acknowledged of one variable's pushes: the updates a restart of that server
  * lost are those acknowledged above the version it restored. */
@@ -52,7 +53,10 @@ typedef struct client_hb {
 
 struct ps_client {
     int nservers;
-    slot_map slots; /* who holds each slot: the static map of the cluster spec */
+    /* Who holds each slot (client_slots_load): the static map of the cluster spec, or the
+     * map published in the coordinator (slots_rec, which it points into). */
+    slot_map slots;
+    slots_record slots_rec;
     rpc_conn **servers;
     rpc_call_opts call;
     uint64_t chunk_elems;
@@ -108,6 +112,12 @@ int client_call(ps_client *c, int server, const rpc_call_opts *o, rpc_build_fn b
 /* The same on conns (one per server, as c->servers: the heartbeat connections). */
 int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                    rpc_build_fn build, rpc_done_fn done, void *arg);
+
+/* Sets c->slots (client_slots.c): the map the servers published in the coordinator when one
+ * is set (replicas 1), else the static map of cl. Returns PS_OK, or a status with
+ * ps_last_error set (another cluster's map, a malformed one, a map that gives slots to a
+ * server outside cl); a coordinator that does not answer leaves the static map (logged). */
+int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -21,6 +21,7 @@
 #include "options.h"
 #include "program.h"
 #include "psclient.h"
+#include "psctl_slots.h"
 #include "psctl_view.h"
 
 #define EXIT_RUNTIME 1
@@ -45,6 +46,9 @@ static const char usage_text[] =
     "                     members is live is served by SERVER, a live member, from the copy\n"
     "                     it holds; updates only the missing members held are given up\n"
     "                     (waits up to 30 s for the view)\n"
+    "  slots              clusters with a coordinator: the slot map in etcd: each server's\n"
+    "                     address and slots owned (servers that joined included), moves\n"
+    "                     in progress\n"
     "Flags of psctl itself: --json (one JSON object per command, one line per top refresh),\n"
     "--iterations N (top: stop after N refreshes).";
 
@@ -809,9 +813,10 @@ int main(int argc, char **argv)
     int nargs_cmd = p.npositional - 1;
     if (cmd == NULL)
         rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top, view, "
-                         "force-primary)");
+                         "force-primary, slots)");
     else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "checkpoint") == 0 ||
-             strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0 || strcmp(cmd, "view") == 0) {
+             strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0 || strcmp(cmd, "view") == 0 ||
+             strcmp(cmd, "slots") == 0) {
         if (nargs_cmd != 0)
             rc = usage_error("this command takes no arguments");
     } else if (strcmp(cmd, "vars") == 0) {
@@ -832,11 +837,13 @@ int main(int argc, char **argv)
         rc = usage_error("--iterations applies to top only");
 
     ps_client *c = NULL;
-    if (rc == 0 && (strcmp(cmd, "view") == 0 || strcmp(cmd, "force-primary") == 0)) {
+    if (rc == 0 && (strcmp(cmd, "view") == 0 || strcmp(cmd, "force-primary") == 0 ||
+                    strcmp(cmd, "slots") == 0)) {
         /* From etcd, not from the servers. */
-        rc = strcmp(cmd, "view") == 0 ? psctl_view(p.opts, &p.cluster, json_out)
-                                      : psctl_force_primary(p.opts, &p.cluster, p.positional[1],
-                                                            p.positional[2], 30000, json_out);
+        rc = strcmp(cmd, "view") == 0    ? psctl_view(p.opts, &p.cluster, json_out)
+             : strcmp(cmd, "slots") == 0 ? psctl_slots(p.opts, &p.cluster, json_out)
+                                         : psctl_force_primary(p.opts, &p.cluster, p.positional[1],
+                                                               p.positional[2], 30000, json_out);
         program_end(&p);
         free(args);
         return rc;

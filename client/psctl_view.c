@@ -24,17 +24,15 @@ static void json_str(const char *s)
     putchar('"');
 }
 
-/* Connects to the cluster's coordinator: *c and its prefix. Returns 0, or 2 with a message on
- * stderr (what: the command). */
-static int coordinator_open(const options *o, const cluster_spec *cl, const char *what,
-                            etcd_client **c, char *prefix, size_t cap)
+int psctl_coordinator_open(const options *o, const cluster_spec *cl, const char *what,
+                           etcd_client **c, char *prefix, size_t cap)
 {
     const char *eps = opt_str(o, OPT_COORDINATOR);
     if (eps == NULL || eps[0] == '\0') {
         fprintf(stderr,
                 "psctl: %s: set coordinator to the etcd endpoints of the cluster "
-                "(e.g. --coordinator http://127.0.0.1:2379): the view lives there\n",
-                what);
+                "(e.g. --coordinator http://127.0.0.1:2379): the %s lives there\n",
+                what, strcmp(what, "slots") == 0 ? "slot map" : "view");
         return 2;
     }
     const char *pfx = opt_str(o, OPT_COORDINATOR_PREFIX);
@@ -77,7 +75,7 @@ int psctl_view(const options *o, const cluster_spec *cl, bool json)
 {
     char prefix[512], err[2048];
     etcd_client *c;
-    int rc = coordinator_open(o, cl, "view", &c, prefix, sizeof(prefix));
+    int rc = psctl_coordinator_open(o, cl, "view", &c, prefix, sizeof(prefix));
     if (rc != 0)
         return rc;
     static view_record r;
@@ -198,7 +196,7 @@ int psctl_force_primary(const options *o, const cluster_spec *cl, const char *gr
     }
     char prefix[512], err[2048];
     etcd_client *c;
-    int rc = coordinator_open(o, cl, "force-primary", &c, prefix, sizeof(prefix));
+    int rc = psctl_coordinator_open(o, cl, "force-primary", &c, prefix, sizeof(prefix));
     if (rc != 0)
         return rc;
     static view_record r;

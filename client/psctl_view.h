@@ -1,4 +1,5 @@
-/* psctl view: the view of a replicated cluster, read from its coordinator (etcd). */
+/* psctl view: the view of a replicated cluster, read from its coordinator (etcd); the
+ * coordinator's connection, which psctl slots uses too. */
 #ifndef PSD_CLIENT_PSCTL_VIEW_H
 #define PSD_CLIENT_PSCTL_VIEW_H
 
@@ -6,6 +7,13 @@
 
 #include "cluster.h"
 #include "options.h"
+#include "view_etcd.h"
+
+/* Connects to the cluster's coordinator: *c and its prefix (coordinator-prefix, else the
+ * cluster's default, without a trailing '/'). Returns 0, or 2 with a message on stderr naming
+ * the command `what` (coordinator not set or malformed). */
+int psctl_coordinator_open(const options *o, const cluster_spec *cl, const char *what,
+                           etcd_client **c, char *prefix, size_t cap);
 
 /* Reads PREFIX/view and PREFIX/servers/ from the etcd of `coordinator` (prefix:
  * coordinator-prefix, else the cluster's default) and prints the epoch, each group's primary

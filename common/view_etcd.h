@@ -16,6 +16,7 @@
  *     P/view         the view as JSON (view_to_json), changed only by compare-and-swap on its
  *                    mod revision
  *     P/servers/<i>  ps task i's URL, put under that server's lease: present while it lives
+ * (P/slots, the slot map of a cluster with replicas 1, is slots_record.h's.)
  */
 #ifndef PSD_COMMON_VIEW_ETCD_H
 #define PSD_COMMON_VIEW_ETCD_H

@@ -24,6 +24,7 @@
 #include "program.h"
 #include "replica.h"
 #include "server.h"
+#include "slot_start.h"
 #include "table_bsp.h"
 #include "table_status.h"
 #include "timeutil.h"
@@ -42,6 +43,14 @@ static void collect_state(metrics_out *out, server_state *st)
     metrics_emit_one(out, "psd_server_duplicates_dropped_total", METRIC_COUNTER,
                      "Retried pushes recognised and not applied again.",
                      (double)atomic_load(&st->duplicates_dropped));
+    slot_map map = server_slots(st);
+    uint32_t owned = 0;
+    for (uint32_t s = 0; s < map.nslots; s++)
+        owned += slots_owner(&map, s) == st->task_index;
+    metrics_emit_one(out, "psd_slots_owned", METRIC_GAUGE,
+                     "Slots of the slot map this server holds (whole variables and table rows "
+                     "placed in them).",
+                     (double)owned);
     metrics_emit_one(out, "psd_server_memory_bytes", METRIC_GAUGE,
                      "Bytes held by every variable (parameters, optimizer slots).",
                      (double)store_bytes(st->vars));
@@ -192,14 +201,26 @@ int main(int argc, char **argv)
     if (exit_now)
         return rc;
     const cluster_spec *cl = &prog.cluster;
-    if (strcmp(cl->task_type, "ps") != 0) {
+    /* join: a new server of a running cluster, whose spec names the existing servers and no
+     * task; its index is its place in the published slot map (slot_start). */
+    bool join = opt_bool(prog.opts, OPT_JOIN);
+    const char *listen = opt_str(prog.opts, OPT_LISTEN);
+    if (join && (cl->task_type[0] != '\0' || listen == NULL || listen[0] == '\0')) {
+        log_error("join: %s", cl->task_type[0] != '\0'
+                                  ? "a joining server has no task in the cluster spec (its spec "
+                                    "names the existing servers; drop task/--task)"
+                                  : "set listen to this server's own address, e.g. --listen "
+                                    "tcp://10.0.0.3:2222 (it registers there)");
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    if (!join && strcmp(cl->task_type, "ps") != 0) {
         log_error("task is \"%s:%d\" but ps-server serves a ps task (set task.type to \"ps\")",
                   cl->task_type[0] ? cl->task_type : "(none)", cl->task_index);
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
     char plain[300], url[310];
-    const char *listen = opt_str(prog.opts, OPT_LISTEN);
     rpc_tls tls = {
         .ca = opt_str(prog.opts, OPT_TLS_CA),
         .cert = opt_str(prog.opts, OPT_TLS_CERT),
@@ -262,6 +283,53 @@ int main(int argc, char **argv)
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
+    if (join && (coordinator == NULL || coordinator[0] == '\0' || n_replicas > 1 ||
+                 opt_str(prog.opts, OPT_CHECKPOINT_DIR)[0] != '\0')) {
+        log_error("join: %s",
+                  n_replicas > 1 ? "replicas > 1 cannot grow yet: moving slots needs replicas 1 "
+                                   "(a replica group's slots would move with its log, which is "
+                                   "not done)"
+                  : coordinator == NULL || coordinator[0] == '\0'
+                      ? "set coordinator to the etcd endpoints of the cluster (its slot map "
+                        "lives there), e.g. --coordinator http://127.0.0.1:2379"
+                      : "checkpoint-dir is not supported on a joined server yet (it holds no "
+                        "slot until one moves to it)");
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    /* With a coordinator (replicas 1) the slot map is the one published in etcd: read, made by
+     * the first server, or joined. Replicated clusters keep the static map. */
+    static slots_record slot_rec;
+    uint32_t self = join ? 0 : (uint32_t)cl->task_index;
+    if (n_replicas == 1 && coordinator != NULL && coordinator[0] != '\0') {
+        char join_addr[SLOTS_ADDR_MAX], serr[2048];
+        if (join &&
+            slot_join_address(listen, join_addr, sizeof(join_addr), serr, sizeof(serr)) != 0) {
+            log_error("%s", serr);
+            program_end(&prog);
+            return PROGRAM_EXIT_CONFIG;
+        }
+        slot_start_config sc = {
+            .endpoints = coordinator,
+            .prefix = opt_str(prog.opts, OPT_COORDINATOR_PREFIX),
+            .cl = cl,
+            .join_addr = join ? join_addr : NULL,
+            .wait_ms = 30000,
+        };
+        int src = slot_start(&sc, &slot_rec, &self, serr, sizeof(serr));
+        if (src != 0) {
+            log_error("%s", serr);
+            program_end(&prog);
+            return src;
+        }
+        if (join) { /* log lines name its index from now on */
+            log_level lvl = LOG_INFO;
+            log_format fmt = LOG_FORMAT_AUTO;
+            log_level_parse(opt_enum(prog.opts, OPT_LOG_LEVEL), &lvl);
+            log_format_parse(opt_enum(prog.opts, OPT_LOG_FORMAT), &fmt);
+            log_init("ps", (int)self, lvl, fmt);
+        }
+    }
     if (n_replicas > 1 && (n_replicas > cl->n_ps || cl->n_ps > VIEW_MAX_SERVERS)) {
         log_error("replicas %u: the cluster has %zu ps tasks; a replica group needs that many "
                   "distinct servers (and at most %d ps tasks)",
@@ -275,7 +343,7 @@ int main(int argc, char **argv)
     events_export *events = NULL;
     if (opt_str(prog.opts, OPT_EVENTS_DIR)[0] != '\0') {
         char eerr[4600];
-        if (events_export_open(&events, opt_str(prog.opts, OPT_EVENTS_DIR), cl->task_index,
+        if (events_export_open(&events, opt_str(prog.opts, OPT_EVENTS_DIR), (int)self,
                                (int)opt_int(prog.opts, OPT_EVENTS_INTERVAL_S), eerr,
                                sizeof(eerr)) != 0) {
             log_error("%s", eerr);
@@ -293,9 +361,10 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     static server_state st;
-    st.task_index = (uint32_t)cl->task_index;
+    st.task_index = self;
     st.num_servers = (uint32_t)cl->n_ps;
-    st.slots = slots_static(SLOTS_DEFAULT, st.num_servers);
+    st.slots =
+        slot_rec.nslots ? slots_record_map(&slot_rec) : slots_static(SLOTS_DEFAULT, st.num_servers);
     st.start_ns = time_now_ns();
     st.vars = store_create();
     st.dedup = dedup_create((uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW));
@@ -647,6 +716,7 @@ int main(int argc, char **argv)
              (unsigned long long)atomic_load(&st.updates_applied),
              (unsigned long long)atomic_load(&st.duplicates_dropped));
     server_state_clear(&st);
+    slots_record_free(&slot_rec);
     program_end(&prog);
     return exit_code;
 }

@@ -1,0 +1,76 @@
+/* psctl slots (psctl_slots.h). */
+#include "psctl_slots.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "psctl_view.h"
+#include "slots_record.h"
+
+/* Prints s as a JSON string. */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+int psctl_slots(const options *o, const cluster_spec *cl, bool json)
+{
+    char prefix[512], err[2048];
+    etcd_client *c;
+    int rc = psctl_coordinator_open(o, cl, "slots", &c, prefix, sizeof(prefix));
+    if (rc != 0)
+        return rc;
+    slots_record r;
+    rc = slots_etcd_read(c, prefix, &r, NULL, err, sizeof(err));
+    if (rc == ETCD_ENOTFOUND) {
+        fprintf(stderr,
+                "psctl: slots: no slot map under %s in etcd %s (no server of this cluster "
+                "started with this coordinator yet, replicas > 1, or another "
+                "coordinator-prefix)\n",
+                prefix, etcd_client_endpoint(c));
+        etcd_client_destroy(c);
+        return 1;
+    }
+    if (rc != 0) {
+        fprintf(stderr, "psctl: slots: %s\n", err);
+        etcd_client_destroy(c);
+        return 1;
+    }
+    if (json) {
+        printf("{\"version\":%" PRIu64 ",\"slots\":%u,\"prefix\":", r.version, r.nslots);
+        json_str(prefix);
+        printf(",\"servers\":[");
+        for (uint32_t i = 0; i < r.nservers; i++) {
+            printf("%s{\"task\":%u,\"address\":", i ? "," : "", i);
+            json_str(r.addr[i]);
+            printf(",\"slots\":%u,\"joined\":%s}", slots_record_count(&r, i),
+                   i >= r.base ? "true" : "false");
+        }
+        printf("],\"moves\":[],\"split_servers\":%u}\n", r.base);
+    } else {
+        printf("slot map version %" PRIu64 ": %u slots over %u servers (%s/slots in etcd %s)\n",
+               r.version, r.nslots, r.nservers, prefix, etcd_client_endpoint(c));
+        printf("%-6s %-40s %8s\n", "task", "address", "slots");
+        for (uint32_t i = 0; i < r.nservers; i++)
+            printf("%-6u %-40s %8u%s\n", i, r.addr[i], slots_record_count(&r, i),
+                   i >= r.base ? "  (joined)" : "");
+        printf("moves in progress: none\n");
+        printf("split variables stay in ranges over the %u servers of the cluster spec (they do "
+               "not move with slots)\n",
+               r.base);
+    }
+    slots_record_free(&r);
+    etcd_client_destroy(c);
+    return 0;
+}
