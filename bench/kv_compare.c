@@ -33,6 +33,9 @@
  *
  * usage: ps-kv-compare --server-bin PS_SERVER [--rows N] [--dim D] [--batch B] [--batches K]
  *                      [--zipf S] [--rounds R] [--servers 1,2] [--map chained|open] [--quick]
+ *                      [--only psd-pull|baseline-pull|psd-push|baseline-push|psd-raw-pull|
+ *                              psd-raw-push]
+ * --only CELL: that cell alone each round (to profile it; the medians then mean nothing).
  * --quick: 100,000 rows, 20 batches of 1,024, 2 rounds, 1 and 2 servers (seconds). */
 #include <errno.h>
 #include <pthread.h>
@@ -47,6 +50,7 @@
 #include <zmq.h>
 
 #include "cluster_proc.h"
+#include "jemalloc_conf.h" /* the client's allocator settings, as ps-worker's (both sides) */
 #include "psclient.h"
 #include "zipf.h"
 
@@ -399,6 +403,7 @@ typedef struct config {
     int servers[KV_MAX_SERVERS];
     int nserver_counts;
     bool chained; /* --map chained (default) or open */
+    int only;     /* --only CELL: that cell alone (for a profiler), -1: all */
 } config;
 
 typedef struct batches {
@@ -452,6 +457,9 @@ static int make_batches(const config *c, batches *b)
 
 /* The timed cells of a round. */
 enum { C_PSD_PULL, C_KV_PULL, C_PSD_PUSH, C_KV_PUSH, C_RAW_PULL, C_RAW_PUSH, NCELLS };
+/* --only's names of the cells. */
+static const char *const cell_flag[NCELLS] = {"psd-pull",      "baseline-pull", "psd-push",
+                                              "baseline-push", "psd-raw-pull",  "psd-raw-push"};
 static const char *const cell_name[NCELLS] = {"psd pull",      "baseline pull", "psd push",
                                               "baseline push", "psd raw pull",  "psd raw push"};
 
@@ -671,6 +679,10 @@ static int run_servers(const config *c, const batches *b, int nservers)
         printf("  round %u:", round + 1);
         for (int i = 0; i < NCELLS; i++) {
             int cell = round % 2 ? NCELLS - 1 - i : i; /* alternate the order */
+            if (c->only >= 0 && cell != c->only) {
+                secs[cell][round] = 1;
+                continue;
+            }
             double s = run_cell(&r, cell);
             if (s < 0)
                 goto out;
@@ -759,7 +771,8 @@ int main(int argc, char **argv)
                 .zipf_s = 1.1,
                 .servers = {1, 2},
                 .nserver_counts = 2,
-                .chained = true};
+                .chained = true,
+                .only = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--quick") == 0) {
@@ -788,7 +801,13 @@ int main(int argc, char **argv)
             c.rounds = (uint32_t)atoi(v);
         else if (strcmp(a, "--map") == 0 && (strcmp(v, "chained") == 0 || strcmp(v, "open") == 0))
             c.chained = strcmp(v, "chained") == 0;
-        else if (strcmp(a, "--servers") == 0) {
+        else if (strcmp(a, "--only") == 0) {
+            for (int k = 0; k < NCELLS; k++)
+                if (strcmp(v, cell_flag[k]) == 0)
+                    c.only = k;
+            if (c.only < 0)
+                return usage();
+        } else if (strcmp(a, "--servers") == 0) {
             c.nserver_counts = parse_list(v, c.servers, KV_MAX_SERVERS);
             if (c.nserver_counts < 1)
                 return usage();

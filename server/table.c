@@ -369,25 +369,93 @@ uint32_t table_partition_of(const table *t, int64_t id)
 
 /* ---- pull -------------------------------------------------------------------------------- */
 
-void table_pull(table *t, const int64_t *ids, size_t n, float *out)
+/* Ids looked up together within a partition: their index entries, then their rows, are
+ * prefetched a group at a time, so that the cache misses of a group overlap. */
+#define PULL_GROUP 16
+/* Pulls of fewer ids go id by id (no arrays to make). */
+#define PULL_GROUPED_MIN 64
+
+/* Rows of the ids order[0..k) (indexes into ids, their hashes in h) of partition p, under one
+ * read lock; a row not there is the initializer's. */
+static void pull_partition(table *t, partition *p, const int64_t *ids, const uint64_t *h,
+                           const uint32_t *order, size_t k, float *out)
+{
+    const size_t dim = t->dim;
+    uint64_t misses = 0;
+    pthread_rwlock_rdlock(&p->lock);
+    const uint32_t mask = p->ix.cap - 1;
+    for (size_t g = 0; g < k; g += PULL_GROUP) {
+        size_t m = k - g < PULL_GROUP ? k - g : PULL_GROUP;
+        uint32_t slot1[PULL_GROUP];
+        for (size_t j = 0; j < m; j++)
+            __builtin_prefetch(&p->ix.e[(uint32_t)h[order[g + j]] & mask]);
+        for (size_t j = 0; j < m; j++) {
+            uint32_t i = order[g + j];
+            slot1[j] = table_index_find(&p->ix, ids[i], h[i]);
+            if (slot1[j] != 0)
+                __builtin_prefetch(row_params(row_at(t, p, slot1[j] - 1)));
+        }
+        for (size_t j = 0; j < m; j++) {
+            uint32_t i = order[g + j];
+            float *dst = out + i * dim;
+            if (slot1[j] != 0 && t->dtype == ROW_FLOAT32)
+                memcpy(dst, row_params(row_at(t, p, slot1[j] - 1)), dim * sizeof(float));
+            else if (slot1[j] != 0)
+                row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1[j] - 1)), t->dim);
+            else {
+                misses++;
+                initializer_fill_row(&t->init, t->name_key, ids[i], dst, t->dim);
+            }
+        }
+    }
+    pthread_rwlock_unlock(&p->lock);
+    count_add(&p->lookups, k);
+    if (misses)
+        count_add(&p->lookup_misses, misses);
+}
+
+/* table_pull id by id: small pulls, and when memory for the grouped one runs out. */
+static void pull_each(table *t, const int64_t *ids, size_t n, float *out)
 {
     for (size_t i = 0; i < n; i++) {
         uint64_t h = table_id_hash(ids[i]);
-        partition *p = &t->parts[part_of(t, h)];
-        float *dst = out + i * (size_t)t->dim;
-        pthread_rwlock_rdlock(&p->lock);
-        count_add(&p->lookups, 1);
-        uint32_t slot1 = table_index_find(&p->ix, ids[i], h);
-        if (slot1 != 0 && t->dtype == ROW_FLOAT32)
-            memcpy(dst, row_params(row_at(t, p, slot1 - 1)), t->dim * sizeof(float));
-        else if (slot1 != 0)
-            row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
-        else
-            count_add(&p->lookup_misses, 1);
-        pthread_rwlock_unlock(&p->lock);
-        if (slot1 == 0)
-            initializer_fill_row(&t->init, t->name_key, ids[i], dst, t->dim);
+        uint32_t one = 0;
+        pull_partition(t, &t->parts[part_of(t, h)], ids + i, &h, &one, 1, out + i * (size_t)t->dim);
     }
+}
+
+void table_pull(table *t, const int64_t *ids, size_t n, float *out)
+{
+    if (n < PULL_GROUPED_MIN || n > UINT32_MAX) {
+        pull_each(t, ids, n, out);
+        return;
+    }
+    /* The ids grouped by partition (counting sort), each partition locked once. */
+    uint64_t *h = malloc(n * sizeof(*h));
+    uint32_t *order = malloc(n * sizeof(*order));
+    uint32_t *start = calloc((size_t)t->nparts + 1, sizeof(*start));
+    if (h == NULL || order == NULL || start == NULL) {
+        free(h);
+        free(order);
+        free(start);
+        pull_each(t, ids, n, out);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        h[i] = table_id_hash(ids[i]);
+        start[part_of(t, h[i]) + 1]++;
+    }
+    for (uint32_t q = 0; q < t->nparts; q++)
+        start[q + 1] += start[q];
+    for (size_t i = 0; i < n; i++)
+        order[start[part_of(t, h[i])]++] = (uint32_t)i;
+    /* start[q] is now where partition q + 1's ids begin: q's are [start[q-1], start[q]). */
+    for (uint32_t q = 0, from = 0; q < t->nparts; from = start[q++])
+        if (start[q] > from)
+            pull_partition(t, &t->parts[q], ids, h, order + from, start[q] - from, out);
+    free(h);
+    free(order);
+    free(start);
 }
 
 /* ---- making rows --------------------------------------------------------------------------- */
