@@ -102,6 +102,7 @@ struct ps_client {
 struct ps_table {
     ps_client *c;
     char *name;
+    uint64_t name_hash; /* placement_hash(name), for slots_row_owner_h */
     uint32_t dim;
 };
 /* Starts a call for placement task `server` (route.c): rpc_conn_call on its connection, or on

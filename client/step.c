@@ -587,7 +587,7 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
             return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
         }
         for (size_t i = 0; i < it.n; i++) {
-            owner[i] = slots_row_owner(&c->slots, ti->t->name, it.ids[i]);
+            owner[i] = slots_row_owner_h(&c->slots, ti->t->name_hash, it.ids[i]);
             ti->start[owner[i] + 1]++;
         }
         for (uint32_t sv = 0; sv < ns; sv++)

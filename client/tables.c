@@ -50,6 +50,7 @@ static ps_table *table_new(ps_client *c, const char *name, uint32_t dim)
     }
     t->c = c;
     t->dim = dim;
+    t->name_hash = placement_hash(name);
     return t;
 }
 
@@ -332,7 +333,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
-        owner[i] = slots_row_owner(&c->slots, t->name, ids[i]);
+        owner[i] = slots_row_owner_h(&c->slots, t->name_hash, ids[i]);
         count[owner[i] + 1]++;
     }
     size_t nparts = 0;

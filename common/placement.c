@@ -27,5 +27,5 @@ void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint
 uint64_t placement_table_hash(const char *name, int64_t id)
 {
     /* mix64 is splitmix64's finaliser, as proto/README.md writes it. */
-    return mix64(placement_hash(name) ^ mix64((uint64_t)id + HASH_GOLDEN_GAMMA));
+    return placement_table_hash_of(placement_hash(name), id);
 }

@@ -32,4 +32,11 @@ void placement_range(uint64_t numel, uint32_t num_servers, uint32_t server, uint
  * 2^64; the id is its two's complement value as a uint64 (no byte order involved). */
 uint64_t placement_table_hash(const char *name, int64_t id);
 
+/* placement_table_hash with placement_hash(name) computed once (name_hash), for a list of ids
+ * of one table. */
+static inline uint64_t placement_table_hash_of(uint64_t name_hash, int64_t id)
+{
+    return mix64(name_hash ^ mix64((uint64_t)id + HASH_GOLDEN_GAMMA));
+}
+
 #endif

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "placement.h" /* placement_table_hash_of */
+
 /* Slots of a cluster: 4096, a power of two, fixed for the life of a cluster. */
 #define SLOTS_DEFAULT 4096u
 
@@ -54,5 +56,11 @@ uint32_t slots_name_owner(const slot_map *m, const char *name);
 /* Server task holding row `id` of the sparse table `table` under m. Every table spans every
  * server. */
 uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id);
+
+/* The same with the table's placement_hash(table) given (table_hash), for a list of ids. */
+static inline uint32_t slots_row_owner_h(const slot_map *m, uint64_t table_hash, int64_t id)
+{
+    return slots_owner(m, slots_of_hash(placement_table_hash_of(table_hash, id), m->nslots));
+}
 
 #endif

@@ -385,8 +385,9 @@ int server_table_ids(server_state *st, const server_table *e, const uint8_t *seg
     }
     memcpy(ids, seg, (size_t)n * 8); /* little-endian on the wire and on the hosts we build */
     slot_map map = server_slots(st);
+    uint64_t name_hash = placement_hash(name);
     for (uint64_t i = 0; i < n; i++) {
-        uint32_t owner = slots_row_owner(&map, name, ids[i]);
+        uint32_t owner = slots_row_owner_h(&map, name_hash, ids[i]);
         if (owner != st->task_index) {
             snprintf(err, errlen,
                      "table \"%s\": id %lld (index %llu) belongs on ps %u, not ps %u (split ids "

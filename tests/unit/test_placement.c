@@ -172,6 +172,22 @@ static void test_slot_map(void **state)
             assert_int_equal(slots_row_owner(&moved, "emb", id), slots_row_owner(&m3, "emb", id));
 }
 
+/* slots_row_owner_h (the table's name hashed once) places every row where slots_row_owner
+ * does, under the static map and an explicit one. */
+static void test_row_owner_with_name_hash(void **state)
+{
+    (void)state;
+    uint32_t owners[64];
+    for (uint32_t s = 0; s < 64; s++)
+        owners[s] = (s * 7) % 5;
+    slot_map maps[2] = {slots_static(64, 3), {.nslots = 64, .nservers = 5, .owner = owners}};
+    uint64_t h = placement_hash("emb/t");
+    for (int m = 0; m < 2; m++)
+        for (int64_t id = -5000; id < 5000; id += 7)
+            assert_int_equal(slots_row_owner_h(&maps[m], h, id),
+                             slots_row_owner(&maps[m], "emb/t", id));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -182,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_table_hash_known_answers),
         cmocka_unit_test(test_table_rows_balance),
         cmocka_unit_test(test_slot_map),
+        cmocka_unit_test(test_row_owner_with_name_hash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
