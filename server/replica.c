@@ -178,7 +178,7 @@ static void repl_group_free(rgroup *G)
         repl_op_free(o);
     }
     for (uint32_t i = 0; i < G->npeers; i++)
-        free(G->peers[i].img);
+        repl_copy_image_free(G->peers[i].img);
     pthread_mutex_destroy(&G->order);
     pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
