@@ -375,7 +375,7 @@ int main(int argc, char **argv)
         if (fail == 0) {
             char verdict[1024];
             bool lost = ckpt_restore_verdict(&last, st.task_index, r == CKPT_RESTORED, ri.seq,
-                                             ri.versions, verdict, sizeof(verdict));
+                                             ri.versions, n_replicas > 1, verdict, sizeof(verdict));
             if (lost)
                 log_warn("%s", verdict);
             else
