@@ -594,6 +594,7 @@ int main(int argc, char **argv)
      * (updates in progress here are answered once their backups applied them, or not
      * acknowledged: nothing is acknowledged alone without a lease). */
     view_agent_leave(st.view_agent);
+    replica_await_handover();
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
     view_agent_halt(st.view_agent);
