@@ -322,7 +322,7 @@ void ps_client_close(ps_client *c)
     for (size_t i = 0; i < c->nvars; i++) {
         free(c->vars[i]->name);
         for (int s = 0; c->vars[i]->ack && s < c->nservers; s++)
-            free(c->vars[i]->ack[s].own);
+            var_ack_free(&c->vars[i]->ack[s]);
         free(c->vars[i]->ack);
         free(c->vars[i]);
     }
@@ -355,89 +355,41 @@ uint64_t ps_client_lost_pushes(const ps_client *c)
     return c ? atomic_load(&((ps_client *)c)->lost_pushes) : 0;
 }
 
-/* Versions of this client's own pushes kept per variable and server (var_ack.own): a push a
- * checkpoint older than this many of them could lose is counted from the rest (a lower bound,
- * said so). 8192 versions: 64 KiB per variable and server at most. */
-#define OWN_ACKS_MAX 8192
-
-/* Records the version an own push made (ack_lock held). */
-static void own_note(var_ack *a, uint64_t version)
-{
-    if (a->nown == a->capown) {
-        if (a->capown < OWN_ACKS_MAX) {
-            size_t cap = a->capown ? a->capown * 2 : 64;
-            uint64_t *p = realloc(a->own, cap * sizeof(*p));
-            if (p == NULL)
-                return; /* not counted: the count stays a lower bound */
-            a->own = p;
-            a->capown = cap;
-        } else {
-            /* Full: the older half goes; below it the count is a lower bound. */
-            size_t half = a->nown / 2;
-            if (a->own[half - 1] > a->own_dropped)
-                a->own_dropped = a->own[half - 1];
-            memmove(a->own, a->own + half, (a->nown - half) * sizeof(*a->own));
-            a->nown -= half;
-        }
-    }
-    a->own[a->nown++] = version;
-}
-
-/* How many own pushes recorded for the instance that is gone made versions above `restored`
- * (the restart lost them); forgets them all. *bound: the count may be low (older ones were
- * dropped, and the restored version is below them). ack_lock held. */
-static uint64_t own_lost_since(var_ack *a, uint64_t restored, bool *bound)
-{
-    uint64_t n = 0;
-    for (size_t i = 0; i < a->nown; i++)
-        n += a->own[i] > restored;
-    *bound = a->own_dropped > restored;
-    a->nown = 0;
-    a->own_dropped = 0;
-    return n;
-}
-
 void client_note_push(ps_client *c, ps_var *v, int server, uint64_t instance, uint64_t version,
                       uint64_t restored_version)
 {
     if (instance == 0 || server < 0 || server >= c->nservers)
         return; /* a server that does not say which process it is */
-    uint64_t lost = 0, acked = 0, own_lost = 0;
-    bool own_bound = false;
+    ack_reply r = {.instance = instance,
+                   .version = version,
+                   .restored_version = restored_version,
+                   .bsp = ps_var_staleness_bound(v) == 0,
+                   .replicated = atomic_load(&c->view_epoch) != 0};
+    ack_loss loss = {0};
     pthread_mutex_lock(&c->ack_lock);
     if (v->ack == NULL)
         v->ack = calloc((size_t)c->nservers, sizeof(*v->ack));
-    var_ack *a = v->ack ? &v->ack[server] : NULL;
-    if (a && instance != a->prev_instance) { /* else: a late reply of the process before */
-        if (a->instance != 0 && instance != a->instance) {
-            acked = a->acked;
-            /* Replicated: another process is the group's new primary (failover or rejoin),
-             * holding every update its predecessor acknowledged; only a version below the
-             * acknowledged one shows a loss. Otherwise a restart from its checkpoint. */
-            uint64_t kept = atomic_load(&c->view_epoch) != 0 ? version : restored_version;
-            lost = acked > kept ? acked - kept : 0;
-            own_lost = lost || kept == restored_version ? own_lost_since(a, kept, &own_bound) : 0;
-            a->prev_instance = a->instance;
-            a->acked = 0;
-        }
-        a->instance = instance;
-        if (version > a->acked)
-            a->acked = version;
-        /* Under BSP a push joins the clock's aggregate: the update it is part of makes the
-         * next version. */
-        own_note(a, version + (ps_var_staleness_bound(v) == 0));
-    }
+    if (v->ack)
+        var_ack_note(&v->ack[server], &r, &loss);
     pthread_mutex_unlock(&c->ack_lock);
-    if (lost > 0) {
-        atomic_fetch_add(&c->lost_updates, lost);
-        atomic_fetch_add(&c->lost_pushes, own_lost);
+    if (loss.lost == 0)
+        return;
+    atomic_fetch_add(&c->lost_updates, loss.lost);
+    atomic_fetch_add(&c->lost_pushes, loss.own_lost);
+    if (r.replicated)
+        log_warn("ps %d: the new primary of its group holds \"%s\" at version %llu, below the "
+                 "%llu this client saw acknowledged: %llu acknowledged updates are lost (a lower "
+                 "bound), %llu of them with this client's own pushes%s",
+                 server, v->name, (unsigned long long)loss.kept, (unsigned long long)loss.acked,
+                 (unsigned long long)loss.lost, (unsigned long long)loss.own_lost,
+                 loss.own_bound ? " (at least)" : "");
+    else
         log_warn("ps %d restarted (checkpoint version %llu): %llu acknowledged updates to \"%s\" "
                  "since it are lost (a lower bound: this client saw up to version %llu "
                  "acknowledged), %llu of them this client's own pushes%s",
-                 server, (unsigned long long)restored_version, (unsigned long long)lost, v->name,
-                 (unsigned long long)acked, (unsigned long long)own_lost,
-                 own_bound ? " (at least)" : "");
-    }
+                 server, (unsigned long long)restored_version, (unsigned long long)loss.lost,
+                 v->name, (unsigned long long)loss.acked, (unsigned long long)loss.own_lost,
+                 loss.own_bound ? " (at least)" : "");
 }
 
 /* ---- message building -------------------------------------------------------------------- */

@@ -5,27 +5,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "acks.h"
 #include "cluster.h"
 #include "frame.h"
 #include "options.h"
 #include "psclient.h"
 #include "rpc_client.h"
 #include "slots_record.h"
-
-/* What one server acknowledged of one variable's pushes: the updates a restart of that server
- * lost are those acknowledged above the version it restored. */
-typedef struct var_ack {
-    uint64_t instance;      /* Envelope.server_instance of the latest push reply; 0: none yet */
-    uint64_t prev_instance; /* the one before (its late replies are ignored) */
-    uint64_t acked;         /* highest version acknowledged by `instance` */
-    /* The versions this client's own pushes made on `instance` (ascending as acknowledged),
-     * the newest OWN_ACKS_MAX of them: a restart lost those above the restored version.
-     * own_dropped: the highest version dropped to stay within the cap (0: none), below which
-     * the count is a lower bound. */
-    uint64_t *own;
-    size_t nown, capown;
-    uint64_t own_dropped;
-} var_ack;
 
 struct ps_var {
     char *name;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "log.h"
 #include "status.h"
 #include "timeutil.h"
 
@@ -20,12 +21,16 @@
 #define ROUTE_PROBE_MS 2000
 /* The same for a server none of whose connections is up (it died, or is not there yet). */
 #define ROUTE_DOWN_PROBE_MS 300
-/* Attempts of one call at most: the deadline ends it first while a failover is awaited (two
- * hops per ROUTE_DOWN_PROBE_MS at most). */
-#define ROUTE_MAX_HOPS 1000
-/* UNAVAILABLE replies retried within one attempt (each attempt is bounded by its probe
- * interval): as many as fit. */
-#define ROUTE_UNAVAILABLE_RETRIES 1000
+/* Attempts of one call at most: the deadline ends it first while a failover is awaited (a
+ * few hops per ROUTE_DOWN_PROBE_MS at most). */
+#define ROUTE_MAX_HOPS 10000
+/* UNAVAILABLE replies retried at one server within one attempt (with the call's backoff, 50
+ * and 100 ms by default), before the next member is asked: a primary that is shutting down
+ * (it revoked its lease, the view moves its groups within a lease poll) answers UNAVAILABLE
+ * until it stops, and a group waiting for an in-sync member answers it at every member, so
+ * the call goes round the group's members until its deadline. Retrying one server for a whole
+ * probe interval instead held every call of a clean hand-over for 2 s. */
+#define ROUTE_UNAVAILABLE_RETRIES 2
 
 typedef struct routed {
     ps_client *c;
@@ -91,6 +96,11 @@ static void routed_done(void *arg, int status, const char *message, const frame 
         } else if (reply == NULL &&
                    (status == STATUS_UNAVAILABLE || status == STATUS_DEADLINE_EXCEEDED)) {
             next = (r->target + 1) % c->nservers; /* no answer: ask the next server */
+        } else if (reply != NULL && status == STATUS_UNAVAILABLE) {
+            /* Still UNAVAILABLE after the attempt's retries (a server shutting down, or a
+             * group waiting for a member): the next server, which serves the group, names its
+             * primary, or is waiting too. */
+            next = (r->target + 1) % c->nservers;
         } else if (reply != NULL && status == STATUS_DEADLINE_EXCEEDED && r->capped) {
             /* The server answered that a wait (a staleness bound) outlasted this attempt's
              * probe interval, which the server took as the request's deadline: the call's own
@@ -100,7 +110,18 @@ static void routed_done(void *arg, int status, const char *message, const frame 
         }
     }
     if (next >= 0) {
-        atomic_store(&c->route[r->group], next);
+        /* Said once per move of the group (calls in flight together move it once). */
+        if (next != r->target && atomic_exchange(&c->route[r->group], next) != next) {
+            if (reply != NULL && status == STATUS_FAILED_PRECONDITION)
+                log_info("group %d: ps %d says ps %d is its primary (view epoch %llu): following",
+                         r->group, r->target, next, (unsigned long long)reply->env->epoch);
+            else if (reply != NULL)
+                log_info("group %d: ps %d answers %s (%s): asking ps %d", r->group, r->target,
+                         status_name(status), message ? message : "", next);
+            else
+                log_info("group %d: no answer from ps %d (%s): asking ps %d", r->group, r->target,
+                         message ? message : status_name(status), next);
+        }
         r->target = next;
         r->hops++;
         if (attempt(r) == 0)

@@ -266,7 +266,7 @@ int ckpt_record_write(const char *dir, uint32_t task, const ckpt_record *r, char
     return 0;
 }
 
-bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored, uint64_t seq,
+static bool verdict_alone(const ckpt_record *last, uint32_t task, bool restored, uint64_t seq,
                           uint64_t versions, char *msg, size_t cap)
 {
     if (last->state == CKPT_STOP_UNKNOWN) {
@@ -350,4 +350,30 @@ bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored,
              ") was restored: what differs is not accounted for",
              task, last->seq, last->versions, seq, versions);
     return true;
+}
+
+bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored, uint64_t seq,
+                          uint64_t versions, bool replicated, char *msg, size_t cap)
+{
+    bool lost = verdict_alone(last, task, restored, seq, versions, msg, cap);
+    if (!lost || !replicated)
+        return lost;
+    /* Replicated: the checkpoint is this server's copy of its own group only; what it lacks is
+     * lost only where no other member held it. */
+    char had[64];
+    if (restored)
+        snprintf(had, sizeof(had), "checkpoint %" PRIu64 " restored", seq);
+    else
+        snprintf(had, sizeof(had), "no checkpoint restored");
+    snprintf(msg, cap,
+             "ps %u: the previous server %s (%s); with replicas its groups' state does not "
+             "come from this checkpoint alone: each group is served from the newest copy in "
+             "the view, and this server copies its groups back from their primaries as it "
+             "rejoins, so what its predecessor applied is lost only where no other member held "
+             "it (clients that had such updates acknowledged log how many)",
+             task,
+             last->state == CKPT_STOP_CLEAN ? "left a checkpoint that did not restore whole"
+                                            : "did not shut down cleanly",
+             had);
+    return false;
 }

@@ -80,8 +80,12 @@ int ckpt_record_write(const char *dir, uint32_t task, const ckpt_record *r, char
 /* What a restart lost, from the previous server's record `last` and what was restored:
  * restored says whether a checkpoint was (seq, versions: its number and version sum), else
  * the server starts empty. Writes the sentence for the log into msg and returns true when
- * updates are (or may be) lost, false when nothing was. */
+ * updates are (or may be) lost, false when nothing was. replicated (replicas > 1): the
+ * checkpoint is one copy of the server's own group among others, and its groups come back
+ * from the newest copy in the view (a rejoin copies them from their primaries): what the
+ * checkpoint lacks is not said to be lost (false), the sentence says where the state comes
+ * from instead. */
 bool ckpt_restore_verdict(const ckpt_record *last, uint32_t task, bool restored, uint64_t seq,
-                          uint64_t versions, char *msg, size_t cap);
+                          uint64_t versions, bool replicated, char *msg, size_t cap);
 
 #endif

@@ -455,7 +455,7 @@ int main(int argc, char **argv)
         if (fail == 0 && !(r == CKPT_RESTORED && ri.from_servers)) {
             char verdict[1024];
             bool lost = ckpt_restore_verdict(&last, st.task_index, r == CKPT_RESTORED, ri.seq,
-                                             ri.versions, verdict, sizeof(verdict));
+                                             ri.versions, n_replicas > 1, verdict, sizeof(verdict));
             if (lost)
                 log_warn("%s", verdict);
             else
@@ -684,6 +684,7 @@ int main(int argc, char **argv)
      * (updates in progress here are answered once their backups applied them, or not
      * acknowledged: nothing is acknowledged alone without a lease). */
     view_agent_leave(st.view_agent);
+    replica_await_handover();
     sync_cancel_all(&st, "server is shutting down");
     rpc_server_drain(st.rpc, (uint32_t)opt_int(prog.opts, OPT_SHUTDOWN_GRACE_MS));
     view_agent_halt(st.view_agent);

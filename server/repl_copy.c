@@ -1,24 +1,206 @@
-/* Rejoin copies: the primary makes an image of a group at a log position (copy_serve); a
- * backup that rejoins, or whose copy no longer matches the log, fetches it, installs it and
- * catches up on the log after it. */
+/* Rejoin copies: the primary streams an image of a group at a log position, made from a
+ * checkpoint snapshot while updates go on (copy_serve); a backup that rejoins, or whose copy no
+ * longer matches the log, fetches it into a file, installs it and catches up on the log after
+ * it. */
 #include "repl_group.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <time.h>
 
+#include "ckpt_snapshot.h"
 #include "log.h"
 #include "methods.h"
 #include "status.h"
 #include "sync.h"
 #include "timeutil.h"
+#include "util.h"
+
+/* Primary: a copy being streamed to a rejoining server. Its snapshot is taken while the
+ * group's updates wait only as long as the store is frozen (ckpt_snapshot.h: the sparse tables
+ * are copied afterwards, before anything changes them), at log position lsn; a thread then
+ * writes it as a checkpoint image into a pipe, and each chunk the rejoiner asks for is read
+ * from the pipe, so that the image is never whole in memory nor on disk and updates go on. */
+typedef struct copy_image {
+    ckpt_snapshot snap;
+    int rfd, wfd; /* the pipe: the writer's end is closed by the writer when done */
+    pthread_t writer;
+    bool started;
+    uint64_t total; /* bytes of the image (ckpt_file_size) */
+    uint64_t pos;   /* bytes read from the pipe */
+    uint64_t lsn, epoch;
+    uint8_t *last; /* the chunk served last (at last_off), served again to a resend */
+    size_t last_len, last_cap;
+    uint64_t last_off;
+    uint32_t num_servers, task;
+    unsigned slow_ms; /* failpoint copy-slow: the writer waits this long before the image */
+    int wrc;          /* the writer's result (joined) */
+    char werr[512];
+} copy_image;
+
+/* Failpoint copy-slow (test-failpoint, tests only): a copy's image takes this much longer to
+ * make, as for a very large group. */
+#define COPY_SLOW_MS 5000u
+
+static void *copy_writer_main(void *arg)
+{
+    copy_image *ci = arg;
+    sigset_t pipe_sig;
+    sigemptyset(&pipe_sig);
+    sigaddset(&pipe_sig, SIGPIPE); /* a rejoiner gone: EPIPE, not the signal */
+    pthread_sigmask(SIG_BLOCK, &pipe_sig, NULL);
+    if (ci->slow_ms) {
+        struct timespec ts = {ci->slow_ms / 1000, (long)(ci->slow_ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ckpt_writer w = {
+        .fd = ci->wfd, .path = "the copy stream", .err = ci->werr, .errlen = sizeof(ci->werr)};
+    w.buf = malloc(CKPT_WBUF_SIZE);
+    ckpt_file_id id = {.num_servers = ci->num_servers,
+                       .task = ci->task,
+                       .cluster_hash = repl.cfg.cluster_hash,
+                       .seq = 1};
+    if (w.buf == NULL)
+        ci->wrc = errf(ci->werr, sizeof(ci->werr), "out of memory for the write buffer");
+    else
+        ci->wrc = ckpt_file_write(&w, &ci->snap, &id);
+    free(w.buf);
+    close(ci->wfd); /* the reader sees the end */
+    ci->wfd = -1;
+    ckpt_snapshot_free(&ci->snap); /* written: its memory goes back */
+    return NULL;
+}
+
+void repl_copy_image_free(copy_image *ci)
+{
+    if (ci == NULL)
+        return;
+    if (ci->rfd >= 0)
+        close(ci->rfd); /* a writer still writing fails (EPIPE) and ends */
+    if (ci->started)
+        pthread_join(ci->writer, NULL);
+    else
+        ckpt_snapshot_free(&ci->snap);
+    if (ci->wfd >= 0)
+        close(ci->wfd);
+    free(ci->last);
+    free(ci);
+}
+
+/* What the position function of a copy's snapshot marks: the peer streamed to from the
+ * snapshot's log position on. */
+typedef struct copy_mark {
+    rgroup *G;
+    rpeer *p;
+    uint64_t lsn, epoch;
+} copy_mark;
+
+/* checkpoint_position_fn of a copy: while the store is frozen the group's log stays still
+ * (order); its position is noted and the peer is streamed to as catching up from there. The
+ * image itself carries no position (record 9): the rejoiner is told it with the chunks. */
+static bool copy_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
+{
+    copy_mark *m = arg;
+    (void)epoch, (void)lsn;
+    if (!hold) {
+        pthread_mutex_unlock(&m->G->order);
+        return false;
+    }
+    pthread_mutex_lock(&m->G->order);
+    m->lsn = m->G->next_lsn;
+    m->epoch = m->G->last_epoch;
+    pthread_mutex_lock(&m->G->q);
+    m->p->catching_up = true;
+    m->p->told = m->p->confirmed = false;
+    m->p->failing_since_ns = 0;
+    m->p->acked = m->lsn - 1;
+    pthread_cond_broadcast(&m->G->qcond); /* its stream starts */
+    pthread_mutex_unlock(&m->G->q);
+    return false;
+}
+
+/* Starts a new copy of G for peer p: its snapshot, then its writer. NULL, with err, if not. */
+static copy_image *copy_image_start(rgroup *G, rpeer *p, char *err, size_t errlen)
+{
+    copy_image *ci = calloc(1, sizeof(*ci));
+    if (ci == NULL) {
+        errf(err, errlen, "out of memory");
+        return NULL;
+    }
+    ci->rfd = ci->wfd = -1;
+    copy_mark m = {.G = G, .p = p};
+    uint64_t pause_ns = 0;
+    if (ckpt_snapshot_take(G->st, &ci->snap, 0, 0, false, copy_position, &m, &pause_ns, err,
+                           errlen) != 0) {
+        free(ci);
+        return NULL;
+    }
+    ci->lsn = m.lsn;
+    ci->epoch = m.epoch;
+    ci->total = ckpt_file_size(&ci->snap);
+    ci->num_servers = G->st->num_servers;
+    ci->task = G->st->task_index;
+    const char *fp = repl.cfg.ckpt ? repl.cfg.ckpt->failpoint : NULL;
+    ci->slow_ms = fp && strcmp(fp, "copy-slow") == 0 ? COPY_SLOW_MS : 0;
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        errf(err, errlen, "pipe: %s", strerror(errno));
+        repl_copy_image_free(ci);
+        return NULL;
+    }
+    ci->rfd = fds[0];
+    ci->wfd = fds[1];
+    (void)fcntl(ci->wfd, F_SETPIPE_SZ, 1 << 20); /* fewer wake-ups; the default works too */
+    if (pthread_create(&ci->writer, NULL, copy_writer_main, ci) != 0) {
+        errf(err, errlen, "cannot start the copy's writer thread");
+        repl_copy_image_free(ci);
+        return NULL;
+    }
+    ci->started = true;
+    return ci;
+}
+
+/* Reads the next n bytes of ci's image into its last chunk. Returns 0, or -1 with err. */
+static int copy_image_read(copy_image *ci, size_t n, char *err, size_t errlen)
+{
+    if (ci->last_cap < n) {
+        uint8_t *b = realloc(ci->last, n);
+        if (b == NULL)
+            return errf(err, errlen, "out of memory for a chunk of %zu bytes", n);
+        ci->last = b;
+        ci->last_cap = n;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(ci->rfd, ci->last + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            /* The writer ended early: it failed (its message) or the pipe did. */
+            pthread_join(ci->writer, NULL);
+            ci->started = false;
+            ci->last_len = 0;
+            if (ci->wrc != 0)
+                return errf(err, errlen, "%s", ci->werr);
+            return errf(err, errlen, "the image ended at byte %llu of %llu",
+                        (unsigned long long)(ci->pos + got), (unsigned long long)ci->total);
+        }
+        got += (size_t)r;
+    }
+    ci->last_off = ci->pos;
+    ci->last_len = n;
+    ci->pos += n;
+    return 0;
+}
 
 /* Primary: the chunk of a copy image at rq->copy_offset, for the rejoining server rq->from - 1.
- * Offset 0 takes a new image: a checkpoint of the group written while its updates wait, at
- * log position copy_lsn, from which the backup is streamed as catching up. */
+ * Offset 0 takes a new image (copy_image), at log position copy_lsn, from which the backup is
+ * streamed as catching up; the chunks follow in order, the last one sent again if asked. */
 void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq)
 {
     Psd__V1__ReplicateReply rep = PSD__V1__REPLICATE_REPLY__INIT;
@@ -34,118 +216,73 @@ void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest 
     }
     pthread_mutex_lock(&G->q);
     bool serving = G->serving;
+    /* The copy is this call's until it is put back: a concurrent call finds none. */
+    copy_image *ci = p->img;
+    p->img = NULL;
     pthread_mutex_unlock(&G->q);
     if (!serving) {
+        repl_copy_image_free(ci);
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
                         "copy of group %u: server %u does not serve it as primary", G->g,
                         repl.cfg.self);
         return;
     }
+    char err[600];
     if (rq->copy_offset == 0) {
-        char dir[] = "/tmp/psd-copy-XXXXXX", err[4400];
-        if (mkdtemp(dir) == NULL) {
-            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: mkdtemp: %s", G->g,
-                            strerror(errno));
-            return;
-        }
-        checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = repl.cfg.cluster_hash};
-        checkpointer *ck = checkpointer_create(G->st, &cc, 1, err, sizeof(err));
-        checkpoint_info info;
-        int rc = -1;
-        uint64_t lsn = 0, img_epoch = 0;
-        if (ck) {
-            pthread_mutex_lock(&G->order);
-            rc = checkpoint_write(ck, &info, err, sizeof(err));
-            lsn = G->next_lsn;
-            img_epoch = G->last_epoch;
-            if (rc == 0) {
-                pthread_mutex_lock(&G->q);
-                p->catching_up = true;
-                p->told = p->confirmed = false;
-                p->failing_since_ns = 0;
-                p->acked = lsn - 1;
-                pthread_mutex_unlock(&G->q);
-            }
-            pthread_mutex_unlock(&G->order);
-            checkpointer_destroy(ck);
-        }
-        uint8_t *img = NULL;
-        size_t len = 0;
-        if (rc == 0) {
-            FILE *f = fopen(info.path, "rb");
-            if (f && fseek(f, 0, SEEK_END) == 0) {
-                long n = ftell(f);
-                if (n > 0 && (img = malloc((size_t)n)) != NULL) {
-                    rewind(f);
-                    if (fread(img, 1, (size_t)n, f) == (size_t)n) {
-                        len = (size_t)n;
-                    } else {
-                        free(img);
-                        img = NULL;
-                    }
-                }
-            }
-            if (f)
-                fclose(f);
-            if (img == NULL) {
-                rc = -1;
-                snprintf(err, sizeof(err), "cannot read back %s", info.path);
-            }
-            unlink(info.path);
-        }
-        char path[64];
-        snprintf(path, sizeof(path), "%s/.state-%u", dir, G->g);
-        unlink(path);
-        rmdir(dir);
-        if (rc != 0) {
+        repl_copy_image_free(ci); /* an earlier copy the peer gave up on */
+        ci = copy_image_start(G, p, err, sizeof(err));
+        if (ci == NULL) {
             pthread_mutex_lock(&G->q);
             p->catching_up = false;
             pthread_mutex_unlock(&G->q);
             rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
             return;
         }
-        pthread_mutex_lock(&G->q);
-        free(p->img);
-        p->img = img;
-        p->img_len = len;
-        p->img_lsn = lsn;
-        p->img_epoch = img_epoch;
-        pthread_cond_broadcast(&G->qcond);
-        pthread_mutex_unlock(&G->q);
-        log_info("group %u: copy for rejoining server %u: %zu bytes at lsn %llu", G->g, p->server,
-                 len, (unsigned long long)lsn);
+        log_info("group %u: copy for rejoining server %u: %llu bytes at lsn %llu", G->g, p->server,
+                 (unsigned long long)ci->total, (unsigned long long)ci->lsn);
     }
-    pthread_mutex_lock(&G->q);
-    if (p->img == NULL || rq->copy_offset > p->img_len) {
-        pthread_mutex_unlock(&G->q);
+    bool again = ci && ci->last_len && rq->copy_offset == ci->last_off;
+    if (ci == NULL || (!again && (rq->copy_offset != ci->pos || ci->pos == ci->total))) {
+        repl_copy_image_free(ci);
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
                         "copy of group %u: no image at offset %llu (ask from offset 0)", G->g,
                         (unsigned long long)rq->copy_offset);
         return;
     }
-    size_t chunk =
-        rpc_call_max_message(call) > (1u << 17) ? rpc_call_max_message(call) - 65536 : 65536;
-    if (chunk > (4u << 20))
-        chunk = 4u << 20;
-    size_t n = p->img_len - (size_t)rq->copy_offset;
-    if (n > chunk)
-        n = chunk;
-    rep.copy_total = p->img_len;
+    if (!again) {
+        size_t chunk =
+            rpc_call_max_message(call) > (1u << 17) ? rpc_call_max_message(call) - 65536 : 65536;
+        if (chunk > (4u << 20))
+            chunk = 4u << 20;
+        uint64_t n = ci->total - ci->pos;
+        if (n > chunk)
+            n = chunk;
+        if (copy_image_read(ci, (size_t)n, err, sizeof(err)) != 0) {
+            repl_copy_image_free(ci);
+            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
+            return;
+        }
+    }
+    size_t n = ci->last_len;
+    rep.copy_total = ci->total;
     rep.copy_len = n;
-    rep.copy_lsn = p->img_lsn;
-    rep.copy_epoch = p->img_epoch;
+    rep.copy_lsn = ci->lsn;
+    rep.copy_epoch = ci->epoch;
     uint64_t words = (n + 3) / 4;
     uint8_t *seg = rpc_reply_ok_segment(call, &rep.base, 0, words);
     if (seg) {
-        memcpy(seg, p->img + rq->copy_offset, n);
+        memcpy(seg, ci->last, n);
         memset(seg + n, 0, (size_t)words * 4 - n);
     }
-    if (rq->copy_offset + n == p->img_len) {
-        free(p->img);
-        p->img = NULL;
-        p->img_len = 0;
-    }
+    /* The last chunk sent: the copy is done, but for a resend of that chunk, which the next
+     * request (offset 0 or none) ends. */
+    pthread_mutex_lock(&G->q);
+    copy_image *put = p->img == NULL ? ci : NULL; /* a newer copy started meanwhile: it stays */
+    if (put)
+        p->img = put;
     pthread_mutex_unlock(&G->q);
+    if (put == NULL)
+        repl_copy_image_free(ci);
 }
 
 typedef struct copy_call {
@@ -153,8 +290,8 @@ typedef struct copy_call {
     char message[512];
     uint8_t body[64];
     size_t body_len;
-    uint8_t *dst; /* the image being filled */
-    size_t cap, total, len;
+    FILE *f; /* the image being written, chunk by chunk, as it arrives */
+    size_t total, len;
     uint64_t lsn;
     uint64_t epoch; /* of the image's last operation */
 } copy_call;
@@ -190,18 +327,15 @@ static void copy_done(void *arg, int status, const char *message, const frame *r
             k->status = STATUS_INTERNAL;
             snprintf(k->message, sizeof(k->message), "copy reply does not fit the image");
         } else {
-            if (k->dst == NULL) {
-                k->dst = malloc((size_t)r->copy_total);
-                k->cap = (size_t)r->copy_total;
+            if (k->total == 0) {
                 k->total = (size_t)r->copy_total;
                 k->lsn = r->copy_lsn;
                 k->epoch = r->copy_epoch;
             }
-            if (k->dst == NULL) {
-                k->status = STATUS_RESOURCE_EXHAUSTED;
-                snprintf(k->message, sizeof(k->message), "out of memory for the copy");
+            if (fwrite(reply->segment, 1, (size_t)r->copy_len, k->f) != (size_t)r->copy_len) {
+                k->status = STATUS_INTERNAL;
+                snprintf(k->message, sizeof(k->message), "writing the copy: %s", strerror(errno));
             } else {
-                memcpy(k->dst + at, reply->segment, (size_t)r->copy_len);
                 k->len += (size_t)r->copy_len;
             }
         }
@@ -210,7 +344,8 @@ static void copy_done(void *arg, int status, const char *message, const frame *r
     }
 }
 
-/* Fetches a whole image of group G from server prim. Returns 0 with it in k. */
+/* Fetches a whole image of group G from server prim into k->f (empty). Returns 0 with it
+ * there. */
 static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
 {
     char label[64], err[512];
@@ -228,8 +363,6 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
         return -1;
     }
     int rc = 0;
-    free(k->dst);
-    k->dst = NULL;
     k->total = k->len = 0;
     do {
         Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
@@ -259,22 +392,14 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
     return rc == 0 && k->len == k->total ? 0 : -1;
 }
 
-/* Restores an image into a fresh state of group G and makes it G's copy at log position lsn,
- * taken from primary `from` in view view_epoch, its last operation logged under `epoch`. */
-static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn, uint64_t epoch,
+/* Restores the image of len bytes in directory dir into a fresh state of group G and makes it
+ * G's copy at log position lsn, taken from primary `from` in view view_epoch, its last
+ * operation logged under `epoch`. */
+static int copy_install(rgroup *G, const char *dir, size_t len, uint64_t lsn, uint64_t epoch,
                         int32_t from, uint64_t view_epoch)
 {
-    char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128], err[4400];
-    if (mkdtemp(dir) == NULL) {
-        log_error("group %u: mkdtemp: %s", G->g, strerror(errno));
-        return -1;
-    }
-    snprintf(path, sizeof(path), "%s/ckpt-%u-1.psc", dir, G->g);
-    FILE *f = fopen(path, "wb");
-    bool ok = f && fwrite(img, 1, len, f) == len;
-    if (f && fclose(f) != 0)
-        ok = false;
-    server_state *st = ok ? repl_state_make(G->g, err, sizeof(err)) : NULL;
+    char err[4400];
+    server_state *st = repl_state_make(G->g, err, sizeof(err));
     int rc = -1;
     if (st) {
         checkpoint_config cc = {.dir = dir, .keep = 1, .cluster_hash = repl.cfg.cluster_hash};
@@ -288,8 +413,6 @@ static int copy_install(rgroup *G, const uint8_t *img, size_t len, uint64_t lsn,
                       r == CKPT_NONE ? "no image" : err);
         }
     }
-    unlink(path);
-    rmdir(dir);
     if (rc != 0) {
         server_state_free(st); /* with the tables a failed restore registered */
         return -1;
@@ -388,8 +511,28 @@ static void *copy_main(void *arg)
         int32_t prim = repl.cur.primary[G->g];
         uint64_t epoch = repl.cur.epoch;
         pthread_mutex_unlock(&repl.vlock);
-        if (prim >= 0 && prim != (int32_t)repl.cfg.self && copy_fetch(G, prim, &k, epoch) == 0 &&
-            copy_install(G, k.dst, k.len, k.lsn, k.epoch, prim, epoch) == 0) {
+        /* The image goes to a file as it arrives, restored from there. */
+        char dir[] = "/tmp/psd-rejoin-XXXXXX", path[128];
+        bool have_dir = mkdtemp(dir) != NULL;
+        if (!have_dir)
+            log_error("group %u: mkdtemp: %s", G->g, strerror(errno));
+        snprintf(path, sizeof(path), "%s/ckpt-%u-1.psc", dir, G->g);
+        k.f = have_dir ? fopen(path, "wb") : NULL;
+        if (have_dir && k.f == NULL)
+            log_error("group %u: cannot create %s: %s", G->g, path, strerror(errno));
+        bool fetched = k.f != NULL && prim >= 0 && prim != (int32_t)repl.cfg.self &&
+                       copy_fetch(G, prim, &k, epoch) == 0;
+        if (k.f != NULL && fclose(k.f) != 0 && fetched) {
+            log_error("group %u: writing %s: %s", G->g, path, strerror(errno));
+            fetched = false;
+        }
+        k.f = NULL;
+        bool installed = fetched && copy_install(G, dir, k.len, k.lsn, k.epoch, prim, epoch) == 0;
+        if (have_dir) {
+            unlink(path);
+            rmdir(dir);
+        }
+        if (installed) {
             /* A copy from a server that is no longer the primary (asked under a view that
              * changed meanwhile, the old primary not yet aware): the new one never streams to
              * this copy, which would never catch up. Copied again from the primary. */
@@ -406,7 +549,6 @@ static void *copy_main(void *arg)
         struct timespec ts = {0, 300 * 1000000};
         nanosleep(&ts, NULL);
     }
-    free(k.dst);
     pthread_mutex_lock(&G->q);
     G->copying = false;
     pthread_mutex_unlock(&G->q);

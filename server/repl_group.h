@@ -62,11 +62,9 @@ typedef struct rpeer {
     bool told;        /* catching up: it saw the log's end once; waited for from then (q) */
     bool confirmed;   /* catching up: it applied a batch that said it is waited for (q) */
     uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
-    /* Primary: the image of a copy this peer is fetching (q). */
-    uint8_t *img;
-    size_t img_len;
-    uint64_t img_lsn;
-    uint64_t img_epoch;
+    /* Primary: the copy this peer is fetching, streamed (repl_copy.c); NULL while a chunk of
+     * it is being read (q). */
+    struct copy_image *img;
     bool started; /* thread running */
     pthread_t thread;
     rpc_conn *conn;
@@ -181,6 +179,7 @@ int repl_ckpt_restore(rgroup *G, char *err, size_t errlen);
 
 /* repl_copy.c: rejoin copies, both sides. */
 void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq);
+void repl_copy_image_free(struct copy_image *ci);
 void repl_rejoin_locked(rgroup *G);
 
 #endif

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -178,7 +179,7 @@ static void repl_group_free(rgroup *G)
         repl_op_free(o);
     }
     for (uint32_t i = 0; i < G->npeers; i++)
-        free(G->peers[i].img);
+        repl_copy_image_free(G->peers[i].img);
     pthread_mutex_destroy(&G->order);
     pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
@@ -246,6 +247,47 @@ void replica_get_view(view *out)
     pthread_mutex_lock(&repl.vlock);
     *out = repl.cur;
     pthread_mutex_unlock(&repl.vlock);
+}
+
+/* How long a clean stop waits for the view that moves its groups, at most (also lease-ms). */
+#define HANDOVER_WAIT_MS 1000u
+
+void replica_await_handover(void)
+{
+    if (!repl.on || repl.agent == NULL)
+        return;
+    /* The others decide within a poll of the view (at most 500 ms): a second at most, so that
+     * a whole cluster stopped at once (no member left to take over) is not held long. */
+    uint32_t wait_ms = repl.cfg.lease_ms < HANDOVER_WAIT_MS ? repl.cfg.lease_ms : HANDOVER_WAIT_MS;
+    uint64_t t0 = time_now_ns(), until = t0 + (uint64_t)wait_ms * 1000000u;
+    for (;;) {
+        uint32_t serving = 0, successors = 0;
+        for (uint32_t g = 0; g < VIEW_MAX_SERVERS; g++) {
+            rgroup *G = repl.groups[g];
+            if (G == NULL)
+                continue;
+            pthread_mutex_lock(&G->q);
+            serving += G->serving;
+            for (uint32_t i = 0; G->serving && i < G->npeers; i++)
+                successors += G->peers[i].in_view;
+            pthread_mutex_unlock(&G->q);
+        }
+        if (serving > 0 && successors == 0)
+            return; /* no backup in the view to take a group over: nothing to wait for */
+        if (serving == 0) {
+            log_info("handed over: primary of no group %.3f s after giving up the lease",
+                     (double)(time_now_ns() - t0) * 1e-9);
+            return;
+        }
+        if (time_now_ns() >= until) {
+            log_info("still primary of %u group(s) %u ms after giving up the lease: stopping "
+                     "without waiting for the view that moves them",
+                     serving, wait_ms);
+            return;
+        }
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void replica_stop(void)

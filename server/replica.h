@@ -108,6 +108,15 @@ bool replica_sweeps_own(void);
 /* Groups this server is primary of whose backups are not all in the view (the metric). */
 uint32_t replica_degraded_groups(void);
 
+/* A clean stop, after the lease is given up (view_agent_leave): waits, at most a second (and
+ * lease-ms), for the view that moves this server's groups to other members, while requests are
+ * still served.
+ * Its installation answers the calls parked here with the new primary's name, so that their
+ * clients go there at once instead of waiting out a probe interval for a server that closed
+ * its sockets. Returns at once with a fixed view, when this server is primary of no group, or when
+ * no backup of a group it serves is in the view. A no-op when replica_start was not called. */
+void replica_await_handover(void);
+
 /* Stops the streams and answers the calls still waiting for backups with UNAVAILABLE (before
  * rpc_server_stop). A no-op when replica_start was not called. */
 void replica_stop(void);

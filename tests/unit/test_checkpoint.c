@@ -641,28 +641,40 @@ static void test_restore_verdict(void **state)
     (void)state;
     char m[1024];
     ckpt_record clean = {.state = CKPT_STOP_CLEAN, .seq = 3, .versions = 8};
-    assert_false(ckpt_restore_verdict(&clean, 0, true, 3, 8, m, sizeof(m)));
+    assert_false(ckpt_restore_verdict(&clean, 0, true, 3, 8, false, m, sizeof(m)));
     assert_non_null(strstr(m, "shut down cleanly after writing checkpoint 3: nothing was lost"));
     /* The clean stop's final checkpoint did not restore: 5 updates lost, not "nothing". */
-    assert_true(ckpt_restore_verdict(&clean, 0, true, 2, 3, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&clean, 0, true, 2, 3, false, m, sizeof(m)));
     assert_non_null(strstr(m, "checkpoint 3, the newest the previous server wrote, could not be "
                               "restored; checkpoint 2 was: 5 updates"));
     assert_null(strstr(m, "nothing was lost"));
     ckpt_record running = {.state = CKPT_STOP_RUNNING, .seq = 3, .versions = 8};
-    assert_true(ckpt_restore_verdict(&running, 0, true, 3, 8, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&running, 0, true, 3, 8, false, m, sizeof(m)));
     assert_non_null(strstr(m, "did not shut down cleanly: the updates it applied after "
                               "checkpoint 3 are lost"));
-    assert_true(ckpt_restore_verdict(&running, 0, false, 0, 0, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&running, 0, false, 0, 0, false, m, sizeof(m)));
     assert_non_null(strstr(m, "wrote checkpoint 3 (8 updates"));
     ckpt_record none = {0};
-    assert_false(ckpt_restore_verdict(&none, 0, false, 0, 0, m, sizeof(m)));
-    assert_true(ckpt_restore_verdict(&none, 0, true, 5, 9, m, sizeof(m)));
+    assert_false(ckpt_restore_verdict(&none, 0, false, 0, 0, false, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&none, 0, true, 5, 9, false, m, sizeof(m)));
     assert_non_null(strstr(m, "no record of how the previous ps 0 stopped"));
     ckpt_record legacy = {.legacy = true};
-    assert_true(ckpt_restore_verdict(&legacy, 0, true, 5, 9, m, sizeof(m)));
+    assert_true(ckpt_restore_verdict(&legacy, 0, true, 5, 9, false, m, sizeof(m)));
     assert_non_null(strstr(m, "did not shut down cleanly"));
     ckpt_record clean_empty = {.state = CKPT_STOP_CLEAN};
-    assert_false(ckpt_restore_verdict(&clean_empty, 0, false, 0, 0, m, sizeof(m)));
+    assert_false(ckpt_restore_verdict(&clean_empty, 0, false, 0, 0, false, m, sizeof(m)));
+    /* Replicated: a crash's checkpoint is one copy among the group's; its groups come back
+     * from the newest copy in the view, so nothing is said to be lost. */
+    assert_false(ckpt_restore_verdict(&running, 1, true, 3, 8, true, m, sizeof(m)));
+    assert_null(strstr(m, "are lost"));
+    assert_non_null(strstr(m, "ps 1: the previous server did not shut down cleanly "
+                              "(checkpoint 3 restored); with replicas"));
+    assert_non_null(strstr(m, "copies its groups back from their primaries"));
+    assert_false(ckpt_restore_verdict(&running, 1, false, 0, 0, true, m, sizeof(m)));
+    assert_non_null(strstr(m, "(no checkpoint restored)"));
+    /* A clean stop restored whole says so, replicated or not. */
+    assert_false(ckpt_restore_verdict(&clean, 0, true, 3, 8, true, m, sizeof(m)));
+    assert_non_null(strstr(m, "nothing was lost"));
 }
 
 /* A sparse table through a chain (full-every 3): full, delta, delta, full, delta, delta, each
