@@ -4,14 +4,73 @@
  * the table's budget). Without RocksDB (PSD_HAVE_ROCKSDB undefined) every open fails. */
 #include "cold_store.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+void cold_store_dir_name(char *buf, size_t cap, const char *parent, const char *label)
+{
+    static _Atomic unsigned seq;
+    snprintf(buf, cap, "%s/%s.%ld.%u", parent, label, (long)getpid(), atomic_fetch_add(&seq, 1));
+}
+
+/* The pid of a name cold_store_dir_name made (label.<pid>.<n>), or 0. */
+static long name_pid(const char *name)
+{
+    const char *last = strrchr(name, '.');
+    if (last == NULL || last == name || last[1] == '\0')
+        return 0;
+    const char *p = last - 1;
+    while (p > name && *p != '.')
+        p--;
+    if (*p != '.')
+        return 0;
+    char *end;
+    long pid = strtol(p + 1, &end, 10);
+    return end == last && pid > 0 ? pid : 0;
+}
+
+int cold_store_remove_stale(const char *parent)
+{
+    DIR *d = opendir(parent);
+    if (d == NULL)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long pid = name_pid(e->d_name);
+        if (pid == 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
+        DIR *sub = opendir(path);
+        if (sub == NULL)
+            continue;
+        struct dirent *f;
+        while ((f = readdir(sub)) != NULL) {
+            if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0)
+                continue;
+            char file[8192];
+            snprintf(file, sizeof(file), "%s/%s", path, f->d_name);
+            (void)unlink(file);
+        }
+        closedir(sub);
+        if (rmdir(path) == 0)
+            removed++;
+    }
+    closedir(d);
+    return removed;
+}
 
 #ifdef PSD_HAVE_ROCKSDB
 
 #include <rocksdb/c.h>
-#include <unistd.h>
 
 #define COLD_WRITE_BUFFER (16u << 20)
 #define COLD_BLOCK_CACHE (32u << 20)
@@ -19,6 +78,7 @@
 
 struct cold_store {
     rocksdb_t *db;
+    rocksdb_column_family_handle_t *cf; /* the default family (for batched reads) */
     rocksdb_options_t *opts;
     rocksdb_block_based_table_options_t *topts;
     rocksdb_cache_t *cache;
@@ -84,7 +144,9 @@ cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
     rocksdb_destroy_db(s->opts, dir, &rerr);
     rocksdb_free(rerr);
     rerr = NULL;
-    s->db = rocksdb_open(s->opts, dir, &rerr);
+    const char *cf_names[] = {"default"};
+    const rocksdb_options_t *cf_opts[] = {s->opts};
+    s->db = rocksdb_open_column_families(s->opts, dir, 1, cf_names, cf_opts, &s->cf, &rerr);
     if (s->db == NULL) {
         char what[512];
         snprintf(what, sizeof(what), "cold store %s: cannot open", dir);
@@ -99,6 +161,8 @@ void cold_store_close(cold_store *s, bool remove)
 {
     if (s == NULL)
         return;
+    if (s->cf != NULL)
+        rocksdb_column_family_handle_destroy(s->cf);
     if (s->db != NULL)
         rocksdb_close(s->db);
     if (remove && s->db != NULL) {
@@ -128,11 +192,10 @@ int cold_store_multiget(cold_store *s, size_t n, const unsigned char *keys, size
         return 0;
     const char **kl = malloc(n * sizeof(*kl));
     size_t *ks = malloc(n * sizeof(*ks));
-    char **vl = calloc(n, sizeof(*vl));
-    size_t *vs = calloc(n, sizeof(*vs));
+    rocksdb_pinnableslice_t **vl = calloc(n, sizeof(*vl));
     char **errs = calloc(n, sizeof(*errs));
     int rc = 0;
-    if (kl == NULL || ks == NULL || vl == NULL || vs == NULL || errs == NULL) {
+    if (kl == NULL || ks == NULL || vl == NULL || errs == NULL) {
         snprintf(err, errlen, "cold store %s: out of memory for %zu reads", s->dir, n);
         rc = -1;
         goto out;
@@ -141,8 +204,11 @@ int cold_store_multiget(cold_store *s, size_t n, const unsigned char *keys, size
         kl[i] = (const char *)keys + i * klen;
         ks[i] = klen;
     }
-    rocksdb_multi_get(s->db, s->ropts, n, kl, ks, vl, vs, errs);
+    /* Batched: one pass over the memtables and each file's blocks for all the keys. */
+    rocksdb_batched_multi_get_cf(s->db, s->ropts, s->cf, n, kl, ks, vl, errs, false);
     for (size_t i = 0; i < n; i++) {
+        size_t vs = 0;
+        const char *v = vl[i] ? rocksdb_pinnableslice_value(vl[i], &vs) : NULL;
         found[i] = false;
         if (errs[i] != NULL) {
             if (rc == 0) {
@@ -154,21 +220,22 @@ int cold_store_multiget(cold_store *s, size_t n, const unsigned char *keys, size
             }
             errs[i] = NULL;
             rc = -1;
-        } else if (vl[i] != NULL && vs[i] != vlen && rc == 0) {
-            snprintf(err, errlen, "cold store %s: a value of %zu bytes, not %zu", s->dir, vs[i],
-                     vlen);
+        } else if (v != NULL && vs != vlen) {
+            if (rc == 0)
+                snprintf(err, errlen, "cold store %s: a value of %zu bytes, not %zu", s->dir, vs,
+                         vlen);
             rc = -1;
-        } else if (vl[i] != NULL) {
-            memcpy(vals + i * vlen, vl[i], vlen);
+        } else if (v != NULL) {
+            memcpy(vals + i * vlen, v, vlen);
             found[i] = true;
         }
-        rocksdb_free(vl[i]);
+        if (vl[i] != NULL)
+            rocksdb_pinnableslice_destroy(vl[i]);
     }
 out:
     free(kl);
     free(ks);
     free(vl);
-    free(vs);
     free(errs);
     return rc;
 }

@@ -29,6 +29,15 @@ bool cold_store_available(void);
  * held is dropped. Returns NULL with a message in err on failure. */
 cold_store *cold_store_open(const char *dir, char *err, size_t errlen);
 
+/* A fresh store directory's path under parent in buf: parent/label.<pid>.<n> (n counts the
+ * process's calls), so that stores of processes sharing parent never meet. */
+void cold_store_dir_name(char *buf, size_t cap, const char *parent, const char *label);
+
+/* Removes what processes no longer running (a SIGKILL, a crash) left under parent: the
+ * directories named by cold_store_dir_name whose pid is not alive on this machine (parent must
+ * be local to it). Returns the number removed. */
+int cold_store_remove_stale(const char *parent);
+
 /* Closes the store; remove: also deletes its directory and files. NULL is a no-op. */
 void cold_store_close(cold_store *s, bool remove);
 

@@ -323,6 +323,12 @@ int main(int argc, char **argv)
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
+    if (cold_dir && cold_dir[0]) {
+        int stale = cold_store_remove_stale(cold_dir);
+        if (stale > 0)
+            log_info("cold-dir %s: removed %d table stores that stopped processes left", cold_dir,
+                     stale);
+    }
     registry_set_cold_dir(cold_dir);
 
     static server_state st;

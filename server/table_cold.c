@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "util.h"
 
@@ -53,10 +52,9 @@ static uint32_t part_index(const table *t, const partition *p)
 
 int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
 {
-    static _Atomic unsigned seq;
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/table-%016llx-%ld-%u", dir, (unsigned long long)t->name_key,
-             (long)getpid(), atomic_fetch_add(&seq, 1));
+    char path[4096], label[64];
+    snprintf(label, sizeof(label), "table-%016llx", (unsigned long long)t->name_key);
+    cold_store_dir_name(path, sizeof(path), dir, label);
     char why[1024];
     t->cold = cold_store_open(path, why, sizeof(why));
     if (t->cold == NULL)

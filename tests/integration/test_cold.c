@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -151,6 +152,19 @@ static void assert_tables_agree(tables *ts, float *saved, bool compare)
     }
 }
 
+/* Entries of a directory (. and .. not counted). */
+static int count_entries(const char *path)
+{
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
 static void start(test_ps *p, const char *cold_dir)
 {
     const char *extra[] = {
@@ -208,6 +222,9 @@ static void test_same_as_ram_and_restore(void **state)
     test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
 
     start(&p, cold_dir);
+    /* The killed process's stores were removed at the start: only the restored tables' are
+     * left (one per cold table). */
+    assert_int_equal(count_entries(cold_dir), (int)NKINDS);
     c = test_ps_open_client(&p, NULL, NULL);
     assert_non_null(c);
     make_tables(c, &ts); /* the restored tables (same specs) */

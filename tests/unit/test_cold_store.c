@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -160,6 +161,32 @@ static void test_iterate_range_and_snapshot(void **state)
     cold_store_close(s, true);
 }
 
+/* Directories of stores whose process is gone are removed; a live process's and other names
+ * stay. */
+static void test_remove_stale(void **state)
+{
+    (void)state;
+    char parent[300], path[400], file[500];
+    snprintf(parent, sizeof(parent), "%s/stale", dir);
+    assert_int_equal(mkdir(parent, 0755), 0);
+    snprintf(path, sizeof(path), "%s/table-ab.2147483600.3", parent); /* no such pid */
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(file, sizeof(file), "%s/000001.sst", path);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("x", f);
+    fclose(f);
+    char mine[400], other[400];
+    cold_store_dir_name(mine, sizeof(mine), parent, "table-cd");
+    assert_int_equal(mkdir(mine, 0755), 0);
+    snprintf(other, sizeof(other), "%s/notes", parent);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(cold_store_remove_stale(parent), 1);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(access(mine, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+}
+
 static void test_open_fails_with_reason(void **state)
 {
     (void)state;
@@ -176,6 +203,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_delete),
         cmocka_unit_test(test_iterate_range_and_snapshot),
+        cmocka_unit_test(test_remove_stale),
         cmocka_unit_test(test_open_fails_with_reason),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
