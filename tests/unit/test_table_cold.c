@@ -4,7 +4,9 @@
  * checkpoint cuts and copies carry the cold rows and a restore brings them back; max_rows, the
  * TTL sweep, table_remove, table_partition_clear and export cover the disk; the spec's errors.
  * Skipped with a reason when the build has no RocksDB. */
+#include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -359,6 +361,184 @@ static void test_limits_and_removal(void **state)
     table_destroy(t);
 }
 
+/* A budget of cap bytes. */
+typedef struct cap_budget {
+    uint64_t used, cap;
+} cap_budget;
+
+static bool cap_take(void *arg, uint64_t bytes)
+{
+    cap_budget *b = arg;
+    if (b->used + bytes > b->cap)
+        return false;
+    b->used += bytes;
+    return true;
+}
+
+static void cap_give(void *arg, uint64_t bytes)
+{
+    cap_budget *b = arg;
+    b->used -= bytes;
+}
+
+/* Rows the budget refuses memory for go to disk instead of away: a cold table under a small
+ * budget (and a ram_rows that never binds) ends equal to a table in RAM without one. */
+static void test_budget_demotes(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    enum { IDS = 2000, BATCH = 200 };
+    table_spec s = spec_of("cold_budget", 8, OPTIMIZER_ADAM, 0);
+    table *ram = make(&s);
+    cap_budget b = {0, UINT64_MAX};
+    s.ram_rows = 1000000;
+    s.cold_dir = dir;
+    s.budget = (table_budget){cap_take, cap_give, &b};
+    table *cold = make(&s);
+    b.cap = b.used + 16 * 14 * 1024 + 8 * 1024; /* two slabs a partition, and a little */
+    int64_t ids[BATCH];
+    float g[BATCH * 8];
+    for (int r = 0; r < 50; r++) {
+        for (int i = 0; i < BATCH; i++) {
+            ids[i] = (int64_t)(rnd() % IDS);
+            for (int k = 0; k < 8; k++)
+                g[i * 8 + k] = rnd_grad();
+        }
+        push_ok(ram, ids, BATCH, g, r);
+        push_ok(cold, ids, BATCH, g, r);
+    }
+    assert_same_rows(ram, cold);
+    table_stats st;
+    table_stats_get(cold, &st);
+    assert_true(st.rows_disk > 0 && st.demotions > 0);
+    assert_int_equal(st.evicted_memory, 0);
+    assert_int_equal(st.rows_refused, 0);
+    assert_true(b.used <= b.cap);
+    table_destroy(ram);
+    table_destroy(cold);
+    assert_int_equal(b.used, 0);
+}
+
+/* Threads pushing disjoint ids, pulling and cutting at once: every row ends as the same pushes
+ * applied to a table in RAM, and every cut holds each row once. */
+typedef struct conc_arg {
+    table *t;
+    int id, rounds;
+    _Atomic int *stop;
+} conc_arg;
+
+enum { CONC_THREADS = 3, CONC_IDS = 3000, CONC_BATCH = 100, CONC_DIM = 4 };
+
+/* Thread k's batch of round r: ids = k mod CONC_THREADS, gradients from (k, r, i). */
+static void conc_batch(int k, int r, int64_t *ids, float *g)
+{
+    for (int i = 0; i < CONC_BATCH; i++) {
+        uint64_t h = (uint64_t)(k * 1000003 + r * 7919 + i) * 0x9E3779B97F4A7C15u;
+        h ^= h >> 29;
+        ids[i] = (int64_t)((h % (CONC_IDS / CONC_THREADS)) * CONC_THREADS + (uint64_t)k);
+        for (int d = 0; d < CONC_DIM; d++)
+            g[i * CONC_DIM + d] = (float)((h >> (8 * d)) % 200) / 400.0f - 0.25f;
+    }
+}
+
+static void *conc_pusher(void *p)
+{
+    conc_arg *a = p;
+    int64_t ids[CONC_BATCH];
+    float g[CONC_BATCH * CONC_DIM];
+    char err[256];
+    for (int r = 0; r < a->rounds; r++) {
+        conc_batch(a->id, r, ids, g);
+        if (table_push(a->t, ids, CONC_BATCH, g, r, err, sizeof(err)) != TABLE_OK)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void *conc_puller(void *p)
+{
+    conc_arg *a = p;
+    int64_t ids[64];
+    float out[64 * CONC_DIM];
+    uint64_t x = 99;
+    while (!atomic_load(a->stop)) {
+        for (int i = 0; i < 64; i++) {
+            x = x * 6364136223846793005u + 1442695040888963407u;
+            ids[i] = (int64_t)((x >> 33) % CONC_IDS);
+        }
+        table_pull(a->t, ids, 64, out);
+    }
+    return NULL;
+}
+
+static void *conc_cutter(void *p)
+{
+    conc_arg *a = p;
+    while (!atomic_load(a->stop)) {
+        table_cut *c = table_cut_begin(a->t, 0, 0, false);
+        if (c == NULL || table_cut_finish(c) != 0)
+            return (void *)1;
+        size_t total = 0;
+        for (uint32_t q = 0; q < table_partitions(a->t); q++)
+            total += table_cut_rows(c, q)->n;
+        table_cut_free(c);
+        if (total > CONC_IDS)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void test_concurrent(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    enum { ROUNDS = 60 };
+    table_spec s = spec_of("cold_conc", CONC_DIM, OPTIMIZER_ADAGRAD, 0);
+    table *ram = make(&s);
+    s.ram_rows = CONC_IDS / 10;
+    s.cold_dir = dir;
+    table *cold = make(&s);
+    _Atomic int stop = 0;
+    pthread_t th[CONC_THREADS + 2];
+    conc_arg args[CONC_THREADS + 2];
+    for (int k = 0; k < CONC_THREADS + 2; k++) {
+        args[k] = (conc_arg){cold, k, ROUNDS, &stop};
+        void *(*fn)(void *) = k < CONC_THREADS    ? conc_pusher
+                              : k == CONC_THREADS ? conc_puller
+                                                  : conc_cutter;
+        assert_int_equal(pthread_create(&th[k], NULL, fn, &args[k]), 0);
+    }
+    void *ret;
+    for (int k = 0; k < CONC_THREADS; k++) {
+        assert_int_equal(pthread_join(th[k], &ret), 0);
+        assert_null(ret);
+    }
+    atomic_store(&stop, 1);
+    for (int k = CONC_THREADS; k < CONC_THREADS + 2; k++) {
+        assert_int_equal(pthread_join(th[k], &ret), 0);
+        assert_null(ret);
+    }
+    /* The same pushes, one thread after the other (each row sees its own thread's only). */
+    int64_t ids[CONC_BATCH];
+    float g[CONC_BATCH * CONC_DIM];
+    for (int k = 0; k < CONC_THREADS; k++)
+        for (int r = 0; r < ROUNDS; r++) {
+            conc_batch(k, r, ids, g);
+            push_ok(ram, ids, CONC_BATCH, g, r);
+        }
+    /* Update times differ (the rounds interleave differently): compare the floats only. */
+    all_rows x = rows_of(ram), y = rows_of(cold);
+    assert_int_equal(x.n, y.n);
+    assert_memory_equal(x.ids, y.ids, x.n * sizeof(int64_t));
+    assert_memory_equal(x.rows, y.rows, x.n * x.w * sizeof(float));
+    rows_free(&x);
+    rows_free(&y);
+    table_destroy(ram);
+    table_destroy(cold);
+}
+
 static void expect_refused(const table_spec *s, const char *what)
 {
     char err[512] = "";
@@ -393,10 +573,9 @@ int main(void)
     if (!cold_store_available())
         fprintf(stderr, "table-cold: built without RocksDB: the cold tier's tests are skipped\n");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_same_as_in_ram),
-        cmocka_unit_test(test_cut_and_restore),
-        cmocka_unit_test(test_limits_and_removal),
-        cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_same_as_in_ram),     cmocka_unit_test(test_cut_and_restore),
+        cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
+        cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
