@@ -505,19 +505,24 @@ static bool cold_read_one(table *t, partition *p, int64_t id, unsigned char *val
 }
 
 /* table_pull of a table with a cold tier: per partition, the ids found in RAM under its lock
- * shared, then (when the partition has rows on disk) the others read from disk in one batch
- * under its lock and promoted. Returns false when memory runs out (no row written). */
+ * shared; then the others, of every partition that has rows on disk, read from disk in one
+ * batch for the whole call (no lock held); then per such partition, under its lock, those rows
+ * promoted (read again first when its rows on disk changed meanwhile). Returns false when
+ * memory runs out (no row written). */
 static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
 {
     const size_t vb = table_cold_value_bytes(t);
     uint64_t *hashes = malloc(n * sizeof(*hashes));
     uint32_t *order = malloc(n * sizeof(*order)), *miss = malloc(n * sizeof(*miss));
     uint32_t *starts = calloc(t->nparts + 1, sizeof(*starts));
-    uint32_t *fill = malloc(t->nparts * sizeof(*fill));
+    uint32_t *mstart = calloc(t->nparts + 1, sizeof(*mstart));
+    uint32_t *fill = malloc(t->nparts * sizeof(*fill)), *mparts = malloc(n * sizeof(*mparts));
+    uint64_t *moves = malloc(t->nparts * sizeof(*moves));
     int64_t *mids = malloc(n * sizeof(*mids));
     bool *found = malloc(n * sizeof(*found)), *init = calloc(n, sizeof(*init));
     unsigned char *vals = malloc(n * vb), *one = malloc(vb);
-    bool ok = hashes && order && miss && starts && fill && mids && found && init && vals && one;
+    bool ok = hashes && order && miss && starts && mstart && fill && mparts && moves && mids &&
+              found && init && vals && one;
     if (ok) {
         for (size_t i = 0; i < n; i++) {
             hashes[i] = table_id_hash(ids[i]);
@@ -529,45 +534,56 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
         for (size_t i = 0; i < n; i++)
             order[fill[part_of(t, hashes[i])]++] = (uint32_t)i;
     }
+    /* RAM first; the misses of partitions with rows on disk noted, with their cold_moves. */
+    size_t nm = 0;
     for (uint32_t q = 0; ok && q < t->nparts; q++) {
+        mstart[q] = (uint32_t)nm;
         if (starts[q] == starts[q + 1])
             continue;
         partition *p = &t->parts[q];
-        size_t nm = 0;
         pthread_rwlock_rdlock(&p->lock);
+        bool cold = p->cold_rows > 0;
+        moves[q] = p->cold_moves;
         for (uint32_t e = starts[q]; e < starts[q + 1]; e++) {
             uint32_t i = order[e];
             count_add(&p->lookups, 1);
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
-            if (slot1 != 0)
+            if (slot1 != 0) {
                 row_dtype_widen(t->dtype, out + i * (size_t)t->dim,
                                 row_params(row_at(t, p, slot1 - 1)), t->dim);
-            else
-                miss[nm++] = i;
+            } else if (!cold) {
+                init[i] = true;
+            } else {
+                miss[nm] = i;
+                mids[nm] = ids[i];
+                mparts[nm++] = q;
+            }
         }
-        bool cold = p->cold_rows > 0;
         pthread_rwlock_unlock(&p->lock);
-        if (nm == 0)
+    }
+    if (ok)
+        mstart[t->nparts] = (uint32_t)nm;
+    /* One read of the disk for the whole call. */
+    if (ok && nm > 0)
+        (void)table_cold_get_many(t, mparts, mids, nm, vals, found);
+    for (uint32_t q = 0; ok && q < t->nparts; q++) {
+        if (mstart[q] == mstart[q + 1])
             continue;
-        if (!cold) {
-            for (size_t k = 0; k < nm; k++)
-                init[miss[k]] = true;
-            continue;
-        }
+        partition *p = &t->parts[q];
         table_write_lock(t, p);
-        for (size_t k = 0; k < nm; k++)
-            mids[k] = ids[miss[k]];
-        (void)table_cold_get(t, p, mids, nm, vals, found);
+        uint32_t m0 = mstart[q], cnt = mstart[q + 1] - m0;
+        if (p->cold_moves != moves[q]) /* changed since: read again */
+            (void)table_cold_get(t, p, mids + m0, cnt, vals + (size_t)m0 * vb, found + m0);
         uint64_t gen = p->cold_gen;
-        for (size_t k = 0; k < nm; k++) {
+        for (uint32_t k = m0; k < m0 + cnt; k++) {
             uint32_t i = miss[k];
             float *dst = out + i * (size_t)t->dim;
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
-            if (slot1 != 0) { /* promoted since (a duplicate, another call) */
+            if (slot1 != 0) { /* promoted since (a duplicate), or made */
                 row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
                 continue;
             }
-            const unsigned char *val = vals + k * vb;
+            const unsigned char *val = vals + (size_t)k * vb;
             /* Read again when disk rows were deleted meanwhile (a duplicate whose promoted row
              * went back to disk has the value read: a pull changes no row). */
             bool have = found[k];
@@ -595,7 +611,10 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
     free(order);
     free(miss);
     free(starts);
+    free(mstart);
     free(fill);
+    free(mparts);
+    free(moves);
     free(mids);
     free(found);
     free(init);
@@ -641,12 +660,22 @@ typedef struct batch {
     unsigned char *saved; /* [row_bytes] a row as it was before its update */
     float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
     /* A table with a cold tier: per distinct id, where its row was when its partition's turn
-     * began (COLD_IN_RAM, COLD_NONE, else COLD_FOUND + its value's index in vals). */
-    uint32_t *where;     /* [nu] */
-    int64_t *mids;       /* [largest group] the ids read from disk */
-    bool *found;         /* [largest group] */
-    unsigned char *vals; /* [largest group * table_cold_value_bytes] their values */
-    unsigned char *one;  /* [table_cold_value_bytes] one value read alone */
+     * began (COLD_IN_RAM, COLD_NONE, COLD_FOUND: its value at vp[u]). The rows not in RAM are
+     * read for the whole push before any partition is locked for writing (pre*), and read
+     * again per partition (the rest) when its rows on disk changed meanwhile. */
+    uint8_t *where;              /* [nu] */
+    const unsigned char **vp;    /* [nu] */
+    uint64_t *moves;             /* [nparts] each partition's cold_moves at the read */
+    size_t npre;                 /* ids read for the whole push */
+    int64_t *pre_ids;            /* [nu] */
+    uint32_t *pre_parts, *pre_u; /* [nu] their partitions and distinct indexes */
+    bool *pre_found;             /* [nu] */
+    unsigned char *pre_vals;     /* [nu * table_cold_value_bytes] */
+    int64_t *mids;               /* [largest group] ids read again */
+    uint32_t *mu;                /* [largest group] their distinct indexes */
+    bool *found;                 /* [largest group] */
+    unsigned char *vals;         /* [largest group * table_cold_value_bytes] their values */
+    unsigned char *one;          /* [table_cold_value_bytes] one value read alone */
 } batch;
 
 enum { COLD_IN_RAM = 0, COLD_NONE = 1, COLD_FOUND = 2 };
@@ -663,6 +692,14 @@ static void batch_free(batch *b)
     free(b->saved);
     free(b->wide);
     free(b->where);
+    free(b->vp);
+    free(b->moves);
+    free(b->pre_ids);
+    free(b->pre_parts);
+    free(b->pre_u);
+    free(b->pre_found);
+    free(b->pre_vals);
+    free(b->mu);
     free(b->mids);
     free(b->found);
     free(b->vals);
@@ -739,12 +776,23 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
         size_t most = 1, vb = table_cold_value_bytes(t);
         for (uint32_t q = 0; q < t->nparts; q++)
             most = b->starts[q + 1] - b->starts[q] > most ? b->starts[q + 1] - b->starts[q] : most;
-        b->where = calloc(b->nu ? b->nu : 1, sizeof(*b->where));
+        size_t nu = b->nu ? b->nu : 1;
+        b->where = calloc(nu, sizeof(*b->where));
+        b->vp = calloc(nu, sizeof(*b->vp));
+        b->moves = calloc(t->nparts, sizeof(*b->moves));
+        b->pre_ids = malloc(nu * sizeof(*b->pre_ids));
+        b->pre_parts = malloc(nu * sizeof(*b->pre_parts));
+        b->pre_u = malloc(nu * sizeof(*b->pre_u));
+        b->pre_found = malloc(nu * sizeof(*b->pre_found));
+        b->pre_vals = malloc(nu * vb);
         b->mids = malloc(most * sizeof(*b->mids));
+        b->mu = malloc(most * sizeof(*b->mu));
         b->found = malloc(most * sizeof(*b->found));
         b->vals = malloc(most * vb);
         b->one = malloc(vb);
-        if (!b->where || !b->mids || !b->found || !b->vals || !b->one) {
+        if (!b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts || !b->pre_u ||
+            !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found || !b->vals ||
+            !b->one) {
             batch_free(b);
             return -1;
         }
@@ -752,10 +800,51 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     return 0;
 }
 
-/* A table with a cold tier: reads the rows of partition q's ids that are not in RAM from disk,
- * in one batch (p write-locked), noting in b->where where each row is. */
+/* A table with a cold tier: reads the push's rows that are not in RAM from disk, in one batch
+ * for the whole push, each partition looked at under its lock shared (its cold_moves noted). */
+static void batch_cold_prefetch(table *t, batch *b)
+{
+    b->npre = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        if (b->starts[q] == b->starts[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        b->moves[q] = p->cold_moves;
+        for (uint32_t e = b->starts[q]; e < b->starts[q + 1]; e++) {
+            uint32_t u = b->order[e];
+            b->where[u] = COLD_NONE;
+            if (p->cold_rows == 0)
+                continue;
+            if (table_index_find(&p->ix, b->uids[u], b->hashes[u]) != 0) {
+                b->where[u] = COLD_IN_RAM;
+                continue;
+            }
+            b->pre_ids[b->npre] = b->uids[u];
+            b->pre_parts[b->npre] = q;
+            b->pre_u[b->npre++] = u;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    if (b->npre == 0)
+        return;
+    (void)table_cold_get_many(t, b->pre_parts, b->pre_ids, b->npre, b->pre_vals, b->pre_found);
+    size_t vb = table_cold_value_bytes(t);
+    for (size_t k = 0; k < b->npre; k++) {
+        uint32_t u = b->pre_u[k];
+        if (b->pre_found[k]) {
+            b->where[u] = COLD_FOUND;
+            b->vp[u] = b->pre_vals + k * vb;
+        }
+    }
+}
+
+/* At partition q's turn (p write-locked): where each of its ids' rows is now. The prefetch
+ * holds when p's rows on disk did not change since (a row noted absent may have been made in
+ * RAM since: the index says so); otherwise the ids not in RAM are read again, in one batch. */
 static void batch_cold_read(table *t, partition *p, uint32_t q, batch *b)
 {
+    bool same = p->cold_moves == b->moves[q];
     size_t nm = 0;
     for (uint32_t e = b->starts[q]; e < b->starts[q + 1]; e++) {
         uint32_t u = b->order[e];
@@ -763,22 +852,23 @@ static void batch_cold_read(table *t, partition *p, uint32_t q, batch *b)
             b->where[u] = COLD_IN_RAM;
             continue;
         }
+        if (same && b->where[u] != COLD_IN_RAM)
+            continue; /* as prefetched */
         b->where[u] = COLD_NONE;
-        if (p->cold_rows > 0)
-            b->mids[nm++] = b->uids[u];
+        if (p->cold_rows > 0) {
+            b->mids[nm] = b->uids[u];
+            b->mu[nm++] = u;
+        }
     }
     if (nm == 0)
         return;
     (void)table_cold_get(t, p, b->mids, nm, b->vals, b->found);
-    size_t k = 0;
-    for (uint32_t e = b->starts[q]; e < b->starts[q + 1]; e++) {
-        uint32_t u = b->order[e];
-        if (b->where[u] != COLD_NONE)
-            continue;
-        if (b->found[k])
-            b->where[u] = COLD_FOUND + (uint32_t)k;
-        k++;
-    }
+    size_t vb = table_cold_value_bytes(t);
+    for (size_t k = 0; k < nm; k++)
+        if (b->found[k]) {
+            b->where[b->mu[k]] = COLD_FOUND;
+            b->vp[b->mu[k]] = b->vals + k * vb;
+        }
 }
 
 /* The value of distinct id u's row on disk for its push (p write-locked, u absent from RAM):
@@ -788,8 +878,8 @@ static const unsigned char *batch_cold_value(table *t, partition *p, batch *b, u
                                              uint64_t gen0)
 {
     uint32_t w = b->where[u];
-    if (w >= COLD_FOUND && p->cold_gen == gen0)
-        return b->vals + (size_t)(w - COLD_FOUND) * table_cold_value_bytes(t);
+    if (w == COLD_FOUND && p->cold_gen == gen0)
+        return b->vp[u];
     if (w == COLD_NONE && p->cold_gen == gen0)
         return NULL; /* not on disk then, and no row of this push went there since unless
                         it was in RAM */
@@ -844,6 +934,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
      * start apart): every copy of a replicated table goes through a push's partitions in the
      * same order, so that what the budget lets each one make is the same. */
     uint32_t first = n ? (uint32_t)mix64((uint64_t)ids[0] ^ ((uint64_t)n << 32)) : 0;
+    if (t->cold != NULL)
+        batch_cold_prefetch(t, &b);
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
         if (b.starts[q] == b.starts[q + 1])

@@ -102,6 +102,30 @@ int table_cold_get(table *t, partition *p, const int64_t *ids, size_t n, unsigne
     return rc;
 }
 
+int table_cold_get_many(table *t, const uint32_t *parts, const int64_t *ids, size_t n,
+                        unsigned char *vals, bool *found)
+{
+    if (n == 0)
+        return 0;
+    unsigned char *keys = malloc(n * COLD_ROW_KEY);
+    if (keys == NULL) {
+        memset(found, 0, n * sizeof(*found));
+        count_add(&t->cold_errors, 1);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        row_key(keys + i * COLD_ROW_KEY, parts[i], ids[i]);
+    char why[512];
+    int rc = cold_store_multiget(t->cold, n, keys, COLD_ROW_KEY, vals, table_cold_value_bytes(t),
+                                 found, why, sizeof(why));
+    free(keys);
+    if (rc != 0) {
+        memset(found, 0, n * sizeof(*found));
+        count_add(&t->cold_errors, 1);
+    }
+    return rc;
+}
+
 void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val)
 {
     unsigned char k[COLD_TIME_KEY];
@@ -113,6 +137,7 @@ void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val
     time_key(k, q, upd, id);
     cold_batch_put(p->cold_wb, k, COLD_TIME_KEY, "", 0);
     p->cold_rows++;
+    p->cold_moves++;
 }
 
 void table_cold_demote(table *t, partition *p, const row_header *r)
@@ -133,6 +158,7 @@ void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms)
     time_key(k, q, updated_ms, id);
     cold_batch_delete(p->cold_wb, k, COLD_TIME_KEY);
     p->cold_rows--;
+    p->cold_moves++;
 }
 
 /* Deletes the cold rows of p whose time keys lie in [lo, hi) (up to max of them). */
@@ -158,6 +184,7 @@ static size_t delete_by_time(table *t, partition *p, const unsigned char *lo,
     cold_iter_free(it);
     p->cold_rows -= n <= p->cold_rows ? n : p->cold_rows;
     p->cold_gen++;
+    p->cold_moves++;
     (void)table_cold_flush(t, p);
     return n;
 }

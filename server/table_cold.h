@@ -54,6 +54,13 @@ static inline void table_write_unlock(table *t, partition *p)
 int table_cold_get(table *t, partition *p, const int64_t *ids, size_t n, unsigned char *vals,
                    bool *found);
 
+/* Reads the rows of ids[0..n) (ids[i] of partition parts[i]) from disk in one batch, with no
+ * partition locked: what a partition held when its lock was last released (its writes are
+ * flushed then). Its caller checks, under the partition's lock, that its cold_moves did not
+ * change since it noted them, else reads again (table_cold_get). Returns as table_cold_get. */
+int table_cold_get_many(table *t, const uint32_t *parts, const int64_t *ids, size_t n,
+                        unsigned char *vals, bool *found);
+
 /* Demotion: queues row r of p (write-locked; the caller then removes it from RAM) to disk. */
 void table_cold_demote(table *t, partition *p, const row_header *r);
 

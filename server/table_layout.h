@@ -73,6 +73,7 @@ typedef struct partition {
     uint64_t ram_rows;       /* rows kept in RAM at most: the partition's share of ram_rows */
     uint64_t cold_rows;      /* rows on disk */
     uint64_t cold_gen;       /* bumped when disk rows go other than by promotion */
+    uint64_t cold_moves;     /* bumped by every change to the partition's rows on disk */
     cold_batch *cold_wb;     /* writes gathered under the lock (table_write_unlock writes them) */
     unsigned char *cold_val; /* [table_cold_value_bytes] one row's value (demotion) */
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
