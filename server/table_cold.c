@@ -142,9 +142,16 @@ void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val
 
 void table_cold_demote(table *t, partition *p, const row_header *r)
 {
+    /* The body's bytes that hold something (not the padding after the parameters and at the
+     * row's end, which nothing writes): the value on disk is then fully defined. */
     unsigned char *v = p->cold_val;
+    const unsigned char *body = (const unsigned char *)(r + 1);
+    size_t used = (size_t)t->dim * row_dtype_size(t->dtype);
+    memset(v, 0, table_cold_value_bytes(t));
     memcpy(v, &r->updated_ms, sizeof(int64_t));
-    memcpy(v + sizeof(int64_t), r + 1, t->row_bytes - sizeof(row_header));
+    memcpy(v + sizeof(int64_t), body, used);
+    memcpy(v + sizeof(int64_t) + t->param_bytes, body + t->param_bytes,
+           (size_t)(t->row_floats - t->dim) * sizeof(float));
     table_cold_put(t, p, r->id, v);
     count_add(&p->demotions, 1);
 }
