@@ -625,8 +625,17 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
 
 void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 {
-    if (t->cold != NULL && n > 0 && pull_cold(t, ids, n, out))
-        return;
+    if (t->cold != NULL && n > 0) {
+        if (pull_cold(t, ids, n, out))
+            return;
+        /* Out of memory for the call's arrays: one id at a time (small ones), so that a row on
+         * disk is still read; only when even that fails, from RAM alone below. */
+        size_t i = 0;
+        while (i < n && pull_cold(t, ids + i, 1, out + i * (size_t)t->dim))
+            i++;
+        if (i == n)
+            return;
+    }
     for (size_t i = 0; i < n; i++) {
         uint64_t h = table_id_hash(ids[i]);
         partition *p = &t->parts[part_of(t, h)];
