@@ -50,6 +50,13 @@ static uint32_t part_index(const table *t, const partition *p)
     return (uint32_t)(p - t->parts);
 }
 
+/* Whether t keeps time keys: only max_rows and the TTL sweep read them (half the writes of a
+ * row's moves without). */
+static bool time_index(const table *t)
+{
+    return t->ttl_ms != 0 || t->max_rows != 0;
+}
+
 int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
 {
     char path[4096], label[64];
@@ -134,8 +141,10 @@ void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val
     memcpy(&upd, val, sizeof(upd));
     row_key(k, q, id);
     cold_batch_put(p->cold_wb, k, COLD_ROW_KEY, val, table_cold_value_bytes(t));
-    time_key(k, q, upd, id);
-    cold_batch_put(p->cold_wb, k, COLD_TIME_KEY, "", 0);
+    if (time_index(t)) {
+        time_key(k, q, upd, id);
+        cold_batch_put(p->cold_wb, k, COLD_TIME_KEY, "", 0);
+    }
     p->cold_rows++;
     p->cold_moves++;
 }
@@ -162,8 +171,10 @@ void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms)
     uint32_t q = part_index(t, p);
     row_key(k, q, id);
     cold_batch_delete(p->cold_wb, k, COLD_ROW_KEY);
-    time_key(k, q, updated_ms, id);
-    cold_batch_delete(p->cold_wb, k, COLD_TIME_KEY);
+    if (time_index(t)) {
+        time_key(k, q, updated_ms, id);
+        cold_batch_delete(p->cold_wb, k, COLD_TIME_KEY);
+    }
     p->cold_rows--;
     p->cold_moves++;
 }
@@ -224,9 +235,34 @@ size_t table_cold_clear(table *t, partition *p)
 {
     if (p->cold_rows == 0)
         return 0;
+    (void)table_cold_flush(t, p);
     uint32_t q = part_index(t, p);
-    unsigned char lo[2] = {'t', (unsigned char)q}, hi[2] = {'t', (unsigned char)(q + 1)};
-    return delete_by_time(t, p, lo, q + 1 < 256 ? hi : (unsigned char[]){'u', 0}, 2, SIZE_MAX);
+    unsigned char lo[2] = {'r', (unsigned char)q}, hi[2] = {'r', (unsigned char)(q + 1)};
+    cold_iter *it =
+        cold_iter_new(t->cold, NULL, lo, 2, q + 1 < 256 ? hi : (unsigned char[]){'s', 0}, 2);
+    if (it == NULL)
+        return 0;
+    const unsigned char *k, *v;
+    size_t kl, vl, n = 0;
+    while (cold_iter_next(it, &k, &kl, &v, &vl)) {
+        if (kl != COLD_ROW_KEY || vl != table_cold_value_bytes(t))
+            continue;
+        cold_batch_delete(p->cold_wb, k, COLD_ROW_KEY);
+        if (time_index(t)) {
+            unsigned char tk[COLD_TIME_KEY];
+            int64_t upd;
+            memcpy(&upd, v, sizeof(upd));
+            time_key(tk, q, upd, (int64_t)get_be64(k + 2));
+            cold_batch_delete(p->cold_wb, tk, COLD_TIME_KEY);
+        }
+        n++;
+    }
+    cold_iter_free(it);
+    p->cold_rows = 0;
+    p->cold_gen++;
+    p->cold_moves++;
+    (void)table_cold_flush(t, p);
+    return n;
 }
 
 bool table_cold_remove(table *t, partition *p, int64_t id)

@@ -9,7 +9,8 @@
  *             order is the times' order), id                       -> empty
  * A value is the row's update time (int64, host order) then its body as in a slab (parameters
  * in the table's dtype, the optimizer's state): bit for bit what RAM held. The time keys give
- * the oldest cold row (max_rows eviction) and the expired ones (the TTL sweep) without a scan.
+ * the oldest cold row (max_rows eviction) and the expired ones (the TTL sweep) without a scan;
+ * a table with neither max_rows nor ttl_ms has none (half the writes of a row's moves).
  *
  * Writes of one locked partition (demotions, promotions' deletes) gather in the partition's
  * batch and reach the store at table_write_unlock, or before a read that must see them

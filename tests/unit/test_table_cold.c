@@ -282,6 +282,17 @@ static void test_cut_and_restore(void **state)
     assert_int_equal(table_cut_finish(c2), 0);
     assert_false(table_cut_is_delta(c2));
     table_cut_free(c2);
+    /* Cleared (a table without time keys: no max_rows, no ttl): no row left in either tier. */
+    size_t cleared = 0;
+    for (uint32_t p = 0; p < table_partitions(r); p++)
+        cleared += table_partition_clear(r, p);
+    assert_int_equal(cleared, N);
+    table_stats_get(r, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.rows_disk, 0);
+    all_rows none = rows_of(r);
+    assert_int_equal(none.n, 0);
+    rows_free(&none);
     rows_free(&before);
     rows_free(&after);
     free(g);
