@@ -2,7 +2,9 @@
  * settings, slabs and slots, the index's use and growth, pull, push (the batch, admission asked
  * of table_evict.h, the optimizer's update), removal, restore, export and counters. How rows
  * leave (LRU, eviction, TTL) and admission are in table_evict.c; copy-on-write checkpoint cuts
- * and their change marks in table_cut.c; the layout all three share in table_layout.h.
+ * and their change marks in table_cut.c; the cold tier's store keys and writes in table_cold.c
+ * (promotion, and the batched reads of a pull or push, are here); the layout they share in
+ * table_layout.h.
  *
  * The ids' hashes are made here: table_id_hash(id) gives the partition (its top bits) and the
  * home bucket (its low bits); a second, independent hash of it keys the admission sketch. */

@@ -1,5 +1,6 @@
 /* How rows leave a sparse table and how new ones are let in (table_evict.h): row removal, LRU
- * eviction under max_rows and under the budget, the TTL sweep, and the admission sketch.
+ * eviction under max_rows and under the budget (to disk with a cold tier, and past ram_rows),
+ * the TTL sweep (of the disk too), and the admission sketch.
  *
  * Admission: with min_count > 1 each partition counts the pushes of ids without a row in a
  * count-min sketch of SKETCH_DEPTH x SKETCH_WIDTH saturating 16-bit counters, every counter

@@ -1,6 +1,7 @@
 /* How rows leave a sparse table and how new ones are let in: the LRU order of each partition,
  * row removal, eviction (to stay within max_rows, or to make room when the budget refuses
- * memory), the TTL sweep (table_sweep, table.h) and admission (min_count's count-min sketch).
+ * memory; with a cold tier, to disk instead), the TTL sweep (table_sweep, table.h) and admission
+ * (min_count's count-min sketch).
  * This is where another policy (LFU, decayed counts) plugs in: table.c asks here which row
  * gives way and whether a new id is admitted, and tells here which row was updated.
  * Private to table.c and table_evict.c. */

@@ -1,9 +1,10 @@
 /* The memory layout of a sparse table (table.h), shared by the files that implement it:
  * table.c (rows, slabs, index use, push and pull), table_evict.c (the LRU order, row removal,
- * eviction, the TTL sweep, admission) and table_cut.c (copy-on-write checkpoint cuts and their
- * change marks). Includes run one way: table.c includes table_evict.h and table_cut.h,
- * table_evict.c includes table_cut.h, and all three include this header, which includes none of
- * them.
+ * eviction, the TTL sweep, admission), table_cut.c (copy-on-write checkpoint cuts and their
+ * change marks) and table_cold.c (the cold tier: rows on disk). Includes run one way: table.c
+ * includes table_evict.h, table_cut.h and table_cold.h, table_evict.c includes table_cut.h and
+ * table_cold.h, table_cut.c includes table_cold.h, and all four include this header, which
+ * includes none of them (only cold_store.h, the store's interface).
  *
  * Layout of one partition:
  *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
