@@ -236,6 +236,8 @@ static void test_same_as_ram_and_restore(void **state)
     ps_client_close(c);
     free(saved);
     test_ps_signal_wait(&p, SIGTERM, 0);
+    /* A server that stops removes its tables' stores. */
+    assert_int_equal(count_entries(cold_dir), 0);
     test_ps_cleanup(&p);
 }
 
