@@ -127,8 +127,8 @@ cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
     rocksdb_options_set_create_if_missing(s->opts, 1);
     rocksdb_options_set_compression(s->opts, rocksdb_no_compression);
     rocksdb_options_set_write_buffer_size(s->opts, COLD_WRITE_BUFFER);
-    rocksdb_options_set_max_open_files(s->opts, 256);
-    rocksdb_options_set_info_log_level(s->opts, 4); /* FATAL: no LOG chatter */
+    rocksdb_options_set_max_open_files(s->opts, 64); /* per table: descriptors add up */
+    rocksdb_options_set_info_log_level(s->opts, 4);  /* FATAL: no LOG chatter */
     rocksdb_options_set_keep_log_file_num(s->opts, 1);
     s->topts = rocksdb_block_based_options_create();
     rocksdb_block_based_options_set_filter_policy(
