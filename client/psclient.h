@@ -511,6 +511,11 @@ typedef struct ps_table_spec {
      * unit in the last place is lost; not with PS_OPT_ADAMW, whose decay would be). The
      * optimizer's state stays float32; pulls and pushes still carry float32 rows. */
     ps_dtype dtype;
+    /* Rows each server keeps in RAM; the others live on disk under the server's cold-dir and
+     * are read back when pulled or pushed (a table larger than memory; results are the same).
+     * 0: every row in RAM. A server without cold-dir, or built without RocksDB, refuses it
+     * (PS_INVALID_ARGUMENT). */
+    uint64_t ram_rows;
 } ps_table_spec;
 
 /* Fills *spec with the defaults (zeros initializer, the optimizer's default settings as for
@@ -581,6 +586,9 @@ typedef struct ps_table_info {
     uint64_t evicted_memory;   /* rows removed because max-server-bytes was reached */
     uint64_t lookups;          /* ids pulled (a request's distinct ids) */
     uint64_t rows_updated;     /* row updates applied */
+    uint64_t rows_disk;        /* of rows, those on disk (a table with ram_rows) */
+    uint64_t promotions;       /* rows moved from disk into RAM */
+    uint64_t demotions;        /* rows moved from RAM to disk */
 } ps_table_info;
 
 /* Fills *out (its struct_size set) for the table `name` from every server's ServerStatus.

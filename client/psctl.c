@@ -316,6 +316,10 @@ static int cmd_table_one(ps_client *c, const char *name)
            name, t.dim, table_optimizer_name(t.optimizer), t.staleness,
            t.staleness < 0 ? " (asynchronous)" : "", t.servers, t.rows, t.bytes, t.rows_created,
            t.pushes_counted, t.evicted_ttl, t.evicted_max_rows, t.evicted_memory);
+    if (t.rows_disk > 0 || t.demotions > 0)
+        printf("rows per tier:   ram %" PRIu64 ", disk %" PRIu64 " (promotions %" PRIu64
+               ", demotions %" PRIu64 ")\n",
+               t.rows - t.rows_disk, t.rows_disk, t.promotions, t.demotions);
     return 0;
 }
 

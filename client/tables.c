@@ -124,6 +124,7 @@ int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
     w.min_count = spec->min_count;
     w.ttl_ms = spec->ttl_ms;
     w.max_rows = spec->max_rows;
+    w.ram_rows = spec->ram_rows;
     w.num_servers = (uint32_t)c->nservers;
     Psd__V1__TableCreateRequest req = PSD__V1__TABLE_CREATE_REQUEST__INIT;
     req.spec = &w;
@@ -467,6 +468,9 @@ int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out)
             sum.evicted_memory += t->evicted_memory;
             sum.lookups += t->lookups;
             sum.rows_updated += t->rows_updated;
+            sum.rows_disk += t->rows_disk;
+            sum.promotions += t->promotions;
+            sum.demotions += t->demotions;
         }
         client_free_replies(&reply, 1);
     }

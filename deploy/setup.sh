@@ -40,7 +40,7 @@ done
 packages=(
   build-essential meson ninja-build pkg-config cmake
   libnng-dev libmbedtls-dev libssl-dev libprotobuf-c-dev protobuf-c-compiler
-  libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev
+  libjson-c-dev libjemalloc-dev libcmocka-dev libopenblas-dev zlib1g-dev librocksdb-dev
   dataset-fashion-mnist
   iproute2 iptables openssl
   python3-numpy python3-pytest python3-venv python3-dev

@@ -14,6 +14,7 @@
 
 #include "checkpoint.h"
 #include "ckpt_dir.h"
+#include "cold_store.h"
 #include "events_export.h"
 #include "http_endpoint.h"
 #include "ipc_socket.h"
@@ -189,6 +190,32 @@ static int pool_threads(int64_t setting)
     return cores > 256 ? 256 : (int)cores;
 }
 
+/* cold-dir: an existing directory this process may write, under which tables with ram_rows keep
+ * the rows that do not fit in RAM. Returns 0, or -1 (logged): a configuration error, which a
+ * restart does not cure. */
+static int check_cold_dir(const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        log_error("cold-dir %s: %s (create the directory, or leave cold-dir empty)", dir,
+                  strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        log_error("cold-dir %s: not a directory", dir);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        log_error("cold-dir %s: not writable: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (!cold_store_available())
+        log_warn("cold-dir %s is set but this server was built without RocksDB: tables with "
+                 "ram_rows are refused",
+                 dir);
+    return 0;
+}
+
 static const char usage[] =
     "usage: ps-server [options]\n"
     "Serves one parameter-server task of the cluster given by TF_CONFIG or --cluster/--task.";
@@ -359,6 +386,18 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    const char *cold_dir = opt_str(prog.opts, OPT_COLD_DIR);
+    if (cold_dir && cold_dir[0] && check_cold_dir(cold_dir) != 0) {
+        program_end(&prog);
+        return PROGRAM_EXIT_CONFIG;
+    }
+    if (cold_dir && cold_dir[0]) {
+        int stale = cold_store_remove_stale(cold_dir);
+        if (stale > 0)
+            log_info("cold-dir %s: removed %d table stores that stopped processes left", cold_dir,
+                     stale);
+    }
+    registry_set_cold_dir(cold_dir);
 
     static server_state st;
     st.task_index = self;

@@ -2,7 +2,9 @@
  * settings, slabs and slots, the index's use and growth, pull, push (the batch, admission asked
  * of table_evict.h, the optimizer's update), removal, restore, export and counters. How rows
  * leave (LRU, eviction, TTL) and admission are in table_evict.c; copy-on-write checkpoint cuts
- * and their change marks in table_cut.c; the layout all three share in table_layout.h.
+ * and their change marks in table_cut.c; the cold tier's store keys and writes in table_cold.c
+ * (promotion, and the batched reads of a pull or push, are here); the layout they share in
+ * table_layout.h.
  *
  * The ids' hashes are made here: table_id_hash(id) gives the partition (its top bits) and the
  * home bucket (its low bits); a second, independent hash of it keys the admission sketch. */
@@ -18,6 +20,7 @@
 
 #include "hash.h"
 #include "placement.h"
+#include "table_cold.h"
 #include "table_cut.h"
 #include "table_evict.h"
 #include "table_index.h"
@@ -175,6 +178,18 @@ static int check_spec(const table_spec *s, char *err, size_t errlen)
                     (long long)s->ttl_ms);
     if (s->never_evict && (s->max_rows != 0 || s->ttl_ms != 0))
         return errf(err, errlen, "table %s: never_evict with max_rows or ttl_ms", s->name);
+    if (s->ram_rows != 0 && s->never_evict)
+        return errf(err, errlen, "table %s: never_evict with ram_rows", s->name);
+    if (s->ram_rows != 0 && !cold_store_available())
+        return errf(err, errlen,
+                    "table %s: ram_rows = %llu needs a cold tier on disk, and this server was "
+                    "built without RocksDB (librocksdb-dev)",
+                    s->name, (unsigned long long)s->ram_rows);
+    if (s->ram_rows != 0 && (s->cold_dir == NULL || s->cold_dir[0] == '\0'))
+        return errf(err, errlen,
+                    "table %s: ram_rows = %llu needs a cold tier on disk: start the servers with "
+                    "cold-dir",
+                    s->name, (unsigned long long)s->ram_rows);
     if (s->partitions != 0 &&
         (!power_of_two(s->partitions) || s->partitions > TABLE_MAX_PARTITIONS))
         return errf(err, errlen, "table %s: partitions = %u: must be a power of two in 1..%d",
@@ -197,16 +212,28 @@ static uint64_t partition_max_rows(const table *t, uint32_t q)
     return t->max_rows / t->nparts + (q < t->max_rows % t->nparts ? 1 : 0);
 }
 
+/* Partition q's share of ram_rows (as partition_max_rows), at least 1 (0: no cold tier). */
+static uint64_t partition_ram_rows(const table *t, uint32_t q)
+{
+    if (t->ram_rows == 0)
+        return 0;
+    uint64_t share = t->ram_rows / t->nparts + (q < t->ram_rows % t->nparts ? 1 : 0);
+    return share ? share : 1;
+}
+
 /* Returns 0, or -1 when memory runs out (p then needs only partition_fini). */
 static int partition_init(table *t, partition *p)
 {
     memset(p, 0, sizeof(*p));
     p->max_rows = partition_max_rows(t, (uint32_t)(p - t->parts));
+    p->ram_rows = partition_ram_rows(t, (uint32_t)(p - t->parts));
     /* Room for expected_rows spread over the partitions (never more than the partition
      * keeps), plus 1/8 for an uneven spread. */
     uint64_t want = t->expected_rows / t->nparts;
     if (p->max_rows != 0 && want > p->max_rows)
         want = p->max_rows;
+    if (p->ram_rows != 0 && want > p->ram_rows)
+        want = p->ram_rows;
     if (table_index_init(&p->ix, table_index_cap_for(want + want / 8 + 1)) != 0)
         return -1;
     p->bytes = sizeof(*p) + table_index_bytes(p->ix.cap);
@@ -264,6 +291,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->ttl_ms = spec->ttl_ms;
     t->max_rows = spec->max_rows;
     t->expected_rows = spec->expected_rows;
+    t->ram_rows = spec->ram_rows;
     t->never_evict = spec->never_evict;
     t->budget = spec->budget;
     atomic_init(&t->refs, 1);
@@ -291,6 +319,10 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
         free(t->name);
         free(t);
         return TABLE_LIMIT;
+    }
+    if (t->ram_rows != 0 && table_cold_open(t, spec->cold_dir, err, errlen) != 0) {
+        table_unref(t);
+        return TABLE_INVALID;
     }
     *out = t;
     return TABLE_OK;
@@ -367,7 +399,231 @@ uint32_t table_partition_of(const table *t, int64_t id)
     return part_of(t, table_id_hash(id));
 }
 
+/* ---- making rows --------------------------------------------------------------------------- */
+
+/* A slot for a new row in p (write-locked): room made first under max_rows and ram_rows
+ * (table_reserve_row), then under the budget. Stores slot + 1 in *out (the row's contents, the
+ * index and the LRU list are the caller's). Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when
+ * the budget refuses memory and p has no row to evict for room (*out then 0). */
+static int row_slot(table *t, partition *p, uint32_t *out)
+{
+    *out = 0;
+    table_reserve_row(t, p);
+    if (table_index_full(&p->ix)) {
+        int rc = index_grow(t, p);
+        if (rc == TABLE_NOMEM)
+            return rc;
+        /* Over the budget: the partition's oldest row gives its index entry instead. */
+        if (rc == TABLE_LIMIT && !table_evict_for_memory(t, p))
+            return TABLE_LIMIT;
+    }
+    int fail = TABLE_OK;
+    uint32_t slot1 = slot_alloc(t, p, &fail);
+    /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
+    if (slot1 == 0 && fail == TABLE_LIMIT && table_evict_for_memory(t, p))
+        slot1 = slot_alloc(t, p, &fail);
+    if (slot1 == 0)
+        return fail;
+    *out = slot1;
+    return TABLE_OK;
+}
+
+/* Makes row id in p (write-locked, absent from the index) from the initializer and stores
+ * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
+ * memory and p has no row to evict for room (*out then 0). */
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
+{
+    uint32_t slot1;
+    int rc = row_slot(t, p, &slot1);
+    *out = 0;
+    if (rc != TABLE_OK)
+        return rc;
+    row_header *r = row_at(t, p, slot1 - 1);
+    r->id = id;
+    r->updated_ms = 0;
+    if (t->dtype == ROW_FLOAT32) {
+        initializer_fill_row(&t->init, t->name_key, id, (float *)(void *)row_params(r), t->dim);
+    } else {
+        float *wide = p->wide; /* the initializer's row before rounding */
+        initializer_fill_row(&t->init, t->name_key, id, wide, t->dim);
+        row_dtype_narrow(t->dtype, row_params(r), wide, t->dim);
+    }
+    float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
+    for (uint32_t s = 0; s < t->nslots; s++)
+        slots[s] = state + (size_t)s * t->dim;
+    optimizer_init_row(&t->opt, slots, state + (size_t)t->nslots * t->dim, row_counts(t, r),
+                       t->dim);
+    /* The probe runs again: an eviction above may have shifted entries. */
+    table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
+    table_lru_push_front(t, p, slot1);
+    table_mark_dirty(t, p, slot1);
+    count_add(&p->rows_created, 1);
+    *out = slot1;
+    return TABLE_OK;
+}
+
+/* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
+ * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front: it is
+ * about to be updated) or at its update time's place. Returns as row_make; on failure the row
+ * stays on disk. */
+static int row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsigned char *val,
+                       bool front, uint32_t *out)
+{
+    int64_t upd;
+    memcpy(&upd, val, sizeof(upd));
+    table_cold_take(t, p, id, upd);
+    uint32_t slot1;
+    int rc = row_slot(t, p, &slot1);
+    *out = 0;
+    if (rc != TABLE_OK) {
+        table_cold_put(t, p, id, val);
+        return rc;
+    }
+    row_header *r = row_at(t, p, slot1 - 1);
+    r->id = id;
+    r->updated_ms = upd;
+    memcpy(row_params(r), val + sizeof(int64_t), t->row_bytes - sizeof(row_header));
+    table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
+    if (front)
+        table_lru_push_front(t, p, slot1);
+    else
+        table_lru_insert_by_time(t, p, slot1);
+    count_add(&p->promotions, 1);
+    *out = slot1;
+    return TABLE_OK;
+}
+
 /* ---- pull -------------------------------------------------------------------------------- */
+
+/* Reads id's row from disk into val (p write-locked) when it is there, gathered writes
+ * flushed first: the read of one id that a call's batched read could not answer (its row went
+ * to disk, or disk rows were deleted, during the call). */
+static bool cold_read_one(table *t, partition *p, int64_t id, unsigned char *val)
+{
+    bool found = false;
+    if (p->cold_rows > 0)
+        (void)table_cold_get(t, p, &id, 1, val, &found);
+    return found;
+}
+
+/* table_pull of a table with a cold tier: per partition, the ids found in RAM under its lock
+ * shared; then the others, of every partition that has rows on disk, read from disk in one
+ * batch for the whole call (no lock held); then per such partition, under its lock, those rows
+ * promoted (read again first when its rows on disk changed meanwhile). Returns false when
+ * memory runs out (no row written). */
+static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
+{
+    const size_t vb = table_cold_value_bytes(t);
+    uint64_t *hashes = malloc(n * sizeof(*hashes));
+    uint32_t *order = malloc(n * sizeof(*order)), *miss = malloc(n * sizeof(*miss));
+    uint32_t *starts = calloc(t->nparts + 1, sizeof(*starts));
+    uint32_t *mstart = calloc(t->nparts + 1, sizeof(*mstart));
+    uint32_t *fill = malloc(t->nparts * sizeof(*fill)), *mparts = malloc(n * sizeof(*mparts));
+    uint64_t *moves = malloc(t->nparts * sizeof(*moves));
+    int64_t *mids = malloc(n * sizeof(*mids));
+    bool *found = malloc(n * sizeof(*found)), *init = calloc(n, sizeof(*init));
+    unsigned char *vals = malloc(n * vb), *one = malloc(vb);
+    bool ok = hashes && order && miss && starts && mstart && fill && mparts && moves && mids &&
+              found && init && vals && one;
+    if (ok) {
+        for (size_t i = 0; i < n; i++) {
+            hashes[i] = table_id_hash(ids[i]);
+            starts[part_of(t, hashes[i]) + 1]++;
+        }
+        for (uint32_t q = 0; q < t->nparts; q++)
+            starts[q + 1] += starts[q];
+        memcpy(fill, starts, t->nparts * sizeof(*fill));
+        for (size_t i = 0; i < n; i++)
+            order[fill[part_of(t, hashes[i])]++] = (uint32_t)i;
+    }
+    /* RAM first; the misses of partitions with rows on disk noted, with their cold_moves. */
+    size_t nm = 0;
+    for (uint32_t q = 0; ok && q < t->nparts; q++) {
+        mstart[q] = (uint32_t)nm;
+        if (starts[q] == starts[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        bool cold = p->cold_rows > 0;
+        moves[q] = p->cold_moves;
+        for (uint32_t e = starts[q]; e < starts[q + 1]; e++) {
+            uint32_t i = order[e];
+            count_add(&p->lookups, 1);
+            uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
+            if (slot1 != 0) {
+                row_dtype_widen(t->dtype, out + i * (size_t)t->dim,
+                                row_params(row_at(t, p, slot1 - 1)), t->dim);
+            } else if (!cold) {
+                init[i] = true;
+            } else {
+                miss[nm] = i;
+                mids[nm] = ids[i];
+                mparts[nm++] = q;
+            }
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    if (ok)
+        mstart[t->nparts] = (uint32_t)nm;
+    /* One read of the disk for the whole call. */
+    if (ok && nm > 0)
+        (void)table_cold_get_many(t, mparts, mids, nm, vals, found);
+    for (uint32_t q = 0; ok && q < t->nparts; q++) {
+        if (mstart[q] == mstart[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        table_write_lock(t, p);
+        uint32_t m0 = mstart[q], cnt = mstart[q + 1] - m0;
+        if (p->cold_moves != moves[q]) /* changed since: read again */
+            (void)table_cold_get(t, p, mids + m0, cnt, vals + (size_t)m0 * vb, found + m0);
+        uint64_t gen = p->cold_gen;
+        for (uint32_t k = m0; k < m0 + cnt; k++) {
+            uint32_t i = miss[k];
+            float *dst = out + i * (size_t)t->dim;
+            uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
+            if (slot1 != 0) { /* promoted since (a duplicate), or made */
+                row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
+                continue;
+            }
+            const unsigned char *val = vals + (size_t)k * vb;
+            /* Read again when disk rows were deleted meanwhile (a duplicate whose promoted row
+             * went back to disk has the value read: a pull changes no row). */
+            bool have = found[k];
+            if (have && p->cold_gen != gen) {
+                have = cold_read_one(t, p, ids[i], one);
+                val = one;
+            }
+            if (!have) {
+                init[i] = true;
+                continue;
+            }
+            count_add(&p->cold_hits, 1);
+            row_dtype_widen(t->dtype, dst, val + sizeof(int64_t), t->dim);
+            (void)row_promote(t, p, ids[i], hashes[i], val, false, &slot1);
+        }
+        table_write_unlock(t, p);
+    }
+    for (size_t i = 0; ok && i < n; i++) {
+        if (!init[i])
+            continue;
+        count_add(&t->parts[part_of(t, hashes[i])].lookup_misses, 1);
+        initializer_fill_row(&t->init, t->name_key, ids[i], out + i * (size_t)t->dim, t->dim);
+    }
+    free(hashes);
+    free(order);
+    free(miss);
+    free(starts);
+    free(mstart);
+    free(fill);
+    free(mparts);
+    free(moves);
+    free(mids);
+    free(found);
+    free(init);
+    free(vals);
+    free(one);
+    return ok;
+}
 
 /* Ids looked up together within a partition: their index entries, then their rows, are
  * prefetched a group at a time, so that the cache misses of a group overlap. */
@@ -426,6 +682,17 @@ static void pull_each(table *t, const int64_t *ids, size_t n, float *out)
 
 void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 {
+    if (t->cold != NULL && n > 0) {
+        if (pull_cold(t, ids, n, out))
+            return;
+        /* Out of memory for the call's arrays: one id at a time (small ones), so that a row on
+         * disk is still read; only when even that fails, from RAM alone below. */
+        size_t i = 0;
+        while (i < n && pull_cold(t, ids + i, 1, out + i * (size_t)t->dim))
+            i++;
+        if (i == n)
+            return;
+    }
     if (n < PULL_GROUPED_MIN || n > UINT32_MAX) {
         pull_each(t, ids, n, out);
         return;
@@ -458,54 +725,6 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out)
     free(start);
 }
 
-/* ---- making rows --------------------------------------------------------------------------- */
-
-/* Makes row id in p (write-locked, absent from the index) from the initializer and stores
- * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
- * memory and p has no row to evict for room (*out then 0). */
-static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
-{
-    *out = 0;
-    table_reserve_row(t, p);
-    if (table_index_full(&p->ix)) {
-        int rc = index_grow(t, p);
-        if (rc == TABLE_NOMEM)
-            return rc;
-        /* Over the budget: the partition's oldest row gives its index entry instead. */
-        if (rc == TABLE_LIMIT && !table_evict_lru(t, p, &p->evicted_memory))
-            return TABLE_LIMIT;
-    }
-    int fail = TABLE_OK;
-    uint32_t slot1 = slot_alloc(t, p, &fail);
-    /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
-    if (slot1 == 0 && fail == TABLE_LIMIT && table_evict_lru(t, p, &p->evicted_memory))
-        slot1 = slot_alloc(t, p, &fail);
-    if (slot1 == 0)
-        return fail;
-    row_header *r = row_at(t, p, slot1 - 1);
-    r->id = id;
-    r->updated_ms = 0;
-    if (t->dtype == ROW_FLOAT32) {
-        initializer_fill_row(&t->init, t->name_key, id, (float *)(void *)row_params(r), t->dim);
-    } else {
-        float *wide = p->wide; /* the initializer's row before rounding */
-        initializer_fill_row(&t->init, t->name_key, id, wide, t->dim);
-        row_dtype_narrow(t->dtype, row_params(r), wide, t->dim);
-    }
-    float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
-    for (uint32_t s = 0; s < t->nslots; s++)
-        slots[s] = state + (size_t)s * t->dim;
-    optimizer_init_row(&t->opt, slots, state + (size_t)t->nslots * t->dim, row_counts(t, r),
-                       t->dim);
-    /* The probe runs again: an eviction above may have shifted entries. */
-    table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
-    table_lru_push_front(t, p, slot1);
-    table_mark_dirty(t, p, slot1);
-    count_add(&p->rows_created, 1);
-    *out = slot1;
-    return TABLE_OK;
-}
-
 /* ---- push -------------------------------------------------------------------------------- */
 
 typedef struct batch {
@@ -519,7 +738,26 @@ typedef struct batch {
     bool *udone;          /* [nu] done with that distinct id (table_push_track only) */
     unsigned char *saved; /* [row_bytes] a row as it was before its update */
     float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
+    /* A table with a cold tier: per distinct id, where its row was when its partition's turn
+     * began (COLD_IN_RAM, COLD_NONE, COLD_FOUND: its value at vp[u]). The rows not in RAM are
+     * read for the whole push before any partition is locked for writing (pre*), and read
+     * again per partition (the rest) when its rows on disk changed meanwhile. */
+    uint8_t *where;              /* [nu] */
+    const unsigned char **vp;    /* [nu] */
+    uint64_t *moves;             /* [nparts] each partition's cold_moves at the read */
+    size_t npre;                 /* ids read for the whole push */
+    int64_t *pre_ids;            /* [nu] */
+    uint32_t *pre_parts, *pre_u; /* [nu] their partitions and distinct indexes */
+    bool *pre_found;             /* [nu] */
+    unsigned char *pre_vals;     /* [nu * table_cold_value_bytes] */
+    int64_t *mids;               /* [largest group] ids read again */
+    uint32_t *mu;                /* [largest group] their distinct indexes */
+    bool *found;                 /* [largest group] */
+    unsigned char *vals;         /* [largest group * table_cold_value_bytes] their values */
+    unsigned char *one;          /* [table_cold_value_bytes] one value read alone */
 } batch;
+
+enum { COLD_IN_RAM = 0, COLD_NONE = 1, COLD_FOUND = 2 };
 
 static void batch_free(batch *b)
 {
@@ -532,6 +770,19 @@ static void batch_free(batch *b)
     free(b->udone);
     free(b->saved);
     free(b->wide);
+    free(b->where);
+    free(b->vp);
+    free(b->moves);
+    free(b->pre_ids);
+    free(b->pre_parts);
+    free(b->pre_u);
+    free(b->pre_found);
+    free(b->pre_vals);
+    free(b->mu);
+    free(b->mids);
+    free(b->found);
+    free(b->vals);
+    free(b->one);
 }
 
 /* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
@@ -600,7 +851,118 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     for (size_t u = 0; u < b->nu; u++)
         b->order[fill[part_of(t, b->hashes[u])]++] = (uint32_t)u;
     free(fill);
+    if (t->cold != NULL) {
+        size_t most = 1, vb = table_cold_value_bytes(t);
+        for (uint32_t q = 0; q < t->nparts; q++)
+            most = b->starts[q + 1] - b->starts[q] > most ? b->starts[q + 1] - b->starts[q] : most;
+        size_t nu = b->nu ? b->nu : 1;
+        b->where = calloc(nu, sizeof(*b->where));
+        b->vp = calloc(nu, sizeof(*b->vp));
+        b->moves = calloc(t->nparts, sizeof(*b->moves));
+        b->pre_ids = malloc(nu * sizeof(*b->pre_ids));
+        b->pre_parts = malloc(nu * sizeof(*b->pre_parts));
+        b->pre_u = malloc(nu * sizeof(*b->pre_u));
+        b->pre_found = malloc(nu * sizeof(*b->pre_found));
+        b->pre_vals = malloc(nu * vb);
+        b->mids = malloc(most * sizeof(*b->mids));
+        b->mu = malloc(most * sizeof(*b->mu));
+        b->found = malloc(most * sizeof(*b->found));
+        b->vals = malloc(most * vb);
+        b->one = malloc(vb);
+        if (!b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts || !b->pre_u ||
+            !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found || !b->vals ||
+            !b->one) {
+            batch_free(b);
+            return -1;
+        }
+    }
     return 0;
+}
+
+/* A table with a cold tier: reads the push's rows that are not in RAM from disk, in one batch
+ * for the whole push, each partition looked at under its lock shared (its cold_moves noted). */
+static void batch_cold_prefetch(table *t, batch *b)
+{
+    b->npre = 0;
+    for (uint32_t q = 0; q < t->nparts; q++) {
+        if (b->starts[q] == b->starts[q + 1])
+            continue;
+        partition *p = &t->parts[q];
+        pthread_rwlock_rdlock(&p->lock);
+        b->moves[q] = p->cold_moves;
+        for (uint32_t e = b->starts[q]; e < b->starts[q + 1]; e++) {
+            uint32_t u = b->order[e];
+            b->where[u] = COLD_NONE;
+            if (p->cold_rows == 0)
+                continue;
+            if (table_index_find(&p->ix, b->uids[u], b->hashes[u]) != 0) {
+                b->where[u] = COLD_IN_RAM;
+                continue;
+            }
+            b->pre_ids[b->npre] = b->uids[u];
+            b->pre_parts[b->npre] = q;
+            b->pre_u[b->npre++] = u;
+        }
+        pthread_rwlock_unlock(&p->lock);
+    }
+    if (b->npre == 0)
+        return;
+    (void)table_cold_get_many(t, b->pre_parts, b->pre_ids, b->npre, b->pre_vals, b->pre_found);
+    size_t vb = table_cold_value_bytes(t);
+    for (size_t k = 0; k < b->npre; k++) {
+        uint32_t u = b->pre_u[k];
+        if (b->pre_found[k]) {
+            b->where[u] = COLD_FOUND;
+            b->vp[u] = b->pre_vals + k * vb;
+        }
+    }
+}
+
+/* At partition q's turn (p write-locked): where each of its ids' rows is now. The prefetch
+ * holds when p's rows on disk did not change since (a row noted absent may have been made in
+ * RAM since: the index says so); otherwise the ids not in RAM are read again, in one batch. */
+static void batch_cold_read(table *t, partition *p, uint32_t q, batch *b)
+{
+    bool same = p->cold_moves == b->moves[q];
+    size_t nm = 0;
+    for (uint32_t e = b->starts[q]; e < b->starts[q + 1]; e++) {
+        uint32_t u = b->order[e];
+        if (table_index_find(&p->ix, b->uids[u], b->hashes[u]) != 0) {
+            b->where[u] = COLD_IN_RAM;
+            continue;
+        }
+        if (same && b->where[u] != COLD_IN_RAM)
+            continue; /* as prefetched */
+        b->where[u] = COLD_NONE;
+        if (p->cold_rows > 0) {
+            b->mids[nm] = b->uids[u];
+            b->mu[nm++] = u;
+        }
+    }
+    if (nm == 0)
+        return;
+    (void)table_cold_get(t, p, b->mids, nm, b->vals, b->found);
+    size_t vb = table_cold_value_bytes(t);
+    for (size_t k = 0; k < nm; k++)
+        if (b->found[k]) {
+            b->where[b->mu[k]] = COLD_FOUND;
+            b->vp[b->mu[k]] = b->vals + k * vb;
+        }
+}
+
+/* The value of distinct id u's row on disk for its push (p write-locked, u absent from RAM):
+ * the batched read's, or read again when it may be stale (disk rows deleted since gen0, or the
+ * row was in RAM then and went to disk since). NULL: not on disk. */
+static const unsigned char *batch_cold_value(table *t, partition *p, batch *b, uint32_t u,
+                                             uint64_t gen0)
+{
+    uint32_t w = b->where[u];
+    if (w == COLD_FOUND && p->cold_gen == gen0)
+        return b->vp[u];
+    if (w == COLD_NONE && p->cold_gen == gen0)
+        return NULL; /* not on disk then, and no row of this push went there since unless
+                        it was in RAM */
+    return cold_read_one(t, p, b->uids[u], b->one) ? b->one : NULL;
 }
 
 static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
@@ -651,17 +1013,40 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
      * start apart): every copy of a replicated table goes through a push's partitions in the
      * same order, so that what the budget lets each one make is the same. */
     uint32_t first = n ? (uint32_t)mix64((uint64_t)ids[0] ^ ((uint64_t)n << 32)) : 0;
+    if (t->cold != NULL)
+        batch_cold_prefetch(t, &b);
     for (uint32_t k = 0; k < t->nparts && rc == 0; k++) {
         uint32_t q = (first + k) & (t->nparts - 1);
         if (b.starts[q] == b.starts[q + 1])
             continue;
         partition *p = &t->parts[q];
         table_write_lock(t, p);
+        uint64_t gen0 = p->cold_gen;
+        if (t->cold != NULL)
+            batch_cold_read(t, p, q, &b);
         for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
             uint32_t u = b.order[e];
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
             uint32_t slot1 = table_index_find(&p->ix, id, h);
+            const unsigned char *val =
+                slot1 == 0 && t->cold != NULL ? batch_cold_value(t, p, &b, u, gen0) : NULL;
+            if (val != NULL) {
+                count_add(&p->cold_hits, 1);
+                int mk = row_promote(t, p, id, h, val, true, &slot1);
+                if (mk == TABLE_NOMEM) {
+                    errf(err, errlen, "table %s: out of memory reading row %lld from disk", t->name,
+                         (long long)id);
+                    rc = TABLE_NOMEM;
+                    break;
+                }
+                if (mk == TABLE_LIMIT) {
+                    if (refused++ == 0)
+                        first_refused = id;
+                    count_add(&p->rows_refused, 1);
+                    continue;
+                }
+            }
             if (slot1 == 0) {
                 if (t->min_count > 1 && !table_sketch_admit(t, p, sketch_key(h))) {
                     count_add(&p->pushes_counted, 1);
@@ -723,7 +1108,7 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             }
             count_add(&p->rows_updated, 1);
         }
-        pthread_rwlock_unlock(&p->lock);
+        table_write_unlock(t, p);
     }
     if (done != NULL)
         for (size_t i = 0; i < n; i++)
@@ -767,8 +1152,11 @@ size_t table_remove(table *t, const int64_t *ids, size_t n)
             table_row_remove(t, p, pos);
             count_add(&p->removed, 1);
             removed++;
+        } else if (t->cold != NULL && table_cold_remove(t, p, ids[i])) {
+            count_add(&p->removed, 1);
+            removed++;
         }
-        pthread_rwlock_unlock(&p->lock);
+        table_write_unlock(t, p);
     }
     return removed;
 }
@@ -783,9 +1171,13 @@ void table_stats_get(table *t, table_stats *out)
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
         pthread_rwlock_rdlock(&p->lock);
-        out->rows += p->ix.count;
+        out->rows += p->ix.count + p->cold_rows;
+        out->rows_disk += p->cold_rows;
         out->bytes += p->bytes;
         pthread_rwlock_unlock(&p->lock);
+        out->cold_hits += count_get(&p->cold_hits);
+        out->promotions += count_get(&p->promotions);
+        out->demotions += count_get(&p->demotions);
         out->lookups += count_get(&p->lookups);
         out->lookup_misses += count_get(&p->lookup_misses);
         out->rows_created += count_get(&p->rows_created);
@@ -800,7 +1192,14 @@ void table_stats_get(table *t, table_stats *out)
         uint64_t g = count_get(&p->longest_growth_ns);
         out->longest_growth_ns = g > out->longest_growth_ns ? g : out->longest_growth_ns;
     }
+    if (t->cold != NULL)
+        out->bytes_disk = cold_store_disk_bytes(t->cold);
+    out->cold_errors = count_get(&t->cold_errors);
 }
+
+/* An export cursor's slot from here on counts the partition's rows on disk (in id order) that
+ * were exported. */
+#define EXPORT_COLD UINT32_C(0x80000000)
 
 size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float *rows)
 {
@@ -809,6 +1208,19 @@ size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float 
     for (; q < t->nparts && n < max; q++, s = 0) {
         partition *p = &t->parts[q];
         pthread_rwlock_rdlock(&p->lock);
+        if (s >= EXPORT_COLD) {
+            bool more = false;
+            if (p->cold_rows > 0) {
+                size_t k = table_cold_export(t, (uint32_t)q, s - EXPORT_COLD, max - n, ids + n,
+                                             rows + n * (size_t)t->dim, &more);
+                n += k;
+                s += k;
+            }
+            pthread_rwlock_unlock(&p->lock);
+            if (more)
+                break;
+            continue;
+        }
         for (; s < p->used && n < max; s++) {
             row_header *r = row_at(t, p, (uint32_t)s);
             /* A live slot is the one the index gives its id (a free one's id is stale). */
@@ -819,6 +1231,18 @@ size_t table_export(table *t, uint64_t *cursor, size_t max, int64_t *ids, float 
             n++;
         }
         bool more = s < p->used;
+        if (!more && t->cold != NULL && p->cold_rows > 0) {
+            /* Then its rows on disk (in the next call when this one is full). */
+            s = EXPORT_COLD;
+            if (n < max) {
+                size_t k = table_cold_export(t, (uint32_t)q, 0, max - n, ids + n,
+                                             rows + n * (size_t)t->dim, &more);
+                n += k;
+                s += k;
+            } else {
+                more = true;
+            }
+        }
         pthread_rwlock_unlock(&p->lock);
         if (more)
             break;
@@ -839,7 +1263,9 @@ size_t table_partition_clear(table *t, uint32_t part)
         table_row_remove(t, p, table_index_probe(&p->ix, r->id, table_id_hash(r->id)));
         removed++;
     }
-    pthread_rwlock_unlock(&p->lock);
+    if (t->cold != NULL)
+        removed += table_cold_clear(t, p);
+    table_write_unlock(t, p);
     return removed;
 }
 
@@ -850,6 +1276,8 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     table_write_lock(t, p);
     uint32_t slot1 = table_index_find(&p->ix, id, h);
     int rc = TABLE_OK;
+    if (slot1 == 0 && t->cold != NULL)
+        (void)table_cold_remove(t, p, id); /* overwritten: made again in RAM */
     if (slot1 == 0)
         rc = row_make(t, p, id, h, &slot1);
     if (slot1 != 0) {
@@ -860,6 +1288,6 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
         table_lru_push_front(t, p, slot1);
         table_mark_dirty(t, p, slot1);
     }
-    pthread_rwlock_unlock(&p->lock);
+    table_write_unlock(t, p);
     return rc;
 }

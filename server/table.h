@@ -51,6 +51,20 @@
  *              (evicted_memory); only when the partition has none (or the table is
  *              never_evict) is the row refused (TABLE_LIMIT). Memory is given back to the
  *              budget only by table_destroy: slabs and indexes are kept for reuse.
+ *
+ * Cold tier (ram_rows > 0): each partition keeps at most its share of ram_rows rows in RAM
+ * (at least one); a row that leaves RAM by LRU (past that share) or because the budget refused
+ * memory goes to disk, bit for bit with its optimizer state and update time, into the table's
+ * cold store (cold_store.h, a new directory under cold_dir, removed by table_destroy) instead
+ * of being dropped. A pull or push of an id on disk reads it back (one read of the store per
+ * partition a call touches, not one per id) and promotes it into RAM (a pushed row first in the
+ * LRU order, a pulled one at its update time's place). Results are the same as the table
+ * kept wholly in RAM. max_rows counts both tiers and deletes the least recently updated cold
+ * row first (by update time); the TTL sweep deletes expired rows on disk too; table_remove,
+ * table_partition_clear, copies, export and checkpoint cuts cover both tiers (a cut of a table
+ * with a cold tier is always whole). The store's memory (block cache, memtable) is not counted
+ * in the budget.
+ *
  * Times are milliseconds on the caller's clock (any monotonic clock), passed to each call.
  *
  * Checkpoints: table_cut_begin/finish (below) copy the table as it was at one moment, whole
@@ -120,6 +134,10 @@ typedef struct table_spec {
                                 new row is refused (TABLE_LIMIT) instead of evicting one. For
                                 rows that hold acknowledged state (BSP aggregates); max_rows and
                                 ttl_ms must be 0 */
+    uint64_t ram_rows;       /* rows kept in RAM at most, the rest on disk (the cold tier);
+                                0: every row in RAM. Needs cold_dir, a build with RocksDB, and
+                                not never_evict */
+    const char *cold_dir;    /* the directory under which the cold store is made (ram_rows) */
 } table_spec;
 
 /* Counters since creation (table_stats). */
@@ -139,13 +157,20 @@ typedef struct table_stats {
     uint64_t removed;           /* rows removed by table_remove */
     uint64_t index_growths;     /* partition index doublings */
     uint64_t longest_growth_ns; /* the longest of them */
+    uint64_t rows_disk;         /* of rows, those on disk (the cold tier) */
+    uint64_t bytes_disk;        /* bytes of the cold store's files (an estimate) */
+    uint64_t cold_hits;         /* ids pulled or pushed that were found on disk */
+    uint64_t promotions;        /* rows moved from disk into RAM */
+    uint64_t demotions;         /* rows moved from RAM to disk */
+    uint64_t cold_errors;       /* reads and writes of the cold store that failed */
 } table_stats;
 
 /* Makes an empty table in *out (the caller's). Returns TABLE_OK; TABLE_INVALID with a message
  * naming the bad field in err (when non-NULL, errlen > 0) for an invalid spec (name empty or
  * too long, dim 0 or over the limit, invalid optimizer or initializer, GLOROT_UNIFORM,
  * min_count over 65535, negative ttl, partitions not a power of two in range, expected_rows
- * over 2^30 a partition); TABLE_NOMEM;
+ * over 2^30 a partition, ram_rows without cold_dir, without RocksDB or with never_evict, a cold
+ * store that does not open); TABLE_NOMEM;
  * TABLE_LIMIT when the budget refuses the empty table's bytes. *out is NULL on failure. */
 int table_create(const table_spec *spec, table **out, char *err, size_t errlen);
 

@@ -6,7 +6,11 @@
  * generation); from then on each partition is copied by whichever comes first: the first
  * change (table_write_lock) or table_cut_finish. A whole copy is its slabs byte for byte
  * (copy_raw, short under the lock), turned into rows outside the lock (raw_rows); a delta copy
- * is the rows whose dirty bit is set and the ids removed since the previous chain cut. */
+ * is the rows whose dirty bit is set and the ids removed since the previous chain cut.
+ *
+ * A table with a cold tier: every cut is whole; a partition's copy also takes a snapshot of the
+ * cold store under its lock (O(1)), whose rows of that partition are read outside the lock
+ * (table_cut_finish) and put before its RAM rows (they are older). */
 #include "table_cut.h"
 
 #include <stdatomic.h>
@@ -14,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "table_cold.h"
 #include "table_layout.h"
 
 /* A whole partition's copy as taken under its lock: its slabs byte for byte (one memcpy
@@ -24,6 +29,7 @@ typedef struct raw_part {
     uint32_t nslabs, cap;
     uint32_t lru_tail;
     size_t count;
+    cold_snapshot *snap; /* the cold store as of the copy (a table with a cold tier) */
 } raw_part;
 
 struct table_cut {
@@ -78,9 +84,50 @@ static int rows_alloc(const table *t, table_rows *out, size_t n)
     return out->ids == NULL || out->updated_ms == NULL || out->floats == NULL ? -1 : 0;
 }
 
-/* Copies every row of p (oldest update first, so that inserting them in order rebuilds the
- * LRU order) into out. Returns 0 or -1 (memory). */
-static int copy_all(table *t, partition *p, table_rows *out)
+/* Puts partition q's cold rows (as of snap; NULL: now, q locked) before out's rows. Returns 0
+ * or -1 (memory, a read error). */
+static int prepend_cold(table *t, uint32_t q, cold_snapshot *snap, table_rows *out)
+{
+    size_t nc;
+    int64_t *ids, *upd;
+    float *fl;
+    if (table_cold_rows(t, q, snap, &nc, &ids, &upd, &fl) != 0)
+        return -1;
+    if (nc == 0)
+        return 0;
+    size_t n = out->n, rf = t->row_floats;
+    table_rows all = *out;
+    if (rows_alloc(t, &all, nc + n) != 0) {
+        free(all.ids);
+        free(all.updated_ms);
+        free(all.floats);
+        free(ids);
+        free(upd);
+        free(fl);
+        return -1;
+    }
+    memcpy(all.ids, ids, nc * sizeof(*ids));
+    memcpy(all.updated_ms, upd, nc * sizeof(*upd));
+    memcpy(all.floats, fl, nc * rf * sizeof(float));
+    if (n > 0) {
+        memcpy(all.ids + nc, out->ids, n * sizeof(*ids));
+        memcpy(all.updated_ms + nc, out->updated_ms, n * sizeof(*upd));
+        memcpy(all.floats + nc * rf, out->floats, n * rf * sizeof(float));
+    }
+    free(out->ids);
+    free(out->updated_ms);
+    free(out->floats);
+    free(ids);
+    free(upd);
+    free(fl);
+    all.n = nc + n;
+    *out = all;
+    return 0;
+}
+
+/* Copies every row of p in RAM (oldest update first, so that inserting them in order rebuilds
+ * the LRU order) into out. Returns 0 or -1 (memory). */
+static int copy_all_ram(table *t, partition *p, table_rows *out)
 {
     size_t n = p->ix.count;
     out->full = true;
@@ -97,6 +144,16 @@ static int copy_all(table *t, partition *p, table_rows *out)
     }
     out->n = i;
     return 0;
+}
+
+/* copy_all_ram with p's cold rows too (before the RAM ones: they are older). */
+static int copy_all(table *t, partition *p, table_rows *out)
+{
+    if (copy_all_ram(t, p, out) != 0)
+        return -1;
+    if (t->cold == NULL || p->cold_rows == 0)
+        return 0;
+    return prepend_cold(t, (uint32_t)(p - t->parts), NULL, out);
 }
 
 /* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
@@ -153,6 +210,8 @@ static int copy_raw(table *t, partition *p, raw_part *raw)
     raw->nslabs = p->nslabs;
     raw->lru_tail = p->lru_tail;
     raw->count = p->ix.count;
+    if (t->cold != NULL && p->cold_rows > 0 && (raw->snap = cold_store_snapshot(t->cold)) == NULL)
+        return -1;
     if (p->nslabs == 0 || p->ix.count == 0)
         return 0;
     if (raw->bytes == NULL || raw->cap < p->nslabs) {
@@ -279,7 +338,7 @@ void table_cut_start(table_cut *c, uint64_t id, bool track)
     }
     c->started = true;
     c->id = id;
-    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base;
+    c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base && t->cold == NULL;
     if (id != 0) {
         atomic_store(&t->last_cut, id);
         atomic_store(&t->track, track);
@@ -318,6 +377,14 @@ int table_cut_finish(table_cut *c)
             table_rows_free(&c->parts[q]);
             atomic_store(&c->failed, true);
         }
+        if (c->raw[q].snap != NULL) {
+            if (!atomic_load(&c->failed) && prepend_cold(t, q, c->raw[q].snap, &c->parts[q]) != 0) {
+                table_rows_free(&c->parts[q]);
+                atomic_store(&c->failed, true);
+            }
+            cold_snapshot_release(t->cold, c->raw[q].snap);
+            c->raw[q].snap = NULL;
+        }
         free(c->raw[q].bytes);
         c->raw[q].bytes = NULL;
         c->raw[q].nslabs = 0;
@@ -346,6 +413,7 @@ void table_cut_free(table_cut *c)
     for (uint32_t q = 0; q < t->nparts; q++) {
         table_rows_free(&c->parts[q]);
         free(c->raw[q].bytes);
+        cold_snapshot_release(t->cold, c->raw[q].snap);
     }
     free(c->parts);
     free(c->raw);

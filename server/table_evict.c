@@ -1,5 +1,6 @@
 /* How rows leave a sparse table and how new ones are let in (table_evict.h): row removal, LRU
- * eviction under max_rows and under the budget, the TTL sweep, and the admission sketch.
+ * eviction under max_rows and under the budget (to disk with a cold tier, and past ram_rows),
+ * the TTL sweep (of the disk too), and the admission sketch.
  *
  * Admission: with min_count > 1 each partition counts the pushes of ids without a row in a
  * count-min sketch of SKETCH_DEPTH x SKETCH_WIDTH saturating 16-bit counters, every counter
@@ -11,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "table_cold.h"
 #include "table_cut.h"
 #include "table_layout.h"
 
@@ -49,10 +51,31 @@ bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter)
     return true;
 }
 
+/* Moves p's least recently updated row in RAM to disk. */
+static bool demote_lru(table *t, partition *p)
+{
+    if (p->lru_tail == 0)
+        return false;
+    row_header *victim = row_at(t, p, p->lru_tail - 1);
+    table_cold_demote(t, p, victim);
+    table_row_remove(t, p, table_index_probe(&p->ix, victim->id, table_id_hash(victim->id)));
+    return true;
+}
+
+bool table_evict_for_memory(table *t, partition *p)
+{
+    if (t->cold != NULL)
+        return demote_lru(t, p);
+    return table_evict_lru(t, p, &p->evicted_memory);
+}
+
 void table_reserve_row(table *t, partition *p)
 {
-    if (p->max_rows != 0 && p->ix.count >= p->max_rows)
+    if (p->max_rows != 0 && p->ix.count + p->cold_rows >= p->max_rows &&
+        !(t->cold != NULL && table_cold_evict_oldest(t, p, &p->evicted_max_rows)))
         table_evict_lru(t, p, &p->evicted_max_rows);
+    if (t->cold != NULL && p->ix.count >= p->ram_rows)
+        demote_lru(t, p);
 }
 
 /* ---- the TTL sweep ----------------------------------------------------------------------- */
@@ -74,7 +97,12 @@ size_t table_sweep(table *t, int64_t now_ms)
             count_add(&p->evicted_ttl, 1);
             removed++;
         }
-        pthread_rwlock_unlock(&p->lock);
+        if (t->cold != NULL) {
+            size_t k = table_cold_sweep(t, p, now_ms - t->ttl_ms);
+            count_add(&p->evicted_ttl, k);
+            removed += k;
+        }
+        table_write_unlock(t, p);
     }
     return removed;
 }

@@ -1,6 +1,7 @@
 /* How rows leave a sparse table and how new ones are let in: the LRU order of each partition,
  * row removal, eviction (to stay within max_rows, or to make room when the budget refuses
- * memory), the TTL sweep (table_sweep, table.h) and admission (min_count's count-min sketch).
+ * memory; with a cold tier, to disk instead), the TTL sweep (table_sweep, table.h) and admission
+ * (min_count's count-min sketch).
  * This is where another policy (LFU, decayed counts) plugs in: table.c asks here which row
  * gives way and whether a new id is admitted, and tells here which row was updated.
  * Private to table.c and table_evict.c. */
@@ -41,6 +42,29 @@ static inline void table_lru_push_front(table *t, partition *p, uint32_t slot1)
     p->lru_head = slot1;
 }
 
+/* Puts slot1's row (not in the list) at its update time's place: after the rows updated at or
+ * after it (a row promoted from disk by a pull, older than most in RAM: the walk from the tail
+ * is short). */
+static inline void table_lru_insert_by_time(table *t, partition *p, uint32_t slot1)
+{
+    row_header *h = row_at(t, p, slot1 - 1);
+    uint32_t s = p->lru_tail;
+    while (s != 0 && row_at(t, p, s - 1)->updated_ms < h->updated_ms)
+        s = row_at(t, p, s - 1)->prev;
+    if (s == 0) {
+        table_lru_push_front(t, p, slot1);
+        return;
+    }
+    row_header *before = row_at(t, p, s - 1);
+    h->prev = s;
+    h->next = before->next;
+    if (before->next != 0)
+        row_at(t, p, before->next - 1)->prev = slot1;
+    else
+        p->lru_tail = slot1;
+    before->next = slot1;
+}
+
 /* Removes the row at index position pos of p (write-locked) from the index, the LRU list and
  * its slot (back on the free list), recording the removal for the next delta cut. */
 void table_row_remove(table *t, partition *p, uint32_t pos);
@@ -49,8 +73,15 @@ void table_row_remove(table *t, partition *p, uint32_t pos);
  * table never evicts). */
 bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter);
 
-/* Makes room for one more row in p under its share of max_rows, evicting p's least recently
- * updated row when p is full (it then has one: every share is at least 1). */
+/* Makes room in RAM when the budget refuses memory: p's least recently updated row goes to
+ * disk (a table with a cold tier) or is removed (counted in evicted_memory). False when p has
+ * no row in RAM (or the table never evicts). */
+bool table_evict_for_memory(table *t, partition *p);
+
+/* Makes room for one more row in p under its share of max_rows (both tiers), removing p's least
+ * recently updated row when p is full (it then has one: every share is at least 1; a cold row
+ * first), then under its share of ram_rows, moving its least recently updated row in RAM to
+ * disk. */
 void table_reserve_row(table *t, partition *p);
 
 /* Allocates p's admission sketch when the table has min_count > 1 (its bytes counted in

@@ -1,9 +1,10 @@
 /* The memory layout of a sparse table (table.h), shared by the files that implement it:
  * table.c (rows, slabs, index use, push and pull), table_evict.c (the LRU order, row removal,
- * eviction, the TTL sweep, admission) and table_cut.c (copy-on-write checkpoint cuts and their
- * change marks). Includes run one way: table.c includes table_evict.h and table_cut.h,
- * table_evict.c includes table_cut.h, and all three include this header, which includes none of
- * them.
+ * eviction, the TTL sweep, admission), table_cut.c (copy-on-write checkpoint cuts and their
+ * change marks) and table_cold.c (the cold tier: rows on disk). Includes run one way: table.c
+ * includes table_evict.h, table_cut.h and table_cold.h, table_evict.c includes table_cut.h and
+ * table_cold.h, table_cut.c includes table_cold.h, and all four include this header, which
+ * includes none of them (only cold_store.h, the store's interface).
  *
  * Layout of one partition:
  *   index   id -> slot + 1 (table_index.h: open addressing, linear probing, backward-shift
@@ -23,9 +24,11 @@
  *           float32, the slots, the scalars, then each counter as a float.
  *   lru     a doubly linked list of the rows, most recently updated first (table_evict.h).
  *   sketch  with min_count > 1: the admission count-min sketch (table_evict.c).
+ *   cold    with ram_rows > 0: the rows past the partition's share of ram_rows, on disk in the
+ *           table's cold store (table_cold.h); a row is in RAM or on disk, never both.
  *
  * table_id_hash(id) gives the partition (its top bits) and the home bucket (its low bits).
- * Private to table.c, table_evict.c and table_cut.c. */
+ * Private to table.c, table_evict.c, table_cut.c and table_cold.c. */
 #ifndef SERVER_TABLE_LAYOUT_H
 #define SERVER_TABLE_LAYOUT_H
 
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cold_store.h"
 #include "row_dtype.h"
 #include "table.h"
 #include "table_index.h"
@@ -66,10 +70,17 @@ typedef struct partition {
     int64_t *gone;    /* ids removed since the last copy (recorded while t->track) */
     size_t ngone, gone_cap;
     bool removed_lost; /* a removal could not be recorded: the next copy is whole */
+    /* The cold tier (table_cold.h; t->cold not NULL): rows past ram_rows live on disk. */
+    uint64_t ram_rows;       /* rows kept in RAM at most: the partition's share of ram_rows */
+    uint64_t cold_rows;      /* rows on disk */
+    uint64_t cold_gen;       /* bumped when disk rows go other than by promotion */
+    uint64_t cold_moves;     /* bumped by every change to the partition's rows on disk */
+    cold_batch *cold_wb;     /* writes gathered under the lock (table_write_unlock writes them) */
+    unsigned char *cold_val; /* [table_cold_value_bytes] one row's value (demotion) */
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
     _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
         evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
-        longest_growth_ns;
+        longest_growth_ns, cold_hits, promotions, demotions;
 } partition;
 
 struct table {
@@ -89,6 +100,9 @@ struct table {
     int64_t ttl_ms;
     uint64_t max_rows;
     uint64_t expected_rows;
+    uint64_t ram_rows;            /* rows each server keeps in RAM (0: no cold tier) */
+    cold_store *cold;             /* the rows that left RAM (ram_rows > 0), else NULL */
+    _Atomic uint64_t cold_errors; /* reads and writes of the cold store that failed */
     bool never_evict;
     table_budget budget;
     uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
@@ -213,6 +227,8 @@ static inline void partition_fini(partition *p)
     table_index_fini(&p->ix);
     free(p->sketch);
     free(p->wide);
+    cold_batch_free(p->cold_wb);
+    free(p->cold_val);
 }
 
 /* Frees t once its owner (table_destroy) and every cut (table_cut_free) have let go of it. */
@@ -226,6 +242,7 @@ static inline void table_unref(table *t)
         pthread_rwlock_destroy(&t->parts[i].lock);
     }
     free(t->parts);
+    cold_store_close(t->cold, true);
     free(t->name);
     free(t);
 }

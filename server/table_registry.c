@@ -239,6 +239,7 @@ int registry_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err,
     out->min_count = s->min_count;
     out->ttl_ms = s->ttl_ms;
     out->max_rows = s->max_rows;
+    out->ram_rows = s->ram_rows;
     /* A BSP aggregate holds acknowledged gradients: refused rather than evicted. */
     out->never_evict = registry_is_bsp_name(s->name);
     return STATUS_OK;
@@ -263,11 +264,20 @@ static void table_budget_give(void *arg, uint64_t bytes)
     atomic_fetch_sub(&st->table_bytes, bytes);
 }
 
+/* The server's cold-dir: one setting for every state of the process (replica groups' copies). */
+static const char *cold_dir;
+
+void registry_set_cold_dir(const char *dir)
+{
+    cold_dir = dir && dir[0] ? dir : NULL;
+}
+
 void registry_budget(table_spec *ts, server_state *st)
 {
     ts->budget.take = table_budget_take;
     ts->budget.give = table_budget_give;
     ts->budget.arg = st;
+    ts->cold_dir = cold_dir;
 }
 
 table_entry *registry_add_created(server_state *st, table *t, const Psd__V1__TableSpec *s,

@@ -65,8 +65,12 @@ size_t server_tables_count(server_state *st);
 /* The core's spec from the wire's; INVALID_ARGUMENT with a message for what only the wire
  * can get wrong (the core validates the rest). The budget is left unset (registry_budget). */
 int registry_table_spec(const Psd__V1__TableSpec *s, table_spec *out, char *err, size_t errlen);
-/* Points ts's budget hook at st: max-server-bytes, shared with the variables. */
+/* Points ts's budget hook at st (max-server-bytes, shared with the variables) and its cold tier
+ * at the server's cold-dir (registry_set_cold_dir). */
 void registry_budget(table_spec *ts, server_state *st);
+/* The server's cold-dir (checked by its caller; NULL or "": none): tables with ram_rows keep
+ * their cold rows under it. Set once at start, before any table is made. */
+void registry_set_cold_dir(const char *dir);
 /* True when a and b pack to the same bytes. */
 bool registry_spec_equal(const Psd__V1__TableSpec *a, const Psd__V1__TableSpec *b);
 /* TableCreate: registers t, made from the wire's spec s (copied), under its name, counted in

@@ -58,6 +58,9 @@ int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatu
         x->evicted_memory = s.evicted_memory;
         x->lookups = s.lookups;
         x->rows_updated = s.rows_updated;
+        x->rows_disk = s.rows_disk;
+        x->promotions = s.promotions;
+        x->demotions = s.demotions;
         ts[k++] = x;
     }
     registry_release(es, ne);
@@ -110,7 +113,6 @@ void server_tables_metrics(metrics_out *out, server_state *st)
         const char *name, *help;
         metric_type type;
     } tm[] = {
-        {"psd_table_rows", "Rows of a sparse table this server holds.", METRIC_GAUGE},
         {"psd_table_memory_bytes", "Bytes a sparse table holds (slabs, indexes, sketches).",
          METRIC_GAUGE},
         {"psd_table_lookups_total", "Ids pulled from a sparse table.", METRIC_COUNTER},
@@ -123,20 +125,45 @@ void server_tables_metrics(metrics_out *out, server_state *st)
         {"psd_table_rows_refused_total",
          "New rows not made: max-server-bytes refused and nothing could be evicted.",
          METRIC_COUNTER},
+        {"psd_table_cold_hits_total",
+         "Ids pulled or pushed whose row was on disk (a table with ram_rows).", METRIC_COUNTER},
+        {"psd_table_promotions_total", "Rows of a sparse table moved from disk into RAM.",
+         METRIC_COUNTER},
+        {"psd_table_demotions_total", "Rows of a sparse table moved from RAM to disk.",
+         METRIC_COUNTER},
+        {"psd_table_cold_errors_total",
+         "Reads and writes of a sparse table's disk store that failed.", METRIC_COUNTER},
     };
+    /* Rows and bytes per tier: "ram", and "disk" (the cold tier of a table with ram_rows). */
+    metrics_emit_header(out, "psd_table_rows", METRIC_GAUGE,
+                        "Rows of a sparse table this server holds, by tier (ram, disk).");
+    for (size_t i = 0; i < n; i++) {
+        const char *ram[] = {"table", table_name(es[i]->t), "tier", "ram", NULL};
+        const char *disk[] = {"table", table_name(es[i]->t), "tier", "disk", NULL};
+        metrics_emit(out, "psd_table_rows", ram, (double)(ts[i].rows - ts[i].rows_disk));
+        metrics_emit(out, "psd_table_rows", disk, (double)ts[i].rows_disk);
+    }
+    metrics_emit_header(out, "psd_table_bytes", METRIC_GAUGE,
+                        "Bytes of a sparse table, by tier (ram: as psd_table_memory_bytes; disk: "
+                        "its store's files, an estimate).");
+    for (size_t i = 0; i < n; i++) {
+        const char *ram[] = {"table", table_name(es[i]->t), "tier", "ram", NULL};
+        const char *disk[] = {"table", table_name(es[i]->t), "tier", "disk", NULL};
+        metrics_emit(out, "psd_table_bytes", ram, (double)ts[i].bytes);
+        metrics_emit(out, "psd_table_bytes", disk, (double)ts[i].bytes_disk);
+    }
     for (size_t k = 0; k < sizeof(tm) / sizeof(tm[0]); k++) {
         metrics_emit_header(out, tm[k].name, tm[k].type, tm[k].help);
         for (size_t i = 0; i < n; i++) {
             const char *labels[] = {"table", table_name(es[i]->t), NULL};
             const table_stats *s = &ts[i];
-            uint64_t x = k == 0   ? s->rows
-                         : k == 1 ? s->bytes
-                         : k == 2 ? s->lookups
-                         : k == 3 ? s->lookup_misses
-                         : k == 4 ? s->rows_created
-                         : k == 5 ? s->pushes_counted
-                         : k == 6 ? s->rows_updated
-                                  : s->rows_refused;
+            const uint64_t v[] = {s->bytes,        s->lookups,        s->lookup_misses,
+                                  s->rows_created, s->pushes_counted, s->rows_updated,
+                                  s->rows_refused, s->cold_hits,      s->promotions,
+                                  s->demotions,    s->cold_errors};
+            _Static_assert(sizeof(v) / sizeof(v[0]) == sizeof(tm) / sizeof(tm[0]),
+                           "a value per metric");
+            uint64_t x = v[k];
             metrics_emit(out, tm[k].name, labels, (double)x);
         }
     }

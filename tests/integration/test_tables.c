@@ -464,7 +464,7 @@ static void test_admission_eviction_metrics(void **state)
     assert_true(row[0] == 0.0f); /* counted only: the gradient was dropped */
     char *body = NULL;
     assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
-    assert_true(sample(body, "psd_table_rows{table=\"m/admit\"}") == 0.0);
+    assert_true(sample(body, "psd_table_rows{table=\"m/admit\",tier=\"ram\"}") == 0.0);
     assert_true(sample(body, "psd_table_pushes_counted_total{table=\"m/admit\"}") == 1.0);
     assert_true(sample(body, "psd_table_lookup_misses_total{table=\"m/admit\"}") == 1.0);
     assert_true(sample(body, "psd_server_tables") == 2.0);
@@ -480,8 +480,8 @@ static void test_admission_eviction_metrics(void **state)
         gs[i] = 0.5f;
     assert_int_equal(ps_table_push(cap, ids, 300, gs), PS_OK);
     assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
-    assert_true(sample(body, "psd_table_rows{table=\"m/admit\"}") == 1.0);
-    double rows = sample(body, "psd_table_rows{table=\"m/cap\"}");
+    assert_true(sample(body, "psd_table_rows{table=\"m/admit\",tier=\"ram\"}") == 1.0);
+    double rows = sample(body, "psd_table_rows{table=\"m/cap\",tier=\"ram\"}");
     double made = sample(body, "psd_table_rows_created_total{table=\"m/cap\"}");
     double gone = sample(body, "psd_table_evictions_total{table=\"m/cap\",reason=\"max_rows\"}");
     if (!(rows > 0 && rows <= 100 && gone > 0 && made - gone == rows))
@@ -505,7 +505,7 @@ static void test_admission_eviction_metrics(void **state)
     assert_true(row[0] == 0.0f);
     assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
     assert_true(sample(body, "psd_table_evictions_total{table=\"m/ttl\",reason=\"ttl\"}") == 1.0);
-    assert_true(sample(body, "psd_table_rows{table=\"m/ttl\"}") == 1.0);
+    assert_true(sample(body, "psd_table_rows{table=\"m/ttl\",tier=\"ram\"}") == 1.0);
     free(body);
     ps_table_free(ttl);
     ps_table_free(a);

@@ -99,6 +99,7 @@ class TableSpec(Structure):
         ("max_rows", c_uint64),
         ("staleness", c_int),
         ("dtype", c_int),
+        ("ram_rows", c_uint64),
     ]
 
 

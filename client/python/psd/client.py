@@ -912,6 +912,7 @@ class Client:
                      max_rows: int = 0,
                      staleness: int = -2,
                      dtype: str = "float32",
+                     ram_rows: int = 0,
                      **hparams: float) -> Table:
         """Creates a sparse table on every server (idempotent for the same spec; another
         spec raises AlreadyExistsError).
@@ -931,6 +932,9 @@ class Client:
             dtype: how the servers store the rows' parameters: "float32", or "bfloat16" /
                 "float16" (half the memory, each update rounded; the optimizer's state stays
                 float32; not with "adamw"). Rows are still pulled and pushed as float32.
+            ram_rows: rows each server keeps in RAM, the others on disk under the servers'
+                cold-dir, read back when pulled or pushed (a table larger than memory); 0:
+                every row in RAM.
             hparams: learning_rate, momentum, nesterov, beta1, beta2, epsilon,
                 initial_accumulator, weight_decay, ftrl_beta, l1, l2.
         Blocks.
@@ -961,6 +965,7 @@ class Client:
         spec.max_rows = max_rows
         spec.staleness = staleness
         spec.dtype = row_dtype
+        spec.ram_rows = ram_rows
         known = {f for f, _ in _native.TableSpec._fields_}
         for field, value in hparams.items():
             if field not in known or field in ("name", "dim", "optimizer", "initializer",

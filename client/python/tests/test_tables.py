@@ -1,5 +1,6 @@
 """Sparse tables from Python against 2 real ps-server processes: exact rows after SGD pushes
-(duplicate and negative ids), rows in the caller's order, the initializer's rows, errors."""
+(duplicate and negative ids), rows in the caller's order, the initializer's rows, errors (ram_rows
+without cold-dir)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,10 @@ def test_delete_table(client: psd.Client, uname: str) -> None:
     # the name is free again, with fresh rows
     t2 = client.create_table(uname, 2, initializer="constant", init_a=5.0)
     np.testing.assert_array_equal(t2.pull(ids), np.full((3, 2), 5.0, np.float32))
+
+
+def test_table_ram_rows_needs_cold_dir(client: psd.Client, uname: str) -> None:
+    # ram_rows reaches the servers (these run without cold-dir): refused, naming what is missing
+    with pytest.raises(psd.InvalidArgumentError, match="cold-dir|RocksDB"):
+        client.create_table(uname, 4, ram_rows=100)
+    client.create_table(uname, 4, ram_rows=0)  # 0: every row in RAM, as without it

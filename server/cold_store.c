@@ -1,0 +1,486 @@
+/* The on-disk store of a table's cold tier (cold_store.h) over RocksDB's C API: write-ahead log
+ * off, no compression, bloom filters (10 bits a key) so that a lookup of an id that is not on
+ * disk seldom reads a block, and a small block cache and memtable (the store's memory is not
+ * the table's budget). Without RocksDB (PSD_HAVE_ROCKSDB undefined) every open fails. */
+#include "cold_store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+void cold_store_dir_name(char *buf, size_t cap, const char *parent, const char *label)
+{
+    static _Atomic unsigned seq;
+    snprintf(buf, cap, "%s/%s.%ld.%u", parent, label, (long)getpid(), atomic_fetch_add(&seq, 1));
+}
+
+/* The pid of a name cold_store_dir_name made (label.<pid>.<n>), or 0. */
+static long name_pid(const char *name)
+{
+    const char *last = strrchr(name, '.');
+    if (last == NULL || last == name || last[1] == '\0')
+        return 0;
+    const char *p = last - 1;
+    while (p > name && *p != '.')
+        p--;
+    if (*p != '.')
+        return 0;
+    char *end;
+    long pid = strtol(p + 1, &end, 10);
+    return end == last && pid > 0 ? pid : 0;
+}
+
+int cold_store_remove_stale(const char *parent)
+{
+    DIR *d = opendir(parent);
+    if (d == NULL)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long pid = name_pid(e->d_name);
+        if (pid == 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
+        DIR *sub = opendir(path);
+        if (sub == NULL)
+            continue;
+        struct dirent *f;
+        while ((f = readdir(sub)) != NULL) {
+            if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0)
+                continue;
+            char file[8192];
+            snprintf(file, sizeof(file), "%s/%s", path, f->d_name);
+            (void)unlink(file);
+        }
+        closedir(sub);
+        if (rmdir(path) == 0)
+            removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
+#ifdef PSD_HAVE_ROCKSDB
+
+#include <rocksdb/c.h>
+
+#define COLD_WRITE_BUFFER (16u << 20)
+#define COLD_BLOCK_CACHE (32u << 20)
+#define COLD_BLOOM_BITS 10.0
+
+struct cold_store {
+    rocksdb_t *db;
+    rocksdb_column_family_handle_t *cf; /* the default family (for batched reads) */
+    rocksdb_options_t *opts;
+    rocksdb_block_based_table_options_t *topts;
+    rocksdb_cache_t *cache;
+    rocksdb_readoptions_t *ropts;
+    rocksdb_writeoptions_t *wopts;
+    char *dir;
+};
+
+struct cold_batch {
+    rocksdb_writebatch_t *wb;
+};
+
+struct cold_iter {
+    rocksdb_iterator_t *it;
+    rocksdb_readoptions_t *ro;
+    unsigned char *lo, *hi;
+    size_t lolen, hilen;
+    bool started;
+};
+
+struct cold_snapshot {
+    const rocksdb_snapshot_t *snap;
+};
+
+bool cold_store_available(void)
+{
+    return true;
+}
+
+static void set_err(char *err, size_t errlen, const char *what, char *rerr)
+{
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "%s: %s", what, rerr ? rerr : "unknown error");
+    rocksdb_free(rerr);
+}
+
+cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
+{
+    cold_store *s = calloc(1, sizeof(*s));
+    if (s == NULL || (s->dir = strdup(dir)) == NULL) {
+        free(s);
+        snprintf(err, errlen, "cold store %s: out of memory", dir);
+        return NULL;
+    }
+    s->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(s->opts, 1);
+    rocksdb_options_set_compression(s->opts, rocksdb_no_compression);
+    rocksdb_options_set_write_buffer_size(s->opts, COLD_WRITE_BUFFER);
+    rocksdb_options_set_max_open_files(s->opts, 64); /* per table: descriptors add up */
+    rocksdb_options_set_info_log_level(s->opts, 4);  /* FATAL: no LOG chatter */
+    rocksdb_options_set_keep_log_file_num(s->opts, 1);
+    s->topts = rocksdb_block_based_options_create();
+    rocksdb_block_based_options_set_filter_policy(
+        s->topts, rocksdb_filterpolicy_create_bloom(COLD_BLOOM_BITS));
+    s->cache = rocksdb_cache_create_lru(COLD_BLOCK_CACHE);
+    rocksdb_block_based_options_set_block_cache(s->topts, s->cache);
+    rocksdb_options_set_block_based_table_factory(s->opts, s->topts);
+    s->ropts = rocksdb_readoptions_create();
+    s->wopts = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_disable_WAL(s->wopts, 1);
+    /* Empty: a table starts with no rows, whatever an earlier process left here. */
+    char *rerr = NULL;
+    rocksdb_destroy_db(s->opts, dir, &rerr);
+    rocksdb_free(rerr);
+    rerr = NULL;
+    const char *cf_names[] = {"default"};
+    const rocksdb_options_t *cf_opts[] = {s->opts};
+    s->db = rocksdb_open_column_families(s->opts, dir, 1, cf_names, cf_opts, &s->cf, &rerr);
+    if (s->db == NULL) {
+        char what[512];
+        snprintf(what, sizeof(what), "cold store %s: cannot open", dir);
+        set_err(err, errlen, what, rerr);
+        cold_store_close(s, false);
+        return NULL;
+    }
+    return s;
+}
+
+void cold_store_close(cold_store *s, bool remove)
+{
+    if (s == NULL)
+        return;
+    if (s->cf != NULL)
+        rocksdb_column_family_handle_destroy(s->cf);
+    if (s->db != NULL)
+        rocksdb_close(s->db);
+    if (remove && s->db != NULL) {
+        char *rerr = NULL;
+        rocksdb_destroy_db(s->opts, s->dir, &rerr);
+        rocksdb_free(rerr);
+        (void)rmdir(s->dir);
+    }
+    if (s->ropts)
+        rocksdb_readoptions_destroy(s->ropts);
+    if (s->wopts)
+        rocksdb_writeoptions_destroy(s->wopts);
+    if (s->opts)
+        rocksdb_options_destroy(s->opts);
+    if (s->topts)
+        rocksdb_block_based_options_destroy(s->topts);
+    if (s->cache)
+        rocksdb_cache_destroy(s->cache);
+    free(s->dir);
+    free(s);
+}
+
+int cold_store_multiget(cold_store *s, size_t n, const unsigned char *keys, size_t klen,
+                        unsigned char *vals, size_t vlen, bool *found, char *err, size_t errlen)
+{
+    if (n == 0)
+        return 0;
+    const char **kl = malloc(n * sizeof(*kl));
+    size_t *ks = malloc(n * sizeof(*ks));
+    rocksdb_pinnableslice_t **vl = calloc(n, sizeof(*vl));
+    char **errs = calloc(n, sizeof(*errs));
+    int rc = 0;
+    if (kl == NULL || ks == NULL || vl == NULL || errs == NULL) {
+        snprintf(err, errlen, "cold store %s: out of memory for %zu reads", s->dir, n);
+        rc = -1;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kl[i] = (const char *)keys + i * klen;
+        ks[i] = klen;
+    }
+    /* Batched: one pass over the memtables and each file's blocks for all the keys. */
+    rocksdb_batched_multi_get_cf(s->db, s->ropts, s->cf, n, kl, ks, vl, errs, false);
+    for (size_t i = 0; i < n; i++) {
+        size_t vs = 0;
+        const char *v = vl[i] ? rocksdb_pinnableslice_value(vl[i], &vs) : NULL;
+        found[i] = false;
+        if (errs[i] != NULL) {
+            if (rc == 0) {
+                char what[512];
+                snprintf(what, sizeof(what), "cold store %s: read", s->dir);
+                set_err(err, errlen, what, errs[i]);
+            } else {
+                rocksdb_free(errs[i]);
+            }
+            errs[i] = NULL;
+            rc = -1;
+        } else if (v != NULL && vs != vlen) {
+            if (rc == 0)
+                snprintf(err, errlen, "cold store %s: a value of %zu bytes, not %zu", s->dir, vs,
+                         vlen);
+            rc = -1;
+        } else if (v != NULL) {
+            memcpy(vals + i * vlen, v, vlen);
+            found[i] = true;
+        }
+        if (vl[i] != NULL)
+            rocksdb_pinnableslice_destroy(vl[i]);
+    }
+out:
+    free(kl);
+    free(ks);
+    free(vl);
+    free(errs);
+    return rc;
+}
+
+cold_batch *cold_batch_new(void)
+{
+    cold_batch *b = malloc(sizeof(*b));
+    if (b != NULL)
+        b->wb = rocksdb_writebatch_create();
+    return b;
+}
+
+void cold_batch_put(cold_batch *b, const void *key, size_t klen, const void *val, size_t vlen)
+{
+    rocksdb_writebatch_put(b->wb, key, klen, val, vlen);
+}
+
+void cold_batch_delete(cold_batch *b, const void *key, size_t klen)
+{
+    rocksdb_writebatch_delete(b->wb, key, klen);
+}
+
+size_t cold_batch_count(const cold_batch *b)
+{
+    return (size_t)rocksdb_writebatch_count(b->wb);
+}
+
+void cold_batch_clear(cold_batch *b)
+{
+    rocksdb_writebatch_clear(b->wb);
+}
+
+void cold_batch_free(cold_batch *b)
+{
+    if (b == NULL)
+        return;
+    rocksdb_writebatch_destroy(b->wb);
+    free(b);
+}
+
+int cold_store_write(cold_store *s, cold_batch *b, char *err, size_t errlen)
+{
+    if (cold_batch_count(b) == 0)
+        return 0;
+    char *rerr = NULL;
+    rocksdb_write(s->db, s->wopts, b->wb, &rerr);
+    rocksdb_writebatch_clear(b->wb);
+    if (rerr != NULL) {
+        char what[512];
+        snprintf(what, sizeof(what), "cold store %s: write", s->dir);
+        set_err(err, errlen, what, rerr);
+        return -1;
+    }
+    return 0;
+}
+
+cold_snapshot *cold_store_snapshot(cold_store *s)
+{
+    cold_snapshot *c = malloc(sizeof(*c));
+    if (c != NULL)
+        c->snap = rocksdb_create_snapshot(s->db);
+    return c;
+}
+
+void cold_snapshot_release(cold_store *s, cold_snapshot *snap)
+{
+    if (snap == NULL)
+        return;
+    rocksdb_release_snapshot(s->db, snap->snap);
+    free(snap);
+}
+
+static unsigned char *dup_bytes(const void *p, size_t n)
+{
+    unsigned char *d = malloc(n ? n : 1);
+    if (d != NULL && n > 0)
+        memcpy(d, p, n);
+    return d;
+}
+
+cold_iter *cold_iter_new(cold_store *s, cold_snapshot *snap, const void *lo, size_t lolen,
+                         const void *hi, size_t hilen)
+{
+    cold_iter *it = calloc(1, sizeof(*it));
+    if (it == NULL)
+        return NULL;
+    it->ro = rocksdb_readoptions_create();
+    if (snap != NULL)
+        rocksdb_readoptions_set_snapshot(it->ro, snap->snap);
+    if (lo != NULL) {
+        it->lo = dup_bytes(lo, lolen);
+        it->lolen = lolen;
+    }
+    if (hi != NULL) {
+        /* Kept while the iterator lives: RocksDB holds the pointer. */
+        it->hi = dup_bytes(hi, hilen);
+        it->hilen = hilen;
+        rocksdb_readoptions_set_iterate_upper_bound(it->ro, (const char *)it->hi, hilen);
+    }
+    it->it = rocksdb_create_iterator(s->db, it->ro);
+    return it;
+}
+
+bool cold_iter_next(cold_iter *it, const unsigned char **key, size_t *klen,
+                    const unsigned char **val, size_t *vlen)
+{
+    if (!it->started) {
+        it->started = true;
+        if (it->lo != NULL)
+            rocksdb_iter_seek(it->it, (const char *)it->lo, it->lolen);
+        else
+            rocksdb_iter_seek_to_first(it->it);
+    } else {
+        rocksdb_iter_next(it->it);
+    }
+    if (!rocksdb_iter_valid(it->it))
+        return false;
+    *key = (const unsigned char *)rocksdb_iter_key(it->it, klen);
+    *val = (const unsigned char *)rocksdb_iter_value(it->it, vlen);
+    return true;
+}
+
+void cold_iter_free(cold_iter *it)
+{
+    if (it == NULL)
+        return;
+    rocksdb_iter_destroy(it->it);
+    rocksdb_readoptions_destroy(it->ro);
+    free(it->lo);
+    free(it->hi);
+    free(it);
+}
+
+uint64_t cold_store_disk_bytes(cold_store *s)
+{
+    uint64_t v = 0;
+    if (rocksdb_property_int(s->db, "rocksdb.live-sst-files-size", &v) != 0)
+        v = 0;
+    uint64_t mem = 0;
+    if (rocksdb_property_int(s->db, "rocksdb.cur-size-all-mem-tables", &mem) == 0)
+        v += mem;
+    return v;
+}
+
+#else /* no RocksDB */
+
+bool cold_store_available(void)
+{
+    return false;
+}
+
+cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "cold store %s: this server was built without RocksDB", dir);
+    return NULL;
+}
+
+void cold_store_close(cold_store *s, bool remove)
+{
+    (void)s;
+    (void)remove;
+}
+
+int cold_store_multiget(cold_store *s, size_t n, const unsigned char *keys, size_t klen,
+                        unsigned char *vals, size_t vlen, bool *found, char *err, size_t errlen)
+{
+    (void)s, (void)keys, (void)klen, (void)vals, (void)vlen;
+    for (size_t i = 0; i < n; i++)
+        found[i] = false;
+    snprintf(err, errlen, "built without RocksDB");
+    return -1;
+}
+
+cold_batch *cold_batch_new(void)
+{
+    return NULL;
+}
+
+void cold_batch_put(cold_batch *b, const void *key, size_t klen, const void *val, size_t vlen)
+{
+    (void)b, (void)key, (void)klen, (void)val, (void)vlen;
+}
+
+void cold_batch_delete(cold_batch *b, const void *key, size_t klen)
+{
+    (void)b, (void)key, (void)klen;
+}
+
+size_t cold_batch_count(const cold_batch *b)
+{
+    (void)b;
+    return 0;
+}
+
+void cold_batch_clear(cold_batch *b)
+{
+    (void)b;
+}
+
+void cold_batch_free(cold_batch *b)
+{
+    (void)b;
+}
+
+int cold_store_write(cold_store *s, cold_batch *b, char *err, size_t errlen)
+{
+    (void)s, (void)b;
+    snprintf(err, errlen, "built without RocksDB");
+    return -1;
+}
+
+cold_snapshot *cold_store_snapshot(cold_store *s)
+{
+    (void)s;
+    return NULL;
+}
+
+void cold_snapshot_release(cold_store *s, cold_snapshot *snap)
+{
+    (void)s, (void)snap;
+}
+
+cold_iter *cold_iter_new(cold_store *s, cold_snapshot *snap, const void *lo, size_t lolen,
+                         const void *hi, size_t hilen)
+{
+    (void)s, (void)snap, (void)lo, (void)lolen, (void)hi, (void)hilen;
+    return NULL;
+}
+
+bool cold_iter_next(cold_iter *it, const unsigned char **key, size_t *klen,
+                    const unsigned char **val, size_t *vlen)
+{
+    (void)it, (void)key, (void)klen, (void)val, (void)vlen;
+    return false;
+}
+
+void cold_iter_free(cold_iter *it)
+{
+    (void)it;
+}
+
+uint64_t cold_store_disk_bytes(cold_store *s)
+{
+    (void)s;
+    return 0;
+}
+
+#endif

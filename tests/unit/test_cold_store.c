@@ -1,0 +1,210 @@
+/* Unit tests for server/cold_store.c (the on-disk store of a table's cold tier): batched writes
+ * and deletes, multi-get, ordered iteration over a key range, snapshots, emptying on open.
+ * Skipped with a reason when the build has no RocksDB. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cold_store.h"
+
+static char dir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/psd-cold-test-XXXXXX");
+    return mkdtemp(dir) == NULL ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void key_of(unsigned char *k, uint8_t prefix, uint64_t v)
+{
+    k[0] = prefix;
+    for (int i = 0; i < 8; i++)
+        k[1 + i] = (unsigned char)(v >> (56 - 8 * i));
+}
+
+static cold_store *open_store(const char *sub)
+{
+    char path[300], err[256] = "";
+    snprintf(path, sizeof(path), "%s/%s", dir, sub);
+    cold_store *s = cold_store_open(path, err, sizeof(err));
+    if (s == NULL)
+        print_error("cold_store_open: %s\n", err);
+    assert_non_null(s);
+    return s;
+}
+
+static void test_put_get_delete(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    cold_store *s = open_store("a");
+    cold_batch *b = cold_batch_new();
+    unsigned char k[9];
+    for (uint64_t i = 0; i < 1000; i++) {
+        uint64_t v[2] = {i, i * 3};
+        key_of(k, 'r', i);
+        cold_batch_put(b, k, sizeof(k), v, sizeof(v));
+    }
+    assert_int_equal(cold_batch_count(b), 1000);
+    char err[256];
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+    assert_int_equal(cold_batch_count(b), 0);
+    for (uint64_t i = 0; i < 1000; i += 2) {
+        key_of(k, 'r', i);
+        cold_batch_delete(b, k, sizeof(k));
+    }
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+    enum { N = 6 };
+    uint64_t ask[N] = {0, 1, 999, 998, 5000, 7};
+    unsigned char keys[N * 9];
+    for (int i = 0; i < N; i++)
+        key_of(keys + 9 * i, 'r', ask[i]);
+    uint64_t vals[N][2];
+    bool found[N];
+    assert_int_equal(
+        cold_store_multiget(s, N, keys, 9, (unsigned char *)vals, 16, found, err, sizeof(err)), 0);
+    bool want[N] = {false, true, true, false, false, true};
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(found[i], want[i]);
+        if (found[i]) {
+            assert_int_equal(vals[i][0], ask[i]);
+            assert_int_equal(vals[i][1], ask[i] * 3);
+        }
+    }
+    /* A value of another size is an error, not a short copy. */
+    assert_int_equal(
+        cold_store_multiget(s, N, keys, 9, (unsigned char *)vals, 8, found, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "bytes"));
+    cold_batch_free(b);
+    cold_store_close(s, true);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/a", dir);
+    assert_int_not_equal(access(path, F_OK), 0); /* removed with its files */
+}
+
+static void test_iterate_range_and_snapshot(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    cold_store *s = open_store("b");
+    cold_batch *b = cold_batch_new();
+    unsigned char k[9];
+    for (uint64_t i = 0; i < 100; i++) {
+        key_of(k, i % 2 ? 'x' : 'y', i);
+        cold_batch_put(b, k, sizeof(k), &i, sizeof(i));
+    }
+    char err[256];
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+    cold_snapshot *snap = cold_store_snapshot(s);
+    assert_non_null(snap);
+    /* Changed after the snapshot: the snapshot's walk does not see it. */
+    key_of(k, 'x', 1);
+    cold_batch_delete(b, k, sizeof(k));
+    key_of(k, 'x', 1001);
+    uint64_t v = 1001;
+    cold_batch_put(b, k, sizeof(k), &v, sizeof(v));
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+
+    unsigned char lo = 'x', hi = 'y';
+    for (int pass = 0; pass < 2; pass++) {
+        cold_iter *it = cold_iter_new(s, pass == 0 ? snap : NULL, &lo, 1, &hi, 1);
+        assert_non_null(it);
+        const unsigned char *key, *val;
+        size_t kl, vl, n = 0;
+        uint64_t last = 0, first = UINT64_MAX;
+        while (cold_iter_next(it, &key, &kl, &val, &vl)) {
+            assert_int_equal(kl, 9);
+            assert_int_equal(key[0], 'x');
+            uint64_t got;
+            assert_int_equal(vl, sizeof(got));
+            memcpy(&got, val, sizeof(got));
+            assert_true(n == 0 || got > last); /* in key order */
+            first = n == 0 ? got : first;
+            last = got;
+            n++;
+        }
+        cold_iter_free(it);
+        assert_int_equal(n, 50);
+        assert_int_equal(first, pass == 0 ? 1 : 3);
+        assert_int_equal(last, pass == 0 ? 99 : 1001);
+    }
+    cold_snapshot_release(s, snap);
+    cold_batch_free(b);
+    cold_store_close(s, false);
+    /* Opened again: empty. */
+    s = open_store("b");
+    cold_iter *it = cold_iter_new(s, NULL, NULL, 0, NULL, 0);
+    const unsigned char *key, *val;
+    size_t kl, vl;
+    assert_false(cold_iter_next(it, &key, &kl, &val, &vl));
+    cold_iter_free(it);
+    cold_store_close(s, true);
+}
+
+/* Directories of stores whose process is gone are removed; a live process's and other names
+ * stay. */
+static void test_remove_stale(void **state)
+{
+    (void)state;
+    char parent[300], path[400], file[500];
+    snprintf(parent, sizeof(parent), "%s/stale", dir);
+    assert_int_equal(mkdir(parent, 0755), 0);
+    snprintf(path, sizeof(path), "%s/table-ab.2147483600.3", parent); /* no such pid */
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(file, sizeof(file), "%s/000001.sst", path);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("x", f);
+    fclose(f);
+    char mine[400], other[400];
+    cold_store_dir_name(mine, sizeof(mine), parent, "table-cd");
+    assert_int_equal(mkdir(mine, 0755), 0);
+    snprintf(other, sizeof(other), "%s/notes", parent);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(cold_store_remove_stale(parent), 1);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(access(mine, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+}
+
+static void test_open_fails_with_reason(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    cold_store *s = cold_store_open("/nonexistent-psd-dir/x/y", err, sizeof(err));
+    assert_null(s);
+    assert_non_null(strstr(err, "/nonexistent-psd-dir/x/y"));
+}
+
+int main(void)
+{
+    if (!cold_store_available())
+        fprintf(stderr, "cold_store: built without RocksDB: the store's tests are skipped\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_get_delete),
+        cmocka_unit_test(test_iterate_range_and_snapshot),
+        cmocka_unit_test(test_remove_stale),
+        cmocka_unit_test(test_open_fails_with_reason),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
