@@ -978,6 +978,43 @@ static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
     return true;
 }
 
+/* How far ahead of the row a push updates its loop prefetches what the row's update reads:
+ * the index entry, then the row, then its LRU neighbours and its dirty word, so that the cache
+ * misses of several rows overlap (a hint only: the loop probes again for what it uses). */
+#define PUSH_AHEAD_INDEX 12
+#define PUSH_AHEAD_ROW 6
+#define PUSH_AHEAD_LINKS 2
+
+static void push_prefetch(const table *t, const partition *p, const batch *b, uint32_t e,
+                          uint32_t end)
+{
+    uint32_t mask = p->ix.cap - 1;
+    if (e + PUSH_AHEAD_INDEX < end)
+        __builtin_prefetch(&p->ix.e[(uint32_t)b->hashes[b->order[e + PUSH_AHEAD_INDEX]] & mask]);
+    if (e + PUSH_AHEAD_ROW < end) {
+        uint32_t u = b->order[e + PUSH_AHEAD_ROW];
+        uint32_t slot1 = table_index_find(&p->ix, b->uids[u], b->hashes[u]);
+        if (slot1 != 0) {
+            row_header *r = row_at(t, p, slot1 - 1);
+            __builtin_prefetch(r, 1);
+            __builtin_prefetch((const char *)r + 64, 1);
+        }
+    }
+    if (e + PUSH_AHEAD_LINKS < end) {
+        uint32_t u = b->order[e + PUSH_AHEAD_LINKS];
+        uint32_t slot1 = table_index_find(&p->ix, b->uids[u], b->hashes[u]);
+        if (slot1 != 0) {
+            const row_header *r = row_at(t, p, slot1 - 1);
+            uint64_t bit;
+            if (r->prev != 0)
+                __builtin_prefetch(row_at(t, p, r->prev - 1), 1);
+            if (r->next != 0)
+                __builtin_prefetch(row_at(t, p, r->next - 1), 1);
+            __builtin_prefetch(table_dirty_word(t, p, slot1 - 1, &bit), 1);
+        }
+    }
+}
+
 int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
                      bool *done, char *err, size_t errlen)
 {
@@ -1025,6 +1062,7 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         if (t->cold != NULL)
             batch_cold_read(t, p, q, &b);
         for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
+            push_prefetch(t, p, &b, e, b.starts[q + 1]);
             uint32_t u = b.order[e];
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
