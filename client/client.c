@@ -313,7 +313,7 @@ void ps_client_close(ps_client *c)
     for (int i = 0; c->servers && i < c->nservers; i++)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
     free(c->servers);
-    slots_record_free(&c->slots_rec);
+    client_slots_free(c);
     free(c->route);
     free(c->next_seq);
     for (int i = 0; c->hb && i < c->nservers; i++)

@@ -57,6 +57,13 @@ struct ps_client {
      * map published in the coordinator (slots_rec, which it points into). */
     slot_map slots;
     slots_record slots_rec;
+    /* Maps read since (client_slots_refresh), kept until close: calls in flight may still
+     * read the owner table of one (slots points into the newest). */
+    slots_record *old_recs;
+    size_t nold_recs;
+    pthread_mutex_t slots_lock; /* guards the refresh (one at a time) */
+    char slots_eps[512];        /* the coordinator ("": no refresh) */
+    char slots_prefix[512];
     rpc_conn **servers;
     rpc_call_opts call;
     uint64_t chunk_elems;
@@ -118,6 +125,20 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
  * ps_last_error set (another cluster's map, a malformed one, a map that gives slots to a
  * server outside cl); a coordinator that does not answer leaves the static map (logged). */
 int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
+/* A server answered that slots moved (Envelope.moved_to) at map version `version`: re-reads
+ * the map from the coordinator when it holds an older one, so that later calls go to the new
+ * owners. Any thread. */
+void client_slots_refresh(ps_client *c, uint64_t version);
+/* route_split.c: a table request that server refused_by answered as moved, whose ids the
+ * re-read map places on several servers, sent as one piece per server (same seq; key: the
+ * client id it went with) and answered to done(arg) as one call. Returns 0 when it took the
+ * call over, -1 when the ids are on one server now (or it cannot: memory, not a table call):
+ * the caller goes on with the call as it is. */
+int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t key,
+                      const rpc_call_opts *opts, rpc_build_fn build, void *build_arg,
+                      rpc_done_fn done, void *arg);
+/* Frees the maps client_slots_load and client_slots_refresh read. */
+void client_slots_free(ps_client *c);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -55,4 +55,11 @@ uint32_t slots_name_owner(const slot_map *m, const char *name);
  * server. */
 uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id);
 
+/* The client id under which a server keeps the exactly-once window of `client`'s stream of
+ * updates to server `from`, once slots of `from` moved to it (the window came with them), and
+ * under which the client resends there an update that `from` refused as moved (same seq):
+ * mix64(client ^ mix64((from + 1) * 0x9E3779B97F4A7C15)), or that xor 1 where it would equal
+ * client. A request that follows two moves composes it per hop. */
+uint64_t slots_stream_client(uint64_t client, uint32_t from);
+
 #endif

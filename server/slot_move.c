@@ -29,12 +29,6 @@
 #define PKG_MAGIC 0x564d5350u /* "PSMV" */
 #define PKG_FORMAT 1u
 
-uint64_t slot_stream_client(uint64_t client, uint32_t from)
-{
-    uint64_t k = mix64(client ^ mix64(((uint64_t)from + 1) * 0x9E3779B97F4A7C15ull));
-    return k == client ? k ^ 1 : k;
-}
-
 void slot_set_mark(uint64_t *bits, uint32_t nslots, const uint32_t *slots, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -591,7 +585,7 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
         rc = STATUS_RESOURCE_EXHAUSTED, snprintf(err, errlen, "out of memory");
     for (uint64_t i = 0; rc == STATUS_OK && i < p.nwin; i++) {
         memcpy(w, p.win + i * (2 + (size_t)p.words) * 8, (2 + (size_t)p.words) * 8);
-        if (dedup_merge(st->dedup, slot_stream_client(w[0], from), w[1], w + 2, p.words) != 0)
+        if (dedup_merge(st->dedup, slots_stream_client(w[0], from), w[1], w + 2, p.words) != 0)
             rc = STATUS_RESOURCE_EXHAUSTED,
             snprintf(err, errlen, "out of memory for the exactly-once windows");
         cnt.windows++;

@@ -6,7 +6,7 @@
  *
  * Exactly-once across a move. A client numbers its updates per server (client_next_seq): the
  * seqs of its stream to the source mean nothing in the target's own window of that client.
- * So the target keeps the source's windows under another key, slot_stream_client(client,
+ * So the target keeps the source's windows under another key, slots_stream_client(client,
  * source), and a client that resends an update the source refused as moved sends it to the
  * new owner with that key as its client id and the same seq: applied there once, whether the
  * source had applied it before the move (the mark came with the export) or not. A request
@@ -33,11 +33,6 @@ typedef struct slot_move_counts {
     uint64_t bytes;     /* the package's size */
 } slot_move_counts;
 
-/* The key under which a server keeps the window of `client`'s stream to server `from` (the
- * source of slots it received), and under which the client resends there an update of that
- * stream. Never equal to `client`; distinct per `from`. */
-uint64_t slot_stream_client(uint64_t client, uint32_t from);
-
 /* The bitmap (nslots bits, nslots / 64 words, made zero by the caller) of the slots listed. */
 void slot_set_mark(uint64_t *bits, uint32_t nslots, const uint32_t *slots, size_t n);
 static inline bool slot_set_has(const uint64_t *bits, uint32_t slot)
@@ -56,7 +51,7 @@ int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size
  * in `bits` (each of the package's slots must be set there). Whatever st held in those slots
  * before (a failed earlier attempt) is dropped first. Tables the package names that st does
  * not hold are created from the package's specs; its windows are merged (dedup_merge) under
- * slot_stream_client(client, from). Returns 0, or a STATUS_* with why in err, nothing of the
+ * slots_stream_client(client, from). Returns 0, or a STATUS_* with why in err, nothing of the
  * package installed then (INVALID_ARGUMENT: a malformed package, or one of other slots;
  * ALREADY_EXISTS: a name that is another kind here; RESOURCE_EXHAUSTED: memory or
  * max-server-bytes). */

@@ -16,7 +16,7 @@
 #include "status.h"
 
 /* Time a batch's package may take to reach its target and be installed. */
-#define INSTALL_DEADLINE_MS 120000
+#define INSTALL_DEADLINE_MS 20000
 
 static struct {
     slot_move_config cfg;

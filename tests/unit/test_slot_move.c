@@ -186,8 +186,8 @@ static void test_export_install_drop(void **state)
     assert_int_equal(slot_move_install(&b, 1, bits, pkg, len, NULL, err, sizeof(err)),
                      STATUS_INVALID_ARGUMENT);
     assert_int_equal(rows_of(&b), b_rows);
-    assert_int_equal(dedup_begin(b.dedup, slot_stream_client(CLIENT, 0), 5), DEDUP_NEW);
-    dedup_unmark(b.dedup, slot_stream_client(CLIENT, 0), 5);
+    assert_int_equal(dedup_begin(b.dedup, slots_stream_client(CLIENT, 0), 5), DEDUP_NEW);
+    dedup_unmark(b.dedup, slots_stream_client(CLIENT, 0), 5);
 
     /* Installed, twice (a resumed move): the same. */
     for (int round = 0; round < 2; round++) {
@@ -237,7 +237,7 @@ static void test_export_install_drop(void **state)
 
     /* The source's window, under the stream key: its seqs are duplicates, newer ones new;
      * the client's own window on the target is untouched. */
-    uint64_t k = slot_stream_client(CLIENT, 0);
+    uint64_t k = slots_stream_client(CLIENT, 0);
     for (uint64_t s = 1; s <= 10; s++)
         assert_int_equal(dedup_begin(b.dedup, k, s), DEDUP_DUPLICATE);
     assert_int_equal(dedup_begin(b.dedup, k, 11), DEDUP_NEW);
@@ -260,9 +260,9 @@ static void test_stream_keys(void **state)
 {
     (void)state;
     for (uint64_t c = 1; c < 1000; c++) {
-        assert_true(slot_stream_client(c, 0) != c);
-        assert_true(slot_stream_client(c, 0) != slot_stream_client(c, 1));
-        assert_int_equal(slot_stream_client(c, 7), slot_stream_client(c, 7));
+        assert_true(slots_stream_client(c, 0) != c);
+        assert_true(slots_stream_client(c, 0) != slots_stream_client(c, 1));
+        assert_int_equal(slots_stream_client(c, 7), slots_stream_client(c, 7));
     }
 }
 
