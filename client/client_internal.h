@@ -134,6 +134,10 @@ void client_slots_refresh(ps_client *c, uint64_t version);
  * client id it went with) and answered to done(arg) as one call. Returns 0 when it took the
  * call over, -1 when the ids are on one server now (or it cannot: memory, not a table call):
  * the caller goes on with the call as it is. */
+/* client_call_on with the request sent under client id `key` (0: the client's own): a piece
+ * of a table request cut after a move (route_split.c), which follows later moves as well. */
+int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg);
 int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t key,
                       const rpc_call_opts *opts, rpc_build_fn build, void *build_arg,
                       rpc_done_fn done, void *arg);

@@ -26,8 +26,11 @@
 
 /* A move record updated this recently belongs to a psctl still running. */
 #define MOVE_STALE_MS 30000
-/* Deadline of one SLOT_MOVE call (SEND carries the batch to the target). */
-#define MOVE_CALL_MS 180000
+/* Deadline of a SEND (the source sends the batch to the target within it), and of a
+ * COMMIT or ABORT (a server that does not answer is down: the ABORT's target lost what it
+ * installed with it; the COMMIT's learns the map at its restart). */
+#define MOVE_SEND_MS 180000
+#define MOVE_PHASE_MS 10000
 
 typedef struct mover {
     etcd_client *etcd;
@@ -115,8 +118,9 @@ static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, c
     rq.version = version;
     rq.max_bytes_per_second = m->mo->max_bytes_per_second;
     rpc_oneshot_reply out;
-    int rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
-                         MOVE_CALL_MS, &out);
+    int rc = rpc_oneshot(
+        addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
+        phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND ? MOVE_SEND_MS : MOVE_PHASE_MS, &out);
     snprintf(msg, cap, "%s", out.message);
     if (rep)
         *rep = rc == STATUS_OK && out.body
@@ -135,7 +139,7 @@ static int commit_all(mover *m, const slots_record *map, const move_rec *r, uint
     uint32_t order[2] = {r->to, r->from};
     for (int k = 0; k < 2; k++) {
         int rc = STATUS_UNAVAILABLE;
-        for (int tries = 0; tries < 5 && rc != STATUS_OK; tries++)
+        for (int tries = 0; tries < 3 && rc != STATUS_OK; tries++)
             rc = slot_call(m, map->addr[order[k]], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r,
                            NULL, version, NULL, msg, sizeof(msg));
         if (rc != STATUS_OK) {

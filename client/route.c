@@ -185,6 +185,12 @@ static int attempt(routed *r)
 int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                    rpc_build_fn build, rpc_done_fn done, void *arg)
 {
+    return client_call_keyed(c, conns, server, o, 0, build, done, arg);
+}
+
+int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg)
+{
     if (c->route == NULL || server < 0 || server >= c->nservers)
         return rpc_conn_call(conns[server], o, build, done, arg);
     routed *r = calloc(1, sizeof(*r));
@@ -199,6 +205,7 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
     r->build = build;
     r->done = done;
     r->arg = arg;
+    r->key = key;
     int rv = attempt(r);
     if (rv != 0)
         free(r);

@@ -3,8 +3,8 @@
  * its server with the same seq (under the key of its stream: the refusing server's for the
  * piece that stays there, slots_stream_client of it for the others, whose windows came with
  * the slots), and answered to its caller as one call: a push OK when every piece is, a pull's
- * rows put back in the order asked. A piece refused again (a second move meanwhile) fails the
- * call with its server's message. */
+ * rows put back in the order asked. A piece refused again (a second move meanwhile) follows
+ * that move as a call of its own would (route.c: redirected, or cut again). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +48,7 @@ static int piece_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     split_piece *p = arg;
     split_call *s = p->s;
     envelope env = *s->f.env;
-    env.deadline_ms = deadline_ms;
-    env.client_id = p->key;
+    env.deadline_ms = deadline_ms; /* client_id: the route sets p->key */
     Psd__V1__TensorMeta tm = *s->f.env->tensor;
     size_t esize = frame_dtype_size(s->dtype);
     size_t seglen = p->n * 8 + (s->push ? p->n * s->row_bytes : 0);
@@ -264,7 +263,7 @@ out:
     atomic_store(&s->status, STATUS_OK);
     for (size_t i = 0; i < s->npieces; i++) {
         split_piece *p = &s->pieces[i];
-        int st = rpc_conn_call(conns[p->server], opts, piece_build, piece_done, p);
+        int st = client_call_keyed(c, conns, p->server, opts, p->key, piece_build, piece_done, p);
         if (st != 0)
             piece_done(p, st, "could not start the call", NULL);
     }
