@@ -27,6 +27,13 @@ static struct {
 
 int slot_gate_start(server_state *st, const slots_record *rec)
 {
+    /* Writers first: a freeze must not wait behind a steady stream of calls. */
+    pthread_rwlockattr_t at;
+    pthread_rwlockattr_init(&at);
+    pthread_rwlockattr_setkind_np(&at, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_destroy(&g.inside);
+    pthread_rwlock_init(&g.inside, &at);
+    pthread_rwlockattr_destroy(&at);
     uint32_t n = rec->nslots;
     g.owner = malloc((size_t)n * sizeof(uint32_t));
     g.frozen = calloc(n, 1);

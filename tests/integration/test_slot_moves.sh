@@ -68,9 +68,11 @@ etcd_del() {
 a=(); for i in 0 1 2; do a+=("127.0.0.1:$(port)"); done
 spec="{\"ps\":[\"${a[0]}\",\"${a[1]}\",\"${a[2]}\"]}"
 pfx=/psd-slot-moves
+h0=$(port)
 start() { # task
+  local http=(); [ "$1" = 0 ] && http=(--http-listen 127.0.0.1:$h0)
   "$bin" --cluster "$spec" --task ps:$1 --coordinator "$coord" --coordinator-prefix $pfx \
-    2>>"$tmp/ps$1.log" &
+    "${http[@]}" 2>>"$tmp/ps$1.log" &
   pids+=($!); eval "ps$1_pid=$!"
 }
 for i in 0 1 2; do start $i; done
@@ -108,7 +110,6 @@ bytes=$(grep -m1 -o '[0-9]* bytes, map version' <<<"$out" | cut -d' ' -f1)
 sleep 1
 end_pushers remove
 check emptied 0 "${a[2]} *0\$" "${ctl[@]}" slots
-if grep -q 'psd_slot_moves_total' <(cat "$tmp"/ps*.log) 2>/dev/null; then :; fi
 
 # rebalance back onto ps2, killed mid-batch: rolled back, nothing lost or doubled.
 before=$("${ctl[@]}" slots | head -1)
@@ -124,6 +125,13 @@ else echo "ok   rebalance with its target killed failed: $(grep -m1 'rolled back
 start 2
 wait_log "$tmp/ps2.log" "serving on" 15 || echo "FAIL ps2 did not restart"
 end_pushers kill
+metrics=$(/usr/bin/python3 -c 'import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "http://127.0.0.1:$h0/metrics")
+if grep -q '^psd_slot_moves_total{result="failed"} 1' <<<"$metrics" &&
+   grep -q '^psd_slot_moves_total{result="started"} 1' <<<"$metrics"; then
+  echo "ok   metrics: the source counted the batch started and failed"
+else
+  echo "FAIL metrics: $(grep psd_slot <<<"$metrics")"; fail=1
+fi
 after=$("${ctl[@]}" slots | head -1)
 if [ "$before" = "$after" ]; then echo "ok   map unchanged: $after"
 else echo "FAIL map changed: $before -> $after"; fail=1; fi
