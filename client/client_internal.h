@@ -52,7 +52,16 @@ typedef struct client_hb {
 } client_hb;
 
 struct ps_client {
-    int nservers;
+    int nservers; /* servers of the cluster spec: what placement (split ranges) is over */
+    /* Servers this client has connections to: the spec's, then those that joined the cluster
+     * (a slot map naming them, client_slots_refresh), up to cap_servers: the per-server arrays
+     * (servers, route, next_seq) are that long from the open, and a new server's entries are
+     * filled before the count is raised (release), so a reader of the count (client_reach,
+     * acquire) sees them. Heartbeats go to the spec's servers only. */
+    atomic_int nreach;
+    int cap_servers;
+    rpc_conn_config conn_cfg; /* how the spec's servers were connected (its strings below) */
+    char *tls_ca, *tls_cert, *tls_key, *tls_name;
     /* Who holds each slot (client_slots_load): the static map of the cluster spec, or the
      * map published in the coordinator (slots_rec, which it points into). */
     slot_map slots;
@@ -125,6 +134,15 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
  * ps_last_error set (another cluster's map, a malformed one, a map that gives slots to a
  * server outside cl); a coordinator that does not answer leaves the static map (logged). */
 int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
+static inline int client_reach(ps_client *c)
+{
+    return atomic_load_explicit(&c->nreach, memory_order_acquire);
+}
+
+/* After the spec's servers are connected at open: connects to the servers of the map read at
+ * open that joined the cluster. Returns 0, or FAILED_PRECONDITION when a slot's owner cannot
+ * be reached. */
+int client_slots_connect(ps_client *c);
 /* A server answered that slots moved (Envelope.moved_to) at map version `version`: re-reads
  * the map from the coordinator when it holds an older one, so that later calls go to the new
  * owners. Any thread. */

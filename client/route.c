@@ -105,12 +105,14 @@ static void routed_done(void *arg, int status, const char *message, const frame 
     int next = -1;
     if (!replicated && time_left && r->hops < ROUTE_MAX_HOPS &&
         status == STATUS_FAILED_PRECONDITION && reply && reply->env->moved_to != 0 &&
-        (int)reply->env->moved_to - 1 < c->nservers && (int)reply->env->moved_to - 1 != r->target &&
-        !atomic_load(&c->conns_closing)) {
-        /* The slots moved (replicas 1): the map is read again for later calls, and this one
-         * goes to the new owner as it is, under the key of its stream to the server that
-         * refused it, whose exactly-once window came with the slots. */
-        client_slots_refresh(c, reply->env->slots_version);
+        (int)reply->env->moved_to - 1 != r->target && !atomic_load(&c->conns_closing) &&
+        r->conns == c->servers &&
+        (client_slots_refresh(c, reply->env->slots_version),
+         (int)reply->env->moved_to - 1 < client_reach(c))) {
+        /* The slots moved (replicas 1): the map was read again (connecting to servers that
+         * joined) for later calls, and this one goes to the new owner as it is, under the key
+         * of its stream to the server that refused it, whose exactly-once window came with
+         * the slots. */
         uint64_t cur = r->key ? r->key : c->client_id;
         if (route_split_moved(c, r->conns, r->target, cur, &r->opts, r->build, r->arg, r->done,
                               r->arg) == 0) {
@@ -191,7 +193,7 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
 int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                       uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg)
 {
-    if (c->route == NULL || server < 0 || server >= c->nservers)
+    if (c->route == NULL || server < 0 || server >= client_reach(c))
         return rpc_conn_call(conns[server], o, build, done, arg);
     routed *r = calloc(1, sizeof(*r));
     if (r == NULL)

@@ -189,14 +189,15 @@ int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t k
         goto out;
     slot_map map = c->slots;
     size_t nsrv = 0;
-    int *count = calloc((size_t)c->nservers, sizeof(int));
+    int reach = client_reach(c);
+    int *count = calloc((size_t)reach, sizeof(int));
     if (count == NULL)
         goto out;
     for (uint64_t i = 0; i < n; i++) {
         int64_t id;
         memcpy(&id, f.segment + 8 * i, 8);
         owner[i] = slots_row_owner(&map, name, id);
-        if (owner[i] >= (uint32_t)c->nservers) {
+        if (owner[i] >= (uint32_t)reach) {
             free(count);
             goto out;
         }
@@ -223,7 +224,7 @@ int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t k
     s->done = done;
     s->arg = arg;
     s->row_bytes = row_bytes;
-    for (int srv = 0; srv < c->nservers; srv++) {
+    for (int srv = 0; srv < reach; srv++) {
         if (count[srv] == 0)
             continue;
         split_piece *p = &s->pieces[s->npieces++];
