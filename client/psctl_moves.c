@@ -445,7 +445,10 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
         rc = 2;
     } else {
         for (uint32_t i = 0; i < map.nservers; i++)
-            member[i] = strcmp(cmd, "remove-server") != 0 || (int)i != at;
+            /* The servers that hold slots (one removed before holds none and stays out), and
+             * the one added; less the one removed. */
+            member[i] = (slots_record_count(&map, i) > 0 || (int)i == at) &&
+                        !(strcmp(cmd, "remove-server") == 0 && (int)i == at);
     }
     slots_record_free(&map);
     if (rc == 0)

@@ -16,7 +16,10 @@ typedef struct psctl_move_opts {
     bool json;
 } psctl_move_opts;
 
-/* cmd: "add-server", "remove-server" (addr: the server to empty) or "rebalance" (addr NULL).
+/* cmd: "add-server" (addr: a server of the map to give an even share), "remove-server" (addr:
+ * the server to empty) or "rebalance" (addr NULL): the slots are evened out over the servers
+ * that hold some, plus the one added, less the one removed (a server emptied before stays
+ * out until it is added again).
  * Returns 0 when every move is done (or none was needed), 2 for a usage error (nothing
  * moved), 1 when a move failed (the failed batch rolled back; the ones before it stay done;
  * a rerun goes on from there). */

@@ -2,9 +2,9 @@
 # Slots moved between live servers (replicas 1 with a coordinator): psctl's usage errors exit 2
 # with a named reason and move nothing; `psctl remove-server` empties one of three servers
 # while 2 client threads push to variables held whole and to table rows, and every value then
-# equals the sum of the pushes acknowledged (none applied twice, none lost); `psctl rebalance`
-# whose target is killed (-9) mid-batch rolls the batch back (exit 1, the map unchanged) and
-# again nothing is lost or doubled. Skipped (77) without etcd.
+# equals the sum of the pushes acknowledged (none applied twice, none lost), and rebalance
+# leaves it empty; `psctl add-server` of it again, killed (-9) mid-batch, rolls the batch back
+# (exit 1, the map unchanged) and again nothing is lost or doubled. Skipped (77) without etcd.
 # Usage: test_slot_moves.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
 set -u
 bin=$1 psctl=$2 pusher=$3
@@ -111,16 +111,17 @@ sleep 1
 end_pushers remove
 check emptied 0 "${a[2]} *0\$" "${ctl[@]}" slots
 
-# rebalance back onto ps2, killed mid-batch: rolled back, nothing lost or doubled.
+check rebalance-keeps-it-out 0 "nothing to move" "${ctl[@]}" rebalance
+# add-server ps2 back, killed mid-batch: rolled back, nothing lost or doubled.
 before=$("${ctl[@]}" slots | head -1)
 run_pushers kill
 sleep 1
-"${ctl[@]}" --batch-slots 128 --max-bytes-per-second $(( ${bytes:-4000} / 4 + 1 )) rebalance >"$tmp/rebalance.log" 2>&1 &
+"${ctl[@]}" --batch-slots 128 --max-bytes-per-second $(( ${bytes:-4000} / 4 + 1 )) add-server "${a[2]}" >"$tmp/rebalance.log" 2>&1 &
 rb_pid=$!
 sleep 1.5
 kill -9 "$ps2_pid"
-if wait $rb_pid; then echo "FAIL rebalance with its target killed exited 0"; cat "$tmp/rebalance.log"; fail=1
-else echo "ok   rebalance with its target killed failed: $(grep -m1 'rolled back' "$tmp/rebalance.log")"; fi
+if wait $rb_pid; then echo "FAIL add-server with its target killed exited 0"; cat "$tmp/rebalance.log"; fail=1
+else echo "ok   add-server with its target killed failed: $(grep -m1 'rolled back' "$tmp/rebalance.log")"; fi
 # ps2 back (empty: it owned no slot), so that the check's client opens on every server.
 start 2
 wait_log "$tmp/ps2.log" "serving on" 15 || echo "FAIL ps2 did not restart"
