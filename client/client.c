@@ -187,19 +187,28 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     if (getrandom(&c->client_id, sizeof(c->client_id), 0) != sizeof(c->client_id))
         c->client_id = time_now_ns() ^ ((uint64_t)getpid() << 32);
     c->nservers = (int)cl.n_ps;
-    c->servers = calloc(cl.n_ps, sizeof(*c->servers));
-    c->route = calloc(cl.n_ps, sizeof(*c->route));
-    c->next_seq = calloc(cl.n_ps, sizeof(*c->next_seq));
-    for (size_t i = 0; c->route && i < cl.n_ps; i++)
-        atomic_init(&c->route[i], (int)i);
+    /* Room for servers that join (slots move to them) when the slot map is in etcd. */
+    const char *coord = opt_str(o, OPT_COORDINATOR);
+    bool may_grow = opt_int(o, OPT_REPLICAS) <= 1 && coord && coord[0];
+    c->cap_servers = may_grow && cl.n_ps < SLOTS_MAX_SERVERS ? SLOTS_MAX_SERVERS : (int)cl.n_ps;
+    atomic_init(&c->nreach, (int)cl.n_ps);
+    c->servers = calloc((size_t)c->cap_servers, sizeof(*c->servers));
+    c->route = calloc((size_t)c->cap_servers, sizeof(*c->route));
+    c->next_seq = calloc((size_t)c->cap_servers, sizeof(*c->next_seq));
+    for (int i = 0; c->route && i < c->cap_servers; i++)
+        atomic_init(&c->route[i], i);
     /* Every group's sequence numbers start at the wall clock in ns, not at 1: a server that had
      * to forget evicted clients refuses an unknown client's pushes up to a floor made of their
      * highest seqs (server/dedup.h), and a client opened later starts above any seq they
      * reached. */
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    for (size_t i = 0; c->next_seq && i < cl.n_ps; i++)
+    for (int i = 0; c->next_seq && i < c->cap_servers; i++)
         atomic_init(&c->next_seq[i], (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec);
+    c->tls_ca = strdup(tls.ca ? tls.ca : "");
+    c->tls_cert = strdup(tls.cert ? tls.cert : "");
+    c->tls_key = strdup(tls.key ? tls.key : "");
+    c->tls_name = strdup(tls.server_name ? tls.server_name : "");
     if (c->servers == NULL || c->route == NULL || c->next_seq == NULL) {
         cluster_fini(&cl);
         ps_config_destroy(own);
@@ -262,6 +271,17 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
             .hint = heartbeats ? client_wait_hint : NULL,
             .hint_arg = heartbeats ? &c->hb[i] : NULL,
         };
+        if (i == 0) { /* a joining server's connection is made the same way */
+            c->conn_cfg = rc;
+            c->conn_cfg.url = NULL;
+            c->conn_cfg.label = NULL;
+            c->conn_cfg.hint = NULL;
+            c->conn_cfg.hint_arg = NULL;
+            c->conn_cfg.tls.ca = c->tls_ca;
+            c->conn_cfg.tls.cert = c->tls_cert;
+            c->conn_cfg.tls.key = c->tls_key;
+            c->conn_cfg.tls.server_name = c->tls_name;
+        }
         if (rpc_conn_open(&c->servers[i], &rc, err, sizeof(err)) != 0) {
             cluster_fini(&cl);
             ps_config_destroy(own);
@@ -282,6 +302,10 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     }
     cluster_fini(&cl);
     ps_config_destroy(own);
+    if ((slots_rc = client_slots_connect(c)) != PS_OK) {
+        ps_client_close(c);
+        return slots_rc;
+    }
     if (heartbeats) {
         int rv = pthread_create(&c->heartbeat, NULL, heartbeat_main, c);
         if (rv != 0) {
@@ -310,10 +334,14 @@ void ps_client_close(ps_client *c)
     for (int i = 0; c->hb_conns && i < c->nservers; i++)
         rpc_conn_close(c->hb_conns[i]);
     free(c->hb_conns);
-    for (int i = 0; c->servers && i < c->nservers; i++)
+    for (int i = 0; c->servers && i < client_reach(c); i++)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
+    free(c->tls_ca);
+    free(c->tls_cert);
+    free(c->tls_key);
+    free(c->tls_name);
     free(c->servers);
-    slots_record_free(&c->slots_rec);
+    client_slots_free(c);
     free(c->route);
     free(c->next_seq);
     for (int i = 0; c->hb && i < c->nservers; i++)

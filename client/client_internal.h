@@ -38,11 +38,27 @@ typedef struct client_hb {
 } client_hb;
 
 struct ps_client {
-    int nservers;
+    int nservers; /* servers of the cluster spec: what placement (split ranges) is over */
+    /* Servers this client has connections to: the spec's, then those that joined the cluster
+     * (a slot map naming them, client_slots_refresh), up to cap_servers: the per-server arrays
+     * (servers, route, next_seq) are that long from the open, and a new server's entries are
+     * filled before the count is raised (release), so a reader of the count (client_reach,
+     * acquire) sees them. Heartbeats go to the spec's servers only. */
+    atomic_int nreach;
+    int cap_servers;
+    rpc_conn_config conn_cfg; /* how the spec's servers were connected (its strings below) */
+    char *tls_ca, *tls_cert, *tls_key, *tls_name;
     /* Who holds each slot (client_slots_load): the static map of the cluster spec, or the
      * map published in the coordinator (slots_rec, which it points into). */
     slot_map slots;
     slots_record slots_rec;
+    /* Maps read since (client_slots_refresh), kept until close: calls in flight may still
+     * read the owner table of one (slots points into the newest). */
+    slots_record *old_recs;
+    size_t nold_recs;
+    pthread_mutex_t slots_lock; /* guards the refresh (one at a time) */
+    char slots_eps[512];        /* the coordinator ("": no refresh) */
+    char slots_prefix[512];
     rpc_conn **servers;
     rpc_call_opts call;
     uint64_t chunk_elems;
@@ -105,6 +121,33 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
  * ps_last_error set (another cluster's map, a malformed one, a map that gives slots to a
  * server outside cl); a coordinator that does not answer leaves the static map (logged). */
 int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
+static inline int client_reach(ps_client *c)
+{
+    return atomic_load_explicit(&c->nreach, memory_order_acquire);
+}
+
+/* After the spec's servers are connected at open: connects to the servers of the map read at
+ * open that joined the cluster. Returns 0, or FAILED_PRECONDITION when a slot's owner cannot
+ * be reached. */
+int client_slots_connect(ps_client *c);
+/* A server answered that slots moved (Envelope.moved_to) at map version `version`: re-reads
+ * the map from the coordinator when it holds an older one, so that later calls go to the new
+ * owners. Any thread. */
+void client_slots_refresh(ps_client *c, uint64_t version);
+/* route_split.c: a table request that server refused_by answered as moved, whose ids the
+ * re-read map places on several servers, sent as one piece per server (same seq; key: the
+ * client id it went with) and answered to done(arg) as one call. Returns 0 when it took the
+ * call over, -1 when the ids are on one server now (or it cannot: memory, not a table call):
+ * the caller goes on with the call as it is. */
+/* client_call_on with the request sent under client id `key` (0: the client's own): a piece
+ * of a table request cut after a move (route_split.c), which follows later moves as well. */
+int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg);
+int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t key,
+                      const rpc_call_opts *opts, rpc_build_fn build, void *build_arg,
+                      rpc_done_fn done, void *arg);
+/* Frees the maps client_slots_load and client_slots_refresh read. */
+void client_slots_free(ps_client *c);
 
 /* Sets this thread's ps_last_error and returns status. */
 int client_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

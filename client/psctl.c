@@ -21,6 +21,7 @@
 #include "options.h"
 #include "program.h"
 #include "psclient.h"
+#include "psctl_moves.h"
 #include "psctl_slots.h"
 #include "psctl_view.h"
 
@@ -49,12 +50,20 @@ static const char usage_text[] =
     "  slots              clusters with a coordinator: the slot map in etcd: each server's\n"
     "                     address and slots owned (servers that joined included), moves\n"
     "                     in progress\n"
+    "  add-server HOST:PORT  clusters with a coordinator, replicas 1: move slots onto a server\n"
+    "                     started with ps-server --join until every server holds an even share\n"
+    "  remove-server HOST:PORT  move every slot of that server onto the others (then it may\n"
+    "                     be stopped)\n"
+    "  rebalance          move slots until every server of the slot map holds an even share\n"
     "Flags of psctl itself: --json (one JSON object per command, one line per top refresh),\n"
-    "--iterations N (top: stop after N refreshes).";
+    "--iterations N (top: stop after N refreshes), --batch-slots N (slot moves: slots per\n"
+    "batch, 1 to 4096, default 16), --max-bytes-per-second N (slot moves: the bandwidth cap of\n"
+    "each batch sent, 0 none).";
 
 static bool json_out;
 static long top_iterations; /* 0: until q / Ctrl-C */
 static volatile sig_atomic_t stop_requested;
+static psctl_move_opts move_opts = {.batch_slots = 16};
 
 static void on_signal(int sig)
 {
@@ -795,6 +804,28 @@ int main(int argc, char **argv)
                 return usage_error("--iterations needs a whole number >= 1");
             }
             top_iterations = nv;
+        } else if (strcmp(a, "--batch-slots") == 0 || strncmp(a, "--batch-slots=", 14) == 0 ||
+                   strcmp(a, "--max-bytes-per-second") == 0 ||
+                   strncmp(a, "--max-bytes-per-second=", 23) == 0) {
+            bool batch = strncmp(a, "--batch-slots", 13) == 0;
+            size_t nl = batch ? 13 : 22;
+            const char *val = a[nl] == '=' ? a + nl + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            char *end = NULL;
+            errno = 0;
+            unsigned long long nv = val ? strtoull(val, &end, 10) : 0;
+            bool bad = val == NULL || *val == '\0' || *val == '-' || *end != '\0' || errno != 0;
+            if (batch && (bad || nv < 1 || nv > 4096)) {
+                free(args);
+                return usage_error("--batch-slots needs a whole number from 1 to 4096");
+            }
+            if (!batch && bad) {
+                free(args);
+                return usage_error("--max-bytes-per-second needs a whole number >= 0 (0: no cap)");
+            }
+            if (batch)
+                move_opts.batch_slots = (uint32_t)nv;
+            else
+                move_opts.max_bytes_per_second = nv;
         } else {
             args[nargs++] = argv[i];
         }
@@ -817,7 +848,7 @@ int main(int argc, char **argv)
     int nargs_cmd = p.npositional - 1;
     if (cmd == NULL)
         rc = usage_error("no command given (status, vars, dump, checkpoint, shutdown, top, view, "
-                         "force-primary, slots)");
+                         "force-primary, slots, add-server, remove-server, rebalance)");
     else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "checkpoint") == 0 ||
              strcmp(cmd, "shutdown") == 0 || strcmp(cmd, "top") == 0 || strcmp(cmd, "view") == 0 ||
              strcmp(cmd, "slots") == 0) {
@@ -832,6 +863,16 @@ int main(int argc, char **argv)
     } else if (strcmp(cmd, "force-primary") == 0) {
         if (nargs_cmd != 2)
             rc = usage_error("force-primary needs GROUP SERVER (task indices)");
+    } else if (strcmp(cmd, "add-server") == 0 || strcmp(cmd, "remove-server") == 0) {
+        if (nargs_cmd != 1 || strchr(p.positional[1], ':') == NULL)
+            rc = usage_error(strcmp(cmd, "add-server") == 0
+                                 ? "add-server needs the HOST:PORT of a server started with "
+                                   "--join"
+                                 : "remove-server needs the HOST:PORT of a server of the slot "
+                                   "map");
+    } else if (strcmp(cmd, "rebalance") == 0) {
+        if (nargs_cmd != 0)
+            rc = usage_error("rebalance takes no arguments");
     } else {
         char msg[300];
         snprintf(msg, sizeof(msg), "unknown command \"%s\"", cmd);
@@ -840,6 +881,19 @@ int main(int argc, char **argv)
     if (rc == 0 && top_iterations > 0 && strcmp(cmd, "top") != 0)
         rc = usage_error("--iterations applies to top only");
 
+    bool moves = cmd && (strcmp(cmd, "add-server") == 0 || strcmp(cmd, "remove-server") == 0 ||
+                         strcmp(cmd, "rebalance") == 0);
+    if (rc == 0 && !moves && (move_opts.batch_slots != 16 || move_opts.max_bytes_per_second))
+        rc = usage_error("--batch-slots and --max-bytes-per-second apply to add-server, "
+                         "remove-server and rebalance only");
+    if (rc == 0 && moves) {
+        move_opts.json = json_out;
+        rc = psctl_moves(p.opts, &p.cluster, cmd, nargs_cmd == 1 ? p.positional[1] : NULL,
+                         &move_opts);
+        program_end(&p);
+        free(args);
+        return rc;
+    }
     ps_client *c = NULL;
     if (rc == 0 && (strcmp(cmd, "view") == 0 || strcmp(cmd, "force-primary") == 0 ||
                     strcmp(cmd, "slots") == 0)) {

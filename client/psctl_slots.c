@@ -47,6 +47,12 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
         etcd_client_destroy(c);
         return 1;
     }
+    /* The move in progress: psctl's record (psctl_moves.c), if any. */
+    char key[600], *mv = NULL;
+    size_t mvlen = 0;
+    snprintf(key, sizeof(key), "%s/moves/current", prefix);
+    if (etcd_get(c, key, &mv, &mvlen, NULL, err, sizeof(err)) != 0)
+        mv = NULL;
     if (json) {
         printf("{\"version\":%" PRIu64 ",\"slots\":%u,\"prefix\":", r.version, r.nslots);
         json_str(prefix);
@@ -57,7 +63,14 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
             printf(",\"slots\":%u,\"joined\":%s}", slots_record_count(&r, i),
                    i >= r.base ? "true" : "false");
         }
-        printf("],\"moves\":[],\"split_servers\":%u}\n", r.base);
+        printf("],\"moves\":[");
+        if (mv) {
+            char *t = strndup(mv, mvlen);
+            if (t)
+                json_str(t);
+            free(t);
+        }
+        printf("],\"split_servers\":%u}\n", r.base);
     } else {
         printf("slot map version %" PRIu64 ": %u slots over %u servers (%s/slots in etcd %s)\n",
                r.version, r.nslots, r.nservers, prefix, etcd_client_endpoint(c));
@@ -65,11 +78,15 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
         for (uint32_t i = 0; i < r.nservers; i++)
             printf("%-6u %-40s %8u%s\n", i, r.addr[i], slots_record_count(&r, i),
                    i >= r.base ? "  (joined)" : "");
-        printf("moves in progress: none\n");
+        if (mv)
+            printf("moves in progress: %.*s\n", (int)mvlen, mv);
+        else
+            printf("moves in progress: none\n");
         printf("split variables stay in ranges over the %u servers of the cluster spec (they do "
                "not move with slots)\n",
                r.base);
     }
+    free(mv);
     slots_record_free(&r);
     etcd_client_destroy(c);
     return 0;

@@ -41,6 +41,9 @@ typedef struct routed {
     int hops;
     bool capped;         /* the current attempt's deadline is the probe interval, not the call's */
     uint64_t sent_epoch; /* Envelope.epoch of the latest attempt */
+    /* Slots moved: the client id the request goes with now (slots_stream_client of the
+     * previous one and the server that refused it as moved); 0: the client's own. */
+    uint64_t key;
     rpc_call_opts opts;
     uint64_t deadline_ns;
     rpc_build_fn build;
@@ -52,7 +55,25 @@ static int routed_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 {
     routed *r = arg;
     int rv = r->build(r->arg, deadline_ms, out);
-    if (rv != 0 || r->target == r->group)
+    bool replicated = r->c->replicated || atomic_load(&r->c->view_epoch) != 0;
+    if (rv == 0 && r->key != 0 && !replicated) {
+        /* Followed a moved slot: the same request (same seq) under the stream's key. */
+        frame f;
+        char err[128];
+        if (frame_parse(*out, &f, err, sizeof(err)) != STATUS_OK) {
+            nng_msg_free(*out);
+            *out = NULL;
+            return NNG_EINVAL;
+        }
+        f.env->client_id = r->key;
+        nng_msg *m;
+        rv = frame_build(&m, f.env, f.has_segment ? f.segment : NULL, f.segment_len, NULL);
+        frame_fini(&f);
+        nng_msg_free(*out);
+        *out = rv == 0 ? m : NULL;
+        return rv;
+    }
+    if (rv != 0 || r->target == r->group || !replicated)
         return rv;
     /* Another server than the task's own: name the group and the epoch the client knows. */
     frame f;
@@ -87,6 +108,28 @@ static void routed_done(void *arg, int status, const char *message, const frame 
     bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
     bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
     int next = -1;
+    if (!replicated && time_left && r->hops < ROUTE_MAX_HOPS &&
+        status == STATUS_FAILED_PRECONDITION && reply && reply->env->moved_to != 0 &&
+        (int)reply->env->moved_to - 1 != r->target && !atomic_load(&c->conns_closing) &&
+        r->conns == c->servers &&
+        (client_slots_refresh(c, reply->env->slots_version),
+         (int)reply->env->moved_to - 1 < client_reach(c))) {
+        /* The slots moved (replicas 1): the map was read again (connecting to servers that
+         * joined) for later calls, and this one goes to the new owner as it is, under the key
+         * of its stream to the server that refused it, whose exactly-once window came with
+         * the slots. */
+        uint64_t cur = r->key ? r->key : c->client_id;
+        if (route_split_moved(c, r->conns, r->target, cur, &r->opts, r->build, r->arg, r->done,
+                              r->arg) == 0) {
+            free(r); /* the pieces answer the caller */
+            return;
+        }
+        r->key = slots_stream_client(cur, (uint32_t)r->target);
+        r->target = (int)reply->env->moved_to - 1;
+        r->hops++;
+        if (attempt(r) == 0)
+            return;
+    }
     if (replicated && time_left && r->hops < ROUTE_MAX_HOPS && !atomic_load(&c->conns_closing)) {
         if (status == STATUS_FAILED_PRECONDITION && reply && reply->env->primary != 0 &&
             (int)reply->env->primary - 1 < c->nservers &&
@@ -165,7 +208,13 @@ static int attempt(routed *r)
 int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                    rpc_build_fn build, rpc_done_fn done, void *arg)
 {
-    if (c->route == NULL || server < 0 || server >= c->nservers)
+    return client_call_keyed(c, conns, server, o, 0, build, done, arg);
+}
+
+int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg)
+{
+    if (c->route == NULL || server < 0 || server >= client_reach(c))
         return rpc_conn_call(conns[server], o, build, done, arg);
     routed *r = calloc(1, sizeof(*r));
     if (r == NULL)
@@ -179,6 +228,7 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
     r->build = build;
     r->done = done;
     r->arg = arg;
+    r->key = key;
     int rv = attempt(r);
     if (rv != 0)
         free(r);

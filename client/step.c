@@ -588,6 +588,8 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
         }
         for (size_t i = 0; i < it.n; i++) {
             owner[i] = slots_row_owner_h(&c->slots, ti->t->name_hash, it.ids[i]);
+            if (owner[i] >= ns) /* a server that joined: a step does not reach it */
+                owner[i] = 0;
             ti->start[owner[i] + 1]++;
         }
         for (uint32_t sv = 0; sv < ns; sv++)

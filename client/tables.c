@@ -128,18 +128,20 @@ int ps_table_create(ps_client *c, const ps_table_spec *spec, ps_table **out)
     w.num_servers = (uint32_t)c->nservers;
     Psd__V1__TableCreateRequest req = PSD__V1__TABLE_CREATE_REQUEST__INIT;
     req.spec = &w;
-    int *servers;
-    int rc = client_all_servers(c, &servers);
-    if (rc != PS_OK)
-        return rc;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
-    if (replies == NULL) {
+    /* Every server holds a table: those that joined too. */
+    int reach = client_reach(c);
+    int *servers = malloc((size_t)reach * sizeof(int));
+    ProtobufCMessage **replies = calloc((size_t)reach, sizeof(*replies));
+    if (replies == NULL || servers == NULL) {
         free(servers);
+        free(replies);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__TABLE_CREATE, &req.base,
-                      &psd__v1__table_create_reply__descriptor, replies);
-    client_free_replies(replies, c->nservers);
+    for (int i = 0; i < reach; i++)
+        servers[i] = i;
+    int rc = client_unary(c, servers, reach, PSD__V1__METHOD__TABLE_CREATE, &req.base,
+                          &psd__v1__table_create_reply__descriptor, replies);
+    client_free_replies(replies, reach);
     free(replies);
     free(servers);
     if (rc != PS_OK)
@@ -322,7 +324,7 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         grads = push ? d->sums : NULL;
         n = d->n;
     }
-    int ns = c->nservers;
+    int ns = client_reach(c); /* owners below it (client_slots_refresh) */
     size_t *count = calloc((size_t)ns + 1, sizeof(size_t));
     uint32_t *owner = malloc((n ? n : 1) * sizeof(*owner));
     size_t *order = malloc((n ? n : 1) * sizeof(*order)); /* n = 0: no part, done at once */
@@ -335,6 +337,8 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
     }
     for (size_t i = 0; i < n; i++) {
         owner[i] = slots_row_owner_h(&c->slots, t->name_hash, ids[i]);
+        if (owner[i] >= (uint32_t)ns) /* a map read meanwhile: ps 0 redirects it */
+            owner[i] = 0;
         count[owner[i] + 1]++;
     }
     size_t nparts = 0;
@@ -445,7 +449,7 @@ int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out)
     ps_table_info sum;
     memset(&sum, 0, sizeof(sum));
     int found = 0;
-    for (int s = 0; s < c->nservers; s++) {
+    for (int s = 0; s < client_reach(c); s++) {
         ProtobufCMessage *reply = NULL;
         int rc = table_status_call(c, s, name, &reply);
         if (rc != PS_OK)
@@ -578,9 +582,9 @@ int ps_table_export(ps_table *t, int server, uint64_t *cursor, size_t max, int64
     if (t == NULL || cursor == NULL || ids == NULL || rows == NULL || n == NULL || done == NULL ||
         max == 0)
         return client_fail(PS_INVALID_ARGUMENT, "ps_table_export: NULL argument or max = 0");
-    if (server < 0 || server >= t->c->nservers)
+    if (server < 0 || server >= client_reach(t->c))
         return client_fail(PS_INVALID_ARGUMENT, "ps_table_export: server %d: the cluster has %d",
-                           server, t->c->nservers);
+                           server, client_reach(t->c));
     size_t cap = ps_table_max_ids(t);
     Psd__V1__TableExportRequest req = PSD__V1__TABLE_EXPORT_REQUEST__INIT;
     req.name = t->name;

@@ -134,6 +134,10 @@ void rpcs_set_reply(rpc_call *c, int status, const char *message, const Protobuf
     env.epoch = atomic_load(&c->srv->epoch);
     if (c->primary >= 0)
         env.primary = (uint32_t)c->primary + 1;
+    if (c->moved_to >= 0) {
+        env.moved_to = (uint32_t)c->moved_to + 1;
+        env.slots_version = c->slots_version;
+    }
     env.status = status;
     /* Messages may quote what a client sent: make sure the string field is valid UTF-8 so that
      * every conforming protobuf decoder accepts the reply. */
@@ -255,6 +259,12 @@ const uint8_t *rpc_call_request(const rpc_call *c, size_t *len)
 int rpc_call_reply_status(const rpc_call *c)
 {
     return c->reply ? c->status : -1;
+}
+
+void rpc_call_set_moved(rpc_call *c, uint32_t to, uint64_t version)
+{
+    c->moved_to = to;
+    c->slots_version = version;
 }
 
 void rpc_call_set_primary(rpc_call *c, uint32_t primary)

@@ -245,6 +245,7 @@ static void call_cb(void *arg)
         c->method = NULL;
         c->status = STATUS_OK;
         c->primary = -1;
+        c->moved_to = -1;
         c->gate = NULL;
         if (c->len <= s->cfg.inline_max)
             call_work(c, false);
@@ -292,6 +293,7 @@ static rpc_call *call_new(rpc_server *s)
         return NULL;
     c->srv = s;
     c->primary = -1;
+    c->moved_to = -1;
     if (nng_aio_alloc(&c->aio, call_cb, c) != 0) {
         free(c);
         return NULL;

@@ -136,6 +136,9 @@ void rpc_held_release(rpc_held *h);
 int rpc_call_reply_status(const rpc_call *c);
 /* Names the server that serves the request's replica group (Envelope.primary of the reply). */
 void rpc_call_set_primary(rpc_call *c, uint32_t primary);
+/* Names the server that holds the slots the request touched now, and the slot map version
+ * that gave them there (Envelope.moved_to, slots_version of the reply). */
+void rpc_call_set_moved(rpc_call *c, uint32_t to, uint64_t version);
 /* Whether the handler that just returned on this thread parked c (rpc_call_defer): then c is
  * no longer the caller's to touch. Compares pointers only. */
 bool rpc_call_deferred_here(const rpc_call *c);

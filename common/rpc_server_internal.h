@@ -51,6 +51,9 @@ struct rpc_call {
     rpc_call *next; /* work queue link or idle list */
     /* Envelope.primary of the reply (rpc_call_set_primary); -1: none */
     int64_t primary;
+    /* Envelope.moved_to - 1 and slots_version of the reply (rpc_call_set_moved); -1: none */
+    int64_t moved_to;
+    uint64_t slots_version;
     rpc_resume_gate gate; /* rpc_call_set_gate */
     void *gate_arg;
     uint64_t gate_tag;

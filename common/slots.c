@@ -1,6 +1,7 @@
 /* Slots (slots.h): the slot of a name or a table row, and the slot map's owners. */
 #include "slots.h"
 
+#include "hash.h"
 #include "placement.h"
 
 slot_map slots_static(uint32_t nslots, uint32_t nservers)
@@ -40,4 +41,10 @@ uint32_t slots_name_owner(const slot_map *m, const char *name)
 uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id)
 {
     return slots_owner(m, slots_of_row(table, id, m->nslots));
+}
+
+uint64_t slots_stream_client(uint64_t client, uint32_t from)
+{
+    uint64_t k = mix64(client ^ mix64(((uint64_t)from + 1) * 0x9E3779B97F4A7C15ull));
+    return k == client ? k ^ 1 : k;
 }

@@ -63,4 +63,11 @@ static inline uint32_t slots_row_owner_h(const slot_map *m, uint64_t table_hash,
     return slots_owner(m, slots_of_hash(placement_table_hash_of(table_hash, id), m->nslots));
 }
 
+/* The client id under which a server keeps the exactly-once window of `client`'s stream of
+ * updates to server `from`, once slots of `from` moved to it (the window came with them), and
+ * under which the client resends there an update that `from` refused as moved (same seq):
+ * mix64(client ^ mix64((from + 1) * 0x9E3779B97F4A7C15)), or that xor 1 where it would equal
+ * client. A request that follows two moves composes it per hop. */
+uint64_t slots_stream_client(uint64_t client, uint32_t from);
+
 #endif

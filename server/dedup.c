@@ -629,6 +629,26 @@ int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bi
     return w ? 0 : -1;
 }
 
+int dedup_merge(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words)
+{
+    shard *sh;
+    client_window *w = acquire(d, client, &sh);
+    if (w != NULL && highest != 0) {
+        if (highest > w->highest)
+            advance(w, d->words, highest);
+        /* Bit i of the import is seq highest - i: bit (w->highest - highest) + i of w. */
+        uint64_t off = w->highest - highest, nbits = (uint64_t)d->words * 64;
+        uint64_t in = (uint64_t)words * 64;
+        for (uint64_t i = 0; i < in && off + i < nbits; i++)
+            if ((bits[i / 64] >> (i % 64)) & 1) {
+                uint64_t j = off + i;
+                w->bits[j / 64] |= UINT64_C(1) << (j % 64);
+            }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return w ? 0 : -1;
+}
+
 /* dedup_export_floors' array, in words: FLOORS_FORMAT, floor_all; n, then n windows' (client,
  * floor, floor_kind); n, then n tombstones' (client, highest); n, then n nonzero floors'
  * (index, seq); (format 2) the table's ticks; n, then every window's (client, time last heard

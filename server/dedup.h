@@ -94,6 +94,14 @@ uint64_t *dedup_export(dedup *d, uint64_t *nclients, uint32_t *words);
  * keeps the common part). Returns 0, or -1 when memory can't be had. */
 int dedup_import(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words);
 
+/* Adds one client's window from an export (as dedup_import takes it) to what d knows of that
+ * client: every seq either marks is marked (the window slides up to the higher of the two
+ * highest seqs; marks that fall below it are dropped, and such seqs are then refused as too
+ * old, never taken as new). For the window of the slots a server receives from another
+ * (server/slot_move.c): the seqs the source applied of its clients' streams to it. Merging
+ * twice is harmless. Returns 0, or -1 when memory can't be had. */
+int dedup_merge(dedup *d, uint64_t client, uint64_t highest, const uint64_t *bits, uint32_t words);
+
 /* What, besides the windows, proves a push already applied: each window's floor (from its
  * tombstone or its hash), the tombstones and the floors of forgotten clients. dedup_export_floors
  * copies it into one malloc'd array of *nwords words (format in dedup.c); NULL when memory

@@ -25,6 +25,8 @@
 #include "program.h"
 #include "replica.h"
 #include "server.h"
+#include "slot_gate.h"
+#include "slot_move_rpc.h"
 #include "slot_start.h"
 #include "table_bsp.h"
 #include "table_status.h"
@@ -52,6 +54,20 @@ static void collect_state(metrics_out *out, server_state *st)
                      "Slots of the slot map this server holds (whole variables and table rows "
                      "placed in them).",
                      (double)owned);
+    slot_move_stats ms;
+    slot_move_stats_get(&ms);
+    static const char *const results[] = {"started", "finished", "failed"};
+    const uint64_t counts[] = {ms.started, ms.finished, ms.failed};
+    metrics_emit_header(out, "psd_slot_moves_total", METRIC_COUNTER,
+                        "Batches of slots this server sent to another, by result (started; "
+                        "finished: the map gave them there; failed: they stayed here).");
+    for (int i = 0; i < 3; i++) {
+        const char *labels[] = {"result", results[i], NULL};
+        metrics_emit(out, "psd_slot_moves_total", labels, (double)counts[i]);
+    }
+    metrics_emit_one(out, "psd_slot_bytes_moved_total", METRIC_COUNTER,
+                     "Bytes of the batches of slots this server sent to another.",
+                     (double)ms.bytes);
     metrics_emit_one(out, "psd_server_memory_bytes", METRIC_GAUGE,
                      "Bytes held by every variable (parameters, optimizer slots).",
                      (double)store_bytes(st->vars));
@@ -404,6 +420,18 @@ int main(int argc, char **argv)
     st.num_servers = (uint32_t)cl->n_ps;
     st.slots =
         slot_rec.nslots ? slots_record_map(&slot_rec) : slots_static(SLOTS_DEFAULT, st.num_servers);
+    /* Slots move between live servers: the gate and the methods that move them. */
+    static char slot_pfx[512];
+    if (slot_rec.nslots) {
+        slot_prefix(opt_str(prog.opts, OPT_COORDINATOR_PREFIX), cl, slot_pfx, sizeof(slot_pfx));
+        if (slot_gate_start(&st, &slot_rec) != 0) {
+            log_error("out of memory for the slot map");
+            program_end(&prog);
+            return 1;
+        }
+        slot_move_config mc = {.endpoints = coordinator, .prefix = slot_pfx, .tls = tls};
+        slot_move_rpc_init(&mc);
+    }
     st.start_ns = time_now_ns();
     st.vars = store_create();
     st.dedup = dedup_create((uint32_t)opt_int(prog.opts, OPT_DEDUP_WINDOW));

@@ -59,7 +59,7 @@ typedef struct server_state {
  * without one. */
 static inline slot_map server_slots(const server_state *st)
 {
-    if (st->slots.nslots != 0 && st->slots.nservers == st->num_servers)
+    if (st->slots.nslots != 0 && (st->slots.owner != NULL || st->slots.nservers == st->num_servers))
         return st->slots;
     return slots_static(SLOTS_DEFAULT, st->num_servers);
 }

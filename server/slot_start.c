@@ -1,6 +1,8 @@
 /* slot_start.c - the slot map a ps-server starts with (slot_start.h). */
 #include "slot_start.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -106,18 +108,22 @@ static int attempt(const slot_start_config *cfg, etcd_client *c, const char *pre
     return 0;
 }
 
+void slot_prefix(const char *prefix, const cluster_spec *cl, char *buf, size_t cap)
+{
+    if (prefix && prefix[0])
+        snprintf(buf, cap, "%s", prefix);
+    else
+        view_default_prefix((const char *const *)cl->ps, cl->n_ps, buf, cap);
+    size_t pl = strlen(buf);
+    while (pl > 1 && buf[pl - 1] == '/')
+        buf[--pl] = '\0';
+}
+
 int slot_start(const slot_start_config *cfg, slots_record *rec, uint32_t *self, char *err,
                size_t errlen)
 {
     char prefix[512];
-    if (cfg->prefix && cfg->prefix[0])
-        snprintf(prefix, sizeof(prefix), "%s", cfg->prefix);
-    else
-        view_default_prefix((const char *const *)cfg->cl->ps, cfg->cl->n_ps, prefix,
-                            sizeof(prefix));
-    size_t pl = strlen(prefix);
-    while (pl > 1 && prefix[pl - 1] == '/')
-        prefix[--pl] = '\0';
+    slot_prefix(cfg->prefix, cfg->cl, prefix, sizeof(prefix));
     etcd_client *c;
     if (etcd_client_create(&c, cfg->endpoints, 2000, err, errlen) != 0)
         return PROGRAM_EXIT_CONFIG;
@@ -174,4 +180,55 @@ int slot_join_address(const char *listen, char *buf, size_t cap, char *err, size
         return errf(err, errlen, "join: listen \"%s\" is too long", listen), -1;
     snprintf(buf, cap, "%s", hp);
     return 0;
+}
+
+int slot_cluster_token(const char *endpoints, const char *prefix, char *buf, size_t cap, char *err,
+                       size_t errlen)
+{
+    etcd_client *c;
+    if (etcd_client_create(&c, endpoints, 2000, err, errlen) != 0)
+        return -1;
+    char key[600];
+    snprintf(key, sizeof(key), "%s/token", prefix);
+    int rc = -1;
+    for (int tries = 0; tries < 3 && rc != 0; tries++) {
+        char *val = NULL;
+        size_t len = 0;
+        int g = etcd_get(c, key, &val, &len, NULL, err, errlen);
+        if (g == 0) {
+            bool ok = len >= 16 && len < cap;
+            for (size_t i = 0; ok && i < len; i++)
+                ok = (val[i] >= '0' && val[i] <= '9') || (val[i] >= 'a' && val[i] <= 'f');
+            if (ok) {
+                memcpy(buf, val, len);
+                buf[len] = '\0';
+                rc = 0;
+            } else {
+                errf(err, errlen, "%s holds no cluster token (16 to %zu hex digits)", key, cap - 1);
+            }
+            free(val);
+            break;
+        }
+        if (g != ETCD_ENOTFOUND)
+            break;
+        /* None yet: made as the replication's agent makes it (16 random bytes in hex, by CAS
+         * on the absent key; a conflict means another server put one first: read it). */
+        uint8_t raw[16];
+        char hex[33];
+        FILE *f = fopen("/dev/urandom", "rb");
+        bool got = f && fread(raw, 1, sizeof(raw), f) == sizeof(raw);
+        if (f)
+            fclose(f);
+        if (!got) {
+            errf(err, errlen, "cannot read /dev/urandom for the cluster token");
+            break;
+        }
+        for (size_t i = 0; i < sizeof(raw); i++)
+            snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+        int cas = etcd_cas(c, key, 0, hex, 32, NULL, err, errlen);
+        if (cas != 0 && cas != ETCD_ECONFLICT)
+            break;
+    }
+    etcd_client_destroy(c);
+    return rc;
 }

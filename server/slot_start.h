@@ -1,7 +1,8 @@
 /* slot_start.h - the slot map a ps-server starts with when a coordinator is set (replicas 1):
  * read from etcd (PREFIX/slots, common/slots_record.h), published as the static map of the
  * cluster spec by the first server when absent, or, for a server started with join, the
- * published map with this server appended, owning no slot. */
+ * published map with this server appended, owning no slot; and the cluster token servers
+ * send each other. */
 #ifndef PSD_SERVER_SLOT_START_H
 #define PSD_SERVER_SLOT_START_H
 
@@ -27,8 +28,18 @@ typedef struct slot_start_config {
 int slot_start(const slot_start_config *cfg, slots_record *rec, uint32_t *self, char *err,
                size_t errlen);
 
+/* The cluster's prefix in etcd: coordinator-prefix (prefix; "" or NULL: the default of the
+ * spec's servers), without a trailing '/'. */
+void slot_prefix(const char *prefix, const cluster_spec *cl, char *buf, size_t cap);
+
 /* The address a joining server registers for the listen URL `listen` ("tcp://h:p" or "h:p"):
  * "h:p" in buf. Returns 0, or -1 with why in err (ipc://, a wildcard host, no port). */
 int slot_join_address(const char *listen, char *buf, size_t cap, char *err, size_t errlen);
+
+/* The cluster token, PREFIX/token in etcd (made there, 32 random hex digits, by the first
+ * server that needs it, as the replication's agent makes it): what server-to-server requests
+ * carry (SLOT_INSTALL). Returns 0 with it in buf, or -1 with why in err. */
+int slot_cluster_token(const char *endpoints, const char *prefix, char *buf, size_t cap, char *err,
+                       size_t errlen);
 
 #endif

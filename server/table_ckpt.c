@@ -1,5 +1,6 @@
 /* Checkpoints of sparse tables: the cuts of every table a checkpoint copies (prepared before
- * updates are held off, taken while they are, finished after), over the registry. */
+ * updates are held off, taken while they are, finished after), over the registry; and the rows
+ * of a set of slots, copied or removed (a slot move). */
 #include "table_ckpt.h"
 
 #include <stdlib.h>
@@ -108,4 +109,78 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
         table_cut_free(c[i].cut);
     }
     free(c);
+}
+
+/* ---- the rows of a set of slots (a slot move, server/slot_move.c) ---- */
+
+static bool slot_marked(const uint64_t *slots, uint32_t nslots, const char *name, int64_t id)
+{
+    uint32_t s = slots_of_row(name, id, nslots);
+    return (slots[s / 64] >> (s % 64)) & 1;
+}
+
+int server_table_slot_rows(table *t, const uint64_t *slots, uint32_t nslots, table_rows *out)
+{
+    memset(out, 0, sizeof(*out));
+    const char *name = table_name(t);
+    uint32_t rf = table_row_floats(t);
+    out->row_floats = rf;
+    out->full = true;
+    size_t cap = 0;
+    for (uint32_t p = 0; p < table_partitions(t); p++) {
+        table_rows part;
+        if (table_copy_partition(t, p, &part) != 0) {
+            table_rows_free(out);
+            return -1;
+        }
+        for (size_t i = 0; i < part.n; i++) {
+            if (!slot_marked(slots, nslots, name, part.ids[i]))
+                continue;
+            if (out->n == cap) {
+                size_t nc = cap ? cap * 2 : 256;
+                int64_t *ids = realloc(out->ids, nc * sizeof(*ids));
+                if (ids)
+                    out->ids = ids;
+                int64_t *up = ids ? realloc(out->updated_ms, nc * sizeof(*up)) : NULL;
+                if (up)
+                    out->updated_ms = up;
+                float *fl = up ? realloc(out->floats, nc * rf * sizeof(float)) : NULL;
+                if (fl == NULL) {
+                    table_rows_free(&part);
+                    table_rows_free(out);
+                    return -1;
+                }
+                out->floats = fl;
+                cap = nc;
+            }
+            out->ids[out->n] = part.ids[i];
+            out->updated_ms[out->n] = part.updated_ms[i];
+            memcpy(out->floats + out->n * rf, part.floats + i * rf, rf * sizeof(float));
+            out->n++;
+        }
+        table_rows_free(&part);
+    }
+    return 0;
+}
+
+size_t server_table_drop_slots(table *t, const uint64_t *slots, uint32_t nslots)
+{
+    table_rows rows;
+    if (server_table_slot_rows(t, slots, nslots, &rows) != 0) {
+        /* Out of memory for the copy: remove partition by partition instead. */
+        size_t gone = 0;
+        for (uint32_t p = 0; p < table_partitions(t); p++) {
+            table_rows part;
+            if (table_copy_partition(t, p, &part) != 0)
+                continue;
+            for (size_t i = 0; i < part.n; i++)
+                if (slot_marked(slots, nslots, table_name(t), part.ids[i]))
+                    gone += table_remove(t, &part.ids[i], 1);
+            table_rows_free(&part);
+        }
+        return gone;
+    }
+    size_t gone = table_remove(t, rows.ids, rows.n);
+    table_rows_free(&rows);
+    return gone;
 }

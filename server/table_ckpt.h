@@ -1,6 +1,6 @@
 /* Checkpoints of sparse tables: a cut of every table of the registry (table.h's table_cut: its
  * packed TableSpec and each partition's rows, oldest first, whole or changed since the
- * previous cut), for the checkpoint writer. */
+ * previous cut), for the checkpoint writer; and the rows of a set of slots, for a slot move. */
 #ifndef PSD_SERVER_TABLE_CKPT_H
 #define PSD_SERVER_TABLE_CKPT_H
 
@@ -40,5 +40,14 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
  * own lock). Returns 0, or -1 when memory ran out. */
 int server_tables_copy_finish(server_table_copy *c, size_t n);
 void server_tables_copy_free(server_table_copy *c, size_t n);
+
+/* The rows of t whose slot (slots_of_row over nslots slots) is set in the bitmap `slots`
+ * (nslots bits), each with its parameters, optimizer slots and update time, into *out (free
+ * with table_rows_free), copied one partition at a time under its lock: for a slot move, whose
+ * slots take no update meanwhile. Returns 0, or -1 when memory runs out (*out empty). */
+int server_table_slot_rows(table *t, const uint64_t *slots, uint32_t nslots, table_rows *out);
+/* Removes t's rows in the slots set in `slots` (the source of a slot move, once the map
+ * gave them to another server). Returns how many. */
+size_t server_table_drop_slots(table *t, const uint64_t *slots, uint32_t nslots);
 
 #endif

@@ -457,6 +457,50 @@ static void *seq_main(void *arg)
     return NULL;
 }
 
+/* dedup_merge: the union of two windows of one client's stream, in either order, the older
+ * marks shifted into place; marks below the merged window are refused, never new. */
+static void test_merge(void **state)
+{
+    (void)state;
+    dedup *src = dedup_create(128), *dst = dedup_create(128);
+    const uint64_t c = 0xabcdefull;
+    /* The source applied 1..50 and 60; the target 55 and 70 (resends it took after a move). */
+    for (uint64_t s = 1; s <= 50; s++)
+        assert_int_equal(dedup_begin(src, c, s), DEDUP_NEW);
+    assert_int_equal(dedup_begin(src, c, 60), DEDUP_NEW);
+    assert_int_equal(dedup_begin(dst, c, 55), DEDUP_NEW);
+    assert_int_equal(dedup_begin(dst, c, 70), DEDUP_NEW);
+    uint64_t n;
+    uint32_t words;
+    uint64_t *e = dedup_export(src, &n, &words);
+    assert_non_null(e);
+    assert_int_equal(n, 1);
+    assert_int_equal(dedup_merge(dst, e[0], e[1], e + 2, words), 0);
+    assert_int_equal(dedup_merge(dst, e[0], e[1], e + 2, words), 0); /* twice: harmless */
+    for (uint64_t s = 1; s <= 50; s++)
+        assert_int_equal(dedup_begin(dst, c, s), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(dst, c, 55), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(dst, c, 60), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(dst, c, 70), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(dst, c, 51), DEDUP_NEW);
+    assert_int_equal(dedup_begin(dst, c, 71), DEDUP_NEW);
+    /* Into a table that never heard of the client; and a window ahead of the import's by more
+     * than its size: the import's marks fall below it and are refused as too old. */
+    dedup *fresh = dedup_create(128), *ahead = dedup_create(128);
+    assert_int_equal(dedup_merge(fresh, e[0], e[1], e + 2, words), 0);
+    assert_int_equal(dedup_begin(fresh, c, 60), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(fresh, c, 59), DEDUP_NEW);
+    assert_int_equal(dedup_begin(ahead, c, 1000), DEDUP_NEW);
+    assert_int_equal(dedup_merge(ahead, e[0], e[1], e + 2, words), 0);
+    assert_int_equal(dedup_begin(ahead, c, 60), DEDUP_TOO_OLD);
+    assert_int_equal(dedup_begin(ahead, c, 1000), DEDUP_DUPLICATE);
+    free(e);
+    dedup_destroy(src);
+    dedup_destroy(dst);
+    dedup_destroy(fresh);
+    dedup_destroy(ahead);
+}
+
 static void test_threads_distinct_clients(void **state)
 {
     (void)state;
@@ -495,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_set_limits_keeps_tombstones),
         cmocka_unit_test(test_export_import_floors),
         cmocka_unit_test(test_export_import_times),
+        cmocka_unit_test(test_merge),
         cmocka_unit_test(test_threads_distinct_clients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,530 @@
+/* psctl add-server, remove-server, rebalance (psctl_moves.h).
+ *
+ * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
+ * slots=S1,S2,..."), SLOT_MOVE SEND to the source (it freezes the batch and sends it to the
+ * target), flip the slot map by CAS (slots_apply: version + 1), SLOT_MOVE COMMIT to the target,
+ * the source and every other server, delete the record. A failure before the flip: ABORT to
+ * both (the source serves the slots again, the target drops what it installed) and the record
+ * deleted; after it, the move is done and a rerun sends the COMMITs again. A record updated in
+ * the last MOVE_STALE_MS is another psctl's running move. */
+#include "psctl_moves.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "psctl_view.h"
+#include "rpc_client.h"
+#include "rpc_oneshot.h"
+#include "slots_plan.h"
+#include "slots_record.h"
+#include "status.h"
+
+/* A move record updated this recently belongs to a psctl still running. */
+#define MOVE_STALE_MS 30000
+/* Deadline of a SEND (the source sends the batch to the target within it), and of a
+ * COMMIT or ABORT (a server that does not answer is down: the ABORT's target lost what it
+ * installed with it; the COMMIT's learns the map at its restart). */
+#define MOVE_SEND_MS 180000
+#define MOVE_PHASE_MS 10000
+
+typedef struct mover {
+    etcd_client *etcd;
+    char prefix[512];
+    char key[600];
+    char token[256];
+    rpc_tls tls;
+    const psctl_move_opts *mo;
+} mover;
+
+typedef struct move_rec {
+    char id[64];
+    uint32_t from, to;
+    uint32_t *slots;
+    size_t n;
+    int64_t updated_ms;
+} move_rec;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static char *rec_text(const move_rec *r)
+{
+    size_t cap = 200 + r->n * 6;
+    char *t = malloc(cap);
+    if (t == NULL)
+        return NULL;
+    int k = snprintf(t, cap, "id=%s from=%u to=%u updated_ms=%" PRId64 " slots=", r->id, r->from,
+                     r->to, r->updated_ms);
+    for (size_t i = 0; i < r->n; i++)
+        k += snprintf(t + k, cap - (size_t)k, "%s%u", i ? "," : "", r->slots[i]);
+    return t;
+}
+
+/* Parses a record; false when it is not one. */
+static bool rec_parse(const char *t, size_t len, move_rec *r)
+{
+    memset(r, 0, sizeof(*r));
+    char *s = strndup(t, len);
+    if (s == NULL)
+        return false;
+    const char *sl = strstr(s, " slots=");
+    int64_t up = 0;
+    bool ok = sl && sscanf(s, "id=%63s from=%u to=%u updated_ms=%" SCNd64, r->id, &r->from, &r->to,
+                           &up) == 4;
+    r->updated_ms = up;
+    if (ok) {
+        r->slots = malloc(SLOTS_DEFAULT * sizeof(uint32_t));
+        ok = r->slots != NULL;
+        for (const char *p = sl + 7; ok && *p;) {
+            char *end;
+            unsigned long v = strtoul(p, &end, 10);
+            ok = end != p && r->n < SLOTS_DEFAULT && v < SLOTS_DEFAULT;
+            if (ok)
+                r->slots[r->n++] = (uint32_t)v;
+            p = *end == ',' ? end + 1 : end;
+            ok = ok && (*end == ',' || *end == '\0');
+        }
+        ok = ok && r->n > 0;
+    }
+    free(s);
+    if (!ok) {
+        free(r->slots);
+        r->slots = NULL;
+    }
+    return ok;
+}
+
+/* One SLOT_MOVE call to addr. Returns its status, the reply in *rep (may be NULL). */
+static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, const char *to_addr,
+                     uint64_t version, Psd__V1__SlotMoveReply **rep, char *msg, size_t cap)
+{
+    Psd__V1__SlotMoveRequest rq = PSD__V1__SLOT_MOVE_REQUEST__INIT;
+    rq.phase = phase;
+    rq.move_id = (char *)r->id;
+    rq.slots = r->slots;
+    rq.n_slots = r->n;
+    rq.from = r->from;
+    rq.to = r->to;
+    rq.to_address = (char *)(to_addr ? to_addr : "");
+    rq.version = version;
+    rq.max_bytes_per_second = m->mo->max_bytes_per_second;
+    rpc_oneshot_reply out;
+    int rc = rpc_oneshot(
+        addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
+        phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND ? MOVE_SEND_MS : MOVE_PHASE_MS, &out);
+    snprintf(msg, cap, "%s", out.message);
+    if (rep)
+        *rep = rc == STATUS_OK && out.body
+                   ? psd__v1__slot_move_reply__unpack(NULL, out.body_len, out.body)
+                   : NULL;
+    free(out.body);
+    return rc;
+}
+
+/* COMMIT of r at version to every server of map (the target and the source first). Returns
+ * the number of the target's and source's calls that failed. */
+static int commit_all(mover *m, const slots_record *map, const move_rec *r, uint64_t version)
+{
+    char msg[1024];
+    int failed = 0;
+    uint32_t order[2] = {r->to, r->from};
+    for (int k = 0; k < 2; k++) {
+        int rc = STATUS_UNAVAILABLE;
+        for (int tries = 0; tries < 3 && rc != STATUS_OK; tries++)
+            rc = slot_call(m, map->addr[order[k]], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r,
+                           NULL, version, NULL, msg, sizeof(msg));
+        if (rc != STATUS_OK) {
+            fprintf(stderr, "psctl: move %s: COMMIT to ps %u (%s): %s\n", r->id, order[k],
+                    map->addr[order[k]], msg);
+            failed++;
+        }
+    }
+    for (uint32_t i = 0; i < map->nservers; i++)
+        if (i != r->to && i != r->from &&
+            slot_call(m, map->addr[i], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r, NULL, version,
+                      NULL, msg, sizeof(msg)) != STATUS_OK)
+            fprintf(stderr,
+                    "psctl: move %s: COMMIT to ps %u (%s): %s (it learns the map at its "
+                    "restart)\n",
+                    r->id, i, map->addr[i], msg);
+    return failed;
+}
+
+static void abort_both(mover *m, const slots_record *map, const move_rec *r)
+{
+    char msg[1024];
+    uint32_t who[2] = {r->from, r->to};
+    for (int k = 0; k < 2; k++)
+        if (who[k] < map->nservers &&
+            slot_call(m, map->addr[who[k]], PSD__V1__SLOT_MOVE_REQUEST__PHASE__ABORT, r, NULL, 0,
+                      NULL, msg, sizeof(msg)) != STATUS_OK)
+            fprintf(stderr, "psctl: move %s: ABORT to ps %u (%s): %s\n", r->id, who[k],
+                    map->addr[who[k]], msg);
+}
+
+/* True when map gives every slot of r to r->to. */
+static bool flipped(const slots_record *map, const move_rec *r)
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (map->owner[r->slots[i]] != r->to)
+            return false;
+    return true;
+}
+
+/* A record left by a psctl that stopped: finished (the map flipped: COMMITs again) or rolled
+ * back. Returns 0, 1 (failed), or 2 (another psctl's move is running). */
+static int resume(mover *m)
+{
+    char *val = NULL, err[2048];
+    size_t len = 0;
+    int64_t rev = 0;
+    int rc = etcd_get(m->etcd, m->key, &val, &len, &rev, err, sizeof(err));
+    if (rc == ETCD_ENOTFOUND)
+        return 0;
+    if (rc != 0) {
+        fprintf(stderr, "psctl: %s: %s\n", m->key, err);
+        return 1;
+    }
+    move_rec r;
+    bool ok = rec_parse(val, len, &r);
+    free(val);
+    if (!ok) {
+        fprintf(stderr, "psctl: %s holds no move record (delete the key if nothing moves)\n",
+                m->key);
+        return 1;
+    }
+    int64_t age = wall_ms() - r.updated_ms;
+    if (age < MOVE_STALE_MS) {
+        fprintf(stderr,
+                "psctl: a move is already running (move %s: %zu slots from ps %u to ps %u, "
+                "updated %" PRId64 " ms ago): wait for it, or rerun %d s after its psctl "
+                "stopped to finish or roll it back\n",
+                r.id, r.n, r.from, r.to, age, MOVE_STALE_MS / 1000);
+        free(r.slots);
+        return 2;
+    }
+    slots_record map;
+    rc = slots_etcd_read(m->etcd, m->prefix, &map, NULL, err, sizeof(err));
+    if (rc != 0 || r.from >= map.nservers || r.to >= map.nservers) {
+        fprintf(stderr, "psctl: resuming move %s: %s\n", r.id,
+                rc ? err : "its servers are not in the slot map");
+        if (rc == 0)
+            slots_record_free(&map);
+        free(r.slots);
+        return 1;
+    }
+    int out = 0;
+    if (flipped(&map, &r)) {
+        printf("move %s: the map gave its %zu slots to ps %u (version %" PRIu64 "): finishing it\n",
+               r.id, r.n, r.to, map.version);
+        out = commit_all(m, &map, &r, map.version) ? 1 : 0;
+    } else {
+        printf("move %s: not committed: rolling it back (its %zu slots stay on ps %u)\n", r.id, r.n,
+               r.from);
+        abort_both(m, &map, &r);
+    }
+    if (out == 0 && etcd_delete(m->etcd, m->key, err, sizeof(err)) != 0) {
+        fprintf(stderr, "psctl: %s: %s\n", m->key, err);
+        out = 1;
+    }
+    slots_record_free(&map);
+    free(r.slots);
+    return out;
+}
+
+static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_t b, size_t nb,
+                     const move_rec *r, const Psd__V1__SlotMoveReply *rep, uint64_t version)
+{
+    int pct = total ? (int)(done * 100 / total) : 100;
+    unsigned long long rows = rep ? (unsigned long long)rep->rows : 0;
+    unsigned long long vars = rep ? (unsigned long long)rep->variables : 0;
+    unsigned long long bytes = rep ? (unsigned long long)rep->bytes : 0;
+    if (mo->json) {
+        printf("{\"batch\":%zu,\"batches\":%zu,\"slots\":%zu,\"from\":%u,\"to\":%u,\"rows\":%llu,"
+               "\"variables\":%llu,\"bytes\":%llu,\"version\":%" PRIu64 ",\"percent\":%d}\n",
+               b, nb, r->n, r->from, r->to, rows, vars, bytes, version, pct);
+    } else if (isatty(STDOUT_FILENO)) {
+        char bar[31];
+        int fill = pct * 30 / 100;
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < fill ? '#' : ' ';
+        bar[30] = '\0';
+        printf("\r[%s] %3d%%  batch %zu/%zu: %zu slots ps %u -> ps %u, %llu rows, %llu "
+               "variables, %llu bytes%s",
+               bar, pct, b, nb, r->n, r->from, r->to, rows, vars, bytes, b == nb ? "\n" : "");
+    } else {
+        printf("batch %zu/%zu: %zu slots ps %u -> ps %u: %llu rows, %llu variables, %llu bytes, "
+               "map version %" PRIu64 " (%d%%)\n",
+               b, nb, r->n, r->from, r->to, rows, vars, bytes, version, pct);
+    }
+    fflush(stdout);
+}
+
+/* Moves one batch. Returns 0, or 1 (rolled back, or committed but not every COMMIT landed). */
+static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_out,
+                      uint64_t *version)
+{
+    char err[2048], msg[1024];
+    slots_record map;
+    int64_t rev = 0;
+    if (slots_etcd_read(m->etcd, m->prefix, &map, &rev, err, sizeof(err)) != 0) {
+        fprintf(stderr, "psctl: move %s: %s\n", r->id, err);
+        return 1;
+    }
+    r->updated_ms = wall_ms();
+    char *text = rec_text(r);
+    int rc = text ? etcd_cas(m->etcd, m->key, 0, text, strlen(text), NULL, err, sizeof(err))
+                  : ETCD_EFAILED;
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "psctl: move %s: cannot record it in %s: %s\n", r->id, m->key,
+                rc == ETCD_ECONFLICT ? "another move was recorded meanwhile" : err);
+        slots_record_free(&map);
+        return 1;
+    }
+    Psd__V1__SlotMoveReply *rep = NULL;
+    rc = slot_call(m, map.addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
+                   map.addr[r->to], 0, &rep, msg, sizeof(msg));
+    int out = 0;
+    if (rc != STATUS_OK) {
+        fprintf(stderr,
+                "psctl: move %s: %zu slots from ps %u (%s) to ps %u (%s) failed: %s: "
+                "rolled back, they stay on ps %u\n",
+                r->id, r->n, r->from, map.addr[r->from], r->to, map.addr[r->to], msg, r->from);
+        abort_both(m, &map, r);
+        out = 1;
+    } else {
+        /* The flip: only this CAS decides who holds the slots. */
+        for (int tries = 0;; tries++) {
+            slot_move mv[SLOTS_DEFAULT];
+            for (size_t i = 0; i < r->n; i++)
+                mv[i] = (slot_move){r->slots[i], r->from, r->to};
+            if (!slots_apply(&map, mv, r->n)) {
+                fprintf(stderr,
+                        "psctl: move %s: the slot map changed under the move (a slot "
+                        "is no longer ps %u's): rolled back\n",
+                        r->id, r->from);
+                rc = -1;
+                break;
+            }
+            rc = slots_etcd_cas(m->etcd, m->prefix, &map, rev, NULL, err, sizeof(err));
+            if (rc != ETCD_ECONFLICT || tries >= 20)
+                break;
+            slots_record_free(&map); /* a server joined meanwhile: read and apply again */
+            if (slots_etcd_read(m->etcd, m->prefix, &map, &rev, err, sizeof(err)) != 0) {
+                rc = -1;
+                break;
+            }
+        }
+        if (rc != 0) {
+            if (rc != -1)
+                fprintf(stderr,
+                        "psctl: move %s: the slot map was not changed: %s: rolled "
+                        "back\n",
+                        r->id, err);
+            slots_record_free(&map);
+            if (slots_etcd_read(m->etcd, m->prefix, &map, NULL, err, sizeof(err)) == 0) {
+                if (flipped(&map, r)) { /* the CAS took after all (a lost answer) */
+                    rc = 0;
+                } else {
+                    abort_both(m, &map, r);
+                }
+            }
+            out = rc == 0 ? 0 : 1;
+        }
+        if (rc == 0) {
+            *version = map.version;
+            if (commit_all(m, &map, r, map.version) != 0) {
+                fprintf(stderr,
+                        "psctl: move %s is committed (map version %" PRIu64
+                        ") but not every server heard it: rerun psctl to finish it\n",
+                        r->id, map.version);
+                slots_record_free(&map);
+                *rep_out = rep;
+                return 1;
+            }
+        }
+    }
+    if (etcd_delete(m->etcd, m->key, err, sizeof(err)) != 0) {
+        fprintf(stderr, "psctl: %s: %s\n", m->key, err);
+        out = 1;
+    }
+    slots_record_free(&map);
+    *rep_out = rep;
+    return out;
+}
+
+/* The batch that starts at plan[i]: its pair's moves not taken yet, at most bs, into r. */
+static void next_batch(const slot_move *plan, size_t nplan, size_t i, uint32_t bs, bool *taken,
+                       move_rec *r)
+{
+    r->from = plan[i].from;
+    r->to = plan[i].to;
+    r->n = 0;
+    for (size_t j = i; j < nplan && r->n < bs; j++)
+        if (!taken[j] && plan[j].from == r->from && plan[j].to == r->to) {
+            taken[j] = true;
+            r->slots[r->n++] = plan[j].slot;
+        }
+}
+
+int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const char *addr,
+                const psctl_move_opts *mo)
+{
+    if (opt_int(o, OPT_REPLICAS) > 1) {
+        fprintf(stderr,
+                "psctl: %s: replicas %lld: slots move between the servers of clusters "
+                "with replicas 1 only (a replica group's slots would move with its log, "
+                "which is not done)\n",
+                cmd, (long long)opt_int(o, OPT_REPLICAS));
+        return 2;
+    }
+    mover m = {.mo = mo};
+    int rc = psctl_coordinator_open(o, cl, cmd, &m.etcd, m.prefix, sizeof(m.prefix));
+    if (rc != 0)
+        return rc;
+    snprintf(m.key, sizeof(m.key), "%s/moves/current", m.prefix);
+    char err[2048];
+    const char *token_file = opt_str(o, OPT_ADMIN_TOKEN_FILE);
+    if (token_file && token_file[0] &&
+        rpc_read_token(token_file, m.token, sizeof(m.token), err, sizeof(err)) != 0) {
+        fprintf(stderr, "psctl: %s: %s\n", cmd, err);
+        etcd_client_destroy(m.etcd);
+        return 2;
+    }
+    m.tls = (rpc_tls){
+        .ca = opt_str(o, OPT_TLS_CA),
+        .cert = opt_str(o, OPT_TLS_CERT),
+        .key = opt_str(o, OPT_TLS_KEY),
+        .server_name = opt_str(o, OPT_TLS_SERVER_NAME),
+        .engine = opt_enum(o, OPT_TLS_ENGINE),
+    };
+    slots_record map;
+    rc = slots_etcd_read(m.etcd, m.prefix, &map, NULL, err, sizeof(err));
+    if (rc != 0) {
+        if (rc == ETCD_ENOTFOUND)
+            fprintf(stderr,
+                    "psctl: %s: no slot map under %s in etcd %s (no server of this "
+                    "cluster started with this coordinator yet, or another "
+                    "coordinator-prefix)\n",
+                    cmd, m.prefix, etcd_client_endpoint(m.etcd));
+        else
+            fprintf(stderr, "psctl: %s: %s\n", cmd, err);
+        etcd_client_destroy(m.etcd);
+        return rc == ETCD_ENOTFOUND ? 2 : 1;
+    }
+    /* The members the slots even out over. */
+    bool *member = calloc(map.nservers, sizeof(bool));
+    int at = addr ? slots_record_find(&map, addr) : -1;
+    rc = 0;
+    if (member == NULL) {
+        rc = 1;
+    } else if (addr && at < 0) {
+        fprintf(stderr,
+                "psctl: %s: %s is not a server of the slot map (psctl slots lists "
+                "them)%s\n",
+                cmd, addr,
+                strcmp(cmd, "add-server") == 0
+                    ? ": start it with ps-server --join first, which registers it"
+                    : "");
+        rc = 2;
+    } else if (strcmp(cmd, "remove-server") == 0 && map.nservers == 1) {
+        fprintf(stderr,
+                "psctl: remove-server: %s is the cluster's last server: its slots "
+                "have nowhere to go\n",
+                addr);
+        rc = 2;
+    } else {
+        for (uint32_t i = 0; i < map.nservers; i++)
+            /* The servers that hold slots (one removed before holds none and stays out), and
+             * the one added; less the one removed. */
+            member[i] = (slots_record_count(&map, i) > 0 || (int)i == at) &&
+                        !(strcmp(cmd, "remove-server") == 0 && (int)i == at);
+    }
+    slots_record_free(&map);
+    if (rc == 0)
+        rc = resume(&m);
+    slot_move *plan = NULL;
+    size_t nplan = 0;
+    if (rc == 0) {
+        /* Planned on the map as the resume left it. */
+        if (slots_etcd_read(m.etcd, m.prefix, &map, NULL, err, sizeof(err)) != 0 ||
+            slots_plan(&map, member, &plan, &nplan, err, sizeof(err)) != 0) {
+            fprintf(stderr, "psctl: %s: %s\n", cmd, err);
+            rc = 1;
+        }
+    }
+    free(member);
+    if (rc != 0) {
+        etcd_client_destroy(m.etcd);
+        return rc;
+    }
+    /* Batches: moves of one (from, to) pair, at most batch_slots each, in the plan's order of
+     * first appearance. */
+    uint32_t bs = mo->batch_slots ? mo->batch_slots : 16;
+    bool *taken = calloc(nplan ? nplan : 1, sizeof(bool));
+    move_rec r = {.slots = malloc(SLOTS_DEFAULT * sizeof(uint32_t))};
+    size_t nb = 0;
+    for (size_t i = 0; taken && r.slots && i < nplan; i++)
+        if (!taken[i]) {
+            next_batch(plan, nplan, i, bs, taken, &r);
+            nb++;
+        }
+    if (taken)
+        memset(taken, 0, (nplan ? nplan : 1) * sizeof(bool));
+    size_t done = 0, b = 0;
+    uint64_t rows = 0, vars = 0, bytes = 0, version = map.version;
+    for (size_t i = 0; rc == 0 && taken && r.slots && i < nplan; i++) {
+        if (taken[i])
+            continue;
+        next_batch(plan, nplan, i, bs, taken, &r);
+        /* slots ascending (the plan is in slot order) */
+        snprintf(r.id, sizeof(r.id), "%" PRId64 "-%u-%u-%u", wall_ms(), r.from, r.to, r.slots[0]);
+        const Psd__V1__SlotMoveReply *rep = NULL;
+        b++;
+        rc = move_batch(&m, &r, &rep, &version);
+        if (rc == 0) {
+            done += r.n;
+            if (rep) {
+                rows += rep->rows;
+                vars += rep->variables;
+                bytes += rep->bytes;
+            }
+            progress(mo, done, nplan, b, nb, &r, rep, version);
+        }
+        if (rep)
+            psd__v1__slot_move_reply__free_unpacked((Psd__V1__SlotMoveReply *)rep, NULL);
+    }
+    if (rc == 0) {
+        if (mo->json)
+            printf("{\"done\":true,\"slots\":%zu,\"batches\":%zu,\"rows\":%" PRIu64
+                   ",\"variables\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"version\":%" PRIu64 "}\n",
+                   done, nb, rows, vars, bytes, version);
+        else if (nplan == 0)
+            printf("%s: nothing to move: the slots are even already (map version %" PRIu64 ")\n",
+                   cmd, version);
+        else
+            printf("%s: done: %zu slots moved in %zu batches (%" PRIu64 " rows, %" PRIu64
+                   " variables, %" PRIu64 " bytes); slot map version %" PRIu64 "\n",
+                   cmd, done, nb, rows, vars, bytes, version);
+        if (strcmp(cmd, "remove-server") == 0 && !mo->json)
+            printf("%s holds no slot now; it may be stopped (split variables stay in ranges over "
+                   "the cluster spec's servers: a server of the spec still holds its range)\n",
+                   addr);
+    }
+    free(r.slots);
+    free(taken);
+    free(plan);
+    slots_record_free(&map);
+    etcd_client_destroy(m.etcd);
+    return rc;
+}

@@ -1,0 +1,50 @@
+/* slot_gate.h - the slots a live server refuses while they move and after they moved
+ * (replicas 1 with a coordinator; docs/design.md, "Moving slots"): its live copy of the slot
+ * map's owners (server_state.slots points at it once a slot moved), the slots of a batch
+ * being moved (frozen: updates and reads answered UNAVAILABLE "slot moving", which clients
+ * retry) and the map version each move was committed at (a request for a slot that moved
+ * away is answered FAILED_PRECONDITION with Envelope.moved_to naming its owner now).
+ *
+ * Handlers of requests that touch slots run between slot_gate_enter and slot_gate_leave
+ * (methods.c wraps them): a freeze waits for every call inside to leave, so that once
+ * slot_gate_freeze returns no update to the batch is being applied and none will be. One gate
+ * per process: replicas 1 holds one server state. Off (every call passes, nothing taken)
+ * until slot_gate_start. */
+#ifndef PSD_SERVER_SLOT_GATE_H
+#define PSD_SERVER_SLOT_GATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc_server.h"
+#include "server.h"
+#include "slots_record.h"
+
+/* Turns the gate on for st, whose map is rec (its version and owners). Returns 0, or -1 when
+ * memory can't be had. */
+int slot_gate_start(server_state *st, const slots_record *rec);
+/* True once slot_gate_start ran. */
+bool slot_gate_on(void);
+
+/* Before a handler of `call`: true to go on (call slot_gate_leave after the handler), false
+ * when the call was answered (a slot it touches is moving, or moved away). */
+bool slot_gate_enter(rpc_call *call, server_state *st);
+void slot_gate_leave(void);
+
+/* Freezes the slots listed (move_id names the batch). FAILED_PRECONDITION with why when one
+ * is not this server's, or another batch is frozen (a batch frozen under the same move_id is
+ * frozen again: a resumed move). Returns once no call inside the gate touches them. */
+int slot_gate_freeze(server_state *st, const char *move_id, const uint32_t *slots, size_t n,
+                     char *err, size_t errlen);
+/* Lets the frozen batch go again (a move rolled back). */
+void slot_gate_unfreeze(void);
+/* The map at `version` gives the slots listed to server `to`: the owners change, and the
+ * batch, if frozen, is let go (a source answers its late requests with the new owner). */
+void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_t to,
+                      uint64_t version);
+/* The owner of slot in this server's map, and that map's version. */
+uint32_t slot_gate_owner(server_state *st, uint32_t slot);
+uint64_t slot_gate_version(void);
+
+#endif

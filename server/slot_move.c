@@ -1,0 +1,626 @@
+/* slot_move.c - a batch of slots exported, installed and dropped (slot_move.h).
+ *
+ * The package, in the host's byte order (little-endian on every host we build), each part
+ * starting on 8 bytes:
+ *   u32 magic "PSMV", u32 format (1), u32 nslots, u32 source task;
+ *   u64 bitmap[nslots / 64]: the batch's slots;
+ *   u64 nwindows, u32 words, u32 0; nwindows x (client, highest, bits[words]) (dedup_export);
+ *   u32 ntables, u32 0; per table: u32 spec_len, u32 row_floats, u64 nrows, the packed
+ *     TableSpec (padded to 8), nrows x (i64 id, i64 updated_ms), nrows x row_floats f32
+ *     (parameters then optimizer slots; padded to 8);
+ *   u32 nvars, u32 0; per variable: u32 spec_len, u32 nslots, u64 numel, u64 version,
+ *     i32 staleness, u32 0, the packed VariableSpec (padded to 8), (1 + nslots) x numel f32
+ *     (parameters, then each optimizer slot; padded to 8);
+ *   u32 CRC-32C of everything before it, u32 0. */
+#include "slot_move.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "hash.h"
+#include "slots.h"
+#include "status.h"
+#include "table_ckpt.h"
+#include "table_registry.h"
+
+#define PKG_MAGIC 0x564d5350u /* "PSMV" */
+#define PKG_FORMAT 1u
+
+void slot_set_mark(uint64_t *bits, uint32_t nslots, const uint32_t *slots, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (slots[i] < nslots)
+            bits[slots[i] / 64] |= UINT64_C(1) << (slots[i] % 64);
+}
+
+/* ---- writing ---- */
+
+typedef struct wbuf {
+    uint8_t *p;
+    size_t len, cap;
+    bool failed;
+} wbuf;
+
+static void put(wbuf *b, const void *src, size_t n)
+{
+    if (b->failed)
+        return;
+    size_t need = b->len + n + 8;
+    if (need > b->cap) {
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc < need)
+            nc *= 2;
+        uint8_t *g = realloc(b->p, nc);
+        if (g == NULL) {
+            b->failed = true;
+            return;
+        }
+        b->p = g;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+}
+
+static void pad8(wbuf *b)
+{
+    static const uint8_t zero[8];
+    if (b->len % 8)
+        put(b, zero, 8 - b->len % 8);
+}
+
+static void put32(wbuf *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+
+static void put64(wbuf *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
+
+/* ---- reading ---- */
+
+typedef struct rbuf {
+    const uint8_t *p;
+    size_t len, at;
+    bool bad;
+} rbuf;
+
+static const uint8_t *take(rbuf *r, size_t n)
+{
+    if (r->bad || n > r->len - r->at) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *q = r->p + r->at;
+    r->at += n;
+    return q;
+}
+
+static void skip8(rbuf *r)
+{
+    if (r->at % 8)
+        take(r, 8 - r->at % 8);
+}
+
+static uint32_t get32(rbuf *r)
+{
+    uint32_t v = 0;
+    const uint8_t *q = take(r, 4);
+    if (q)
+        memcpy(&v, q, 4);
+    return v;
+}
+
+static uint64_t get64(rbuf *r)
+{
+    uint64_t v = 0;
+    const uint8_t *q = take(r, 8);
+    if (q)
+        memcpy(&v, q, 8);
+    return v;
+}
+
+/* ---- export ---- */
+
+static bool var_in(const variable *v, const uint64_t *bits, uint32_t nslots)
+{
+    return !v->spec->split && slot_set_has(bits, slots_of_name(v->name, nslots));
+}
+
+/* True when the BSP aggregate of v holds gradients of the open clock. */
+static bool var_pending(variable *v)
+{
+    if (!atomic_load(&v->agg_ready))
+        return false;
+    variable_lock_all(v);
+    bool pending = v->agg_count > 0;
+    variable_unlock_all(v);
+    return pending;
+}
+
+static int export_tables(server_state *st, const uint64_t *bits, uint32_t nslots, wbuf *b,
+                         slot_move_counts *cnt, char *err, size_t errlen)
+{
+    size_t n = 0;
+    table_entry **es = registry_list(st, &n);
+    if (es == NULL && n > 0)
+        return snprintf(err, errlen, "out of memory listing the tables"), STATUS_RESOURCE_EXHAUSTED;
+    int rc = STATUS_OK;
+    /* A BSP aggregate's rows of the batch are gradients of the open clock: refused. */
+    for (size_t i = 0; rc == STATUS_OK && i < n; i++) {
+        if (!registry_is_bsp_name(table_name(es[i]->t)))
+            continue;
+        table_rows rows;
+        if (server_table_slot_rows(es[i]->t, bits, nslots, &rows) != 0)
+            rc = STATUS_RESOURCE_EXHAUSTED, snprintf(err, errlen, "out of memory");
+        else if (rows.n > 0)
+            rc = STATUS_FAILED_PRECONDITION,
+            snprintf(err, errlen,
+                     "table \"%.*s\" is BSP (staleness 0) and its aggregate of the open clock "
+                     "holds %zu rows of the batch: BSP state does not move (finish the clock)",
+                     (int)(strlen(table_name(es[i]->t)) - strlen(BSP_SUFFIX)), table_name(es[i]->t),
+                     rows.n);
+        table_rows_free(&rows);
+    }
+    uint32_t nt = 0;
+    for (size_t i = 0; i < n; i++)
+        nt += !registry_is_bsp_name(table_name(es[i]->t));
+    put32(b, nt);
+    put32(b, 0);
+    for (size_t i = 0; rc == STATUS_OK && i < n; i++) {
+        table_entry *e = es[i];
+        if (registry_is_bsp_name(table_name(e->t)))
+            continue;
+        table_rows rows;
+        if (server_table_slot_rows(e->t, bits, nslots, &rows) != 0) {
+            snprintf(err, errlen, "out of memory copying the rows of table \"%s\"",
+                     table_name(e->t));
+            rc = STATUS_RESOURCE_EXHAUSTED;
+            break;
+        }
+        size_t sl = psd__v1__table_spec__get_packed_size(e->spec);
+        uint8_t *spec = malloc(sl ? sl : 1);
+        if (spec == NULL) {
+            table_rows_free(&rows);
+            snprintf(err, errlen, "out of memory");
+            rc = STATUS_RESOURCE_EXHAUSTED;
+            break;
+        }
+        psd__v1__table_spec__pack(e->spec, spec);
+        put32(b, (uint32_t)sl);
+        put32(b, rows.row_floats);
+        put64(b, rows.n);
+        put(b, spec, sl);
+        pad8(b);
+        for (size_t k = 0; k < rows.n; k++) {
+            put64(b, (uint64_t)rows.ids[k]);
+            put64(b, (uint64_t)rows.updated_ms[k]);
+        }
+        put(b, rows.floats, rows.n * rows.row_floats * sizeof(float));
+        pad8(b);
+        cnt->rows += rows.n;
+        free(spec);
+        table_rows_free(&rows);
+    }
+    registry_release(es, n);
+    return rc;
+}
+
+static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, wbuf *b,
+                       slot_move_counts *cnt, char *err, size_t errlen)
+{
+    variable **vs = NULL;
+    size_t n = store_list(st->vars, &vs);
+    int rc = STATUS_OK;
+    uint32_t nv = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!var_in(vs[i], bits, nslots))
+            continue;
+        if (var_pending(vs[i]) && rc == STATUS_OK) {
+            snprintf(err, errlen,
+                     "variable \"%s\" is BSP (staleness 0) and its aggregate of the open clock "
+                     "holds gradients: BSP state does not move (finish the clock)",
+                     vs[i]->name);
+            rc = STATUS_FAILED_PRECONDITION;
+        }
+        nv++;
+    }
+    put32(b, nv);
+    put32(b, 0);
+    for (size_t i = 0; rc == STATUS_OK && i < n; i++) {
+        variable *v = vs[i];
+        if (!var_in(v, bits, nslots))
+            continue;
+        size_t sl = psd__v1__variable_spec__get_packed_size(v->spec);
+        uint8_t *spec = malloc(sl ? sl : 1);
+        if (spec == NULL) {
+            snprintf(err, errlen, "out of memory");
+            rc = STATUS_RESOURCE_EXHAUSTED;
+            break;
+        }
+        psd__v1__variable_spec__pack(v->spec, spec);
+        put32(b, (uint32_t)sl);
+        put32(b, (uint32_t)v->nslots);
+        put64(b, v->count);
+        variable_lock_all(v);
+        put64(b, atomic_load(&v->version));
+        put32(b, (uint32_t)v->staleness);
+        put32(b, 0);
+        put(b, spec, sl);
+        pad8(b);
+        put(b, v->params, v->count * sizeof(float));
+        for (size_t s = 0; s < v->nslots; s++)
+            put(b, v->slots[s], v->count * sizeof(float));
+        variable_unlock_all(v);
+        pad8(b);
+        free(spec);
+        cnt->variables++;
+    }
+    store_list_release(vs, n);
+    return rc;
+}
+
+int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                     slot_move_counts *counts, char *err, size_t errlen)
+{
+    slot_map m = server_slots(st);
+    uint32_t nslots = m.nslots;
+    *out = NULL;
+    *len = 0;
+    slot_move_counts cnt = {0};
+    wbuf b = {0};
+    put32(&b, PKG_MAGIC);
+    put32(&b, PKG_FORMAT);
+    put32(&b, nslots);
+    put32(&b, st->task_index);
+    put(&b, bits, nslots / 8);
+    uint64_t nw = 0;
+    uint32_t words = 0;
+    uint64_t *win = dedup_export(st->dedup, &nw, &words);
+    if (win == NULL && nw > 0) {
+        free(b.p);
+        return snprintf(err, errlen, "out of memory copying the exactly-once windows"),
+               STATUS_RESOURCE_EXHAUSTED;
+    }
+    put64(&b, nw);
+    put32(&b, words);
+    put32(&b, 0);
+    put(&b, win, nw * (2 + (size_t)words) * sizeof(uint64_t));
+    free(win);
+    cnt.windows = nw;
+    int rc = export_tables(st, bits, nslots, &b, &cnt, err, errlen);
+    if (rc == STATUS_OK)
+        rc = export_vars(st, bits, nslots, &b, &cnt, err, errlen);
+    if (rc == STATUS_OK && !b.failed) {
+        put32(&b, crc32c(0, b.p, b.len));
+        put32(&b, 0);
+    }
+    if (rc == STATUS_OK && b.failed) {
+        snprintf(err, errlen, "out of memory for the package of the batch");
+        rc = STATUS_RESOURCE_EXHAUSTED;
+    }
+    if (rc != STATUS_OK) {
+        free(b.p);
+        return rc;
+    }
+    cnt.bytes = b.len;
+    if (counts)
+        *counts = cnt;
+    *out = b.p;
+    *len = b.len;
+    return STATUS_OK;
+}
+
+/* ---- install ---- */
+
+/* One table of a package, as read. */
+typedef struct pkg_table {
+    Psd__V1__TableSpec *spec;
+    const uint8_t *spec_raw;
+    uint32_t spec_len, row_floats;
+    uint64_t nrows;
+    const uint8_t *idt;    /* nrows x (id, updated_ms) */
+    const uint8_t *floats; /* nrows x row_floats */
+} pkg_table;
+
+typedef struct pkg_var {
+    Psd__V1__VariableSpec *spec;
+    uint32_t nslots;
+    uint64_t numel, version;
+    int32_t staleness;
+    const uint8_t *data; /* (1 + nslots) x numel floats */
+} pkg_var;
+
+typedef struct pkg {
+    uint32_t nslots, from;
+    const uint8_t *bits;
+    uint64_t nwin;
+    uint32_t words;
+    const uint8_t *win;
+    uint32_t ntables, nvars;
+    pkg_table *tables;
+    pkg_var *vars;
+} pkg;
+
+static void pkg_free(pkg *p)
+{
+    for (uint32_t i = 0; p->tables && i < p->ntables; i++)
+        if (p->tables[i].spec)
+            psd__v1__table_spec__free_unpacked(p->tables[i].spec, NULL);
+    for (uint32_t i = 0; p->vars && i < p->nvars; i++)
+        if (p->vars[i].spec)
+            psd__v1__variable_spec__free_unpacked(p->vars[i].spec, NULL);
+    free(p->tables);
+    free(p->vars);
+    memset(p, 0, sizeof(*p));
+}
+
+static bool bit_at(const uint8_t *bits, uint32_t slot)
+{
+    uint64_t w;
+    memcpy(&w, bits + (size_t)(slot / 64) * 8, 8);
+    return (w >> (slot % 64)) & 1;
+}
+
+/* Reads and checks the whole package. Returns STATUS_OK or INVALID_ARGUMENT with why. */
+static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint32_t nslots, pkg *p,
+                    char *err, size_t errlen)
+{
+    memset(p, 0, sizeof(*p));
+#define BAD(...)                                                                                   \
+    return (snprintf(err, errlen, "slot move package: " __VA_ARGS__), STATUS_INVALID_ARGUMENT)
+    if (len < 24 || len % 8)
+        BAD("%zu bytes", len);
+    uint32_t crc;
+    memcpy(&crc, data + len - 8, 4);
+    if (crc != crc32c(0, data, len - 8))
+        BAD("checksum mismatch");
+    rbuf r = {.p = data, .len = len - 8};
+    if (get32(&r) != PKG_MAGIC || get32(&r) != PKG_FORMAT)
+        BAD("not a package of format %u", PKG_FORMAT);
+    p->nslots = get32(&r);
+    p->from = get32(&r);
+    if (p->nslots != nslots)
+        BAD("%u slots, this server has %u", p->nslots, nslots);
+    p->bits = take(&r, nslots / 8);
+    for (uint32_t s = 0; p->bits && s < nslots; s++)
+        if (bit_at(p->bits, s) != slot_set_has(want, s))
+            BAD("slot %u is %s the batch asked for", s,
+                slot_set_has(want, s) ? "not in" : "beyond");
+    p->nwin = get64(&r);
+    p->words = get32(&r);
+    get32(&r);
+    if (p->words > 1u << 16 || p->nwin > (r.len - r.at) / 8 / (2 + (uint64_t)p->words))
+        BAD("%llu windows of %u words past its end", (unsigned long long)p->nwin, p->words);
+    p->win = take(&r, p->nwin * (2 + (size_t)p->words) * 8);
+    p->ntables = get32(&r);
+    get32(&r);
+    if (r.bad || p->ntables > SERVER_MAX_TABLES)
+        BAD("%u tables", p->ntables);
+    p->tables = calloc(p->ntables ? p->ntables : 1, sizeof(*p->tables));
+    if (p->tables == NULL)
+        return snprintf(err, errlen, "out of memory"), STATUS_RESOURCE_EXHAUSTED;
+    for (uint32_t i = 0; i < p->ntables; i++) {
+        pkg_table *t = &p->tables[i];
+        t->spec_len = get32(&r);
+        t->row_floats = get32(&r);
+        t->nrows = get64(&r);
+        t->spec_raw = take(&r, t->spec_len);
+        skip8(&r);
+        if (r.bad || t->row_floats == 0 || t->row_floats > (1u << 20) ||
+            t->nrows > (r.len - r.at) / (16 + 4 * (uint64_t)t->row_floats))
+            BAD("table %u: %llu rows of %u floats past its end", i, (unsigned long long)t->nrows,
+                t->row_floats);
+        t->spec = psd__v1__table_spec__unpack(NULL, t->spec_len, t->spec_raw);
+        if (t->spec == NULL || t->spec->name == NULL)
+            BAD("table %u: a spec that does not decode", i);
+        t->idt = take(&r, t->nrows * 16);
+        t->floats = take(&r, t->nrows * t->row_floats * 4);
+        skip8(&r);
+        for (uint64_t k = 0; !r.bad && k < t->nrows; k++) {
+            int64_t id;
+            memcpy(&id, t->idt + k * 16, 8);
+            if (!slot_set_has(want, slots_of_row(t->spec->name, id, nslots)))
+                BAD("table \"%s\": row %lld is not in the batch", t->spec->name, (long long)id);
+        }
+    }
+    p->nvars = get32(&r);
+    get32(&r);
+    if (r.bad || p->nvars > (r.len - r.at) / 32)
+        BAD("%u variables past its end", p->nvars);
+    p->vars = calloc(p->nvars ? p->nvars : 1, sizeof(*p->vars));
+    if (p->vars == NULL)
+        return snprintf(err, errlen, "out of memory"), STATUS_RESOURCE_EXHAUSTED;
+    for (uint32_t i = 0; i < p->nvars; i++) {
+        pkg_var *v = &p->vars[i];
+        uint32_t sl = get32(&r);
+        v->nslots = get32(&r);
+        v->numel = get64(&r);
+        v->version = get64(&r);
+        v->staleness = (int32_t)get32(&r);
+        get32(&r);
+        const uint8_t *spec = take(&r, sl);
+        skip8(&r);
+        if (r.bad || v->nslots > OPTIMIZER_MAX_SLOTS || v->numel == 0 ||
+            v->numel > (r.len - r.at) / 4 / (1 + (uint64_t)v->nslots))
+            BAD("variable %u: %llu elements past its end", i, (unsigned long long)v->numel);
+        v->spec = psd__v1__variable_spec__unpack(NULL, sl, spec);
+        if (v->spec == NULL || v->spec->name == NULL || v->spec->split)
+            BAD("variable %u: a spec that does not decode, or of a split variable", i);
+        if (!slot_set_has(want, slots_of_name(v->spec->name, nslots)))
+            BAD("variable \"%s\" is not in the batch", v->spec->name);
+        v->data = take(&r, v->numel * (1 + (size_t)v->nslots) * 4);
+        skip8(&r);
+    }
+    if (r.bad || r.at != r.len)
+        BAD("%zu bytes past its parts", r.len - r.at);
+#undef BAD
+    return STATUS_OK;
+}
+
+static int install_table(server_state *st, const pkg_table *pt, char *err, size_t errlen)
+{
+    const char *name = pt->spec->name;
+    variable *clash = store_find(st->vars, name);
+    if (clash != NULL) {
+        variable_release(clash);
+        return snprintf(err, errlen, "table \"%s\": a variable of that name is here", name),
+               STATUS_ALREADY_EXISTS;
+    }
+    table_entry *e = registry_find(st, name);
+    if (e == NULL) {
+        table *t = NULL;
+        if (server_table_make(st, pt->spec_raw, pt->spec_len, &t, err, errlen) != 0)
+            return STATUS_INVALID_ARGUMENT;
+        if (server_table_register(st, t, pt->spec_raw, pt->spec_len) != 0)
+            table_destroy(t); /* registered meanwhile by a TableCreate, or out of memory */
+        e = registry_find(st, name);
+        if (e == NULL)
+            return snprintf(err, errlen, "table \"%s\": out of memory", name),
+                   STATUS_RESOURCE_EXHAUSTED;
+    } else if (!registry_spec_equal(e->spec, pt->spec)) {
+        registry_put(e);
+        return snprintf(err, errlen, "table \"%s\" exists here with another spec", name),
+               STATUS_ALREADY_EXISTS;
+    }
+    int rc = STATUS_OK;
+    if (table_row_floats(e->t) != pt->row_floats) {
+        snprintf(err, errlen, "table \"%s\": rows of %u floats here, %u in the package", name,
+                 table_row_floats(e->t), pt->row_floats);
+        rc = STATUS_INVALID_ARGUMENT;
+    }
+    float *row = rc == STATUS_OK ? malloc(pt->row_floats * sizeof(float)) : NULL;
+    if (rc == STATUS_OK && row == NULL)
+        rc = STATUS_RESOURCE_EXHAUSTED, snprintf(err, errlen, "out of memory");
+    for (uint64_t k = 0; rc == STATUS_OK && k < pt->nrows; k++) {
+        int64_t id, up;
+        memcpy(&id, pt->idt + k * 16, 8);
+        memcpy(&up, pt->idt + k * 16 + 8, 8);
+        memcpy(row, pt->floats + k * pt->row_floats * 4, pt->row_floats * 4);
+        int tr = table_insert_row(e->t, id, row, up);
+        if (tr != TABLE_OK) {
+            snprintf(err, errlen, "table \"%s\": row %lld: %s", name, (long long)id,
+                     tr == TABLE_LIMIT ? "max-server-bytes reached" : "out of memory");
+            rc = STATUS_RESOURCE_EXHAUSTED;
+        }
+    }
+    free(row);
+    registry_put(e);
+    return rc;
+}
+
+static int install_var(server_state *st, const pkg_var *pv, char *err, size_t errlen)
+{
+    const char *name = pv->spec->name;
+    if (server_table_exists(st, name))
+        return snprintf(err, errlen, "variable \"%s\": a table of that name is here", name),
+               STATUS_ALREADY_EXISTS;
+    uint64_t bytes = store_shard_bytes(pv->numel, pv->nslots);
+    int rc = store_reserve(st->vars, bytes, err, errlen);
+    if (rc != STATUS_OK)
+        return rc;
+    char verr[256];
+    variable *nv = variable_create_unfilled(pv->spec, pv->numel, 0, pv->numel, verr, sizeof(verr));
+    if (nv == NULL || nv->nslots != pv->nslots) {
+        store_unreserve(st->vars, bytes);
+        snprintf(err, errlen, "variable \"%s\": %s", name,
+                 nv ? "another number of optimizer slots here" : verr);
+        variable_destroy(nv);
+        return nv ? STATUS_INVALID_ARGUMENT : STATUS_RESOURCE_EXHAUSTED;
+    }
+    memcpy(nv->params, pv->data, pv->numel * 4);
+    for (size_t s = 0; s < nv->nslots; s++)
+        memcpy(nv->slots[s], pv->data + (s + 1) * pv->numel * 4, pv->numel * 4);
+    atomic_store(&nv->version, pv->version);
+    nv->restored_version = pv->version;
+    nv->staleness = pv->staleness;
+    nv->create_gen = atomic_fetch_add(&st->create_gen, 1) + 1;
+    variable *v = store_insert(st->vars, nv);
+    store_unreserve(st->vars, bytes);
+    if (v != nv) {
+        variable_release(v);
+        variable_destroy(nv);
+        return snprintf(err, errlen, "variable \"%s\" was created here meanwhile", name),
+               STATUS_ALREADY_EXISTS;
+    }
+    variable_release(v);
+    return STATUS_OK;
+}
+
+int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                      size_t len, slot_move_counts *counts, char *err, size_t errlen)
+{
+    slot_map m = server_slots(st);
+    pkg p;
+    int rc = pkg_read(data, len, bits, m.nslots, &p, err, errlen);
+    if (rc != STATUS_OK) {
+        pkg_free(&p);
+        return rc;
+    }
+    if (p.from != from) {
+        pkg_free(&p);
+        return snprintf(err, errlen, "slot move package: made by ps %u, not ps %u", p.from, from),
+               STATUS_INVALID_ARGUMENT;
+    }
+    slot_move_drop(st, bits); /* what an earlier attempt left */
+    slot_move_counts cnt = {.bytes = len};
+    /* Under the update lock: a checkpoint's copy holds the whole batch or none of it. */
+    store_update_begin(st->vars);
+    for (uint32_t i = 0; rc == STATUS_OK && i < p.ntables; i++) {
+        rc = install_table(st, &p.tables[i], err, errlen);
+        cnt.rows += p.tables[i].nrows;
+    }
+    for (uint32_t i = 0; rc == STATUS_OK && i < p.nvars; i++) {
+        rc = install_var(st, &p.vars[i], err, errlen);
+        cnt.variables++;
+    }
+    store_update_end(st->vars);
+    uint64_t *w = NULL;
+    if (rc == STATUS_OK && p.nwin > 0 && (w = malloc((2 + (size_t)p.words) * 8)) == NULL)
+        rc = STATUS_RESOURCE_EXHAUSTED, snprintf(err, errlen, "out of memory");
+    for (uint64_t i = 0; rc == STATUS_OK && i < p.nwin; i++) {
+        memcpy(w, p.win + i * (2 + (size_t)p.words) * 8, (2 + (size_t)p.words) * 8);
+        if (dedup_merge(st->dedup, slots_stream_client(w[0], from), w[1], w + 2, p.words) != 0)
+            rc = STATUS_RESOURCE_EXHAUSTED,
+            snprintf(err, errlen, "out of memory for the exactly-once windows");
+        cnt.windows++;
+    }
+    free(w);
+    pkg_free(&p);
+    if (rc != STATUS_OK) {
+        slot_move_drop(st, bits); /* nothing of the package stays (merged marks are harmless) */
+        return rc;
+    }
+    if (counts)
+        *counts = cnt;
+    return STATUS_OK;
+}
+
+uint64_t slot_move_drop(server_state *st, const uint64_t *bits)
+{
+    uint32_t nslots = server_slots(st).nslots;
+    uint64_t gone = 0;
+    size_t n = 0;
+    table_entry **es = registry_list(st, &n);
+    for (size_t i = 0; es && i < n; i++)
+        gone += server_table_drop_slots(es[i]->t, bits, nslots);
+    registry_release(es, n);
+    variable **vs = NULL;
+    size_t nv = store_list(st->vars, &vs);
+    for (size_t i = 0; i < nv; i++) {
+        if (!var_in(vs[i], bits, nslots))
+            continue;
+        variable *v = store_remove(st->vars, vs[i]->name);
+        if (v) {
+            variable_release(v);
+            gone++;
+        }
+    }
+    store_list_release(vs, nv);
+    return gone;
+}

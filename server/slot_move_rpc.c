@@ -1,0 +1,254 @@
+/* slot_move_rpc.c - SLOT_MOVE and SLOT_INSTALL (slot_move_rpc.h). */
+#include "slot_move_rpc.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "rpc_oneshot.h"
+#include "server.h"
+#include "slot_gate.h"
+#include "slot_move.h"
+#include "slot_start.h"
+#include "status.h"
+
+/* Time a batch's package may take to reach its target and be installed. */
+#define INSTALL_DEADLINE_MS 20000
+
+static struct {
+    slot_move_config cfg;
+    atomic_uint_fast64_t started, finished, failed, bytes;
+    pthread_mutex_t token_mu;
+    char token[80];
+} m = {.token_mu = PTHREAD_MUTEX_INITIALIZER};
+
+void slot_move_rpc_init(const slot_move_config *cfg)
+{
+    m.cfg = *cfg;
+}
+
+void slot_move_stats_get(slot_move_stats *out)
+{
+    out->started = atomic_load(&m.started);
+    out->finished = atomic_load(&m.finished);
+    out->failed = atomic_load(&m.failed);
+    out->bytes = atomic_load(&m.bytes);
+}
+
+/* The cluster token into buf (read from etcd once). Returns 0, or -1 with why in err. */
+static int token(char *buf, size_t cap, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&m.token_mu);
+    int rc = 0;
+    if (m.token[0] == '\0')
+        rc = slot_cluster_token(m.cfg.endpoints, m.cfg.prefix, m.token, sizeof(m.token), err,
+                                errlen);
+    if (rc == 0)
+        snprintf(buf, cap, "%s", m.token);
+    pthread_mutex_unlock(&m.token_mu);
+    return rc;
+}
+
+/* The batch's bitmap (nslots bits) from a request's slot list: NULL with a reply sent when the
+ * list is empty, too long, unordered or out of range. */
+static uint64_t *batch_bits(rpc_call *call, const uint32_t *slots, size_t n, uint32_t nslots)
+{
+    bool ok = n > 0 && n <= nslots;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = slots[i] < nslots && (i == 0 || slots[i] > slots[i - 1]);
+    if (!ok) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "a batch lists 1 to %u slots, ascending, each below %u (this one: %zu)",
+                        nslots, nslots, n);
+        return NULL;
+    }
+    uint64_t *bits = calloc(nslots / 64 ? nslots / 64 : 1, sizeof(uint64_t));
+    if (bits == NULL) {
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    slot_set_mark(bits, nslots, slots, n);
+    return bits;
+}
+
+static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMoveRequest *rq,
+                       const uint64_t *bits)
+{
+    char err[2048];
+    if (rq->from != st->task_index || rq->to == st->task_index || rq->to_address == NULL ||
+        rq->to_address[0] == '\0') {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "SEND goes to the batch's source (ps %u here) and names another target "
+                        "with its address (from %u, to %u)",
+                        st->task_index, rq->from, rq->to);
+        return;
+    }
+    atomic_fetch_add(&m.started, 1);
+    int rc = slot_gate_freeze(st, rq->move_id, rq->slots, rq->n_slots, err, sizeof(err));
+    if (rc != STATUS_OK) {
+        atomic_fetch_add(&m.failed, 1);
+        rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
+        return;
+    }
+    uint8_t *pkg = NULL;
+    size_t len = 0;
+    slot_move_counts cnt;
+    char tok[80];
+    rc = slot_move_export(st, bits, &pkg, &len, &cnt, err, sizeof(err));
+    if (rc == STATUS_OK && token(tok, sizeof(tok), err, sizeof(err)) != 0)
+        rc = STATUS_UNAVAILABLE;
+    if (rc == STATUS_OK && rq->max_bytes_per_second > 0) {
+        /* The cap: the batch takes at least its size over the cap (one batch is sent at once;
+         * psctl sends the next one after). */
+        double s = (double)len / (double)rq->max_bytes_per_second;
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    if (rc == STATUS_OK) {
+        Psd__V1__SlotInstallRequest ir = PSD__V1__SLOT_INSTALL_REQUEST__INIT;
+        ir.move_id = rq->move_id;
+        ir.from = rq->from;
+        ir.slots = rq->slots;
+        ir.n_slots = rq->n_slots;
+        rpc_oneshot_reply r;
+        rc = rpc_oneshot(rq->to_address, &m.cfg.tls, PSD__V1__METHOD__SLOT_INSTALL, &ir.base, pkg,
+                         len, tok, INSTALL_DEADLINE_MS, &r);
+        if (rc != STATUS_OK)
+            snprintf(err, sizeof(err), "target ps %u (%s): %s", rq->to, rq->to_address, r.message);
+        free(r.body);
+    }
+    free(pkg);
+    if (rc != STATUS_OK) {
+        slot_gate_unfreeze();
+        atomic_fetch_add(&m.failed, 1);
+        log_warn("move %s: %zu slots to ps %u not sent, they stay here: %s", rq->move_id,
+                 rq->n_slots, rq->to, err);
+        rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
+        return;
+    }
+    atomic_fetch_add(&m.bytes, len);
+    log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes; "
+             "they stay frozen until the map gives them there",
+             rq->move_id, rq->n_slots, rq->to, rq->to_address, (unsigned long long)cnt.rows,
+             (unsigned long long)cnt.variables, (unsigned long long)len);
+    Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
+    rep.rows = cnt.rows;
+    rep.variables = cnt.variables;
+    rep.windows = cnt.windows;
+    rep.bytes = len;
+    rpc_reply_ok(call, &rep.base);
+}
+
+void handle_slot_move(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__SlotMoveRequest *rq = (const void *)rpc_call_body(call);
+    if (!slot_gate_on()) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "this server moves no slots: slots move between the servers of a "
+                        "cluster with a coordinator and replicas 1");
+        return;
+    }
+    if (rq->move_id == NULL || rq->move_id[0] == '\0' || strlen(rq->move_id) > 100) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "a move names its id (1 to 100 bytes)");
+        return;
+    }
+    uint32_t nslots = server_slots(st).nslots;
+    uint64_t *bits = batch_bits(call, rq->slots, rq->n_slots, nslots);
+    if (bits == NULL)
+        return;
+    switch (rq->phase) {
+    case PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND:
+        send_batch(call, st, rq, bits);
+        break;
+    case PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT: {
+        bool source =
+            slot_gate_owner(st, rq->slots[0]) == st->task_index && rq->to != st->task_index;
+        slot_gate_commit(st, rq->slots, rq->n_slots, rq->to, rq->version);
+        if (source) {
+            uint64_t gone = slot_move_drop(st, bits);
+            atomic_fetch_add(&m.finished, 1);
+            log_info("move %s: %zu slots are ps %u's since slot map version %llu: dropped %llu "
+                     "rows and variables here",
+                     rq->move_id, rq->n_slots, rq->to, (unsigned long long)rq->version,
+                     (unsigned long long)gone);
+        }
+        Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
+        rpc_reply_ok(call, &rep.base);
+        break;
+    }
+    case PSD__V1__SLOT_MOVE_REQUEST__PHASE__ABORT: {
+        if (rq->from == st->task_index)
+            slot_gate_unfreeze();
+        if (rq->to == st->task_index) {
+            /* What an install left of slots this server does not hold. */
+            for (size_t i = 0; i < rq->n_slots; i++)
+                if (slot_gate_owner(st, rq->slots[i]) == st->task_index)
+                    bits[rq->slots[i] / 64] &= ~(UINT64_C(1) << (rq->slots[i] % 64));
+            slot_move_drop(st, bits);
+        }
+        log_info("move %s: %zu slots from ps %u to ps %u rolled back", rq->move_id, rq->n_slots,
+                 rq->from, rq->to);
+        Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
+        rpc_reply_ok(call, &rep.base);
+        break;
+    }
+    default:
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "SLOT_MOVE: unknown phase %d",
+                        (int)rq->phase);
+    }
+    free(bits);
+}
+
+void handle_slot_install(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__SlotInstallRequest *rq = (const void *)rpc_call_body(call);
+    if (!slot_gate_on()) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION, "this server moves no slots");
+        return;
+    }
+    char tok[80], err[1024];
+    if (token(tok, sizeof(tok), err, sizeof(err)) != 0) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE, "cannot read the cluster token: %s", err);
+        return;
+    }
+    if (!rpc_call_carries_token(call, tok)) {
+        log_warn("refused SLOT_INSTALL without the cluster token (a server-to-server method)");
+        rpc_reply_error(call, STATUS_PERMISSION_DENIED,
+                        "SLOT_INSTALL is a server-to-server method: the request does not carry "
+                        "the cluster token that the servers read from the coordinator");
+        return;
+    }
+    uint32_t nslots = server_slots(st).nslots;
+    uint64_t *bits = batch_bits(call, rq->slots, rq->n_slots, nslots);
+    if (bits == NULL)
+        return;
+    for (size_t i = 0; i < rq->n_slots; i++)
+        if (slot_gate_owner(st, rq->slots[i]) == st->task_index) {
+            rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                            "move %s: slot %u is this server's (ps %u) already", rq->move_id,
+                            rq->slots[i], st->task_index);
+            free(bits);
+            return;
+        }
+    size_t len = 0;
+    const uint8_t *seg = rpc_call_segment(call, &len);
+    slot_move_counts cnt;
+    int rc = slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
+    free(bits);
+    if (rc != STATUS_OK) {
+        rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
+        return;
+    }
+    log_info("move %s: installed %zu slots from ps %u: %llu rows, %llu variables", rq->move_id,
+             rq->n_slots, rq->from, (unsigned long long)cnt.rows,
+             (unsigned long long)cnt.variables);
+    Psd__V1__SlotInstallReply rep = PSD__V1__SLOT_INSTALL_REPLY__INIT;
+    rep.rows = cnt.rows;
+    rep.variables = cnt.variables;
+    rpc_reply_ok(call, &rep.base);
+}

@@ -1,0 +1,277 @@
+/* Unit tests for server/slot_move.h: a batch of slots exported by one server state and
+ * installed into another holds the same variables (parameters, optimizer slots, versions) and
+ * table rows (parameters, optimizer slots, update times), and the source's exactly-once
+ * windows under the stream keys; the source's drop leaves exactly the other slots; a package
+ * damaged anywhere, or for other slots, is refused with nothing installed; an install
+ * repeated (a resumed move) ends the same. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "slot_move.h"
+#include "slots.h"
+#include "status.h"
+#include "table.h"
+#include "table_ckpt.h"
+
+#define NEL 300
+#define NVARS 40
+#define NROWS 3000
+#define CLIENT 0x1234567890abcdefull
+
+static void state_init(server_state *st, uint32_t task)
+{
+    memset(st, 0, sizeof(*st));
+    st->task_index = task;
+    st->num_servers = 2;
+    st->vars = store_create();
+    st->dedup = dedup_create(1024);
+    st->sync = sync_create(0, 10000, true, 64);
+    assert_non_null(st->vars);
+    assert_non_null(st->dedup);
+}
+
+static void state_fini(server_state *st)
+{
+    server_tables_free(st);
+    store_destroy(st->vars);
+    dedup_destroy(st->dedup);
+    sync_destroy(st->sync);
+}
+
+static void add_var(server_state *st, const char *name, float scale)
+{
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {NEL};
+    spec.name = (char *)name;
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_ADAM;
+    spec.learning_rate = 0.01;
+    spec.beta1 = 0.9;
+    spec.beta2 = 0.999;
+    spec.epsilon = 1e-8;
+    spec.staleness = -1;
+    spec.num_servers = st->num_servers;
+    char err[256];
+    variable *v = variable_create(&spec, NEL, 0, NEL, err, sizeof(err));
+    if (v == NULL)
+        fail_msg("variable_create: %s", err);
+    for (size_t i = 0; i < NEL; i++) {
+        v->params[i] = (float)i * scale;
+        for (size_t s = 0; s < v->nslots; s++)
+            v->slots[s][i] = (float)(i + s) * 0.5f * scale;
+    }
+    atomic_store(&v->version, (uint64_t)(scale * 10));
+    variable *in = store_insert(st->vars, v);
+    assert_ptr_equal(in, v);
+    variable_release(in);
+}
+
+static table *add_table(server_state *st)
+{
+    Psd__V1__TableSpec ts = PSD__V1__TABLE_SPEC__INIT;
+    ts.name = "emb";
+    ts.dim = 4;
+    ts.optimizer = PSD__V1__OPTIMIZER__OPT_ADAGRAD;
+    ts.learning_rate = 0.1;
+    ts.initial_accumulator = 0.1;
+    ts.epsilon = 1e-8;
+    ts.staleness = -1;
+    ts.num_servers = st->num_servers;
+    uint8_t spec[256];
+    size_t len = psd__v1__table_spec__pack(&ts, spec);
+    table *t = NULL;
+    char err[512];
+    if (server_table_make(st, spec, len, &t, err, sizeof(err)) != 0)
+        fail_msg("server_table_make: %s", err);
+    assert_int_equal(server_table_register(st, t, spec, len), 0);
+    return t;
+}
+
+/* Fills t with the rows of ids 0..NROWS whose owner under the static map of 2 is `task`. */
+static void fill_rows(table *t, uint32_t task)
+{
+    slot_map m = slots_static(SLOTS_DEFAULT, 2);
+    uint32_t rf = table_row_floats(t);
+    float row[64];
+    for (int64_t id = 0; id < NROWS; id++) {
+        if (slots_row_owner(&m, "emb", id) != task)
+            continue;
+        for (uint32_t k = 0; k < rf; k++)
+            row[k] = (float)id * 0.25f + (float)k;
+        assert_int_equal(table_insert_row(t, id, row, 1700000000000 + id), TABLE_OK);
+    }
+}
+
+/* The batch: every fourth slot (half of task 0's under s mod 2). */
+static void batch(uint64_t *bits)
+{
+    memset(bits, 0, SLOTS_DEFAULT / 8);
+    for (uint32_t s = 0; s < SLOTS_DEFAULT; s += 4)
+        bits[s / 64] |= UINT64_C(1) << (s % 64);
+}
+
+static uint64_t rows_of(server_state *st)
+{
+    table_entry *e = registry_find(st, "emb");
+    assert_non_null(e);
+    table_stats ts;
+    table_stats_get(e->t, &ts);
+    registry_put(e);
+    return ts.rows;
+}
+
+static bool has_var(server_state *st, const char *name)
+{
+    variable *v = store_find(st->vars, name);
+    if (v)
+        variable_release(v);
+    return v != NULL;
+}
+
+static void test_export_install_drop(void **state)
+{
+    (void)state;
+    server_state a, b;
+    state_init(&a, 0);
+    state_init(&b, 1);
+    char name[32];
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        add_var(&a, name, (float)(i + 1));
+    }
+    fill_rows(add_table(&a), 0);
+    fill_rows(add_table(&b), 1);
+    for (uint64_t s = 1; s <= 10; s++)
+        assert_int_equal(dedup_begin(a.dedup, CLIENT, s), DEDUP_NEW);
+    uint64_t bits[SLOTS_DEFAULT / 64];
+    batch(bits);
+    uint64_t a_rows = rows_of(&a), b_rows = rows_of(&b);
+
+    uint8_t *pkg = NULL;
+    size_t len = 0;
+    slot_move_counts ec, ic;
+    char err[512];
+    assert_int_equal(slot_move_export(&a, bits, &pkg, &len, &ec, err, sizeof(err)), STATUS_OK);
+    assert_true(ec.rows > 0 && ec.rows < a_rows);
+    assert_true(ec.variables > 0 && ec.variables < NVARS);
+    assert_int_equal(ec.windows, 1);
+    assert_int_equal(ec.bytes, len);
+
+    /* Damaged anywhere (a byte of each 97), cut short, for other slots, of another source:
+     * refused, nothing installed. */
+    for (size_t at = 0; at < len; at += 97) {
+        pkg[at] ^= 0x40;
+        assert_int_not_equal(slot_move_install(&b, 0, bits, pkg, len, NULL, err, sizeof(err)),
+                             STATUS_OK);
+        pkg[at] ^= 0x40;
+    }
+    assert_int_equal(slot_move_install(&b, 0, bits, pkg, len - 8, NULL, err, sizeof(err)),
+                     STATUS_INVALID_ARGUMENT);
+    uint64_t other[SLOTS_DEFAULT / 64];
+    batch(other);
+    other[0] |= 2; /* slot 1 too */
+    assert_int_equal(slot_move_install(&b, 0, other, pkg, len, NULL, err, sizeof(err)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_int_equal(slot_move_install(&b, 1, bits, pkg, len, NULL, err, sizeof(err)),
+                     STATUS_INVALID_ARGUMENT);
+    assert_int_equal(rows_of(&b), b_rows);
+    assert_int_equal(dedup_begin(b.dedup, slots_stream_client(CLIENT, 0), 5), DEDUP_NEW);
+    dedup_unmark(b.dedup, slots_stream_client(CLIENT, 0), 5);
+
+    /* Installed, twice (a resumed move): the same. */
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(slot_move_install(&b, 0, bits, pkg, len, &ic, err, sizeof(err)),
+                         STATUS_OK);
+        assert_int_equal(ic.rows, ec.rows);
+        assert_int_equal(ic.variables, ec.variables);
+        assert_int_equal(rows_of(&b), b_rows + ec.rows);
+    }
+    free(pkg);
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        bool in = slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT));
+        assert_int_equal(has_var(&b, name), in);
+        if (!in)
+            continue;
+        variable *x = store_find(a.vars, name), *y = store_find(b.vars, name);
+        assert_int_equal(x->nslots, y->nslots);
+        assert_int_equal(atomic_load(&x->version), atomic_load(&y->version));
+        assert_null(spec_diff(x->spec, y->spec, NULL, 0));
+        assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+        for (size_t s = 0; s < x->nslots; s++)
+            assert_memory_equal(x->slots[s], y->slots[s], NEL * sizeof(float));
+        variable_release(x);
+        variable_release(y);
+    }
+    /* Every moved row is the same on both, update time included. */
+    table_entry *ea = registry_find(&a, "emb"), *eb = registry_find(&b, "emb");
+    table_rows ra, rb;
+    assert_int_equal(server_table_slot_rows(ea->t, bits, SLOTS_DEFAULT, &ra), 0);
+    assert_int_equal(server_table_slot_rows(eb->t, bits, SLOTS_DEFAULT, &rb), 0);
+    assert_int_equal(ra.n, ec.rows);
+    assert_int_equal(rb.n, ec.rows);
+    for (size_t i = 0; i < ra.n; i++) {
+        size_t j = 0;
+        while (j < rb.n && rb.ids[j] != ra.ids[i])
+            j++;
+        assert_true(j < rb.n);
+        assert_int_equal(ra.updated_ms[i], rb.updated_ms[j]);
+        assert_memory_equal(ra.floats + i * ra.row_floats, rb.floats + j * rb.row_floats,
+                            ra.row_floats * sizeof(float));
+    }
+    table_rows_free(&ra);
+    table_rows_free(&rb);
+    registry_put(ea);
+    registry_put(eb);
+
+    /* The source's window, under the stream key: its seqs are duplicates, newer ones new;
+     * the client's own window on the target is untouched. */
+    uint64_t k = slots_stream_client(CLIENT, 0);
+    for (uint64_t s = 1; s <= 10; s++)
+        assert_int_equal(dedup_begin(b.dedup, k, s), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_begin(b.dedup, k, 11), DEDUP_NEW);
+    assert_int_equal(dedup_begin(b.dedup, CLIENT, 1), DEDUP_NEW);
+
+    /* The source drops the batch: the other slots stay. */
+    assert_int_equal(slot_move_drop(&a, bits), ec.rows + ec.variables);
+    assert_int_equal(rows_of(&a), a_rows - ec.rows);
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        assert_int_equal(has_var(&a, name),
+                         !slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT)));
+    }
+    state_fini(&a);
+    state_fini(&b);
+}
+
+/* Stream keys: never the client's own id, one per source. */
+static void test_stream_keys(void **state)
+{
+    (void)state;
+    for (uint64_t c = 1; c < 1000; c++) {
+        assert_true(slots_stream_client(c, 0) != c);
+        assert_true(slots_stream_client(c, 0) != slots_stream_client(c, 1));
+        assert_int_equal(slots_stream_client(c, 7), slots_stream_client(c, 7));
+    }
+}
+
+int main(void)
+{
+    log_init("test", -1, LOG_ERROR, LOG_FORMAT_TEXT);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_export_install_drop),
+        cmocka_unit_test(test_stream_keys),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
