@@ -53,6 +53,8 @@ const rpc_method server_methods[] = {
      handle_table_pull, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
      handle_table_push, RPC_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__TABLE_PREFETCH, "TablePrefetch", &psd__v1__table_prefetch_request__descriptor,
+     handle_table_prefetch, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
      handle_table_export, RPC_ADMIN | RPC_POOL},
     /* Replication's own (the cluster token); replica_start puts its handler in its table. */

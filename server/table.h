@@ -196,6 +196,13 @@ void table_row_from_legacy(const table *t, const float *legacy, float *out);
  * a row's current parameters, or its initializer row when it has none (no row is made). */
 void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 
+/* Brings the rows of ids[0..n) that are on disk (a table with a cold tier) back to RAM, first
+ * in the LRU order, so that a pull or push of them soon after finds them there: what a pull
+ * does with them, without reading a row out (no lookup or cold hit counted; promotions are).
+ * An id with no row makes none. Returns the number of rows brought; 0 for a table all in RAM,
+ * or when memory for the call runs out (a prefetch is a hint). */
+size_t table_prefetch(table *t, const int64_t *ids, size_t n);
+
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
  * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
  * made (evicting under max_rows) or counted as min_count says, their update time set to now_ms.

@@ -372,6 +372,59 @@ static void test_limits_and_removal(void **state)
     table_destroy(t);
 }
 
+/* table_prefetch brings cold rows to RAM (promotions counted, no lookup or cold hit), so that
+ * the following pull finds them there; ids with no row make none; rows are unchanged. */
+static void test_prefetch(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    table_spec s = spec_of("cold_pre", 4, OPTIMIZER_ADAGRAD, 160);
+    table *t = make(&s);
+    float g[4] = {0.5f, -0.5f, 0.25f, 1.0f};
+    for (int64_t id = 0; id < 400; id++)
+        push_ok(t, &id, 1, g, 10 * id);
+    table_stats st, before;
+    table_stats_get(t, &before);
+    assert_true(before.rows_disk > 0);
+    /* The oldest eight are on disk (each partition keeps its 20 most recent in RAM). */
+    int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float want[8 * 4], got[8 * 4];
+    assert_int_equal(table_prefetch(t, ids, 8), 8);
+    table_stats_get(t, &st);
+    assert_int_equal(st.promotions, before.promotions + 8);
+    assert_int_equal(st.cold_hits, before.cold_hits);
+    assert_int_equal(st.lookups, before.lookups);
+    assert_int_equal(st.rows, before.rows);
+    /* Again: they are in RAM now, nothing to bring. */
+    assert_int_equal(table_prefetch(t, ids, 8), 0);
+    /* The pull finds them in RAM: no cold hit. */
+    before = st;
+    table_pull(t, ids, 8, got);
+    table_stats_get(t, &st);
+    assert_int_equal(st.cold_hits, before.cold_hits);
+    assert_int_equal(st.lookups, before.lookups + 8);
+    assert_int_equal(st.lookup_misses, before.lookup_misses);
+    /* The same rows as a table wholly in RAM given the same pushes. */
+    table_spec rs = spec_of("cold_pre", 4, OPTIMIZER_ADAGRAD, 0);
+    table *r = make(&rs);
+    for (int64_t id = 0; id < 400; id++)
+        push_ok(r, &id, 1, g, 10 * id);
+    table_pull(r, ids, 8, want);
+    assert_memory_equal(want, got, sizeof(got));
+    assert_int_equal(table_prefetch(r, ids, 8), 0); /* a table all in RAM: nothing */
+    table_destroy(r);
+
+    /* Ids with no row make none. */
+    int64_t absent[3] = {100000, 100001, -5};
+    before = st;
+    assert_int_equal(table_prefetch(t, absent, 3), 0);
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, before.rows);
+    assert_int_equal(st.rows_created, before.rows_created);
+    table_destroy(t);
+}
+
 /* A budget of cap bytes. */
 typedef struct cap_budget {
     uint64_t used, cap;
@@ -587,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_same_as_in_ram),     cmocka_unit_test(test_cut_and_restore),
         cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
         cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_prefetch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
