@@ -322,6 +322,17 @@ int table_cut_finish(table_cut *c);
 bool table_cut_is_delta(const table_cut *c);
 /* The copy of partition part (after table_cut_finish), or NULL when out of range. */
 const table_rows *table_cut_rows(const table_cut *c, uint32_t part);
+/* table_cut_finish without the rows on disk of a table with a cold tier: table_cut_rows then
+ * gives each partition's RAM rows only, and its rows on disk (as of the cut: older than its
+ * RAM rows, so written before them) are read from the cut's snapshot one partition at a time
+ * by table_cut_cold_rows, so that a checkpoint never holds every cold row in memory.
+ * table_cut_cold_count: how many a partition has (0 for a table all in RAM).
+ * table_cut_cold_rows: reads them into *out (free with table_rows_free), once per partition
+ * (its snapshot is released); returns 0, or -1 when they could not be read, memory ran out or
+ * their number is not table_cut_cold_count's (*out empty). */
+int table_cut_finish_ram(table_cut *c);
+uint64_t table_cut_cold_count(const table_cut *c, uint32_t part);
+int table_cut_cold_rows(table_cut *c, uint32_t part, table_rows *out);
 /* Frees the cut and its copies. NULL is a no-op. */
 void table_cut_free(table_cut *c);
 
