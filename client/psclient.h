@@ -599,6 +599,7 @@ typedef struct ps_table_info {
     uint64_t rows_disk;        /* of rows, those on disk (a table with ram_rows) */
     uint64_t promotions;       /* rows moved from disk into RAM */
     uint64_t demotions;        /* rows moved from RAM to disk */
+    uint64_t cold_hits;        /* ids pulled or pushed that were on disk (prefetched ones not) */
 } ps_table_info;
 
 /* Fills *out (its struct_size set) for the table `name` from every server's ServerStatus.

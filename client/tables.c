@@ -528,6 +528,7 @@ int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out)
             sum.rows_updated += t->rows_updated;
             sum.rows_disk += t->rows_disk;
             sum.promotions += t->promotions;
+            sum.cold_hits += t->cold_hits;
             sum.demotions += t->demotions;
         }
         client_free_replies(&reply, 1);
