@@ -6,12 +6,14 @@
  * and one client:
  *   fill       makes the ROWS rows by first touch (pushes of BATCH sequential ranks): rows/s;
  *   warm-up    pushes, then pulls, K batches of BATCH ids drawn Zipf(S) over the ROWS ids;
- *   pull       pulls the same K batches again: ids/s (a batch's duplicates counted, as a client
- *              sends them) and the RAM hit rate, 1 - cold hits / lookups of the servers'
- *              counters over the phase (ps_table_info: distinct ids of each request);
- *   pull+pre   the same pulls, each batch's TablePrefetch started before the pull of the
- *              batch before it (ps_table_prefetch_async): what prefetching the next step saves;
- *   push       pushes the K batches: ids/s, and the hit rate over the distinct ids sent;
+ *   pull       pulls K fresh batches (new draws of the same distribution): ids/s (a batch's
+ *              duplicates counted, as a client sends them) and the RAM hit rate, 1 - cold
+ *              hits / lookups of the servers' counters over the phase (ps_table_info: the
+ *              distinct ids of each request);
+ *   pull+pre   K fresh batches pulled, each batch's TablePrefetch started before the pull of
+ *              the batch before it (ps_table_prefetch_async): what prefetching the next step
+ *              saves;
+ *   push       pushes K fresh batches: ids/s, and the hit rate over the distinct ids sent;
  *   ckpt full  a checkpoint (Checkpoint RPC, answered once durable): seconds and bytes written;
  *   ckpt 1%    ROWS/100 rows updated (every 100th rank), then a checkpoint: seconds and bytes
  *              (a delta for the table in RAM; a table with a cold tier is written whole).
@@ -76,6 +78,9 @@ static ps_client *open_client(const test_cluster *tc)
     ps_config_set(cfg, "cluster", tf);
     ps_config_set(cfg, "deadline-ms", "3600000");
     ps_config_set(cfg, "max-message-bytes", "256M");
+    /* No resend while a long call (a checkpoint of a large table) runs: each would start
+     * another checkpoint. */
+    ps_config_set(cfg, "resend-ms", "3600000");
     if (ps_client_open(&cl, cfg) != PS_OK) {
         fprintf(stderr, "ps_client_open: %s\n", ps_last_error());
         cl = NULL;
@@ -231,8 +236,10 @@ static double checkpoint(ps_client *cl)
     return now_s() - t0;
 }
 
+/* ids: 4 sets of K batches (warm-up, pull, pull+pre, push), drawn independently. */
 static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
 {
+    const size_t set = (size_t)c->batch * c->batches;
     memset(res, 0, sizeof(*res));
     char cold_dir[600], ck_dir[600], cmd[1300];
     snprintf(cold_dir, sizeof(cold_dir), "%s/ps-cold-wire-%d-cold", c->dir, (int)getpid());
@@ -298,7 +305,7 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
     ps_table_info i0, i1;
     const double nids = (double)b * c->batches;
     if (info(cl, &i0) != PS_OK ||
-        (t = calls(tb, false, false, ids, b, c->batches, g, out, dim)) < 0 ||
+        (t = calls(tb, false, false, ids + set, b, c->batches, g, out, dim)) < 0 ||
         info(cl, &i1) != PS_OK)
         goto done;
     res->pull = nids / t;
@@ -307,7 +314,8 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
                                             : 1.0;
     fprintf(stderr, "%s: pull %.0f ids/s, RAM hit %.4f\n", mode, res->pull, res->pull_hit);
     i0 = i1;
-    if ((t = calls(tb, false, true, ids, b, c->batches, g, out, dim)) < 0 || info(cl, &i1) != PS_OK)
+    if ((t = calls(tb, false, true, ids + 2 * set, b, c->batches, g, out, dim)) < 0 ||
+        info(cl, &i1) != PS_OK)
         goto done;
     res->pull_pre = nids / t;
     res->pre_hit = i1.lookups > i0.lookups ? 1.0 - (double)(i1.cold_hits - i0.cold_hits) /
@@ -315,10 +323,11 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
                                            : 1.0;
     fprintf(stderr, "%s: pull with prefetch %.0f ids/s\n", mode, res->pull_pre);
     i0 = i1;
-    if ((t = calls(tb, true, false, ids, b, c->batches, g, out, dim)) < 0 || info(cl, &i1) != PS_OK)
+    if ((t = calls(tb, true, false, ids + 3 * set, b, c->batches, g, out, dim)) < 0 ||
+        info(cl, &i1) != PS_OK)
         goto done;
     res->push = nids / t;
-    uint64_t dist = distinct_ids(ids, b, c->batches);
+    uint64_t dist = distinct_ids(ids + 3 * set, b, c->batches);
     res->push_hit = dist ? 1.0 - (double)(i1.cold_hits - i0.cold_hits) / (double)dist : 1.0;
     res->rows_disk = i1.rows_disk;
     fprintf(stderr, "%s: push %.0f ids/s, RAM hit %.4f\n", mode, res->push, res->push_hit);
@@ -419,7 +428,7 @@ int main(int argc, char **argv)
                 (unsigned long long)c.rows);
         return 1;
     }
-    size_t nids = (size_t)c.batch * c.batches;
+    size_t nids = 4 * (size_t)c.batch * c.batches; /* warm-up, pull, pull+pre, push */
     int64_t *ids = malloc(nids * sizeof(*ids));
     if (ids == NULL)
         return 1;
