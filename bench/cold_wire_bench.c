@@ -14,7 +14,9 @@
  *              the batch before it (ps_table_prefetch_async): what prefetching the next step
  *              saves;
  *   push       pushes K fresh batches: ids/s, and the hit rate over the distinct ids sent;
- *   ckpt full  a checkpoint (Checkpoint RPC, answered once durable): seconds and bytes written;
+ *   ckpt full  a checkpoint (Checkpoint RPC, answered once durable): seconds and bytes written,
+ *              and the server's peak resident memory during it above its resident memory
+ *              before (its peak reset first: /proc/PID/clear_refs);
  *   ckpt 1%    ROWS/100 rows updated (every 100th rank), then a checkpoint: seconds and bytes
  *              (a delta for the table in RAM; a table with a cold tier is written whole).
  * The RAM mode is skipped with --no-ram (a table too large for this machine's memory).
@@ -65,6 +67,8 @@ typedef struct result {
     double ck_s, ck1_s;                 /* seconds: full checkpoint, after a 1% change */
     uint64_t ck_bytes, ck1_bytes;
     uint64_t rows_disk;
+    double ck_rss_mb; /* the server's peak resident memory during the full checkpoint, above its
+                       * resident memory before it (MB; -1: not readable) */
 } result;
 
 static ps_client *open_client(const test_cluster *tc)
@@ -225,6 +229,34 @@ static uint64_t new_bytes(const char *dir, char **seen, size_t *seen_len)
     return n;
 }
 
+/* Resident (VmRSS) or peak resident (VmHWM) bytes of process pid; 0 when unreadable. */
+static uint64_t proc_mem(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    uint64_t v = 0;
+    size_t fl = strlen(field);
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, field, fl) == 0 && line[fl] == ':')
+            v = strtoull(line + fl + 1, NULL, 10) * 1024;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Resets the peak resident size of pid to its resident size now (clear_refs 5). */
+static bool reset_peak(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/clear_refs", (int)pid);
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return false;
+    bool ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
 static double checkpoint(ps_client *cl)
 {
     double t0 = now_s();
@@ -332,14 +364,22 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
     res->rows_disk = i1.rows_disk;
     fprintf(stderr, "%s: push %.0f ids/s, RAM hit %.4f\n", mode, res->push, res->push_hit);
     (void)new_bytes(ck_dir, &seen, &seen_len);
+    pid_t spid = tc.pids[0];
+    bool peak = reset_peak(spid);
+    uint64_t rss0 = proc_mem(spid, "VmRSS");
     if ((res->ck_s = checkpoint(cl)) < 0)
         goto done;
+    uint64_t hwm = proc_mem(spid, "VmHWM");
+    res->ck_rss_mb = peak && rss0 && hwm >= rss0 ? (double)(hwm - rss0) / 1e6 : -1;
     res->ck_bytes = new_bytes(ck_dir, &seen, &seen_len);
     if (push_ranks(tb, c->rows, 100, b, g) < 0 || (res->ck1_s = checkpoint(cl)) < 0)
         goto done;
     res->ck1_bytes = new_bytes(ck_dir, &seen, &seen_len);
-    fprintf(stderr, "%s: checkpoint %.2f s %.1f MB; after 1%%: %.2f s %.1f MB\n", mode, res->ck_s,
-            (double)res->ck_bytes / 1e6, res->ck1_s, (double)res->ck1_bytes / 1e6);
+    fprintf(stderr,
+            "%s: checkpoint %.2f s %.1f MB (server peak memory +%.1f MB during it); after 1%%: "
+            "%.2f s %.1f MB\n",
+            mode, res->ck_s, (double)res->ck_bytes / 1e6, res->ck_rss_mb, res->ck1_s,
+            (double)res->ck1_bytes / 1e6);
     res->ran = true;
     rc = 0;
 done:
@@ -455,8 +495,8 @@ int main(int argc, char **argv)
     }
     free(ids);
     printf("| table | fill rows/s | pull ids/s | RAM hit | pull+prefetch ids/s | RAM hit | push "
-           "ids/s | RAM hit | ckpt s | ckpt MB | ckpt after 1%% s | MB |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "ids/s | RAM hit | ckpt s | ckpt MB | ckpt peak mem +MB | ckpt after 1%% s | MB |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int m = 0; m < 2; m++) {
         if (!r[m].ran)
             continue;
@@ -469,10 +509,10 @@ int main(int argc, char **argv)
         char label[32];
         snprintf(label, sizeof(label), "ram_rows %u%%", c.pct);
         printf("| %s | %.0f%s | %.0f%s | %.4f | %.0f%s | %.4f | %.0f%s | %.4f | %.2f | %.1f | "
-               "%.2f | %.1f |\n",
+               "%.1f | %.2f | %.1f |\n",
                m ? label : "in RAM", r[m].fill, f, r[m].pull, pl, r[m].pull_hit, r[m].pull_pre, pp,
                r[m].pre_hit, r[m].push, ps, r[m].push_hit, r[m].ck_s, (double)r[m].ck_bytes / 1e6,
-               r[m].ck1_s, (double)r[m].ck1_bytes / 1e6);
+               r[m].ck_rss_mb, r[m].ck1_s, (double)r[m].ck1_bytes / 1e6);
     }
     if (r[1].ran)
         printf("rows on disk at the end (cold): %llu of %llu\n", (unsigned long long)r[1].rows_disk,
