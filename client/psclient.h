@@ -559,6 +559,16 @@ int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, 
                         void *arg, ps_op **out_op);
 int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
                         ps_done_fn cb, void *arg, ps_op **out_op);
+/* Prefetch: brings the rows of ids[0..n) that a table with a cold tier (ram_rows) keeps on
+ * disk back to RAM on their servers, so that a pull or push of them soon after (the next
+ * step's, named while this one computes) finds them there. Split by owning server like a
+ * pull, each distinct id sent once; an id with no row makes none, and a table all in RAM does
+ * nothing. A hint: no row is read out and no parameter changes. *cold (may be NULL): how many
+ * rows came from disk, summed over the servers. Blocks. */
+int ps_table_prefetch(ps_table *t, const int64_t *ids, size_t n, uint64_t *cold);
+/* The asynchronous form, as ps_table_pull_async (ids must stay valid until it completes). */
+int ps_table_prefetch_async(ps_table *t, const int64_t *ids, size_t n, ps_done_fn cb, void *arg,
+                            ps_op **out_op);
 /* Ids one request of t carries at most (from max-message-bytes and the server's limit). */
 size_t ps_table_max_ids(const ps_table *t);
 /* Admin (as ps_checkpoint): a page of the rows table t has on server `server`: their ids into
@@ -589,6 +599,7 @@ typedef struct ps_table_info {
     uint64_t rows_disk;        /* of rows, those on disk (a table with ram_rows) */
     uint64_t promotions;       /* rows moved from disk into RAM */
     uint64_t demotions;        /* rows moved from RAM to disk */
+    uint64_t cold_hits;        /* ids pulled or pushed that were on disk (prefetched ones not) */
 } ps_table_info;
 
 /* Fills *out (its struct_size set) for the table `name` from every server's ServerStatus.

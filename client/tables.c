@@ -1,6 +1,7 @@
-/* Sparse tables: create, lookup, pull and push. A pull or push splits its ids by owning server
- * (slots_row_owner), cuts each server's list into requests of at most max_ids ids, sends
- * them all at once and scatters the rows back into the caller's order. */
+/* Sparse tables: create, lookup, pull, push and prefetch. A pull, push or prefetch splits its
+ * ids by owning server (slots_row_owner), cuts each server's list into requests of at most
+ * max_ids ids, sends them all at once and scatters the rows back into the caller's order. */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -202,15 +203,21 @@ typedef struct table_part {
     uint64_t seq;
 } table_part;
 
+/* What a table call sends (TablePull, TablePush, TablePrefetch). */
+typedef enum { CALL_PULL, CALL_PUSH, CALL_PREFETCH } call_kind;
+
 typedef struct table_call {
     ps_table *t;
     ps_op *op;
-    bool push;
-    const int64_t *ids; /* the ids sent: the caller's, or its distinct ids (dups) */
-    const float *grads; /* the gradients sent: the caller's, or their sums per distinct id */
-    float *rows;        /* the caller's rows */
-    size_t *order;      /* indexes into ids, grouped by server */
-    id_dups *dups;      /* NULL when the caller's ids were distinct */
+    call_kind kind;
+    bool push;             /* kind == CALL_PUSH */
+    _Atomic uint64_t cold; /* a prefetch: rows the servers brought from disk, summed */
+    uint64_t *cold_out;    /* where the sum goes when the call completes, or NULL */
+    const int64_t *ids;    /* the ids sent: the caller's, or its distinct ids (dups) */
+    const float *grads;    /* the gradients sent: the caller's, or their sums per distinct id */
+    float *rows;           /* the caller's rows */
+    size_t *order;         /* indexes into ids, grouped by server */
+    id_dups *dups;         /* NULL when the caller's ids were distinct */
     size_t nparts;
     table_part parts[];
 } table_call;
@@ -222,8 +229,9 @@ static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     ps_client *c = tc->t->c;
     size_t dim = tc->t->dim;
     envelope env;
-    client_envelope(c, &env, tc->push ? PSD__V1__METHOD__TABLE_PUSH : PSD__V1__METHOD__TABLE_PULL,
-                    deadline_ms);
+    static const int methods[] = {PSD__V1__METHOD__TABLE_PULL, PSD__V1__METHOD__TABLE_PUSH,
+                                  PSD__V1__METHOD__TABLE_PREFETCH};
+    client_envelope(c, &env, methods[tc->kind], deadline_ms);
     env.seq = p->seq;
     /* Rows and gradients in the wire dtype; count: the segment's length in its elements. */
     size_t esize = frame_dtype_size(c->wire_dtype);
@@ -234,10 +242,14 @@ static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     env.tensor = &tm;
     Psd__V1__TablePushRequest push = PSD__V1__TABLE_PUSH_REQUEST__INIT;
     Psd__V1__TablePullRequest pull = PSD__V1__TABLE_PULL_REQUEST__INIT;
-    push.name = pull.name = tc->t->name;
-    push.n = pull.n = p->count;
+    Psd__V1__TablePrefetchRequest pre = PSD__V1__TABLE_PREFETCH_REQUEST__INIT;
+    push.name = pull.name = pre.name = tc->t->name;
+    push.n = pull.n = pre.n = p->count;
+    ProtobufCMessage *body = tc->kind == CALL_PUSH   ? &push.base
+                             : tc->kind == CALL_PULL ? &pull.base
+                                                     : &pre.base;
     uint8_t *seg;
-    int rv = client_build_segment(&env, tc->push ? &push.base : &pull.base, seglen, &seg, out);
+    int rv = client_build_segment(&env, body, seglen, &seg, out);
     if (rv != 0)
         return rv;
     const size_t *ord = tc->order + p->start;
@@ -258,7 +270,19 @@ static void table_part_done(void *arg, int status, const char *message, const fr
     size_t dim = tc->t->dim;
     int dtype = tc->t->c->wire_dtype;
     size_t esize = frame_dtype_size(dtype);
-    if (status == STATUS_OK && !tc->push) {
+    if (status == STATUS_OK && tc->kind == CALL_PREFETCH) {
+        Psd__V1__TablePrefetchReply *r =
+            reply == NULL ? NULL
+                          : psd__v1__table_prefetch_reply__unpack(NULL, reply->env->body.len,
+                                                                  reply->env->body.data);
+        if (r == NULL) {
+            status = STATUS_INTERNAL;
+            message = "TablePrefetch reply could not be decoded";
+        } else {
+            atomic_fetch_add(&tc->cold, r->cold);
+            psd__v1__table_prefetch_reply__free_unpacked(r, NULL);
+        }
+    } else if (status == STATUS_OK && tc->kind == CALL_PULL) {
         if (reply == NULL || reply->env->tensor == NULL || !reply->has_segment ||
             (int)reply->env->tensor->dtype != dtype ||
             reply->segment_len != p->count * dim * esize) {
@@ -298,14 +322,26 @@ static void table_call_free(void *arg)
     free(tc);
 }
 
-/* Starts the call (its requests all in flight) and returns its op in *out_op. */
-static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n,
-                            const float *grads, float *rows, ps_done_fn cb, void *arg,
-                            ps_op **out_op)
+/* A prefetch's completion: the servers' counts summed into the caller's *cold_out. */
+static void table_call_complete(void *arg, int status)
 {
-    const char *fn = push ? "ps_table_push" : "ps_table_pull";
+    table_call *tc = arg;
+    if (tc->cold_out != NULL)
+        *tc->cold_out = status == STATUS_OK ? atomic_load(&tc->cold) : 0;
+}
+
+/* Starts the call (its requests all in flight) and returns its op in *out_op; a prefetch's
+ * count of rows brought from disk goes to *cold_out (when not NULL) as it completes. */
+static int table_call_start(ps_table *t, call_kind kind, const int64_t *ids, size_t n,
+                            const float *grads, float *rows, uint64_t *cold_out, ps_done_fn cb,
+                            void *arg, ps_op **out_op)
+{
+    static const char *fns[] = {"ps_table_pull", "ps_table_push", "ps_table_prefetch"};
+    const char *fn = fns[kind];
+    const bool push = kind == CALL_PUSH;
     if (t == NULL || out_op == NULL ||
-        (n > 0 && (ids == NULL || (push ? grads == NULL : rows == NULL))))
+        (n > 0 && (ids == NULL || (kind == CALL_PUSH && grads == NULL) ||
+                   (kind == CALL_PULL && rows == NULL))))
         return client_fail(PS_INVALID_ARGUMENT, "%s: NULL argument", fn);
     ps_client *c = t->c;
     size_t max_ids = ps_table_max_ids(t);
@@ -370,6 +406,8 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
     free(fill);
     free(owner);
     tc->t = t;
+    tc->cold_out = cold_out;
+    tc->kind = kind;
     tc->push = push;
     tc->ids = ids;
     tc->grads = grads;
@@ -388,15 +426,15 @@ static int table_call_start(ps_table *t, bool push, const int64_t *ids, size_t n
         }
     tc->nparts = k;
     free(count);
-    return client_op_fanout(c, cb, arg, tc, table_call_free, NULL, tc->nparts, table_call_send_all,
-                            out_op);
+    return client_op_fanout(c, cb, arg, tc, table_call_free, table_call_complete, tc->nparts,
+                            table_call_send_all, out_op);
 }
 
-static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, const float *grads,
-                          float *rows)
+static int table_call_run(ps_table *t, call_kind kind, const int64_t *ids, size_t n,
+                          const float *grads, float *rows)
 {
     ps_op *op;
-    int rc = table_call_start(t, push, ids, n, grads, rows, NULL, NULL, &op);
+    int rc = table_call_start(t, kind, ids, n, grads, rows, NULL, NULL, NULL, &op);
     if (rc != PS_OK)
         return rc;
     rc = ps_op_wait(op);
@@ -406,24 +444,44 @@ static int table_call_run(ps_table *t, bool push, const int64_t *ids, size_t n, 
 
 int ps_table_pull(ps_table *t, const int64_t *ids, size_t n, float *rows)
 {
-    return table_call_run(t, false, ids, n, NULL, rows);
+    return table_call_run(t, CALL_PULL, ids, n, NULL, rows);
 }
 
 int ps_table_push(ps_table *t, const int64_t *ids, size_t n, const float *grads)
 {
-    return table_call_run(t, true, ids, n, grads, NULL);
+    return table_call_run(t, CALL_PUSH, ids, n, grads, NULL);
 }
 
 int ps_table_pull_async(ps_table *t, const int64_t *ids, size_t n, float *rows, ps_done_fn cb,
                         void *arg, ps_op **out_op)
 {
-    return table_call_start(t, false, ids, n, NULL, rows, cb, arg, out_op);
+    return table_call_start(t, CALL_PULL, ids, n, NULL, rows, NULL, cb, arg, out_op);
 }
 
 int ps_table_push_async(ps_table *t, const int64_t *ids, size_t n, const float *grads,
                         ps_done_fn cb, void *arg, ps_op **out_op)
 {
-    return table_call_start(t, true, ids, n, grads, NULL, cb, arg, out_op);
+    return table_call_start(t, CALL_PUSH, ids, n, grads, NULL, NULL, cb, arg, out_op);
+}
+
+int ps_table_prefetch_async(ps_table *t, const int64_t *ids, size_t n, ps_done_fn cb, void *arg,
+                            ps_op **out_op)
+{
+    return table_call_start(t, CALL_PREFETCH, ids, n, NULL, NULL, NULL, cb, arg, out_op);
+}
+
+int ps_table_prefetch(ps_table *t, const int64_t *ids, size_t n, uint64_t *cold)
+{
+    uint64_t sum = 0;
+    ps_op *op;
+    int rc = table_call_start(t, CALL_PREFETCH, ids, n, NULL, NULL, &sum, NULL, NULL, &op);
+    if (rc != PS_OK)
+        return rc;
+    rc = ps_op_wait(op);
+    ps_op_destroy(op);
+    if (cold != NULL)
+        *cold = rc == PS_OK ? sum : 0;
+    return rc;
 }
 
 /* ServerStatus of one server for its tables: `variable` names the table (no variable has its
@@ -474,6 +532,7 @@ int ps_table_info_get(ps_client *c, const char *name, ps_table_info *out)
             sum.rows_updated += t->rows_updated;
             sum.rows_disk += t->rows_disk;
             sum.promotions += t->promotions;
+            sum.cold_hits += t->cold_hits;
             sum.demotions += t->demotions;
         }
         client_free_replies(&reply, 1);

@@ -218,14 +218,33 @@ static int write_rows(ckpt_writer *w, const table_rows *r)
     return 0;
 }
 
+/* Partition p's rows on disk (a table with a cold tier), read from the cut's snapshot now and
+ * freed once written: one partition's at a time in memory. */
+static int write_cold_rows(ckpt_writer *w, const server_table_copy *t, uint32_t p)
+{
+    if (table_cut_cold_count(t->cut, p) == 0)
+        return 0;
+    table_rows cold;
+    if (table_cut_cold_rows(t->cut, p, &cold) != 0)
+        return errf(w->err, w->errlen,
+                    "table \"%s\": cannot read the rows on disk of partition %u (the cold "
+                    "store's read failed, or memory ran out)",
+                    t->name, p);
+    int rc = write_rows(w, &cold);
+    table_rows_free(&cold);
+    return rc;
+}
+
 static int write_table(ckpt_writer *w, const server_table_copy *t)
 {
     if (ckw_rec_begin(w, CKPT_REC_TABLE, table_payload_len(t)) ||
         ckw_u32(w, (uint32_t)t->spec_len) || ckw_put(w, t->spec, t->spec_len) ||
         ckw_u32(w, t->row_floats) || ckw_u32(w, 0) || ckw_u64(w, t->rows))
         return -1;
+    /* Each partition's rows on disk first: they are older than its RAM rows, so a restore
+     * inserting in file order rebuilds both tiers. */
     for (uint32_t p = 0; p < t->nparts; p++)
-        if (write_rows(w, &t->parts[p]))
+        if (write_cold_rows(w, t, p) || write_rows(w, &t->parts[p]))
             return -1;
     return ckw_rec_end(w);
 }

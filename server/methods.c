@@ -39,6 +39,7 @@ GATED(handle_assign)
 GATED(handle_step)
 GATED(handle_table_pull)
 GATED(handle_table_push)
+GATED(handle_table_prefetch)
 
 const rpc_method server_methods[] = {
     {PSD__V1__METHOD__CREATE_VARIABLE, "CreateVariable",
@@ -75,6 +76,8 @@ const rpc_method server_methods[] = {
      gated_handle_table_pull, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_PUSH, "TablePush", &psd__v1__table_push_request__descriptor,
      gated_handle_table_push, RPC_SEGMENT | RPC_LOGGED},
+    {PSD__V1__METHOD__TABLE_PREFETCH, "TablePrefetch", &psd__v1__table_prefetch_request__descriptor,
+     gated_handle_table_prefetch, RPC_SEGMENT},
     {PSD__V1__METHOD__TABLE_EXPORT, "TableExport", &psd__v1__table_export_request__descriptor,
      handle_table_export, RPC_ADMIN | RPC_POOL},
     /* Moving slots between live servers: psctl's (admin), and the servers' own (the cluster

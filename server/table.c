@@ -510,9 +510,13 @@ static bool cold_read_one(table *t, partition *p, int64_t id, unsigned char *val
  * shared; then the others, of every partition that has rows on disk, read from disk in one
  * batch for the whole call (no lock held); then per such partition, under its lock, those rows
  * promoted (read again first when its rows on disk changed meanwhile). Returns false when
- * memory runs out (no row written). */
-static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
+ * memory runs out (no row written).
+ * out NULL: a prefetch (table_prefetch): no row written, no lookup or cold hit counted, the
+ * promoted rows first in the LRU order (the next step uses them), their number in *promoted. */
+static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t *promoted)
 {
+    const bool prefetch = out == NULL;
+    size_t nprom = 0;
     const size_t vb = table_cold_value_bytes(t);
     uint64_t *hashes = malloc(n * sizeof(*hashes));
     uint32_t *order = malloc(n * sizeof(*order)), *miss = malloc(n * sizeof(*miss));
@@ -548,13 +552,15 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
         moves[q] = p->cold_moves;
         for (uint32_t e = starts[q]; e < starts[q + 1]; e++) {
             uint32_t i = order[e];
-            count_add(&p->lookups, 1);
+            if (!prefetch)
+                count_add(&p->lookups, 1);
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
             if (slot1 != 0) {
-                row_dtype_widen(t->dtype, out + i * (size_t)t->dim,
-                                row_params(row_at(t, p, slot1 - 1)), t->dim);
+                if (!prefetch)
+                    row_dtype_widen(t->dtype, out + i * (size_t)t->dim,
+                                    row_params(row_at(t, p, slot1 - 1)), t->dim);
             } else if (!cold) {
-                init[i] = true;
+                init[i] = !prefetch;
             } else {
                 miss[nm] = i;
                 mids[nm] = ids[i];
@@ -579,10 +585,11 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
         uint64_t gen = p->cold_gen;
         for (uint32_t k = m0; k < m0 + cnt; k++) {
             uint32_t i = miss[k];
-            float *dst = out + i * (size_t)t->dim;
+            float *dst = prefetch ? NULL : out + i * (size_t)t->dim;
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
             if (slot1 != 0) { /* promoted since (a duplicate), or made */
-                row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
+                if (!prefetch)
+                    row_dtype_widen(t->dtype, dst, row_params(row_at(t, p, slot1 - 1)), t->dim);
                 continue;
             }
             const unsigned char *val = vals + (size_t)k * vb;
@@ -594,7 +601,12 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
                 val = one;
             }
             if (!have) {
-                init[i] = true;
+                init[i] = !prefetch;
+                continue;
+            }
+            if (prefetch) {
+                if (row_promote(t, p, ids[i], hashes[i], val, true, &slot1) == TABLE_OK)
+                    nprom++;
                 continue;
             }
             count_add(&p->cold_hits, 1);
@@ -622,7 +634,19 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out)
     free(init);
     free(vals);
     free(one);
+    if (promoted != NULL)
+        *promoted = nprom;
     return ok;
+}
+
+size_t table_prefetch(table *t, const int64_t *ids, size_t n)
+{
+    size_t promoted = 0;
+    if (t->cold == NULL || n == 0 || n > UINT32_MAX)
+        return 0;
+    /* Out of memory for the call's arrays: nothing brought (a prefetch is a hint). */
+    (void)pull_cold(t, ids, n, NULL, &promoted);
+    return promoted;
 }
 
 /* Ids looked up together within a partition: their index entries, then their rows, are
@@ -683,12 +707,12 @@ static void pull_each(table *t, const int64_t *ids, size_t n, float *out)
 void table_pull(table *t, const int64_t *ids, size_t n, float *out)
 {
     if (t->cold != NULL && n > 0) {
-        if (pull_cold(t, ids, n, out))
+        if (pull_cold(t, ids, n, out, NULL))
             return;
         /* Out of memory for the call's arrays: one id at a time (small ones), so that a row on
          * disk is still read; only when even that fails, from RAM alone below. */
         size_t i = 0;
-        while (i < n && pull_cold(t, ids + i, 1, out + i * (size_t)t->dim))
+        while (i < n && pull_cold(t, ids + i, 1, out + i * (size_t)t->dim, NULL))
             i++;
         if (i == n)
             return;

@@ -196,6 +196,13 @@ void table_row_from_legacy(const table *t, const float *legacy, float *out);
  * a row's current parameters, or its initializer row when it has none (no row is made). */
 void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 
+/* Brings the rows of ids[0..n) that are on disk (a table with a cold tier) back to RAM, first
+ * in the LRU order, so that a pull or push of them soon after finds them there: what a pull
+ * does with them, without reading a row out (no lookup or cold hit counted; promotions are).
+ * An id with no row makes none. Returns the number of rows brought; 0 for a table all in RAM,
+ * or when memory for the call runs out (a prefetch is a hint). */
+size_t table_prefetch(table *t, const int64_t *ids, size_t n);
+
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be
  * unaligned, host-order float32). Duplicates summed, then one update per distinct row, rows
  * made (evicting under max_rows) or counted as min_count says, their update time set to now_ms.
@@ -315,6 +322,17 @@ int table_cut_finish(table_cut *c);
 bool table_cut_is_delta(const table_cut *c);
 /* The copy of partition part (after table_cut_finish), or NULL when out of range. */
 const table_rows *table_cut_rows(const table_cut *c, uint32_t part);
+/* table_cut_finish without the rows on disk of a table with a cold tier: table_cut_rows then
+ * gives each partition's RAM rows only, and its rows on disk (as of the cut: older than its
+ * RAM rows, so written before them) are read from the cut's snapshot one partition at a time
+ * by table_cut_cold_rows, so that a checkpoint never holds every cold row in memory.
+ * table_cut_cold_count: how many a partition has (0 for a table all in RAM).
+ * table_cut_cold_rows: reads them into *out (free with table_rows_free), once per partition
+ * (its snapshot is released); returns 0, or -1 when they could not be read, memory ran out or
+ * their number is not table_cut_cold_count's (*out empty). */
+int table_cut_finish_ram(table_cut *c);
+uint64_t table_cut_cold_count(const table_cut *c, uint32_t part);
+int table_cut_cold_rows(table_cut *c, uint32_t part, table_rows *out);
 /* Frees the cut and its copies. NULL is a no-op. */
 void table_cut_free(table_cut *c);
 

@@ -87,14 +87,16 @@ int server_tables_copy_finish(server_table_copy *c, size_t n)
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         server_table_copy *tc = &c[i];
-        if (tc->cut == NULL || table_cut_finish(tc->cut) != 0) {
+        /* Rows on disk stay in the cut's snapshots: the writer reads them a partition at a
+         * time (table_cut_cold_rows). */
+        if (tc->cut == NULL || table_cut_finish_ram(tc->cut) != 0) {
             rc = -1;
             continue;
         }
         tc->parts = table_cut_rows(tc->cut, 0);
         tc->rows = tc->removed = 0;
         for (uint32_t p = 0; p < tc->nparts; p++) {
-            tc->rows += tc->parts[p].n;
+            tc->rows += tc->parts[p].n + table_cut_cold_count(tc->cut, p);
             tc->removed += tc->parts[p].nremoved;
         }
     }

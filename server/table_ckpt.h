@@ -14,10 +14,13 @@ typedef struct server_table_copy {
     uint8_t *spec;
     size_t spec_len;
     uint32_t row_floats, nparts;
-    uint64_t rows;                  /* rows copied (after server_tables_copy_finish) */
+    uint64_t rows;                  /* rows copied (after server_tables_copy_finish), those
+                                     * on disk included (read as they are written) */
     uint64_t removed;               /* removed ids copied (delta cuts) */
     bool delta;                     /* changes since the cut `base`, else every row */
-    const struct table_rows *parts; /* [nparts], after server_tables_copy_finish */
+    const struct table_rows *parts; /* [nparts], after server_tables_copy_finish: RAM rows;
+                                     * a partition's rows on disk come from table_cut_cold_rows
+                                     * on cut */
     struct table_cut *cut;
     const char *name;  /* the table's (held by the cut) */
     uint8_t *sketch;   /* its admission sketches as of the cut (table_sketch_save) */

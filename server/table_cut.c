@@ -10,7 +10,9 @@
  *
  * A table with a cold tier: every cut is whole; a partition's copy also takes a snapshot of the
  * cold store under its lock (O(1)), whose rows of that partition are read outside the lock
- * (table_cut_finish) and put before its RAM rows (they are older). */
+ * (table_cut_finish) and put before its RAM rows (they are older), or left in the snapshot
+ * for the checkpoint writer to read one partition at a time (table_cut_finish_ram,
+ * table_cut_cold_rows), so that a checkpoint never holds every cold row in memory. */
 #include "table_cut.h"
 
 #include <stdatomic.h>
@@ -30,6 +32,7 @@ typedef struct raw_part {
     uint32_t lru_tail;
     size_t count;
     cold_snapshot *snap; /* the cold store as of the copy (a table with a cold tier) */
+    uint64_t cold_n;     /* the partition's rows on disk at the copy (in snap) */
 } raw_part;
 
 struct table_cut {
@@ -37,6 +40,7 @@ struct table_cut {
     uint64_t base; /* the chain cut this one may be a delta of (0: whole) */
     uint64_t id;   /* this cut's id; 0: a snapshot cut */
     bool delta, started, finished;
+    bool cold_later; /* finished by table_cut_finish_ram: cold rows still in the snapshots */
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
     raw_part *raw;     /* [t->nparts] */
@@ -212,6 +216,7 @@ static int copy_raw(table *t, partition *p, raw_part *raw)
     raw->count = p->ix.count;
     if (t->cold != NULL && p->cold_rows > 0 && (raw->snap = cold_store_snapshot(t->cold)) == NULL)
         return -1;
+    raw->cold_n = raw->snap != NULL ? p->cold_rows : 0;
     if (p->nslabs == 0 || p->ix.count == 0)
         return 0;
     if (raw->bytes == NULL || raw->cap < p->nslabs) {
@@ -361,11 +366,14 @@ table *table_cut_table(const table_cut *c)
     return c->t;
 }
 
-int table_cut_finish(table_cut *c)
+/* table_cut_finish and table_cut_finish_ram: cold_later leaves the cold rows in the
+ * partitions' snapshots. */
+static int cut_finish(table_cut *c, bool cold_later)
 {
     table *t = c->t;
     if (!c->started)
         return -1;
+    c->cold_later = cold_later;
     for (uint32_t q = 0; q < t->nparts; q++) {
         partition *p = &t->parts[q];
         table_write_lock(t, p); /* copies p if no change did first */
@@ -377,7 +385,7 @@ int table_cut_finish(table_cut *c)
             table_rows_free(&c->parts[q]);
             atomic_store(&c->failed, true);
         }
-        if (c->raw[q].snap != NULL) {
+        if (c->raw[q].snap != NULL && !cold_later) {
             if (!atomic_load(&c->failed) && prepend_cold(t, q, c->raw[q].snap, &c->parts[q]) != 0) {
                 table_rows_free(&c->parts[q]);
                 atomic_store(&c->failed, true);
@@ -391,6 +399,45 @@ int table_cut_finish(table_cut *c)
         c->parts[q].row_floats = t->row_floats;
     }
     return atomic_load(&c->failed) ? -1 : 0;
+}
+
+int table_cut_finish(table_cut *c)
+{
+    return cut_finish(c, false);
+}
+
+int table_cut_finish_ram(table_cut *c)
+{
+    return cut_finish(c, true);
+}
+
+uint64_t table_cut_cold_count(const table_cut *c, uint32_t part)
+{
+    if (!c->cold_later || part >= c->t->nparts)
+        return 0;
+    return c->raw[part].cold_n; /* 0 when the copy took no snapshot */
+}
+
+int table_cut_cold_rows(table_cut *c, uint32_t part, table_rows *out)
+{
+    table *t = c->t;
+    memset(out, 0, sizeof(*out));
+    out->row_floats = t->row_floats;
+    out->full = true;
+    if (!c->cold_later || part >= t->nparts || c->raw[part].snap == NULL)
+        return 0;
+    raw_part *raw = &c->raw[part];
+    int rc =
+        table_cold_rows(t, part, raw->snap, &out->n, &out->ids, &out->updated_ms, &out->floats);
+    cold_snapshot_release(t->cold, raw->snap);
+    raw->snap = NULL;
+    if (rc == 0 && out->n != raw->cold_n) /* the count the record's length was made from */
+        rc = -1;
+    if (rc != 0) {
+        table_rows_free(out);
+        out->row_floats = t->row_floats;
+    }
+    return rc;
 }
 
 bool table_cut_is_delta(const table_cut *c)
@@ -409,7 +456,7 @@ void table_cut_free(table_cut *c)
         return;
     table *t = c->t;
     if (c->started && !c->finished)
-        (void)table_cut_finish(c); /* no partition may still point at c */
+        (void)cut_finish(c, true); /* no partition may still point at c */
     for (uint32_t q = 0; q < t->nparts; q++) {
         table_rows_free(&c->parts[q]);
         free(c->raw[q].bytes);

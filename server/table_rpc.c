@@ -1,5 +1,6 @@
-/* Sparse tables over the wire: the handlers of TableCreate, TableLookup, TablePull, TablePush
- * and TableExport (proto/README.md "Sparse tables"), over the registry (table_registry.h). */
+/* Sparse tables over the wire: the handlers of TableCreate, TableLookup, TablePull, TablePush,
+ * TablePrefetch and TableExport (proto/README.md "Sparse tables"), over the registry
+ * (table_registry.h). */
 #include "table_rpc.h"
 
 #include <stdatomic.h>
@@ -134,13 +135,17 @@ static table_entry *resolve_table(server_state *st, rpc_call *call, const char *
     return e;
 }
 
-/* Checks a TablePull/TablePush's n and segment (ids, then for a push n rows of gradients in
- * the segment's dtype, FLOAT32 or BFLOAT16: the frame layer refused any other), copies the ids
- * (aligned) into *ids_out and checks this server owns each. Replies with the error and returns
- * false otherwise. */
-static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t n, bool push,
+/* What a request with ids carries and answers (table_ids). */
+typedef enum { IDS_PULL, IDS_PUSH, IDS_PREFETCH } ids_kind;
+
+/* Checks a TablePull/TablePush/TablePrefetch's n and segment (ids, then for a push n rows of
+ * gradients in the segment's dtype, FLOAT32 or BFLOAT16: the frame layer refused any other),
+ * copies the ids (aligned) into *ids_out and checks this server owns each. Replies with the
+ * error and returns false otherwise. */
+static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t n, ids_kind kind,
                       int64_t **ids_out, const uint8_t **grads_out)
 {
+    const bool push = kind == IDS_PUSH;
     const char *name = table_name(e->t);
     uint64_t dim = table_dim(e->t);
     const envelope *env = rpc_call_envelope(call);
@@ -170,7 +175,7 @@ static bool table_ids(server_state *st, rpc_call *call, table_entry *e, uint64_t
                             name, seglen, (unsigned long long)n, (unsigned long long)want);
         return false;
     }
-    if (!push && esize * n * dim + 4096 > rpc_call_max_message(call)) {
+    if (kind == IDS_PULL && esize * n * dim + 4096 > rpc_call_max_message(call)) {
         rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
                         "table \"%s\": %llu rows of dim %llu would exceed max-message-bytes (%zu) "
                         "in the reply; pull fewer ids per request",
@@ -244,7 +249,7 @@ void handle_table_pull(rpc_call *call, void *arg)
     int64_t *ids;
     if (e == NULL)
         return;
-    if (!table_ids(st, call, e, req->n, false, &ids, NULL)) {
+    if (!table_ids(st, call, e, req->n, IDS_PULL, &ids, NULL)) {
         registry_put(e);
         return;
     }
@@ -296,7 +301,7 @@ void handle_table_push(rpc_call *call, void *arg)
         rpc_reply_ok(call, &rep.base);
         return;
     }
-    if (!table_ids(st, call, e, req->n, true, &ids, &grads)) {
+    if (!table_ids(st, call, e, req->n, IDS_PUSH, &ids, &grads)) {
         registry_put(e);
         return;
     }
@@ -312,6 +317,26 @@ void handle_table_push(rpc_call *call, void *arg)
     }
     Psd__V1__TablePushReply rep = PSD__V1__TABLE_PUSH_REPLY__INIT;
     rep.duplicate = dup;
+    rpc_reply_ok(call, &rep.base);
+}
+
+void handle_table_prefetch(rpc_call *call, void *arg)
+{
+    server_state *st = arg;
+    const Psd__V1__TablePrefetchRequest *req = (const void *)rpc_call_body(call);
+    table_entry *e = resolve_table(st, call, req->name);
+    int64_t *ids;
+    if (e == NULL)
+        return;
+    if (!table_ids(st, call, e, req->n, IDS_PREFETCH, &ids, NULL)) {
+        registry_put(e);
+        return;
+    }
+    /* No staleness wait: it reads no row out, and changes no parameter. */
+    Psd__V1__TablePrefetchReply rep = PSD__V1__TABLE_PREFETCH_REPLY__INIT;
+    rep.cold = table_prefetch(e->t, ids, (size_t)req->n);
+    free(ids);
+    registry_put(e);
     rpc_reply_ok(call, &rep.base);
 }
 

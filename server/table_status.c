@@ -60,6 +60,7 @@ int server_tables_status(server_state *st, const char *only, Psd__V1__TableStatu
         x->rows_updated = s.rows_updated;
         x->rows_disk = s.rows_disk;
         x->promotions = s.promotions;
+        x->cold_hits = s.cold_hits;
         x->demotions = s.demotions;
         ts[k++] = x;
     }

@@ -317,6 +317,7 @@ static int run_training(program *prog, const identity *id, backend *be, const mo
     tc.batch_size = (int)opt_int(o, OPT_BATCH_SIZE);
     tc.epochs = (int)opt_int(o, OPT_EPOCHS);
     tc.steps = opt_int(o, OPT_STEPS);
+    tc.embed_ram_rows = (uint64_t)opt_int(o, OPT_EMBED_RAM_ROWS);
     const char *edt = opt_enum(o, OPT_EMBED_DTYPE);
     tc.embed_dtype = strcmp(edt, "bfloat16") == 0  ? PS_BFLOAT16
                      : strcmp(edt, "float16") == 0 ? PS_FLOAT16

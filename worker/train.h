@@ -29,7 +29,8 @@ typedef struct train_config {
     int epochs;
     int64_t steps; /* > 0 overrides epochs */
     ps_optimizer optimizer;
-    ps_dtype embed_dtype; /* --model embbag-mlp: how the servers store the table's rows */
+    ps_dtype embed_dtype;    /* --model embbag-mlp: how the servers store the table's rows */
+    uint64_t embed_ram_rows; /* --model embbag-mlp: the table's ram_rows (0: all in RAM) */
     double lr;
     double momentum;
     bool nesterov;

@@ -66,6 +66,7 @@ static int create_cluster_state(emb_trainer *t)
     ts.momentum = cfg->momentum;
     ts.nesterov = cfg->nesterov;
     ts.dtype = cfg->embed_dtype;
+    ts.ram_rows = cfg->embed_ram_rows;
     int rc = ps_table_create(t->client, &ts, &t->table);
     if (rc != PS_OK) {
         log_error("creating table %s: %s: %s", name, ps_strerror(rc), ps_last_error());
@@ -120,6 +121,35 @@ static int on_grad(model *m, int i, void *arg)
     if (rc != PS_OK)
         log_error("push %s: %s: %s", p->name, ps_strerror(rc), ps_last_error());
     return rc;
+}
+
+/* The ids and labels of step's batch (batch examples of dim ids) into idb and yb, the shard
+ * shuffled for its epoch first (*shuffled: the last epoch shuffled for). */
+static void draw_batch(const dataset *train, data_shard *shard, int *shuffled, int64_t per_epoch,
+                       int batch, int64_t step, int64_t *idb, int32_t *yb)
+{
+    int epoch = (int)(step / per_epoch);
+    while (*shuffled < epoch)
+        data_shard_shuffle(shard, (uint64_t)++ * shuffled);
+    const uint32_t *order = shard->index + (size_t)(step % per_epoch) * (size_t)batch;
+    for (int i = 0; i < batch; i++) {
+        memcpy(idb + (size_t)i * train->dim, train->ids + (size_t)order[i] * train->dim,
+               train->dim * sizeof(int64_t));
+        yb[i] = train->y[order[i]];
+    }
+}
+
+/* Waits for the prefetch in flight (*op, if any) and frees it: a hint, so a failure is only
+ * logged. */
+static void end_prefetch(ps_op **op)
+{
+    if (*op == NULL)
+        return;
+    int st = ps_op_wait(*op);
+    if (st != PS_OK)
+        log_warn("table prefetch: %s: %s", ps_strerror(st), ps_op_message(*op));
+    ps_op_destroy(*op);
+    *op = NULL;
 }
 
 /* Maps a batch (the ids of count examples) to row numbers in x, pulls and sets its rows and
@@ -250,9 +280,15 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
     float *xb = malloc(entries * sizeof(float));
     int64_t *idb = malloc(entries * sizeof(int64_t));
     int32_t *yb = malloc((size_t)cfg->batch_size * sizeof(int32_t));
+    /* With a cold tier, the next batch is drawn a step ahead (its ids prefetched). */
+    const bool prefetch = cfg->embed_ram_rows > 0;
+    int64_t *idb_next = prefetch ? malloc(entries * sizeof(int64_t)) : NULL;
+    int32_t *yb_next = prefetch ? malloc((size_t)cfg->batch_size * sizeof(int32_t)) : NULL;
+    ps_op *prefetch_op = NULL;
     t.rows = malloc(entries * dim * sizeof(float));
     t.grads = malloc(entries * dim * sizeof(float));
     if (xb == NULL || idb == NULL || yb == NULL || t.rows == NULL || t.grads == NULL ||
+        (prefetch && (idb_next == NULL || yb_next == NULL)) ||
         embbag_ids_init(&t.ids, entries) != 0) {
         log_error("out of memory for a batch of %d", cfg->batch_size);
         goto out;
@@ -287,18 +323,29 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
             goto out;
         }
         int epoch = (int)(step / per_epoch);
-        while (shuffled < epoch)
-            data_shard_shuffle(&shard, (uint64_t)++shuffled);
-        const uint32_t *order = shard.index + (size_t)(step % per_epoch) * (size_t)batch;
-        for (int i = 0; i < batch; i++) {
-            memcpy(idb + (size_t)i * train->dim, train->ids + (size_t)order[i] * train->dim,
-                   train->dim * sizeof(int64_t));
-            yb[i] = train->y[order[i]];
+        if (!prefetch || step == 0) {
+            draw_batch(train, &shard, &shuffled, per_epoch, batch, step, idb, yb);
+        } else { /* drawn a step ago */
+            int64_t *ti = idb;
+            int32_t *ty = yb;
+            idb = idb_next, yb = yb_next;
+            idb_next = ti, yb_next = ty;
         }
         uint64_t c0 = time_now_ns();
         if ((rc = prepare_batch(&t, idb, xb, yb, batch, true)) != PS_OK) {
             exit_code = rc < 0 ? TRAIN_EXIT_FAILED : exit_for(rc);
             goto out;
+        }
+        if (prefetch && step + 1 < total) {
+            /* The next batch's rows come from disk on the servers while this step computes. */
+            end_prefetch(&prefetch_op);
+            draw_batch(train, &shard, &shuffled, per_epoch, batch, step + 1, idb_next, yb_next);
+            int prc = ps_table_prefetch_async(t.table, idb_next, (size_t)batch * train->dim, NULL,
+                                              NULL, &prefetch_op);
+            if (prc != PS_OK) {
+                log_warn("table prefetch: %s: %s", ps_strerror(prc), ps_last_error());
+                prefetch_op = NULL;
+            }
         }
         rows_pulled += t.ids.n;
         uint64_t c1 = time_now_ns();
@@ -390,12 +437,15 @@ int train_embbag_run(ps_client *client, backend *be, const train_config *cfg, bo
     }
     exit_code = TRAIN_EXIT_OK;
 out:
+    end_prefetch(&prefetch_op);
     wait_ops(&t, MODEL_MAX_PARAMS, "push");
     ps_table_free(t.table);
     embbag_ids_fini(&t.ids);
     free(xb);
     free(idb);
     free(yb);
+    free(idb_next);
+    free(yb_next);
     free(t.rows);
     free(t.grads);
     data_shard_free(&shard);

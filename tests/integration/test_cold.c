@@ -6,8 +6,12 @@
  * (b) after a checkpoint, SIGKILL and a restart, the restored cold table is again equal to the
  *     restored table in RAM (rows and optimizer state: further pushes agree too);
  * (c) a cold-dir that does not exist: the server exits 2 naming it; a server without cold-dir
- *     refuses a table with ram_rows, naming the setting.
- * (a) and (b) skip, saying why, when the build has no RocksDB. */
+ *     refuses a table with ram_rows, naming the setting;
+ * (d) a prefetch (ps_table_prefetch, TablePrefetch) of cold ids brings their rows to RAM, so
+ *     that the following pull counts no cold hit (/metrics: psd_table_cold_hits_total,
+ *     psd_table_promotions_total); ids not in the table make no row; an unknown table, too
+ *     many ids and an id of another server are refused with named errors.
+ * (a), (b) and (d) skip, saying why, when the build has no RocksDB. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -272,6 +276,132 @@ static void test_cold_dir_errors(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A raw TablePrefetch of n ids (seg: seglen bytes) of table name: the reply's status, its
+ * message in msg. */
+static int raw_prefetch(int port, const char *name, uint64_t n, const void *seg, size_t seglen,
+                        char *msg, size_t cap)
+{
+    Psd__V1__TablePrefetchRequest req = PSD__V1__TABLE_PREFETCH_REQUEST__INIT;
+    req.name = (char *)name;
+    req.n = n;
+    uint8_t body[512];
+    size_t blen = psd__v1__table_prefetch_request__pack(&req, body);
+    envelope env = PSD__V1__ENVELOPE__INIT;
+    Psd__V1__TensorMeta tm = PSD__V1__TENSOR_META__INIT;
+    tm.dtype = PSD__V1__DTYPE__FLOAT32;
+    tm.count = seglen / 4;
+    env.tensor = &tm;
+    env.method = PSD__V1__METHOD__TABLE_PREFETCH;
+    env.request_id = 1;
+    env.worker_id = -1;
+    env.body.data = body;
+    env.body.len = blen;
+    frame f;
+    nng_msg *m;
+    int st = test_raw_call(port, &env, seg, seglen, &f, &m);
+    if (st < -999)
+        return st;
+    snprintf(msg, cap, "%s", f.env->message ? f.env->message : "");
+    frame_fini(&f);
+    nng_msg_free(m);
+    return st;
+}
+
+/* The table's counter from /metrics. */
+static double table_counter(int hport, const char *counter, const char *table)
+{
+    char *body = NULL, series[256];
+    assert_int_equal(test_http_get(hport, "/metrics", &body), 200);
+    snprintf(series, sizeof(series), "%s{table=\"%s\"}", counter, table);
+    double v = sample(body, series);
+    free(body);
+    return v;
+}
+
+static void test_prefetch(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    enum { ROWS = 6000, RAM = 3200, PB = 500, PRE = 64 };
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-pre");
+    char cold_dir[300];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    start(&p, cold_dir);
+    int hport = p.port + 1000 > 65000 ? p.port - 1000 : p.port + 1000;
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    ps_table_spec s;
+    ps_table_spec_init(&s, "cold/pre", DIM, PS_OPT_ADAGRAD);
+    s.ram_rows = RAM;
+    ps_table *t = NULL;
+    assert_int_equal(ps_table_create(c, &s, &t), PS_OK);
+    static int64_t ids[ROWS];
+    static float g[PB * DIM], rows[PRE * DIM];
+    for (int64_t i = 0; i < ROWS; i++)
+        ids[i] = i;
+    for (size_t i = 0; i < PB * DIM; i++)
+        g[i] = 0.125f;
+    for (size_t off = 0; off < ROWS; off += PB)
+        assert_int_equal(ps_table_push(t, ids + off, PB, g), PS_OK);
+
+    /* The first pushed are on disk (each partition keeps its ~50 latest in RAM). */
+    double hits0 = table_counter(hport, "psd_table_cold_hits_total", "cold/pre");
+    double prom0 = table_counter(hport, "psd_table_promotions_total", "cold/pre");
+    uint64_t cold = 0;
+    assert_int_equal(ps_table_prefetch(t, ids, PRE, &cold), PS_OK);
+    double prom1 = table_counter(hport, "psd_table_promotions_total", "cold/pre");
+    fprintf(stderr, "prefetch: %llu of %d ids were on disk; promotions %g -> %g\n",
+            (unsigned long long)cold, PRE, prom0, prom1);
+    assert_true(cold > PRE / 2);
+    assert_true(prom1 - prom0 == (double)cold);
+    assert_true(table_counter(hport, "psd_table_cold_hits_total", "cold/pre") == hits0);
+    /* The asynchronous form, of the same ids (now in RAM: nothing to bring), with
+     * duplicates. */
+    ps_op *op = NULL;
+    int64_t dup[4] = {0, 0, 1, 0};
+    assert_int_equal(ps_table_prefetch_async(t, dup, 4, NULL, NULL, &op), PS_OK);
+    assert_int_equal(ps_op_wait(op), PS_OK);
+    ps_op_destroy(op);
+    /* The following pull finds every row in RAM. */
+    assert_int_equal(ps_table_pull(t, ids, PRE, rows), PS_OK);
+    assert_true(table_counter(hport, "psd_table_cold_hits_total", "cold/pre") == hits0);
+    assert_true(table_counter(hport, "psd_table_promotions_total", "cold/pre") == prom1);
+
+    /* Ids not in the table make no row. */
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(c, "cold/pre", &info), PS_OK);
+    uint64_t before = info.rows;
+    int64_t absent[3] = {1000000, 1000001, -7};
+    assert_int_equal(ps_table_prefetch(t, absent, 3, &cold), PS_OK);
+    assert_int_equal(cold, 0);
+    assert_int_equal(ps_table_info_get(c, "cold/pre", &info), PS_OK);
+    assert_int_equal(info.rows, before);
+
+    /* Bad input, named. */
+    char msg[512];
+    int64_t one = 5;
+    assert_int_equal(raw_prefetch(p.port, "cold/nope", 1, &one, 8, msg, sizeof(msg)), PS_NOT_FOUND);
+    fprintf(stderr, "unknown table: %s\n", msg);
+    assert_non_null(strstr(msg, "cold/nope"));
+    assert_int_equal(raw_prefetch(p.port, "cold/pre", (1ull << 22) + 1, &one, 8, msg, sizeof(msg)),
+                     PS_INVALID_ARGUMENT);
+    fprintf(stderr, "too many ids: %s\n", msg);
+    assert_non_null(strstr(msg, "ids (must be 1.."));
+    assert_int_equal(raw_prefetch(p.port, "cold/pre", 2, &one, 8, msg, sizeof(msg)),
+                     PS_INVALID_ARGUMENT);
+    fprintf(stderr, "short segment: %s\n", msg);
+    assert_non_null(strstr(msg, "segment"));
+    ps_table_free(t);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -282,6 +412,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_dir_errors),
         cmocka_unit_test(test_same_as_ram_and_restore),
+        cmocka_unit_test(test_prefetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
 #       The test accuracy worker 0 prints must beat the majority-class baseline (the training
 #       set's most frequent section, scored on the test set, computed here) by 0.15. Also: the
 #       worker refuses --model embbag-mlp without sparse files, and a file with a bad id, with
-#       exit code 2 and a message naming the problem, as it refuses --save-model with it.
+#       exit code 2 and a message naming the problem, as it refuses --save-model with it. Then
+#       the same training with the table mostly on disk (--embed-ram-rows, the servers'
+#       cold-dir), the next batch's ids prefetched each step: the same accuracy bound.
 #
 # Exit 77 (skipped) when apt has no Packages list (apt-get update never ran) or Debian's
 # /usr/bin/python3 is missing.
@@ -61,6 +63,27 @@ acc=$(sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' "$tmp/run.out")
 awk -v a="$acc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
     fail "test accuracy $acc is not 0.15 above the majority baseline $baseline"
 echo "ok: test accuracy $acc against majority baseline $baseline"
+
+# The same with the table mostly on disk: 2,000 rows in RAM per server (the servers' cold-dir
+# from PS_COLD_DIR), each step prefetching the next batch's ids. Skipped without RocksDB.
+mkdir "$tmp/cold"
+PS_COLD_DIR="$tmp/cold" "$PS_LOCAL" --ps 2 --workers 1 --timeout 120 -- --model embbag-mlp \
+    --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" --layers "32,64,$classes" \
+    --batch-size 64 --epochs 3 --lr 0.003 --log-every 100 --embed-ram-rows 2000 \
+    >"$tmp/cold.out" 2>"$tmp/cold.err"
+rc=$?
+if [ $rc -ne 0 ] && grep -q "built without RocksDB" "$tmp/cold.err"; then
+    echo "skip: the cold tier (built without RocksDB)"
+else
+    [ $rc -eq 0 ] || fail "ps-local with --embed-ram-rows exited $rc: $(tail -20 "$tmp/cold.err")"
+    grep -q "table prefetch" "$tmp/cold.err" &&
+        fail "a prefetch failed: $(grep "table prefetch" "$tmp/cold.err" | head -3)"
+    cacc=$(sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' "$tmp/cold.out")
+    [ -n "$cacc" ] || fail "no test_accuracy line with --embed-ram-rows: $(cat "$tmp/cold.out")"
+    awk -v a="$cacc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
+        fail "with --embed-ram-rows: test accuracy $cacc is not 0.15 above $baseline"
+    echo "ok: with 2000 rows in RAM per server and prefetching, test accuracy $cacc"
+fi
 
 # Configuration errors: exit 2 with a message naming the problem.
 cfg='{"cluster":{"ps":["127.0.0.1:1"],"worker":["127.0.0.1:2"]},"task":{"type":"worker","index":0}}'

@@ -300,6 +300,79 @@ static void test_cut_and_restore(void **state)
     table_destroy(r);
 }
 
+/* A cut finished without its rows on disk (table_cut_finish_ram, as the checkpoint writer
+ * takes it): each partition's cold rows read from the cut's snapshot one partition at a time
+ * (table_cut_cold_rows, once), then its RAM rows, rebuild the table as it was at the cut, even
+ * with pushes and promotions after it began. */
+static void test_cut_streamed(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    table_spec s = spec_of("cold_stream", 4, OPTIMIZER_ADAGRAD, 100);
+    table *t = make(&s);
+    enum { N = 1000 };
+    int64_t ids[N];
+    float *g = malloc(N * 4 * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        ids[i] = i * 7919 + 3;
+        for (int k = 0; k < 4; k++)
+            g[i * 4 + k] = rnd_grad();
+    }
+    push_ok(t, ids, N, g, 10);
+    push_ok(t, ids, N / 3, g, 20);
+    all_rows before = rows_of(t);
+    table_cut *c = table_cut_begin(t, 0, table_cut_id_new(), true);
+    assert_non_null(c);
+    /* After the cut began: pushes, and a prefetch (promotions), are not in it. */
+    push_ok(t, ids + 500, 100, g, 30);
+    assert_true(table_prefetch(t, ids, 200) > 0);
+    assert_int_equal(table_cut_finish_ram(c), 0);
+    table_spec s2 = spec_of("cold_stream", 4, OPTIMIZER_ADAGRAD, 100);
+    table *r = make(&s2);
+    uint64_t ncold = 0, nram = 0;
+    for (uint32_t p = 0; p < table_partitions(t); p++) {
+        table_rows cold;
+        uint64_t want = table_cut_cold_count(c, p);
+        assert_int_equal(table_cut_cold_rows(c, p, &cold), 0);
+        assert_int_equal(cold.n, want);
+        const table_rows *ram = table_cut_rows(c, p);
+        const table_rows *parts[2] = {&cold, ram};
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < parts[k]->n; i++)
+                assert_int_equal(table_insert_row(r, parts[k]->ids[i],
+                                                  parts[k]->floats + i * parts[k]->row_floats,
+                                                  parts[k]->updated_ms[i]),
+                                 TABLE_OK);
+        ncold += cold.n;
+        nram += ram->n;
+        table_rows_free(&cold);
+        /* Read once: its snapshot is released. */
+        assert_int_equal(table_cut_cold_count(c, p), want);
+        assert_int_equal(table_cut_cold_rows(c, p, &cold), 0);
+        assert_int_equal(cold.n, 0);
+    }
+    fprintf(stderr, "streamed cut: %llu rows on disk, %llu in RAM\n", (unsigned long long)ncold,
+            (unsigned long long)nram);
+    assert_true(ncold > N / 2);
+    assert_int_equal(ncold + nram, N);
+    all_rows after = rows_of(r);
+    assert_int_equal(after.n, before.n);
+    assert_memory_equal(after.ids, before.ids, N * sizeof(int64_t));
+    assert_memory_equal(after.upd, before.upd, N * sizeof(int64_t));
+    assert_memory_equal(after.rows, before.rows, N * before.w * sizeof(float));
+    table_cut_free(c);
+    /* A cut freed before it is read releases its snapshots. */
+    c = table_cut_begin(t, 0, table_cut_id_new(), true);
+    assert_int_equal(table_cut_finish_ram(c), 0);
+    table_cut_free(c);
+    rows_free(&before);
+    rows_free(&after);
+    free(g);
+    table_destroy(t);
+    table_destroy(r);
+}
+
 /* max_rows counts both tiers, the oldest cold rows go first; the TTL sweep, table_remove,
  * table_partition_clear and export reach the disk. */
 static void test_limits_and_removal(void **state)
@@ -369,6 +442,59 @@ static void test_limits_and_removal(void **state)
     a = rows_of(t);
     assert_int_equal(a.n, 0);
     rows_free(&a);
+    table_destroy(t);
+}
+
+/* table_prefetch brings cold rows to RAM (promotions counted, no lookup or cold hit), so that
+ * the following pull finds them there; ids with no row make none; rows are unchanged. */
+static void test_prefetch(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    table_spec s = spec_of("cold_pre", 4, OPTIMIZER_ADAGRAD, 160);
+    table *t = make(&s);
+    float g[4] = {0.5f, -0.5f, 0.25f, 1.0f};
+    for (int64_t id = 0; id < 400; id++)
+        push_ok(t, &id, 1, g, 10 * id);
+    table_stats st, before;
+    table_stats_get(t, &before);
+    assert_true(before.rows_disk > 0);
+    /* The oldest eight are on disk (each partition keeps its 20 most recent in RAM). */
+    int64_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float want[8 * 4], got[8 * 4];
+    assert_int_equal(table_prefetch(t, ids, 8), 8);
+    table_stats_get(t, &st);
+    assert_int_equal(st.promotions, before.promotions + 8);
+    assert_int_equal(st.cold_hits, before.cold_hits);
+    assert_int_equal(st.lookups, before.lookups);
+    assert_int_equal(st.rows, before.rows);
+    /* Again: they are in RAM now, nothing to bring. */
+    assert_int_equal(table_prefetch(t, ids, 8), 0);
+    /* The pull finds them in RAM: no cold hit. */
+    before = st;
+    table_pull(t, ids, 8, got);
+    table_stats_get(t, &st);
+    assert_int_equal(st.cold_hits, before.cold_hits);
+    assert_int_equal(st.lookups, before.lookups + 8);
+    assert_int_equal(st.lookup_misses, before.lookup_misses);
+    /* The same rows as a table wholly in RAM given the same pushes. */
+    table_spec rs = spec_of("cold_pre", 4, OPTIMIZER_ADAGRAD, 0);
+    table *r = make(&rs);
+    for (int64_t id = 0; id < 400; id++)
+        push_ok(r, &id, 1, g, 10 * id);
+    table_pull(r, ids, 8, want);
+    assert_memory_equal(want, got, sizeof(got));
+    assert_int_equal(table_prefetch(r, ids, 8), 0); /* a table all in RAM: nothing */
+    table_destroy(r);
+
+    /* Ids with no row make none. */
+    int64_t absent[3] = {100000, 100001, -5};
+    before = st;
+    assert_int_equal(table_prefetch(t, absent, 3), 0);
+    table_stats_get(t, &st);
+    assert_int_equal(st.rows, before.rows);
+    assert_int_equal(st.rows_created, before.rows_created);
     table_destroy(t);
 }
 
@@ -587,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_same_as_in_ram),     cmocka_unit_test(test_cut_and_restore),
         cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
         cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
+        cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_cut_streamed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

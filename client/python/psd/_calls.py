@@ -172,6 +172,15 @@ class CtypesCalls:
         rc = _native.lib().ps_table_push_async(table, ids, n, grads, _NO_CB, None, byref(op))
         return _started(rc, op, keep)
 
+    @staticmethod
+    def table_prefetch_async(table: int, ids: int, n: int,
+                             keep: Any) -> Tuple[int, Optional[CtypesOp]]:
+        """ps_table_prefetch_async, over ctypes whichever implementation is in use (once a
+        step, off the hot path: the extension does not carry it)."""
+        op = c_void_p()
+        rc = _native.lib().ps_table_prefetch_async(table, ids, n, _NO_CB, None, byref(op))
+        return _started(rc, op, keep)
+
 
 # ---- choosing -------------------------------------------------------------------------------
 

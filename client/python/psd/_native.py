@@ -224,6 +224,8 @@ _PROTOTYPES = {
     "ps_table_push": (c_int, [_P, _P, c_size_t, _P]),
     "ps_table_pull_async": (c_int, [_P, _P, c_size_t, _P, DONE_FN, _P, POINTER(c_void_p)]),
     "ps_table_push_async": (c_int, [_P, _P, c_size_t, _P, DONE_FN, _P, POINTER(c_void_p)]),
+    "ps_table_prefetch": (c_int, [_P, _P, c_size_t, POINTER(c_uint64)]),
+    "ps_table_prefetch_async": (c_int, [_P, _P, c_size_t, DONE_FN, _P, POINTER(c_void_p)]),
 }
 
 

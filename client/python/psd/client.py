@@ -9,7 +9,7 @@ import json
 import sys
 import threading
 from concurrent.futures import Future
-from ctypes import byref, c_char_p, c_int, c_int64, c_size_t, c_ubyte, c_void_p
+from ctypes import byref, c_char_p, c_int, c_int64, c_size_t, c_ubyte, c_uint64, c_void_p
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -507,6 +507,31 @@ class Table:
         self._rows(n, got, "push_async", "grads")
         return _start_future(self._client, "ps_table_push_async", False,
                              (self._h, addr, n, gaddr), None, (keep, keep_ids, self))
+
+    def prefetch(self, ids: Any) -> int:
+        """Asks the servers to bring the rows of `ids` that a table with a cold tier
+        (ram_rows) keeps on disk back to RAM, so that a pull or push of them soon after (the
+        next step's, named while this one computes) finds them there; returns how many rows
+        came from disk. A hint: no row is read out or made, no parameter changes; a table all
+        in RAM does nothing (returns 0). Blocks; prefetch_async does not."""
+        addr, n, keep_ids = self._ids(ids, "prefetch")
+        cold = c_uint64(0)
+        c = self._client._enter()
+        try:
+            rc = _native.lib().ps_table_prefetch(self._h, addr, n, byref(cold))
+        finally:
+            self._client._leave()
+        if rc != 0:
+            _raise(rc)
+        del keep_ids
+        return int(cold.value)
+
+    def prefetch_async(self, ids: Any) -> "Future[None]":
+        """Starts a prefetch (as prefetch) and returns a Future (result None); `ids` must not
+        be modified until it is done."""
+        addr, n, keep_ids = self._ids(ids, "prefetch_async")
+        return _start_future(self._client, "ps_table_prefetch_async", False,
+                             (self._h, addr, n), None, (keep_ids, self))
 
     def push(self, ids: Any, grads: Any) -> None:
         """Pushes grads (float32, n x dim elements: row i is the gradient of ids[i]); the

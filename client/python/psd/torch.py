@@ -634,6 +634,7 @@ class _TableModule(torch.nn.Module):
         self.table = _table_for(client, name, embedding_dim, kw, who)
         self._pushes: List[Any] = []  # backward's pushes in flight (psd/_calls.py ops)
         self._prefetched: Any = None  # (ids, unique, inverse, their array, rows, op)
+        self._warming: Any = None  # warm()'s TablePrefetch in flight (a psd/_calls.py op)
         self.client = client
         self.name = name
         self.num_embeddings = num_embeddings
@@ -705,6 +706,42 @@ class _TableModule(torch.nn.Module):
                 self.client._leave()
             _check(rc)
         self._prefetched = (flat.cpu().clone(), uniq, inverse, ids, rows, op)
+
+    def warm(self, input: "torch.Tensor") -> None:  # noqa: A002 (torch's name)
+        """Tells the servers the ids of a coming batch (the next one, as soon as it is
+        drawn) so that those of their rows a table with a cold tier (ram_rows) keeps on disk
+        are back in RAM when that batch's pull and push come: one TablePrefetch of the
+        unique ids, started and not waited for, so the disk reads overlap this step's
+        compute. Unlike prefetch() it reads no row and waits for no push, so it may run
+        before this step's backward. A table all in RAM does nothing. The previous warm()'s
+        call is waited for here (its error, if any, raised)."""
+        x = self._ids(input)
+        flat = x.reshape(-1)
+        self._check_range(flat)
+        self._end_warm()
+        uniq = torch.unique(flat.cpu()).contiguous()
+        ids = uniq.numpy()
+        if not ids.size:
+            return
+        t = self.table
+        self.client._enter()
+        try:
+            rc, op = _calls.CtypesCalls.table_prefetch_async(t._h, ids.ctypes.data, ids.size,
+                                                             (uniq, t))
+        finally:
+            self.client._leave()
+        _check(rc)
+        self._warming = op
+
+    def _end_warm(self) -> None:
+        op, self._warming = self._warming, None
+        if op is None:
+            return
+        rc = op.wait()
+        msg = op.message() if rc != 0 else ""
+        op.close()
+        if rc != 0:
+            raise error_for(rc, msg)
 
     def _drop_prefetch(self) -> None:
         pf, self._prefetched = self._prefetched, None
@@ -800,6 +837,9 @@ class Embedding(_TableModule):
             loss.backward()            # the rows' push starts
             emb.prefetch(x_next)       # waits for the push, starts the pull of x_next's rows
             dist.step()                # dense step while the pull is in flight
+
+    With a table larger than memory (ram_rows), warm(x_next) at the top of the loop has the
+    servers bring x_next's rows from disk while x's step computes.
 
     Args:
         client: a psd.Client. name: the table's name.

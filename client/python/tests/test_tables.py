@@ -1,6 +1,6 @@
 """Sparse tables from Python against 2 real ps-server processes: exact rows after SGD pushes
 (duplicate and negative ids), rows in the caller's order, the initializer's rows, errors (ram_rows
-without cold-dir)."""
+without cold-dir), prefetch of a table with a cold tier (2 servers with cold-dir)."""
 
 from __future__ import annotations
 
@@ -166,3 +166,39 @@ def test_table_ram_rows_needs_cold_dir(client: psd.Client, uname: str) -> None:
     with pytest.raises(psd.InvalidArgumentError, match="cold-dir|RocksDB"):
         client.create_table(uname, 4, ram_rows=100)
     client.create_table(uname, 4, ram_rows=0)  # 0: every row in RAM, as without it
+
+
+def test_table_prefetch(client: psd.Client, uname: str, tmp_path) -> None:
+    # a table all in RAM: nothing to bring
+    t = client.create_table(uname, 4)
+    assert t.prefetch(np.arange(10, dtype=np.int64)) == 0
+    with pytest.raises(TypeError, match="prefetch"):
+        t.prefetch([1, 2])
+    # two servers with a cold tier: the first pushed rows go to disk, a prefetch brings them
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    cl = Cluster(2, ["--cold-dir", str(cold)])
+    try:
+        with psd.Client(cl.spec, use_env=False, deadline_ms=10000) as c:
+            try:
+                ct = c.create_table("pre", 4, optimizer="adagrad", ram_rows=1000)
+            except psd.InvalidArgumentError as e:
+                if "RocksDB" in str(e):
+                    pytest.skip("built without RocksDB (no cold tier)")
+                raise
+            ids = np.arange(6000, dtype=np.int64)
+            for off in range(0, 6000, 500):
+                ct.push(ids[off:off + 500], np.full((500, 4), 0.125, np.float32))
+            first = ids[:64]
+            before = ct.pull(ids[3000:3064])  # RAM or disk: rows to compare with later
+            n = ct.prefetch(np.concatenate([first, first[:5]]))  # duplicates sent once
+            assert 32 < n <= 64
+            assert ct.prefetch(first) == 0  # in RAM now
+            assert ct.prefetch(np.array([10**9, -3], dtype=np.int64)) == 0  # no row: none made
+            assert ct.prefetch_async(ids[3000:3064]).result(timeout=30) is None
+            np.testing.assert_array_equal(ct.pull(ids[3000:3064]), before)
+            c.delete_table("pre")
+            with pytest.raises(psd.NotFoundError, match="pre"):
+                ct.prefetch(first)
+    finally:
+        cl.stop()

@@ -281,3 +281,18 @@ def test_cuda_ids(client, uname):
     bag.flush()
     np.testing.assert_allclose(bag.table.pull(IDS), ref.weight.detach().numpy(), rtol=0,
                                atol=1e-6)
+
+
+def test_embedding_warm(client, uname):
+    # warm(): a TablePrefetch of the coming batch's ids, not waited for; a table all in RAM
+    # does nothing, and forward gives the same rows as without it
+    emb = psd.torch.Embedding(client, uname, embedding_dim=4, initializer="constant",
+                              init_a=0.5)
+    x = torch.tensor([[1, 2], [2, 9]], dtype=torch.int64)
+    emb.warm(x)
+    emb.warm(x)  # waits for the previous one first
+    out = emb(x)
+    assert out.shape == (2, 2, 4)
+    torch.testing.assert_close(out, torch.full((2, 2, 4), 0.5), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        emb.warm([1, 2])
