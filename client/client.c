@@ -477,6 +477,9 @@ int client_build_segment(envelope *env, const ProtobufCMessage *body, size_t seg
 typedef struct unary_part {
     struct unary *u;
     int server;
+    /* Envelope.request_id of every attempt of this part: a server tells a request sent again
+     * (a Checkpoint asked again while the one it asked for is written) from a new one. */
+    uint64_t request_id;
     int status;
     char message[400];
     ProtobufCMessage *reply;
@@ -497,6 +500,9 @@ static int unary_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     unary_part *p = arg;
     envelope env;
     client_envelope(p->u->c, &env, p->u->method, deadline_ms);
+    if (p->request_id == 0)
+        p->request_id = env.request_id;
+    env.request_id = p->request_id;
     return client_build(&env, p->u->request, NULL, 0, out);
 }
 

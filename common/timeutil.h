@@ -18,6 +18,13 @@ static inline uint64_t time_now_ms(void)
     return time_now_ns() / 1000000u;
 }
 
+/* Sleeps ms milliseconds (a signal may end it early). */
+static inline void time_sleep_ms(uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* Milliseconds since the Unix epoch (CLOCK_REALTIME). */
 static inline uint64_t time_wall_ms(void)
 {

@@ -50,12 +50,20 @@ struct checkpointer {
     int chain_len;
     uint64_t cluster_hash;
     bool crash_mid_write;
+    bool slow_write; /* failpoint checkpoint-slow: each write takes CKPT_SLOW_MS longer */
     uint64_t next_seq;
     pthread_mutex_t write_lock; /* one checkpoint at a time */
     pthread_mutex_t lock;       /* the fields below */
     pthread_cond_t cond;
     rpc_call **queue;
     size_t nqueue, qcap;
+    /* The Checkpoint calls the checkpoint being written answers, and the calls that are the
+     * same requests sent again (a client's transport resends an unanswered request after
+     * resend-ms): those ride on it instead of asking for another checkpoint. */
+    rpc_call **writing;
+    size_t nwriting;
+    rpc_call **riders;
+    size_t nriders, rcap;
     bool stop, running;
     pthread_t thread;
     uint64_t last_updates, last_ns;
@@ -71,6 +79,9 @@ struct checkpointer {
     checkpoint_position_fn position; /* write_lock */
     void *position_arg;
 };
+
+/* Failpoint checkpoint-slow (test-failpoint, tests only): what a write takes longer. */
+#define CKPT_SLOW_MS 3000
 
 checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg, uint64_t next_seq,
                                   char *err, size_t errlen)
@@ -95,6 +106,7 @@ checkpointer *checkpointer_create(server_state *st, const checkpoint_config *cfg
     ck->cluster_hash = cfg->cluster_hash;
     ck->crash_mid_write =
         cfg->failpoint && strcmp(cfg->failpoint, "checkpoint-crash-mid-write") == 0;
+    ck->slow_write = cfg->failpoint && strcmp(cfg->failpoint, "checkpoint-slow") == 0;
     ck->next_seq = next_seq ? next_seq : 1;
     ck->last_ns = time_now_ns();
     ck->start_ns = ck->last_ns;
@@ -232,6 +244,8 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     uint64_t size = ckpt_file_size(&s);
     if (ck->crash_mid_write)
         w.crash_at = size / 2 ? size / 2 : 1;
+    if (ck->slow_write) /* as a very large checkpoint would */
+        time_sleep_ms(CKPT_SLOW_MS);
     w.buf = malloc(CKPT_WBUF_SIZE);
     if (w.buf == NULL) {
         errf(err, errlen, "out of memory for the write buffer");
@@ -501,6 +515,8 @@ static void *ck_thread(void *arg)
         size_t ncw = ck->ncwait;
         ck->cwait = NULL;
         ck->ncwait = ck->cwcap = 0;
+        ck->writing = batch;
+        ck->nwriting = nb;
         pthread_mutex_unlock(&ck->lock);
         checkpoint_info info;
         char err[1024];
@@ -512,8 +528,18 @@ static void *ck_thread(void *arg)
             ck->last_updates = atomic_load(&ck->st->updates_applied);
             pthread_mutex_unlock(&ck->lock);
         }
+        pthread_mutex_lock(&ck->lock);
+        rpc_call **riders = ck->riders;
+        size_t nriders = ck->nriders;
+        ck->riders = NULL;
+        ck->nriders = ck->rcap = 0;
+        ck->writing = NULL;
+        ck->nwriting = 0;
+        pthread_mutex_unlock(&ck->lock);
         reply_batch(batch, nb, rc, &info, err);
         free(batch);
+        reply_batch(riders, nriders, rc, &info, err);
+        free(riders);
         reply_creates(ck, cw, ncw, rc, err); /* all made before the snapshot: in it */
         free(cw);
         /* Creates parked during the write whose variable the snapshot held anyway. */
@@ -550,12 +576,47 @@ checkpointer *checkpointer_of(const server_state *st)
     return atomic_load(&((server_state *)st)->ck);
 }
 
+/* Whether a and b are one request (the same client and request id: a resend). */
+static bool same_request(const rpc_call *a, const rpc_call *b)
+{
+    const envelope *x = rpc_call_envelope(a), *y = rpc_call_envelope(b);
+    return x != NULL && y != NULL && x->client_id != 0 && x->client_id == y->client_id &&
+           x->request_id == y->request_id;
+}
+
+/* A resend of a request the checkpoint being written answers: parked to get its answer (lock
+ * held). Returns false when call is no such resend. */
+static bool ride_locked(checkpointer *ck, rpc_call *call)
+{
+    size_t i = 0;
+    while (i < ck->nwriting && !same_request(ck->writing[i], call))
+        i++;
+    if (i == ck->nwriting)
+        return false;
+    if (ck->nriders == ck->rcap) {
+        size_t nc = ck->rcap ? 2 * ck->rcap : 4;
+        rpc_call **nr = realloc(ck->riders, nc * sizeof(*nr));
+        if (nr == NULL)
+            return false;
+        ck->riders = nr;
+        ck->rcap = nc;
+    }
+    if (rpc_call_defer(call) != 0)
+        return false;
+    ck->riders[ck->nriders++] = call;
+    return true;
+}
+
 void checkpointer_request(checkpointer *ck, rpc_call *call)
 {
     pthread_mutex_lock(&ck->lock);
     if (ck->stop || !ck->running) {
         pthread_mutex_unlock(&ck->lock);
         rpc_reply_error(call, STATUS_UNAVAILABLE, "server is shutting down");
+        return;
+    }
+    if (ride_locked(ck, call)) {
+        pthread_mutex_unlock(&ck->lock);
         return;
     }
     if (ck->nqueue == ck->qcap) {

@@ -20,7 +20,8 @@
  * (i) Failing checkpoints (a full disk) are counted and shown: metrics from the start,
  *     ServerStatus, /readyz's detail, a create that cannot be made durable.
  * (j) A checkpoint directory below a regular file, and a directory of damaged checkpoints
- *     only, exit 2 (a restart cannot cure them). */
+ *     only, exit 2 (a restart cannot cure them).
+ * (k) A Checkpoint request resent while its checkpoint is written rides on it (no other). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -222,6 +223,26 @@ static void test_rpc_then_sigkill(void **state)
     fprintf(stderr, "restart after SIGKILL: state of checkpoint 2, the 2 pushes after it lost\n");
     /* The sequence goes on after the restored checkpoint. */
     checkpoint_ok(&p, 3);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* A Checkpoint request that the client's transport sends again while the checkpoint it asked
+ * for is being written (resend-ms 500 against a 3 s write, failpoint checkpoint-slow) rides on
+ * that checkpoint: no checkpoint more is written for the resends. */
+static void test_resent_request_one_checkpoint(void **state)
+{
+    (void)state;
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-ckpt");
+    const char *slow[] = {"--test-failpoint", "checkpoint-slow", NULL};
+    ps_start_args(&p, p.dir, slow);
+    ps_client *c = test_ps_open_client(&p, "500", NULL);
+    assert_non_null(c);
+    assert_non_null(test_make_var(c, "ck/resent", N)); /* checkpoint 1 */
+    assert_int_equal(ps_checkpoint(c), PS_OK);         /* checkpoint 2, sent about 6 times */
+    checkpoint_ok(&p, 3); /* the next one: none was written for the resends */
     ps_client_close(c);
     test_ps_signal_wait(&p, SIGTERM, 0);
     test_ps_cleanup(&p);
@@ -717,6 +738,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigterm_restart_exact),
         cmocka_unit_test(test_rpc_then_sigkill),
+        cmocka_unit_test(test_resent_request_one_checkpoint),
         cmocka_unit_test(test_crash_mid_write),
         cmocka_unit_test(test_corrupt_newest_falls_back),
         cmocka_unit_test(test_other_shape_restored),
