@@ -1,15 +1,31 @@
-/* A backup's side of replication: REPLICATE batches checked (token, epoch, the log's match)
- * and applied in lsn order; the group checksum that tells whether copies agree. */
+/* A backup's side of replication: REPLICATE batches checked (token, epoch, the log's match),
+ * answered once their operations are held and applied in lsn order behind the answer; the
+ * group checksum that tells whether copies agree. */
 #include "repl_group.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "placement.h"
 #include "repl_match.h"
 #include "status.h"
 #include "timeutil.h"
+
+/* Failpoint apply-slow (test-failpoint, tests only): a backup waits this long before it
+ * applies each batch it answered held, as a backup far behind on a loaded machine. */
+#define APPLY_SLOW_MS 150u
+
+/* How long a batch that overtook the one before it waits for it (ms). */
+#define GAP_WAIT_MS 200
+
+/* An operation of a batch, held until it is applied. */
+typedef struct held_op {
+    const uint8_t *bytes;
+    size_t len;
+    uint64_t time_ms, epoch;
+} held_op;
 
 static int var_cmp(const void *a, const void *b)
 {
@@ -150,6 +166,22 @@ void replica_handle_replicate(rpc_call *call, void *arg)
         return;
     }
     pthread_mutex_lock(&G->order);
+    /* Several batches are in flight: one that overtook the batch before it waits a moment for
+     * that one (which holds the order lock, applying, or is about to take it) rather than
+     * answer a gap, which makes the primary send both again. */
+    if (rq->n_op_len > 0 && rq->first_lsn > G->next_lsn && G->ready && !G->serving &&
+        rq->epoch == G->epoch) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += GAP_WAIT_MS * 1000000l;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        while (rq->first_lsn > G->next_lsn && G->ready && !G->serving && rq->epoch == G->epoch &&
+               pthread_cond_timedwait(&G->held, &G->order, &until) == 0) {
+        }
+    }
     if (!G->ready) {
         pthread_mutex_unlock(&G->order);
         rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
@@ -199,67 +231,114 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         self, rq->group, (unsigned long long)mine);
         return;
     }
-    /* Kept operations reference the batch's message (replicas > 2). */
-    rpc_held *batch = NULL;
-    if (repl.cfg.replicas > 2) {
-        const uint8_t *d;
-        size_t l;
-        batch = rpc_call_hold_request(call, &d, &l);
+    /* The operations this batch adds to what the copy holds: lsn next_lsn on (a batch sent
+     * again, or one of several in flight that arrived late, may start below it). */
+    uint64_t applied_next = G->next_lsn, first = rq->first_lsn;
+    size_t n = rq->n_op_len;
+    uint64_t held_next = applied_next;
+    if (n > 0 && first <= applied_next && first + n > applied_next)
+        held_next = first + n;
+    size_t nnew = (size_t)(held_next - applied_next);
+    /* What the apply needs once the call is answered (its body is the call's, freed then). */
+    uint64_t last_lsn = rq->last_lsn, committed_lsn = rq->committed_lsn;
+    bool counted = rq->counted;
+    held_op *ops = calloc(nnew ? nnew : 1, sizeof(*ops));
+    if (ops == NULL) {
+        pthread_mutex_unlock(&G->order);
+        rpc_reply_error(call, STATUS_RESOURCE_EXHAUSTED,
+                        "server %u: out of memory holding group %u's log: retry", self, rq->group);
+        return;
     }
-    size_t at = 0;
-    for (size_t i = 0; i < rq->n_op_len; i++) {
-        uint64_t lsn = rq->first_lsn + i;
+    size_t at = 0, k = 0;
+    for (size_t i = 0; i < n; i++) {
         size_t len = (size_t)rq->op_len[i];
-        if (lsn == G->next_lsn) {
-            /* Applied from the received message's bytes, in place, at the time the primary
-             * logged it (a primary of an older version sends none: now). */
-            uint64_t t = i < rq->n_op_time_ms ? rq->op_time_ms[i] : 0;
-            if (t > G->last_time_ms)
-                G->last_time_ms = t;
-            time_op_set(t);
-            if (rpc_server_handle_borrowed(G->local, seg + at, len) != 0)
-                log_error("group %u: out of memory applying lsn %llu", G->g,
-                          (unsigned long long)lsn);
-            time_op_set(0);
-            G->next_lsn++;
-            if (i < rq->n_op_epoch)
-                G->last_epoch = rq->op_epoch[i];
-            if (repl.cfg.replicas > 2) {
-                /* Kept until every replica applied it: this copy may become the primary that
-                 * brings a backup behind it up to date. */
-                rop *o = calloc(1, sizeof(*o));
-                if (o && batch) {
-                    o->held = rpc_held_ref(batch);
-                    o->bytes = seg + at;
-                } else if (o && (o->own = malloc(len)) != NULL) {
-                    memcpy(o->own, seg + at, len);
-                    o->bytes = o->own;
-                }
-                if (o && o->bytes) {
-                    o->len = len;
-                    o->lsn = lsn;
-                    o->epoch = i < rq->n_op_epoch ? rq->op_epoch[i] : 0;
-                    o->time_ms = t;
-                    pthread_mutex_lock(&G->q);
-                    if (G->tail)
-                        G->tail->next = o;
-                    else
-                        G->head = o;
-                    G->tail = o;
-                    G->last_lsn = lsn;
-                    pthread_mutex_unlock(&G->q);
-                } else {
-                    free(o);
-                }
-            }
+        if (first + i >= applied_next && k < nnew) {
+            ops[k].bytes = seg + at;
+            ops[k].len = len;
+            /* a primary of an older version sends no times (now) and no epochs */
+            ops[k].time_ms = i < rq->n_op_time_ms ? rq->op_time_ms[i] : 0;
+            ops[k].epoch = i < rq->n_op_epoch ? rq->op_epoch[i] : 0;
+            k++;
         }
         at += (len + 3) & ~(size_t)3;
     }
-    rpc_held_release(batch);
-    rep.applied_lsn = G->next_lsn;
-    /* Caught up once the primary waits for it (rq->counted): from then on every update it
+    /* The batch's message, held past the reply: the operations are applied from its bytes, and
+     * those kept for the log (replicas > 2) reference it. */
+    rpc_held *msg = NULL;
+    if (nnew > 0) {
+        const uint8_t *d;
+        size_t l;
+        msg = rpc_call_hold_request(call, &d, &l);
+    }
+    /* Held in order (the order lock is kept until they are applied, so that nothing reads
+     * this copy in between): answered now, applied behind the answer. Without a reference to
+     * the message, or with no room to park the call, applied first and answered after. */
+    bool early = nnew > 0 && msg != NULL && rpc_call_defer(call) == 0;
+    if (early) {
+        rep.applied_lsn = applied_next;
+        rep.held_lsn = held_next;
+        rpc_reply_ok(call, &rep.base);
+        rpc_call_resume(call); /* the call is no longer this thread's */
+        call = NULL;
+        atomic_fetch_add(&repl.acked_held, nnew);
+    }
+    const char *fp = repl.cfg.ckpt ? repl.cfg.ckpt->failpoint : NULL;
+    if (nnew > 0 && fp && strcmp(fp, "apply-slow") == 0) {
+        struct timespec ts = {APPLY_SLOW_MS / 1000, (long)(APPLY_SLOW_MS % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    for (size_t i = 0; i < nnew; i++) {
+        uint64_t lsn = applied_next + i;
+        /* Applied from the received message's bytes, in place, at the time the primary logged
+         * it (a primary of an older version sends none: now). */
+        uint64_t t = ops[i].time_ms;
+        if (t > G->last_time_ms)
+            G->last_time_ms = t;
+        time_op_set(t);
+        if (rpc_server_handle_borrowed(G->local, ops[i].bytes, ops[i].len) != 0)
+            log_error("group %u: out of memory applying lsn %llu", G->g, (unsigned long long)lsn);
+        time_op_set(0);
+        G->next_lsn++;
+        if (ops[i].epoch)
+            G->last_epoch = ops[i].epoch;
+        if (repl.cfg.replicas > 2) {
+            /* Kept until every replica applied it: this copy may become the primary that
+             * brings a backup behind it up to date. */
+            rop *o = calloc(1, sizeof(*o));
+            if (o && msg) {
+                o->held = rpc_held_ref(msg);
+                o->bytes = ops[i].bytes;
+            } else if (o && (o->own = malloc(ops[i].len)) != NULL) {
+                memcpy(o->own, ops[i].bytes, ops[i].len);
+                o->bytes = o->own;
+            }
+            if (o && o->bytes) {
+                o->len = ops[i].len;
+                o->lsn = lsn;
+                o->epoch = ops[i].epoch;
+                o->time_ms = t;
+                pthread_mutex_lock(&G->q);
+                if (G->tail)
+                    G->tail->next = o;
+                else
+                    G->head = o;
+                G->tail = o;
+                G->last_lsn = lsn;
+                pthread_mutex_unlock(&G->q);
+            } else {
+                free(o);
+            }
+        }
+    }
+    free(ops);
+    rpc_held_release(msg);
+    if (!early)
+        rep.applied_lsn = rep.held_lsn = G->next_lsn;
+    /* Caught up once the primary waits for it (counted): from then on every update it
      * acknowledges is one this copy has. */
-    bool caught_up = G->next_lsn > rq->last_lsn && rq->counted;
+    bool caught_up = G->next_lsn > last_lsn && counted;
+    if (nnew > 0)
+        pthread_cond_broadcast(&G->held);
     pthread_mutex_unlock(&G->order);
     pthread_mutex_lock(&G->q);
     bool mark = caught_up && !G->marked;
@@ -268,24 +347,25 @@ void replica_handle_replicate(rpc_call *call, void *arg)
     pthread_mutex_unlock(&G->q);
     if (mark) {
         log_info("group %u: caught up with its primary at lsn %llu", G->g,
-                 (unsigned long long)rep.applied_lsn);
+                 (unsigned long long)held_next);
         if (repl.agent)
             view_agent_mark_caught_up(repl.agent, G->g);
     }
-    if (rq->committed_lsn) {
+    if (committed_lsn) {
         pthread_mutex_lock(&G->q);
         if (!G->serving) {
-            while (G->head && G->head->lsn <= rq->committed_lsn) {
+            while (G->head && G->head->lsn <= committed_lsn) {
                 rop *o = G->head;
                 G->head = o->next;
                 if (G->head == NULL)
                     G->tail = NULL;
                 repl_op_free(o);
             }
-            if (rq->committed_lsn > G->committed)
-                G->committed = rq->committed_lsn;
+            if (committed_lsn > G->committed)
+                G->committed = committed_lsn;
         }
         pthread_mutex_unlock(&G->q);
     }
-    rpc_reply_ok(call, &rep.base);
+    if (call)
+        rpc_reply_ok(call, &rep.base);
 }
