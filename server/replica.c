@@ -151,7 +151,7 @@ static void repl_metrics_collect(metrics_out *out, void *arg)
                      "backs up): replicas, once every copy a rejoin replaced was freed.",
                      (double)server_states_held());
     metrics_emit_one(out, "psd_replica_ops_streamed_total", METRIC_COUNTER,
-                     "Logged operations applied by backups of groups this server serves.",
+                     "Logged operations held by backups of groups this server serves.",
                      (double)atomic_load(&repl.replicated_ops));
     metrics_emit_one(out, "psd_replica_ops_acked_before_applied_total", METRIC_COUNTER,
                      "Logged operations this server, as a backup, acknowledged to their primary "
