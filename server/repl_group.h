@@ -9,6 +9,12 @@
  * applies what is streamed), repl_view.c (view changes), replica.c (start, stop, sweeps,
  * metrics).
  *
+ * Acknowledged means held: a backup answers a batch once it holds its operations in order
+ * (repl_apply.c) and applies them behind the answer, still under the group's order lock; what
+ * reads a copy (a view change that makes it primary, a checksum, a checkpoint, a rejoin copy)
+ * takes that lock first, so it finds them applied. The primary answers a client once it
+ * applied the update and every counted backup holds it.
+ *
  * Locks, always taken in this order: a group's swap (its state's contents replaced), repl.vlock
  * (the view), a group's order (one update at a time), a group's q (log, peers, commit); the view
  * lock is also taken before a group's order without swap. */
