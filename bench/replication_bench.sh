@@ -9,7 +9,8 @@
 # PART acks (about 2 minutes with 3 rounds): ps-bench on 2 ps-servers, replicas 1 against 2,
 #   push of one unsplit tensor of 4 KiB and 1 MiB with one client (one push in flight) and with
 #   4 clients at once (push-mc); with PS_REPL_BENCH_BEFORE=PS_SERVER (an older build's
-#   ps-server) its replicas 2 cells alternate beside, and the load average is printed.
+#   ps-server) its replicas 2 cells alternate beside, and the load average is printed;
+#   PS_REPL_BENCH_ARGS adds ps-bench options to every configuration (e.g. --chunk-bytes=256K).
 # The configurations alternate inside each round. Prints Markdown tables of the medians and the
 # ratios against replicas 1.
 #
@@ -62,7 +63,8 @@ if [ "$PART" = acks ]; then
                     --server-opt "coordinator-prefix=/replacks$n" --client-opt "replicas=2")
             fi
             [ "$conf" != r2b ] || opts+=("--server-bin=$(realpath "$BEFORE")")
-            "$BENCH" "${acks[@]}" "${opts[@]}" >"$tmp/acks-$round-$conf.out" \
+            # shellcheck disable=SC2086 # (PS_REPL_BENCH_ARGS: options split at spaces)
+            "$BENCH" "${acks[@]}" "${opts[@]}" ${PS_REPL_BENCH_ARGS:-} >"$tmp/acks-$round-$conf.out" \
                 2>"$tmp/acks-$round-$conf.err"
         done
     done

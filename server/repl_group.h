@@ -39,6 +39,8 @@
  * updates never waits a round trip for the previous answer; at most 4 x BATCH_MAX_BYTES of
  * messages per backup. */
 #define REPL_STREAM_WINDOW 4
+/* Batches a backup parks at most per group while the one before them has not come yet. */
+#define REPL_PARKED_MAX (2 * REPL_STREAM_WINDOW)
 
 /* One logged operation: a whole request message as the primary received it. Its bytes are
  * those of the received message itself, held (the client's request at the primary, the
@@ -96,7 +98,6 @@ typedef struct rgroup {
     bool owned;            /* st made here (a backup copy), freed at stop */
     rpc_server *local;     /* runs logged requests through the handlers on st */
     pthread_mutex_t order; /* one update at a time: apply order = log order */
-    pthread_cond_t held;   /* backup: next_lsn moved on (with order) */
     /* Held for writing (before order) while a rejoin copy replaces st's contents; for reading
      * by code that reads them without order (server_state.swap points here). */
     pthread_rwlock_t swap;
@@ -109,6 +110,10 @@ typedef struct rgroup {
     /* Backup: the primary's stream confirmed this copy's log since it took the group over
      * (repl_match.h); order. */
     bool verified;
+    /* Backup: REPLICATE calls parked because they came before the batch ahead of them (the
+     * server runs requests on several threads), by first lsn; run once it is held (order). */
+    rpc_call *parked[REPL_PARKED_MAX];
+    size_t nparked;
     pthread_mutex_t q;
     pthread_cond_t qcond; /* new operations, acks, view changes, stop */
     rop *head, *tail;     /* operations not yet held by every backup in the view */
@@ -198,6 +203,10 @@ void repl_ckpt_start(rgroup *G);
 void repl_ckpt_stop(rgroup *G);
 void repl_ckpt_copies_drop(rgroup *G);
 int repl_ckpt_restore(rgroup *G, char *err, size_t errlen);
+
+/* repl_apply.c: answers the parked batches of G UNAVAILABLE (order held): the primary sends
+ * them again (a view change, a copy installed, the stop). */
+void repl_parked_drop_locked(rgroup *G);
 
 /* repl_copy.c: rejoin copies, both sides. */
 void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq);

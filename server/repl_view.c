@@ -31,6 +31,7 @@ void replica_set_view(const view *v)
         if (G == NULL)
             continue;
         pthread_mutex_lock(&G->order); /* order before q, as updates take them */
+        repl_parked_drop_locked(G);    /* the primary sends them again, or no longer */
         pthread_mutex_lock(&G->q);
         rop *moved = NULL; /* calls answered: no longer the primary */
         bool was = G->serving;

@@ -47,7 +47,6 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         pthread_rwlockattr_destroy(&ra);
         pthread_mutex_init(&G->q, NULL);
         pthread_cond_init(&G->qcond, NULL);
-        pthread_cond_init(&G->held, NULL);
         G->next_lsn = 1;
         G->ready = true;
         if (k == 0) {
@@ -189,7 +188,6 @@ static void repl_group_free(rgroup *G)
     pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
-    pthread_cond_destroy(&G->held);
     free(G);
 }
 
@@ -328,6 +326,7 @@ void replica_stop(void)
          * replies, held until their updates are applied everywhere, are answered below. */
         sync_cancel_all(G->st, "server is shutting down");
         pthread_mutex_lock(&G->order); /* no update being applied holds an entry of the log */
+        repl_parked_drop_locked(G);
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
