@@ -320,6 +320,27 @@ void repl_parked_drop_locked(rgroup *G)
     }
 }
 
+/* Takes a batch (order held): parked when it came before the one ahead of it (the server runs
+ * requests on several threads; a gap answered would make the primary send both again), else
+ * held, answered and applied, then the parked batches that are now next. parked: call is
+ * parked already. Returns whether the copy caught up. */
+static bool take_locked(rgroup *G, rpc_call *call, bool parked)
+{
+    const Psd__V1__ReplicateRequest *rq = (const Psd__V1__ReplicateRequest *)rpc_call_body(call);
+    if (comes_early(G, rq) && G->nparked < REPL_PARKED_MAX &&
+        (parked || rpc_call_defer(call) == 0)) {
+        size_t at = G->nparked;
+        while (at > 0 && parked_first(G->parked[at - 1]) > rq->first_lsn)
+            at--;
+        memmove(&G->parked[at + 1], &G->parked[at], (G->nparked - at) * sizeof(G->parked[0]));
+        G->parked[at] = call;
+        G->nparked++;
+        return false;
+    }
+    bool mark = replicate_locked(G, call, parked);
+    return run_parked_locked(G) || mark;
+}
+
 static void tell_caught_up(rgroup *G)
 {
     if (repl.agent)
@@ -409,22 +430,35 @@ void replica_handle_replicate(rpc_call *call, void *arg)
                         rq->n_op_len, total, seglen, (unsigned long long)rq->first_lsn);
         return;
     }
-    pthread_mutex_lock(&G->order);
-    /* Several batches are in flight and the server runs requests on several threads: one that
-     * overtook the batch before it is parked until that one is held, not answered with a gap
-     * (which would make the primary send both again). With no room, answered as it is. */
-    if (comes_early(G, rq) && G->nparked < REPL_PARKED_MAX && rpc_call_defer(call) == 0) {
-        size_t at = G->nparked;
-        while (at > 0 && parked_first(G->parked[at - 1]) > rq->first_lsn)
-            at--;
-        memmove(&G->parked[at + 1], &G->parked[at], (G->nparked - at) * sizeof(G->parked[0]));
-        G->parked[at] = call;
-        G->nparked++;
-        pthread_mutex_unlock(&G->order);
+    /* Batches that come while another thread holds and applies batches of this group are
+     * parked in its inbox and taken by that thread: no thread of the server waits for the
+     * order lock behind a backup's apply (the pool's threads also serve the server's own
+     * group). Without room to park, it waits for the lock. */
+    pthread_mutex_lock(&G->inbox_lock);
+    if (G->taking && G->ninbox < REPL_PARKED_MAX && rpc_call_defer(call) == 0) {
+        G->inbox[G->ninbox++] = call;
+        pthread_mutex_unlock(&G->inbox_lock);
         return;
     }
-    bool mark = replicate_locked(G, call, false);
-    mark |= run_parked_locked(G);
+    bool taker = !G->taking;
+    G->taking = true;
+    pthread_mutex_unlock(&G->inbox_lock);
+    pthread_mutex_lock(&G->order);
+    bool mark = take_locked(G, call, false);
+    while (taker) {
+        rpc_call *got[REPL_PARKED_MAX];
+        pthread_mutex_lock(&G->inbox_lock);
+        size_t n = G->ninbox;
+        memcpy(got, G->inbox, n * sizeof(got[0]));
+        G->ninbox = 0;
+        if (n == 0)
+            G->taking = false;
+        pthread_mutex_unlock(&G->inbox_lock);
+        if (n == 0)
+            break;
+        for (size_t i = 0; i < n; i++)
+            mark |= take_locked(G, got[i], true);
+    }
     pthread_mutex_unlock(&G->order);
     if (mark)
         tell_caught_up(G);

@@ -114,6 +114,13 @@ typedef struct rgroup {
      * server runs requests on several threads), by first lsn; run once it is held (order). */
     rpc_call *parked[REPL_PARKED_MAX];
     size_t nparked;
+    /* Backup: REPLICATE calls parked while another thread takes this group's batches (taking),
+     * in the order they came; that thread takes them before it lets the order lock go
+     * (inbox_lock, taken with or without order, nothing inside). */
+    pthread_mutex_t inbox_lock;
+    bool taking;
+    rpc_call *inbox[REPL_PARKED_MAX];
+    size_t ninbox;
     pthread_mutex_t q;
     pthread_cond_t qcond; /* new operations, acks, view changes, stop */
     rop *head, *tail;     /* operations not yet held by every backup in the view */

@@ -47,6 +47,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         pthread_rwlockattr_destroy(&ra);
         pthread_mutex_init(&G->q, NULL);
         pthread_cond_init(&G->qcond, NULL);
+        pthread_mutex_init(&G->inbox_lock, NULL);
         G->next_lsn = 1;
         G->ready = true;
         if (k == 0) {
@@ -188,6 +189,7 @@ static void repl_group_free(rgroup *G)
     pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
+    pthread_mutex_destroy(&G->inbox_lock);
     free(G);
 }
 
