@@ -118,7 +118,8 @@ static bool copy_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
     m->p->catching_up = true;
     m->p->told = m->p->confirmed = false;
     m->p->failing_since_ns = 0;
-    m->p->acked = m->lsn - 1;
+    m->p->acked = m->p->sent = m->lsn - 1; /* streamed from there, below what it held before */
+    m->p->stall = false;
     pthread_cond_broadcast(&m->G->qcond); /* its stream starts */
     pthread_mutex_unlock(&m->G->q);
     return false;

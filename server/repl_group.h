@@ -9,6 +9,12 @@
  * applies what is streamed), repl_view.c (view changes), replica.c (start, stop, sweeps,
  * metrics).
  *
+ * Acknowledged means held: a backup answers a batch once it holds its operations in order
+ * (repl_apply.c) and applies them behind the answer, still under the group's order lock; what
+ * reads a copy (a view change that makes it primary, a checksum, a checkpoint, a rejoin copy)
+ * takes that lock first, so it finds them applied. The primary answers a client once it
+ * applied the update and every counted backup holds it.
+ *
  * Locks, always taken in this order: a group's swap (its state's contents replaced), repl.vlock
  * (the view), a group's order (one update at a time), a group's q (log, peers, commit); the view
  * lock is also taken before a group's order without swap. */
@@ -28,6 +34,13 @@
 #define REPLICA_MAX 16 /* members of a group at most */
 /* Bytes of operations one REPLICATE batch carries at most (less when max-message-bytes is). */
 #define BATCH_MAX_BYTES (8u << 20)
+/* REPLICATE batches in flight to one backup at most (repl_progress.c): one being applied
+ * behind its answer, one on the wire or being held, and two more so that a stream of small
+ * updates never waits a round trip for the previous answer; at most 4 x BATCH_MAX_BYTES of
+ * messages per backup. */
+#define REPL_STREAM_WINDOW 4
+/* Batches a backup parks at most per group while the one before them has not come yet. */
+#define REPL_PARKED_MAX (2 * REPL_STREAM_WINDOW)
 
 /* One logged operation: a whole request message as the primary received it. Its bytes are
  * those of the received message itself, held (the client's request at the primary, the
@@ -41,7 +54,7 @@ typedef struct rop {
     size_t len;
     rpc_held *held;
     uint8_t *own;
-    rpc_call *call; /* the client's parked call, answered once every backup applied it */
+    rpc_call *call; /* the client's parked call, answered once every backup holds it */
     /* Logged and streamed while the primary still applies it (run_update): stays in the log,
      * and its call is attached, once the apply is done (order held meanwhile). */
     bool busy;
@@ -55,12 +68,20 @@ struct rgroup;
 typedef struct rpeer {
     struct rgroup *grp;
     uint32_t server;
-    uint32_t rank;    /* ring distance from the group's placement server (1 .. r-1, 0: it) */
-    uint64_t acked;   /* highest lsn it reported applied (q) */
-    bool in_view;     /* live in the view and not the primary (q) */
-    bool catching_up; /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
-    bool told;        /* catching up: it saw the log's end once; waited for from then (q) */
-    bool confirmed;   /* catching up: it applied a batch that said it is waited for (q) */
+    uint32_t rank;  /* ring distance from the group's placement server (1 .. r-1, 0: it) */
+    uint64_t acked; /* highest lsn it reported held, all below it too (q) */
+    uint64_t sent;  /* highest lsn sent to it, in batches answered or in flight (q) */
+    int inflight;   /* batches in flight to it (q; at most REPL_STREAM_WINDOW) */
+    /* A reply that did not join what it holds to its batch (an earlier batch not there yet, or
+     * a copy behind what it reported): nothing more is sent until every batch in flight is
+     * answered, then the stream goes on from the highest position reported meanwhile (q). */
+    bool stall;
+    uint64_t stall_pos;
+    uint64_t retry_ns; /* a batch failed: the next one goes no earlier (q) */
+    bool in_view;      /* live in the view and not the primary (q) */
+    bool catching_up;  /* rejoining: took a copy at acked + 1, streamed to, not waited for (q) */
+    bool told;         /* catching up: it saw the log's end once; waited for from then (q) */
+    bool confirmed;    /* catching up: it applied a batch that said it is waited for (q) */
     uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
     /* Primary: the copy this peer is fetching, streamed (repl_copy.c); NULL while a chunk of
      * it is being read (q). */
@@ -89,11 +110,22 @@ typedef struct rgroup {
     /* Backup: the primary's stream confirmed this copy's log since it took the group over
      * (repl_match.h); order. */
     bool verified;
+    /* Backup: REPLICATE calls parked because they came before the batch ahead of them (the
+     * server runs requests on several threads), by first lsn; run once it is held (order). */
+    rpc_call *parked[REPL_PARKED_MAX];
+    size_t nparked;
+    /* Backup: REPLICATE calls parked while another thread takes this group's batches (taking),
+     * in the order they came; that thread takes them before it lets the order lock go
+     * (inbox_lock, taken with or without order, nothing inside). */
+    pthread_mutex_t inbox_lock;
+    bool taking;
+    rpc_call *inbox[REPL_PARKED_MAX];
+    size_t ninbox;
     pthread_mutex_t q;
     pthread_cond_t qcond; /* new operations, acks, view changes, stop */
-    rop *head, *tail;     /* operations not yet applied by every backup in the view */
+    rop *head, *tail;     /* operations not yet held by every backup in the view */
     uint64_t last_lsn;    /* highest lsn in the log (q) */
-    uint64_t committed;   /* every backup in the view applied up to here (q) */
+    uint64_t committed;   /* every backup in the view holds up to here (q) */
     bool serving;         /* this server is the group's primary in the view (q) */
     int32_t primary;      /* the group's primary in the view (q) */
     uint64_t epoch;       /* the view's epoch (q) */
@@ -130,6 +162,8 @@ struct repl_node {
     rpc_method *methods;
     size_t n_methods;
     atomic_uint_fast64_t replicated_ops, failovers;
+    /* Backup: operations answered as held before they were applied (repl_apply.c). */
+    atomic_uint_fast64_t acked_held;
     view_agent *agent;     /* the coordinator's agent (NULL: a fixed view) */
     atomic_bool uncertain; /* the lease could not be renewed: acknowledge nothing alone */
     /* The own group's log position after replica_free, for its final checkpoint. */
@@ -176,6 +210,10 @@ void repl_ckpt_start(rgroup *G);
 void repl_ckpt_stop(rgroup *G);
 void repl_ckpt_copies_drop(rgroup *G);
 int repl_ckpt_restore(rgroup *G, char *err, size_t errlen);
+
+/* repl_apply.c: answers the parked batches of G UNAVAILABLE (order held): the primary sends
+ * them again (a view change, a copy installed, the stop). */
+void repl_parked_drop_locked(rgroup *G);
 
 /* repl_copy.c: rejoin copies, both sides. */
 void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest *rq);

@@ -1,6 +1,8 @@
 /* The primary's streams of a group's log to its backups: one thread per backup sends
- * REPLICATE batches in lsn order, one in flight at a time, in chain order (a backup gets an
- * operation only once every backup of lower rank applied it); replies move the commit point. */
+ * REPLICATE batches in lsn order, up to REPL_STREAM_WINDOW in flight, in chain order (a backup
+ * gets an operation only once every backup of lower rank holds it); a backup answers a batch
+ * once it holds its operations (it applies them behind the answer), and the answers move the
+ * commit point. */
 #include "repl_group.h"
 
 #include <errno.h>
@@ -12,20 +14,16 @@
 #include "status.h"
 #include "timeutil.h"
 
-/* The sender of one peer's stream: batches of the log after what it applied, in lsn order,
- * one in flight at a time. Chain order: a peer gets an operation only once every peer of
- * lower rank in the view applied it, so that the first live backup (the next primary) is
- * always the most advanced one. */
+/* One batch in flight to a peer: its operations, from the log, in lsn order. Chain order: a
+ * peer gets an operation only once every peer of lower rank in the view holds it, so that the
+ * first live backup (the next primary) always holds the most. */
 typedef struct sync_call {
-    /* The batch's peer, first lsn and the log's end when it was sent: an acknowledgement is
-     * taken in (acked, commit, answers) by the reply's callback itself (batch_done), not
-     * after a hand-over to the peer's thread. */
+    /* The batch's peer, its lsns [first, last] (last = first - 1: none) and the log's end when
+     * it was sent; its answer is taken in (acked, commit, answers) by the reply's callback
+     * (batch_done), which frees it. */
     struct rpeer *peer;
-    uint64_t first, sent_last;
+    uint64_t first, last, sent_last;
     bool counted; /* the batch said the peer is waited for */
-    int status;
-    char message[512];
-    uint64_t applied;
     /* The batch: the packed ReplicateRequest and the operations that make its segment, each
      * referenced (or, for one logged as a copy, copied) while the call runs. */
     uint8_t *body;
@@ -73,8 +71,8 @@ static int build_batch(void *arg, uint32_t deadline_ms, nng_msg **out)
     return 0;
 }
 
-/* Lets go of the batch's operations and body. */
-static void batch_release(sync_call *s)
+/* Lets go of the batch's operations and body, and frees it. */
+static void batch_free(sync_call *s)
 {
     for (size_t i = 0; i < s->nops; i++) {
         rpc_held_release(s->ops[i].held);
@@ -82,74 +80,127 @@ static void batch_release(sync_call *s)
     }
     free(s->ops);
     free(s->body);
-    s->ops = NULL;
-    s->nops = 0;
-    s->body = NULL;
+    free(s);
 }
 
-/* A batch applied by peer p up to applied - 1 (q held): its progress, and the calls now
- * answered. */
-static rop *took_ack_locked(rpeer *p, uint64_t first, uint64_t sent_last, uint64_t applied,
-                            bool counted)
+/* Batch s answered by its peer: it holds everything below lsn held (q held). Returns the calls
+ * now answered. */
+static rop *took_ack_locked(const sync_call *s, uint64_t held)
 {
-    p->failing_since_ns = 0;
-    if (counted && p->catching_up)
-        p->confirmed = true;
+    rpeer *p = s->peer;
     rgroup *G = p->grp;
-    atomic_fetch_add(&repl.replicated_ops, applied > first ? applied - first : 0);
-    if (applied > sent_last + 1) {
-        /* Ahead of this primary's log: operations of an older primary it alone applied (a
+    p->failing_since_ns = 0;
+    if (s->counted && p->catching_up)
+        p->confirmed = true;
+    if (held > s->sent_last + 1) {
+        /* Ahead of this primary's log: operations of an older primary it alone holds (a
          * backup of this version finds that itself and copies the group again). Never taken
          * for agreement: this primary's operations at those positions are others. */
-        log_warn("group %u: backup %u reports lsn %llu applied, past this primary's log end "
+        log_warn("group %u: backup %u reports lsn %llu held, past this primary's log end "
                  "%llu: not counted",
-                 G->g, p->server, (unsigned long long)(applied - 1), (unsigned long long)sent_last);
+                 G->g, p->server, (unsigned long long)(held - 1), (unsigned long long)s->sent_last);
         return repl_progress_locked(G);
     }
-    /* applied_lsn is its next lsn: it applied everything below. A backup behind what we sent
-     * (it lost state) rewinds the stream to where it stands. */
-    p->acked = applied ? applied - 1 : 0;
+    uint64_t pos = held ? held - 1 : 0;
+    if (pos > p->acked)
+        atomic_fetch_add(&repl.replicated_ops, pos - p->acked);
+    if (pos + 1 < s->first && !p->stall) {
+        /* It does not hold what comes before this batch: an earlier batch in flight was not
+         * there yet when this one came, or it holds less than it reported (it lost state).
+         * Sent again from where it stands once every answer is in. */
+        p->stall = true;
+        p->stall_pos = pos;
+    }
+    if (p->stall) {
+        if (pos > p->stall_pos)
+            p->stall_pos = pos;
+        if (p->inflight == 0) {
+            /* Every batch answered: the highest it reported is where it stands (also below
+             * what it reported before: a backup that lost state rewinds its stream). */
+            p->acked = p->stall_pos;
+            p->sent = p->acked;
+            p->stall = false;
+        }
+    } else if (pos > p->acked) {
+        p->acked = pos;
+    }
     /* Caught up: told so once. It stays catching up (its log kept) until a view adds it: a
      * server restarted while the view still names its previous process live is in_view as
      * that process, and leaves the view before it is added back. */
-    if (p->catching_up && p->acked >= sent_last)
+    if (p->catching_up && p->acked >= s->sent_last)
         p->told = true;
-    rop *done = repl_progress_locked(G);
-    pthread_cond_broadcast(&G->qcond);
+    return repl_progress_locked(G);
+}
+
+/* A batch to p failed (q held): the stream goes on from what it holds after a pause. Returns
+ * the calls now answered. */
+static rop *failed_locked(rpeer *p, int st, const char *message)
+{
+    rgroup *G = p->grp;
+    p->sent = p->acked; /* sent again: the backup drops what it holds already */
+    if (p->stall && p->inflight == 0) {
+        p->acked = p->sent = p->stall_pos > p->acked ? p->stall_pos : p->acked;
+        p->stall = false;
+    }
+    if (atomic_load(&repl.stopping))
+        return NULL;
+    rop *done = NULL;
+    uint64_t now = time_now_ns();
+    p->retry_ns = now + 50 * 1000000ull;
+    if (p->failing_since_ns == 0)
+        p->failing_since_ns = now;
+    if (p->catching_up && p->told &&
+        now - p->failing_since_ns > (uint64_t)repl.cfg.lease_ms * 2000000ull) {
+        /* A rejoining backup out of reach for two leases: no longer waited for. Its
+         * registration has expired by now unless it reaches the coordinator, and a view
+         * that adds it was installed here long since (then it is in_view). */
+        p->told = p->confirmed = false;
+        log_warn("group %u: rejoining backup %u out of reach for %u ms: no longer waited "
+                 "for until it catches up again",
+                 G->g, p->server, 2 * repl.cfg.lease_ms);
+        done = repl_progress_locked(G);
+    }
+    if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
+        p->errors_logged_ns = now;
+        log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
+                 "view drops it",
+                 G->g, p->server, status_name(st), message);
+    }
     return done;
 }
 
 static void batch_done(void *arg, int status, const char *message, const frame *reply)
 {
     sync_call *s = arg;
-    uint64_t applied = 0;
+    uint64_t held = 0;
     if (status == STATUS_OK && reply && reply->env) {
         Psd__V1__ReplicateReply *r =
             psd__v1__replicate_reply__unpack(NULL, reply->env->body.len, reply->env->body.data);
         if (r) {
-            applied = r->applied_lsn;
+            /* A backup of an older version answers once it applied: held is applied there. */
+            held = r->held_lsn ? r->held_lsn : r->applied_lsn;
             psd__v1__replicate_reply__free_unpacked(r, NULL);
         } else {
             status = STATUS_INTERNAL;
             message = "REPLICATE reply does not decode";
         }
     }
-    if (status == STATUS_OK) {
-        /* Taken in here: the calls it completes are answered without waking the peer's
-         * thread first. */
-        rgroup *G = s->peer->grp;
-        pthread_mutex_lock(&G->q);
-        rop *done = took_ack_locked(s->peer, s->first, s->sent_last, applied, s->counted);
-        pthread_mutex_unlock(&G->q);
-        repl_answer(done);
-    }
-    s->status = status; /* read once the call is waited for (rpc_conn_call_wait) */
-    s->applied = applied;
-    snprintf(s->message, sizeof(s->message), "%s", message);
+    /* Taken in here: the calls it completes are answered without waking the peer's thread
+     * first. */
+    rpeer *p = s->peer;
+    rgroup *G = p->grp;
+    pthread_mutex_lock(&G->q);
+    p->inflight--;
+    rop *done = status == STATUS_OK ? took_ack_locked(s, held)
+                                    : failed_locked(p, status, message ? message : "");
+    pthread_cond_broadcast(&G->qcond);
+    pthread_mutex_unlock(&G->q);
+    repl_answer(done);
+    batch_free(s);
 }
 
 /* Highest lsn peer p may be sent now (q held): the log's end, or what the peer of next lower
- * rank in the view applied. */
+ * rank in the view holds. */
 static uint64_t send_limit_locked(rgroup *G, const rpeer *p)
 {
     uint64_t lim = G->last_lsn;
@@ -170,29 +221,31 @@ static uint64_t send_limit_locked(rgroup *G, const rpeer *p)
     return lim;
 }
 
-static void *peer_main(void *arg)
+/* Waits on G's queue at most ms (q held). */
+static void wait_ms_locked(rgroup *G, uint64_t ms)
 {
-    rpeer *p = arg;
-    rgroup *G = p->grp;
-    sync_call sc;
-    memset(&sc, 0, sizeof(sc));
-    size_t budget = repl.cfg.max_message > 4096 ? repl.cfg.max_message - 4096 : 4096;
-    if (budget > BATCH_MAX_BYTES)
-        budget = BATCH_MAX_BYTES;
-    pthread_mutex_lock(&G->q);
-    while (!atomic_load(&repl.stopping)) {
-        bool to = G->serving && (p->in_view || p->catching_up);
-        uint64_t lim = to ? send_limit_locked(G, p) : 0;
-        bool tell = to && p->catching_up && (!p->told || !p->confirmed) && lim <= p->acked;
-        if (lim <= p->acked && !tell) {
-            pthread_cond_wait(&G->qcond, &G->q);
-            continue;
-        }
-        /* The batch: operations (p->acked, lim], as many as fit. */
-        size_t nops = 0, seg = 0;
-        uint64_t first = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&G->qcond, &G->q, &ts);
+}
+
+/* The batch of operations (p->sent, lim] that fit (q held), or, for tell, none from
+ * p->acked + 1. NULL when out of memory; *gap when the log no longer holds p->sent + 1. */
+static sync_call *batch_make_locked(rgroup *G, rpeer *p, uint64_t lim, bool tell, size_t budget,
+                                    bool *gap)
+{
+    *gap = false;
+    size_t nops = 0, seg = 0;
+    uint64_t first = 0;
+    if (!tell) {
         for (rop *o = G->head; o && o->lsn <= lim; o = o->next) {
-            if (o->lsn <= p->acked)
+            if (o->lsn <= p->sent)
                 continue;
             size_t padded = (o->len + 3) & ~(size_t)3;
             if (nops > 0 && seg + padded > budget)
@@ -202,130 +255,143 @@ static void *peer_main(void *arg)
             nops++;
             seg += padded;
         }
-        if (tell) {
-            first = p->acked + 1;
-        } else if (nops == 0 || first != p->acked + 1) {
-            /* What it needs is no longer in the log: only a fresh copy brings it back. */
-            uint64_t now = time_now_ns();
-            if (now - p->errors_logged_ns > 5000000000ull) {
+        if (nops == 0 || first != p->sent + 1) {
+            *gap = true;
+            return NULL;
+        }
+    } else {
+        first = p->acked + 1;
+    }
+    sync_call *s = calloc(1, sizeof(*s));
+    Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
+    uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
+    uint64_t *times = malloc((nops ? nops : 1) * sizeof(*times));
+    uint64_t *epochs = malloc((nops ? nops : 1) * sizeof(*epochs));
+    struct batch_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
+    bool ok = s && lens && times && epochs && ops;
+    rq.group = G->g;
+    rq.epoch = G->epoch;
+    rq.first_lsn = first;
+    rq.committed_lsn = G->committed;
+    rq.last_lsn = G->last_lsn;
+    rq.counted = repl_peer_counted(p);
+    rq.n_op_len = nops;
+    rq.op_len = lens;
+    rq.n_op_time_ms = nops;
+    rq.op_time_ms = times;
+    rq.n_op_epoch = nops;
+    rq.op_epoch = epochs;
+    /* References to the operations, not copies: the log may drop them meanwhile (the peer
+     * left the view) while the call still needs their bytes. */
+    size_t i = 0;
+    for (rop *o = G->head; ok && o && i < nops; o = o->next) {
+        if (o->lsn < first)
+            continue;
+        lens[i] = o->len;
+        times[i] = o->time_ms;
+        epochs[i] = o->epoch;
+        ops[i].len = o->len;
+        if (o->held) {
+            ops[i].held = rpc_held_ref(o->held);
+            ops[i].bytes = o->bytes;
+        } else if ((ops[i].own = malloc(o->len)) != NULL) {
+            memcpy(ops[i].own, o->bytes, o->len);
+            ops[i].bytes = ops[i].own;
+        } else {
+            ok = false;
+        }
+        i++;
+    }
+    if (s) {
+        s->ops = ops;
+        s->nops = i;
+        ops = NULL;
+        s->peer = p;
+        s->first = first;
+        s->last = first + nops - 1;
+        s->sent_last = G->last_lsn;
+        s->counted = rq.counted;
+        s->seg_len = seg;
+        s->body_len = ok ? psd__v1__replicate_request__get_packed_size(&rq) : 0;
+        s->body = ok ? malloc(s->body_len ? s->body_len : 1) : NULL;
+        if (s->body)
+            psd__v1__replicate_request__pack(&rq, s->body);
+        else
+            ok = false;
+    }
+    free(lens);
+    free(times);
+    free(epochs);
+    free(ops);
+    if (!ok && s) {
+        batch_free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+static void *peer_main(void *arg)
+{
+    rpeer *p = arg;
+    rgroup *G = p->grp;
+    size_t budget = repl.cfg.max_message > 4096 ? repl.cfg.max_message - 4096 : 4096;
+    if (budget > BATCH_MAX_BYTES)
+        budget = BATCH_MAX_BYTES;
+    pthread_mutex_lock(&G->q);
+    while (!atomic_load(&repl.stopping)) {
+        bool to = G->serving && (p->in_view || p->catching_up);
+        if (p->sent < p->acked)
+            p->sent = p->acked;
+        uint64_t lim = to ? send_limit_locked(G, p) : 0;
+        uint64_t now = time_now_ns();
+        bool may = to && !p->stall && p->inflight < REPL_STREAM_WINDOW && now >= p->retry_ns;
+        bool tell = may && p->inflight == 0 && p->catching_up && (!p->told || !p->confirmed) &&
+                    lim <= p->acked;
+        if (!tell && (!may || lim <= p->sent)) {
+            if (to && !p->stall && p->retry_ns > now)
+                wait_ms_locked(G, (p->retry_ns - now) / 1000000 + 1);
+            else
+                pthread_cond_wait(&G->qcond, &G->q);
+            continue;
+        }
+        bool gap;
+        sync_call *s = batch_make_locked(G, p, lim, tell, budget, &gap);
+        if (s == NULL) {
+            if (gap && p->inflight > 0) {
+                pthread_cond_wait(&G->qcond, &G->q); /* answers may move it on */
+                continue;
+            }
+            if (gap && now - p->errors_logged_ns > 5000000000ull) {
+                /* What it needs is no longer in the log: only a fresh copy brings it back. */
                 p->errors_logged_ns = now;
-                log_error("group %u: backup %u applied up to lsn %llu but the log starts at "
+                log_error("group %u: backup %u holds up to lsn %llu but the log starts at "
                           "%llu: it needs a fresh copy of the group (restart it to rejoin)",
                           G->g, p->server, (unsigned long long)p->acked,
                           (unsigned long long)(G->head ? G->head->lsn : G->last_lsn + 1));
             }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_sec += 1;
-            pthread_cond_timedwait(&G->qcond, &G->q, &ts);
+            wait_ms_locked(G, gap ? 1000 : 50);
             continue;
         }
-        Psd__V1__ReplicateRequest rq = PSD__V1__REPLICATE_REQUEST__INIT;
-        uint64_t *lens = malloc((nops ? nops : 1) * sizeof(*lens));
-        uint64_t *times = malloc((nops ? nops : 1) * sizeof(*times));
-        uint64_t *epochs = malloc((nops ? nops : 1) * sizeof(*epochs));
-        struct batch_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
-        rq.group = G->g;
-        rq.epoch = G->epoch;
-        rq.first_lsn = first;
-        rq.committed_lsn = G->committed;
-        rq.last_lsn = G->last_lsn;
-        rq.counted = repl_peer_counted(p);
-        sc.counted = rq.counted;
-        uint64_t sent_last = G->last_lsn;
-        rq.n_op_len = nops;
-        rq.op_len = lens;
-        rq.n_op_time_ms = nops;
-        rq.op_time_ms = times;
-        rq.n_op_epoch = nops;
-        rq.op_epoch = epochs;
-        /* References to the operations, not copies: the log may drop them meanwhile (the
-         * peer left the view) while the call still needs their bytes. */
-        size_t i = 0;
-        bool ok = lens && times && epochs && ops;
-        for (rop *o = G->head; ok && o && i < nops; o = o->next) {
-            if (o->lsn < first)
-                continue;
-            lens[i] = o->len;
-            times[i] = o->time_ms;
-            epochs[i] = o->epoch;
-            ops[i].len = o->len;
-            if (o->held) {
-                ops[i].held = rpc_held_ref(o->held);
-                ops[i].bytes = o->bytes;
-            } else if ((ops[i].own = malloc(o->len)) != NULL) {
-                memcpy(ops[i].own, o->bytes, o->len);
-                ops[i].bytes = ops[i].own;
-            } else {
-                ok = false;
-            }
-            i++;
-        }
-        sc.ops = ops;
-        sc.nops = i;
-        sc.body_len = ok ? psd__v1__replicate_request__get_packed_size(&rq) : 0;
-        sc.body = ok ? malloc(sc.body_len ? sc.body_len : 1) : NULL;
-        if (sc.body)
-            psd__v1__replicate_request__pack(&rq, sc.body);
-        free(lens);
-        free(times);
-        free(epochs);
+        if (!tell)
+            p->sent = s->last;
+        p->inflight++;
         pthread_mutex_unlock(&G->q);
-        int st = STATUS_RESOURCE_EXHAUSTED;
-        if (sc.body) {
-            sc.seg_len = seg;
-            sc.applied = 0;
-            sc.peer = p;
-            sc.first = first;
-            sc.sent_last = sent_last;
-            rpc_call_opts o = {
-                .deadline_ms = 3000, .retries = 0, .backoff_ms = 20, .max_backoff_ms = 200};
-            sc.status = INT32_MIN; /* batch_done not run: the call did not start */
-            snprintf(sc.message, sizeof(sc.message), "could not start the call");
-            st = rpc_conn_call_wait(p->conn, &o, build_batch, batch_done, &sc);
-            if (sc.status != INT32_MIN)
-                st = sc.status;
-        } else {
-            snprintf(sc.message, sizeof(sc.message), "out of memory");
-        }
-        batch_release(&sc);
+        rpc_call_opts o = {
+            .deadline_ms = 3000, .retries = 0, .backoff_ms = 20, .max_backoff_ms = 200};
+        int st = rpc_conn_call(p->conn, &o, build_batch, batch_done, s);
         pthread_mutex_lock(&G->q);
-        if (st == STATUS_OK) {
-            /* taken in by batch_done */
-        } else if (!atomic_load(&repl.stopping)) {
-            uint64_t now = time_now_ns();
-            if (p->failing_since_ns == 0)
-                p->failing_since_ns = now;
-            if (p->catching_up && p->told &&
-                now - p->failing_since_ns > (uint64_t)repl.cfg.lease_ms * 2000000ull) {
-                /* A rejoining backup out of reach for two leases: no longer waited for. Its
-                 * registration has expired by now unless it reaches the coordinator, and a view
-                 * that adds it was installed here long since (then it is in_view). */
-                p->told = p->confirmed = false;
-                log_warn("group %u: rejoining backup %u out of reach for %u ms: no longer waited "
-                         "for until it catches up again",
-                         G->g, p->server, 2 * repl.cfg.lease_ms);
-                rop *done = repl_progress_locked(G);
-                pthread_mutex_unlock(&G->q);
-                repl_answer(done);
-                pthread_mutex_lock(&G->q);
-            }
-            if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
-                p->errors_logged_ns = now;
-                log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
-                         "view drops it",
-                         G->g, p->server, status_name(st), sc.message);
-            }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 50 * 1000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&G->qcond, &G->q, &ts);
+        if (st != 0) {
+            /* Not started: batch_done will not run. */
+            p->inflight--;
+            rop *done = failed_locked(p, st, "could not start the call");
+            pthread_mutex_unlock(&G->q);
+            repl_answer(done);
+            batch_free(s);
+            pthread_mutex_lock(&G->q);
         }
     }
+    /* Batches still in flight end by their deadline or when the stream's connection closes
+     * (replica_stop closes it once this thread returned): their answers need the group. */
     pthread_mutex_unlock(&G->q);
     return NULL;
 }

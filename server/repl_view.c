@@ -31,6 +31,7 @@ void replica_set_view(const view *v)
         if (G == NULL)
             continue;
         pthread_mutex_lock(&G->order); /* order before q, as updates take them */
+        repl_parked_drop_locked(G);    /* the primary sends them again, or no longer */
         pthread_mutex_lock(&G->q);
         rop *moved = NULL; /* calls answered: no longer the primary */
         bool was = G->serving;
@@ -45,8 +46,11 @@ void replica_set_view(const view *v)
             atomic_fetch_add(&repl.failovers, 1);
             /* Taking over: the log it kept as a backup is still to reach the others. */
             G->last_lsn = G->next_lsn - 1;
-            for (uint32_t i = 0; i < G->npeers; i++)
-                G->peers[i].acked = G->committed; /* every member had applied that much */
+            for (uint32_t i = 0; i < G->npeers; i++) {
+                rpeer *p = &G->peers[i];
+                p->acked = p->sent = G->committed; /* every member held that much */
+                p->stall = false;
+            }
             /* Its workers' silence counts from now. */
             sync_heard_all(G->st);
             log_warn("view epoch %llu: serving group %u as its primary from lsn %llu",

@@ -47,6 +47,7 @@ int replica_start(const replica_config *cfg, server_state *own, char *err, size_
         pthread_rwlockattr_destroy(&ra);
         pthread_mutex_init(&G->q, NULL);
         pthread_cond_init(&G->qcond, NULL);
+        pthread_mutex_init(&G->inbox_lock, NULL);
         G->next_lsn = 1;
         G->ready = true;
         if (k == 0) {
@@ -150,8 +151,12 @@ static void repl_metrics_collect(metrics_out *out, void *arg)
                      "backs up): replicas, once every copy a rejoin replaced was freed.",
                      (double)server_states_held());
     metrics_emit_one(out, "psd_replica_ops_streamed_total", METRIC_COUNTER,
-                     "Logged operations applied by backups of groups this server serves.",
+                     "Logged operations held by backups of groups this server serves.",
                      (double)atomic_load(&repl.replicated_ops));
+    metrics_emit_one(out, "psd_replica_ops_acked_before_applied_total", METRIC_COUNTER,
+                     "Logged operations this server, as a backup, acknowledged to their primary "
+                     "once it held them, before it applied them.",
+                     (double)atomic_load(&repl.acked_held));
     uint64_t lag = 0;
     for (uint32_t g = 0; g < repl.cfg.num_servers; g++) {
         rgroup *G = repl.groups[g];
@@ -184,6 +189,7 @@ static void repl_group_free(rgroup *G)
     pthread_rwlock_destroy(&G->swap);
     pthread_mutex_destroy(&G->q);
     pthread_cond_destroy(&G->qcond);
+    pthread_mutex_destroy(&G->inbox_lock);
     free(G);
 }
 
@@ -322,6 +328,7 @@ void replica_stop(void)
          * replies, held until their updates are applied everywhere, are answered below. */
         sync_cancel_all(G->st, "server is shutting down");
         pthread_mutex_lock(&G->order); /* no update being applied holds an entry of the log */
+        repl_parked_drop_locked(G);
         pthread_mutex_lock(&G->q);
         rop *o = G->head;
         G->head = G->tail = NULL;
