@@ -7,16 +7,8 @@
 set -u
 bin=$1 psctl=$2
 fail=0
-check() { # name expected-exit expected-text command...
-  local name=$1 want=$2 text=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc (want $want), output: $out"; fail=1
-  else
-    echo "ok   $name"
-  fi
-}
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=../support/cli_etcd.sh
+. "$(dirname "$0")/../support/cli_etcd.sh"
 two='{"ps":["127.0.0.1:1","127.0.0.1:2"]}'
 check no-coordinator 2 "replicas 2 needs a coordinator" "$bin" --cluster "$two" --task ps:0 --replicas 2
 check too-many-replicas 2 "needs that many distinct servers" "$bin" --cluster "$two" --task ps:0 --replicas 3 --coordinator http://127.0.0.1:1
@@ -25,36 +17,9 @@ check bad-coordinator 2 "expected http://host:port" "$bin" --cluster "$two" --ta
 check bad-lease 2 "lease-ms" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator http://127.0.0.1:1 --lease-ms 10
 check psctl-no-coordinator 2 "set coordinator" "$psctl" --cluster "$two" view
 
-etcd=${PSD_ETCD:-/usr/bin/etcd}
-if [ ! -x "$etcd" ]; then
-  echo "SKIP the rest: no etcd at $etcd (install Debian's etcd-server)"
-  [ $fail -eq 0 ] && exit 77
-  exit $fail
-fi
-
-tmp=$(mktemp -d /tmp/psd-replicas-cli-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$tmp" "${shm:-$tmp}"
-}
-trap cleanup EXIT
-cp=$(port); pp=$(port)
-# etcd's data on tmpfs when there is one (fsyncs on a busy disk stall it for seconds).
-shm=$tmp
-[ -w /dev/shm ] && shm=$(mktemp -d /dev/shm/psd-replicas-cli-XXXXXX)
-"$etcd" --data-dir "$shm/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
-  --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
-  --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd.log" 2>&1 &
-etcd_pid=$!; pids+=($etcd_pid)
-coord="http://127.0.0.1:$cp"
-# Ready once it answers a read (it listens before it has a leader).
-for _ in $(seq 100); do
-  /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
-  sleep 0.1
-done
+etcd_or_skip
+etcd_tmp replicas-cli
+etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
 
 p0=$(port); p1=$(port); h0=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"
@@ -67,10 +32,6 @@ start 0 --http-listen 127.0.0.1:$h0
 pid0=${pids[-1]}
 start 1
 pid1=${pids[-1]}
-wait_log() { # file text seconds
-  for _ in $(seq $(( $3 * 10 ))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 if wait_log "$tmp/ps0.log" "view epoch 1" 15 && wait_log "$tmp/ps1.log" "view epoch 1" 5; then
   echo "ok   first view"
 else
@@ -120,24 +81,14 @@ if wait_log "$tmp/ps0.log" "failover waits for etcd" 5 && kill -0 $pid0; then
 else
   echo "FAIL etcd down"; tail "$tmp/ps0.log"; fail=1
 fi
-check psctl-view-etcd-down 1 "127.0.0.1:$cp: cannot connect" "$psctl" --cluster "$spec" --coordinator "$coord" view
+check psctl-view-etcd-down 1 "${coord#http://}: cannot connect" "$psctl" --cluster "$spec" --coordinator "$coord" view
 kill -TERM $pid0
 wait $pid0; rc=$?
 [ $rc -eq 0 ] && echo "ok   SIGTERM exits 0" || { echo "FAIL SIGTERM: exit $rc"; fail=1; }
 
 # A lease lost before the first view (a server stalled while it waits for the others): it
 # registers again and serves its groups once the view forms (it used to refuse every view).
-cp=$(port); pp=$(port)
-"$etcd" --data-dir "$shm/etcd2" --listen-client-urls "http://127.0.0.1:$cp" \
-  --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
-  --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd2.log" 2>&1 &
-pids+=($!)
-coord="http://127.0.0.1:$cp"
-for _ in $(seq 100); do
-  /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
-  sleep 0.1
-done
+etcd_start etcd2 || { echo "FAIL the second etcd did not answer"; exit 1; }
 p0=$(port); p1=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"
 : >"$tmp/ps0.log"; : >"$tmp/ps1.log"

@@ -9,16 +9,8 @@
 set -u
 bin=$1 psctl=$2 push=$3
 fail=0
-check() { # name expected-exit expected-text command...
-  local name=$1 want=$2 text=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc (want $want), output: $out"; fail=1
-  else
-    echo "ok   $name"
-  fi
-}
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=../support/cli_etcd.sh
+. "$(dirname "$0")/../support/cli_etcd.sh"
 two='{"ps":["127.0.0.1:1","127.0.0.1:2"]}'
 check join-no-coordinator 2 "join: set coordinator" "$bin" --cluster "$two" --join --listen tcp://127.0.0.1:3
 check join-no-listen 2 "join: set listen" "$bin" --cluster "$two" --join --coordinator http://127.0.0.1:1
@@ -27,39 +19,9 @@ check join-replicas 2 "replicas > 1 cannot grow yet" "$bin" --cluster "$two" --j
 check join-wildcard 2 "wildcard host" "$bin" --cluster "$two" --join --listen tcp://0.0.0.0:3 --coordinator http://127.0.0.1:1
 check psctl-slots-no-coordinator 2 "the slot map lives there" "$psctl" --cluster "$two" slots
 
-etcd=${PSD_ETCD:-/usr/bin/etcd}
-if [ ! -x "$etcd" ]; then
-  echo "SKIP the rest: no etcd at $etcd (install Debian's etcd-server)"
-  [ $fail -eq 0 ] && exit 77
-  exit $fail
-fi
-
-tmp=$(mktemp -d /tmp/psd-slots-cli-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$tmp" "${shm:-$tmp}"
-}
-trap cleanup EXIT
-cp=$(port); pp=$(port)
-# etcd's data on tmpfs when there is one (fsyncs on a busy disk stall it for seconds).
-shm=$tmp
-[ -w /dev/shm ] && shm=$(mktemp -d /dev/shm/psd-slots-cli-XXXXXX)
-"$etcd" --data-dir "$shm/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
-  --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
-  --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd.log" 2>&1 &
-etcd_pid=$!; pids+=($etcd_pid)
-coord="http://127.0.0.1:$cp"
-for _ in $(seq 100); do
-  /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
-  sleep 0.1
-done
-wait_log() { # file text seconds
-  for _ in $(seq $(( $3 * 10 ))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
+etcd_or_skip
+etcd_tmp slots-cli
+etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
 
 p0=$(port); p1=$(port); p2=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"
