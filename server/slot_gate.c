@@ -79,6 +79,28 @@ uint64_t slot_gate_version(void)
     return atomic_load(&g.version);
 }
 
+int slot_gate_map_copy(const server_state *st, slot_map *out, uint32_t **owner)
+{
+    *owner = NULL;
+    bool on = atomic_load(&g.on);
+    if (on)
+        pthread_mutex_lock(&g.mu);
+    *out = server_slots(st);
+    int rc = 0;
+    if (out->owner != NULL) {
+        *owner = malloc((size_t)out->nslots * sizeof(uint32_t));
+        if (*owner == NULL)
+            rc = -1;
+        else
+            for (uint32_t s = 0; s < out->nslots; s++)
+                (*owner)[s] = __atomic_load_n(&out->owner[s], __ATOMIC_ACQUIRE);
+        out->owner = *owner;
+    }
+    if (on)
+        pthread_mutex_unlock(&g.mu);
+    return rc;
+}
+
 static bool is_frozen(uint32_t slot)
 {
     return __atomic_load_n(&g.frozen[slot], __ATOMIC_ACQUIRE) != 0;

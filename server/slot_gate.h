@@ -46,5 +46,9 @@ void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_
 /* The owner of slot in this server's map, and that map's version. */
 uint32_t slot_gate_owner(server_state *st, uint32_t slot);
 uint64_t slot_gate_version(void);
+/* st's slot map as it stands between two commits (a commit's batch wholly in or wholly out):
+ * into *out, with its owners copied into *owner (caller frees; NULL for a static map, whose
+ * owner is NULL too). Gate off: server_slots(st). Returns 0, or -1 when memory can't be had. */
+int slot_gate_map_copy(const server_state *st, slot_map *out, uint32_t **owner);
 
 #endif
