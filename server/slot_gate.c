@@ -146,13 +146,10 @@ static bool check_name(rpc_call *call, server_state *st, const char *name, bool 
     return false;
 }
 
-/* A table's request: the slot of every id of the segment. */
-static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64_t n, bool update)
+/* The slot of each of the n ids at seg (8 bytes each, unaligned). */
+static bool check_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *seg,
+                       uint64_t n, bool update)
 {
-    size_t len = 0;
-    const uint8_t *seg = rpc_call_segment(call, &len);
-    if (name == NULL || seg == NULL || n == 0 || n > len / 8)
-        return true; /* malformed: the handler says so */
     for (uint64_t i = 0; i < n; i++) {
         int64_t id;
         memcpy(&id, seg + i * 8, 8);
@@ -168,6 +165,31 @@ static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64
         }
     }
     return true;
+}
+
+/* A table's request: the slot of every id of the segment. */
+static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64_t n, bool update)
+{
+    size_t len = 0;
+    const uint8_t *seg = rpc_call_segment(call, &len);
+    if (name == NULL || seg == NULL || n == 0 || n > len / 8)
+        return true; /* malformed: the handler says so */
+    return check_rows(call, st, name, seg, n, update);
+}
+
+bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name)
+{
+    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+        return true;
+    return check_name(call, st, name, false);
+}
+
+bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
+                         uint64_t n)
+{
+    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+        return true;
+    return check_rows(call, st, name, ids, n, false);
 }
 
 static bool check(rpc_call *call, server_state *st)
