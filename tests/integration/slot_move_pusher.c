@@ -10,7 +10,8 @@
  *       applied, so the check could not be exact).
  *   slot_move_pusher step HISTORY STOPFILE
  *       the same, each thread's updates sent as Steps (ps_step_ex): one Step pushes 1 to two
- *       variables and to 3 ids of the table (a Step follows moved slots like the calls do).
+ *       variables and to 3 ids of the table (a Step follows moved slots like the calls do);
+ *       with PS_WORKER_ID set, each Step also moves the worker's clock (PS_STEP_CLOCK).
  *   slot_move_pusher check HISTORY...
  *       pulls every variable and row and checks each equals its acknowledged pushes, summed
  *       over the histories (never applied twice, never lost). Exit 0, or 1 naming the first values
@@ -62,7 +63,7 @@ static void *pusher(void *arg)
             ti.ids = ids;
             ti.n = 3;
             ti.grads = gg;
-            rc = ps_step_ex(cl, it, 2, &ti, 1, 0);
+            rc = ps_step_ex(cl, it, 2, &ti, 1, getenv("PS_WORKER_ID") ? PS_STEP_CLOCK : 0);
             if (rc == PS_OK) {
                 for (int k = 0; k < 2; k++)
                     atomic_fetch_add(&var_acks[v[k]], 1);
