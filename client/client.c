@@ -226,15 +226,16 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     }
     bool heartbeats = c->worker_id >= 0 && c->heartbeat_ms > 0;
     if (heartbeats) {
-        c->hb_conns = calloc(cl.n_ps, sizeof(*c->hb_conns));
-        c->hb = calloc(cl.n_ps, sizeof(*c->hb));
+        /* For the servers that may join too (their connection made when they do). */
+        c->hb_conns = calloc((size_t)c->cap_servers, sizeof(*c->hb_conns));
+        c->hb = calloc((size_t)c->cap_servers, sizeof(*c->hb));
         if (c->hb_conns == NULL || c->hb == NULL) {
             cluster_fini(&cl);
             ps_config_destroy(own);
             ps_client_close(c);
             return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
         }
-        for (size_t i = 0; i < cl.n_ps; i++) {
+        for (int i = 0; i < c->cap_servers; i++) {
             c->hb[i].c = c;
             c->hb[i].server = (int)i;
             pthread_mutex_init(&c->hb[i].lock, NULL);
@@ -331,8 +332,9 @@ void ps_client_close(ps_client *c)
         pthread_join(c->heartbeat, NULL);
     }
     atomic_store(&c->conns_closing, true);
-    for (int i = 0; c->hb_conns && i < c->nservers; i++)
-        rpc_conn_close(c->hb_conns[i]);
+    for (int i = 0; c->hb_conns && i < c->cap_servers; i++)
+        if (c->hb_conns[i])
+            rpc_conn_close(c->hb_conns[i]);
     free(c->hb_conns);
     for (int i = 0; c->servers && i < client_reach(c); i++)
         rpc_conn_close(c->servers[i]); /* their watchers read c->hb (client_wait_hint) */
@@ -344,7 +346,7 @@ void ps_client_close(ps_client *c)
     client_slots_free(c);
     free(c->route);
     free(c->next_seq);
-    for (int i = 0; c->hb && i < c->nservers; i++)
+    for (int i = 0; c->hb && i < c->cap_servers; i++)
         pthread_mutex_destroy(&c->hb[i].lock);
     free(c->hb);
     for (size_t i = 0; i < c->nvars; i++) {
@@ -600,25 +602,28 @@ int client_all_servers(ps_client *c, int **out)
  * the highest clock a server answered with. */
 static int clock_all_servers(ps_client *c, bool finished, int64_t *given)
 {
-    int *servers;
-    int rc = client_all_servers(c, &servers);
-    if (rc != PS_OK)
-        return rc;
+    /* Every server reached: those of the spec and those that joined (slots moved there). */
+    int n = client_reach(c);
+    int *servers = calloc((size_t)n + 1, sizeof(int));
+    if (servers == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < n; i++)
+        servers[i] = i;
     Psd__V1__ClockRequest req = PSD__V1__CLOCK_REQUEST__INIT;
     req.finished = finished;
-    ProtobufCMessage **replies = calloc((size_t)c->nservers, sizeof(*replies));
+    ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));
     if (replies == NULL) {
         free(servers);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    rc = client_unary(c, servers, c->nservers, PSD__V1__METHOD__CLOCK, &req.base,
-                      &psd__v1__clock_reply__descriptor, replies);
-    for (int i = 0; given && rc == PS_OK && i < c->nservers; i++) {
+    int rc = client_unary(c, servers, (size_t)n, PSD__V1__METHOD__CLOCK, &req.base,
+                          &psd__v1__clock_reply__descriptor, replies);
+    for (int i = 0; given && rc == PS_OK && i < n; i++) {
         int64_t clock = ((const Psd__V1__ClockReply *)replies[i])->clock;
         if (clock > *given)
             *given = clock;
     }
-    client_free_replies(replies, c->nservers);
+    client_free_replies(replies, (size_t)n);
     free(replies);
     free(servers);
     return rc;
@@ -731,8 +736,10 @@ static void *heartbeat_main(void *arg)
         if (c->finished)
             continue; /* left the barrier: nothing to keep alive */
         pthread_mutex_unlock(&c->lock);
-        for (int i = 0; i < c->nservers; i++) {
+        for (int i = 0, n = client_reach(c); i < n; i++) {
             client_hb *h = &c->hb[i];
+            if (c->hb_conns[i] == NULL) /* a server that joined, not connected for them */
+                continue;
             if (atomic_exchange(&h->busy, true))
                 continue; /* the last one is still waiting for this server */
             /* To the group's primary (route.c), as data calls go: after a failover the

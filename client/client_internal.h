@@ -143,6 +143,11 @@ void client_slots_refresh(ps_client *c, uint64_t version);
  * of a table request cut after a move (route_split.c), which follows later moves as well. */
 int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                       uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg);
+/* client_call_keyed on the client's servers, except that a reply saying slots moved
+ * (Envelope.moved_to) goes to done as it is: the caller (a Step, whose items may now be on
+ * several servers) re-reads the map and resends the pieces itself. */
+int client_call_own_moves(ps_client *c, int server, const rpc_call_opts *o, uint64_t key,
+                          rpc_build_fn build, rpc_done_fn done, void *arg);
 int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t key,
                       const rpc_call_opts *opts, rpc_build_fn build, void *build_arg,
                       rpc_done_fn done, void *arg);

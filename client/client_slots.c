@@ -82,6 +82,15 @@ static void grow(ps_client *c, const slots_record *r)
                      err);
             break;
         }
+        if (c->hb_conns != NULL) { /* a worker's heartbeats go there too */
+            cc.connections = 1;
+            cc.watch = 0;
+            if (rpc_conn_open(&c->hb_conns[n], &cc, err, sizeof(err)) != 0) {
+                c->hb_conns[n] = NULL;
+                log_warn("no heartbeats to ps %d (%s), which joined the cluster: %s", n, r->addr[n],
+                         err);
+            }
+        }
         atomic_store(&c->route[n], n);
         log_info("connected to ps %d (%s), which joined the cluster", n, r->addr[n]);
         n++;

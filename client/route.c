@@ -44,6 +44,7 @@ typedef struct routed {
     /* Slots moved: the client id the request goes with now (slots_stream_client of the
      * previous one and the server that refused it as moved); 0: the client's own. */
     uint64_t key;
+    bool own_moves; /* the caller follows moved slots itself (a Step) */
     rpc_call_opts opts;
     uint64_t deadline_ns;
     rpc_build_fn build;
@@ -108,7 +109,7 @@ static void routed_done(void *arg, int status, const char *message, const frame 
     bool replicated = c->replicated || atomic_load(&c->view_epoch) != 0;
     bool time_left = time_now_ns() + 50000000ull < r->deadline_ns;
     int next = -1;
-    if (!replicated && time_left && r->hops < ROUTE_MAX_HOPS &&
+    if (!replicated && !r->own_moves && time_left && r->hops < ROUTE_MAX_HOPS &&
         status == STATUS_FAILED_PRECONDITION && reply && reply->env->moved_to != 0 &&
         (int)reply->env->moved_to - 1 != r->target && !atomic_load(&c->conns_closing) &&
         r->conns == c->servers &&
@@ -211,8 +212,24 @@ int client_call_on(ps_client *c, rpc_conn **conns, int server, const rpc_call_op
     return client_call_keyed(c, conns, server, o, 0, build, done, arg);
 }
 
+static int call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, bool own_moves, rpc_build_fn build, rpc_done_fn done,
+                      void *arg);
+
 int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
                       uint64_t key, rpc_build_fn build, rpc_done_fn done, void *arg)
+{
+    return call_keyed(c, conns, server, o, key, false, build, done, arg);
+}
+
+int client_call_own_moves(ps_client *c, int server, const rpc_call_opts *o, uint64_t key,
+                          rpc_build_fn build, rpc_done_fn done, void *arg)
+{
+    return call_keyed(c, c->servers, server, o, key, true, build, done, arg);
+}
+
+static int call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call_opts *o,
+                      uint64_t key, bool own_moves, rpc_build_fn build, rpc_done_fn done, void *arg)
 {
     if (c->route == NULL || server < 0 || server >= client_reach(c))
         return rpc_conn_call(conns[server], o, build, done, arg);
@@ -229,6 +246,7 @@ int client_call_keyed(ps_client *c, rpc_conn **conns, int server, const rpc_call
     r->done = done;
     r->arg = arg;
     r->key = key;
+    r->own_moves = own_moves;
     int rv = attempt(r);
     if (rv != 0)
         free(r);

@@ -32,6 +32,7 @@ typedef struct step_piece {
     uint64_t offset, count; /* in the variable's index space; a table piece's ids are
                                order[offset .. offset + count) of its item */
     uint64_t seq;           /* push pieces */
+    const size_t *ord;      /* a table piece: its ids' indexes into its item's ids */
     bool push, pull, table;
 } step_piece;
 
@@ -43,23 +44,36 @@ typedef struct step_titem {
     const float *grads;
     float *rows;   /* the caller's rows */
     size_t *order; /* indexes into ids: server s's are order[start[s] .. start[s + 1]) */
-    size_t *start; /* [nservers + 1] */
+    size_t *start; /* [nsrv + 1] */
     id_dups *dups; /* the caller's ids had duplicates: ids, n and grads are the distinct ones */
 } step_titem;
 
 typedef struct step_state step_state;
 
-typedef struct step_msg {
+typedef struct step_msg step_msg;
+struct step_msg {
     step_state *s;
     int server;
-    bool phase1; /* pushes of a server that needs more than one message */
+    uint64_t key; /* the client id it goes with (0: the client's own), after a move */
+    bool phase1;  /* pushes of a server that needs more than one message */
     bool advance_clock;
     size_t first, npieces;           /* s->pieces[first .. first + npieces) */
     uint64_t push_elems, pull_elems; /* dense elements pushed and pulled */
     uint64_t req_words, rep_words;   /* for the chunk: dense elements, ids x 2, rows x dim */
     size_t ntable;                   /* table pieces among npieces */
     uint64_t table_pull_elems;       /* row elements of the table pieces that pull */
-} step_msg;
+    /* A message resent after a move (resend): its own pieces (own, with table pieces' ids in
+     * ordbuf) and the message it is part of, which completes once its `pending` parts have,
+     * with the first failure among them (child_status, child_msg). */
+    step_piece *own;
+    size_t *ordbuf;
+    step_msg *parent;
+    int pending;
+    int child_status;
+    char child_msg[512];
+};
+
+static step_piece *piece_of(const step_msg *m, size_t k);
 
 typedef struct step_server {
     int phase1_left;       /* phase-1 messages not yet answered; atomic via s->lock */
@@ -82,6 +96,8 @@ struct step_state {
     step_msg *msgs;
     size_t nmsgs, capmsgs;
     step_server *srv;
+    int nsrv; /* servers reached when it started (client_reach): those of the spec, then those
+                 that joined; srv and each table item's start are that long */
     pthread_mutex_t lock; /* srv, given_clock */
     int64_t given_clock;  /* highest clock a server replied (an evicted worker's new clock) */
 };
@@ -123,6 +139,7 @@ static int add_piece(step_state *s, int server, size_t item, uint64_t offset, ui
     p->push = push;
     p->pull = pull;
     p->table = table;
+    p->ord = table ? s->titems[item].order + offset : NULL;
     p->seq = push ? client_next_seq(s->c, server) : 0;
     return 0;
 }
@@ -147,15 +164,26 @@ static step_msg *add_msg(step_state *s, int server, bool phase1, bool advance_cl
     return m;
 }
 
-/* The part of item i on `server`: [*lo, *hi), empty when *lo >= *hi. */
-static void item_range_on(const ps_step_item *it, int server, uint64_t *lo, uint64_t *hi)
+/* The part of item i on `server`: [*lo, *hi), empty when *lo >= *hi. A variable held whole
+ * is on its owner in the client's map now (the servers it reaches), else on its owner at
+ * open, which answers where it went. */
+static void item_range_on(const step_state *s, const ps_step_item *it, int server, uint64_t *lo,
+                          uint64_t *hi)
 {
     const ps_var *v = it->var;
     uint64_t a = 0, n = v->numel;
-    if (v->split)
+    if (v->split && (uint32_t)server < v->nservers)
         placement_range(v->numel, v->nservers, (uint32_t)server, &a, &n);
-    else if ((int)v->owner != server)
+    else if (v->split)
         n = 0;
+    else {
+        slot_map map = s->c->slots;
+        int owner = (int)slots_name_owner(&map, v->name);
+        if (owner >= s->nsrv)
+            owner = (int)v->owner < s->nsrv ? (int)v->owner : 0;
+        if (owner != server)
+            n = 0;
+    }
     uint64_t b = a + n;
     *lo = it->offset > a ? it->offset : a;
     *hi = it->offset + it->count < b ? it->offset + it->count : b;
@@ -174,7 +202,7 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
         if (!ps && !pl)
             continue;
         uint64_t lo, hi, n;
-        item_range_on(it, server, &lo, &hi);
+        item_range_on(s, it, server, &lo, &hi);
         for (uint64_t x = lo; x < hi; x += n) {
             n = hi - x < chunk ? hi - x : chunk;
             if (m == NULL || (ps && m->push_elems + n > chunk) ||
@@ -236,11 +264,11 @@ static int plan(step_state *s)
 {
     ps_client *c = s->c;
     uint64_t chunk = c->chunk_elems;
-    for (int sv = 0; sv < c->nservers; sv++) {
+    for (int sv = 0; sv < s->nsrv; sv++) {
         uint64_t push = 0, pull = 0;
         for (size_t i = 0; i < s->nitems; i++) {
             uint64_t lo, hi;
-            item_range_on(&s->items[i], sv, &lo, &hi);
+            item_range_on(s, &s->items[i], sv, &lo, &hi);
             if (hi <= lo)
                 continue;
             push += s->items[i].grad ? hi - lo : 0;
@@ -283,7 +311,7 @@ static uint64_t msg_table_bytes(const step_msg *m, size_t esize)
     const step_state *s = m->s;
     uint64_t b = 0;
     for (size_t k = 0; k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (p->table)
             b += 8 * p->count + (p->push ? esize * p->count * s->titems[p->item].t->dim : 0);
     }
@@ -320,7 +348,7 @@ static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     }
     size_t kd = 0, kt = 0;
     for (size_t k = 0; k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (p->table) {
             psd__v1__step_table_item__init(&titems[kt]);
             titems[kt].name = s->titems[p->item].t->name;
@@ -360,7 +388,7 @@ static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     uint8_t *seg;
     int rv = client_build_segment(&env, &req.base, (size_t)seg_bytes, &seg, out);
     for (size_t k = 0; rv == 0 && k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (!p->push || p->table)
             continue;
         const ps_step_item *it = &s->items[p->item];
@@ -368,11 +396,11 @@ static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
         seg += esize * p->count;
     }
     for (size_t k = 0; rv == 0 && k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (!p->table)
             continue;
         const step_titem *ti = &s->titems[p->item];
-        const size_t *ord = ti->order + p->offset;
+        const size_t *ord = p->ord;
         size_t dim = ti->t->dim;
         for (uint64_t x = 0; x < p->count; x++, seg += 8)
             memcpy(seg, &ti->ids[ord[x]], 8);
@@ -388,12 +416,17 @@ static int msg_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     return rv;
 }
 
+static step_piece *piece_of(const step_msg *m, size_t k)
+{
+    return m->own ? &m->own[k] : &m->s->pieces[m->first + k];
+}
+
 static void msg_done(void *arg, int status, const char *message, const frame *reply);
 
 static void msg_start(step_msg *m)
 {
     ps_client *c = m->s->c;
-    int rc = client_call(c, m->server, &c->call, msg_build, msg_done, m);
+    int rc = client_call_own_moves(c, m->server, &c->call, m->key, msg_build, msg_done, m);
     if (rc != 0)
         msg_done(m, rc, "cannot start the request", NULL);
 }
@@ -424,7 +457,7 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
     }
     const uint8_t *seg = reply->segment;
     for (size_t k = 0, kd = 0; status == STATUS_OK && k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (p->table)
             continue;
         const ps_step_item *it = &s->items[p->item];
@@ -438,11 +471,11 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
         }
     }
     for (size_t k = 0; status == STATUS_OK && k < m->npieces; k++) {
-        const step_piece *p = &s->pieces[m->first + k];
+        const step_piece *p = piece_of(m, k);
         if (!p->table || !p->pull)
             continue;
         const step_titem *ti = &s->titems[p->item];
-        const size_t *ord = ti->order + p->offset;
+        const size_t *ord = p->ord;
         size_t dim = ti->t->dim;
         for (uint64_t x = 0; x < p->count; x++, seg += esize * dim) {
             frame_get_floats(ti->rows + id_dups_place(ti->dups, ord[x]) * dim, seg, dim, s->dtype);
@@ -459,14 +492,147 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
     return status;
 }
 
-static void msg_done(void *arg, int status, const char *message, const frame *reply)
+/* The owner now of a dense piece's variable: a split one stays where its range is. */
+static int piece_owner(const step_state *s, const step_piece *p, const slot_map *map, int at)
 {
-    step_msg *m = arg;
+    const ps_var *v = s->items[p->item].var;
+    return v->split ? at : (int)slots_name_owner(map, v->name);
+}
+
+/* m, refused by m->server because slots of it moved: the map is read again and m's pieces go
+ * to their owners now as messages of their own (same seqs: a piece that stays under the key m
+ * went with, the others under the stream key of that and m->server, whose windows came with
+ * the slots; a table piece cut by owner; m's clock still to m->server). m completes once they
+ * all have. Returns 0 when they took over, -1 when not (the map read moves none of m's
+ * pieces, gives one to a server this client does not reach, or memory ran out). */
+static int resend(step_msg *m, const frame *reply)
+{
     step_state *s = m->s;
-    if (status == STATUS_OK && reply != NULL)
-        status = msg_read(m, reply, &message);
-    else if (status == STATUS_OK)
-        status = STATUS_INTERNAL, message = "no reply";
+    ps_client *c = s->c;
+    client_slots_refresh(c, reply->env->slots_version);
+    slot_map map = c->slots;
+    int reach = client_reach(c), from = m->server;
+    size_t nown = 0;
+    for (size_t k = 0; k < m->npieces; k++)
+        nown += piece_of(m, k)->table ? piece_of(m, k)->count : 1;
+    int *own = malloc((nown ? nown : 1) * sizeof(int));
+    size_t *np = calloc((size_t)reach, sizeof(size_t)), *ni = calloc((size_t)reach, sizeof(size_t));
+    step_msg **kids = calloc((size_t)reach, sizeof(*kids));
+    int rc = own && np && ni && kids ? 0 : -1;
+    bool moved = false;
+    for (size_t k = 0, x = 0; rc == 0 && k < m->npieces; k++) {
+        const step_piece *p = piece_of(m, k);
+        if (!p->table) {
+            own[x] = piece_owner(s, p, &map, from);
+            moved = moved || own[x] != from;
+            rc = own[x] >= 0 && own[x] < reach ? 0 : -1;
+            if (rc == 0)
+                np[own[x]]++;
+            x++;
+            continue;
+        }
+        const step_titem *ti = &s->titems[p->item];
+        bool seen[SLOTS_MAX_SERVERS] = {false};
+        for (uint64_t i = 0; rc == 0 && i < p->count; i++, x++) {
+            own[x] = (int)slots_row_owner_h(&map, ti->t->name_hash, ti->ids[p->ord[i]]);
+            moved = moved || own[x] != from;
+            rc = own[x] < reach && own[x] < SLOTS_MAX_SERVERS ? 0 : -1;
+            if (rc == 0) {
+                np[own[x]] += !seen[own[x]];
+                seen[own[x]] = true;
+                ni[own[x]]++;
+            }
+        }
+    }
+    int nkids = 0;
+    for (int o = 0; rc == 0 && moved && o < reach; o++) {
+        if (np[o] == 0 && !(o == from && m->advance_clock))
+            continue;
+        step_msg *ch = calloc(1, sizeof(*ch));
+        if (ch == NULL || (ch->own = calloc(np[o] ? np[o] : 1, sizeof(step_piece))) == NULL ||
+            (ch->ordbuf = malloc((ni[o] ? ni[o] : 1) * sizeof(size_t))) == NULL) {
+            if (ch)
+                free(ch->own);
+            free(ch);
+            rc = -1;
+            break;
+        }
+        ch->s = s;
+        ch->server = o;
+        ch->parent = m;
+        ch->advance_clock = m->advance_clock && o == from;
+        ch->key = o == from ? m->key
+                            : slots_stream_client(m->key ? m->key : c->client_id, (uint32_t)from);
+        kids[nkids++] = ch;
+        size_t used = 0;
+        for (size_t k = 0, x = 0; k < m->npieces; k++) {
+            const step_piece *p = piece_of(m, k);
+            if (!p->table) {
+                if (own[x++] == o) {
+                    ch->own[ch->npieces++] = *p;
+                    ch->push_elems += p->push ? p->count : 0;
+                    ch->pull_elems += p->pull ? p->count : 0;
+                }
+                continue;
+            }
+            size_t first = used;
+            for (uint64_t i = 0; i < p->count; i++, x++)
+                if (own[x] == o)
+                    ch->ordbuf[used++] = p->ord[i];
+            if (used == first)
+                continue;
+            step_piece *q = &ch->own[ch->npieces++];
+            *q = *p;
+            q->ord = ch->ordbuf + first;
+            q->count = used - first;
+            ch->ntable++;
+            ch->table_pull_elems += p->pull ? q->count * s->titems[p->item].t->dim : 0;
+        }
+    }
+    if (rc == 0 && moved && nkids > 0) {
+        m->pending = nkids;
+        m->child_status = STATUS_OK;
+        /* Nothing of m or s is touched once the last one is started: it may complete m. */
+        for (int i = 0; i < nkids; i++)
+            msg_start(kids[i]);
+    } else {
+        for (int i = 0; i < nkids; i++) {
+            free(kids[i]->own);
+            free(kids[i]->ordbuf);
+            free(kids[i]);
+        }
+        rc = -1;
+    }
+    free(own);
+    free(np);
+    free(ni);
+    free(kids);
+    return rc;
+}
+
+/* m is answered (status, message): a part of a resent message tells the message it is part
+ * of; a message of the plan releases its server's part of the op (and, the last push message
+ * of a server, its pulls and clock). */
+static void msg_finish(step_msg *m, int status, const char *message)
+{
+    step_state *s = m->s;
+    step_msg *up = m->parent;
+    if (up != NULL) {
+        pthread_mutex_lock(&s->lock);
+        if (status != STATUS_OK && up->child_status == STATUS_OK) {
+            up->child_status = status;
+            snprintf(up->child_msg, sizeof(up->child_msg), "ps %d: %.480s", m->server,
+                     message ? message : status_name(status));
+        }
+        bool last = --up->pending == 0;
+        pthread_mutex_unlock(&s->lock);
+        free(m->own);
+        free(m->ordbuf);
+        free(m);
+        if (last)
+            msg_finish(up, up->child_status, up->child_status == STATUS_OK ? NULL : up->child_msg);
+        return;
+    }
     if (m->phase1) {
         /* The last push message of a server releases its pulls and clock. */
         step_server *sv = &s->srv[m->server];
@@ -489,13 +655,27 @@ static void msg_done(void *arg, int status, const char *message, const frame *re
     client_op_release(s->op, m->server, status, message);
 }
 
+static void msg_done(void *arg, int status, const char *message, const frame *reply)
+{
+    step_msg *m = arg;
+    if (status == STATUS_OK && reply != NULL)
+        status = msg_read(m, reply, &message);
+    else if (status == STATUS_OK)
+        status = STATUS_INTERNAL, message = "no reply";
+    else if (status == STATUS_FAILED_PRECONDITION && reply != NULL && reply->env->moved_to != 0 &&
+             !m->s->c->replicated && atomic_load(&m->s->c->view_epoch) == 0 &&
+             !atomic_load(&m->s->c->conns_closing) && resend(m, reply) == 0)
+        return; /* its parts answer it */
+    msg_finish(m, status, message);
+}
+
 /* Starts a step's op (client_op_fanout): phase-1 messages and single messages now; a
  * server's phase 2 once its phase 1 is done (or now, when it has none). */
 static void step_send_all(void *arg, ps_op *op)
 {
     step_state *s = arg;
     s->op = op;
-    for (int sv = 0; sv < s->c->nservers; sv++) {
+    for (int sv = 0; sv < s->nsrv; sv++) {
         bool has1 = s->srv[sv].phase1_left > 0;
         for (size_t k = 0; k < s->nmsgs; k++) {
             step_msg *m = &s->msgs[k];
@@ -538,7 +718,7 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
     if (s->titems == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     s->ntitems = nt;
-    uint32_t ns = (uint32_t)c->nservers;
+    uint32_t ns = (uint32_t)s->nsrv;
     for (size_t j = 0; j < nt; j++) {
         ps_table_item it = {0};
         const ps_table_item *src = (const void *)((const char *)tables + j * stride);
@@ -588,7 +768,7 @@ static int copy_table_items(step_state *s, const ps_table_item *tables, size_t n
         }
         for (size_t i = 0; i < it.n; i++) {
             owner[i] = slots_row_owner_h(&c->slots, ti->t->name_hash, it.ids[i]);
-            if (owner[i] >= ns) /* a server that joined: a step does not reach it */
+            if (owner[i] >= ns) /* joined since the step started: ps 0 answers where */
                 owner[i] = 0;
             ti->start[owner[i] + 1]++;
         }
@@ -644,13 +824,14 @@ static int step_start(ps_client *c, const ps_step_item *items, size_t n,
     if (at_clock > s->push_clock)
         s->push_clock = at_clock;
     s->given_clock = INT64_MIN;
+    s->nsrv = client_reach(c);
     int rc = copy_table_items(s, tables, ntables);
     if (rc != PS_OK) {
         step_state_free(s);
         return rc;
     }
     s->items = malloc((n ? n : 1) * sizeof(*s->items));
-    s->srv = calloc((size_t)c->nservers, sizeof(*s->srv));
+    s->srv = calloc((size_t)s->nsrv, sizeof(*s->srv));
     if (s->items != NULL && n > 0)
         memcpy(s->items, items, n * sizeof(*items));
     if (s->items == NULL || s->srv == NULL || plan(s) != 0) {

@@ -13,6 +13,12 @@ typedef struct mem_budget {
     atomic_uint_fast64_t held;
 } mem_budget;
 
+/* Said by a refusal for max-server-bytes: how to make room (docs/operations.md, "Adding and
+ * removing servers"). */
+#define BUDGET_FULL_HINT                                                                           \
+    "this server is full: add a server (start one with ps-server --join, then run psctl "          \
+    "add-server HOST:PORT) or raise max-server-bytes"
+
 /* Sets the limit (0: none); what is held stays. */
 void budget_set_max(mem_budget *b, uint64_t max);
 uint64_t budget_max(mem_budget *b);

@@ -13,6 +13,7 @@
 #include "ckpt_snapshot.h"
 #include "ckpt_types.h"
 #include "log.h"
+#include "slots_record.h"
 #include "timeutil.h"
 #include "util.h"
 
@@ -803,8 +804,11 @@ static int read_slots(file_read *f, uint32_t flags, uint64_t len)
         ckr_u32(r, &fl, "the slot map") || ckr_u32(r, &pad, "the slot map"))
         return -1;
     bool fixed = (fl & SLOTS_STATIC) != 0;
-    if (!slots_count_valid(n) || ns != f->src->num_servers || pad != 0 ||
-        (fl & ~(uint32_t)SLOTS_STATIC) != 0 || len != 16 + (fixed ? 0 : (uint64_t)n * 4))
+    /* An explicit map may name servers that joined, past the cluster spec's. */
+    bool servers_ok =
+        fixed ? ns == f->src->num_servers : ns >= f->src->num_servers && ns <= SLOTS_MAX_SERVERS;
+    if (!slots_count_valid(n) || !servers_ok || pad != 0 || (fl & ~(uint32_t)SLOTS_STATIC) != 0 ||
+        len != 16 + (fixed ? 0 : (uint64_t)n * 4))
         return errf(r->err, r->errlen, "slot map record at byte %" PRIu64 ": bad sizes", r->pos);
     if (!fixed) {
         free(l->slot_owner);

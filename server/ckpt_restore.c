@@ -671,9 +671,11 @@ static int restore_resized(server_state *st, const checkpoint_config *cfg, uint3
     uint32_t tasks = 0;
     bool sketches = false;
     int rc = CKPT_RESTORED;
-    /* This server's own old task last: its clients' windows win (merge_task). */
-    for (uint32_t k = 0; k < old_n && rc == CKPT_RESTORED; k++) {
-        uint32_t t = self < old_n ? (self + 1 + k) % old_n : k;
+    /* This server's own old task last: its clients' windows win (merge_task). A server that
+     * joined (an index past the old tasks) reads its own files too: the slots moved to it. */
+    uint32_t ntasks = self < old_n ? old_n : old_n + 1;
+    for (uint32_t k = 0; k < ntasks && rc == CKPT_RESTORED; k++) {
+        uint32_t t = self < old_n ? (self + 1 + k) % old_n : k < old_n ? k : self;
         ckpt_file *files = NULL;
         long n = ckpt_dir_list(cfg->dir, t, false, &files, err, errlen);
         if (n < 0) {

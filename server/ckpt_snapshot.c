@@ -3,9 +3,11 @@
 #include "ckpt_snapshot.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "slot_gate.h"
 #include "table.h"
 #include "timeutil.h"
 #include "util.h"
@@ -24,6 +26,7 @@ void ckpt_snapshot_free(ckpt_snapshot *s)
     free(s->dedup);
     free(s->floors);
     free(s->workers);
+    free(s->slots_owner);
     memset(s, 0, sizeof(*s));
 }
 
@@ -260,7 +263,11 @@ int ckpt_snapshot_take(server_state *st, ckpt_snapshot *s, uint64_t base, uint64
                        char *err, size_t errlen)
 {
     memset(s, 0, sizeof(*s));
-    s->slots = server_slots(st);
+    /* A copy: a move's COMMIT may change the live map while the file is written. */
+    if (slot_gate_map_copy(st, &s->slots, &s->slots_owner) != 0) {
+        snprintf(err, errlen, "out of memory copying the slot map");
+        return -1;
+    }
     snap_ctx c = {.st = st, .base = base, .cut = cut, .track = track};
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < NCOMPONENTS; i++)

@@ -53,7 +53,9 @@ typedef struct ckpt_snapshot {
     size_t ntables;
     bool has_pos; /* record 9 */
     uint64_t pos_epoch, pos_lsn;
-    slot_map slots; /* record 11: the slot map the state is placed by */
+    slot_map slots;        /* record 11: the slot map the state is placed by (taken whole between
+                            * two moves' commits) */
+    uint32_t *slots_owner; /* the copy slots.owner points at, or NULL */
 } ckpt_snapshot;
 
 /* Takes the snapshot of st into *s. base, cut, track: the tables' cuts (server_tables_copy).

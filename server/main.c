@@ -326,17 +326,13 @@ int main(int argc, char **argv)
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }
-    if (join && (coordinator == NULL || coordinator[0] == '\0' || n_replicas > 1 ||
-                 opt_str(prog.opts, OPT_CHECKPOINT_DIR)[0] != '\0')) {
+    if (join && (coordinator == NULL || coordinator[0] == '\0' || n_replicas > 1)) {
         log_error("join: %s",
                   n_replicas > 1 ? "replicas > 1 cannot grow yet: moving slots needs replicas 1 "
                                    "(a replica group's slots would move with its log, which is "
                                    "not done)"
-                  : coordinator == NULL || coordinator[0] == '\0'
-                      ? "set coordinator to the etcd endpoints of the cluster (its slot map "
-                        "lives there), e.g. --coordinator http://127.0.0.1:2379"
-                      : "checkpoint-dir is not supported on a joined server yet (it holds no "
-                        "slot until one moves to it)");
+                                 : "set coordinator to the etcd endpoints of the cluster (its slot "
+                                   "map lives there), e.g. --coordinator http://127.0.0.1:2379");
         program_end(&prog);
         return PROGRAM_EXIT_CONFIG;
     }

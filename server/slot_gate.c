@@ -79,6 +79,28 @@ uint64_t slot_gate_version(void)
     return atomic_load(&g.version);
 }
 
+int slot_gate_map_copy(const server_state *st, slot_map *out, uint32_t **owner)
+{
+    *owner = NULL;
+    bool on = atomic_load(&g.on);
+    if (on)
+        pthread_mutex_lock(&g.mu);
+    *out = server_slots(st);
+    int rc = 0;
+    if (out->owner != NULL) {
+        *owner = malloc((size_t)out->nslots * sizeof(uint32_t));
+        if (*owner == NULL)
+            rc = -1;
+        else
+            for (uint32_t s = 0; s < out->nslots; s++)
+                (*owner)[s] = __atomic_load_n(&out->owner[s], __ATOMIC_ACQUIRE);
+        out->owner = *owner;
+    }
+    if (on)
+        pthread_mutex_unlock(&g.mu);
+    return rc;
+}
+
 static bool is_frozen(uint32_t slot)
 {
     return __atomic_load_n(&g.frozen[slot], __ATOMIC_ACQUIRE) != 0;
@@ -124,13 +146,10 @@ static bool check_name(rpc_call *call, server_state *st, const char *name, bool 
     return false;
 }
 
-/* A table's request: the slot of every id of the segment. */
-static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64_t n, bool update)
+/* The slot of each of the n ids at seg (8 bytes each, unaligned). */
+static bool check_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *seg,
+                       uint64_t n, bool update)
 {
-    size_t len = 0;
-    const uint8_t *seg = rpc_call_segment(call, &len);
-    if (name == NULL || seg == NULL || n == 0 || n > len / 8)
-        return true; /* malformed: the handler says so */
     for (uint64_t i = 0; i < n; i++) {
         int64_t id;
         memcpy(&id, seg + i * 8, 8);
@@ -146,6 +165,31 @@ static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64
         }
     }
     return true;
+}
+
+/* A table's request: the slot of every id of the segment. */
+static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64_t n, bool update)
+{
+    size_t len = 0;
+    const uint8_t *seg = rpc_call_segment(call, &len);
+    if (name == NULL || seg == NULL || n == 0 || n > len / 8)
+        return true; /* malformed: the handler says so */
+    return check_rows(call, st, name, seg, n, update);
+}
+
+bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name)
+{
+    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+        return true;
+    return check_name(call, st, name, false);
+}
+
+bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
+                         uint64_t n)
+{
+    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+        return true;
+    return check_rows(call, st, name, ids, n, false);
 }
 
 static bool check(rpc_call *call, server_state *st)

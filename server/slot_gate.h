@@ -37,6 +37,13 @@ void slot_gate_leave(void);
  * frozen again: a resumed move). Returns once no call inside the gate touches them. */
 int slot_gate_freeze(server_state *st, const char *move_id, const uint32_t *slots, size_t n,
                      char *err, size_t errlen);
+/* A Step's items, checked by its handler before anything of it is applied (the gate lets a
+ * Step pass whole while no batch is frozen): true when the variable `name` (not split here),
+ * or each of the n rows at ids (8 bytes each) of table `name`, is this server's; false with
+ * the call answered FAILED_PRECONDITION and Envelope.moved_to when one moved away. */
+bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name);
+bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
+                         uint64_t n);
 /* Lets the frozen batch go again (a move rolled back). */
 void slot_gate_unfreeze(void);
 /* The map at `version` gives the slots listed to server `to`: the owners change, and the
@@ -46,5 +53,9 @@ void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_
 /* The owner of slot in this server's map, and that map's version. */
 uint32_t slot_gate_owner(server_state *st, uint32_t slot);
 uint64_t slot_gate_version(void);
+/* st's slot map as it stands between two commits (a commit's batch wholly in or wholly out):
+ * into *out, with its owners copied into *owner (caller frees; NULL for a static map, whose
+ * owner is NULL too). Gate off: server_slots(st). Returns 0, or -1 when memory can't be had. */
+int slot_gate_map_copy(const server_state *st, slot_map *out, uint32_t **owner);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "checkpointer.h"
 #include "log.h"
 #include "rpc_oneshot.h"
 #include "server.h"
@@ -15,7 +16,9 @@
 #include "slot_start.h"
 #include "status.h"
 
-/* Time a batch's package may take to reach its target and be installed. */
+/* Time a batch's package may take to reach its target and be installed (made durable there
+ * too, with a checkpoint-dir): the batch's slots stay frozen meanwhile, and clients wait for
+ * them within their own deadlines. */
 #define INSTALL_DEADLINE_MS 20000
 
 static struct {
@@ -203,6 +206,27 @@ void handle_slot_move(rpc_call *call, void *arg)
     free(bits);
 }
 
+/* With a checkpoint-dir, the installed batch is made durable before the install is answered,
+ * so before the map can give it here: a checkpoint holding it (its slot map still the source's;
+ * a restore keeps the rows the map in etcd gives this server). Returns 0, or -1 with why. */
+static int durable(server_state *st, const Psd__V1__SlotInstallRequest *rq, char *err,
+                   size_t errlen)
+{
+    checkpointer *ck = checkpointer_of(st);
+    if (ck == NULL)
+        return 0;
+    checkpoint_info info;
+    char why[768];
+    if (checkpoint_write(ck, &info, why, sizeof(why)) != 0) {
+        snprintf(err, errlen, "the installed batch could not be made durable here (ps %u): %s",
+                 st->task_index, why);
+        return -1;
+    }
+    log_info("move %s: the %zu slots from ps %u are durable in checkpoint %llu", rq->move_id,
+             rq->n_slots, rq->from, (unsigned long long)info.seq);
+    return 0;
+}
+
 void handle_slot_install(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -239,6 +263,11 @@ void handle_slot_install(rpc_call *call, void *arg)
     const uint8_t *seg = rpc_call_segment(call, &len);
     slot_move_counts cnt;
     int rc = slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
+    if (rc == STATUS_OK && durable(st, rq, err, sizeof(err)) != 0) {
+        /* Not durable here: the source keeps the batch (it answers the SEND with this). */
+        slot_move_drop(st, bits);
+        rc = STATUS_UNAVAILABLE;
+    }
     free(bits);
     if (rc != STATUS_OK) {
         rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "slot_gate.h"
 #include "status.h"
 #include "table_registry.h"
 #include "update.h"
@@ -170,6 +171,8 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
                             QUOTED(err, it->name));
             return false;
         }
+        if (!slot_gate_step_name(call, st, it->name))
+            return false; /* moved away: the client resends it to the owner */
         int status;
         k->vars[i] = var_find_range(st, it->name, it->offset, it->count, &status, err, sizeof(err));
         if (k->vars[i] == NULL) {
@@ -229,6 +232,8 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
                             ti->push ? " and their gradient rows" : "", (unsigned long long)at);
             return false;
         }
+        if (!slot_gate_step_rows(call, st, ti->name, seg + at, ti->n))
+            return false;
         status = server_table_ids(st, k->tabs[j], seg + at, ti->n, &k->ids[j], err, sizeof(err));
         if (status != STATUS_OK) {
             rpc_reply_error(call, status, "step table item %zu: %s", j, err);

@@ -412,7 +412,8 @@ int store_reserve(store *s, uint64_t bytes, char *err, size_t errlen)
     } else if (!budget_take(s->budget, bytes)) {
         errf(err, errlen,
              "shard of %llu bytes (parameters and optimizer state) would exceed "
-             "max-server-bytes %llu (%llu held by this server's variables and tables)",
+             "max-server-bytes %llu (%llu held by this server's variables and "
+             "tables): " BUDGET_FULL_HINT,
              (unsigned long long)bytes, (unsigned long long)budget_max(s->budget),
              (unsigned long long)budget_held(s->budget));
         rc = STATUS_RESOURCE_EXHAUSTED;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "budget.h"
 #include "server.h"
 #include "status.h"
 #include "table_registry.h"
@@ -95,7 +96,7 @@ void handle_table_create(rpc_call *call, void *arg)
                 call, rc == TABLE_INVALID ? STATUS_INVALID_ARGUMENT : STATUS_RESOURCE_EXHAUSTED,
                 "cannot create table \"%s\": %s%s", s->name,
                 rc == TABLE_NOMEM ? "out of memory" : err,
-                rc == TABLE_LIMIT ? " (max-server-bytes)" : "");
+                rc == TABLE_LIMIT ? " (max-server-bytes: " BUDGET_FULL_HINT ")" : "");
             return;
         }
         bool created;

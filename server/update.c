@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
 #include "server.h"
 #include "status.h"
 #include "table_bsp.h"
@@ -269,7 +270,7 @@ int server_table_push(server_state *st, server_table *e, uint64_t client, uint64
     if (rc != TABLE_OK) {
         snprintf(errbuf, errlen, "table \"%s\": %s%s", name,
                  rc == TABLE_NOMEM ? "out of memory" : err,
-                 rc == TABLE_LIMIT ? " (max-server-bytes)" : "");
+                 rc == TABLE_LIMIT ? " (max-server-bytes: " BUDGET_FULL_HINT ")" : "");
         return STATUS_RESOURCE_EXHAUSTED;
     }
     if (d == DEDUP_NEW && !bsp) /* a BSP push counts when its aggregate is applied */

@@ -35,6 +35,12 @@
  * signal N; 124 on timeout; 2 for bad usage. With --replicas R > 1 a ps that dies (and is not
  * restarted) does not stop the cluster while fewer than R have died: each task's state has R
  * copies on distinct servers, one of which takes over, and the workers follow it.
+ * With --add-server ps-local starts its own etcd (replicas 1), passes the coordinator to every
+ * process, and once the workers started and every server serves (the slot map is published),
+ * or --add-server-after seconds later, starts one more ps-server with --join on a port of its
+ * own; once that one serves it runs psctl add-server
+ * (its output comes through as "psctl" lines). A psctl that fails stops the cluster; the
+ * summary says whether the server was added.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -69,7 +75,10 @@
 
 #define MAX_TASKS 256
 
-typedef enum { ROLE_PS, ROLE_CHIEF, ROLE_WORKER } role_kind;
+/* ROLE_CTL: the psctl that --add-server runs. */
+typedef enum { ROLE_PS, ROLE_CHIEF, ROLE_WORKER, ROLE_CTL } role_kind;
+/* Children at most: the tasks, and with --add-server the joined server and psctl. */
+#define MAX_KIDS (MAX_TASKS + 2)
 
 /* Size of the buffer that collects one child's stderr line; a longer line is passed on in
  * pieces. */
@@ -84,6 +93,8 @@ typedef struct child {
     int restarts;
     /* a ps that died with --replicas > 1: its groups went to other copies */
     bool failed_over;
+    /* the server --add-server starts (ps-server --join); whether a server said it serves */
+    bool joined, serving;
     int err_fd; /* read end of its stderr pipe, -1 once closed */
     char line[LINE_CAP];
     size_t line_len;
@@ -98,7 +109,7 @@ typedef struct child {
     double result_wall_s, result_samples_per_s, result_loss;
 } child;
 
-static const char *role_names[] = {"ps", "chief", "worker"};
+static const char *role_names[] = {"ps", "chief", "worker", "psctl"};
 
 /* Human mode (stderr is a terminal): a live progress line, text lines. Otherwise every line on
  * stderr is a JSON line (README, "Log lines"). */
@@ -270,7 +281,7 @@ static void set_psd_library(void)
  * until every port is chosen so that no port is handed out twice. */
 static int probe_ports(const char *host, int count, int *ports)
 {
-    int fds[MAX_TASKS * 2];
+    int fds[MAX_TASKS * 2 + 3];
     int rc = 0, opened = 0;
     for (int i = 0; i < count; i++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -483,7 +494,7 @@ static double now_s(void)
 }
 
 static pid_t spawn(const char *path, char *const argv[], const char *tf_config, pid_t *pgid,
-                   pid_t launcher, int err_w)
+                   pid_t launcher, int err_w, bool out_too)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -503,6 +514,8 @@ static pid_t spawn(const char *path, char *const argv[], const char *tf_config, 
         signal(SIGCHLD, SIG_DFL);
         setenv("TF_CONFIG", tf_config, 1);
         if (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0)
+            _exit(127);
+        if (out_too && err_w >= 0 && dup2(err_w, STDOUT_FILENO) < 0)
             _exit(127);
         execvp(path, argv);
         fprintf(stderr, "ps-local: cannot run %s: %s\n", path, strerror(errno));
@@ -660,6 +673,8 @@ static void child_line(child *c, char *line, size_t len)
         long long s = 0, t = 0;
         double step = json_num(o, "step", &ok), loss = json_num(o, "loss", &ok);
         double sps = json_num(o, "samples_per_s", &ok), epoch = json_num(o, "epoch", &ok);
+        if (c->role == ROLE_PS && strstr(msg, "serving on") != NULL)
+            c->serving = true;
         if (ok && c->role != ROLE_PS && sscanf(msg, "step %lld/%lld", &s, &t) == 2) {
             step_line = true;
             c->has_step = true;
@@ -673,7 +688,7 @@ static void child_line(child *c, char *line, size_t len)
         double steps = json_num(o, "steps", &ok), wall = json_num(o, "wall_s", &ok);
         double rsps = json_num(o, "samples_per_s", &ok);
         double rloss = json_num(o, "loss", &ok);
-        if (ok && c->role != ROLE_PS) {
+        if (ok && c->role != ROLE_PS && c->role != ROLE_CTL) {
             c->has_result = true;
             c->result_steps = (long long)steps;
             c->result_wall_s = wall;
@@ -738,8 +753,8 @@ static void child_read(child *c)
 /* Waits up to `seconds` for output of a child, a signal or SIGCHLD, and takes the output. */
 static void wait_events(child *kids, int n, double seconds)
 {
-    struct pollfd fds[MAX_TASKS];
-    int map[MAX_TASKS], nfds = 0;
+    struct pollfd fds[MAX_KIDS];
+    int map[MAX_KIDS], nfds = 0;
     for (int i = 0; i < n; i++) {
         if (kids[i].err_fd >= 0) {
             fds[nfds] = (struct pollfd){.fd = kids[i].err_fd, .events = POLLIN};
@@ -880,26 +895,48 @@ typedef struct task_args {
     char **cargv; /* room for every argument */
     char *tf;
     size_t tf_cap;
+    /* --add-server: the joined server's --listen, and psctl's path and coordinator */
+    const char *join_listen, *psctl_path, *coordinator, *join_addr;
 } task_args;
 
 /* Starts the task of kid (role, index) with its TF_CONFIG and arguments. Returns 0, or -1
  * (said why). */
 static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
 {
-    snprintf(ta->tf, ta->tf_cap, "{\"cluster\":%s,\"task\":{\"type\":\"%s\",\"index\":%d}}",
-             ta->cluster, role_names[kid->role], kid->index);
+    if (kid->joined || kid->role == ROLE_CTL) /* no task of the spec */
+        snprintf(ta->tf, ta->tf_cap, "{\"cluster\":%s}", ta->cluster);
+    else
+        snprintf(ta->tf, ta->tf_cap, "{\"cluster\":%s,\"task\":{\"type\":\"%s\",\"index\":%d}}",
+                 ta->cluster, role_names[kid->role], kid->index);
     int na = 0;
     const char *path = kid->role == ROLE_PS ? ta->server_path : ta->worker_path;
-    if (kid->role != ROLE_PS && ta->python != NULL) {
+    if (kid->role == ROLE_CTL) {
+        /* psctl --cluster SPEC --coordinator EP add-server HOST:PORT */
+        path = ta->psctl_path;
+        ta->cargv[na++] = (char *)path;
+        ta->cargv[na++] = "--cluster";
+        ta->cargv[na++] = (char *)ta->cluster;
+        ta->cargv[na++] = "--coordinator";
+        ta->cargv[na++] = (char *)ta->coordinator;
+        ta->cargv[na++] = "--batch-slots";
+        ta->cargv[na++] = "128";
+        ta->cargv[na++] = "add-server";
+        ta->cargv[na++] = (char *)ta->join_addr;
+    } else if (kid->role != ROLE_PS && ta->python != NULL) {
         ta->cargv[na++] = (char *)ta->python; /* python3 SCRIPT.py ARGS... */
         ta->cargv[na++] = (char *)path;
         path = ta->python;
     } else {
         ta->cargv[na++] = (char *)path;
     }
-    if (kid->role == ROLE_PS) {
+    if (kid->role == ROLE_CTL) {
+    } else if (kid->role == ROLE_PS) {
         for (int j = 0; j < ta->n_server_args; j++)
             ta->cargv[na++] = (char *)ta->server_args[j];
+        if (kid->joined) {
+            ta->cargv[na++] = "--join";
+            ta->cargv[na++] = (char *)ta->join_listen;
+        }
     } else {
         if (ta->progress != NULL)
             ta->cargv[na++] = ta->progress;
@@ -922,7 +959,7 @@ static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
         return -1;
     }
     fcntl(pfd[0], F_SETFL, fcntl(pfd[0], F_GETFL) | O_NONBLOCK);
-    pid_t pid = spawn(path, ta->cargv, ta->tf, pgid, self, pfd[1]);
+    pid_t pid = spawn(path, ta->cargv, ta->tf, pgid, self, pfd[1], kid->role == ROLE_CTL);
     int saved = errno;
     close(pfd[1]);
     if (pid < 0) {
@@ -934,19 +971,25 @@ static int start_task(const task_args *ta, child *kid, pid_t *pgid, pid_t self)
     kid->line_len = 0;
     kid->pid = pid;
     kid->running = true;
-    say("started %s %d (pid %d)", role_names[kid->role], kid->index, (int)pid);
+    if (kid->joined)
+        say("started ps %d (pid %d) with --join at %s (--add-server)", kid->index, (int)pid,
+            ta->join_addr);
+    else if (kid->role == ROLE_CTL)
+        say("started psctl add-server %s (pid %d)", ta->join_addr, (int)pid);
+    else
+        say("started %s %d (pid %d)", role_names[kid->role], kid->index, (int)pid);
     return 0;
 }
 
 /* The end of a run: what each worker did, in one line each and one for the cluster. */
-static void summarize(const child *kids, int n, double wall_s)
+static void summarize(const child *kids, int n, double wall_s, const char *added)
 {
     long long steps = 0;
     double sps = 0.0, loss = 0.0;
     int workers = 0, results = 0;
     for (int i = 0; i < n; i++) {
         const child *c = &kids[i];
-        if (c->role == ROLE_PS)
+        if (c->role == ROLE_PS || c->role == ROLE_CTL)
             continue;
         /* Finished: exited 0, whether or not it wrote a result line ps-local understands. */
         if (!c->running && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0)
@@ -960,15 +1003,18 @@ static void summarize(const child *kids, int n, double wall_s)
             steps += c->step;
         }
     }
-    char fields[256];
-    snprintf(fields, sizeof(fields),
-             "\"summary\":true,\"workers_finished\":%d,\"steps\":%lld,\"wall_s\":%.3f,"
-             "\"samples_per_s\":%.1f,\"loss\":%.5f",
-             workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0);
+    char fields[512];
+    int fl = snprintf(fields, sizeof(fields),
+                      "\"summary\":true,\"workers_finished\":%d,\"steps\":%lld,\"wall_s\":%.3f,"
+                      "\"samples_per_s\":%.1f,\"loss\":%.5f",
+                      workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0);
+    if (added != NULL && fl > 0 && (size_t)fl < sizeof(fields))
+        snprintf(fields + fl, sizeof(fields) - (size_t)fl, ",\"add_server\":\"%s\"", added);
     say_fields(fields,
                "summary: %d worker(s) finished, %lld steps in total, %.1f s, %.0f samples/s, "
-               "final loss %.4f",
-               workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0);
+               "final loss %.4f%s%s",
+               workers, steps, wall_s, sps, results > 0 ? loss / results : 0.0,
+               added != NULL ? "; add-server: " : "", added != NULL ? added : "");
 }
 
 int main(int argc, char **argv)
@@ -1049,35 +1095,58 @@ static int run(const launch_config *lc)
         set_psd_library();
     }
 
-    /* Replication: an etcd of our own on loopback (its 2 ports after the tasks'). */
+    /* Replication, or a server added during the run: an etcd of our own on loopback (its 2
+     * ports after the tasks'; the added server's after those). */
     long n_replicas = (long)opt_int(o, OPT_LOCAL_REPLICAS);
-    int n_etcd_ports = n_replicas > 1 ? 2 : 0;
-    char etcd_bin[PATH_MAX] = "";
+    bool add_server = opt_bool(o, OPT_LOCAL_ADD_SERVER);
+    bool want_etcd = n_replicas > 1 || add_server;
+    int n_etcd_ports = want_etcd ? 2 : 0, n_add_ports = add_server ? 1 : 0;
+    char etcd_bin[PATH_MAX] = "", psctl_path[PATH_MAX] = "";
+    if (add_server && n_replicas > 1) {
+        say_error("--add-server needs --replicas 1: slots move between the servers of a cluster "
+                  "without replica groups");
+        return 2;
+    }
+    if (add_server && strcmp(opt_enum(o, OPT_LOCAL_TRANSPORT), "ipc") == 0) {
+        say_error("--add-server needs --transport tcp: a server joins at a host:port address");
+        return 2;
+    }
+    if (add_server) {
+        if (strlen(opt_str(o, OPT_LOCAL_PSCTL)) >= sizeof(psctl_path)) {
+            say_error("--psctl: path longer than %d bytes", PATH_MAX - 1);
+            return 2;
+        }
+        snprintf(psctl_path, sizeof(psctl_path), "%s", opt_str(o, OPT_LOCAL_PSCTL));
+        if (psctl_path[0] == '\0')
+            find_program("psctl", "client", psctl_path, sizeof(psctl_path));
+    }
     if (n_replicas > n_ps) {
         say_error("--replicas %ld: more than --ps %ld (each copy of a task's state needs its own "
                   "server)",
                   n_replicas, n_ps);
         return 2;
     }
-    if (n_replicas > 1 &&
-        local_etcd_find(opt_str(o, OPT_LOCAL_ETCD), etcd_bin, sizeof(etcd_bin)) != 0) {
-        say_error("--replicas %ld needs etcd (the coordinator), found neither %s: install "
+    if (want_etcd && local_etcd_find(opt_str(o, OPT_LOCAL_ETCD), etcd_bin, sizeof(etcd_bin)) != 0) {
+        char what[64];
+        snprintf(what, sizeof(what), add_server ? "--add-server" : "--replicas %ld", n_replicas);
+        say_error("%s needs etcd (the coordinator), found neither %s: install "
                   "Debian's etcd-server (deploy/setup.sh --etcd) or give --etcd PATH",
-                  n_replicas,
+                  what,
                   opt_str(o, OPT_LOCAL_ETCD)[0] ? opt_str(o, OPT_LOCAL_ETCD)
                                                 : "/usr/bin/etcd nor etcd in PATH");
         return 2;
     }
-    int ports[MAX_TASKS * 2 + 2];
+    int ports[MAX_TASKS * 2 + 3];
+    int n_ports = n_tasks + n_etcd_ports + n_add_ports;
     if (base_port != 0) {
-        if (base_port + n_tasks + n_etcd_ports - 1 > 65535) {
+        if (base_port + n_ports - 1 > 65535) {
             say_error("--base-port %ld: not enough ports below 65536 for %d tasks and etcd",
                       base_port, n_tasks);
             return 2;
         }
-        for (int k = 0; k < n_tasks + n_etcd_ports; k++)
+        for (int k = 0; k < n_ports; k++)
             ports[k] = (int)base_port + k;
-    } else if (probe_ports(host, n_tasks + n_etcd_ports, ports) != 0) {
+    } else if (probe_ports(host, n_ports, ports) != 0) {
         say_error("cannot find %d free ports on %s: %s", n_tasks, host, strerror(errno));
         return 1;
     }
@@ -1147,12 +1216,13 @@ static int run(const launch_config *lc)
         snprintf(events_dir_arg, sizeof(events_dir_arg), "--events-dir=%s", logdir);
     }
     const char **all_server_args = calloc((size_t)n_server_args + 4, sizeof(char *));
-    static char replicas_arg[64], coordinator_arg[96];
+    static char replicas_arg[64], coordinator_arg[96], join_listen[128], join_addr[96];
     if (all_server_args == NULL) {
         say_error("out of memory");
         return 1;
     }
-    if (n_replicas > 1) {
+    int n_ours = 0;
+    if (want_etcd) {
         char eerr[2048];
         if (local_etcd_start(&etcd, etcd_bin, ipc_parent(), ports[n_tasks], ports[n_tasks + 1],
                              eerr, sizeof(eerr)) != 0) {
@@ -1160,18 +1230,29 @@ static int run(const launch_config *lc)
             free(all_server_args);
             return 1;
         }
-        say("etcd %s (pid %d) at %s, data in %s, for --replicas %ld", etcd_bin, (int)etcd.pid,
-            etcd.endpoint, etcd.dir, n_replicas);
-        snprintf(replicas_arg, sizeof(replicas_arg), "--replicas=%ld", n_replicas);
+        if (add_server)
+            say("etcd %s (pid %d) at %s, data in %s, for --add-server", etcd_bin, (int)etcd.pid,
+                etcd.endpoint, etcd.dir);
+        else
+            say("etcd %s (pid %d) at %s, data in %s, for --replicas %ld", etcd_bin, (int)etcd.pid,
+                etcd.endpoint, etcd.dir, n_replicas);
         snprintf(coordinator_arg, sizeof(coordinator_arg), "--coordinator=%s", etcd.endpoint);
-        all_server_args[0] = replicas_arg;
-        all_server_args[1] = coordinator_arg;
+        all_server_args[n_ours++] = coordinator_arg;
+        /* The workers' clients read the slot map (and views) there too. */
+        setenv("PS_COORDINATOR", etcd.endpoint, 1);
+    }
+    if (n_replicas > 1) {
+        snprintf(replicas_arg, sizeof(replicas_arg), "--replicas=%ld", n_replicas);
+        all_server_args[n_ours++] = replicas_arg;
         /* The workers' clients know the cluster is replicated before any reply says so: a
          * first call to a server that died meanwhile follows its group to the new primary
          * instead of waiting its whole deadline on the dead one. */
         setenv("PS_REPLICAS", replicas_arg + strlen("--replicas="), 1);
     }
-    int n_ours = n_replicas > 1 ? 2 : 0;
+    if (add_server) {
+        snprintf(join_addr, sizeof(join_addr), "%s:%d", host, ports[n_tasks + n_etcd_ports]);
+        snprintf(join_listen, sizeof(join_listen), "--listen=tcp://%s", join_addr);
+    }
     if (logdir[0] != '\0')
         all_server_args[n_ours++] = events_dir_arg;
     for (int j = 0; j < n_server_args; j++) /* the user's come last and win */
@@ -1179,11 +1260,11 @@ static int run(const launch_config *lc)
     server_args = all_server_args;
     n_server_args += n_ours;
 
-    child kids[MAX_TASKS];
+    child kids[MAX_KIDS];
     int n_kids = 0;
     pid_t pgid = 0, self = getpid();
     char tf[16384 + 128];
-    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 5), sizeof(char *));
+    char **cargv = calloc((size_t)(n_worker_args + n_server_args + 12), sizeof(char *));
     if (cargv == NULL) {
         say_error("out of memory");
         local_etcd_stop(&etcd);
@@ -1206,7 +1287,11 @@ static int run(const launch_config *lc)
                     .n_worker_args = n_worker_args,
                     .cargv = cargv,
                     .tf = tf,
-                    .tf_cap = sizeof(tf)};
+                    .tf_cap = sizeof(tf),
+                    .join_listen = join_listen,
+                    .psctl_path = psctl_path,
+                    .coordinator = etcd.endpoint,
+                    .join_addr = join_addr};
     for (int k = 0; k < n_tasks && !failed; k++) {
         role_kind role;
         int index;
@@ -1234,13 +1319,58 @@ static int run(const launch_config *lc)
     const bool restart = strcmp(opt_enum(o, OPT_LOCAL_RESTART), "on-failure") == 0;
     const int max_restarts = (int)opt_int(o, OPT_LOCAL_MAX_RESTARTS);
     int ps_gone = 0; /* servers that died and were not restarted (failed_over) */
+    /* --add-server: the joined server once the time came, psctl once it serves. */
+    const double add_after = (double)opt_int(o, OPT_LOCAL_ADD_SERVER_AFTER);
+    int joined_kid = -1, ctl_kid = -1;
+    char added[256] = "";
     while (!failed) {
         reap(kids, n_kids);
         drain_all(kids, n_kids); /* an exited child's last lines come before what follows */
+        /* The cluster's servers publish the slot map before they serve: a server joins once
+         * every one of them said it serves. */
+        bool cluster_serves = true;
+        for (int k = 0; k < n_kids; k++)
+            if (kids[k].role == ROLE_PS && !kids[k].joined && !kids[k].serving)
+                cluster_serves = false;
+        if (add_server && joined_kid < 0 && cluster_serves && now_s() - start >= add_after) {
+            kids[n_kids] =
+                (child){.role = ROLE_PS, .index = (int)n_ps, .err_fd = -1, .joined = true};
+            if (start_task(&ta, &kids[n_kids], &pgid, self) != 0) {
+                exit_code = 1;
+                break;
+            }
+            joined_kid = n_kids++;
+        }
+        if (joined_kid >= 0 && ctl_kid < 0 && kids[joined_kid].serving) {
+            kids[n_kids] = (child){.role = ROLE_CTL, .index = 0, .err_fd = -1};
+            if (start_task(&ta, &kids[n_kids], &pgid, self) != 0) {
+                exit_code = 1;
+                break;
+            }
+            ctl_kid = n_kids++;
+        }
         /* Any failure, or a server ending before the workers, stops the cluster. */
         int workers_left = 0;
         for (int k = 0; k < n_kids; k++) {
             const child *c = &kids[k];
+            if (c->role == ROLE_CTL) {
+                if (c->running || added[0] != '\0' || failed)
+                    continue;
+                if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0) {
+                    snprintf(added, sizeof(added),
+                             "ps %ld (%s) joined and psctl add-server gave it its share of the "
+                             "slots",
+                             n_ps, join_addr);
+                    say("add-server: %s", added);
+                    continue;
+                }
+                char what[256];
+                describe(c, what, sizeof(what));
+                say_error("%s: the server was not added; stopping the cluster", what);
+                exit_code = 1;
+                failed = true;
+                continue;
+            }
             if (c->role != ROLE_PS && c->running)
                 workers_left++;
             if (c->running || failed || c->failed_over)
@@ -1326,7 +1456,10 @@ static int run(const launch_config *lc)
     local_etcd_stop(&etcd); /* after the servers: they revoke their leases as they stop */
     free(cargv);
     free(all_server_args);
-    summarize(kids, n_kids, now_s() - start);
+    summarize(kids, n_kids, now_s() - start,
+              !add_server        ? NULL
+              : added[0] != '\0' ? added
+                                 : "no server added (the run ended before psctl add-server did)");
     say("%s (exit code %d)", exit_code == 0 ? "training succeeded" : "training failed", exit_code);
     return exit_code;
 }

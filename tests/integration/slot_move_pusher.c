@@ -8,6 +8,10 @@
  *       3 ids of the table. Writes to HISTORY how many pushes of each variable and each id
  *       were acknowledged. Exit 0, or 1 when a push failed (named: it may or may not be
  *       applied, so the check could not be exact).
+ *   slot_move_pusher step HISTORY STOPFILE
+ *       the same, each thread's updates sent as Steps (ps_step_ex): one Step pushes 1 to two
+ *       variables and to 3 ids of the table (a Step follows moved slots like the calls do);
+ *       with PS_WORKER_ID set, each Step also moves the worker's clock (PS_STEP_CLOCK).
  *   slot_move_pusher check HISTORY...
  *       pulls every variable and row and checks each equals its acknowledged pushes, summed
  *       over the histories (never applied twice, never lost). Exit 0, or 1 naming the first values
@@ -32,6 +36,7 @@ static atomic_long var_acks[NVARS];
 static atomic_long id_acks[NIDS];
 static const char *stopfile;
 static atomic_int failed;
+static bool steps;
 
 static void *pusher(void *arg)
 {
@@ -41,7 +46,31 @@ static void *pusher(void *arg)
         g[k] = -1;
     for (long i = 0; access(stopfile, F_OK) != 0 && !atomic_load(&failed); i++) {
         int rc;
-        if (i % 2 == 0) {
+        if (steps) {
+            int v[2] = {(int)((t * 13 + i * 7) % NVARS), (int)((t * 13 + i * 7 + 19) % NVARS)};
+            int64_t ids[3] = {(t * 101 + i * 17) % NIDS, (t * 101 + i * 17 + 200) % NIDS,
+                              (t * 101 + i * 17 + 400) % NIDS};
+            float gg[6] = {-1, -1, -1, -1, -1, -1};
+            ps_step_item it[2];
+            memset(it, 0, sizeof(it));
+            for (int k = 0; k < 2; k++) {
+                it[k].var = vars[v[k]];
+                it[k].count = NEL;
+                it[k].grad = g;
+            }
+            ps_table_item ti = PS_TABLE_ITEM_INIT;
+            ti.table = tab;
+            ti.ids = ids;
+            ti.n = 3;
+            ti.grads = gg;
+            rc = ps_step_ex(cl, it, 2, &ti, 1, getenv("PS_WORKER_ID") ? PS_STEP_CLOCK : 0);
+            if (rc == PS_OK) {
+                for (int k = 0; k < 2; k++)
+                    atomic_fetch_add(&var_acks[v[k]], 1);
+                for (int k = 0; k < 3; k++)
+                    atomic_fetch_add(&id_acks[ids[k]], 1);
+            }
+        } else if (i % 2 == 0) {
             int v = (int)((t * 13 + i * 7) % NVARS);
             rc = ps_push(cl, vars[v], g);
             if (rc == PS_OK)
@@ -102,13 +131,14 @@ static int open_all(bool create)
 
 int main(int argc, char **argv)
 {
-    if (argc < 3 || (strcmp(argv[1], "push") == 0 && argc != 4)) {
-        fprintf(stderr, "usage: %s push HISTORY STOPFILE | check HISTORY...\n", argv[0]);
+    steps = strcmp(argv[1], "step") == 0;
+    if (argc < 3 || ((strcmp(argv[1], "push") == 0 || steps) && argc != 4)) {
+        fprintf(stderr, "usage: %s push|step HISTORY STOPFILE | check HISTORY...\n", argv[0]);
         return 2;
     }
     if (open_all(true) != 0)
         return 1;
-    if (strcmp(argv[1], "push") == 0) {
+    if (strcmp(argv[1], "push") == 0 || steps) {
         stopfile = argv[3];
         pthread_t th[2];
         for (long t = 0; t < 2; t++)

@@ -106,6 +106,8 @@ static void test_server_bytes(void **state)
     /* 10^12 floats passes the spec check (at most 2^40 elements) but not max-server-bytes. */
     assert_int_equal(create("huge", 1000000000000ull, &v), PS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(ps_last_error(), "max-server-bytes"));
+    /* ... and names the command that adds a server. */
+    assert_non_null(strstr(ps_last_error(), "psctl add-server"));
     /* 1.2 MB of parameters with plain SGD fits in 4M; four of them do not. */
     int refused = 0;
     for (int i = 0; i < 4; i++) {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # psctl add-server: a server started with --join gets an even share of the slots while 2 client
-# threads, opened before it joined, push to variables held whole and to table rows: the clients
-# learn the new server from the map and connect to it, and every value then equals the sum of
-# the pushes acknowledged. Skipped (77) without etcd.
+# threads, opened before it joined, push to variables held whole and to table rows, and 2 more
+# send the same updates as Steps (ps_step_ex, as worker 0: each Step moves its clock, which
+# with its heartbeats reaches the new server too): the clients learn the new server from the map and
+# connect to it (a Step refused as moved is cut by owner and resent), and every value then
+# equals the sum of the pushes acknowledged. Skipped (77) without etcd.
 # Usage: test_slot_add.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
 set -u
 bin=$1 psctl=$2 pusher=$3
@@ -73,6 +75,8 @@ export TF_CONFIG="{\"cluster\":$spec}" PS_COORDINATOR="$coord" PS_COORDINATOR_PR
 export PS_RETRIES=100 PS_DEADLINE_MS=60000
 "$pusher" push "$tmp/hist" "$tmp/stop" >"$tmp/push.log" 2>&1 &
 pusher_pid=$!; pids+=($pusher_pid)
+PS_WORKER_ID=0 PS_HEARTBEAT_MS=200 "$pusher" step "$tmp/hist2" "$tmp/stop" >"$tmp/step.log" 2>&1 &
+stepper_pid=$!; pids+=($stepper_pid)
 "$bin" --cluster "$spec" --join --listen "tcp://${a[2]}" --coordinator "$coord" \
   --coordinator-prefix $pfx 2>>"$tmp/ps2.log" &
 pids+=($!)
@@ -84,6 +88,8 @@ sleep 1
 touch "$tmp/stop"
 if wait $pusher_pid; then echo "ok   pushers: $(grep -c 'joined the cluster' "$tmp/push.log") connection(s) to the new server, $(tail -1 "$tmp/push.log")"
 else echo "FAIL pushers:"; cat "$tmp/push.log"; fail=1; fi
-check exact 0 "equals its acknowledged pushes" "$pusher" check "$tmp/hist"
+if wait $stepper_pid; then echo "ok   steps: $(tail -1 "$tmp/step.log")"
+else echo "FAIL steps:"; cat "$tmp/step.log"; fail=1; fi
+check exact 0 "equals its acknowledged pushes" "$pusher" check "$tmp/hist" "$tmp/hist2"
 [ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -20 "$tmp/ps$i.log"; done; }
 exit $fail
