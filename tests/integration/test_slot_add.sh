@@ -9,54 +9,11 @@
 set -u
 bin=$1 psctl=$2 pusher=$3
 fail=0
-check() { # name expected-exit expected-text command...
-  local name=$1 want=$2 text=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc (want $want), output: $out"; fail=1
-  else
-    echo "ok   $name"
-  fi
-}
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-etcd=${PSD_ETCD:-/usr/bin/etcd}
-if [ ! -x "$etcd" ]; then
-  echo "SKIP the rest: no etcd at $etcd (install Debian's etcd-server)"
-  [ $fail -eq 0 ] && exit 77
-  exit $fail
-fi
-
-tmp=$(mktemp -d /tmp/psd-slot-add-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$tmp" "${shm:-$tmp}"
-}
-trap cleanup EXIT
-cp=$(port); pp=$(port)
-shm=$tmp
-[ -w /dev/shm ] && shm=$(mktemp -d /dev/shm/psd-slot-add-XXXXXX)
-"$etcd" --data-dir "$shm/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
-  --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
-  --initial-cluster "default=http://127.0.0.1:$pp" >"$tmp/etcd.log" 2>&1 &
-pids+=($!)
-coord="http://127.0.0.1:$cp"
-for _ in $(seq 100); do
-  /usr/bin/python3 -c 'import urllib.request,sys; urllib.request.urlopen(sys.argv[1], b"{\"key\":\"AA==\"}", timeout=1)' "$coord/v3/kv/range" 2>/dev/null && break
-  sleep 0.1
-done
-wait_log() { # file text seconds
-  for _ in $(seq $(( $3 * 10 ))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
-etcd_put() { # key value
-  /usr/bin/python3 -c 'import urllib.request,sys,base64,json; b=lambda s: base64.b64encode(s.encode()).decode(); urllib.request.urlopen(sys.argv[1]+"/v3/kv/put", json.dumps({"key":b(sys.argv[2]),"value":b(sys.argv[3])}).encode(), timeout=3)' "$coord" "$1" "$2"
-}
-etcd_del() {
-  /usr/bin/python3 -c 'import urllib.request,sys,base64,json; urllib.request.urlopen(sys.argv[1]+"/v3/kv/deleterange", json.dumps({"key":base64.b64encode(sys.argv[2].encode()).decode()}).encode(), timeout=3)' "$coord" "$1"
-}
+# shellcheck source=../support/cli_etcd.sh
+. "$(dirname "$0")/../support/cli_etcd.sh"
+etcd_or_skip
+etcd_tmp slot-add
+etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
 
 a=(); for i in 0 1 2; do a+=("127.0.0.1:$(port)"); done
 spec="{\"ps\":[\"${a[0]}\",\"${a[1]}\"]}"
