@@ -274,27 +274,40 @@ static int kv_serve(int port, uint32_t dim, bool chained)
         if (zmq_msg_size(&hdr) != sizeof(h))
             return 1;
         memcpy(&h, zmq_msg_data(&hdr), sizeof(h));
-        if (h.op == KV_STOP)
+        if (h.op == KV_STOP) {
+            zmq_msg_close(&id);
+            zmq_msg_close(&hdr);
+            zmq_msg_close(&keys);
+            zmq_msg_close(&vals);
             break;
+        }
         if (!more || kv_recv(sock, &keys, &more) != 0)
             return 1;
         if (h.op == KV_PUSH && (!more || kv_recv(sock, &vals, &more) != 0))
             return 1;
-        const uint64_t *k = zmq_msg_data(&keys);
+        /* ZeroMQ's frames are not aligned: keys and values are read with memcpy. */
+        const unsigned char *k = zmq_msg_data(&keys);
         size_t n = zmq_msg_size(&keys) / sizeof(uint64_t);
         float *out = NULL;
         pthread_mutex_lock(&lock);
         if (h.op == KV_PUSH) {
-            const float *g = zmq_msg_data(&vals);
+            const unsigned char *g = zmq_msg_data(&vals);
             for (size_t i = 0; i < n; i++) {
-                float *w = chained ? kv_chained_row(&cm, k[i]) : kv_row(&m, k[i]);
-                for (uint32_t j = 0; w && j < dim; j++)
-                    w[j] -= h.lr * g[i * dim + j];
+                uint64_t key;
+                memcpy(&key, k + i * sizeof(key), sizeof(key));
+                float *w = chained ? kv_chained_row(&cm, key) : kv_row(&m, key);
+                for (uint32_t j = 0; w && j < dim; j++) {
+                    float gj;
+                    memcpy(&gj, g + (i * dim + j) * sizeof(float), sizeof(gj));
+                    w[j] -= h.lr * gj;
+                }
             }
         } else {
             out = malloc(n * dim * sizeof(float) + 1);
             for (size_t i = 0; out && i < n; i++) {
-                const float *w = chained ? kv_chained_row(&cm, k[i]) : kv_row(&m, k[i]);
+                uint64_t key;
+                memcpy(&key, k + i * sizeof(key), sizeof(key));
+                const float *w = chained ? kv_chained_row(&cm, key) : kv_row(&m, key);
                 if (w)
                     memcpy(out + i * dim, w, dim * sizeof(float));
             }
@@ -647,6 +660,8 @@ static int run_servers(const config *c, const batches *b, int nservers)
         char url[64];
         snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
         r.kv.sock[s] = zmq_socket(r.kv.ctx, ZMQ_DEALER);
+        int wait_ms = 60000; /* a baseline server that died fails the run, not hangs it */
+        zmq_setsockopt(r.kv.sock[s], ZMQ_RCVTIMEO, &wait_ms, sizeof(wait_ms));
         zmq_connect(r.kv.sock[s], url);
     }
     size_t floats = (size_t)c->batch * c->dim;
