@@ -21,6 +21,7 @@
 #include "options.h"
 #include "program.h"
 #include "psclient.h"
+#include "psctl_json.h"
 #include "psctl_moves.h"
 #include "psctl_slots.h"
 #include "psctl_view.h"
@@ -82,21 +83,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Prints s as a JSON string (variable names and paths; escapes what JSON requires). */
-static void json_str(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(out, "\\u%04x", *p);
-        else
-            fputc(*p, out);
-    }
-    fputc('"', out);
 }
 
 /* ---- status ---------------------------------------------------------------------------- */
@@ -173,7 +159,7 @@ static int cmd_status(ps_client *c)
             printf(",\"checkpoint\":{\"last_seq\":%" PRIu64 ",\"age_ms\":%" PRIu64
                    ",\"failures\":%" PRIu64 ",\"failures_in_row\":%" PRIu64 ",\"last_error\":",
                    k->last_seq, k->age_ms, k->failures, k->failures_in_row);
-            json_str(stdout, k->last_error);
+            psctl_json_str(stdout, k->last_error);
             printf("}}");
         }
         printf("],\"slowest_worker\":");
@@ -238,7 +224,7 @@ static void print_table(const char *name, const ps_table_info *t, bool json)
     uint64_t evicted = t->evicted_ttl + t->evicted_max_rows + t->evicted_memory;
     if (json) {
         printf("{\"name\":");
-        json_str(stdout, name);
+        psctl_json_str(stdout, name);
         printf(",\"kind\":\"table\",\"dim\":%u,\"staleness_bound\":%d,\"optimizer\":\"%s\","
                "\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"admissions\":%" PRIu64
                ",\"pushes_held_back\":%" PRIu64 ",\"evictions\":{\"ttl\":%" PRIu64
@@ -281,7 +267,7 @@ static int cmd_vars_list(ps_client *c)
         for (size_t i = 0; i < count; i++) {
             if (i)
                 putchar(',');
-            json_str(stdout, names[i]);
+            psctl_json_str(stdout, names[i]);
         }
         printf("],\"tables\":[");
         for (size_t i = 0; i < ntables; i++) {
@@ -356,7 +342,7 @@ static int cmd_vars_one(ps_client *c, const char *name)
     }
     if (json_out) {
         printf("{\"name\":");
-        json_str(stdout, ps_var_name(v));
+        psctl_json_str(stdout, ps_var_name(v));
         printf(",\"shape\":");
         print_shape(v, true);
         printf(",\"numel\":%" PRIu64 ",\"shards\":%d,\"staleness_bound\":%d}\n", ps_var_numel(v),
@@ -486,9 +472,9 @@ static int cmd_dump(ps_client *c, const char *name, const char *path)
     }
     if (json_out) {
         printf("{\"variable\":");
-        json_str(stdout, name);
+        psctl_json_str(stdout, name);
         printf(",\"file\":");
-        json_str(stdout, path);
+        psctl_json_str(stdout, path);
         printf(",\"numel\":%" PRIu64 ",\"format\":\"%s\"}\n", numel,
                ends_with(path, ".npy") ? "npy" : "raw-f32le");
     } else {
@@ -555,7 +541,7 @@ static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const cha
     uint64_t total = 0;
     if (json_out) {
         printf("{\"table\":");
-        json_str(stdout, name);
+        psctl_json_str(stdout, name);
         printf(",\"dim\":%u,\"servers\":[", dim);
     }
     for (int s = 0; s < nservers && rc == 0; s++) {
@@ -600,9 +586,9 @@ static int cmd_dump_table(ps_client *c, ps_table *t, const char *name, const cha
             rc = EXIT_RUNTIME;
         } else if (json_out) {
             printf("%s{\"ps\":%d,\"rows\":%" PRIu64 ",\"ids\":", s ? "," : "", s, n);
-            json_str(stdout, pi);
+            psctl_json_str(stdout, pi);
             printf(",\"rows_file\":");
-            json_str(stdout, pr);
+            psctl_json_str(stdout, pr);
             printf("}");
         } else {
             printf("ps %d: %" PRIu64 " rows of %s to %s and %s\n", s, n, name, pi, pr);

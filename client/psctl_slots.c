@@ -6,23 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "psctl_json.h"
 #include "psctl_view.h"
 #include "slots_record.h"
-
-/* Prints s as a JSON string. */
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
 
 int psctl_slots(const options *o, const cluster_spec *cl, bool json)
 {
@@ -55,11 +41,11 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
         mv = NULL;
     if (json) {
         printf("{\"version\":%" PRIu64 ",\"slots\":%u,\"prefix\":", r.version, r.nslots);
-        json_str(prefix);
+        psctl_json_str(stdout, prefix);
         printf(",\"servers\":[");
         for (uint32_t i = 0; i < r.nservers; i++) {
             printf("%s{\"task\":%u,\"address\":", i ? "," : "", i);
-            json_str(r.addr[i]);
+            psctl_json_str(stdout, r.addr[i]);
             printf(",\"slots\":%u,\"joined\":%s}", slots_record_count(&r, i),
                    i >= r.base ? "true" : "false");
         }
@@ -67,7 +53,7 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
         if (mv) {
             char *t = strndup(mv, mvlen);
             if (t)
-                json_str(t);
+                psctl_json_str(stdout, t);
             free(t);
         }
         printf("],\"split_servers\":%u}\n", r.base);

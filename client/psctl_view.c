@@ -7,22 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "psctl_json.h"
 #include "view_etcd.h"
-
-/* Prints s as a JSON string. */
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    putchar('"');
-}
 
 int psctl_coordinator_open(const options *o, const cluster_spec *cl, const char *what,
                            etcd_client **c, char *prefix, size_t cap)
@@ -96,7 +82,7 @@ int psctl_view(const options *o, const cluster_spec *cl, bool json)
     uint32_t n = v->num_servers;
     if (json) {
         printf("{\"command\":\"view\",\"prefix\":");
-        json_str(prefix);
+        psctl_json_str(stdout, prefix);
         printf(",\"epoch\":%" PRIu64 ",\"revision\":%" PRId64 ",\"num_servers\":%u,"
                "\"replicas\":%u,\"groups\":[",
                v->epoch, rev, n, v->replicas);
@@ -131,7 +117,7 @@ int psctl_view(const options *o, const cluster_spec *cl, bool json)
             printf("%s{\"index\":%u,\"registered\":%s,\"live\":%s,\"rejoining\":%s,\"url\":",
                    i ? "," : "", i, reg ? "true" : "false", cur ? "true" : "false",
                    reg && !v->live[i] ? "true" : "false");
-            json_str(urls[i]);
+            psctl_json_str(stdout, urls[i]);
             printf("}");
         }
         printf("]}\n");

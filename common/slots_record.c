@@ -163,18 +163,13 @@ static int64_t j_elem(json_object *e, uint64_t max)
 int slots_record_from_json(const char *text, slots_record *r, char *err, size_t errlen)
 {
     memset(r, 0, sizeof(*r));
-    json_tokener *tok = json_tokener_new();
-    json_object *j = tok ? json_tokener_parse_ex(tok, text, (int)strlen(text)) : NULL;
-    bool complete = tok && json_tokener_get_error(tok) == json_tokener_success &&
-                    text[strspn(text + json_tokener_get_parse_end(tok), " \t\r\n") +
-                         json_tokener_get_parse_end(tok)] == '\0';
-    json_tokener_free(tok);
+    json_object *j = etcd_json_parse(text);
     int rc = ETCD_EFAILED;
     uint64_t version, ns, base;
     json_object *servers, *moved;
     size_t n;
     int64_t prev = -1;
-    if (j == NULL || !complete || !json_object_is_type(j, json_type_object)) {
+    if (j == NULL || !json_object_is_type(j, json_type_object)) {
         errf(err, errlen, "slot map: not a JSON object");
         goto out;
     }

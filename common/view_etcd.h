@@ -114,6 +114,10 @@ char *view_to_json(const view_record *r);
  * indices in range). Returns 0, or ETCD_EFAILED with what is wrong in err. */
 int view_from_json(const char *text, view_record *r, char *err, size_t errlen);
 
+/* The JSON value that text holds whole (only white space after it), NULL when text is not
+ * one; free with json_object_put. For the records kept in etcd (views, slot maps). */
+struct json_object *etcd_json_parse(const char *text);
+
 /* Reads prefix/view into *r and its mod revision into *mod_rev (may be NULL). ETCD_ENOTFOUND
  * when no view was installed; ETCD_EFAILED when the stored text is not a view. */
 int view_etcd_read(etcd_client *c, const char *prefix, view_record *r, int64_t *mod_rev, char *err,

@@ -60,19 +60,29 @@ static bool j_get_uint(json_object *o, const char *field, uint64_t max, uint64_t
     return true;
 }
 
-int view_from_json(const char *text, view_record *r, char *err, size_t errlen)
+json_object *etcd_json_parse(const char *text)
 {
-    memset(r, 0, sizeof(*r));
     json_tokener *tok = json_tokener_new();
     json_object *j = tok ? json_tokener_parse_ex(tok, text, (int)strlen(text)) : NULL;
     bool complete = tok && json_tokener_get_error(tok) == json_tokener_success &&
                     text[strspn(text + json_tokener_get_parse_end(tok), " \t\r\n") +
                          json_tokener_get_parse_end(tok)] == '\0';
     json_tokener_free(tok);
+    if (!complete && j != NULL) {
+        json_object_put(j);
+        j = NULL;
+    }
+    return j;
+}
+
+int view_from_json(const char *text, view_record *r, char *err, size_t errlen)
+{
+    memset(r, 0, sizeof(*r));
+    json_object *j = etcd_json_parse(text);
     int rc = ETCD_EFAILED;
     uint64_t epoch, ns, rep;
     json_object *prim, *live, *lease, *behind;
-    if (j == NULL || !complete || !json_object_is_type(j, json_type_object)) {
+    if (j == NULL || !json_object_is_type(j, json_type_object)) {
         errf(err, errlen, "view: not a JSON object");
         goto out;
     }
