@@ -9,15 +9,8 @@ server=$1 worker=$2 local=$3
 fail=0
 tmp=$(mktemp -d /tmp/psd-local-replicas-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-check() { # name expected-exit expected-text command...
-  local name=$1 want=$2 text=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc (want $want), output: $(tail -n 20 <<<"$out")"; fail=1
-  else
-    echo "ok   $name"
-  fi
-}
+# shellcheck source=../support/check.sh
+. "$(dirname "$0")/../support/check.sh"
 check more-replicas-than-ps 2 "replicas 3: more than --ps 2" "$local" --server "$server" --worker "$worker" --ps 2 --replicas 3
 check no-etcd 2 "needs etcd" "$local" --server "$server" --worker "$worker" --ps 2 --replicas 2 --etcd /nonexistent/etcd
 if [ ! -x "${PSD_ETCD:-/usr/bin/etcd}" ]; then

@@ -4,15 +4,8 @@
 set -u
 bin=$1
 fail=0
-check() { # name expected-exit expected-text command...
-  local name=$1 want=$2 text=$3; shift 3
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc (want $want), output: $out"; fail=1
-  else
-    echo "ok   $name"
-  fi
-}
+# shellcheck source=../support/check.sh
+. "$(dirname "$0")/../support/check.sh"
 check help 0 "max-message-bytes" "$bin" --help
 check no-spec 2 "no cluster spec" env -u TF_CONFIG "$bin"
 check bad-json 2 "cluster" env TF_CONFIG='{"cluster":' "$bin"

@@ -3,8 +3,7 @@
 # test_slots_cli.sh, test_slot_moves.sh, test_slot_add.sh): source it; the test sets $fail=0
 # first and reads $fail at the end.
 #
-#   check NAME WANT-EXIT TEXT CMD...   runs CMD; ok when it exits WANT-EXIT and prints TEXT,
-#                                      else FAIL with its output and fail=1
+#   check NAME WANT-EXIT TEXT CMD...   tests/support/check.sh's
 #   port                               a loopback TCP port that was free a moment ago
 #   etcd_or_skip                       $etcd: $PSD_ETCD or /usr/bin/etcd; when it is missing,
 #                                      exits 77 (the rest skipped) or 1 if a check failed
@@ -19,18 +18,8 @@
 #   wait_log FILE TEXT SECONDS         0 once FILE has a line with TEXT, 1 after SECONDS
 #   etcd_put KEY VALUE, etcd_del KEY   through etcd's v3 HTTP gateway at $coord
 
-check() {
-    local name=$1 want=$2 text=$3
-    shift 3
-    out=$("$@" 2>&1)
-    rc=$?
-    if [ "$rc" -ne "$want" ] || ! grep -q -- "$text" <<<"$out"; then
-        echo "FAIL $name: exit $rc (want $want), output: $out"
-        fail=1
-    else
-        echo "ok   $name"
-    fi
-}
+# shellcheck source=check.sh
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
