@@ -206,6 +206,17 @@ static inline size_t slab_size(const table *t)
     return (size_t)t->slab_rows * t->row_bytes + slab_bitmap_bytes(t);
 }
 
+/* ---- shared by table.c and table_pull.c -------------------------------------------------- */
+
+/* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
+ * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front) or at
+ * its update time's place. TABLE_OK, TABLE_NOMEM or TABLE_LIMIT; on failure the row stays on
+ * disk. */
+int table_row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsigned char *val,
+                      bool front, uint32_t *out);
+/* Reads id's row from disk into val (p write-locked) when it is there: true if it was. */
+bool table_cold_read_one(table *t, partition *p, int64_t id, unsigned char *val);
+
 /* ---- teardown ---------------------------------------------------------------------------- */
 
 /* Bytes the table holds beyond its struct, name and partition array (taken from the budget). */
