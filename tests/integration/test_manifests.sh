@@ -258,8 +258,18 @@ check_tf() {
     type=$(printf '%s' "$tf" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["task"]["type"])' 2>/dev/null)
     case "$type" in
     ps)
-        TF_CONFIG=$tf timeout --preserve-status -s TERM 1 "$PS_SERVER" --log-format text \
-            --listen tcp://127.0.0.1:0 >"$tmp/check.log" 2>&1
+        # Stopped with SIGTERM once it serves (or exits by itself), never on a fixed clock:
+        # a loaded machine may take seconds to start it.
+        TF_CONFIG=$tf "$PS_SERVER" --log-format text --listen tcp://127.0.0.1:0 \
+            >"$tmp/check.log" 2>&1 &
+        local pid=$! waited=0
+        while kill -0 "$pid" 2>/dev/null && ! grep -q "serving on" "$tmp/check.log" &&
+            [ "$waited" -lt 600 ]; do
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+        kill -TERM "$pid" 2>/dev/null
+        wait "$pid"
         rc=$?
         if [ "$expect" = ok ]; then
             [ "$rc" -eq 0 ] && grep -q "serving on" "$tmp/check.log" ||
