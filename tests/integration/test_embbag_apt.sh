@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Integration test of ps-worker --model embbag-mlp on apt's package index, with real processes.
 #
-#   test_embbag_apt.sh PS_LOCAL PS_WORKER APT_FEATURES
+#   test_embbag_apt.sh PS_LOCAL PS_WORKER APT_FEATURES [PSCTL]
 #       Converts a deterministic slice of the Packages lists apt has fetched (a quarter of the
 #       package names, by hash) with tools/apt_features.py, then ps-local (2 ps-server processes,
 #       1 ps-worker) trains the embedding bag over the sparse table and the MLP for 3 epochs.
@@ -10,7 +10,10 @@
 #       worker refuses --model embbag-mlp without sparse files, and a file with a bad id, with
 #       exit code 2 and a message naming the problem, as it refuses --save-model with it. Then
 #       the same training with the table mostly on disk (--embed-ram-rows, the servers'
-#       cold-dir), the next batch's ids prefetched each step: the same accuracy bound.
+#       cold-dir), the next batch's ids prefetched each step: the same accuracy bound. Then
+#       (with etcd and PSCTL) 2 workers train while ps-local --add-server grows the cluster
+#       from 2 servers to 3: psctl add-server must finish during the run, moving table rows,
+#       and the accuracy bound must hold.
 #
 # Exit 77 (skipped) when apt has no Packages list (apt-get update never ran) or Debian's
 # /usr/bin/python3 is missing.
@@ -18,6 +21,7 @@ set -u
 PS_LOCAL=${1:?ps-local}
 PS_WORKER=${2:?ps-worker}
 APT_FEATURES=${3:?apt_features.py}
+PSCTL=${4:-}
 
 if [ ! -x /usr/bin/python3 ]; then
     echo "skip: /usr/bin/python3 (Debian's Python) is not installed" >&2
@@ -83,6 +87,32 @@ else
     awk -v a="$cacc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
         fail "with --embed-ram-rows: test accuracy $cacc is not 0.15 above $baseline"
     echo "ok: with 2000 rows in RAM per server and prefetching, test accuracy $cacc"
+fi
+
+# A third server joins while 2 workers train: its share of the table's rows (and of the small
+# variables) moves to it during the run. Needs etcd (Debian's etcd-server).
+if [ -z "$PSCTL" ] || [ ! -x "${PSD_ETCD:-/usr/bin/etcd}" ]; then
+    echo "skip: adding a server during training (no psctl given, or no etcd)"
+else
+    etcd_arg=()
+    [ -n "${PSD_ETCD:-}" ] && etcd_arg=(--etcd "$PSD_ETCD")
+    "$PS_LOCAL" --ps 2 --workers 2 --add-server --psctl "$PSCTL" "${etcd_arg[@]}" --timeout 160 \
+        -- --model embbag-mlp --train-sparse "$tmp/train.txt" --test-sparse "$tmp/test.txt" \
+        --layers "32,64,$classes" --batch-size 64 --epochs 12 --lr 0.003 --log-every 100 \
+        >"$tmp/add.out" 2>"$tmp/add.err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "ps-local --add-server exited $rc: $(tail -20 "$tmp/add.err")"
+    moved=$(sed -n 's/.*add-server: done: [0-9]* slots moved in [0-9]* batches (\([0-9]*\) rows.*/\1/p' \
+        "$tmp/add.err" | head -1)
+    [ -n "$moved" ] && [ "$moved" -gt 0 ] ||
+        fail "psctl add-server did not finish moving rows during the run: $(grep -E 'add-server|psctl' "$tmp/add.err" | tail -5)"
+    grep -q '"add_server":"ps 2 (.*) joined and psctl add-server gave it its share' "$tmp/add.err" ||
+        fail "the summary does not say ps 2 joined: $(grep summary "$tmp/add.err")"
+    aacc=$(sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' "$tmp/add.out" | head -1)
+    [ -n "$aacc" ] || fail "no test_accuracy line with --add-server: $(cat "$tmp/add.out")"
+    awk -v a="$aacc" -v b="$baseline" 'BEGIN {exit !(a >= b + 0.15)}' ||
+        fail "with --add-server: test accuracy $aacc is not 0.15 above $baseline"
+    echo "ok: a third server joined during training ($moved table rows moved), test accuracy $aacc"
 fi
 
 # Configuration errors: exit 2 with a message naming the problem.
