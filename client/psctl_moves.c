@@ -1,16 +1,19 @@
 /* psctl add-server, remove-server, rebalance (psctl_moves.h).
  *
  * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
- * slots=S1,S2,..."), SLOT_MOVE SEND to the source (it freezes the batch and sends it to the
- * target), flip the slot map by CAS (slots_apply: version + 1), SLOT_MOVE COMMIT to the target,
- * the source and every other server, delete the record. A failure before the flip: ABORT to
- * both (the source serves the slots again, the target drops what it installed) and the record
- * deleted; after it, the move is done and a rerun sends the COMMITs again. A record updated in
- * the last MOVE_STALE_MS is another psctl's running move. */
+ * owner=HOST:PID slots=S1,S2,..."; owner may be absent in records of older psctl), SLOT_MOVE SEND
+ * to the source (it freezes the batch and sends it to the target), flip the slot map by CAS
+ * (slots_apply: version + 1), SLOT_MOVE COMMIT to the target, the source and every other server,
+ * delete the record. A failure before the flip: ABORT to both (the source serves the slots again,
+ * the target drops what it installed) and the record deleted; after it, the move is done and a
+ * rerun sends the COMMITs again. A record updated in the last MOVE_STALE_MS is another psctl's
+ * running move, unless its owner is a process of this host that is gone (a psctl killed mid-move:
+ * the rerun resumes at once). */
 #include "psctl_moves.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +34,14 @@
  * installed with it; the COMMIT's learns the map at its restart). */
 #define MOVE_SEND_MS 180000
 #define MOVE_PHASE_MS 10000
+/* While a SEND runs, the source is asked for its status every MOVE_PROBE_MS: MOVE_PROBES
+ * unanswered in a row fail the SEND (the source died; it is not waited for until the SEND's
+ * deadline), and the SEND's connection is closed, so nothing resends it to the source if it
+ * comes back. */
+#define MOVE_PROBE_MS 2000
+#define MOVE_PROBES 3
+/* How long a batch whose flip got no answer waits for etcd to say whether it took. */
+#define MOVE_ETCD_WAIT_MS 10000
 
 typedef struct mover {
     etcd_client *etcd;
@@ -43,6 +54,7 @@ typedef struct mover {
 
 typedef struct move_rec {
     char id[64];
+    char owner[300]; /* HOST:PID of the psctl that wrote it ("" in older records) */
     uint32_t from, to;
     uint32_t *slots;
     size_t n;
@@ -58,12 +70,15 @@ static int64_t wall_ms(void)
 
 static char *rec_text(const move_rec *r)
 {
-    size_t cap = 200 + r->n * 6;
+    size_t cap = 500 + r->n * 6;
     char *t = malloc(cap);
     if (t == NULL)
         return NULL;
-    int k = snprintf(t, cap, "id=%s from=%u to=%u updated_ms=%" PRId64 " slots=", r->id, r->from,
-                     r->to, r->updated_ms);
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    int k =
+        snprintf(t, cap, "id=%s from=%u to=%u updated_ms=%" PRId64 " owner=%s:%ld slots=", r->id,
+                 r->from, r->to, r->updated_ms, host[0] ? host : "?", (long)getpid());
     for (size_t i = 0; i < r->n; i++)
         k += snprintf(t + k, cap - (size_t)k, "%s%u", i ? "," : "", r->slots[i]);
     return t;
@@ -81,6 +96,9 @@ static bool rec_parse(const char *t, size_t len, move_rec *r)
     bool ok = sl && sscanf(s, "id=%63s from=%u to=%u updated_ms=%" SCNd64, r->id, &r->from, &r->to,
                            &up) == 4;
     r->updated_ms = up;
+    const char *ow = ok ? strstr(s, " owner=") : NULL;
+    if (ow && ow < sl)
+        snprintf(r->owner, sizeof(r->owner), "%.*s", (int)(sl - ow - 7), ow + 7);
     if (ok) {
         r->slots = malloc(SLOTS_DEFAULT * sizeof(uint32_t));
         ok = r->slots != NULL;
@@ -103,6 +121,18 @@ static bool rec_parse(const char *t, size_t len, move_rec *r)
     return ok;
 }
 
+/* True when the server at addr answers a status call (whatever its status). */
+static bool source_answers(mover *m, const char *addr)
+{
+    Psd__V1__ServerStatusRequest rq = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    rq.max_variables = 1;
+    rpc_oneshot_reply out;
+    int rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SERVER_STATUS, &rq.base, NULL, 0, m->token,
+                         MOVE_PROBE_MS, &out);
+    free(out.body);
+    return rc != STATUS_UNAVAILABLE && rc != STATUS_DEADLINE_EXCEEDED && rc != STATUS_CANCELLED;
+}
+
 /* One SLOT_MOVE call to addr. Returns its status, the reply in *rep (may be NULL). */
 static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, const char *to_addr,
                      uint64_t version, Psd__V1__SlotMoveReply **rep, char *msg, size_t cap)
@@ -118,9 +148,29 @@ static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, c
     rq.version = version;
     rq.max_bytes_per_second = m->mo->max_bytes_per_second;
     rpc_oneshot_reply out;
-    int rc = rpc_oneshot(
-        addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
-        phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND ? MOVE_SEND_MS : MOVE_PHASE_MS, &out);
+    int rc;
+    if (phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND) {
+        /* Watched: a source that dies mid-batch would otherwise hold psctl for the whole
+         * deadline (a lost connection is redialed and the request resent until then). */
+        rpc_oneshot_call *c = NULL;
+        rc = rpc_oneshot_start(addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0,
+                               m->token, MOVE_SEND_MS, &out, &c);
+        int lost = 0;
+        while (rc == STATUS_OK && !rpc_oneshot_wait(c, MOVE_PROBE_MS) && lost < MOVE_PROBES)
+            lost = source_answers(m, addr) ? 0 : lost + 1;
+        if (rc == STATUS_OK)
+            rc = rpc_oneshot_end(c);
+        if (lost >= MOVE_PROBES) {
+            rc = STATUS_UNAVAILABLE;
+            snprintf(out.message, sizeof(out.message),
+                     "the source stopped answering during the SEND (%d probes in a row, %d s "
+                     "apart, got no answer)",
+                     MOVE_PROBES, MOVE_PROBE_MS / 1000);
+        }
+    } else {
+        rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
+                         MOVE_PHASE_MS, &out);
+    }
     snprintf(msg, cap, "%s", out.message);
     if (rep)
         *rep = rc == STATUS_OK && out.body
@@ -180,6 +230,19 @@ static bool flipped(const slots_record *map, const move_rec *r)
     return true;
 }
 
+/* True when the record's owner is a process of this host that no longer runs. */
+static bool owner_gone(const move_rec *r)
+{
+    const char *colon = strrchr(r->owner, ':');
+    char host[256] = "";
+    if (colon == NULL || gethostname(host, sizeof(host) - 1) != 0 ||
+        strncmp(r->owner, host, (size_t)(colon - r->owner)) != 0 || host[colon - r->owner] != '\0')
+        return false;
+    char *end;
+    long pid = strtol(colon + 1, &end, 10);
+    return pid > 0 && *end == '\0' && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 /* A record left by a psctl that stopped: finished (the map flipped: COMMITs again) or rolled
  * back. Returns 0, 1 (failed), or 2 (another psctl's move is running). */
 static int resume(mover *m)
@@ -203,7 +266,9 @@ static int resume(mover *m)
         return 1;
     }
     int64_t age = wall_ms() - r.updated_ms;
-    if (age < MOVE_STALE_MS) {
+    if (age < MOVE_STALE_MS && owner_gone(&r)) {
+        printf("move %s: its psctl (%s) is gone: resuming it\n", r.id, r.owner);
+    } else if (age < MOVE_STALE_MS) {
         fprintf(stderr,
                 "psctl: a move is already running (move %s: %zu slots from ps %u to ps %u, "
                 "updated %" PRId64 " ms ago): wait for it, or rerun %d s after its psctl "
@@ -309,10 +374,9 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
             for (size_t i = 0; i < r->n; i++)
                 mv[i] = (slot_move){r->slots[i], r->from, r->to};
             if (!slots_apply(&map, mv, r->n)) {
-                fprintf(stderr,
-                        "psctl: move %s: the slot map changed under the move (a slot "
-                        "is no longer ps %u's): rolled back\n",
-                        r->id, r->from);
+                snprintf(err, sizeof(err),
+                         "the slot map changed under the move (a slot is no longer ps %u's)",
+                         r->from);
                 rc = -1;
                 break;
             }
@@ -326,20 +390,35 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
             }
         }
         if (rc != 0) {
-            if (rc != -1)
-                fprintf(stderr,
-                        "psctl: move %s: the slot map was not changed: %s: rolled "
-                        "back\n",
-                        r->id, err);
+            /* Not flipped, or its answer lost: the map in etcd decides, once etcd answers. */
             slots_record_free(&map);
-            if (slots_etcd_read(m->etcd, m->prefix, &map, NULL, err, sizeof(err)) == 0) {
-                if (flipped(&map, r)) { /* the CAS took after all (a lost answer) */
-                    rc = 0;
-                } else {
-                    abort_both(m, &map, r);
-                }
+            int rr;
+            for (int64_t t0 = wall_ms();;) {
+                rr = slots_etcd_read(m->etcd, m->prefix, &map, NULL, msg, sizeof(msg));
+                if (rr == 0 || wall_ms() - t0 >= MOVE_ETCD_WAIT_MS)
+                    break;
+                nanosleep(&(struct timespec){0, 500000000L}, NULL);
             }
-            out = rc == 0 ? 0 : 1;
+            if (rr != 0) {
+                fprintf(stderr,
+                        "psctl: move %s: the slot map was not changed (%s) and cannot be read "
+                        "(%s) within %d s: the batch stays frozen on ps %u (updates of its "
+                        "slots wait) and recorded in %s: rerun psctl once etcd answers, to "
+                        "finish it or roll it back\n",
+                        r->id, err, msg, MOVE_ETCD_WAIT_MS / 1000, r->from, m->key);
+                *rep_out = rep;
+                return 1;
+            }
+            if (flipped(&map, r)) { /* the CAS took after all (a lost answer) */
+                rc = 0;
+            } else {
+                fprintf(stderr,
+                        "psctl: move %s: the slot map was not changed: %s: rolled back, its "
+                        "%zu slots stay on ps %u\n",
+                        r->id, err, r->n, r->from);
+                abort_both(m, &map, r);
+                out = 1;
+            }
         }
         if (rc == 0) {
             *version = map.version;

@@ -20,6 +20,11 @@
  * too, with a checkpoint-dir): the batch's slots stay frozen meanwhile, and clients wait for
  * them within their own deadlines. */
 #define INSTALL_DEADLINE_MS 20000
+/* Failpoint slot-move-hold (test-failpoint, tests only): a source whose target answered the
+ * install waits this long before it answers the SEND, with a log line ("failpoint
+ * slot-move-hold: holding move ID"), so that a test kills the source, psctl or etcd inside a
+ * batch (installed on the target, frozen here, the map not flipped) without racing it. */
+#define HOLD_MS 3000
 
 static struct {
     slot_move_config cfg;
@@ -124,6 +129,12 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         free(r.body);
     }
     free(pkg);
+    if (rc == STATUS_OK && m.cfg.failpoint && strcmp(m.cfg.failpoint, "slot-move-hold") == 0) {
+        log_warn("failpoint slot-move-hold: holding move %s (%zu slots installed on ps %u, "
+                 "frozen here) for %d ms",
+                 rq->move_id, rq->n_slots, rq->to, HOLD_MS);
+        nanosleep(&(struct timespec){HOLD_MS / 1000, (HOLD_MS % 1000) * 1000000L}, NULL);
+    }
     if (rc != STATUS_OK) {
         slot_gate_unfreeze();
         atomic_fetch_add(&m.failed, 1);
