@@ -15,6 +15,7 @@
 #include "slot_move.h"
 #include "slot_start.h"
 #include "status.h"
+#include "timeutil.h"
 
 /* Time a batch's package may take to reach its target and be installed (made durable there
  * too, with a checkpoint-dir): the batch's slots stay frozen meanwhile, and clients wait for
@@ -95,6 +96,7 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         return;
     }
     atomic_fetch_add(&m.started, 1);
+    uint64_t t0 = time_now_ns();
     int rc = slot_gate_freeze(st, rq->move_id, rq->slots, rq->n_slots, err, sizeof(err));
     if (rc != STATUS_OK) {
         atomic_fetch_add(&m.failed, 1);
@@ -105,7 +107,9 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
     size_t len = 0;
     slot_move_counts cnt;
     char tok[80];
+    uint64_t t1 = time_now_ns();
     rc = slot_move_export(st, bits, &pkg, &len, &cnt, err, sizeof(err));
+    uint64_t t2 = time_now_ns();
     if (rc == STATUS_OK && token(tok, sizeof(tok), err, sizeof(err)) != 0)
         rc = STATUS_UNAVAILABLE;
     if (rc == STATUS_OK && rq->max_bytes_per_second > 0) {
@@ -128,6 +132,7 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
             snprintf(err, sizeof(err), "target ps %u (%s): %s", rq->to, rq->to_address, r.message);
         free(r.body);
     }
+    uint64_t t3 = time_now_ns();
     free(pkg);
     if (rc == STATUS_OK && m.cfg.failpoint && strcmp(m.cfg.failpoint, "slot-move-hold") == 0) {
         log_warn("failpoint slot-move-hold: holding move %s (%zu slots installed on ps %u, "
@@ -144,10 +149,13 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         return;
     }
     atomic_fetch_add(&m.bytes, len);
-    log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes; "
-             "they stay frozen until the map gives them there",
+    log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes "
+             "(%llu exactly-once windows); they stay frozen until the map gives them there "
+             "(freeze %.1f ms, export %.1f ms, install %.1f ms)",
              rq->move_id, rq->n_slots, rq->to, rq->to_address, (unsigned long long)cnt.rows,
-             (unsigned long long)cnt.variables, (unsigned long long)len);
+             (unsigned long long)cnt.variables, (unsigned long long)len,
+             (unsigned long long)cnt.windows, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+             (double)(t3 - t2) / 1e6);
     Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
     rep.rows = cnt.rows;
     rep.variables = cnt.variables;

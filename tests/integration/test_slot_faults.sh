@@ -77,6 +77,7 @@ n=$(holds)
 ctl_pid=$!
 wait_hold "$n"
 kill -9 $ctl_pid; wait $ctl_pid 2>/dev/null
+check slots-shows-move 0 "moves in progress: move .* ps [01] -> ps 2, a batch of psctl add-server (0/1365 slots moved before it.*its psctl is gone" "${ctl0[@]}" slots
 check psctl-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
 check psctl-resumed 0 "is gone: resuming it" echo "$out"
 end_pushers psctl
