@@ -65,8 +65,11 @@ rows = int(sys.argv[2])
 row_bytes = 8 + 8 + 4 * 16 * 2  # id, update time, parameters, Adagrad accumulators
 def report(name, path, s, e):
     s, e = float(s), float(e)
-    done = [json.loads(l) for l in open(path) if l.startswith("{")]
-    done = [d for d in done if d.get("done")]
+    lines = [json.loads(l) for l in open(path) if l.startswith("{")]
+    done = [d for d in lines if d.get("done")]
+    batches = [d["ms"] for d in lines if "ms" in d]
+    wins = [d.get("windows", 0) for d in lines if "ms" in d]
+    sizes = [d["bytes"] for d in lines if "ms" in d]
     moved = done[0]["bytes"] if done else 0
     before = sorted(ms for t, ms in lat if t < s)
     p99 = before[int(0.99 * (len(before) - 1))] if before else float("nan")
@@ -75,6 +78,11 @@ def report(name, path, s, e):
           f"a third of the table: {rows * row_bytes / 3:.0f} bytes; "
           f"pushes before: {len(before)}, p99 {p99:.2f} ms; during: {len(during)}, "
           f"longest {max(during) if during else float('nan'):.2f} ms")
+    if batches:
+        print(f"  {len(batches)} batches, mean ms per batch: " +
+              ", ".join(f"{k} {sum(b[k] for b in batches) / len(batches):.1f}"
+                        for k in ("record", "send", "flip", "commit")) +
+              f"; exactly-once windows per batch {max(wins)} (of {max(sizes)} bytes at most)")
 report("add-server", sys.argv[3], sys.argv[4], sys.argv[5])
 report("remove-server", sys.argv[6], sys.argv[7], sys.argv[8])
 PY

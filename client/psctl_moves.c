@@ -1,16 +1,19 @@
 /* psctl add-server, remove-server, rebalance (psctl_moves.h).
  *
  * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
- * slots=S1,S2,..."), SLOT_MOVE SEND to the source (it freezes the batch and sends it to the
- * target), flip the slot map by CAS (slots_apply: version + 1), SLOT_MOVE COMMIT to the target,
- * the source and every other server, delete the record. A failure before the flip: ABORT to
- * both (the source serves the slots again, the target drops what it installed) and the record
- * deleted; after it, the move is done and a rerun sends the COMMITs again. A record updated in
- * the last MOVE_STALE_MS is another psctl's running move. */
+ * owner=HOST:PID slots=S1,S2,..."; owner may be absent in records of older psctl), SLOT_MOVE SEND
+ * to the source (it freezes the batch and sends it to the target), flip the slot map by CAS
+ * (slots_apply: version + 1), SLOT_MOVE COMMIT to the target, the source and every other server,
+ * delete the record. A failure before the flip: ABORT to both (the source serves the slots again,
+ * the target drops what it installed) and the record deleted; after it, the move is done and a
+ * rerun sends the COMMITs again. A record updated in the last MOVE_STALE_MS is another psctl's
+ * running move, unless its owner is a process of this host that is gone (a psctl killed mid-move:
+ * the rerun resumes at once). */
 #include "psctl_moves.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +34,14 @@
  * installed with it; the COMMIT's learns the map at its restart). */
 #define MOVE_SEND_MS 180000
 #define MOVE_PHASE_MS 10000
+/* While a SEND runs, the source is asked for its status every MOVE_PROBE_MS: MOVE_PROBES
+ * unanswered in a row fail the SEND (the source died; it is not waited for until the SEND's
+ * deadline), and the SEND's connection is closed, so nothing resends it to the source if it
+ * comes back. */
+#define MOVE_PROBE_MS 2000
+#define MOVE_PROBES 3
+/* How long a batch whose flip got no answer waits for etcd to say whether it took. */
+#define MOVE_ETCD_WAIT_MS 10000
 
 typedef struct mover {
     etcd_client *etcd;
@@ -39,15 +50,35 @@ typedef struct mover {
     char token[256];
     rpc_tls tls;
     const psctl_move_opts *mo;
+    /* The map as this run last wrote or read it, and its mod revision in etcd. */
+    slots_record map;
+    int64_t map_rev;
+    bool have_map;
+    int64_t rec_rev; /* mod revision of the record this run wrote last (0: none) */
+    bool keep_rec;   /* a batch left the record for a rerun */
+    int64_t ms[4];   /* the last batch's phases: record, SEND, flip, COMMITs (ms) */
 } mover;
 
 typedef struct move_rec {
     char id[64];
+    char owner[300]; /* HOST:PID of the psctl that wrote it ("" in older records) */
+    /* The run it is a batch of ("" and 0 in older records): its command, the slots of the run
+     * moved before this batch, the run's slots in all, the bytes moved before it. */
+    char cmd[32];
+    size_t run_done, run_total;
+    uint64_t run_bytes;
     uint32_t from, to;
     uint32_t *slots;
     size_t n;
     int64_t updated_ms;
 } move_rec;
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int64_t wall_ms(void)
 {
@@ -58,12 +89,17 @@ static int64_t wall_ms(void)
 
 static char *rec_text(const move_rec *r)
 {
-    size_t cap = 200 + r->n * 6;
+    size_t cap = 500 + r->n * 6;
     char *t = malloc(cap);
     if (t == NULL)
         return NULL;
-    int k = snprintf(t, cap, "id=%s from=%u to=%u updated_ms=%" PRId64 " slots=", r->id, r->from,
-                     r->to, r->updated_ms);
+    char host[256] = "";
+    gethostname(host, sizeof(host) - 1);
+    int k = snprintf(t, cap,
+                     "id=%s from=%u to=%u updated_ms=%" PRId64 " owner=%s:%ld run=%s:%zu/%zu "
+                     "bytes=%" PRIu64 " slots=",
+                     r->id, r->from, r->to, r->updated_ms, host[0] ? host : "?", (long)getpid(),
+                     r->cmd[0] ? r->cmd : "?", r->run_done, r->run_total, r->run_bytes);
     for (size_t i = 0; i < r->n; i++)
         k += snprintf(t + k, cap - (size_t)k, "%s%u", i ? "," : "", r->slots[i]);
     return t;
@@ -81,6 +117,17 @@ static bool rec_parse(const char *t, size_t len, move_rec *r)
     bool ok = sl && sscanf(s, "id=%63s from=%u to=%u updated_ms=%" SCNd64, r->id, &r->from, &r->to,
                            &up) == 4;
     r->updated_ms = up;
+    const char *ow = ok ? strstr(s, " owner=") : NULL;
+    if (ow && ow < sl)
+        snprintf(r->owner, sizeof(r->owner), "%.*s", (int)strcspn(ow + 7, " "), ow + 7);
+    const char *run = ok ? strstr(s, " run=") : NULL;
+    if (run && run < sl) {
+        size_t cl = strcspn(run + 5, ":");
+        snprintf(r->cmd, sizeof(r->cmd), "%.*s", (int)(cl < sizeof(r->cmd) ? cl : 0), run + 5);
+        if (sscanf(run + 5 + cl, ":%zu/%zu bytes=%" SCNu64, &r->run_done, &r->run_total,
+                   &r->run_bytes) != 3)
+            r->cmd[0] = '\0';
+    }
     if (ok) {
         r->slots = malloc(SLOTS_DEFAULT * sizeof(uint32_t));
         ok = r->slots != NULL;
@@ -103,24 +150,64 @@ static bool rec_parse(const char *t, size_t len, move_rec *r)
     return ok;
 }
 
+/* The SLOT_MOVE request of r's phase into *rq (it points into r). */
+static void slot_request(const mover *m, int phase, const move_rec *r, const char *to_addr,
+                         uint64_t version, Psd__V1__SlotMoveRequest *rq)
+{
+    *rq = (Psd__V1__SlotMoveRequest)PSD__V1__SLOT_MOVE_REQUEST__INIT;
+    rq->phase = phase;
+    rq->move_id = (char *)r->id;
+    rq->slots = r->slots;
+    rq->n_slots = r->n;
+    rq->from = r->from;
+    rq->to = r->to;
+    rq->to_address = (char *)(to_addr ? to_addr : "");
+    rq->version = version;
+    rq->max_bytes_per_second = m->mo->max_bytes_per_second;
+}
+
+/* True when the server at addr answers a status call (whatever its status). */
+static bool source_answers(mover *m, const char *addr)
+{
+    Psd__V1__ServerStatusRequest rq = PSD__V1__SERVER_STATUS_REQUEST__INIT;
+    rq.max_variables = 1;
+    rpc_oneshot_reply out;
+    int rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SERVER_STATUS, &rq.base, NULL, 0, m->token,
+                         MOVE_PROBE_MS, &out);
+    free(out.body);
+    return rc != STATUS_UNAVAILABLE && rc != STATUS_DEADLINE_EXCEEDED && rc != STATUS_CANCELLED;
+}
+
 /* One SLOT_MOVE call to addr. Returns its status, the reply in *rep (may be NULL). */
 static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, const char *to_addr,
                      uint64_t version, Psd__V1__SlotMoveReply **rep, char *msg, size_t cap)
 {
-    Psd__V1__SlotMoveRequest rq = PSD__V1__SLOT_MOVE_REQUEST__INIT;
-    rq.phase = phase;
-    rq.move_id = (char *)r->id;
-    rq.slots = r->slots;
-    rq.n_slots = r->n;
-    rq.from = r->from;
-    rq.to = r->to;
-    rq.to_address = (char *)(to_addr ? to_addr : "");
-    rq.version = version;
-    rq.max_bytes_per_second = m->mo->max_bytes_per_second;
+    Psd__V1__SlotMoveRequest rq;
+    slot_request(m, phase, r, to_addr, version, &rq);
     rpc_oneshot_reply out;
-    int rc = rpc_oneshot(
-        addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
-        phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND ? MOVE_SEND_MS : MOVE_PHASE_MS, &out);
+    int rc;
+    if (phase == PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND) {
+        /* Watched: a source that dies mid-batch would otherwise hold psctl for the whole
+         * deadline (a lost connection is redialed and the request resent until then). */
+        rpc_oneshot_call *c = NULL;
+        rc = rpc_oneshot_start(addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0,
+                               m->token, MOVE_SEND_MS, &out, &c);
+        int lost = 0;
+        while (rc == STATUS_OK && !rpc_oneshot_wait(c, MOVE_PROBE_MS) && lost < MOVE_PROBES)
+            lost = source_answers(m, addr) ? 0 : lost + 1;
+        if (rc == STATUS_OK)
+            rc = rpc_oneshot_end(c);
+        if (lost >= MOVE_PROBES) {
+            rc = STATUS_UNAVAILABLE;
+            snprintf(out.message, sizeof(out.message),
+                     "the source stopped answering during the SEND (%d probes in a row, %d s "
+                     "apart, got no answer)",
+                     MOVE_PROBES, MOVE_PROBE_MS / 1000);
+        }
+    } else {
+        rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base, NULL, 0, m->token,
+                         MOVE_PHASE_MS, &out);
+    }
     snprintf(msg, cap, "%s", out.message);
     if (rep)
         *rep = rc == STATUS_OK && out.body
@@ -130,32 +217,70 @@ static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, c
     return rc;
 }
 
-/* COMMIT of r at version to every server of map (the target and the source first). Returns
- * the number of the target's and source's calls that failed. */
+/* COMMIT of r at version to every server of map: the target first (so that the source,
+ * once it refuses the batch as moved, sends clients to a target that serves it), then the
+ * source and every other server at once. Returns the number of the target's and source's
+ * calls that failed (each tried 3 times). */
 static int commit_all(mover *m, const slots_record *map, const move_rec *r, uint64_t version)
 {
     char msg[1024];
-    int failed = 0;
-    uint32_t order[2] = {r->to, r->from};
-    for (int k = 0; k < 2; k++) {
-        int rc = STATUS_UNAVAILABLE;
-        for (int tries = 0; tries < 3 && rc != STATUS_OK; tries++)
-            rc = slot_call(m, map->addr[order[k]], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r,
-                           NULL, version, NULL, msg, sizeof(msg));
-        if (rc != STATUS_OK) {
-            fprintf(stderr, "psctl: move %s: COMMIT to ps %u (%s): %s\n", r->id, order[k],
-                    map->addr[order[k]], msg);
-            failed++;
-        }
+    int failed = 0, rc = STATUS_UNAVAILABLE;
+    for (int tries = 0; tries < 3 && rc != STATUS_OK; tries++)
+        rc = slot_call(m, map->addr[r->to], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r, NULL,
+                       version, NULL, msg, sizeof(msg));
+    if (rc != STATUS_OK) {
+        fprintf(stderr, "psctl: move %s: COMMIT to ps %u (%s): %s\n", r->id, r->to,
+                map->addr[r->to], msg);
+        failed++;
     }
-    for (uint32_t i = 0; i < map->nservers; i++)
-        if (i != r->to && i != r->from &&
-            slot_call(m, map->addr[i], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r, NULL, version,
-                      NULL, msg, sizeof(msg)) != STATUS_OK)
+    uint32_t n = map->nservers;
+    rpc_oneshot_call **calls = calloc(n, sizeof(*calls));
+    rpc_oneshot_reply *outs = calloc(n, sizeof(*outs));
+    int *rcs = calloc(n, sizeof(*rcs));
+    Psd__V1__SlotMoveRequest rq;
+    slot_request(m, PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r, NULL, version, &rq);
+    for (uint32_t i = 0; i < n; i++) {
+        if (i == r->to)
+            continue;
+        if (calls == NULL || outs == NULL || rcs == NULL) {
+            if (rcs)
+                rcs[i] = STATUS_RESOURCE_EXHAUSTED;
+            continue;
+        }
+        rcs[i] = rpc_oneshot_start(map->addr[i], &m->tls, PSD__V1__METHOD__SLOT_MOVE, &rq.base,
+                                   NULL, 0, m->token, MOVE_PHASE_MS, &outs[i], &calls[i]);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (i == r->to)
+            continue;
+        if (calls && calls[i]) {
+            while (!rpc_oneshot_wait(calls[i], 60000))
+                ;
+            rcs[i] = rpc_oneshot_end(calls[i]);
+        }
+        snprintf(msg, sizeof(msg), "%s", outs ? outs[i].message : "out of memory");
+        if (outs)
+            free(outs[i].body);
+        rc = rcs ? rcs[i] : STATUS_RESOURCE_EXHAUSTED;
+        for (int tries = 1; i == r->from && tries < 3 && rc != STATUS_OK; tries++)
+            rc = slot_call(m, map->addr[i], PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT, r, NULL,
+                           version, NULL, msg, sizeof(msg));
+        if (rc == STATUS_OK)
+            continue;
+        if (i == r->from) {
+            fprintf(stderr, "psctl: move %s: COMMIT to ps %u (%s): %s\n", r->id, i, map->addr[i],
+                    msg);
+            failed++;
+        } else {
             fprintf(stderr,
                     "psctl: move %s: COMMIT to ps %u (%s): %s (it learns the map at its "
                     "restart)\n",
                     r->id, i, map->addr[i], msg);
+        }
+    }
+    free(calls);
+    free(outs);
+    free(rcs);
     return failed;
 }
 
@@ -178,6 +303,41 @@ static bool flipped(const slots_record *map, const move_rec *r)
         if (map->owner[r->slots[i]] != r->to)
             return false;
     return true;
+}
+
+/* True when the record's owner is a process of this host that no longer runs. */
+static bool owner_gone(const move_rec *r)
+{
+    const char *colon = strrchr(r->owner, ':');
+    char host[256] = "";
+    if (colon == NULL || gethostname(host, sizeof(host) - 1) != 0 ||
+        strncmp(r->owner, host, (size_t)(colon - r->owner)) != 0 || host[colon - r->owner] != '\0')
+        return false;
+    char *end;
+    long pid = strtol(colon + 1, &end, 10);
+    return pid > 0 && *end == '\0' && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+void psctl_move_describe(const char *rec, size_t len, char *out, size_t cap)
+{
+    move_rec r;
+    if (!rec_parse(rec, len, &r)) {
+        snprintf(out, cap, "%.*s (not a move record)", (int)(len < 200 ? len : 200), rec);
+        return;
+    }
+    double age = (double)(wall_ms() - r.updated_ms) / 1000.0;
+    int k = snprintf(out, cap, "move %s: %zu slots ps %u -> ps %u", r.id, r.n, r.from, r.to);
+    if (r.cmd[0] && k > 0 && (size_t)k < cap)
+        k += snprintf(out + k, cap - (size_t)k,
+                      ", a batch of psctl %s (%zu/%zu slots moved before it, %.1f MiB)", r.cmd,
+                      r.run_done, r.run_total, (double)r.run_bytes / 1048576.0);
+    if (k > 0 && (size_t)k < cap)
+        snprintf(out + k, cap - (size_t)k, "; psctl %s, recorded %.1f s ago%s",
+                 r.owner[0] ? r.owner : "?", age,
+                 age >= MOVE_STALE_MS / 1000.0 || owner_gone(&r)
+                     ? " (its psctl is gone: a rerun finishes or rolls it back)"
+                     : "");
+    free(r.slots);
 }
 
 /* A record left by a psctl that stopped: finished (the map flipped: COMMITs again) or rolled
@@ -203,7 +363,9 @@ static int resume(mover *m)
         return 1;
     }
     int64_t age = wall_ms() - r.updated_ms;
-    if (age < MOVE_STALE_MS) {
+    if (age < MOVE_STALE_MS && owner_gone(&r)) {
+        printf("move %s: its psctl (%s) is gone: resuming it\n", r.id, r.owner);
+    } else if (age < MOVE_STALE_MS) {
         fprintf(stderr,
                 "psctl: a move is already running (move %s: %zu slots from ps %u to ps %u, "
                 "updated %" PRId64 " ms ago): wait for it, or rerun %d s after its psctl "
@@ -241,8 +403,22 @@ static int resume(mover *m)
     return out;
 }
 
+/* The progress line on stderr: slots moved of the plan's, bytes, rate (rewritten in place on
+ * a terminal, one line per batch otherwise). */
+static void progress_err(const char *cmd, size_t done, size_t total, uint64_t bytes,
+                         int64_t elapsed_ms)
+{
+    double s = elapsed_ms > 0 ? (double)elapsed_ms / 1000.0 : 0.001;
+    bool tty = isatty(STDERR_FILENO);
+    fprintf(stderr, "%spsctl: %s: %zu/%zu slots moved, %.1f MiB, %.1f MiB/s, %.1f s%s",
+            tty ? "\r" : "", cmd, done, total, (double)bytes / 1048576.0,
+            (double)bytes / 1048576.0 / s, s, tty && done < total ? "" : "\n");
+    fflush(stderr);
+}
+
 static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_t b, size_t nb,
-                     const move_rec *r, const Psd__V1__SlotMoveReply *rep, uint64_t version)
+                     const move_rec *r, const Psd__V1__SlotMoveReply *rep, uint64_t version,
+                     const int64_t ms[4])
 {
     int pct = total ? (int)(done * 100 / total) : 100;
     unsigned long long rows = rep ? (unsigned long long)rep->rows : 0;
@@ -250,8 +426,13 @@ static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_
     unsigned long long bytes = rep ? (unsigned long long)rep->bytes : 0;
     if (mo->json) {
         printf("{\"batch\":%zu,\"batches\":%zu,\"slots\":%zu,\"from\":%u,\"to\":%u,\"rows\":%llu,"
-               "\"variables\":%llu,\"bytes\":%llu,\"version\":%" PRIu64 ",\"percent\":%d}\n",
-               b, nb, r->n, r->from, r->to, rows, vars, bytes, version, pct);
+               "\"variables\":%llu,\"windows\":%llu,\"bytes\":%llu,\"version\":%" PRIu64
+               ",\"percent\":%d,"
+               "\"ms\":{\"record\":%" PRId64 ",\"send\":%" PRId64 ",\"flip\":%" PRId64
+               ",\"commit\":%" PRId64 "}}\n",
+               b, nb, r->n, r->from, r->to, rows, vars,
+               rep ? (unsigned long long)rep->windows : 0ULL, bytes, version, pct, ms[0], ms[1],
+               ms[2], ms[3]);
     } else if (isatty(STDOUT_FILENO)) {
         char bar[31];
         int fill = pct * 30 / 100;
@@ -269,98 +450,125 @@ static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_
     fflush(stdout);
 }
 
-/* Moves one batch. Returns 0, or 1 (rolled back, or committed but not every COMMIT landed). */
+/* Moves one batch. Returns 0, or 1 (rolled back, or committed but not every COMMIT landed).
+ * Per batch, etcd sees two writes: the record (overwriting the previous batch's, by CAS on
+ * its revision) and the map's CAS; the map is read once per run (again only when a CAS finds
+ * it changed). The record is deleted once the run ends (psctl_moves), unless a batch left it
+ * for a rerun. */
 static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_out,
                       uint64_t *version)
 {
     char err[2048], msg[1024];
-    slots_record map;
-    int64_t rev = 0;
-    if (slots_etcd_read(m->etcd, m->prefix, &map, &rev, err, sizeof(err)) != 0) {
-        fprintf(stderr, "psctl: move %s: %s\n", r->id, err);
-        return 1;
+    int64_t t0 = mono_ms();
+    if (!m->have_map) {
+        if (slots_etcd_read(m->etcd, m->prefix, &m->map, &m->map_rev, err, sizeof(err)) != 0) {
+            fprintf(stderr, "psctl: move %s: %s\n", r->id, err);
+            return 1;
+        }
+        m->have_map = true;
     }
+    slots_record *map = &m->map;
     r->updated_ms = wall_ms();
     char *text = rec_text(r);
-    int rc = text ? etcd_cas(m->etcd, m->key, 0, text, strlen(text), NULL, err, sizeof(err))
-                  : ETCD_EFAILED;
+    int64_t nrev = 0;
+    int rc =
+        text ? etcd_cas(m->etcd, m->key, m->rec_rev, text, strlen(text), &nrev, err, sizeof(err))
+             : ETCD_EFAILED;
     free(text);
     if (rc != 0) {
         fprintf(stderr, "psctl: move %s: cannot record it in %s: %s\n", r->id, m->key,
                 rc == ETCD_ECONFLICT ? "another move was recorded meanwhile" : err);
-        slots_record_free(&map);
+        if (rc == ETCD_ECONFLICT)
+            m->rec_rev = 0; /* not ours to delete */
         return 1;
     }
+    m->rec_rev = nrev;
+    int64_t t1 = mono_ms();
     Psd__V1__SlotMoveReply *rep = NULL;
-    rc = slot_call(m, map.addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
-                   map.addr[r->to], 0, &rep, msg, sizeof(msg));
-    int out = 0;
+    rc = slot_call(m, map->addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
+                   map->addr[r->to], 0, &rep, msg, sizeof(msg));
+    int64_t t2 = mono_ms(), t3 = t2;
+    *rep_out = rep;
     if (rc != STATUS_OK) {
         fprintf(stderr,
                 "psctl: move %s: %zu slots from ps %u (%s) to ps %u (%s) failed: %s: "
                 "rolled back, they stay on ps %u\n",
-                r->id, r->n, r->from, map.addr[r->from], r->to, map.addr[r->to], msg, r->from);
-        abort_both(m, &map, r);
-        out = 1;
-    } else {
-        /* The flip: only this CAS decides who holds the slots. */
-        for (int tries = 0;; tries++) {
-            slot_move mv[SLOTS_DEFAULT];
-            for (size_t i = 0; i < r->n; i++)
-                mv[i] = (slot_move){r->slots[i], r->from, r->to};
-            if (!slots_apply(&map, mv, r->n)) {
-                fprintf(stderr,
-                        "psctl: move %s: the slot map changed under the move (a slot "
-                        "is no longer ps %u's): rolled back\n",
-                        r->id, r->from);
-                rc = -1;
-                break;
-            }
-            rc = slots_etcd_cas(m->etcd, m->prefix, &map, rev, NULL, err, sizeof(err));
-            if (rc != ETCD_ECONFLICT || tries >= 20)
-                break;
-            slots_record_free(&map); /* a server joined meanwhile: read and apply again */
-            if (slots_etcd_read(m->etcd, m->prefix, &map, &rev, err, sizeof(err)) != 0) {
-                rc = -1;
-                break;
-            }
+                r->id, r->n, r->from, map->addr[r->from], r->to, map->addr[r->to], msg, r->from);
+        abort_both(m, map, r);
+        return 1;
+    }
+    /* The flip: only this CAS decides who holds the slots. */
+    for (int tries = 0;; tries++) {
+        slot_move mv[SLOTS_DEFAULT];
+        for (size_t i = 0; i < r->n; i++)
+            mv[i] = (slot_move){r->slots[i], r->from, r->to};
+        if (!slots_apply(map, mv, r->n)) {
+            snprintf(err, sizeof(err),
+                     "the slot map changed under the move (a slot is no longer ps %u's)", r->from);
+            rc = -1;
+            break;
         }
-        if (rc != 0) {
-            if (rc != -1)
-                fprintf(stderr,
-                        "psctl: move %s: the slot map was not changed: %s: rolled "
-                        "back\n",
-                        r->id, err);
-            slots_record_free(&map);
-            if (slots_etcd_read(m->etcd, m->prefix, &map, NULL, err, sizeof(err)) == 0) {
-                if (flipped(&map, r)) { /* the CAS took after all (a lost answer) */
-                    rc = 0;
-                } else {
-                    abort_both(m, &map, r);
-                }
-            }
-            out = rc == 0 ? 0 : 1;
-        }
-        if (rc == 0) {
-            *version = map.version;
-            if (commit_all(m, &map, r, map.version) != 0) {
-                fprintf(stderr,
-                        "psctl: move %s is committed (map version %" PRIu64
-                        ") but not every server heard it: rerun psctl to finish it\n",
-                        r->id, map.version);
-                slots_record_free(&map);
-                *rep_out = rep;
-                return 1;
-            }
+        rc = slots_etcd_cas(m->etcd, m->prefix, map, m->map_rev, &nrev, err, sizeof(err));
+        if (rc == 0)
+            m->map_rev = nrev;
+        if (rc != ETCD_ECONFLICT || tries >= 20)
+            break;
+        slots_record_free(map); /* a server joined meanwhile: read and apply again */
+        if (slots_etcd_read(m->etcd, m->prefix, map, &m->map_rev, err, sizeof(err)) != 0) {
+            m->have_map = false;
+            rc = -1;
+            break;
         }
     }
-    if (etcd_delete(m->etcd, m->key, err, sizeof(err)) != 0) {
-        fprintf(stderr, "psctl: %s: %s\n", m->key, err);
-        out = 1;
+    if (rc != 0) {
+        /* Not flipped, or its answer lost: the map in etcd decides, once etcd answers. */
+        slots_record_free(map);
+        m->have_map = false;
+        int rr;
+        for (int64_t w0 = wall_ms();;) {
+            rr = slots_etcd_read(m->etcd, m->prefix, map, &m->map_rev, msg, sizeof(msg));
+            if (rr == 0 || wall_ms() - w0 >= MOVE_ETCD_WAIT_MS)
+                break;
+            nanosleep(&(struct timespec){0, 500000000L}, NULL);
+        }
+        if (rr != 0) {
+            fprintf(stderr,
+                    "psctl: move %s: the slot map was not changed (%s) and cannot be read "
+                    "(%s) within %d s: the batch stays frozen on ps %u (updates of its "
+                    "slots wait) and recorded in %s: rerun psctl once etcd answers, to "
+                    "finish it or roll it back\n",
+                    r->id, err, msg, MOVE_ETCD_WAIT_MS / 1000, r->from, m->key);
+            m->keep_rec = true;
+            return 1;
+        }
+        m->have_map = true;
+        if (!flipped(map, r)) {
+            fprintf(stderr,
+                    "psctl: move %s: the slot map was not changed: %s: rolled back, its "
+                    "%zu slots stay on ps %u\n",
+                    r->id, err, r->n, r->from);
+            abort_both(m, map, r);
+            return 1;
+        }
+        /* the CAS took after all (a lost answer) */
     }
-    slots_record_free(&map);
-    *rep_out = rep;
-    return out;
+    t3 = mono_ms();
+    *version = map->version;
+    int failed = commit_all(m, map, r, map->version);
+    int64_t t4 = mono_ms();
+    m->ms[0] = t1 - t0;
+    m->ms[1] = t2 - t1;
+    m->ms[2] = t3 - t2;
+    m->ms[3] = t4 - t3;
+    if (failed != 0) {
+        fprintf(stderr,
+                "psctl: move %s is committed (map version %" PRIu64
+                ") but not every server heard it: rerun psctl to finish it\n",
+                r->id, map->version);
+        m->keep_rec = true;
+        return 1;
+    }
+    return 0;
 }
 
 /* The batch that starts at plan[i]: its pair's moves not taken yet, at most bs, into r. */
@@ -482,6 +690,7 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
     if (taken)
         memset(taken, 0, (nplan ? nplan : 1) * sizeof(bool));
     size_t done = 0, b = 0;
+    int64_t started = mono_ms();
     uint64_t rows = 0, vars = 0, bytes = 0, version = map.version;
     for (size_t i = 0; rc == 0 && taken && r.slots && i < nplan; i++) {
         if (taken[i])
@@ -491,6 +700,10 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
         snprintf(r.id, sizeof(r.id), "%" PRId64 "-%u-%u-%u", wall_ms(), r.from, r.to, r.slots[0]);
         const Psd__V1__SlotMoveReply *rep = NULL;
         b++;
+        snprintf(r.cmd, sizeof(r.cmd), "%s", cmd);
+        r.run_done = done;
+        r.run_total = nplan;
+        r.run_bytes = bytes;
         rc = move_batch(&m, &r, &rep, &version);
         if (rc == 0) {
             done += r.n;
@@ -499,11 +712,17 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
                 vars += rep->variables;
                 bytes += rep->bytes;
             }
-            progress(mo, done, nplan, b, nb, &r, rep, version);
+            progress(mo, done, nplan, b, nb, &r, rep, version, m.ms);
+            progress_err(cmd, done, nplan, bytes, mono_ms() - started);
         }
         if (rep)
             psd__v1__slot_move_reply__free_unpacked((Psd__V1__SlotMoveReply *)rep, NULL);
     }
+    if (m.rec_rev != 0 && !m.keep_rec && etcd_delete(m.etcd, m.key, err, sizeof(err)) != 0) {
+        fprintf(stderr, "psctl: %s: %s\n", m.key, err);
+        rc = 1;
+    }
+    slots_record_free(&m.map);
     if (rc == 0) {
         if (mo->json)
             printf("{\"done\":true,\"slots\":%zu,\"batches\":%zu,\"rows\":%" PRIu64

@@ -5,6 +5,7 @@
 #define PSD_CLIENT_PSCTL_MOVES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cluster.h"
@@ -25,5 +26,9 @@ typedef struct psctl_move_opts {
  * a rerun goes on from there). */
 int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const char *addr,
                 const psctl_move_opts *mo);
+
+/* A move record (the value of <prefix>/moves/current, len bytes) as one line into out: the
+ * batch, its run's progress, its psctl and whether that psctl is gone (psctl slots). */
+void psctl_move_describe(const char *rec, size_t len, char *out, size_t cap);
 
 #endif

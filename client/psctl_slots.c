@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "psctl_json.h"
+#include "psctl_moves.h"
 #include "psctl_view.h"
 #include "slots_record.h"
 
@@ -64,9 +65,11 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
         for (uint32_t i = 0; i < r.nservers; i++)
             printf("%-6u %-40s %8u%s\n", i, r.addr[i], slots_record_count(&r, i),
                    i >= r.base ? "  (joined)" : "");
-        if (mv)
-            printf("moves in progress: %.*s\n", (int)mvlen, mv);
-        else
+        if (mv) {
+            char line[1024];
+            psctl_move_describe(mv, mvlen, line, sizeof(line));
+            printf("moves in progress: %s\n", line);
+        } else
             printf("moves in progress: none\n");
         printf("split variables stay in ranges over the %u servers of the cluster spec (they do "
                "not move with slots)\n",

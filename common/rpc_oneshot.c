@@ -1,9 +1,11 @@
 /* rpc_oneshot.c - one request to a server by its address (rpc_oneshot.h). */
 #include "rpc_oneshot.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "frame.h"
 #include "status.h"
@@ -54,11 +56,19 @@ static void oneshot_done(void *arg, int status, const char *message, const frame
     }
 }
 
-int rpc_oneshot(const char *addr, const rpc_tls *tls, int method, const ProtobufCMessage *body,
-                const void *seg, size_t seg_len, const char *token, uint32_t deadline_ms,
-                rpc_oneshot_reply *out)
+struct rpc_oneshot_call {
+    rpc_conn *conn;
+    oneshot k;
+    rpc_waiter w;
+};
+
+int rpc_oneshot_start(const char *addr, const rpc_tls *tls, int method,
+                      const ProtobufCMessage *body, const void *seg, size_t seg_len,
+                      const char *token, uint32_t deadline_ms, rpc_oneshot_reply *out,
+                      rpc_oneshot_call **call)
 {
     memset(out, 0, sizeof(*out));
+    *call = NULL;
     char url[600], turl[640];
     if (strstr(addr, "://"))
         snprintf(url, sizeof(url), "%s", addr);
@@ -69,15 +79,23 @@ int rpc_oneshot(const char *addr, const rpc_tls *tls, int method, const Protobuf
         snprintf(out->message, sizeof(out->message), "address too long: %s", addr);
         return out->status = STATUS_INVALID_ARGUMENT;
     }
-    oneshot k = {.method = method, .seg = seg, .seg_len = seg_len, .token = token, .out = out};
-    k.body_len = body ? protobuf_c_message_get_packed_size(body) : 0;
-    k.body = malloc(k.body_len ? k.body_len : 1);
-    if (k.body == NULL) {
+    rpc_oneshot_call *oc = calloc(1, sizeof(*oc));
+    size_t blen = body ? protobuf_c_message_get_packed_size(body) : 0;
+    uint8_t *b = oc ? malloc(blen ? blen : 1) : NULL;
+    if (b == NULL) {
+        free(oc);
         snprintf(out->message, sizeof(out->message), "out of memory");
         return out->status = STATUS_RESOURCE_EXHAUSTED;
     }
     if (body)
-        protobuf_c_message_pack(body, k.body);
+        protobuf_c_message_pack(body, b);
+    oc->k = (oneshot){.method = method,
+                      .body = b,
+                      .body_len = blen,
+                      .seg = seg,
+                      .seg_len = seg_len,
+                      .token = token,
+                      .out = out};
     rpc_conn_config cc = {
         .url = turl,
         .connections = 1,
@@ -86,20 +104,69 @@ int rpc_oneshot(const char *addr, const rpc_tls *tls, int method, const Protobuf
     };
     if (on)
         cc.tls = *tls;
-    rpc_conn *c = NULL;
     char err[512];
-    if (rpc_conn_open(&c, &cc, err, sizeof(err)) != 0) {
-        free(k.body);
+    if (rpc_conn_open(&oc->conn, &cc, err, sizeof(err)) != 0) {
+        free(b);
+        free(oc);
         snprintf(out->message, sizeof(out->message), "%s", err);
         return out->status = STATUS_UNAVAILABLE;
     }
     rpc_call_opts o = {
         .deadline_ms = deadline_ms, .retries = 20, .backoff_ms = 50, .max_backoff_ms = 1000};
-    int rc = rpc_conn_call_wait(c, &o, oneshot_build, oneshot_done, &k);
-    rpc_conn_close(c);
-    free(k.body);
+    rpc_waiter_init(&oc->w, oneshot_build, oneshot_done, &oc->k);
+    int rc = rpc_conn_call(oc->conn, &o, rpc_waiter_build, rpc_waiter_done, &oc->w);
+    if (rc != 0) {
+        rpc_waiter_abandon(&oc->w, rc);
+        rpc_conn_close(oc->conn);
+        free(b);
+        free(oc);
+        snprintf(out->message, sizeof(out->message), "%s", status_name(rc));
+        return out->status = rc;
+    }
+    *call = oc;
+    return STATUS_OK;
+}
+
+bool rpc_oneshot_wait(rpc_oneshot_call *c, uint32_t wait_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->w.m);
+    while (!c->w.done && pthread_cond_timedwait(&c->w.c, &c->w.m, &until) == 0)
+        ;
+    bool done = c->w.done;
+    pthread_mutex_unlock(&c->w.m);
+    return done;
+}
+
+int rpc_oneshot_end(rpc_oneshot_call *c)
+{
+    rpc_oneshot_reply *out = c->k.out;
+    rpc_conn_close(c->conn); /* a call still waiting completes with CANCELLED */
+    int rc = rpc_waiter_wait(&c->w);
+    free(c->k.body);
+    free(c);
     if (rc != STATUS_OK && out->message[0] == '\0')
         snprintf(out->message, sizeof(out->message), "%s", status_name(rc));
     out->status = rc;
     return rc;
+}
+
+int rpc_oneshot(const char *addr, const rpc_tls *tls, int method, const ProtobufCMessage *body,
+                const void *seg, size_t seg_len, const char *token, uint32_t deadline_ms,
+                rpc_oneshot_reply *out)
+{
+    rpc_oneshot_call *c = NULL;
+    int rc = rpc_oneshot_start(addr, tls, method, body, seg, seg_len, token, deadline_ms, out, &c);
+    if (rc != STATUS_OK)
+        return rc;
+    while (!rpc_oneshot_wait(c, 60000))
+        ;
+    return rpc_oneshot_end(c);
 }

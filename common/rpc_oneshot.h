@@ -4,6 +4,7 @@
 #ifndef PSD_COMMON_RPC_ONESHOT_H
 #define PSD_COMMON_RPC_ONESHOT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,5 +25,19 @@ typedef struct rpc_oneshot_reply {
 int rpc_oneshot(const char *addr, const rpc_tls *tls, int method, const ProtobufCMessage *body,
                 const void *seg, size_t seg_len, const char *token, uint32_t deadline_ms,
                 rpc_oneshot_reply *out);
+
+/* The same call, waited for in steps: started (0, or its status with why in *out: nothing to
+ * end then), waited for up to wait_ms at a time (true once it completed), and ended: the
+ * connection closed (a call still waiting completes with CANCELLED: nothing of it is resent
+ * after that), *call freed, the status returned and in *out. out must outlive the call; so must
+ * seg and token. For a caller that watches something else while a long call runs (psctl, the
+ * source of a batch while the batch is sent). */
+typedef struct rpc_oneshot_call rpc_oneshot_call;
+int rpc_oneshot_start(const char *addr, const rpc_tls *tls, int method,
+                      const ProtobufCMessage *body, const void *seg, size_t seg_len,
+                      const char *token, uint32_t deadline_ms, rpc_oneshot_reply *out,
+                      rpc_oneshot_call **call);
+bool rpc_oneshot_wait(rpc_oneshot_call *c, uint32_t wait_ms);
+int rpc_oneshot_end(rpc_oneshot_call *c);
 
 #endif

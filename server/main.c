@@ -425,7 +425,10 @@ int main(int argc, char **argv)
             program_end(&prog);
             return 1;
         }
-        slot_move_config mc = {.endpoints = coordinator, .prefix = slot_pfx, .tls = tls};
+        slot_move_config mc = {.endpoints = coordinator,
+                               .prefix = slot_pfx,
+                               .tls = tls,
+                               .failpoint = opt_str(prog.opts, OPT_TEST_FAILPOINT)};
         slot_move_rpc_init(&mc);
     }
     st.start_ns = time_now_ns();

@@ -15,11 +15,17 @@
 #include "slot_move.h"
 #include "slot_start.h"
 #include "status.h"
+#include "timeutil.h"
 
 /* Time a batch's package may take to reach its target and be installed (made durable there
  * too, with a checkpoint-dir): the batch's slots stay frozen meanwhile, and clients wait for
  * them within their own deadlines. */
 #define INSTALL_DEADLINE_MS 20000
+/* Failpoint slot-move-hold (test-failpoint, tests only): a source whose target answered the
+ * install waits this long before it answers the SEND, with a log line ("failpoint
+ * slot-move-hold: holding move ID"), so that a test kills the source, psctl or etcd inside a
+ * batch (installed on the target, frozen here, the map not flipped) without racing it. */
+#define HOLD_MS 3000
 
 static struct {
     slot_move_config cfg;
@@ -90,6 +96,7 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         return;
     }
     atomic_fetch_add(&m.started, 1);
+    uint64_t t0 = time_now_ns();
     int rc = slot_gate_freeze(st, rq->move_id, rq->slots, rq->n_slots, err, sizeof(err));
     if (rc != STATUS_OK) {
         atomic_fetch_add(&m.failed, 1);
@@ -100,7 +107,9 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
     size_t len = 0;
     slot_move_counts cnt;
     char tok[80];
+    uint64_t t1 = time_now_ns();
     rc = slot_move_export(st, bits, &pkg, &len, &cnt, err, sizeof(err));
+    uint64_t t2 = time_now_ns();
     if (rc == STATUS_OK && token(tok, sizeof(tok), err, sizeof(err)) != 0)
         rc = STATUS_UNAVAILABLE;
     if (rc == STATUS_OK && rq->max_bytes_per_second > 0) {
@@ -123,7 +132,14 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
             snprintf(err, sizeof(err), "target ps %u (%s): %s", rq->to, rq->to_address, r.message);
         free(r.body);
     }
+    uint64_t t3 = time_now_ns();
     free(pkg);
+    if (rc == STATUS_OK && m.cfg.failpoint && strcmp(m.cfg.failpoint, "slot-move-hold") == 0) {
+        log_warn("failpoint slot-move-hold: holding move %s (%zu slots installed on ps %u, "
+                 "frozen here) for %d ms",
+                 rq->move_id, rq->n_slots, rq->to, HOLD_MS);
+        nanosleep(&(struct timespec){HOLD_MS / 1000, (HOLD_MS % 1000) * 1000000L}, NULL);
+    }
     if (rc != STATUS_OK) {
         slot_gate_unfreeze();
         atomic_fetch_add(&m.failed, 1);
@@ -133,10 +149,13 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         return;
     }
     atomic_fetch_add(&m.bytes, len);
-    log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes; "
-             "they stay frozen until the map gives them there",
+    log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes "
+             "(%llu exactly-once windows); they stay frozen until the map gives them there "
+             "(freeze %.1f ms, export %.1f ms, install %.1f ms)",
              rq->move_id, rq->n_slots, rq->to, rq->to_address, (unsigned long long)cnt.rows,
-             (unsigned long long)cnt.variables, (unsigned long long)len);
+             (unsigned long long)cnt.variables, (unsigned long long)len,
+             (unsigned long long)cnt.windows, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+             (double)(t3 - t2) / 1e6);
     Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
     rep.rows = cnt.rows;
     rep.variables = cnt.variables;

@@ -14,6 +14,7 @@ typedef struct slot_move_config {
     const char *endpoints; /* coordinator */
     const char *prefix;    /* the cluster's prefix in etcd (no trailing '/') */
     rpc_tls tls;           /* how this server reaches the others */
+    const char *failpoint; /* tests only: "slot-move-hold" (see slot_move_rpc.c); NULL: none */
 } slot_move_config;
 
 /* Keeps cfg (its strings must live as long as the server) for the handlers. */
