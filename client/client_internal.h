@@ -18,6 +18,7 @@ struct ps_var {
     ps_var_spec spec; /* spec.name points at name */
     uint64_t numel;
     bool split;
+    bool parts;        /* split in fixed parts placed by slot (then nservers is 0) */
     uint32_t nservers; /* cluster size the placement was computed for */
     uint32_t owner;    /* when not split */
     var_ack *ack;      /* per server of the client, made at the first push reply; ack_lock */
@@ -63,6 +64,7 @@ struct ps_client {
     rpc_call_opts call;
     uint64_t chunk_elems;
     uint64_t split_threshold;
+    bool split_parts; /* split-parts: new split variables in fixed parts */
     size_t max_message;
     int wire_dtype; /* Psd__V1__DType of tensor segments: FLOAT32, or BFLOAT16 (wire-dtype) */
     int32_t worker_id;

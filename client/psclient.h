@@ -263,7 +263,8 @@ const char *ps_var_name(const ps_var *v);
 uint64_t ps_var_numel(const ps_var *v);
 int ps_var_ndims(const ps_var *v);
 uint64_t ps_var_dim(const ps_var *v, int i);
-/* Number of servers the variable is split over (1 for a variable held whole). */
+/* Number of servers the variable is split over (1 for a variable held whole), or of its parts
+ * when it is cut in fixed parts (split-parts). */
 int ps_var_num_shards(const ps_var *v);
 /* The variable's staleness bound as the servers enforce it (-1, 0 or s > 0). */
 int ps_var_staleness_bound(const ps_var *v);

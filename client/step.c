@@ -1,7 +1,8 @@
 /* ps_step: a training step's pushes, clock and pulls in one request per server (the Step
  * method of proto/ps.proto).
  *
- * Planning. Every item's range is cut by owning server (split variables) and into pieces of at
+ * Planning. Every item's range is cut by owning server (split variables; by part and its
+ * slot's owner for a variable cut in parts, no piece crossing a part) and into pieces of at
  * most chunk-bytes, each push piece with its own sequence number (from the stream of the
  * server's group: every message goes to one server, client_next_seq). A server whose pushes and
  * pulls each fit in chunk-bytes gets one message carrying all of them and the clock: one
@@ -189,6 +190,47 @@ static void item_range_on(const step_state *s, const ps_step_item *it, int serve
     *hi = it->offset + it->count < b ? it->offset + it->count : b;
 }
 
+/* Owner of part `part` of v (cut in parts) in the client's map now, among the servers the
+ * step reaches (else the first: it answers that it does not hold the part). */
+static int part_owner(const step_state *s, const slot_map *map, const ps_var *v, uint64_t part)
+{
+    int owner = (int)slots_part_owner(map, v->name, part);
+    return owner < s->nsrv ? owner : 0;
+}
+
+/* The next piece of item `it` on `server` at or after element *x, of at most `chunk`
+ * elements and inside one part of a variable cut in parts: [*x, *x + *n), or false when none
+ * is left. Advances nothing: the caller sets *x past the piece. */
+static bool item_next_on(const step_state *s, const ps_step_item *it, int server, uint64_t chunk,
+                         const slot_map *map, uint64_t *x, uint64_t *n)
+{
+    const ps_var *v = it->var;
+    uint64_t end = it->offset + it->count;
+    if (!v->parts) {
+        uint64_t lo, hi;
+        item_range_on(s, it, server, &lo, &hi);
+        if (*x < lo)
+            *x = lo;
+        if (*x >= hi)
+            return false;
+        *n = hi - *x < chunk ? hi - *x : chunk;
+        return true;
+    }
+    if (*x < it->offset)
+        *x = it->offset;
+    while (*x < end) {
+        uint64_t part = placement_part_of(*x), plo, pn;
+        placement_part_range(v->numel, part, &plo, &pn);
+        uint64_t hi = plo + pn < end ? plo + pn : end;
+        if (part_owner(s, map, v, part) == server) {
+            *n = hi - *x < chunk ? hi - *x : chunk;
+            return true;
+        }
+        *x = hi;
+    }
+    return false;
+}
+
 /* Adds the pieces of every item on `server` (push and/or pull per `push`, `pull`, masked by
  * what each item asks for) to messages of at most `chunk` elements each way. Returns -1 when
  * out of memory. */
@@ -201,10 +243,9 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
         bool ps = push && it->grad != NULL, pl = pull && it->dst != NULL;
         if (!ps && !pl)
             continue;
-        uint64_t lo, hi, n;
-        item_range_on(s, it, server, &lo, &hi);
-        for (uint64_t x = lo; x < hi; x += n) {
-            n = hi - x < chunk ? hi - x : chunk;
+        slot_map map = s->c->slots;
+        uint64_t n;
+        for (uint64_t x = 0; item_next_on(s, it, server, chunk, &map, &x, &n); x += n) {
             if (m == NULL || (ps && m->push_elems + n > chunk) ||
                 (pl && m->pull_elems + n > chunk)) {
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
@@ -496,6 +537,8 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
 static int piece_owner(const step_state *s, const step_piece *p, const slot_map *map, int at)
 {
     const ps_var *v = s->items[p->item].var;
+    if (v->parts)
+        return part_owner(s, map, v, placement_part_of(p->offset));
     return v->split ? at : (int)slots_name_owner(map, v->name);
 }
 

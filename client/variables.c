@@ -105,11 +105,13 @@ int ps_var_staleness_bound(const ps_var *v)
 
 int ps_var_num_shards(const ps_var *v)
 {
+    if (v->parts)
+        return (int)placement_part_count(v->numel);
     return v->split ? (int)v->nservers : 1;
 }
 
-static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1__VariableSpec *w,
-                    uint64_t *shape)
+static void to_wire(const ps_var_spec *s, bool split, bool parts, uint32_t nservers,
+                    Psd__V1__VariableSpec *w, uint64_t *shape)
 {
     psd__v1__variable_spec__init(w);
     w->name = (char *)s->name;
@@ -120,8 +122,9 @@ static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1
 #define PS_SPEC_TO_WIRE_(field, pt, wt, def) w->field = (wt)s->field;
     PS_SPEC_FIELDS(PS_SPEC_TO_WIRE_)
 #undef PS_SPEC_TO_WIRE_
-    w->split = split;
-    w->num_servers = nservers;
+    w->split = split || parts;
+    w->num_servers = parts ? 0 : nservers;
+    w->parts = parts;
 }
 
 /* The client's table (c->vars) holds every handle it made, freed by ps_client_close. A handle
@@ -173,7 +176,7 @@ static ps_var *cached(ps_client *c, const char *name)
     return found;
 }
 
-static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split)
+static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split, bool parts)
 {
     uint32_t nservers = (uint32_t)c->nservers;
     ps_var *v = calloc(1, sizeof(*v));
@@ -189,8 +192,9 @@ static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split)
     v->numel = 1;
     for (int i = 0; i < s->ndims; i++)
         v->numel *= s->dims[i];
-    v->split = split;
-    v->nservers = nservers;
+    v->split = split || parts;
+    v->parts = parts;
+    v->nservers = parts ? 0 : nservers;
     v->owner = slots_name_owner(&c->slots, v->name);
     return v;
 }
@@ -221,10 +225,12 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
         numel *= spec->dims[i];
     }
     uint32_t ns = (uint32_t)c->nservers;
-    bool split = placement_is_split(numel, numel * sizeof(float), c->split_threshold, ns);
+    bool parts =
+        c->split_parts && placement_is_parts(numel, numel * sizeof(float), c->split_threshold);
+    bool split = parts || placement_is_split(numel, numel * sizeof(float), c->split_threshold, ns);
     Psd__V1__VariableSpec w;
     uint64_t shape[PS_MAX_DIMS];
-    to_wire(spec, split, ns, &w, shape);
+    to_wire(spec, split, parts, ns, &w, shape);
     Psd__V1__CreateVariableRequest req = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &w;
     int *servers;
@@ -249,7 +255,7 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
     free(servers);
     if (rc != PS_OK)
         return rc;
-    ps_var *v = make_var(c, spec, split);
+    ps_var *v = make_var(c, spec, split, parts);
     if (v)
         v->spec.staleness = staleness;
     if (v == NULL || (v = remember(c, v)) == NULL)
@@ -297,14 +303,14 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
         client_free_replies(&reply, 1);
         return client_fail(PS_INTERNAL, "ps %d sent an invalid spec for \"%s\"", server, name);
     }
-    if (r->spec->num_servers != (uint32_t)c->nservers) {
+    if (!r->spec->parts && r->spec->num_servers != (uint32_t)c->nservers) {
         uint32_t ns = r->spec->num_servers;
         client_free_replies(&reply, 1);
         return client_fail(PS_FAILED_PRECONDITION,
                            "\"%s\" was placed for %u servers, this client's cluster has %d", name,
                            ns, c->nservers);
     }
-    v = make_var(c, &s, r->spec->split);
+    v = make_var(c, &s, r->spec->split, r->spec->parts);
     client_free_replies(&reply, 1);
     if (v == NULL || (v = remember(c, v)) == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");

@@ -547,7 +547,8 @@ static int merge_task(server_state *st, resized *acc, ckpt_loaded *l, char *err,
 }
 
 /* Places acc's variable pieces as this cluster does: a variable held whole goes to its slot's
- * owner; a split one is cut in this cluster's ranges (or held whole by its slot's owner when
+ * owner; a part of one cut in parts to its part's slot's owner, the head to every server; a
+ * split one is cut in this cluster's ranges (or held whole by its slot's owner when
  * it can't be split over this many servers) and this server's range filled from the old
  * pieces that cover it. Each variable's version is the highest of its pieces'. */
 static int place_vars(server_state *st, ckpt_loaded *all, const slot_map *now, char *err,
@@ -560,6 +561,28 @@ static int place_vars(server_state *st, ckpt_loaded *all, const slot_map *now, c
         if (v == NULL)
             continue;
         all->vars[i] = NULL;
+        if (v->spec->parts) {
+            /* Parts are never cut again: a part goes to its slot's owner, as it is; every
+             * server keeps the head (once, though every old server's files hold it). */
+            variable *dup = NULL;
+            for (size_t j = 0; j < nout && dup == NULL; j++)
+                if (all->vars[j]->part == v->part && strcmp(all->vars[j]->name, v->name) == 0)
+                    dup = all->vars[j];
+            bool mine = v->part == VARIABLE_HEAD || slots_part_owner(now, v->name, v->part) == self;
+            if (!mine || (dup && atomic_load(&dup->version) >= atomic_load(&v->version))) {
+                variable_destroy(v);
+                continue;
+            }
+            if (dup) { /* a part in two old servers' files: the later state wins */
+                for (size_t j = 0; j < nout; j++)
+                    if (all->vars[j] == dup)
+                        all->vars[j] = v;
+                variable_destroy(dup);
+                continue;
+            }
+            all->vars[nout++] = v;
+            continue;
+        }
         if (!v->spec->split) {
             if (slots_name_owner(now, v->name) != self) {
                 variable_destroy(v);

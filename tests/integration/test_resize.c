@@ -1,6 +1,7 @@
 /* Integration: a cluster restored onto another number of servers from a shared checkpoint
  * directory (2 -> 3, 3 -> 2, 1 -> 4). A cluster of n_from servers trains a dense variable split
- * over the servers (Adagrad), a small one held whole (Adam) and a sparse table (Adagrad),
+ * over the servers (Adagrad), one cut in fixed parts (split-parts: 3 * 2^18 + 5 elements, 4
+ * parts placed by slot, momentum), a small one held whole (Adam) and a sparse table (Adagrad),
  * checkpoints between steps (a full file, then deltas: the final checkpoint of the stop is a
  * delta of the chain) and stops. A cluster of n_to servers on the same directory then pulls
  * exactly (bit for bit) what was pulled before the stop, and one more step gives exactly what
@@ -24,8 +25,9 @@
 #include "ps_proc.h"
 #include "psclient.h"
 
-#define BIG 10007 /* split over 2 or more servers (split-threshold-bytes 1K) */
-#define SMALL 13  /* held whole */
+#define BIG 10007              /* split over 2 or more servers (split-threshold-bytes 1K) */
+#define SMALL 13               /* held whole */
+#define PARTS (3 * 262144 + 5) /* cut in 4 parts (split-parts), the last of 5 elements */
 #define DIM 8
 #define NIDS 300
 
@@ -40,7 +42,7 @@ typedef struct cluster {
 } cluster;
 
 typedef struct model {
-    float big[BIG], small[SMALL], rows[NIDS * DIM];
+    float big[BIG], small[SMALL], rows[NIDS * DIM], parts[PARTS];
 } model;
 
 static int64_t ids[NIDS];
@@ -91,6 +93,7 @@ static ps_client *cluster_client(const cluster *c)
     assert_int_equal(ps_config_set(cfg, "cluster", tf), PS_OK);
     assert_int_equal(ps_config_set(cfg, "deadline-ms", "20000"), PS_OK);
     assert_int_equal(ps_config_set(cfg, "split-threshold-bytes", "1K"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "split-parts", "true"), PS_OK);
     if (ps_client_open(&cl, cfg) != PS_OK)
         fail_msg("open: %s", ps_last_error());
     ps_config_destroy(cfg);
@@ -108,6 +111,19 @@ static void make_model(ps_client *c)
     s.learning_rate = 0.1;
     s.staleness = PS_STALENESS_ASYNC;
     assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    ps_var_spec_init(&s, "resize/parts");
+    s.ndims = 1;
+    s.dims[0] = PARTS;
+    s.initializer = PS_INIT_UNIFORM;
+    s.init_a = -0.5;
+    s.init_b = 0.5;
+    s.seed = 7;
+    s.optimizer = PS_OPT_MOMENTUM;
+    s.learning_rate = 0.05;
+    s.momentum = 0.9;
+    s.staleness = PS_STALENESS_ASYNC;
+    assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    assert_int_equal(ps_var_num_shards(v), 4);
     ps_var_spec_init(&s, "resize/small");
     s.ndims = 1;
     s.dims[0] = SMALL;
@@ -127,14 +143,18 @@ static void make_model(ps_client *c)
 /* One step: a gradient on every element and on every row, a function of the step. */
 static void train(ps_client *c, int step)
 {
-    static float g[BIG], tg[NIDS * DIM];
+    static float g[BIG], tg[NIDS * DIM], pg[PARTS];
     for (int i = 0; i < BIG; i++)
         g[i] = sinf(0.37f * (float)i + (float)step);
+    for (int i = 0; i < PARTS; i++)
+        pg[i] = cosf(0.013f * (float)i - (float)step);
     for (int i = 0; i < NIDS * DIM; i++)
         tg[i] = cosf(0.11f * (float)i + (float)step);
     ps_var *v;
     assert_int_equal(ps_var_lookup(c, "resize/big", &v), PS_OK);
     assert_int_equal(ps_push(c, v, g), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/parts", &v), PS_OK);
+    assert_int_equal(ps_push(c, v, pg), PS_OK);
     assert_int_equal(ps_var_lookup(c, "resize/small", &v), PS_OK);
     assert_int_equal(ps_push(c, v, g + 100), PS_OK);
     ps_table *t;
@@ -150,6 +170,8 @@ static void pull_model(ps_client *c, model *m)
     ps_var *v;
     assert_int_equal(ps_var_lookup(c, "resize/big", &v), PS_OK);
     assert_int_equal(ps_pull(c, v, m->big), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/parts", &v), PS_OK);
+    assert_int_equal(ps_pull(c, v, m->parts), PS_OK);
     assert_int_equal(ps_var_lookup(c, "resize/small", &v), PS_OK);
     assert_int_equal(ps_pull(c, v, m->small), PS_OK);
     ps_table *t;
@@ -162,6 +184,8 @@ static void expect_same(const model *a, const model *b, const char *what)
 {
     if (memcmp(a->big, b->big, sizeof(a->big)) != 0)
         fail_msg("%s: the split variable differs", what);
+    if (memcmp(a->parts, b->parts, sizeof(a->parts)) != 0)
+        fail_msg("%s: the variable cut in parts differs", what);
     if (memcmp(a->small, b->small, sizeof(a->small)) != 0)
         fail_msg("%s: the small variable differs", what);
     if (memcmp(a->rows, b->rows, sizeof(a->rows)) != 0)
