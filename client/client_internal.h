@@ -128,6 +128,17 @@ static inline int client_reach(ps_client *c)
     return atomic_load_explicit(&c->nreach, memory_order_acquire);
 }
 
+/* Server of part `part` of the variable `name` (cut in parts) under map, among the servers
+ * the client reaches; a slot given to a server not reached (yet) falls back to the static
+ * owner of the spec, which answers where the slot went. */
+static inline int client_part_owner(ps_client *c, const slot_map *map, const char *name,
+                                    uint64_t part)
+{
+    uint32_t slot = slots_of_part(name, part, map->nslots);
+    int owner = (int)slots_owner(map, slot);
+    return owner < client_reach(c) ? owner : (int)(slot % (uint32_t)c->nservers);
+}
+
 /* After the spec's servers are connected at open: connects to the servers of the map read at
  * open that joined the cluster. Returns 0, or FAILED_PRECONDITION when a slot's owner cannot
  * be reached. */

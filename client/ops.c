@@ -271,7 +271,7 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
         for (uint64_t p = first_part; p < end_part; p++) {
             uint64_t lo, n;
             placement_part_range(v->numel, p, &lo, &n);
-            k = add_parts(op, k, (int)slots_part_owner(&map, v->name, p), lo, lo + n, chunk);
+            k = add_parts(op, k, client_part_owner(c, &map, v->name, p), lo, lo + n, chunk);
         }
     } else if (v->split) {
         for (uint32_t s = 0; s < v->nservers; s++) {

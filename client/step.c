@@ -191,11 +191,13 @@ static void item_range_on(const step_state *s, const ps_step_item *it, int serve
 }
 
 /* Owner of part `part` of v (cut in parts) in the client's map now, among the servers the
- * step reaches (else the first: it answers that it does not hold the part). */
+ * step reaches (else the spec's static owner: it answers where the slot went). */
 static int part_owner(const step_state *s, const slot_map *map, const ps_var *v, uint64_t part)
 {
-    int owner = (int)slots_part_owner(map, v->name, part);
-    return owner < s->nsrv ? owner : 0;
+    int owner = client_part_owner(s->c, map, v->name, part);
+    return owner < s->nsrv
+               ? owner
+               : (int)(slots_of_part(v->name, part, map->nslots) % (uint32_t)s->c->nservers);
 }
 
 /* The next piece of item `it` on `server` at or after element *x, of at most `chunk`
@@ -537,8 +539,8 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
 static int piece_owner(const step_state *s, const step_piece *p, const slot_map *map, int at)
 {
     const ps_var *v = s->items[p->item].var;
-    if (v->parts)
-        return part_owner(s, map, v, placement_part_of(p->offset));
+    if (v->parts) /* among every server reached now: resend's arrays are that long */
+        return client_part_owner(s->c, map, v->name, placement_part_of(p->offset));
     return v->split ? at : (int)slots_name_owner(map, v->name);
 }
 

@@ -199,6 +199,18 @@ static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split, bo
     return v;
 }
 
+/* The first n servers the client reaches: the spec's, then those that joined. */
+static int reached_servers(ps_client *c, int n, int **out)
+{
+    int *s = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (s == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < n; i++)
+        s[i] = i;
+    *out = s;
+    return PS_OK;
+}
+
 int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
 {
     if (c == NULL || user_spec == NULL || out == NULL)
@@ -234,8 +246,10 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
     Psd__V1__CreateVariableRequest req = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &w;
     int *servers;
-    int n = split ? c->nservers : 1;
-    int rc = client_all_servers(c, &servers);
+    /* A variable cut in parts is made on every server reached (each makes the parts its slots
+     * give it, and the head), those that joined included. */
+    int n = parts ? client_reach(c) : split ? c->nservers : 1;
+    int rc = parts ? reached_servers(c, n, &servers) : client_all_servers(c, &servers);
     if (rc != PS_OK)
         return rc;
     if (!split)
@@ -334,14 +348,14 @@ int ps_var_delete(ps_client *c, const char *name)
         return client_fail(PS_INVALID_ARGUMENT, "ps_var_delete: NULL argument");
     if (strlen(name) == 0 || strlen(name) > PS_MAX_NAME)
         return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes", PS_MAX_NAME);
-    /* Every server: a variable held whole is on its hash owner, a split one has a shard on
-     * each, and this client need not know which (no handle, or a stale one). One server at a
-     * time, so that each one's answer is known: NOT_FOUND from a server that holds no shard is
-     * expected. */
+    /* Every server reached: a variable held whole is on its hash owner (or where its slot
+     * moved), a split one has a shard on each, one cut in parts its head on each, and this
+     * client need not know which (no handle, or a stale one). One server at a time, so that
+     * each one's answer is known: NOT_FOUND from a server that holds no shard is expected. */
     Psd__V1__DeleteVariableRequest req = PSD__V1__DELETE_VARIABLE_REQUEST__INIT;
     req.name = (char *)name;
-    int deleted = 0, rc = PS_OK;
-    for (int i = 0; i < c->nservers; i++) {
+    int deleted = 0, rc = PS_OK, reach = client_reach(c);
+    for (int i = 0; i < reach; i++) {
         ProtobufCMessage *reply = NULL;
         int r = client_unary(c, &i, 1, PSD__V1__METHOD__DELETE_VARIABLE, &req.base,
                              &psd__v1__delete_variable_reply__descriptor, &reply);

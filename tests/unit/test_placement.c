@@ -200,6 +200,7 @@ static void test_part_known_answers(void **state)
     assert_true(placement_part_hash("big", 3) == 0xc688a3874b741777ull);
     assert_true(placement_part_hash("layer0/weights", 15) == 0x9af27c5fbc4646a2ull);
     assert_true(placement_part_hash("", 0) == 0xaebe53f85cdc3c4cull);
+    assert_true(placement_part_hash("big/w", 2) == 0x1a0fd700a6d84343ull);
     const struct {
         const char *name;
         uint64_t part;
@@ -213,6 +214,10 @@ static void test_part_known_answers(void **state)
         {"layer0/weights", 1, 1351, 1, 1, 0},
         {"layer0/weights", 2, 2607, 1, 0, 3},
         {"layer0/weights", 15, 1698, 0, 0, 4},
+        {"big/w", 0, 42, 0, 0, 0},
+        {"big/w", 1, 4086, 0, 0, 5},
+        {"big/w", 2, 835, 1, 1, 2},
+        {"big/w", 3, 4029, 1, 0, 4},
         {"", 0, 3148, 0, 1, 5},
     };
     slot_map m2 = map_of(2), m3 = map_of(3), m7 = map_of(7);
