@@ -97,8 +97,9 @@ struct step_state {
     step_msg *msgs;
     size_t nmsgs, capmsgs;
     step_server *srv;
-    int nsrv; /* servers reached when it started (client_reach): those of the spec, then those
-                 that joined; srv and each table item's start are that long */
+    int nsrv;     /* servers reached when it started (client_reach): those of the spec, then those
+                     that joined; srv and each table item's start are that long */
+    slot_map map; /* the client's map when it started: every piece is planned by it */
     pthread_mutex_t lock; /* srv, given_clock */
     int64_t given_clock;  /* highest clock a server replied (an evicted worker's new clock) */
 };
@@ -178,8 +179,7 @@ static void item_range_on(const step_state *s, const ps_step_item *it, int serve
     else if (v->split)
         n = 0;
     else {
-        slot_map map = s->c->slots;
-        int owner = (int)slots_name_owner(&map, v->name);
+        int owner = (int)slots_name_owner(&s->map, v->name);
         if (owner >= s->nsrv)
             owner = (int)v->owner < s->nsrv ? (int)v->owner : 0;
         if (owner != server)
@@ -245,9 +245,8 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
         bool ps = push && it->grad != NULL, pl = pull && it->dst != NULL;
         if (!ps && !pl)
             continue;
-        slot_map map = s->c->slots;
         uint64_t n;
-        for (uint64_t x = 0; item_next_on(s, it, server, chunk, &map, &x, &n); x += n) {
+        for (uint64_t x = 0; item_next_on(s, it, server, chunk, &s->map, &x, &n); x += n) {
             if (m == NULL || (ps && m->push_elems + n > chunk) ||
                 (pl && m->pull_elems + n > chunk)) {
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
@@ -310,12 +309,13 @@ static int plan(step_state *s)
     for (int sv = 0; sv < s->nsrv; sv++) {
         uint64_t push = 0, pull = 0;
         for (size_t i = 0; i < s->nitems; i++) {
-            uint64_t lo, hi;
-            item_range_on(s, &s->items[i], sv, &lo, &hi);
-            if (hi <= lo)
-                continue;
-            push += s->items[i].grad ? hi - lo : 0;
-            pull += s->items[i].dst ? hi - lo : 0;
+            uint64_t n = 0, x = 0, k;
+            while (item_next_on(s, &s->items[i], sv, UINT64_MAX, &s->map, &x, &k)) {
+                n += k;
+                x += k;
+            }
+            push += s->items[i].grad ? n : 0;
+            pull += s->items[i].dst ? n : 0;
         }
         for (size_t j = 0; j < s->ntitems; j++) {
             const step_titem *ti = &s->titems[j];
@@ -870,6 +870,7 @@ static int step_start(ps_client *c, const ps_step_item *items, size_t n,
         s->push_clock = at_clock;
     s->given_clock = INT64_MIN;
     s->nsrv = client_reach(c);
+    s->map = c->slots; /* maps read stay allocated until close */
     int rc = copy_table_items(s, tables, ntables);
     if (rc != PS_OK) {
         step_state_free(s);

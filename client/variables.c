@@ -459,7 +459,13 @@ int ps_var_staleness(ps_client *c, ps_var *v, ps_staleness_stats *out)
     int rc = client_all_servers(c, &servers);
     if (rc != PS_OK)
         return rc;
-    int n = v->split ? c->nservers : 1;
+    /* Of a variable cut in parts, every server reached (each holds some parts, or none). */
+    int n = v->parts ? client_reach(c) : v->split ? c->nservers : 1;
+    if (v->parts && n > c->nservers) {
+        free(servers);
+        if ((rc = reached_servers(c, n, &servers)) != PS_OK)
+            return rc;
+    }
     if (!v->split)
         servers[0] = (int)v->owner;
     ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));

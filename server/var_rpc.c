@@ -326,6 +326,31 @@ variable **var_sorted_vars(server_state *st, size_t *n)
     return vars;
 }
 
+static int part_cmp(const void *a, const void *b)
+{
+    const variable *x = *(const variable *const *)a, *y = *(const variable *const *)b;
+    return x->offset < y->offset   ? -1
+           : x->offset > y->offset ? 1
+                                   : (x->count > y->count) - (x->count < y->count);
+}
+
+variable **var_parts_of(server_state *st, const char *name, size_t *n)
+{
+    variable **vars;
+    *n = store_list(st->vars, &vars);
+    size_t k = 0;
+    for (size_t i = 0; vars && i < *n; i++) {
+        if (strcmp(vars[i]->name, name) != 0 || !vars[i]->spec->parts)
+            variable_release(vars[i]);
+        else
+            vars[k++] = vars[i];
+    }
+    *n = vars ? k : 0;
+    if (vars && k > 1)
+        qsort(vars, k, sizeof(*vars), part_cmp);
+    return vars;
+}
+
 /* Index of the first variable whose name sorts after `after` ("" : 0). */
 static size_t first_after(variable **vars, size_t n, const char *after)
 {
