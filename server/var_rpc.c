@@ -136,12 +136,8 @@ static int create_parts(server_state *st, const Psd__V1__VariableSpec *spec, uin
     size_t nslots = optimizer_kind_valid(kind) ? optimizer_slot_count((optimizer_kind)kind) : 0;
     uint64_t bytes = store_shard_bytes(elems, nslots);
     int rc = store_reserve(st->vars, bytes, err, errlen);
-    if (rc != STATUS_OK) {
-        char why[512];
-        snprintf(why, sizeof(why), "%s", err);
-        errf(err, errlen, "cannot create variable \"%s\": %.240s", spec->name, why);
-        return rc;
-    }
+    if (rc != STATUS_OK)
+        return rc; /* RESOURCE_EXHAUSTED: the caller names the variable */
     variable **made = calloc(mine + 1, sizeof(*made));
     size_t n = 0;
     rc = made ? STATUS_OK : STATUS_RESOURCE_EXHAUSTED;
@@ -217,6 +213,10 @@ void handle_var_create(rpc_call *call, void *arg)
     variable *v = store_find(st->vars, req->spec->name);
     if (v == NULL && req->spec->parts) {
         rc = create_parts(st, req->spec, numel, &v, err, sizeof(err));
+        if (rc == STATUS_RESOURCE_EXHAUSTED) {
+            rpc_reply_error(call, rc, "cannot create variable \"%s\": %s", req->spec->name, err);
+            return;
+        }
         if (rc != STATUS_OK) {
             rpc_reply_error(call, rc, "%s", err);
             return;
