@@ -141,8 +141,8 @@ static bool var_in(const variable *v, const uint64_t *bits, uint32_t nslots)
 }
 
 /* True if the batch carries the head v: its name's slot or one of its parts is in the batch
- * (parts, the list of every entry, is searched for those). */
-static bool var_head_in(const variable *v, variable **vs, size_t n, const uint64_t *bits,
+ * (parts: the n parts the batch moves). */
+static bool var_head_in(const variable *v, variable *const *parts, size_t n, const uint64_t *bits,
                         uint32_t nslots)
 {
     if (!variable_is_head(v))
@@ -150,8 +150,7 @@ static bool var_head_in(const variable *v, variable **vs, size_t n, const uint64
     if (slot_set_has(bits, slots_of_name(v->name, nslots)))
         return true;
     for (size_t i = 0; i < n; i++)
-        if (vs[i]->part != VARIABLE_HEAD && var_in(vs[i], bits, nslots) &&
-            strcmp(vs[i]->name, v->name) == 0)
+        if (strcmp(parts[i]->name, v->name) == 0)
             return true;
     return false;
 }
@@ -243,12 +242,21 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
     int rc = STATUS_OK;
     uint32_t nv = 0;
     bool *in = calloc(n ? n : 1, sizeof(bool));
-    if (in == NULL) {
+    variable **parts = malloc((n ? n : 1) * sizeof(*parts)); /* the parts the batch moves */
+    if (in == NULL || parts == NULL) {
+        free(in);
+        free(parts);
         store_list_release(vs, n);
         return snprintf(err, errlen, "out of memory"), STATUS_RESOURCE_EXHAUSTED;
     }
+    size_t nparts = 0;
     for (size_t i = 0; i < n; i++) {
-        in[i] = var_in(vs[i], bits, nslots) || var_head_in(vs[i], vs, n, bits, nslots);
+        in[i] = var_in(vs[i], bits, nslots);
+        if (in[i] && vs[i]->part != VARIABLE_HEAD)
+            parts[nparts++] = vs[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        in[i] = in[i] || var_head_in(vs[i], parts, nparts, bits, nslots);
         if (!in[i])
             continue;
         if (var_pending(vs[i]) && rc == STATUS_OK) {
@@ -292,6 +300,7 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
         cnt->variables++;
     }
     free(in);
+    free(parts);
     store_list_release(vs, n);
     return rc;
 }
