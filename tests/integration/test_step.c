@@ -383,13 +383,22 @@ static void test_step_bad_input(void **state)
 /* Every worker pushes 1 to each element at every step; under BSP (mean of the workers' sum),
  * after step t every worker must read exactly -(t + 1): its step waits for every worker's
  * clock and the aggregate. */
+#define BSP_PARTS_N (3 * 262144 + 5) /* cut in 4 parts (split-parts) */
+
 static int bsp_worker(int id, int n)
 {
+    split_parts = "true"; /* this process's clients: bsp/p is cut in parts, the others are small */
     ps_client *c = open_client(id, NULL, NULL);
     ps_var *a = c ? test_make_var_bound(c, "bsp/a", 5, PS_STALENESS_BSP) : NULL;
     ps_var *b = c ? test_make_var_bound(c, "bsp/b", 20000, PS_STALENESS_BSP) : NULL;
-    if (a == NULL || b == NULL)
+    ps_var *p = c ? test_make_var_bound(c, "bsp/p", BSP_PARTS_N, PS_STALENESS_BSP) : NULL;
+    if (a == NULL || b == NULL || p == NULL || ps_var_num_shards(p) != 4)
         return 10;
+    float *gp = malloc(BSP_PARTS_N * sizeof(float)), *wp = malloc(BSP_PARTS_N * sizeof(float));
+    if (gp == NULL || wp == NULL)
+        return 10;
+    for (int k = 0; k < BSP_PARTS_N; k++)
+        gp[k] = 1;
     float *ga = malloc(5 * sizeof(float)), *gb = malloc(20000 * sizeof(float));
     float *wa = malloc(5 * sizeof(float)), *wb = malloc(20000 * sizeof(float));
     for (int k = 0; k < 5; k++)
@@ -399,8 +408,9 @@ static int bsp_worker(int id, int n)
     for (int t = 0; t < BSP_STEPS; t++) {
         if (id == 1)
             usleep(20000); /* a slower worker: the others must wait for it */
-        ps_step_item items[2] = {{a, 0, 5, ga, wa}, {b, 0, 20000, gb, wb}};
-        if (ps_step(c, items, 2, PS_STEP_CLOCK) != PS_OK) {
+        ps_step_item items[3] = {
+            {a, 0, 5, ga, wa}, {b, 0, 20000, gb, wb}, {p, 0, BSP_PARTS_N, gp, wp}};
+        if (ps_step(c, items, 3, PS_STEP_CLOCK) != PS_OK) {
             fprintf(stderr, "bsp worker %d step %d: %s\n", id, t, ps_last_error());
             return 11;
         }
@@ -411,8 +421,16 @@ static int bsp_worker(int id, int n)
                 return 12;
             }
         }
+        for (int k = 0; k < BSP_PARTS_N; k++)
+            if (wp[k] != -(float)(t + 1)) {
+                fprintf(stderr, "bsp worker %d step %d: read bsp/p[%d] = %g, want %d\n", id, t, k,
+                        wp[k], -(t + 1));
+                return 12;
+            }
     }
     (void)n;
+    free(gp);
+    free(wp);
     free(ga);
     free(gb);
     free(wa);
