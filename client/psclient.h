@@ -233,8 +233,10 @@ static inline void ps_var_spec_init(ps_var_spec *spec, const char *name)
 }
 
 /* Creates the variable on its owning server(s), or finds it if a variable with the same name
- * and the same spec exists already (idempotent: any number of workers may call it). Another
- * spec under the same name is PS_ALREADY_EXISTS, with the differing field in the message.
+ * and the same spec exists already (idempotent: any number of workers may call it; one that
+ * differs only in its placement, made by a client with another split-threshold-bytes or
+ * split-parts, is found as it is). Another spec under the same name is PS_ALREADY_EXISTS,
+ * with the differing field in the message.
  * On success *out is a handle owned by the client (valid until ps_client_close). Blocks. */
 int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out);
 

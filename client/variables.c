@@ -199,6 +199,43 @@ static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split, bo
     return v;
 }
 
+static int from_wire(const Psd__V1__VariableSpec *w, ps_var_spec *s);
+
+/* True if a and b differ at most in the placement this client would choose (split, ranges
+ * or parts): shape and every field of the spec; b's staleness PS_STALENESS_DEFAULT matches
+ * any. */
+static bool same_but_placement(const ps_var_spec *a, const ps_var_spec *b)
+{
+    if (a->ndims != b->ndims)
+        return false;
+    for (int i = 0; i < a->ndims; i++)
+        if (a->dims[i] != b->dims[i])
+            return false;
+#define PS_SPEC_SAME_(field, pt, wt, def)                                                          \
+    if (a->field != b->field &&                                                                    \
+        !(strcmp(#field, "staleness") == 0 && b->staleness == PS_STALENESS_DEFAULT))               \
+        return false;
+    PS_SPEC_FIELDS(PS_SPEC_SAME_)
+#undef PS_SPEC_SAME_
+    return true;
+}
+
+/* A create refused with ALREADY_EXISTS: the variable exists. When it differs from spec only in
+ * its placement (created by a client with another split-threshold-bytes or split-parts, or
+ * by an older release, in ranges), this client follows what was created: the existing handle.
+ * Otherwise the refusal stands, with its message (the differing field). */
+static int adopt_existing(ps_client *c, const ps_var_spec *spec, ps_var **out)
+{
+    char why[512];
+    snprintf(why, sizeof(why), "%s", ps_last_error());
+    ps_var *v;
+    if (ps_var_lookup(c, spec->name, &v) == PS_OK && same_but_placement(&v->spec, spec)) {
+        *out = v;
+        return PS_OK;
+    }
+    return client_fail(PS_ALREADY_EXISTS, "%s", why);
+}
+
 /* The first n servers the client reaches: the spec's, then those that joined. */
 static int reached_servers(ps_client *c, int n, int **out)
 {
@@ -247,7 +284,8 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
     req.spec = &w;
     int *servers;
     /* A variable cut in parts is made on every server reached (each makes the parts its slots
-     * give it, and the head), those that joined included. */
+     * give it, and the head), those that joined included; an existing variable of that name
+     * made otherwise is adopted when only its placement differs (adopt_existing). */
     int n = parts ? client_reach(c) : split ? c->nservers : 1;
     int rc = parts ? reached_servers(c, n, &servers) : client_all_servers(c, &servers);
     if (rc != PS_OK)
@@ -259,14 +297,29 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
         free(servers);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    rc = client_unary(c, servers, n, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
+    int first = n;
+    if (parts && n > 1) {
+        /* The name's owner first: a variable of that name made otherwise (whole, or in
+         * ranges) is refused there before the other servers make parts of it. */
+        int owner = (int)slots_name_owner(&c->slots, spec->name);
+        owner = owner < n ? owner : 0;
+        servers[owner] = 0;
+        servers[0] = owner;
+        first = 1;
+    }
+    rc = client_unary(c, servers, first, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
                       &psd__v1__create_variable_reply__descriptor, replies);
+    if (rc == PS_OK && first < n)
+        rc = client_unary(c, servers + first, n - first, PSD__V1__METHOD__CREATE_VARIABLE,
+                          &req.base, &psd__v1__create_variable_reply__descriptor, replies + first);
     int staleness = spec->staleness;
     if (rc == PS_OK)
         staleness = ((const Psd__V1__CreateVariableReply *)replies[0])->staleness;
     client_free_replies(replies, n);
     free(replies);
     free(servers);
+    if (rc == PS_ALREADY_EXISTS)
+        return adopt_existing(c, spec, out);
     if (rc != PS_OK)
         return rc;
     ps_var *v = make_var(c, spec, split, parts);

@@ -146,6 +146,14 @@ static void make_model(const cluster *cl, ps_client *c)
     assert_int_equal(ps_var_create(rc, &s, &v), PS_OK);
     assert_int_equal(ps_var_num_shards(v), cl->n > 1 ? cl->n : 1);
     ps_client_close(rc);
+    /* A client with split-parts creating it again follows what was made (ranges, or held
+     * whole on one server); another spec under that name is still refused. */
+    ps_var *same;
+    assert_int_equal(ps_var_create(c, &s, &same), PS_OK);
+    assert_int_equal(ps_var_num_shards(same), cl->n > 1 ? cl->n : 1);
+    s.learning_rate = 0.2;
+    assert_int_equal(ps_var_create(c, &s, &same), PS_ALREADY_EXISTS);
+    assert_non_null(strstr(ps_last_error(), "learning_rate"));
     ps_var_spec_init(&s, "resize/small");
     s.ndims = 1;
     s.dims[0] = SMALL;
