@@ -147,6 +147,7 @@ int ps_client_open(ps_client **out, const ps_config *cfg)
     c->wire_dtype = strcmp(opt_enum(o, OPT_WIRE_DTYPE), "bfloat16") == 0 ? PSD__V1__DTYPE__BFLOAT16
                                                                          : PSD__V1__DTYPE__FLOAT32;
     c->split_threshold = (uint64_t)opt_int(o, OPT_SPLIT_THRESHOLD_BYTES);
+    c->split_parts = opt_bool(o, OPT_SPLIT_PARTS);
     c->max_message = (size_t)opt_int(o, OPT_MAX_MESSAGE_BYTES);
     /* A chunk and its envelope must fit in a message (servers refuse larger pulls). */
     if (c->chunk_elems * sizeof(float) + 1024 > c->max_message)

@@ -18,6 +18,7 @@ struct ps_var {
     ps_var_spec spec; /* spec.name points at name */
     uint64_t numel;
     bool split;
+    bool parts;        /* split in fixed parts placed by slot (then nservers is 0) */
     uint32_t nservers; /* cluster size the placement was computed for */
     uint32_t owner;    /* when not split */
     var_ack *ack;      /* per server of the client, made at the first push reply; ack_lock */
@@ -63,6 +64,7 @@ struct ps_client {
     rpc_call_opts call;
     uint64_t chunk_elems;
     uint64_t split_threshold;
+    bool split_parts; /* split-parts: new split variables in fixed parts */
     size_t max_message;
     int wire_dtype; /* Psd__V1__DType of tensor segments: FLOAT32, or BFLOAT16 (wire-dtype) */
     int32_t worker_id;
@@ -124,6 +126,17 @@ int client_slots_load(ps_client *c, const options *o, const cluster_spec *cl);
 static inline int client_reach(ps_client *c)
 {
     return atomic_load_explicit(&c->nreach, memory_order_acquire);
+}
+
+/* Server of part `part` of the variable `name` (cut in parts) under map, among the servers
+ * the client reaches; a slot given to a server not reached (yet) falls back to the static
+ * owner of the spec, which answers where the slot went. */
+static inline int client_part_owner(ps_client *c, const slot_map *map, const char *name,
+                                    uint64_t part)
+{
+    uint32_t slot = slots_of_part(name, part, map->nslots);
+    int owner = (int)slots_owner(map, slot);
+    return owner < client_reach(c) ? owner : (int)(slot % (uint32_t)c->nservers);
 }
 
 /* After the spec's servers are connected at open: connects to the servers of the map read at

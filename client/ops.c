@@ -1,5 +1,6 @@
 /* Pull, push and push-pull: an operation on a range of a variable is split by owning server
- * and then into chunks of chunk-bytes; every part is in flight at once, each with its own
+ * (by part and its slot's owner for a variable cut in parts) and then into chunks of
+ * chunk-bytes; every part is in flight at once, each with its own
  * sequence number (pushes; from its server's stream, client_next_seq), and the operation
  * completes when the last part does. */
 #include <stdio.h>
@@ -235,7 +236,18 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
                            (unsigned long long)count, v->name, (unsigned long long)v->numel);
     uint64_t chunk = c->chunk_elems;
     size_t nparts = 0;
-    if (v->split) {
+    /* A variable cut in parts: the parts [first_part, end_part) the range touches, each on
+     * its slot's owner in the client's map now, cut in chunks inside the part. */
+    uint64_t first_part = placement_part_of(offset);
+    uint64_t end_part = count ? placement_part_of(offset + count - 1) + 1 : first_part;
+    slot_map map = c->slots;
+    if (v->parts) {
+        for (uint64_t p = first_part; p < end_part; p++) {
+            uint64_t lo, n;
+            placement_part_range(v->numel, p, &lo, &n);
+            nparts += parts_in(offset, count, lo, lo + n, chunk);
+        }
+    } else if (v->split) {
         for (uint32_t s = 0; s < v->nservers; s++) {
             uint64_t lo, n;
             placement_range(v->numel, v->nservers, s, &lo, &n);
@@ -255,7 +267,13 @@ static int op_start(ps_client *c, ps_var *v, enum op_kind kind, uint64_t offset,
     op->grad = grad;
     op->nparts = nparts;
     size_t k = 0;
-    if (v->split) {
+    if (v->parts) {
+        for (uint64_t p = first_part; p < end_part; p++) {
+            uint64_t lo, n;
+            placement_part_range(v->numel, p, &lo, &n);
+            k = add_parts(op, k, client_part_owner(c, &map, v->name, p), lo, lo + n, chunk);
+        }
+    } else if (v->split) {
         for (uint32_t s = 0; s < v->nservers; s++) {
             uint64_t lo, n;
             placement_range(v->numel, v->nservers, s, &lo, &n);

@@ -233,8 +233,10 @@ static inline void ps_var_spec_init(ps_var_spec *spec, const char *name)
 }
 
 /* Creates the variable on its owning server(s), or finds it if a variable with the same name
- * and the same spec exists already (idempotent: any number of workers may call it). Another
- * spec under the same name is PS_ALREADY_EXISTS, with the differing field in the message.
+ * and the same spec exists already (idempotent: any number of workers may call it; one that
+ * differs only in its placement, made by a client with another split-threshold-bytes or
+ * split-parts, is found as it is). Another spec under the same name is PS_ALREADY_EXISTS,
+ * with the differing field in the message.
  * On success *out is a handle owned by the client (valid until ps_client_close). Blocks. */
 int ps_var_create(ps_client *c, const ps_var_spec *spec, ps_var **out);
 
@@ -263,7 +265,8 @@ const char *ps_var_name(const ps_var *v);
 uint64_t ps_var_numel(const ps_var *v);
 int ps_var_ndims(const ps_var *v);
 uint64_t ps_var_dim(const ps_var *v, int i);
-/* Number of servers the variable is split over (1 for a variable held whole). */
+/* Number of servers the variable is split over (1 for a variable held whole), or of its parts
+ * when it is cut in fixed parts (split-parts). */
 int ps_var_num_shards(const ps_var *v);
 /* The variable's staleness bound as the servers enforce it (-1, 0 or s > 0). */
 int ps_var_staleness_bound(const ps_var *v);

@@ -71,8 +71,8 @@ int psctl_slots(const options *o, const cluster_spec *cl, bool json)
             printf("moves in progress: %s\n", line);
         } else
             printf("moves in progress: none\n");
-        printf("split variables stay in ranges over the %u servers of the cluster spec (they do "
-               "not move with slots)\n",
+        printf("variables split in ranges stay over the %u servers of the cluster spec (those in "
+               "parts move with their slots)\n",
                r.base);
     }
     free(mv);

@@ -1,7 +1,8 @@
 /* ps_step: a training step's pushes, clock and pulls in one request per server (the Step
  * method of proto/ps.proto).
  *
- * Planning. Every item's range is cut by owning server (split variables) and into pieces of at
+ * Planning. Every item's range is cut by owning server (split variables; by part and its
+ * slot's owner for a variable cut in parts, no piece crossing a part) and into pieces of at
  * most chunk-bytes, each push piece with its own sequence number (from the stream of the
  * server's group: every message goes to one server, client_next_seq). A server whose pushes and
  * pulls each fit in chunk-bytes gets one message carrying all of them and the clock: one
@@ -96,8 +97,9 @@ struct step_state {
     step_msg *msgs;
     size_t nmsgs, capmsgs;
     step_server *srv;
-    int nsrv; /* servers reached when it started (client_reach): those of the spec, then those
-                 that joined; srv and each table item's start are that long */
+    int nsrv;     /* servers reached when it started (client_reach): those of the spec, then those
+                     that joined; srv and each table item's start are that long */
+    slot_map map; /* the client's map when it started: every piece is planned by it */
     pthread_mutex_t lock; /* srv, given_clock */
     int64_t given_clock;  /* highest clock a server replied (an evicted worker's new clock) */
 };
@@ -177,8 +179,7 @@ static void item_range_on(const step_state *s, const ps_step_item *it, int serve
     else if (v->split)
         n = 0;
     else {
-        slot_map map = s->c->slots;
-        int owner = (int)slots_name_owner(&map, v->name);
+        int owner = (int)slots_name_owner(&s->map, v->name);
         if (owner >= s->nsrv)
             owner = (int)v->owner < s->nsrv ? (int)v->owner : 0;
         if (owner != server)
@@ -187,6 +188,49 @@ static void item_range_on(const step_state *s, const ps_step_item *it, int serve
     uint64_t b = a + n;
     *lo = it->offset > a ? it->offset : a;
     *hi = it->offset + it->count < b ? it->offset + it->count : b;
+}
+
+/* Owner of part `part` of v (cut in parts) in the client's map now, among the servers the
+ * step reaches (else the spec's static owner: it answers where the slot went). */
+static int part_owner(const step_state *s, const slot_map *map, const ps_var *v, uint64_t part)
+{
+    int owner = client_part_owner(s->c, map, v->name, part);
+    return owner < s->nsrv
+               ? owner
+               : (int)(slots_of_part(v->name, part, map->nslots) % (uint32_t)s->c->nservers);
+}
+
+/* The next piece of item `it` on `server` at or after element *x, of at most `chunk`
+ * elements and inside one part of a variable cut in parts: [*x, *x + *n), or false when none
+ * is left. Advances nothing: the caller sets *x past the piece. */
+static bool item_next_on(const step_state *s, const ps_step_item *it, int server, uint64_t chunk,
+                         const slot_map *map, uint64_t *x, uint64_t *n)
+{
+    const ps_var *v = it->var;
+    uint64_t end = it->offset + it->count;
+    if (!v->parts) {
+        uint64_t lo, hi;
+        item_range_on(s, it, server, &lo, &hi);
+        if (*x < lo)
+            *x = lo;
+        if (*x >= hi)
+            return false;
+        *n = hi - *x < chunk ? hi - *x : chunk;
+        return true;
+    }
+    if (*x < it->offset)
+        *x = it->offset;
+    while (*x < end) {
+        uint64_t part = placement_part_of(*x), plo, pn;
+        placement_part_range(v->numel, part, &plo, &pn);
+        uint64_t hi = plo + pn < end ? plo + pn : end;
+        if (part_owner(s, map, v, part) == server) {
+            *n = hi - *x < chunk ? hi - *x : chunk;
+            return true;
+        }
+        *x = hi;
+    }
+    return false;
 }
 
 /* Adds the pieces of every item on `server` (push and/or pull per `push`, `pull`, masked by
@@ -201,10 +245,8 @@ static int plan_pieces(step_state *s, int server, bool push, bool pull, bool pha
         bool ps = push && it->grad != NULL, pl = pull && it->dst != NULL;
         if (!ps && !pl)
             continue;
-        uint64_t lo, hi, n;
-        item_range_on(s, it, server, &lo, &hi);
-        for (uint64_t x = lo; x < hi; x += n) {
-            n = hi - x < chunk ? hi - x : chunk;
+        uint64_t n;
+        for (uint64_t x = 0; item_next_on(s, it, server, chunk, &s->map, &x, &n); x += n) {
             if (m == NULL || (ps && m->push_elems + n > chunk) ||
                 (pl && m->pull_elems + n > chunk)) {
                 if ((m = add_msg(s, server, phase1, advance_clock)) == NULL)
@@ -267,12 +309,13 @@ static int plan(step_state *s)
     for (int sv = 0; sv < s->nsrv; sv++) {
         uint64_t push = 0, pull = 0;
         for (size_t i = 0; i < s->nitems; i++) {
-            uint64_t lo, hi;
-            item_range_on(s, &s->items[i], sv, &lo, &hi);
-            if (hi <= lo)
-                continue;
-            push += s->items[i].grad ? hi - lo : 0;
-            pull += s->items[i].dst ? hi - lo : 0;
+            uint64_t n = 0, x = 0, k;
+            while (item_next_on(s, &s->items[i], sv, UINT64_MAX, &s->map, &x, &k)) {
+                n += k;
+                x += k;
+            }
+            push += s->items[i].grad ? n : 0;
+            pull += s->items[i].dst ? n : 0;
         }
         for (size_t j = 0; j < s->ntitems; j++) {
             const step_titem *ti = &s->titems[j];
@@ -496,6 +539,8 @@ static int msg_read(step_msg *m, const frame *reply, const char **message)
 static int piece_owner(const step_state *s, const step_piece *p, const slot_map *map, int at)
 {
     const ps_var *v = s->items[p->item].var;
+    if (v->parts) /* among every server reached now: resend's arrays are that long */
+        return client_part_owner(s->c, map, v->name, placement_part_of(p->offset));
     return v->split ? at : (int)slots_name_owner(map, v->name);
 }
 
@@ -825,6 +870,7 @@ static int step_start(ps_client *c, const ps_step_item *items, size_t n,
         s->push_clock = at_clock;
     s->given_clock = INT64_MIN;
     s->nsrv = client_reach(c);
+    s->map = c->slots; /* maps read stay allocated until close */
     int rc = copy_table_items(s, tables, ntables);
     if (rc != PS_OK) {
         step_state_free(s);

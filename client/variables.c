@@ -105,11 +105,13 @@ int ps_var_staleness_bound(const ps_var *v)
 
 int ps_var_num_shards(const ps_var *v)
 {
+    if (v->parts)
+        return (int)placement_part_count(v->numel);
     return v->split ? (int)v->nservers : 1;
 }
 
-static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1__VariableSpec *w,
-                    uint64_t *shape)
+static void to_wire(const ps_var_spec *s, bool split, bool parts, uint32_t nservers,
+                    Psd__V1__VariableSpec *w, uint64_t *shape)
 {
     psd__v1__variable_spec__init(w);
     w->name = (char *)s->name;
@@ -120,8 +122,9 @@ static void to_wire(const ps_var_spec *s, bool split, uint32_t nservers, Psd__V1
 #define PS_SPEC_TO_WIRE_(field, pt, wt, def) w->field = (wt)s->field;
     PS_SPEC_FIELDS(PS_SPEC_TO_WIRE_)
 #undef PS_SPEC_TO_WIRE_
-    w->split = split;
-    w->num_servers = nservers;
+    w->split = split || parts;
+    w->num_servers = parts ? 0 : nservers;
+    w->parts = parts;
 }
 
 /* The client's table (c->vars) holds every handle it made, freed by ps_client_close. A handle
@@ -173,7 +176,7 @@ static ps_var *cached(ps_client *c, const char *name)
     return found;
 }
 
-static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split)
+static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split, bool parts)
 {
     uint32_t nservers = (uint32_t)c->nservers;
     ps_var *v = calloc(1, sizeof(*v));
@@ -189,10 +192,60 @@ static ps_var *make_var(const ps_client *c, const ps_var_spec *s, bool split)
     v->numel = 1;
     for (int i = 0; i < s->ndims; i++)
         v->numel *= s->dims[i];
-    v->split = split;
-    v->nservers = nservers;
+    v->split = split || parts;
+    v->parts = parts;
+    v->nservers = parts ? 0 : nservers;
     v->owner = slots_name_owner(&c->slots, v->name);
     return v;
+}
+
+static int from_wire(const Psd__V1__VariableSpec *w, ps_var_spec *s);
+
+/* True if a and b differ at most in the placement this client would choose (split, ranges
+ * or parts): shape and every field of the spec; b's staleness PS_STALENESS_DEFAULT matches
+ * any. */
+static bool same_but_placement(const ps_var_spec *a, const ps_var_spec *b)
+{
+    if (a->ndims != b->ndims)
+        return false;
+    for (int i = 0; i < a->ndims; i++)
+        if (a->dims[i] != b->dims[i])
+            return false;
+#define PS_SPEC_SAME_(field, pt, wt, def)                                                          \
+    if (a->field != b->field &&                                                                    \
+        !(strcmp(#field, "staleness") == 0 && b->staleness == PS_STALENESS_DEFAULT))               \
+        return false;
+    PS_SPEC_FIELDS(PS_SPEC_SAME_)
+#undef PS_SPEC_SAME_
+    return true;
+}
+
+/* A create refused with ALREADY_EXISTS: the variable exists. When it differs from spec only in
+ * its placement (created by a client with another split-threshold-bytes or split-parts, or
+ * by an older release, in ranges), this client follows what was created: the existing handle.
+ * Otherwise the refusal stands, with its message (the differing field). */
+static int adopt_existing(ps_client *c, const ps_var_spec *spec, ps_var **out)
+{
+    char why[512];
+    snprintf(why, sizeof(why), "%s", ps_last_error());
+    ps_var *v;
+    if (ps_var_lookup(c, spec->name, &v) == PS_OK && same_but_placement(&v->spec, spec)) {
+        *out = v;
+        return PS_OK;
+    }
+    return client_fail(PS_ALREADY_EXISTS, "%s", why);
+}
+
+/* The first n servers the client reaches: the spec's, then those that joined. */
+static int reached_servers(ps_client *c, int n, int **out)
+{
+    int *s = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (s == NULL)
+        return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
+    for (int i = 0; i < n; i++)
+        s[i] = i;
+    *out = s;
+    return PS_OK;
 }
 
 int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
@@ -221,15 +274,20 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
         numel *= spec->dims[i];
     }
     uint32_t ns = (uint32_t)c->nservers;
-    bool split = placement_is_split(numel, numel * sizeof(float), c->split_threshold, ns);
+    bool parts =
+        c->split_parts && placement_is_parts(numel, numel * sizeof(float), c->split_threshold);
+    bool split = parts || placement_is_split(numel, numel * sizeof(float), c->split_threshold, ns);
     Psd__V1__VariableSpec w;
     uint64_t shape[PS_MAX_DIMS];
-    to_wire(spec, split, ns, &w, shape);
+    to_wire(spec, split, parts, ns, &w, shape);
     Psd__V1__CreateVariableRequest req = PSD__V1__CREATE_VARIABLE_REQUEST__INIT;
     req.spec = &w;
     int *servers;
-    int n = split ? c->nservers : 1;
-    int rc = client_all_servers(c, &servers);
+    /* A variable cut in parts is made on every server reached (each makes the parts its slots
+     * give it, and the head), those that joined included; an existing variable of that name
+     * made otherwise is adopted when only its placement differs (adopt_existing). */
+    int n = parts ? client_reach(c) : split ? c->nservers : 1;
+    int rc = parts ? reached_servers(c, n, &servers) : client_all_servers(c, &servers);
     if (rc != PS_OK)
         return rc;
     if (!split)
@@ -239,17 +297,32 @@ int ps_var_create(ps_client *c, const ps_var_spec *user_spec, ps_var **out)
         free(servers);
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
-    rc = client_unary(c, servers, n, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
+    int first = n;
+    if (parts && n > 1) {
+        /* The name's owner first: a variable of that name made otherwise (whole, or in
+         * ranges) is refused there before the other servers make parts of it. */
+        int owner = (int)slots_name_owner(&c->slots, spec->name);
+        owner = owner < n ? owner : 0;
+        servers[owner] = 0;
+        servers[0] = owner;
+        first = 1;
+    }
+    rc = client_unary(c, servers, first, PSD__V1__METHOD__CREATE_VARIABLE, &req.base,
                       &psd__v1__create_variable_reply__descriptor, replies);
+    if (rc == PS_OK && first < n)
+        rc = client_unary(c, servers + first, n - first, PSD__V1__METHOD__CREATE_VARIABLE,
+                          &req.base, &psd__v1__create_variable_reply__descriptor, replies + first);
     int staleness = spec->staleness;
     if (rc == PS_OK)
         staleness = ((const Psd__V1__CreateVariableReply *)replies[0])->staleness;
     client_free_replies(replies, n);
     free(replies);
     free(servers);
+    if (rc == PS_ALREADY_EXISTS)
+        return adopt_existing(c, spec, out);
     if (rc != PS_OK)
         return rc;
-    ps_var *v = make_var(c, spec, split);
+    ps_var *v = make_var(c, spec, split, parts);
     if (v)
         v->spec.staleness = staleness;
     if (v == NULL || (v = remember(c, v)) == NULL)
@@ -297,14 +370,14 @@ int ps_var_lookup(ps_client *c, const char *name, ps_var **out)
         client_free_replies(&reply, 1);
         return client_fail(PS_INTERNAL, "ps %d sent an invalid spec for \"%s\"", server, name);
     }
-    if (r->spec->num_servers != (uint32_t)c->nservers) {
+    if (!r->spec->parts && r->spec->num_servers != (uint32_t)c->nservers) {
         uint32_t ns = r->spec->num_servers;
         client_free_replies(&reply, 1);
         return client_fail(PS_FAILED_PRECONDITION,
                            "\"%s\" was placed for %u servers, this client's cluster has %d", name,
                            ns, c->nservers);
     }
-    v = make_var(c, &s, r->spec->split);
+    v = make_var(c, &s, r->spec->split, r->spec->parts);
     client_free_replies(&reply, 1);
     if (v == NULL || (v = remember(c, v)) == NULL)
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
@@ -328,14 +401,14 @@ int ps_var_delete(ps_client *c, const char *name)
         return client_fail(PS_INVALID_ARGUMENT, "ps_var_delete: NULL argument");
     if (strlen(name) == 0 || strlen(name) > PS_MAX_NAME)
         return client_fail(PS_INVALID_ARGUMENT, "variable name must be 1 to %d bytes", PS_MAX_NAME);
-    /* Every server: a variable held whole is on its hash owner, a split one has a shard on
-     * each, and this client need not know which (no handle, or a stale one). One server at a
-     * time, so that each one's answer is known: NOT_FOUND from a server that holds no shard is
-     * expected. */
+    /* Every server reached: a variable held whole is on its hash owner (or where its slot
+     * moved), a split one has a shard on each, one cut in parts its head on each, and this
+     * client need not know which (no handle, or a stale one). One server at a time, so that
+     * each one's answer is known: NOT_FOUND from a server that holds no shard is expected. */
     Psd__V1__DeleteVariableRequest req = PSD__V1__DELETE_VARIABLE_REQUEST__INIT;
     req.name = (char *)name;
-    int deleted = 0, rc = PS_OK;
-    for (int i = 0; i < c->nservers; i++) {
+    int deleted = 0, rc = PS_OK, reach = client_reach(c);
+    for (int i = 0; i < reach; i++) {
         ProtobufCMessage *reply = NULL;
         int r = client_unary(c, &i, 1, PSD__V1__METHOD__DELETE_VARIABLE, &req.base,
                              &psd__v1__delete_variable_reply__descriptor, &reply);
@@ -439,7 +512,13 @@ int ps_var_staleness(ps_client *c, ps_var *v, ps_staleness_stats *out)
     int rc = client_all_servers(c, &servers);
     if (rc != PS_OK)
         return rc;
-    int n = v->split ? c->nservers : 1;
+    /* Of a variable cut in parts, every server reached (each holds some parts, or none). */
+    int n = v->parts ? client_reach(c) : v->split ? c->nservers : 1;
+    if (v->parts && n > c->nservers) {
+        free(servers);
+        if ((rc = reached_servers(c, n, &servers)) != PS_OK)
+            return rc;
+    }
     if (!v->split)
         servers[0] = (int)v->owner;
     ProtobufCMessage **replies = calloc((size_t)n, sizeof(*replies));

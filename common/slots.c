@@ -1,4 +1,4 @@
-/* Slots (slots.h): the slot of a name or a table row, and the slot map's owners. */
+/* Slots (slots.h): the slot of a name, a table row or a part, and the slot map's owners. */
 #include "slots.h"
 
 #include "hash.h"
@@ -24,6 +24,11 @@ uint32_t slots_of_row(const char *table, int64_t id, uint32_t nslots)
     return slots_of_hash(placement_table_hash(table, id), nslots);
 }
 
+uint32_t slots_of_part(const char *name, uint64_t part, uint32_t nslots)
+{
+    return slots_of_hash(placement_part_hash(name, part), nslots);
+}
+
 uint32_t slots_owner(const slot_map *m, uint32_t slot)
 {
     if (m->nservers == 0)
@@ -41,6 +46,11 @@ uint32_t slots_name_owner(const slot_map *m, const char *name)
 uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id)
 {
     return slots_owner(m, slots_of_row(table, id, m->nslots));
+}
+
+uint32_t slots_part_owner(const slot_map *m, const char *name, uint64_t part)
+{
+    return slots_owner(m, slots_of_part(name, part, m->nslots));
 }
 
 uint64_t slots_stream_client(uint64_t client, uint32_t from)

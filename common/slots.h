@@ -4,7 +4,8 @@
  *
  * A cluster has SLOTS_DEFAULT slots for its whole life (a power of two, recorded in
  * checkpoints). A variable that is not split lives in slot placement_hash(name) & (S-1); row
- * `id` of a sparse table in slot placement_table_hash(table, id) & (S-1). The slot map gives
+ * `id` of a sparse table in slot placement_table_hash(table, id) & (S-1); part k of a variable
+ * cut in parts in slot placement_part_hash(name, k) & (S-1). The slot map gives
  * each slot's server task; for a static cluster spec of N servers it is slot s -> s % N
  * (slots_static). Every owner computation of the client and the server goes through here.
  * Pure functions, no state: thread-safe. */
@@ -47,6 +48,10 @@ uint32_t slots_of_name(const char *name, uint32_t nslots);
 /* Slot of row `id` of the sparse table `table`: placement_table_hash(table, id) & (nslots-1). */
 uint32_t slots_of_row(const char *table, int64_t id, uint32_t nslots);
 
+/* Slot of part `part` of the variable `name` cut in parts: placement_part_hash(name, part) &
+ * (nslots - 1). */
+uint32_t slots_of_part(const char *name, uint64_t part, uint32_t nslots);
+
 /* Server task holding slot `slot` under m. */
 uint32_t slots_owner(const slot_map *m, uint32_t slot);
 
@@ -56,6 +61,9 @@ uint32_t slots_name_owner(const slot_map *m, const char *name);
 /* Server task holding row `id` of the sparse table `table` under m. Every table spans every
  * server. */
 uint32_t slots_row_owner(const slot_map *m, const char *table, int64_t id);
+
+/* Server task holding part `part` of the variable `name` cut in parts, under m. */
+uint32_t slots_part_owner(const slot_map *m, const char *name, uint64_t part);
 
 /* The same with the table's placement_hash(table) given (table_hash), for a list of ids. */
 static inline uint32_t slots_row_owner_h(const slot_map *m, uint64_t table_hash, int64_t id)

@@ -54,7 +54,8 @@ void handle_clock(rpc_call *call, void *arg)
     rpc_reply_ok(call, &rep.base);
 }
 
-/* Counters, the workers and per-variable entries: only the variable asked for by name, or at
+/* Counters, the workers and per-variable entries: only the variable asked for by name (of one
+ * cut in parts, its head and the parts this server holds), or at
  * most max_variables (default STATUS_DEFAULT_VARIABLES) in name order and never more than fit
  * in a reply body (rpc_call_max_reply_body); num_variables always counts them all. */
 void handle_server_status(rpc_call *call, void *arg)
@@ -80,14 +81,20 @@ void handle_server_status(rpc_call *call, void *arg)
     size_t want = req->max_variables ? req->max_variables : STATUS_DEFAULT_VARIABLES;
     if (req->variable && req->variable[0]) {
         variable *one = store_find(st->vars, req->variable);
-        for (size_t i = 0; vars && i < n; i++)
-            variable_release(vars[i]);
+        store_list_release(vars, n);
+        vars = NULL;
         n = 0;
-        if (vars && one)
-            vars[n++] = one;
-        else
+        if (one && variable_is_head(one)) {
+            /* A variable cut in parts: an entry for each part held (after the head), whose
+             * pulls' staleness the caller sums as over a split variable's servers. */
             variable_release(one);
-        want = 1;
+            vars = var_parts_of(st, req->variable, &n);
+        } else if ((vars = malloc(sizeof(*vars))) != NULL && one) {
+            vars[n++] = one;
+        } else {
+            variable_release(one);
+        }
+        want = n;
     }
     size_t cap = n < want ? n : want;
     Psd__V1__VariableStatus *vs = calloc(cap ? cap : 1, sizeof(*vs));

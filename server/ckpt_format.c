@@ -156,7 +156,7 @@ static int read_var(file_read *f, uint32_t flags, uint64_t len)
     else if (v->nslots != nslots)
         rc = errf(r->err, r->errlen, "variable \"%s\": %u optimizer slots stored, %zu expected",
                   spec->name, nslots, v->nslots);
-    else if (spec->num_servers != src->num_servers)
+    else if (!spec->parts && spec->num_servers != src->num_servers)
         rc = errf(r->err, r->errlen,
                   "variable \"%s\": placed for %u servers, the file's cluster has %u", spec->name,
                   spec->num_servers, src->num_servers);

@@ -546,98 +546,210 @@ static int merge_task(server_state *st, resized *acc, ckpt_loaded *l, char *err,
     return 0;
 }
 
+/* The output of place_vars: the variables this server keeps, in order. */
+typedef struct placed {
+    variable **v;
+    size_t n, cap;
+} placed;
+
+static int placed_add(placed *o, variable *v)
+{
+    if (o->n == o->cap) {
+        size_t nc = o->cap ? 2 * o->cap : 16;
+        variable **g = realloc(o->v, nc * sizeof(*g));
+        if (g == NULL)
+            return -1;
+        o->v = g;
+        o->cap = nc;
+    }
+    o->v[o->n++] = v;
+    return 0;
+}
+
+/* A new entry [off, off+cnt) of the split variable v (its spec as now), unfilled; NULL with
+ * why in err. */
+static variable *piece_make(variable *v, uint64_t off, uint64_t cnt, char *err, size_t errlen)
+{
+    char verr[512];
+    variable *nv = variable_create_unfilled(v->spec, v->numel, off, cnt, verr, sizeof(verr));
+    if (nv == NULL || nv->nslots != v->nslots) {
+        errf(err, errlen, "variable \"%s\": %s", v->name,
+             nv ? "pieces with other optimizer slots" : verr);
+        variable_destroy(nv);
+        return NULL;
+    }
+    nv->staleness = v->staleness;
+    return nv;
+}
+
+/* Copies into nv what the old pieces (n of them) hold of its range; returns the elements
+ * copied. */
+static uint64_t piece_fill(variable *nv, variable *const *pieces, size_t n)
+{
+    uint64_t off = nv->offset, cnt = nv->count, covered = 0;
+    for (size_t j = 0; j < n; j++) {
+        const variable *p = pieces[j];
+        uint64_t lo = p->offset > off ? p->offset : off;
+        uint64_t hi = p->offset + p->count < off + cnt ? p->offset + p->count : off + cnt;
+        if (lo >= hi)
+            continue;
+        memcpy(nv->params + (lo - off), p->params + (lo - p->offset), (hi - lo) * 4);
+        for (size_t k = 0; k < nv->nslots; k++)
+            memcpy(nv->slots[k] + (lo - off), p->slots[k] + (lo - p->offset), (hi - lo) * 4);
+        covered += hi - lo;
+    }
+    return covered;
+}
+
+/* The entries this server makes of the variable split in ranges whose old pieces are
+ * pieces[0..n) (v = pieces[0]): on another number of servers (convert) and with more than
+ * one part's elements it is converted to parts
+ * (the head, and the parts whose slot `now` gives this server), else it is cut in this
+ * cluster's ranges (or held whole by its slot's owner when it can't be split over this many
+ * servers). Each made entry is filled from the pieces that overlap it, its version the
+ * highest of theirs. */
+static int place_split(server_state *st, variable *const *pieces, size_t n, const slot_map *now,
+                       bool convert, placed *out, char *err, size_t errlen)
+{
+    variable *v = pieces[0];
+    uint32_t self = st->task_index, m = st->num_servers;
+    uint64_t numel = v->numel, version = 0;
+    bool agg = false;
+    for (size_t j = 0; j < n; j++) {
+        uint64_t pv = atomic_load(&pieces[j]->version);
+        version = pv > version ? pv : version;
+        agg = agg || pieces[j]->agg != NULL;
+    }
+    bool parts = convert && placement_is_parts(numel, numel * 4, 0);
+    bool split = parts || placement_is_split(numel, numel * 4, 0, m);
+    v->spec->parts = parts;
+    v->spec->split = split;
+    v->spec->num_servers = parts ? 0 : m;
+    size_t first = out->n;
+    int rc = 0;
+    uint64_t k = 0, nk = parts ? placement_part_count(numel) : 1;
+    if (parts) { /* the head, then the parts */
+        variable *h = piece_make(v, 0, 0, err, errlen);
+        if (h == NULL) {
+            rc = -1;
+        } else if (placed_add(out, h) != 0) {
+            variable_destroy(h);
+            rc = errf(err, errlen, "out of memory");
+        }
+    }
+    for (; rc == 0 && k < nk; k++) {
+        uint64_t off = 0, cnt = numel;
+        if (parts) {
+            if (slots_part_owner(now, v->name, k) != self)
+                continue;
+            placement_part_range(numel, k, &off, &cnt);
+        } else if (split) {
+            placement_range(numel, m, self, &off, &cnt);
+        } else if (slots_name_owner(now, v->name) != self) {
+            continue;
+        }
+        variable *nv = piece_make(v, off, cnt, err, errlen);
+        if (nv == NULL)
+            rc = -1;
+        else if (piece_fill(nv, pieces, n) != cnt)
+            rc = errf(err, errlen,
+                      "variable \"%s\": the old servers' files lack some of the %" PRIu64
+                      " elements from %" PRIu64 " this server holds now (a server's "
+                      "checkpoints are missing)",
+                      v->name, cnt, off);
+        else if (placed_add(out, nv) != 0)
+            rc = errf(err, errlen, "out of memory");
+        if (rc != 0)
+            variable_destroy(nv);
+        else
+            atomic_store(&nv->version, version);
+    }
+    if (rc != 0) {
+        for (size_t j = first; j < out->n; j++)
+            variable_destroy(out->v[j]);
+        out->n = first;
+        return rc;
+    }
+    if (out->n > first + (parts ? 1 : 0) && agg)
+        log_warn("variable \"%s\": its BSP aggregate of the open clock is not restored onto "
+                 "another number of servers: the workers' pushes of that clock are dropped",
+                 v->name);
+    return 0;
+}
+
 /* Places acc's variable pieces as this cluster does: a variable held whole goes to its slot's
- * owner; a split one is cut in this cluster's ranges (or held whole by its slot's owner when
- * it can't be split over this many servers) and this server's range filled from the old
- * pieces that cover it. Each variable's version is the highest of its pieces'. */
-static int place_vars(server_state *st, ckpt_loaded *all, const slot_map *now, char *err,
-                      size_t errlen)
+ * owner; a part of one cut in parts to its part's slot's owner, the head to every server; one
+ * split in ranges as place_split says (converted to parts on another number of servers,
+ * `convert`, when it has more than one part's elements: a range checkpoint is only values). */
+static int place_vars(server_state *st, ckpt_loaded *all, const slot_map *now, bool convert,
+                      char *err, size_t errlen)
 {
     uint32_t self = st->task_index, m = st->num_servers;
-    size_t nout = 0;
-    for (size_t i = 0; i < all->nvars; i++) {
+    placed out = {0};
+    variable **pieces = malloc((all->nvars ? all->nvars : 1) * sizeof(*pieces));
+    int rc = pieces ? 0 : errf(err, errlen, "out of memory");
+    for (size_t i = 0; rc == 0 && i < all->nvars; i++) {
         variable *v = all->vars[i];
         if (v == NULL)
             continue;
         all->vars[i] = NULL;
+        if (v->spec->parts) {
+            /* Parts are never cut again: a part goes to its slot's owner, as it is; every
+             * server keeps the head (once, though every old server's files hold it). */
+            size_t dup = out.n;
+            for (size_t j = 0; j < out.n && dup == out.n; j++)
+                if (out.v[j]->part == v->part && strcmp(out.v[j]->name, v->name) == 0)
+                    dup = j;
+            bool mine = v->part == VARIABLE_HEAD || slots_part_owner(now, v->name, v->part) == self;
+            if (!mine ||
+                (dup < out.n && atomic_load(&out.v[dup]->version) >= atomic_load(&v->version))) {
+                variable_destroy(v);
+            } else if (dup < out.n) { /* a part in two old servers' files: the later state wins */
+                variable_destroy(out.v[dup]);
+                out.v[dup] = v;
+            } else if (placed_add(&out, v) != 0) {
+                variable_destroy(v);
+                rc = errf(err, errlen, "out of memory");
+            }
+            continue;
+        }
         if (!v->spec->split) {
             if (slots_name_owner(now, v->name) != self) {
                 variable_destroy(v);
                 continue;
             }
             v->spec->num_servers = m;
-            all->vars[nout++] = v;
+            if (placed_add(&out, v) != 0) {
+                variable_destroy(v);
+                rc = errf(err, errlen, "out of memory");
+            }
             continue;
         }
-        uint64_t numel = v->numel, off = 0, cnt = numel;
-        bool split = placement_is_split(numel, numel * 4, 0, m);
-        bool mine = split || slots_name_owner(now, v->name) == self;
-        if (split)
-            placement_range(numel, m, self, &off, &cnt);
-        variable *nv = NULL;
-        if (mine) {
-            v->spec->num_servers = m;
-            v->spec->split = split;
-            char verr[512];
-            nv = variable_create_unfilled(v->spec, numel, off, cnt, verr, sizeof(verr));
-            if (nv == NULL || nv->nslots != v->nslots) {
-                int rc = errf(err, errlen, "variable \"%s\": %s", v->name,
-                              nv ? "pieces with other optimizer slots" : verr);
-                variable_destroy(nv);
-                variable_destroy(v);
-                return rc;
-            }
-            nv->staleness = v->staleness;
-        }
-        uint64_t covered = 0, version = 0;
-        bool agg = false;
         /* v and the pieces of the same name after it. */
-        for (size_t j = i; j < all->nvars; j++) {
-            variable *p = j == i ? v : all->vars[j];
-            if (j != i && (p == NULL || strcmp(p->name, v->name) != 0))
-                continue;
-            if (nv) {
-                uint64_t lo = p->offset > off ? p->offset : off;
-                uint64_t hi = p->offset + p->count < off + cnt ? p->offset + p->count : off + cnt;
-                if (lo < hi) {
-                    memcpy(nv->params + (lo - off), p->params + (lo - p->offset), (hi - lo) * 4);
-                    for (size_t k = 0; k < nv->nslots; k++)
-                        memcpy(nv->slots[k] + (lo - off), p->slots[k] + (lo - p->offset),
-                               (hi - lo) * 4);
-                    covered += hi - lo;
-                }
-            }
-            uint64_t pv = atomic_load(&p->version);
-            if (pv > version)
-                version = pv;
-            agg = agg || p->agg != NULL;
-            if (j != i) {
-                variable_destroy(p);
+        size_t n = 0;
+        pieces[n++] = v;
+        for (size_t j = i + 1; j < all->nvars; j++)
+            if (all->vars[j] && strcmp(all->vars[j]->name, v->name) == 0) {
+                pieces[n++] = all->vars[j];
                 all->vars[j] = NULL;
             }
-        }
-        if (nv && covered != cnt) {
-            int rc = errf(err, errlen,
-                          "variable \"%s\": the old servers' files hold %" PRIu64 " of the %" PRIu64
-                          " elements from %" PRIu64 " this server holds now (a server's "
-                          "checkpoints are missing)",
-                          v->name, covered, cnt, off);
-            variable_destroy(nv);
-            variable_destroy(v);
-            return rc;
-        }
-        if (nv && agg)
-            log_warn("variable \"%s\": its BSP aggregate of the open clock is not restored onto "
-                     "another number of servers: the workers' pushes of that clock are dropped",
-                     v->name);
-        variable_destroy(v);
-        if (nv) {
-            atomic_store(&nv->version, version);
-            all->vars[nout++] = nv;
-        }
+        rc = place_split(st, pieces, n, now, convert, &out, err, errlen);
+        for (size_t j = 0; j < n; j++)
+            variable_destroy(pieces[j]);
     }
-    all->nvars = nout;
-    return 0;
+    free(pieces);
+    for (size_t i = 0; i < all->nvars; i++)
+        variable_destroy(all->vars[i]); /* what an error left */
+    free(all->vars);
+    all->vars = out.v;
+    all->nvars = out.n;
+    all->cap = out.cap;
+    if (rc != 0) {
+        for (size_t i = 0; i < out.n; i++)
+            variable_destroy(out.v[i]);
+        all->nvars = 0;
+    }
+    return rc;
 }
 
 static void resized_free(resized *acc)
@@ -728,7 +840,8 @@ static int restore_resized(server_state *st, const checkpoint_config *cfg, uint3
     if (rc == CKPT_RESTORED && tasks == 0)
         rc = CKPT_NONE;
     char why[1024];
-    if (rc == CKPT_RESTORED && place_vars(st, &acc.all, now, why, sizeof(why)) != 0)
+    if (rc == CKPT_RESTORED &&
+        place_vars(st, &acc.all, now, old_n != st->num_servers, why, sizeof(why)) != 0)
         rc = errf(err, errlen, "restoring from the checkpoints of %u ps tasks: %s", old_n, why);
     if (rc == CKPT_RESTORED) {
         if (sketches)

@@ -108,7 +108,12 @@ static void collect_state(metrics_out *out, server_state *st)
         metrics_emit_header(out, vm[k].name, vm[k].type, vm[k].help);
         for (size_t i = 0; i < n; i++) {
             const variable *v = vars[i];
-            const char *labels[] = {"variable", v->name, NULL};
+            if (variable_is_head(v))
+                continue; /* its parts have their own series, labelled by part */
+            char part[24];
+            snprintf(part, sizeof(part), "%llu", (unsigned long long)v->part);
+            const char *labels[] = {"variable", v->name, v->spec->parts ? "part" : NULL, part,
+                                    NULL};
             double x = k == 0   ? (double)v->count * sizeof(float) * (double)(1 + v->nslots)
                        : k == 1 ? (double)atomic_load(&v->version)
                        : k == 2 ? (double)obs[i].max
@@ -120,8 +125,11 @@ static void collect_state(metrics_out *out, server_state *st)
     }
     free(obs);
     free(hist);
+    size_t names = 0; /* the parts of a variable count once, by its head */
+    for (size_t i = 0; vars && i < n; i++)
+        names += vars[i]->part == VARIABLE_HEAD;
     store_list_release(vars, n);
-    metrics_emit_one(out, "psd_server_variables", METRIC_GAUGE, "Variables held.", (double)n);
+    metrics_emit_one(out, "psd_server_variables", METRIC_GAUGE, "Variables held.", (double)names);
     server_tables_metrics(out, st);
     Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
     sync_status(st, &rep);

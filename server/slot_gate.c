@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "placement.h"
 #include "slots.h"
 #include "status.h"
 
@@ -122,19 +123,22 @@ static void refuse_moved(rpc_call *call, uint32_t slot, uint32_t to)
                     slot, to, (unsigned long long)v);
 }
 
-/* A variable's request: its name's slot, unless this server holds it split. */
-static bool check_name(rpc_call *call, server_state *st, const char *name, bool update)
+/* A variable's request: its name's slot, or for a variable cut in parts the slot of the part
+ * holding element `offset` of its range; none when this server holds it split in ranges. */
+static bool check_name(rpc_call *call, server_state *st, const char *name, uint64_t offset,
+                       bool update)
 {
-    uint32_t slot = slots_of_name(name, g.nslots);
+    variable *v = store_find(st->vars, name);
+    bool split = v && v->spec->split, parts = v && v->spec->parts;
+    if (v)
+        variable_release(v);
+    if (split && !parts)
+        return true;
+    uint32_t slot = parts ? slots_of_part(name, placement_part_of(offset), g.nslots)
+                          : slots_of_name(name, g.nslots);
     uint32_t owner = __atomic_load_n(&g.owner[slot], __ATOMIC_ACQUIRE);
     bool frozen = update && is_frozen(slot);
     if (owner == st->task_index && !frozen)
-        return true;
-    variable *v = store_find(st->vars, name);
-    bool split = v && v->spec->split;
-    if (v)
-        variable_release(v);
-    if (split)
         return true;
     if (frozen) {
         refuse_moving(call, slot);
@@ -177,11 +181,11 @@ static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64
     return check_rows(call, st, name, seg, n, update);
 }
 
-bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name)
+bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uint64_t offset)
 {
     if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
         return true;
-    return check_name(call, st, name, false);
+    return check_name(call, st, name, offset, false);
 }
 
 bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
@@ -198,18 +202,19 @@ static bool check(rpc_call *call, server_state *st)
     const ProtobufCMessage *body = rpc_call_body(call);
     if (body == NULL)
         return true;
+    uint64_t offset = env->tensor ? env->tensor->offset : 0; /* a part's: its first element */
     switch (env->method) {
     case PSD__V1__METHOD__PUSH:
     case PSD__V1__METHOD__PUSH_PULL:
     case PSD__V1__METHOD__ASSIGN:
-        return check_name(call, st, ((const Psd__V1__PushRequest *)body)->name, true);
+        return check_name(call, st, ((const Psd__V1__PushRequest *)body)->name, offset, true);
     case PSD__V1__METHOD__PULL:
-        return check_name(call, st, ((const Psd__V1__PullRequest *)body)->name, false);
+        return check_name(call, st, ((const Psd__V1__PullRequest *)body)->name, offset, false);
     case PSD__V1__METHOD__CREATE_VARIABLE: {
         const Psd__V1__CreateVariableRequest *r = (const void *)body;
         if (r->spec == NULL || r->spec->name == NULL || r->spec->split)
             return true;
-        return check_name(call, st, r->spec->name, true);
+        return check_name(call, st, r->spec->name, 0, true);
     }
     case PSD__V1__METHOD__TABLE_PUSH: {
         const Psd__V1__TablePushRequest *r = (const void *)body;

@@ -38,10 +38,11 @@ void slot_gate_leave(void);
 int slot_gate_freeze(server_state *st, const char *move_id, const uint32_t *slots, size_t n,
                      char *err, size_t errlen);
 /* A Step's items, checked by its handler before anything of it is applied (the gate lets a
- * Step pass whole while no batch is frozen): true when the variable `name` (not split here),
+ * Step pass whole while no batch is frozen): true when the variable `name` (not split here;
+ * of one cut in parts, the part holding element `offset`),
  * or each of the n rows at ids (8 bytes each) of table `name`, is this server's; false with
  * the call answered FAILED_PRECONDITION and Envelope.moved_to when one moved away. */
-bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name);
+bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uint64_t offset);
 bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
                          uint64_t n);
 /* Lets the frozen batch go again (a move rolled back). */

@@ -9,8 +9,11 @@
  *     TableSpec (padded to 8), nrows x (i64 id, i64 updated_ms), nrows x row_floats f32
  *     (parameters then optimizer slots; padded to 8);
  *   u32 nvars, u32 0; per variable: u32 spec_len, u32 nslots, u64 numel, u64 version,
- *     i32 staleness, u32 0, the packed VariableSpec (padded to 8), (1 + nslots) x numel f32
- *     (parameters, then each optimizer slot; padded to 8);
+ *     i32 staleness, u32 part, the packed VariableSpec (padded to 8), (1 + nslots) x numel f32
+ *     (parameters, then each optimizer slot; padded to 8). A variable held whole has part 0
+ *     and numel its elements; of one cut in parts (spec.parts) an entry is a part (part its
+ *     index, numel its elements) or the head (numel 0), sent with every part and with the
+ *     name's slot so that the target can serve what it receives;
  *   u32 CRC-32C of everything before it, u32 0. */
 #include "slot_move.h"
 
@@ -21,6 +24,7 @@
 
 #include "crc32c.h"
 #include "hash.h"
+#include "placement.h"
 #include "slots.h"
 #include "status.h"
 #include "table_ckpt.h"
@@ -127,9 +131,28 @@ static uint64_t get64(rbuf *r)
 
 /* ---- export ---- */
 
+/* True if the batch moves v: a variable held whole by its name's slot, a part by its own;
+ * heads go with the batch too (var_head_in), but are never dropped. */
 static bool var_in(const variable *v, const uint64_t *bits, uint32_t nslots)
 {
+    if (v->spec->parts && v->part != VARIABLE_HEAD)
+        return slot_set_has(bits, slots_of_part(v->name, v->part, nslots));
     return !v->spec->split && slot_set_has(bits, slots_of_name(v->name, nslots));
+}
+
+/* True if the batch carries the head v: its name's slot or one of its parts is in the batch
+ * (parts: the n parts the batch moves). */
+static bool var_head_in(const variable *v, variable *const *parts, size_t n, const uint64_t *bits,
+                        uint32_t nslots)
+{
+    if (!variable_is_head(v))
+        return false;
+    if (slot_set_has(bits, slots_of_name(v->name, nslots)))
+        return true;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(parts[i]->name, v->name) == 0)
+            return true;
+    return false;
 }
 
 /* True when the BSP aggregate of v holds gradients of the open clock. */
@@ -218,8 +241,23 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
     size_t n = store_list(st->vars, &vs);
     int rc = STATUS_OK;
     uint32_t nv = 0;
+    bool *in = calloc(n ? n : 1, sizeof(bool));
+    variable **parts = malloc((n ? n : 1) * sizeof(*parts)); /* the parts the batch moves */
+    if (in == NULL || parts == NULL) {
+        free(in);
+        free(parts);
+        store_list_release(vs, n);
+        return snprintf(err, errlen, "out of memory"), STATUS_RESOURCE_EXHAUSTED;
+    }
+    size_t nparts = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!var_in(vs[i], bits, nslots))
+        in[i] = var_in(vs[i], bits, nslots);
+        if (in[i] && vs[i]->part != VARIABLE_HEAD)
+            parts[nparts++] = vs[i];
+    }
+    for (size_t i = 0; i < n; i++) {
+        in[i] = in[i] || var_head_in(vs[i], parts, nparts, bits, nslots);
+        if (!in[i])
             continue;
         if (var_pending(vs[i]) && rc == STATUS_OK) {
             snprintf(err, errlen,
@@ -234,7 +272,7 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
     put32(b, 0);
     for (size_t i = 0; rc == STATUS_OK && i < n; i++) {
         variable *v = vs[i];
-        if (!var_in(v, bits, nslots))
+        if (!in[i])
             continue;
         size_t sl = psd__v1__variable_spec__get_packed_size(v->spec);
         uint8_t *spec = malloc(sl ? sl : 1);
@@ -250,7 +288,7 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
         variable_lock_all(v);
         put64(b, atomic_load(&v->version));
         put32(b, (uint32_t)v->staleness);
-        put32(b, 0);
+        put32(b, v->part == VARIABLE_HEAD ? 0 : (uint32_t)v->part);
         put(b, spec, sl);
         pad8(b);
         put(b, v->params, v->count * sizeof(float));
@@ -261,6 +299,8 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
         free(spec);
         cnt->variables++;
     }
+    free(in);
+    free(parts);
     store_list_release(vs, n);
     return rc;
 }
@@ -330,7 +370,7 @@ typedef struct pkg_table {
 
 typedef struct pkg_var {
     Psd__V1__VariableSpec *spec;
-    uint32_t nslots;
+    uint32_t nslots, part;
     uint64_t numel, version;
     int32_t staleness;
     const uint8_t *data; /* (1 + nslots) x numel floats */
@@ -443,16 +483,31 @@ static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint3
         v->numel = get64(&r);
         v->version = get64(&r);
         v->staleness = (int32_t)get32(&r);
-        get32(&r);
+        v->part = get32(&r);
         const uint8_t *spec = take(&r, sl);
         skip8(&r);
-        if (r.bad || v->nslots > OPTIMIZER_MAX_SLOTS || v->numel == 0 ||
+        if (r.bad || v->nslots > OPTIMIZER_MAX_SLOTS ||
             v->numel > (r.len - r.at) / 4 / (1 + (uint64_t)v->nslots))
             BAD("variable %u: %llu elements past its end", i, (unsigned long long)v->numel);
         v->spec = psd__v1__variable_spec__unpack(NULL, sl, spec);
-        if (v->spec == NULL || v->spec->name == NULL || v->spec->split)
-            BAD("variable %u: a spec that does not decode, or of a split variable", i);
-        if (!slot_set_has(want, slots_of_name(v->spec->name, nslots)))
+        if (v->spec == NULL || v->spec->name == NULL || (v->spec->split && !v->spec->parts))
+            BAD("variable %u: a spec that does not decode, or of a variable split in ranges", i);
+        if (!v->spec->parts && (v->numel == 0 || v->part != 0))
+            BAD("variable \"%s\": %llu elements, part %u", v->spec->name,
+                (unsigned long long)v->numel, v->part);
+        if (v->spec->parts) {
+            uint64_t total = 1, off, cnt;
+            for (size_t d = 0; d < v->spec->n_shape; d++)
+                total = v->spec->shape[d] && total <= UINT64_MAX / v->spec->shape[d]
+                            ? total * v->spec->shape[d]
+                            : 0;
+            placement_part_range(total, v->part, &off, &cnt);
+            if (v->numel != 0 && v->numel != cnt)
+                BAD("variable \"%s\": part %u of %llu elements, its spec says %llu", v->spec->name,
+                    v->part, (unsigned long long)v->numel, (unsigned long long)cnt);
+            if (v->numel != 0 && !slot_set_has(want, slots_of_part(v->spec->name, v->part, nslots)))
+                BAD("variable \"%s\": part %u is not in the batch", v->spec->name, v->part);
+        } else if (!slot_set_has(want, slots_of_name(v->spec->name, nslots)))
             BAD("variable \"%s\" is not in the batch", v->spec->name);
         v->data = take(&r, v->numel * (1 + (size_t)v->nslots) * 4);
         skip8(&r);
@@ -520,12 +575,27 @@ static int install_var(server_state *st, const pkg_var *pv, char *err, size_t er
     if (server_table_exists(st, name))
         return snprintf(err, errlen, "variable \"%s\": a table of that name is here", name),
                STATUS_ALREADY_EXISTS;
+    /* Of a variable cut in parts: the whole variable's elements and this entry's range. */
+    uint64_t total = pv->numel, off = 0;
+    if (pv->spec->parts) {
+        total = 1;
+        for (size_t d = 0; d < pv->spec->n_shape; d++)
+            total *= pv->spec->shape[d];
+        off = pv->numel ? (uint64_t)pv->part << PLACEMENT_PART_SHIFT : 0;
+        if (pv->numel == 0) { /* a head: kept if here already with the same spec */
+            variable *h = store_find(st->vars, name);
+            bool same = h && spec_diff(h->spec, pv->spec, NULL, 0) == NULL;
+            variable_release(h);
+            if (same)
+                return STATUS_OK;
+        }
+    }
     uint64_t bytes = store_shard_bytes(pv->numel, pv->nslots);
     int rc = store_reserve(st->vars, bytes, err, errlen);
     if (rc != STATUS_OK)
         return rc;
     char verr[256];
-    variable *nv = variable_create_unfilled(pv->spec, pv->numel, 0, pv->numel, verr, sizeof(verr));
+    variable *nv = variable_create_unfilled(pv->spec, total, off, pv->numel, verr, sizeof(verr));
     if (nv == NULL || nv->nslots != pv->nslots) {
         store_unreserve(st->vars, bytes);
         snprintf(err, errlen, "variable \"%s\": %s", name,
@@ -615,7 +685,7 @@ uint64_t slot_move_drop(server_state *st, const uint64_t *bits)
     for (size_t i = 0; i < nv; i++) {
         if (!var_in(vs[i], bits, nslots))
             continue;
-        variable *v = store_remove(st->vars, vs[i]->name);
+        variable *v = store_remove_part(st->vars, vs[i]->name, vs[i]->part);
         if (v) {
             variable_release(v);
             gone++;

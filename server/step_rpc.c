@@ -171,7 +171,7 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
                             QUOTED(err, it->name));
             return false;
         }
-        if (!slot_gate_step_name(call, st, it->name))
+        if (!slot_gate_step_name(call, st, it->name, it->offset))
             return false; /* moved away: the client resends it to the owner */
         int status;
         k->vars[i] = var_find_range(st, it->name, it->offset, it->count, &status, err, sizeof(err));

@@ -29,7 +29,8 @@ struct store {
      * checkpoint copies the state; writers are preferred so that a snapshot is not starved. */
     pthread_rwlock_t snap;
     variable *buckets[STORE_BUCKETS];
-    size_t n;
+    size_t n;      /* entries linked */
+    size_t nnames; /* of which not parts: what max-variables counts */
     uint64_t bytes;
     /* The variables allowed at most (0: no limit) and the room reserved by creates in
      * progress, guarded by lock; bytes and pending_bytes are held in budget (NULL: none). */
@@ -286,6 +287,7 @@ static variable *make_variable(const Psd__V1__VariableSpec *spec, uint64_t numel
     v->numel = numel;
     v->offset = offset;
     v->count = count;
+    v->part = spec->parts && count > 0 ? placement_part_of(offset) : VARIABLE_HEAD;
     v->opt = opt;
     v->nslots = optimizer_slot_count(opt.kind);
     v->staleness = spec->staleness;
@@ -370,15 +372,18 @@ void variable_release(variable *v)
     variable_destroy(v);
 }
 
-static size_t bucket_of(const char *name)
+/* The parts of one variable spread over the buckets (a variable of thousands of parts would
+ * otherwise make one long chain). */
+static size_t bucket_of(const char *name, uint64_t part)
 {
-    return (size_t)(placement_hash(name) % STORE_BUCKETS);
+    uint64_t h = placement_hash(name);
+    return (size_t)((part == VARIABLE_HEAD ? h : mix64(h ^ part)) % STORE_BUCKETS);
 }
 
-static variable *find_locked(store *s, const char *name)
+static variable *find_locked(store *s, const char *name, uint64_t part)
 {
-    for (variable *v = s->buckets[bucket_of(name)]; v; v = v->next)
-        if (strcmp(v->name, name) == 0)
+    for (variable *v = s->buckets[bucket_of(name, part)]; v; v = v->next)
+        if (v->part == part && strcmp(v->name, name) == 0)
             return v;
     return NULL;
 }
@@ -405,9 +410,9 @@ int store_reserve(store *s, uint64_t bytes, char *err, size_t errlen)
 {
     int rc = STATUS_OK;
     pthread_rwlock_wrlock(&s->lock);
-    if (s->max_vars && s->n + s->pending_vars >= s->max_vars) {
-        errf(err, errlen, "server holds %zu variables, the most allowed (max-variables %llu)", s->n,
-             (unsigned long long)s->max_vars);
+    if (s->max_vars && s->nnames + s->pending_vars >= s->max_vars) {
+        errf(err, errlen, "server holds %zu variables, the most allowed (max-variables %llu)",
+             s->nnames, (unsigned long long)s->max_vars);
         rc = STATUS_RESOURCE_EXHAUSTED;
     } else if (!budget_take(s->budget, bytes)) {
         errf(err, errlen,
@@ -439,12 +444,13 @@ void store_unreserve(store *s, uint64_t bytes)
 variable *store_insert(store *s, variable *v)
 {
     pthread_rwlock_wrlock(&s->lock);
-    variable *old = find_locked(s, v->name);
+    variable *old = find_locked(s, v->name, v->part);
     if (old == NULL) {
-        size_t b = bucket_of(v->name);
+        size_t b = bucket_of(v->name, v->part);
         v->next = s->buckets[b];
         s->buckets[b] = v;
         s->n++;
+        s->nnames += v->part == VARIABLE_HEAD;
         uint64_t bytes = store_shard_bytes(v->count, v->nslots);
         s->bytes += bytes;
         budget_force(s->budget, bytes); /* its room was reserved, or it was restored */
@@ -458,8 +464,13 @@ variable *store_insert(store *s, variable *v)
 
 variable *store_find(store *s, const char *name)
 {
+    return store_find_part(s, name, VARIABLE_HEAD);
+}
+
+variable *store_find_part(store *s, const char *name, uint64_t part)
+{
     pthread_rwlock_rdlock(&s->lock);
-    variable *v = find_locked(s, name);
+    variable *v = find_locked(s, name, part);
     /* Under the lock: a linked variable holds the store's reference, so refs > 0 here. */
     if (v)
         variable_retain(v);
@@ -469,15 +480,21 @@ variable *store_find(store *s, const char *name)
 
 variable *store_remove(store *s, const char *name)
 {
+    return store_remove_part(s, name, VARIABLE_HEAD);
+}
+
+variable *store_remove_part(store *s, const char *name, uint64_t part)
+{
     pthread_rwlock_wrlock(&s->lock);
-    variable **pp = &s->buckets[bucket_of(name)];
-    while (*pp && strcmp((*pp)->name, name) != 0)
+    variable **pp = &s->buckets[bucket_of(name, part)];
+    while (*pp && ((*pp)->part != part || strcmp((*pp)->name, name) != 0))
         pp = &(*pp)->next;
     variable *v = *pp;
     if (v) {
         *pp = v->next;
         v->next = NULL;
         s->n--;
+        s->nnames -= part == VARIABLE_HEAD;
         atomic_store(&v->deleted, true);
     }
     pthread_rwlock_unlock(&s->lock);
@@ -565,6 +582,7 @@ const char *spec_diff(const Psd__V1__VariableSpec *a, const Psd__V1__VariableSpe
     PS_SPEC_FIELDS(PS_SPEC_DIFF_)
     PS_SPEC_DIFF_(split, bool, protobuf_c_boolean, false)
     PS_SPEC_DIFF_(num_servers, uint32_t, uint32_t, 0)
+    PS_SPEC_DIFF_(parts, bool, protobuf_c_boolean, false)
 #undef PS_SPEC_DIFF_
     errf(detail, cap, "%s", "");
     return NULL;

@@ -1,4 +1,7 @@
-/* The variables a server holds: its shard of each, with the optimizer state beside it.
+/* The variables a server holds: its shard of each, with the optimizer state beside it. A
+ * variable cut in parts (spec->parts) is held as its head (the spec, no elements) and the parts
+ * the server's slots give it, each an entry of its own keyed by (name, part index) with the
+ * part's range: a part is a shard.
  *
  * Lifetime: a variable is reference counted. The store holds one reference while the variable
  * is linked under its name; store_find, store_insert and store_list hand out pointers that
@@ -12,6 +15,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,7 +27,8 @@ typedef struct variable {
     char *name;
     Psd__V1__VariableSpec *spec; /* owned copy, as created */
     uint64_t numel;              /* elements in the whole variable */
-    uint64_t offset, count;      /* this server's range */
+    uint64_t offset, count;      /* this server's range (of a part: the part's) */
+    uint64_t part;               /* part index, or VARIABLE_HEAD (whole, ranges, or a head) */
     optimizer_params opt;
     float *params;
     float *slots[OPTIMIZER_MAX_SLOTS];
@@ -56,6 +61,16 @@ typedef struct variable {
     struct variable *next;
 } variable;
 
+/* variable.part of an entry that is not a part: a variable held whole, a range of a split
+ * variable, or the head of a variable cut in parts. */
+#define VARIABLE_HEAD UINT64_MAX
+
+/* True if v is the head of a variable cut in parts (it holds no elements). */
+static inline bool variable_is_head(const variable *v)
+{
+    return v->spec->parts && v->part == VARIABLE_HEAD;
+}
+
 typedef struct store store;
 
 store *store_create(void);
@@ -64,8 +79,10 @@ store *store_create(void);
 void store_destroy(store *s);
 
 /* Makes a variable for this server's range [offset, offset+count) of `spec` (copied),
- * with parameters initialised and optimizer slots set. Returns NULL and a message in err if
- * memory can't be had or the spec is invalid for the optimizer/initializer. */
+ * with parameters initialised and optimizer slots set. With spec->parts, count 0 makes the
+ * head and a range of one part (offset a multiple of PLACEMENT_PART_ELEMS) makes that part. Returns
+ * NULL and a message in err if memory can't be had or the spec is invalid for the
+ * optimizer/initializer. */
 variable *variable_create(const Psd__V1__VariableSpec *spec, uint64_t numel, uint64_t offset,
                           uint64_t count, char *err, size_t errlen);
 /* The same with parameters and slots allocated but not initialised (a restore fills them). */
@@ -149,13 +166,20 @@ void store_unreserve(store *s, uint64_t bytes);
  * reference became the store's, and the pointer returned carries a new one for the caller.
  * Either way the caller releases the pointer returned. */
 variable *store_insert(store *s, variable *v);
-/* The variable of that name with a reference for the caller, or NULL. */
+/* The variable of that name (the head of one cut in parts) with a reference for the caller,
+ * or NULL. */
 variable *store_find(store *s, const char *name);
-/* Unlinks the variable of that name (the name may be created again at once) and returns it
- * with the store's reference, now the caller's; marks it deleted. NULL if absent. */
+/* Part `part` of the variable `name` cut in parts, with a reference for the caller, or NULL
+ * when this server does not hold it. */
+variable *store_find_part(store *s, const char *name, uint64_t part);
+/* Unlinks the variable of that name (the head of one cut in parts; the name may be created
+ * again at once) and returns it with the store's reference, now the caller's; marks it
+ * deleted. NULL if absent. */
 variable *store_remove(store *s, const char *name);
-/* Snapshot of all variables: the array is the caller's, and each entry carries a reference;
- * give both back with store_list_release. */
+/* Unlinks part `part` of the variable `name` as store_remove does. NULL if absent. */
+variable *store_remove_part(store *s, const char *name, uint64_t part);
+/* Snapshot of all entries (variables, heads and parts): the array is the caller's, and each
+ * entry carries a reference; give both back with store_list_release. */
 size_t store_list(store *s, variable ***out);
 /* Releases each of the n variables of a store_list array and frees the array (NULL: no-op). */
 void store_list_release(variable **vars, size_t n);

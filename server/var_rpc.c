@@ -65,6 +65,20 @@ int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec,
         }
         n *= spec->shape[i];
     }
+    if (spec->parts) {
+        /* Placed by slot whatever the cluster size: num_servers 0 (which older servers refuse
+         * as another cluster size), split set. */
+        if (!spec->split || spec->num_servers != 0 || !placement_is_parts(n, n * 4, 0)) {
+            snprintf(err, errlen,
+                     "variable \"%s\": a spec cut in parts needs split, num_servers 0 and more "
+                     "than %llu elements (it has split %d, num_servers %u, %llu elements)",
+                     spec->name, (unsigned long long)PLACEMENT_PART_ELEMS, (int)spec->split,
+                     spec->num_servers, (unsigned long long)n);
+            return STATUS_INVALID_ARGUMENT;
+        }
+        *numel = n;
+        return STATUS_OK;
+    }
     if (spec->num_servers != st->num_servers) {
         snprintf(err, errlen,
                  "variable \"%s\": placement computed for %u servers but this cluster has %u "
@@ -100,6 +114,81 @@ static void fill_shard(const server_state *st, const variable *v, Psd__V1__Shard
     sh->count = v->count;
 }
 
+/* Makes the head of a variable cut in parts and the parts this server's slots give it, all
+ * reserved at once (max-server-bytes, max-variables: refused before anything is allocated),
+ * and links the parts first, so that a head found means its parts are there. *out: the head
+ * with a reference, or NULL when another client linked it first (what it made is dropped). */
+static int create_parts(server_state *st, const Psd__V1__VariableSpec *spec, uint64_t numel,
+                        variable **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    slot_map map = server_slots(st);
+    uint64_t nparts = placement_part_count(numel), mine = 0, elems = 0;
+    for (uint64_t k = 0; k < nparts; k++) {
+        if (slots_part_owner(&map, spec->name, k) != st->task_index)
+            continue;
+        uint64_t off, cnt;
+        placement_part_range(numel, k, &off, &cnt);
+        mine++;
+        elems += cnt;
+    }
+    int kind = (int)spec->optimizer;
+    size_t nslots = optimizer_kind_valid(kind) ? optimizer_slot_count((optimizer_kind)kind) : 0;
+    uint64_t bytes = store_shard_bytes(elems, nslots);
+    int rc = store_reserve(st->vars, bytes, err, errlen);
+    if (rc != STATUS_OK)
+        return rc; /* RESOURCE_EXHAUSTED: the caller names the variable */
+    variable **made = calloc(mine + 1, sizeof(*made));
+    size_t n = 0;
+    rc = made ? STATUS_OK : STATUS_RESOURCE_EXHAUSTED;
+    if (made == NULL)
+        errf(err, errlen, "out of memory for variable \"%s\"", spec->name);
+    for (uint64_t k = 0; rc == STATUS_OK && k < nparts; k++) {
+        if (slots_part_owner(&map, spec->name, k) != st->task_index)
+            continue;
+        uint64_t off, cnt;
+        placement_part_range(numel, k, &off, &cnt);
+        made[n] = variable_create(spec, numel, off, cnt, err, errlen);
+        if (made[n] == NULL)
+            rc = strncmp(err, "out of memory", 13) == 0 ? STATUS_RESOURCE_EXHAUSTED
+                                                        : STATUS_INVALID_ARGUMENT;
+        else
+            n++;
+    }
+    variable *head = rc == STATUS_OK ? variable_create(spec, numel, 0, 0, err, errlen) : NULL;
+    if (rc == STATUS_OK && head == NULL)
+        rc = STATUS_INVALID_ARGUMENT;
+    if (rc != STATUS_OK) {
+        for (size_t i = 0; i < n; i++)
+            variable_destroy(made[i]);
+        free(made);
+        store_unreserve(st->vars, bytes);
+        return rc;
+    }
+    /* Under the update lock, so that a checkpoint's snapshot holds exactly the variables
+     * created up to the create_gen it reads (the head's, the highest). */
+    store_update_begin(st->vars);
+    for (size_t i = 0; i < n; i++) {
+        made[i]->create_gen = atomic_fetch_add(&st->create_gen, 1) + 1;
+        variable *in = store_insert(st->vars, made[i]);
+        if (in != made[i])
+            variable_destroy(made[i]); /* another client's create linked it first */
+        variable_release(in);
+    }
+    head->create_gen = atomic_fetch_add(&st->create_gen, 1) + 1;
+    variable *in = store_insert(st->vars, head);
+    store_update_end(st->vars);
+    store_unreserve(st->vars, bytes);
+    free(made);
+    if (in != head) {
+        variable_destroy(head);
+        variable_release(in);
+        return STATUS_OK;
+    }
+    *out = in;
+    return STATUS_OK;
+}
+
 void handle_var_create(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -122,6 +211,26 @@ void handle_var_create(rpc_call *call, void *arg)
         return;
     }
     variable *v = store_find(st->vars, req->spec->name);
+    if (v == NULL && req->spec->parts) {
+        rc = create_parts(st, req->spec, numel, &v, err, sizeof(err));
+        if (rc == STATUS_RESOURCE_EXHAUSTED) {
+            rpc_reply_error(call, rc, "cannot create variable \"%s\": %s", req->spec->name, err);
+            return;
+        }
+        if (rc != STATUS_OK) {
+            rpc_reply_error(call, rc, "%s", err);
+            return;
+        }
+        rep.created = v != NULL;
+        if (v == NULL)
+            v = store_find(st->vars, req->spec->name); /* another client made it meanwhile */
+        if (v == NULL) {
+            rpc_reply_error(call, STATUS_UNAVAILABLE,
+                            "variable \"%s\" was deleted while being created (retry)",
+                            req->spec->name);
+            return;
+        }
+    }
     if (v == NULL) {
         uint64_t off = 0, cnt = numel;
         if (req->spec->split)
@@ -198,13 +307,47 @@ static int var_name_cmp(const void *a, const void *b)
 }
 
 /* All variables sorted by name (bytewise), or NULL when memory can't be had; each referenced
- * (store_list_release). */
+ * (store_list_release). A variable cut in parts is listed once, by its head. */
 variable **var_sorted_vars(server_state *st, size_t *n)
 {
     variable **vars;
     *n = store_list(st->vars, &vars);
+    size_t k = 0;
+    for (size_t i = 0; vars && i < *n; i++) {
+        if (vars[i]->part != VARIABLE_HEAD)
+            variable_release(vars[i]);
+        else
+            vars[k++] = vars[i];
+    }
+    if (vars)
+        *n = k;
     if (vars && *n > 1)
         qsort(vars, *n, sizeof(*vars), var_name_cmp);
+    return vars;
+}
+
+static int part_cmp(const void *a, const void *b)
+{
+    const variable *x = *(const variable *const *)a, *y = *(const variable *const *)b;
+    return x->offset < y->offset   ? -1
+           : x->offset > y->offset ? 1
+                                   : (x->count > y->count) - (x->count < y->count);
+}
+
+variable **var_parts_of(server_state *st, const char *name, size_t *n)
+{
+    variable **vars;
+    *n = store_list(st->vars, &vars);
+    size_t k = 0;
+    for (size_t i = 0; vars && i < *n; i++) {
+        if (strcmp(vars[i]->name, name) != 0 || !vars[i]->spec->parts)
+            variable_release(vars[i]);
+        else
+            vars[k++] = vars[i];
+    }
+    *n = vars ? k : 0;
+    if (vars && k > 1)
+        qsort(vars, k, sizeof(*vars), part_cmp);
     return vars;
 }
 
@@ -281,6 +424,37 @@ static int check_range(const server_state *st, const variable *v, uint64_t off, 
     return STATUS_OK;
 }
 
+/* The part of the variable whose head is `head` (whose reference it takes over) that holds
+ * [off, off+cnt): the range must lie inside one part, which this server must hold. */
+static variable *find_part(server_state *st, variable *head, uint64_t off, uint64_t cnt,
+                           int *status, char *err, size_t errlen)
+{
+    uint64_t k = placement_part_of(off);
+    *status = STATUS_OK;
+    if (off > head->numel || cnt > head->numel - off) {
+        *status = check_range(st, head, off, cnt, err, errlen); /* OUT_OF_RANGE */
+    } else if (cnt > 0 && placement_part_of(off + cnt - 1) != k) {
+        snprintf(err, errlen,
+                 "range [%llu, %llu) of \"%s\" crosses a part boundary (parts of %llu elements: "
+                 "send one request per part)",
+                 (unsigned long long)off, (unsigned long long)(off + cnt), head->name,
+                 (unsigned long long)PLACEMENT_PART_ELEMS);
+        *status = STATUS_INVALID_ARGUMENT;
+    }
+    variable *p = *status == STATUS_OK ? store_find_part(st->vars, head->name, k) : NULL;
+    if (*status == STATUS_OK && p == NULL) {
+        slot_map map = server_slots(st);
+        uint32_t slot = slots_of_part(head->name, k, map.nslots);
+        snprintf(err, errlen,
+                 "part %llu of \"%s\" (slot %u) is not held by ps %u; the slot map gives it to "
+                 "ps %u",
+                 (unsigned long long)k, head->name, slot, st->task_index, slots_owner(&map, slot));
+        *status = STATUS_FAILED_PRECONDITION;
+    }
+    variable_release(head);
+    return p;
+}
+
 variable *var_find_range(server_state *st, const char *name, uint64_t off, uint64_t cnt,
                          int *status, char *err, size_t errlen)
 {
@@ -298,6 +472,8 @@ variable *var_find_range(server_state *st, const char *name, uint64_t off, uint6
         *status = STATUS_NOT_FOUND;
         return NULL;
     }
+    if (variable_is_head(v))
+        return find_part(st, v, off, cnt, status, err, errlen);
     *status = check_range(st, v, off, cnt, err, errlen);
     if (*status != STATUS_OK) {
         variable_release(v);
@@ -335,6 +511,27 @@ void handle_var_pull(rpc_call *call, void *arg)
  * bytes_held, once the last call still using it is done. The name may be created again at
  * once, with fresh values. Held against a checkpoint's copy like an update (store.h), so that a
  * snapshot sees the variable whole or not at all. */
+/* Unlinks every part of `name` this server holds, answering the pulls parked on each. */
+static void delete_parts(server_state *st, const char *name)
+{
+    variable **vars;
+    size_t n = store_list(st->vars, &vars);
+    char q[96], why[160];
+    snprintf(why, sizeof(why), "variable %s was deleted", QUOTED(q, name));
+    for (size_t i = 0; vars && i < n; i++) {
+        if (vars[i]->part == VARIABLE_HEAD || strcmp(vars[i]->name, name) != 0)
+            continue;
+        store_update_begin(st->vars);
+        variable *p = store_remove_part(st->vars, name, vars[i]->part);
+        store_update_end(st->vars);
+        if (p) {
+            sync_delete(st, p, why);
+            variable_release(p);
+        }
+    }
+    store_list_release(vars, n);
+}
+
 void handle_var_delete(rpc_call *call, void *arg)
 {
     server_state *st = arg;
@@ -343,6 +540,8 @@ void handle_var_delete(rpc_call *call, void *arg)
     store_update_begin(st->vars);
     variable *v = store_remove(st->vars, req->name);
     store_update_end(st->vars);
+    if (v && v->spec->parts)
+        delete_parts(st, v->name);
     if (v == NULL && server_table_delete(st, req->name) == 0) {
         Psd__V1__DeleteVariableReply rep = PSD__V1__DELETE_VARIABLE_REPLY__INIT;
         rep.deleted = true;

@@ -25,8 +25,11 @@ static inline size_t reply_entry_bytes(size_t n)
 int server_check_spec(const server_state *st, const Psd__V1__VariableSpec *spec, uint64_t *numel,
                       char *err, size_t errlen);
 /* All variables sorted by name (bytewise), or NULL when memory can't be had; each referenced
- * (store_list_release). */
+ * (store_list_release). A variable cut in parts is listed once, by its head. */
 variable **var_sorted_vars(server_state *st, size_t *n);
+/* The head and the parts held of the variable `name` cut in parts, by offset (the head
+ * first), each referenced (store_list_release); NULL when memory can't be had. */
+variable **var_parts_of(server_state *st, const char *name, size_t *n);
 /* Finds the variable (referenced: the caller releases it) and checks that the range
  * [off, off+cnt) lies in this server's shard. Returns NULL with the status and a message in
  * err otherwise. */

@@ -6,7 +6,10 @@
  *       the table "emb" (dim 2, SGD, learning rate 1, zero rows), then 2 threads push until
  *       STOPFILE exists: each push adds 1 to every element of one variable, or to the rows of
  *       3 ids of the table. Writes to HISTORY how many pushes of each variable and each id
- *       were acknowledged. Exit 0, or 1 when a push failed (named: it may or may not be
+ *       were acknowledged. With PS_SPLIT_PARTS set, the variable "big/w" (3 * 2^18 + 5 floats,
+ *       cut in 4 parts placed by slot) is created too and every 16th update of a thread adds
+ *       1 to all of it (a push, or a third item of the Step), its parts following the moves.
+ *       Exit 0, or 1 when a push failed (named: it may or may not be
  *       applied, so the check could not be exact).
  *   slot_move_pusher step HISTORY STOPFILE
  *       the same, each thread's updates sent as Steps (ps_step_ex): one Step pushes 1 to two
@@ -28,10 +31,14 @@
 #define NVARS 40
 #define NIDS 600
 #define NEL 8
+#define NBIG (3 * 262144 + 5) /* cut in parts (PS_SPLIT_PARTS) */
 
 static ps_client *cl;
 static ps_var *vars[NVARS];
 static ps_table *tab;
+static ps_var *big; /* NULL without PS_SPLIT_PARTS */
+static float big_grad[NBIG];
+static atomic_long big_acks;
 static atomic_long var_acks[NVARS];
 static atomic_long id_acks[NIDS];
 static const char *stopfile;
@@ -46,24 +53,35 @@ static void *pusher(void *arg)
         g[k] = -1;
     for (long i = 0; access(stopfile, F_OK) != 0 && !atomic_load(&failed); i++) {
         int rc;
-        if (steps) {
+        bool with_big = big != NULL && i % 16 == 5;
+        if (with_big && !steps) {
+            rc = ps_push(cl, big, big_grad);
+            if (rc == PS_OK)
+                atomic_fetch_add(&big_acks, 1);
+        } else if (steps) {
             int v[2] = {(int)((t * 13 + i * 7) % NVARS), (int)((t * 13 + i * 7 + 19) % NVARS)};
             int64_t ids[3] = {(t * 101 + i * 17) % NIDS, (t * 101 + i * 17 + 200) % NIDS,
                               (t * 101 + i * 17 + 400) % NIDS};
             float gg[6] = {-1, -1, -1, -1, -1, -1};
-            ps_step_item it[2];
+            ps_step_item it[3];
             memset(it, 0, sizeof(it));
             for (int k = 0; k < 2; k++) {
                 it[k].var = vars[v[k]];
                 it[k].count = NEL;
                 it[k].grad = g;
             }
+            it[2].var = big;
+            it[2].count = NBIG;
+            it[2].grad = big_grad;
             ps_table_item ti = PS_TABLE_ITEM_INIT;
             ti.table = tab;
             ti.ids = ids;
             ti.n = 3;
             ti.grads = gg;
-            rc = ps_step_ex(cl, it, 2, &ti, 1, getenv("PS_WORKER_ID") ? PS_STEP_CLOCK : 0);
+            rc = ps_step_ex(cl, it, with_big ? 3 : 2, &ti, 1,
+                            getenv("PS_WORKER_ID") ? PS_STEP_CLOCK : 0);
+            if (rc == PS_OK && with_big)
+                atomic_fetch_add(&big_acks, 1);
             if (rc == PS_OK) {
                 for (int k = 0; k < 2; k++)
                     atomic_fetch_add(&var_acks[v[k]], 1);
@@ -121,6 +139,22 @@ static int open_all(bool create)
     ts.staleness = PS_STALENESS_ASYNC;
     if (rc == PS_OK)
         rc = ps_table_create(cl, &ts, &tab);
+    if (rc == PS_OK && getenv("PS_SPLIT_PARTS") != NULL) {
+        ps_var_spec s;
+        ps_var_spec_init(&s, "big/w");
+        s.ndims = 1;
+        s.dims[0] = NBIG;
+        s.learning_rate = 1;
+        s.staleness = PS_STALENESS_ASYNC;
+        rc = ps_var_create(cl, &s, &big);
+        if (rc == PS_OK && ps_var_num_shards(big) != 4) {
+            fprintf(stderr, "\"big/w\" has %d parts, not 4 (is split-parts on?)\n",
+                    ps_var_num_shards(big));
+            return 1;
+        }
+        for (int k = 0; k < NBIG; k++)
+            big_grad[k] = -1;
+    }
     if (rc != PS_OK) {
         fprintf(stderr, "%s: %s: %s\n", create ? "create" : "open", ps_strerror(rc),
                 ps_last_error());
@@ -155,12 +189,14 @@ int main(int argc, char **argv)
             fprintf(f, "id %d %ld\n", i, atomic_load(&id_acks[i]));
             total += atomic_load(&id_acks[i]);
         }
+        fprintf(f, "big 0 %ld\n", atomic_load(&big_acks));
+        total += atomic_load(&big_acks);
         fclose(f);
         printf("pushes acknowledged: %ld (counted per variable and per id)\n", total);
         ps_client_close(cl);
         return atomic_load(&failed) ? 1 : 0;
     }
-    long want_var[NVARS] = {0}, want_id[NIDS] = {0};
+    long want_var[NVARS] = {0}, want_id[NIDS] = {0}, want_big = 0;
     for (int a = 2; a < argc; a++) {
         FILE *f = fopen(argv[a], "r");
         if (f == NULL) {
@@ -171,7 +207,9 @@ int main(int argc, char **argv)
         int k;
         long n;
         while (fscanf(f, "%7s %d %ld", kind, &k, &n) == 3) {
-            if (strcmp(kind, "var") == 0 && k >= 0 && k < NVARS)
+            if (strcmp(kind, "big") == 0)
+                want_big += n;
+            else if (strcmp(kind, "var") == 0 && k >= 0 && k < NVARS)
                 want_var[k] += n;
             else if (k >= 0 && k < NIDS)
                 want_id[k] += n;
@@ -189,6 +227,20 @@ int main(int argc, char **argv)
                 bad++;
                 break;
             }
+    }
+    if (big != NULL) {
+        static float x[NBIG];
+        int rc = ps_pull(cl, big, x);
+        for (int e = 0; e < NBIG; e++)
+            if (rc != PS_OK || x[e] != (float)want_big) {
+                fprintf(stderr, "big/w[%d] = %g, acknowledged pushes %ld (%s: %s)\n", e,
+                        rc == PS_OK ? x[e] : -1.0, want_big, ps_strerror(rc),
+                        rc == PS_OK ? "" : ps_last_error());
+                bad++;
+                break;
+            }
+        if (rc == PS_OK && bad == 0)
+            printf("\"big/w\" (4 parts) equals its %ld acknowledged pushes\n", want_big);
     }
     int64_t ids[NIDS];
     float rows[2 * NIDS];

@@ -25,7 +25,7 @@
 #define NCLIENTS 3
 #define ROUNDS 12
 #define BIG_ROWS 768
-#define BIG_COLS 1024 /* 3 MiB: split over both servers, many chunks */
+#define BIG_COLS 1024 /* 3 MiB: cut in 3 parts of 2^18 floats placed by slot, many chunks */
 #define SMALL_N 10
 
 static const char *server_bin;
@@ -130,7 +130,7 @@ static void test_concurrent_exact_sums(void **state)
     ps_var *big, *small;
     assert_int_equal(ps_var_lookup(c, "it/big", &big), PS_OK);
     assert_int_equal(ps_var_lookup(c, "it/small", &small), PS_OK);
-    assert_int_equal(ps_var_num_shards(big), 2);
+    assert_int_equal(ps_var_num_shards(big), 3); /* parts (split-parts, the default) */
     assert_int_equal(ps_var_num_shards(small), 1);
     size_t n = (size_t)ps_var_numel(big);
     float *w = malloc(n * sizeof(float));

@@ -1,6 +1,9 @@
 /* Integration: a cluster restored onto another number of servers from a shared checkpoint
  * directory (2 -> 3, 3 -> 2, 1 -> 4). A cluster of n_from servers trains a dense variable split
- * over the servers (Adagrad), a small one held whole (Adam) and a sparse table (Adagrad),
+ * over the servers (Adagrad), one cut in fixed parts (split-parts: 3 * 2^18 + 5 elements, 4
+ * parts placed by slot, momentum), one as large split in ranges (made by a client without
+ * split-parts: on another number of servers it comes back cut in parts), a small one held whole
+ * (Adam) and a sparse table (Adagrad),
  * checkpoints between steps (a full file, then deltas: the final checkpoint of the stop is a
  * delta of the chain) and stops. A cluster of n_to servers on the same directory then pulls
  * exactly (bit for bit) what was pulled before the stop, and one more step gives exactly what
@@ -24,8 +27,9 @@
 #include "ps_proc.h"
 #include "psclient.h"
 
-#define BIG 10007 /* split over 2 or more servers (split-threshold-bytes 1K) */
-#define SMALL 13  /* held whole */
+#define BIG 10007              /* split over 2 or more servers (split-threshold-bytes 1K) */
+#define SMALL 13               /* held whole */
+#define PARTS (3 * 262144 + 5) /* cut in 4 parts (split-parts), the last of 5 elements */
 #define DIM 8
 #define NIDS 300
 
@@ -40,7 +44,7 @@ typedef struct cluster {
 } cluster;
 
 typedef struct model {
-    float big[BIG], small[SMALL], rows[NIDS * DIM];
+    float big[BIG], small[SMALL], rows[NIDS * DIM], parts[PARTS], ranges[PARTS];
 } model;
 
 static int64_t ids[NIDS];
@@ -81,7 +85,8 @@ static void cluster_stop(cluster *c)
         assert_int_equal(test_wait_exit(c->pids[i], 30000), 0);
 }
 
-static ps_client *cluster_client(const cluster *c)
+/* A client of c; parts: split-parts (new large variables cut in parts). */
+static ps_client *cluster_client_parts(const cluster *c, bool parts)
 {
     ps_config *cfg;
     ps_client *cl = NULL;
@@ -91,13 +96,19 @@ static ps_client *cluster_client(const cluster *c)
     assert_int_equal(ps_config_set(cfg, "cluster", tf), PS_OK);
     assert_int_equal(ps_config_set(cfg, "deadline-ms", "20000"), PS_OK);
     assert_int_equal(ps_config_set(cfg, "split-threshold-bytes", "1K"), PS_OK);
+    assert_int_equal(ps_config_set(cfg, "split-parts", parts ? "true" : "false"), PS_OK);
     if (ps_client_open(&cl, cfg) != PS_OK)
         fail_msg("open: %s", ps_last_error());
     ps_config_destroy(cfg);
     return cl;
 }
 
-static void make_model(ps_client *c)
+static ps_client *cluster_client(const cluster *c)
+{
+    return cluster_client_parts(c, true);
+}
+
+static void make_model(const cluster *cl, ps_client *c)
 {
     ps_var_spec s;
     ps_var *v;
@@ -108,6 +119,41 @@ static void make_model(ps_client *c)
     s.learning_rate = 0.1;
     s.staleness = PS_STALENESS_ASYNC;
     assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    ps_var_spec_init(&s, "resize/parts");
+    s.ndims = 1;
+    s.dims[0] = PARTS;
+    s.initializer = PS_INIT_UNIFORM;
+    s.init_a = -0.5;
+    s.init_b = 0.5;
+    s.seed = 7;
+    s.optimizer = PS_OPT_MOMENTUM;
+    s.learning_rate = 0.05;
+    s.momentum = 0.9;
+    s.staleness = PS_STALENESS_ASYNC;
+    assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    assert_int_equal(ps_var_num_shards(v), 4);
+    /* The same in ranges, by a client without split-parts. */
+    ps_client *rc = cluster_client_parts(cl, false);
+    ps_var_spec_init(&s, "resize/ranges");
+    s.ndims = 1;
+    s.dims[0] = PARTS;
+    s.initializer = PS_INIT_NORMAL;
+    s.init_b = 0.1;
+    s.seed = 11;
+    s.optimizer = PS_OPT_ADAGRAD;
+    s.learning_rate = 0.1;
+    s.staleness = PS_STALENESS_ASYNC;
+    assert_int_equal(ps_var_create(rc, &s, &v), PS_OK);
+    assert_int_equal(ps_var_num_shards(v), cl->n > 1 ? cl->n : 1);
+    ps_client_close(rc);
+    /* A client with split-parts creating it again follows what was made (ranges, or held
+     * whole on one server); another spec under that name is still refused. */
+    ps_var *same;
+    assert_int_equal(ps_var_create(c, &s, &same), PS_OK);
+    assert_int_equal(ps_var_num_shards(same), cl->n > 1 ? cl->n : 1);
+    s.learning_rate = 0.2;
+    assert_int_equal(ps_var_create(c, &s, &same), PS_ALREADY_EXISTS);
+    assert_non_null(strstr(ps_last_error(), "learning_rate"));
     ps_var_spec_init(&s, "resize/small");
     s.ndims = 1;
     s.dims[0] = SMALL;
@@ -127,14 +173,20 @@ static void make_model(ps_client *c)
 /* One step: a gradient on every element and on every row, a function of the step. */
 static void train(ps_client *c, int step)
 {
-    static float g[BIG], tg[NIDS * DIM];
+    static float g[BIG], tg[NIDS * DIM], pg[PARTS];
     for (int i = 0; i < BIG; i++)
         g[i] = sinf(0.37f * (float)i + (float)step);
+    for (int i = 0; i < PARTS; i++)
+        pg[i] = cosf(0.013f * (float)i - (float)step);
     for (int i = 0; i < NIDS * DIM; i++)
         tg[i] = cosf(0.11f * (float)i + (float)step);
     ps_var *v;
     assert_int_equal(ps_var_lookup(c, "resize/big", &v), PS_OK);
     assert_int_equal(ps_push(c, v, g), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/parts", &v), PS_OK);
+    assert_int_equal(ps_push(c, v, pg), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/ranges", &v), PS_OK);
+    assert_int_equal(ps_push(c, v, pg), PS_OK);
     assert_int_equal(ps_var_lookup(c, "resize/small", &v), PS_OK);
     assert_int_equal(ps_push(c, v, g + 100), PS_OK);
     ps_table *t;
@@ -150,6 +202,10 @@ static void pull_model(ps_client *c, model *m)
     ps_var *v;
     assert_int_equal(ps_var_lookup(c, "resize/big", &v), PS_OK);
     assert_int_equal(ps_pull(c, v, m->big), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/parts", &v), PS_OK);
+    assert_int_equal(ps_pull(c, v, m->parts), PS_OK);
+    assert_int_equal(ps_var_lookup(c, "resize/ranges", &v), PS_OK);
+    assert_int_equal(ps_pull(c, v, m->ranges), PS_OK);
     assert_int_equal(ps_var_lookup(c, "resize/small", &v), PS_OK);
     assert_int_equal(ps_pull(c, v, m->small), PS_OK);
     ps_table *t;
@@ -162,6 +218,10 @@ static void expect_same(const model *a, const model *b, const char *what)
 {
     if (memcmp(a->big, b->big, sizeof(a->big)) != 0)
         fail_msg("%s: the split variable differs", what);
+    if (memcmp(a->parts, b->parts, sizeof(a->parts)) != 0)
+        fail_msg("%s: the variable cut in parts differs", what);
+    if (memcmp(a->ranges, b->ranges, sizeof(a->ranges)) != 0)
+        fail_msg("%s: the variable made in ranges differs", what);
     if (memcmp(a->small, b->small, sizeof(a->small)) != 0)
         fail_msg("%s: the small variable differs", what);
     if (memcmp(a->rows, b->rows, sizeof(a->rows)) != 0)
@@ -180,7 +240,7 @@ static void resize(int n_from, int n_to)
     cluster a;
     cluster_start(&a, n_from, dir);
     ps_client *c = cluster_client(&a);
-    make_model(c);
+    make_model(&a, c);
     train(c, 0);
     assert_int_equal(ps_checkpoint(c), PS_OK);
     train(c, 1);
@@ -200,6 +260,11 @@ static void resize(int n_from, int n_to)
     c = cluster_client(&b);
     pull_model(c, &after);
     expect_same(&before, &after, "restored");
+    /* The variable split in ranges over n_from servers came back cut in parts (one held whole
+     * on a single server stays whole). */
+    ps_var *rv;
+    assert_int_equal(ps_var_lookup(c, "resize/ranges", &rv), PS_OK);
+    assert_int_equal(ps_var_num_shards(rv), n_from > 1 ? 4 : 1);
     train(c, 3);
     pull_model(c, &cont);
     ps_client_close(c);

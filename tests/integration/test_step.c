@@ -28,6 +28,8 @@ static test_cluster tc;
 /* heartbeats every 100 ms, except for the client of the request-counting test (heartbeats are
  * requests too) */
 static const char *heartbeat_ms = "100";
+/* split-parts of the clients opened (the test of variables cut in parts sets it) */
+static const char *split_parts = "false";
 
 static ps_client *open_client(int worker, const char *chunk, const char *wire)
 {
@@ -44,7 +46,7 @@ static ps_client *open_client(int worker, const char *chunk, const char *wire)
         (chunk && ps_config_set(cfg, "chunk-bytes", chunk) != PS_OK) ||
         (wire && ps_config_set(cfg, "wire-dtype", wire) != PS_OK) ||
         ps_config_set(cfg, "split-threshold-bytes", "16K") != PS_OK ||
-        ps_client_open(&c, cfg) != PS_OK)
+        ps_config_set(cfg, "split-parts", split_parts) != PS_OK || ps_client_open(&c, cfg) != PS_OK)
         fprintf(stderr, "client: %s\n", ps_last_error());
     ps_config_destroy(cfg);
     return c;
@@ -381,13 +383,22 @@ static void test_step_bad_input(void **state)
 /* Every worker pushes 1 to each element at every step; under BSP (mean of the workers' sum),
  * after step t every worker must read exactly -(t + 1): its step waits for every worker's
  * clock and the aggregate. */
+#define BSP_PARTS_N (3 * 262144 + 5) /* cut in 4 parts (split-parts) */
+
 static int bsp_worker(int id, int n)
 {
+    split_parts = "true"; /* this process's clients: bsp/p is cut in parts, the others are small */
     ps_client *c = open_client(id, NULL, NULL);
     ps_var *a = c ? test_make_var_bound(c, "bsp/a", 5, PS_STALENESS_BSP) : NULL;
     ps_var *b = c ? test_make_var_bound(c, "bsp/b", 20000, PS_STALENESS_BSP) : NULL;
-    if (a == NULL || b == NULL)
+    ps_var *p = c ? test_make_var_bound(c, "bsp/p", BSP_PARTS_N, PS_STALENESS_BSP) : NULL;
+    if (a == NULL || b == NULL || p == NULL || ps_var_num_shards(p) != 4)
         return 10;
+    float *gp = malloc(BSP_PARTS_N * sizeof(float)), *wp = malloc(BSP_PARTS_N * sizeof(float));
+    if (gp == NULL || wp == NULL)
+        return 10;
+    for (int k = 0; k < BSP_PARTS_N; k++)
+        gp[k] = 1;
     float *ga = malloc(5 * sizeof(float)), *gb = malloc(20000 * sizeof(float));
     float *wa = malloc(5 * sizeof(float)), *wb = malloc(20000 * sizeof(float));
     for (int k = 0; k < 5; k++)
@@ -397,8 +408,9 @@ static int bsp_worker(int id, int n)
     for (int t = 0; t < BSP_STEPS; t++) {
         if (id == 1)
             usleep(20000); /* a slower worker: the others must wait for it */
-        ps_step_item items[2] = {{a, 0, 5, ga, wa}, {b, 0, 20000, gb, wb}};
-        if (ps_step(c, items, 2, PS_STEP_CLOCK) != PS_OK) {
+        ps_step_item items[3] = {
+            {a, 0, 5, ga, wa}, {b, 0, 20000, gb, wb}, {p, 0, BSP_PARTS_N, gp, wp}};
+        if (ps_step(c, items, 3, PS_STEP_CLOCK) != PS_OK) {
             fprintf(stderr, "bsp worker %d step %d: %s\n", id, t, ps_last_error());
             return 11;
         }
@@ -409,8 +421,16 @@ static int bsp_worker(int id, int n)
                 return 12;
             }
         }
+        for (int k = 0; k < BSP_PARTS_N; k++)
+            if (wp[k] != -(float)(t + 1)) {
+                fprintf(stderr, "bsp worker %d step %d: read bsp/p[%d] = %g, want %d\n", id, t, k,
+                        wp[k], -(t + 1));
+                return 12;
+            }
     }
     (void)n;
+    free(gp);
+    free(wp);
     free(ga);
     free(gb);
     free(wa);
@@ -642,6 +662,86 @@ static void test_bf16_wire(void **state)
     ps_client_close(c32);
 }
 
+/* ---- a variable cut in parts ------------------------------------------------------------- */
+
+#define PARTS_N (3 * 262144 + 5) /* 4 parts of 2^18 elements, the last of 5 */
+
+/* Steps, pulls and pushes of a variable cut in parts (split-parts) on 2 servers: whole, and in
+ * ranges that cross part boundaries (each cut per part by the client); its pulls' staleness
+ * summed over the parts; deleted with every part. */
+static void test_step_parts(void **state)
+{
+    (void)state;
+    split_parts = "true";
+    ps_client *c = open_client(0, NULL, NULL);
+    split_parts = "false";
+    assert_non_null(c);
+    ps_var *v = test_make_var_bound(c, "parts/w", PARTS_N, PS_STALENESS_ASYNC);
+    assert_non_null(v);
+    assert_int_equal(ps_var_num_shards(v), 4);
+    float *g = malloc(PARTS_N * sizeof(float)), *dst = malloc(PARTS_N * sizeof(float));
+    float *check = malloc(PARTS_N * sizeof(float));
+    assert_true(g && dst && check);
+    for (uint64_t k = 0; k < PARTS_N; k++)
+        g[k] = (float)(k % 5 + 1);
+    for (int step = 1; step <= 2; step++) {
+        ps_step_item it = {v, 0, PARTS_N, g, dst};
+        assert_int_equal(ps_step(c, &it, 1, PS_STEP_CLOCK), PS_OK);
+        assert_int_equal(ps_pull(c, v, check), PS_OK);
+        for (uint64_t k = 0; k < PARTS_N; k++)
+            if (dst[k] != -(float)step * g[k] || check[k] != dst[k]) {
+                fprintf(stderr, "parts/w[%llu] step %d: step gave %g, pull %g, want %g\n",
+                        (unsigned long long)k, step, dst[k], check[k], -(float)step * g[k]);
+                fail();
+            }
+    }
+    /* Ranges across the boundaries of parts 0/1 and 2/3 (the last part holds 5 elements). */
+    float one[20], got[20];
+    for (int k = 0; k < 20; k++)
+        one[k] = 1;
+    ps_step_item items[2] = {{v, 262144 - 10, 20, one, got}, {v, 3 * 262144 - 15, 20, one, NULL}};
+    assert_int_equal(ps_step(c, items, 2, 0), PS_OK);
+    for (int k = 0; k < 20; k++)
+        if (got[k] != -2.0f * g[262144 - 10 + k] - 1.0f) {
+            fprintf(stderr, "parts/w[%d]: step pulled %g, want %g\n", 262144 - 10 + k, got[k],
+                    -2.0f * g[262144 - 10 + k] - 1.0f);
+            fail();
+        }
+    assert_int_equal(ps_push_range(c, v, 3 * 262144 - 15, 20, one), PS_OK);
+    assert_int_equal(ps_pull_range(c, v, 3 * 262144 - 15, 20, got), PS_OK);
+    for (int k = 0; k < 20; k++)
+        assert_true(got[k] == -2.0f * g[3 * 262144 - 15 + k] - 2.0f);
+    ps_staleness_stats ss;
+    assert_int_equal(ps_var_staleness(c, v, &ss), PS_OK);
+    /* Another client finds it by name and sees the same values. */
+    ps_client *c2 = open_client(-1, NULL, NULL);
+    assert_non_null(c2);
+    ps_var *v2;
+    assert_int_equal(ps_var_lookup(c2, "parts/w", &v2), PS_OK);
+    assert_int_equal(ps_var_num_shards(v2), 4);
+    assert_int_equal(ps_pull(c2, v2, dst), PS_OK);
+    assert_int_equal(ps_pull(c, v, check), PS_OK);
+    assert_memory_equal(dst, check, PARTS_N * sizeof(float));
+    assert_int_equal(ps_var_delete(c2, "parts/w"), PS_OK);
+    assert_int_equal(ps_var_lookup(c2, "parts/w", &v2), PS_NOT_FOUND);
+    /* Made again: fresh values (every part was dropped). */
+    split_parts = "true";
+    ps_client *c3 = open_client(-1, NULL, NULL);
+    split_parts = "false";
+    assert_non_null(c3);
+    ps_var *v3 = test_make_var_bound(c3, "parts/w", PARTS_N, PS_STALENESS_ASYNC);
+    assert_non_null(v3);
+    assert_int_equal(ps_pull(c3, v3, dst), PS_OK);
+    for (uint64_t k = 0; k < PARTS_N; k++)
+        assert_true(dst[k] == 0.0f);
+    ps_client_close(c3);
+    ps_client_close(c2);
+    ps_client_close(c);
+    free(g);
+    free(dst);
+    free(check);
+}
+
 /* argv: SERVER --child ROLE ID N SPEC */
 static int child_main(char **argv)
 {
@@ -671,6 +771,7 @@ int main(int argc, char **argv)
                                         stop),
         cmocka_unit_test_setup_teardown(test_pull_at_waits_for_its_clock, start_workers2, stop),
         cmocka_unit_test_setup_teardown(test_bf16_wire, start2, stop),
+        cmocka_unit_test_setup_teardown(test_step_parts, start2w, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

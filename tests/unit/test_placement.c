@@ -188,6 +188,123 @@ static void test_row_owner_with_name_hash(void **state)
                              slots_row_owner(&maps[m], "emb/t", id));
 }
 
+/* Known answers for parts, from an independent Python transcription of proto/README.md's
+ * "Parts of a split variable" (the vectors printed there): part k's hash is the table row hash
+ * of the variable's name with k as id. */
+static void test_part_known_answers(void **state)
+{
+    (void)state;
+    assert_true(placement_part_hash("big", 0) == 0x1fe3b929aee7d874ull);
+    assert_true(placement_part_hash("big", 1) == 0xf765a2823108f93aull);
+    assert_true(placement_part_hash("big", 2) == 0xceab955b33e8c8bfull);
+    assert_true(placement_part_hash("big", 3) == 0xc688a3874b741777ull);
+    assert_true(placement_part_hash("layer0/weights", 15) == 0x9af27c5fbc4646a2ull);
+    assert_true(placement_part_hash("", 0) == 0xaebe53f85cdc3c4cull);
+    assert_true(placement_part_hash("big/w", 2) == 0x1a0fd700a6d84343ull);
+    const struct {
+        const char *name;
+        uint64_t part;
+        uint32_t slot, of2, of3, of7;
+    } ka[] = {
+        {"big", 0, 2164, 0, 1, 1},
+        {"big", 1, 2362, 0, 1, 3},
+        {"big", 2, 2239, 1, 1, 6},
+        {"big", 3, 1911, 1, 0, 0},
+        {"layer0/weights", 0, 794, 0, 2, 3},
+        {"layer0/weights", 1, 1351, 1, 1, 0},
+        {"layer0/weights", 2, 2607, 1, 0, 3},
+        {"layer0/weights", 15, 1698, 0, 0, 4},
+        {"big/w", 0, 42, 0, 0, 0},
+        {"big/w", 1, 4086, 0, 0, 5},
+        {"big/w", 2, 835, 1, 1, 2},
+        {"big/w", 3, 4029, 1, 0, 4},
+        {"", 0, 3148, 0, 1, 5},
+    };
+    slot_map m2 = map_of(2), m3 = map_of(3), m7 = map_of(7);
+    for (size_t i = 0; i < sizeof(ka) / sizeof(ka[0]); i++) {
+        assert_int_equal(slots_of_part(ka[i].name, ka[i].part, SLOTS_DEFAULT), ka[i].slot);
+        assert_int_equal(slots_part_owner(&m2, ka[i].name, ka[i].part), ka[i].of2);
+        assert_int_equal(slots_part_owner(&m3, ka[i].name, ka[i].part), ka[i].of3);
+        assert_int_equal(slots_part_owner(&m7, ka[i].name, ka[i].part), ka[i].of7);
+    }
+    /* The same function as a table row's slot with the part index as id. */
+    for (uint64_t k = 0; k < 1000; k++)
+        assert_int_equal(slots_of_part("emb", k, SLOTS_DEFAULT),
+                         slots_of_row("emb", (int64_t)k, SLOTS_DEFAULT));
+}
+
+/* The cut in parts: 2^18 elements each, the last shorter, whatever the cluster size. */
+static void test_part_cut(void **state)
+{
+    (void)state;
+    assert_true(PLACEMENT_PART_ELEMS == 262144u);
+    assert_true(placement_part_count(0) == 0);
+    assert_true(placement_part_count(1) == 1);
+    assert_true(placement_part_count(PLACEMENT_PART_ELEMS) == 1);
+    assert_true(placement_part_count(PLACEMENT_PART_ELEMS + 1) == 2);
+    /* Cut in parts: more than one part's elements and at least the threshold, any N. */
+    assert_false(placement_is_parts(PLACEMENT_PART_ELEMS, 4 * PLACEMENT_PART_ELEMS, 0));
+    assert_true(placement_is_parts(PLACEMENT_PART_ELEMS + 1, 4 * PLACEMENT_PART_ELEMS + 4, 0));
+    assert_false(
+        placement_is_parts(PLACEMENT_PART_ELEMS + 1, 4 * PLACEMENT_PART_ELEMS + 4, 64u << 20));
+    const uint64_t sizes[] = {PLACEMENT_PART_ELEMS + 1, 3 * PLACEMENT_PART_ELEMS,
+                              3 * PLACEMENT_PART_ELEMS + 5, 1000003};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint64_t n = sizes[i], next = 0, parts = placement_part_count(n);
+        for (uint64_t k = 0; k < parts; k++) {
+            uint64_t off, cnt;
+            placement_part_range(n, k, &off, &cnt);
+            assert_true(off == next && cnt >= 1 && cnt <= PLACEMENT_PART_ELEMS);
+            assert_true(k + 1 == parts || cnt == PLACEMENT_PART_ELEMS);
+            assert_true(placement_part_of(off) == k && placement_part_of(off + cnt - 1) == k);
+            next = off + cnt;
+        }
+        assert_true(next == n);
+    }
+}
+
+/* A variable of 2^18 * 3 + 5 elements ("big": 4 parts, the last of 5 elements) on 1, 2 and 3
+ * servers under the static map, and after a slot move: every element is held by exactly one
+ * server, the one owning its part's slot; the parts themselves never change. */
+static void test_parts_on_servers(void **state)
+{
+    (void)state;
+    const uint64_t n = 3 * PLACEMENT_PART_ELEMS + 5;
+    assert_true(placement_part_count(n) == 4);
+    uint64_t off, cnt;
+    placement_part_range(n, 3, &off, &cnt);
+    assert_true(off == 786432 && cnt == 5);
+    /* Owners of parts 0..3 (slots 2164, 2362, 2239, 1911) for 1, 2 and 3 servers. */
+    const uint32_t want[3][4] = {{0, 0, 0, 0}, {0, 0, 1, 1}, {1, 1, 1, 0}};
+    for (uint32_t ns = 1; ns <= 3; ns++) {
+        slot_map m = map_of(ns);
+        uint64_t held[3] = {0}, total = 0;
+        for (uint64_t k = 0; k < 4; k++) {
+            uint32_t o = slots_part_owner(&m, "big", k);
+            assert_int_equal(o, want[ns - 1][k]);
+            placement_part_range(n, k, &off, &cnt);
+            held[o] += cnt;
+            total += cnt;
+        }
+        assert_true(total == n);
+        if (ns == 3) /* a server may hold no part at all */
+            assert_true(held[0] == 5 && held[1] == n - 5 && held[2] == 0);
+        if (ns == 2)
+            assert_true(held[0] == 2 * PLACEMENT_PART_ELEMS && held[1] == PLACEMENT_PART_ELEMS + 5);
+    }
+    /* Part 1's slot moves to a server that joined (task 3 of a 3-server spec): only part 1
+     * changes owner. */
+    static uint32_t owner[SLOTS_DEFAULT];
+    for (uint32_t s = 0; s < SLOTS_DEFAULT; s++)
+        owner[s] = s % 3;
+    owner[2362] = 3;
+    slot_map moved = {.nslots = SLOTS_DEFAULT, .nservers = 4, .owner = owner};
+    assert_int_equal(slots_part_owner(&moved, "big", 0), 1);
+    assert_int_equal(slots_part_owner(&moved, "big", 1), 3);
+    assert_int_equal(slots_part_owner(&moved, "big", 2), 1);
+    assert_int_equal(slots_part_owner(&moved, "big", 3), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -199,6 +316,9 @@ int main(void)
         cmocka_unit_test(test_table_rows_balance),
         cmocka_unit_test(test_slot_map),
         cmocka_unit_test(test_row_owner_with_name_hash),
+        cmocka_unit_test(test_part_known_answers),
+        cmocka_unit_test(test_part_cut),
+        cmocka_unit_test(test_parts_on_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

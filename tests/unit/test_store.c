@@ -1,7 +1,8 @@
 /* Unit tests for the range locks of server/store.c: how a shard maps onto stripes, that
  * disjoint ranges are held at once by two threads while overlapping ones, and a whole-shard
  * lock, exclude each other, that the BSP aggregate is made once however many threads ask, and
- * that variables count against the memory budget (max-server-bytes). */
+ * that variables count against the memory budget (max-server-bytes), and that a variable cut in
+ * parts is held as its head and its parts, each an entry of its own. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -475,6 +476,65 @@ static void test_budget_counts_variables_and_tables(void **state)
     assert_int_equal(budget_held(&b), 0);
 }
 
+/* A variable cut in parts: the head (no elements) and parts keyed by (name, part), found,
+ * listed and removed each on its own; max-variables counts the name once. */
+static void test_parts_keys(void **state)
+{
+    (void)state;
+    const uint64_t n = 3 * 262144 + 5;
+    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
+    uint64_t shape[1] = {n};
+    spec.name = "p";
+    spec.dtype = PSD__V1__DTYPE__FLOAT32;
+    spec.n_shape = 1;
+    spec.shape = shape;
+    spec.optimizer = PSD__V1__OPTIMIZER__OPT_SGD;
+    spec.learning_rate = 0.1;
+    spec.staleness = -1;
+    spec.split = true;
+    spec.parts = true;
+    char err[256];
+    store *s = store_create();
+    assert_non_null(s);
+    store_set_limits(s, NULL, 2); /* two names at most */
+    variable *head = variable_create(&spec, n, 0, 0, err, sizeof(err));
+    variable *p1 = variable_create(&spec, n, 262144, 262144, err, sizeof(err));
+    variable *p3 = variable_create(&spec, n, 3 * 262144, 5, err, sizeof(err));
+    assert_true(head && p1 && p3);
+    assert_true(variable_is_head(head) && head->part == VARIABLE_HEAD);
+    assert_true(p1->part == 1 && p3->part == 3 && !variable_is_head(p3));
+    variable_release(store_insert(s, p1));
+    variable_release(store_insert(s, p3));
+    variable_release(store_insert(s, head));
+    variable *f = store_find(s, "p");
+    assert_ptr_equal(f, head);
+    variable_release(f);
+    f = store_find_part(s, "p", 3);
+    assert_ptr_equal(f, p3);
+    variable_release(f);
+    assert_null(store_find_part(s, "p", 0)); /* not held here */
+    variable **all;
+    size_t nall = store_list(s, &all);
+    assert_int_equal(nall, 3);
+    store_list_release(all, nall);
+    /* One name held: room for one more, though three entries are linked. */
+    assert_int_equal(store_reserve(s, 0, err, sizeof(err)), 0);
+    store_unreserve(s, 0);
+    assert_int_equal(store_bytes(s), (262144 + 5) * sizeof(float));
+    variable *gone = store_remove_part(s, "p", 1);
+    assert_ptr_equal(gone, p1);
+    variable_release(gone);
+    assert_null(store_find_part(s, "p", 1));
+    assert_int_equal(store_bytes(s), 5 * sizeof(float));
+    gone = store_remove(s, "p"); /* the head only */
+    assert_ptr_equal(gone, head);
+    variable_release(gone);
+    f = store_find_part(s, "p", 3);
+    assert_ptr_equal(f, p3);
+    variable_release(f);
+    store_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -486,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_timing),
         cmocka_unit_test(test_server_only_optimizer_refused),
         cmocka_unit_test(test_budget_counts_variables_and_tables),
+        cmocka_unit_test(test_parts_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

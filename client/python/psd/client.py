@@ -217,7 +217,8 @@ class Variable:
 
     @property
     def num_shards(self) -> int:
-        """Number of servers the variable is split over (1 for one held whole)."""
+        """Number of servers the variable is split over in ranges, or of its parts when it is
+        cut in parts (split-parts), 1 for one held whole."""
         return _native.lib().ps_var_num_shards(self._h)
 
     @property
