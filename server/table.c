@@ -402,14 +402,14 @@ uint32_t table_partition_of(const table *t, int64_t id)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* A slot for a new row in p (write-locked): room made first under max_rows and ram_rows
- * (table_reserve_row), then under the budget. Stores slot + 1 in *out (the row's contents, the
- * index and the LRU list are the caller's). Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when
+/* A slot for a new row in p (write-locked): room made first under max_rows and (reserve)
+ * ram_rows (table_reserve_row), then under the budget. Stores slot + 1 in *out (the row's contents,
+ * the index and the LRU list are the caller's). Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when
  * the budget refuses memory and p has no row to evict for room (*out then 0). */
-static int row_slot(table *t, partition *p, uint32_t *out)
+static int row_slot(table *t, partition *p, bool reserve, uint32_t *out)
 {
     *out = 0;
-    table_reserve_row(t, p);
+    table_reserve_row(t, p, reserve);
     if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
@@ -430,12 +430,13 @@ static int row_slot(table *t, partition *p, uint32_t *out)
 }
 
 /* Makes row id in p (write-locked, absent from the index) from the initializer and stores
- * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
- * memory and p has no row to evict for room (*out then 0). */
-static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
+ * slot + 1 in *out (reserve: as table_row_promote's). Returns TABLE_OK, TABLE_NOMEM, or
+ * TABLE_LIMIT when the budget refuses memory and p has no row to evict for room (*out then
+ * 0). */
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve, uint32_t *out)
 {
     uint32_t slot1;
-    int rc = row_slot(t, p, &slot1);
+    int rc = row_slot(t, p, reserve, &slot1);
     *out = 0;
     if (rc != TABLE_OK)
         return rc;
@@ -465,16 +466,16 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
 
 /* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
  * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front: it is
- * about to be updated) or at its update time's place. Returns as row_make; on failure the row
- * stays on disk. */
+ * about to be updated) or at its update time's place; reserve: table_layout.h. Returns as
+ * row_make; on failure the row stays on disk. */
 int table_row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsigned char *val,
-                      bool front, uint32_t *out)
+                      bool front, bool reserve, uint32_t *out)
 {
     int64_t upd;
     memcpy(&upd, val, sizeof(upd));
     table_cold_take(t, p, id, upd);
     uint32_t slot1;
-    int rc = row_slot(t, p, &slot1);
+    int rc = row_slot(t, p, reserve, &slot1);
     *out = 0;
     if (rc != TABLE_OK) {
         table_cold_put(t, p, id, val);
@@ -847,11 +848,19 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
             uint32_t slot1 = table_index_find(&p->ix, id, h);
+            table_freq_touch(p, h);
             const unsigned char *val =
                 slot1 == 0 && t->cold != NULL ? batch_cold_value(t, p, &b, u, gen0) : NULL;
+            /* A row that RAM takes (table_ram_admit) takes its victim's place; one it does
+             * not is brought in past the partition's share, updated, and sent back to disk. */
+            bool spill = false;
+            uint32_t victim = 0;
             if (val != NULL) {
                 count_add(&p->cold_hits, 1);
-                int mk = table_row_promote(t, p, id, h, val, true, &slot1);
+                spill = !table_ram_admit(t, p, h, true, &victim);
+                if (victim != 0)
+                    table_demote(t, p, victim);
+                int mk = table_row_promote(t, p, id, h, val, true, false, &slot1);
                 if (mk == TABLE_NOMEM) {
                     errf(err, errlen, "table %s: out of memory reading row %lld from disk", t->name,
                          (long long)id);
@@ -872,7 +881,12 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                         b.udone[u] = true;
                     continue;
                 }
-                int mk = row_make(t, p, id, h, &slot1);
+                if (t->cold != NULL) {
+                    spill = !table_ram_admit(t, p, h, true, &victim);
+                    if (victim != 0)
+                        table_demote(t, p, victim);
+                }
+                int mk = row_make(t, p, id, h, t->cold == NULL, &slot1);
                 if (mk == TABLE_NOMEM) {
                     errf(err, errlen, "table %s: out of memory making row %lld", t->name,
                          (long long)id);
@@ -916,6 +930,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 memcpy(body, b.saved, body_bytes);
                 if (overflowed++ == 0)
                     first_overflowed = id;
+                if (spill)
+                    table_demote(t, p, slot1);
                 continue;
             }
             r->updated_ms = now_ms;
@@ -925,6 +941,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 table_lru_push_front(t, p, slot1);
             }
             count_add(&p->rows_updated, 1);
+            if (spill)
+                table_demote(t, p, slot1);
         }
         table_write_unlock(t, p);
     }
@@ -1097,7 +1115,7 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     if (slot1 == 0 && t->cold != NULL)
         (void)table_cold_remove(t, p, id); /* overwritten: made again in RAM */
     if (slot1 == 0)
-        rc = row_make(t, p, id, h, &slot1);
+        rc = row_make(t, p, id, h, true, &slot1);
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
         row_from_floats(t, r, floats);

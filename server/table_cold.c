@@ -219,6 +219,29 @@ bool table_cold_evict_oldest(table *t, partition *p, _Atomic uint64_t *counter)
     return n > 0;
 }
 
+bool table_cold_oldest(table *t, partition *p, int64_t *ms)
+{
+    if (p->cold_rows == 0 || !time_index(t))
+        return false;
+    (void)table_cold_flush(t, p);
+    uint32_t q = part_index(t, p);
+    unsigned char lo[2] = {'t', (unsigned char)q}, hi[2] = {'t', (unsigned char)(q + 1)};
+    cold_iter *it =
+        cold_iter_new(t->cold, NULL, lo, 2, q + 1 < 256 ? hi : (unsigned char[]){'u', 0}, 2);
+    if (it == NULL)
+        return false;
+    const unsigned char *k, *v;
+    size_t kl, vl;
+    bool found = false;
+    while (!found && cold_iter_next(it, &k, &kl, &v, &vl))
+        if (kl == COLD_TIME_KEY) {
+            *ms = (int64_t)(get_be64(k + 2) ^ (UINT64_C(1) << 63));
+            found = true;
+        }
+    cold_iter_free(it);
+    return found;
+}
+
 size_t table_cold_sweep(table *t, partition *p, int64_t cutoff_ms)
 {
     if (p->cold_rows == 0)

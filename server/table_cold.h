@@ -76,6 +76,10 @@ void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms);
  * False when p has none. */
 bool table_cold_evict_oldest(table *t, partition *p, _Atomic uint64_t *counter);
 
+/* The update time of p's least recently updated cold row (its oldest time key) in *ms. False
+ * when p has none (or the table keeps no time keys). */
+bool table_cold_oldest(table *t, partition *p, int64_t *ms);
+
 /* Deletes p's cold rows updated before cutoff_ms. Returns the number deleted. */
 size_t table_cold_sweep(table *t, partition *p, int64_t cutoff_ms);
 

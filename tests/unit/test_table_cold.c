@@ -2,7 +2,8 @@
  * table whose RAM holds about a tenth of its rows gives, under random pushes and pulls, every
  * row bit for bit equal to the same table wholly in RAM (every optimizer, 16-bit rows too);
  * checkpoint cuts and copies carry the cold rows and a restore brings them back; max_rows, the
- * TTL sweep, table_remove, table_partition_clear and export cover the disk; the spec's errors.
+ * TTL sweep, table_remove, table_partition_clear and export cover the disk; rows asked for
+ * often stay in RAM; the spec's errors.
  * Skipped with a reason when the build has no RocksDB. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -498,6 +499,57 @@ static void test_prefetch(void **state)
     table_destroy(t);
 }
 
+/* RAM keeps the rows asked for often: rows pulled again and again come to RAM and stay there
+ * while a scan of rows asked for once goes by (LRU alone would let the scan push them out);
+ * the rows are those of the table wholly in RAM throughout. */
+static void test_frequent_stay(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    enum { IDS = 800, HOT = 40, DIM = 4 };
+    table_spec s = spec_of("cold_freq", DIM, OPTIMIZER_ADAGRAD, 80);
+    table *t = make(&s);
+    table_spec rs = spec_of("cold_freq", DIM, OPTIMIZER_ADAGRAD, 0);
+    table *r = make(&rs);
+    float g[DIM] = {0.5f, -0.5f, 0.25f, 1.0f};
+    for (int64_t id = 0; id < IDS; id++) {
+        push_ok(t, &id, 1, g, 10 * id);
+        push_ok(r, &id, 1, g, 10 * id);
+    }
+    int64_t hot[HOT];
+    for (int i = 0; i < HOT; i++)
+        hot[i] = i; /* the oldest: on disk */
+    static float got[IDS * DIM], want[IDS * DIM];
+    table_stats st, before;
+    table_stats_get(t, &before);
+    table_pull(t, hot, HOT, got);
+    table_stats_get(t, &st);
+    assert_int_equal(st.cold_hits - before.cold_hits, HOT); /* all read from disk */
+    for (int k = 0; k < 5; k++)
+        table_pull(t, hot, HOT, got);
+    /* A scan: every other row once. */
+    int64_t scan[IDS - HOT];
+    for (int i = 0; i < IDS - HOT; i++)
+        scan[i] = HOT + i;
+    table_pull(t, scan, IDS - HOT, got);
+    table_stats_get(t, &before);
+    table_pull(t, hot, HOT, got);
+    table_stats_get(t, &st);
+    assert_true(st.cold_hits - before.cold_hits <= HOT / 10);
+    table_pull(r, hot, HOT, want);
+    assert_memory_equal(want, got, HOT * DIM * sizeof(float));
+    /* Every row as in RAM. */
+    int64_t all[IDS];
+    for (int64_t id = 0; id < IDS; id++)
+        all[id] = id;
+    table_pull(t, all, IDS, got);
+    table_pull(r, all, IDS, want);
+    assert_memory_equal(want, got, sizeof(got));
+    table_destroy(r);
+    table_destroy(t);
+}
+
 /* A budget of cap bytes. */
 typedef struct cap_budget {
     uint64_t used, cap;
@@ -714,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
         cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_cut_streamed),
+        cmocka_unit_test(test_frequent_stay),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
