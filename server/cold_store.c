@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -75,6 +76,8 @@ int cold_store_remove_stale(const char *parent)
 #define COLD_WRITE_BUFFER (16u << 20)
 #define COLD_BLOCK_CACHE (32u << 20)
 #define COLD_BLOOM_BITS 10.0
+/* Level-0 files merged at once (RocksDB's default trigger), each about a write buffer. */
+#define COLD_L0_FILES 4u
 
 struct cold_store {
     rocksdb_t *db;
@@ -380,6 +383,18 @@ uint64_t cold_store_disk_bytes(cold_store *s)
     return v;
 }
 
+const char *cold_store_dir(const cold_store *s)
+{
+    return s->dir;
+}
+
+uint64_t cold_store_headroom(void)
+{
+    /* The memtable being written and the one being flushed, then a merge of the level-0
+     * files. */
+    return (uint64_t)(2 + COLD_L0_FILES) * COLD_WRITE_BUFFER;
+}
+
 #else /* no RocksDB */
 
 bool cold_store_available(void)
@@ -483,4 +498,26 @@ uint64_t cold_store_disk_bytes(cold_store *s)
     return 0;
 }
 
+const char *cold_store_dir(const cold_store *s)
+{
+    (void)s;
+    return "";
+}
+
+uint64_t cold_store_headroom(void)
+{
+    return 0;
+}
+
 #endif
+
+/* ---- the store's disk (either build) ---------------------------------------------------- */
+
+int cold_store_free_bytes(const cold_store *s, uint64_t *free_bytes)
+{
+    struct statvfs v;
+    if (s == NULL || statvfs(cold_store_dir(s), &v) != 0)
+        return -1;
+    *free_bytes = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
+    return 0;
+}

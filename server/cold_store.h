@@ -75,4 +75,17 @@ void cold_iter_free(cold_iter *it);
 /* Bytes the store's files take on disk now (an estimate: RocksDB's live data size). */
 uint64_t cold_store_disk_bytes(cold_store *s);
 
+/* The store's directory. */
+const char *cold_store_dir(const cold_store *s);
+
+/* Bytes free to an unprivileged writer on the filesystem of the store's directory (statvfs) in
+ * *free_bytes. Returns 0, or -1 when it cannot be read. */
+int cold_store_free_bytes(const cold_store *s, uint64_t *free_bytes);
+
+/* Bytes a store needs free on its disk to go on writing safely: its writes wait in memory and
+ * reach the disk a buffer at a time, and merging the first files of the store writes about as
+ * much again before it frees the old ones. Below it, the store's user stops writing (a
+ * RocksDB that runs out of space mid-write stops taking writes at all). */
+uint64_t cold_store_headroom(void);
+
 #endif /* SERVER_COLD_STORE_H */

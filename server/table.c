@@ -824,8 +824,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         return TABLE_NOMEM;
     }
     int rc = TABLE_OK;
-    uint64_t refused = 0, overflowed = 0;
-    int64_t first_refused = 0, first_overflowed = 0;
+    uint64_t refused = 0, overflowed = 0, no_disk = 0;
+    int64_t first_refused = 0, first_overflowed = 0, first_no_disk = 0;
     const size_t body_bytes = t->row_bytes - sizeof(row_header);
     /* The partition to start at, from the batch alone (concurrent pushes of different ids
      * start apart): every copy of a replicated table goes through a push's partitions in the
@@ -855,6 +855,15 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
              * not is brought in past the partition's share, updated, and sent back to disk. */
             bool spill = false;
             uint32_t victim = 0;
+            /* Without room on disk, a row there cannot come back (its key's deletion is a
+             * write), nor a new one be made once RAM holds its share (one would go to disk). */
+            if (t->cold != NULL && (val != NULL || (slot1 == 0 && p->ix.count >= p->ram_rows)) &&
+                !table_cold_room(t)) {
+                if (no_disk++ == 0)
+                    first_no_disk = id;
+                count_add(&p->rows_refused, 1);
+                continue;
+            }
             if (val != NULL) {
                 count_add(&p->cold_hits, 1);
                 spill = !table_ram_admit(t, p, h, true, &victim);
@@ -957,6 +966,14 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
              t->name, (long long)first_overflowed, (unsigned long long)overflowed,
              refused > 0 ? " (and new rows not made: memory limit reached)" : "");
         rc = TABLE_OVERFLOW;
+    } else if (rc == TABLE_OK && no_disk > 0) {
+        char why[768];
+        table_cold_why(t, why, sizeof(why));
+        errf(err, errlen,
+             "table %s: %s: %llu rows (the first id %lld) not written, nothing of them applied; "
+             "the batch's other rows were applied",
+             t->name, why, (unsigned long long)no_disk, (long long)first_no_disk);
+        rc = TABLE_DISK;
     } else if (rc == TABLE_OK && refused > 0) {
         errf(err, errlen,
              "table %s: memory limit reached: %llu new rows (the first id %lld) not made, %s; "

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -73,14 +74,60 @@ int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* How often table_cold_room looks at the disk: rows written in between (about 1 MB at
+ * 100 k rows/s) are far below the headroom. */
+#define COLD_ROOM_EVERY_MS 20
+
 int table_cold_flush(table *t, partition *p)
 {
     char why[512];
     if (cold_store_write(t->cold, p->cold_wb, why, sizeof(why)) != 0) {
         count_add(&t->cold_errors, 1);
+        bool no = false;
+        if (atomic_compare_exchange_strong(&t->cold_why_taken, &no, true)) {
+            snprintf(t->cold_why, sizeof(t->cold_why), "%s", why);
+            atomic_store(&t->cold_broken, true);
+        }
         return -1;
     }
     return 0;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool table_cold_room(table *t)
+{
+    if (atomic_load(&t->cold_broken))
+        return false;
+    int64_t now = mono_ms(), last = atomic_load_explicit(&t->cold_checked, memory_order_relaxed);
+    if ((last == 0 || now - last >= COLD_ROOM_EVERY_MS) &&
+        atomic_compare_exchange_strong(&t->cold_checked, &last, now)) {
+        uint64_t free_bytes;
+        bool full =
+            cold_store_free_bytes(t->cold, &free_bytes) == 0 && free_bytes < cold_store_headroom();
+        atomic_store(&t->cold_full, full);
+    }
+    return !atomic_load(&t->cold_full);
+}
+
+void table_cold_why(table *t, char *buf, size_t cap)
+{
+    if (atomic_load(&t->cold_broken)) {
+        snprintf(buf, cap, "a write to its cold tier on disk failed (%s)", t->cold_why);
+        return;
+    }
+    uint64_t free_bytes = 0;
+    (void)cold_store_free_bytes(t->cold, &free_bytes);
+    snprintf(buf, cap,
+             "the disk of its cold tier is short of room (%s: %llu MiB free, %llu MiB kept free "
+             "for the store to go on writing)",
+             cold_store_dir(t->cold), (unsigned long long)(free_bytes >> 20),
+             (unsigned long long)(cold_store_headroom() >> 20));
 }
 
 int table_cold_get(table *t, partition *p, const int64_t *ids, size_t n, unsigned char *vals,

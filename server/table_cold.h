@@ -38,8 +38,18 @@ static inline size_t table_cold_value_bytes(const table *t)
 /* Opens t's store in a new directory under dir (t->cold). Returns 0, or -1 with a message. */
 int table_cold_open(table *t, const char *dir, char *err, size_t errlen);
 
-/* Writes p's gathered writes to the store. Returns 0, or -1 (counted in t->cold_errors). */
+/* Writes p's gathered writes to the store. Returns 0, or -1 (counted in t->cold_errors; the
+ * store then takes no more writes: table_cold_room is false from then on). */
 int table_cold_flush(table *t, partition *p);
+
+/* Whether t's store may be written: its disk has cold_store_headroom free (looked at most
+ * every COLD_ROOM_EVERY_MS) and no write has failed. Every move to or from disk asks first;
+ * without room rows stay where they are (RAM past its share, or disk), and what needs the
+ * disk is refused (TABLE_DISK). Safe from any thread. */
+bool table_cold_room(table *t);
+
+/* Why t's store may not be written (table_cold_room false), for a message: into buf. */
+void table_cold_why(table *t, char *buf, size_t cap);
 
 /* Releases p's lock taken by table_write_lock, its gathered writes written first. */
 static inline void table_write_unlock(table *t, partition *p)

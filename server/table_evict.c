@@ -89,7 +89,7 @@ static bool demote_lru(table *t, partition *p)
 bool table_evict_for_memory(table *t, partition *p)
 {
     if (t->cold != NULL)
-        return demote_lru(t, p);
+        return table_cold_room(t) && demote_lru(t, p);
     return table_evict_lru(t, p, &p->evicted_memory);
 }
 
@@ -100,12 +100,12 @@ void table_reserve_row(table *t, partition *p, bool ram)
          * partition is the older of the oldest on disk and the oldest in RAM. */
         int64_t cold_ms;
         bool cold_first =
-            t->cold != NULL && table_cold_oldest(t, p, &cold_ms) &&
+            t->cold != NULL && table_cold_room(t) && table_cold_oldest(t, p, &cold_ms) &&
             (p->lru_tail == 0 || cold_ms <= row_at(t, p, p->lru_tail - 1)->updated_ms);
         if (!(cold_first && table_cold_evict_oldest(t, p, &p->evicted_max_rows)))
             table_evict_lru(t, p, &p->evicted_max_rows);
     }
-    if (ram && t->cold != NULL && p->ix.count >= p->ram_rows)
+    if (ram && t->cold != NULL && p->ix.count >= p->ram_rows && table_cold_room(t))
         demote_lru(t, p);
 }
 
@@ -128,7 +128,7 @@ size_t table_sweep(table *t, int64_t now_ms)
             count_add(&p->evicted_ttl, 1);
             removed++;
         }
-        if (t->cold != NULL) {
+        if (t->cold != NULL && table_cold_room(t)) {
             size_t k = table_cold_sweep(t, p, now_ms - t->ttl_ms);
             count_add(&p->evicted_ttl, k);
             removed += k;

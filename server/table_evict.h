@@ -78,13 +78,15 @@ bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter);
 
 /* Makes room in RAM when the budget refuses memory: p's least recently updated row goes to
  * disk (a table with a cold tier) or is removed (counted in evicted_memory). False when p has
- * no row in RAM (or the table never evicts). */
+ * no row in RAM (or the table never evicts, or its disk has no room: table_cold_room). */
 bool table_evict_for_memory(table *t, partition *p);
 
 /* Makes room for one more row in p under its share of max_rows (both tiers), removing p's least
  * recently updated row when p is full (it then has one: every share is at least 1; of the
  * oldest row on disk and the oldest in RAM the older, the one on disk on a tie), then (ram)
- * under its share of ram_rows, moving its least recently updated row in RAM to disk. */
+ * under its share of ram_rows, moving its least recently updated row in RAM to disk. While the
+ * disk has no room (table_cold_room) nothing goes to or leaves the disk: RAM's row goes, or
+ * RAM holds more than its share. */
 void table_reserve_row(table *t, partition *p, bool ram);
 
 /* Sends slot1's row of p (write-locked) to disk (a table with a cold tier). */

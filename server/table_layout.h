@@ -111,6 +111,11 @@ struct table {
     uint64_t ram_rows;            /* rows each server keeps in RAM (0: no cold tier) */
     cold_store *cold;             /* the rows that left RAM (ram_rows > 0), else NULL */
     _Atomic uint64_t cold_errors; /* reads and writes of the cold store that failed */
+    _Atomic bool cold_full;       /* its disk is short of room (table_cold_room) */
+    _Atomic int64_t cold_checked; /* when cold_full was decided (ms, monotonic) */
+    _Atomic bool cold_broken;     /* a write failed: no more writes (cold_why says why) */
+    _Atomic bool cold_why_taken;  /* the first failed write's thread writes cold_why */
+    char cold_why[512];           /* written once, before cold_broken is set */
     bool never_evict;
     table_budget budget;
     uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */

@@ -118,7 +118,8 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
                 continue;
             }
             if (prefetch) {
-                if (table_row_promote(t, p, ids[i], hashes[i], val, true, true, &slot1) == TABLE_OK)
+                if (table_cold_room(t) &&
+                    table_row_promote(t, p, ids[i], hashes[i], val, true, true, &slot1) == TABLE_OK)
                     nprom++;
                 continue;
             }
@@ -127,7 +128,7 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
             /* RAM takes it only when it was asked for more often lately than the row that
              * would give way (else it is read from disk again next time). */
             uint32_t victim;
-            if (table_ram_admit(t, p, hashes[i], false, &victim)) {
+            if (table_cold_room(t) && table_ram_admit(t, p, hashes[i], false, &victim)) {
                 if (victim != 0) {
                     table_demote(t, p, victim);
                     demoted = true;
