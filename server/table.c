@@ -433,14 +433,9 @@ static int row_slot(table *t, partition *p, bool reserve, uint32_t *out)
  * slot + 1 in *out (reserve: as table_row_promote's). Returns TABLE_OK, TABLE_NOMEM, or
  * TABLE_LIMIT when the budget refuses memory and p has no row to evict for room (*out then
  * 0). */
-static int row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve, uint32_t *out)
+/* Row r of id as the initializer and the optimizer make it (update time 0; links untouched). */
+static void row_init(table *t, partition *p, row_header *r, int64_t id)
 {
-    uint32_t slot1;
-    int rc = row_slot(t, p, reserve, &slot1);
-    *out = 0;
-    if (rc != TABLE_OK)
-        return rc;
-    row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
     r->updated_ms = 0;
     if (t->dtype == ROW_FLOAT32) {
@@ -455,6 +450,16 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve
         slots[s] = state + (size_t)s * t->dim;
     optimizer_init_row(&t->opt, slots, state + (size_t)t->nslots * t->dim, row_counts(t, r),
                        t->dim);
+}
+
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve, uint32_t *out)
+{
+    uint32_t slot1;
+    int rc = row_slot(t, p, reserve, &slot1);
+    *out = 0;
+    if (rc != TABLE_OK)
+        return rc;
+    row_init(t, p, row_at(t, p, slot1 - 1), id);
     /* The probe runs again: an eviction above may have shifted entries. */
     table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
     table_lru_push_front(t, p, slot1);
@@ -518,6 +523,7 @@ typedef struct batch {
     uint32_t *of;         /* [n] the distinct index of each id (table_push_track only) */
     bool *udone;          /* [nu] done with that distinct id (table_push_track only) */
     unsigned char *saved; /* [row_bytes] a row as it was before its update */
+    row_header *spill;    /* [row_bytes] a cold tier's row updated outside RAM */
     float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
     /* A table with a cold tier: per distinct id, where its row was when its partition's turn
      * began (COLD_IN_RAM, COLD_NONE, COLD_FOUND: its value at vp[u]). The rows not in RAM are
@@ -550,6 +556,7 @@ static void batch_free(batch *b)
     free(b->of);
     free(b->udone);
     free(b->saved);
+    free(b->spill);
     free(b->wide);
     free(b->where);
     free(b->vp);
@@ -650,9 +657,10 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
         b->found = malloc(most * sizeof(*b->found));
         b->vals = malloc(most * vb);
         b->one = malloc(vb);
-        if (!b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts || !b->pre_u ||
-            !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found || !b->vals ||
-            !b->one) {
+        b->spill = malloc(t->row_bytes);
+        if (!b->spill || !b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts ||
+            !b->pre_u || !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found ||
+            !b->vals || !b->one) {
             batch_free(b);
             return -1;
         }
@@ -852,9 +860,11 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             const unsigned char *val =
                 slot1 == 0 && t->cold != NULL ? batch_cold_value(t, p, &b, u, gen0) : NULL;
             /* A row that RAM takes (table_ram_admit) takes its victim's place; one it does
-             * not is brought in past the partition's share, updated, and sent back to disk. */
-            bool spill = false;
+             * not is updated outside RAM (b.spill) and written back to disk. */
+            bool spill = false, fresh = false;
+            int64_t old_ms = 0;
             uint32_t victim = 0;
+            row_header *r = NULL;
             /* Without room on disk, a row there cannot come back (its key's deletion is a
              * write), nor a new one be made once RAM holds its share (one would go to disk). */
             if (t->cold != NULL && (val != NULL || (slot1 == 0 && p->ix.count >= p->ram_rows)) &&
@@ -864,9 +874,13 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 count_add(&p->rows_refused, 1);
                 continue;
             }
-            if (val != NULL) {
+            if (val != NULL && !table_ram_admit(t, p, h, true, &victim)) {
                 count_add(&p->cold_hits, 1);
-                spill = !table_ram_admit(t, p, h, true, &victim);
+                spill = true;
+                r = table_cold_value_row(t, val, id, b.spill);
+                old_ms = r->updated_ms;
+            } else if (val != NULL) {
+                count_add(&p->cold_hits, 1);
                 if (victim != 0)
                     table_demote(t, p, victim);
                 int mk = table_row_promote(t, p, id, h, val, true, false, &slot1);
@@ -883,18 +897,24 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                     continue;
                 }
             }
-            if (slot1 == 0) {
+            if (!spill && slot1 == 0) {
                 if (t->min_count > 1 && !table_sketch_admit(t, p, sketch_key(h))) {
                     count_add(&p->pushes_counted, 1);
                     if (b.udone)
                         b.udone[u] = true;
                     continue;
                 }
-                if (t->cold != NULL) {
-                    spill = !table_ram_admit(t, p, h, true, &victim);
-                    if (victim != 0)
-                        table_demote(t, p, victim);
+                if (t->cold != NULL && !table_ram_admit(t, p, h, true, &victim)) {
+                    spill = fresh = true;
+                    table_reserve_row(t, p, false); /* max_rows */
+                    r = b.spill;
+                    row_init(t, p, r, id);
+                    count_add(&p->rows_created, 1);
                 }
+            }
+            if (!spill && slot1 == 0) {
+                if (victim != 0)
+                    table_demote(t, p, victim);
                 int mk = row_make(t, p, id, h, t->cold == NULL, &slot1);
                 if (mk == TABLE_NOMEM) {
                     errf(err, errlen, "table %s: out of memory making row %lld", t->name,
@@ -909,7 +929,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                     continue;
                 }
             }
-            row_header *r = row_at(t, p, slot1 - 1);
+            if (!spill)
+                r = row_at(t, p, slot1 - 1);
             unsigned char *body = row_params(r);
             float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
             for (uint32_t s = 0; s < t->nslots; s++)
@@ -939,19 +960,23 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 memcpy(body, b.saved, body_bytes);
                 if (overflowed++ == 0)
                     first_overflowed = id;
-                if (spill)
-                    table_demote(t, p, slot1);
+                if (fresh) /* made all the same, as in RAM */
+                    table_cold_demote(t, p, r);
                 continue;
             }
             r->updated_ms = now_ms;
-            table_mark_dirty(t, p, slot1);
-            if (p->lru_head != slot1) {
-                table_lru_unlink(t, p, slot1);
-                table_lru_push_front(t, p, slot1);
+            if (fresh) {
+                table_cold_demote(t, p, r);
+            } else if (spill) {
+                table_cold_rewrite(t, p, r, old_ms);
+            } else {
+                table_mark_dirty(t, p, slot1);
+                if (p->lru_head != slot1) {
+                    table_lru_unlink(t, p, slot1);
+                    table_lru_push_front(t, p, slot1);
+                }
             }
             count_add(&p->rows_updated, 1);
-            if (spill)
-                table_demote(t, p, slot1);
         }
         table_write_unlock(t, p);
     }

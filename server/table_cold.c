@@ -196,7 +196,8 @@ void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val
     p->cold_moves++;
 }
 
-void table_cold_demote(table *t, partition *p, const row_header *r)
+/* p->cold_val = row r's value on disk. */
+static void row_value(table *t, partition *p, const row_header *r)
 {
     /* The body's bytes that hold something (not the padding after the parameters and at the
      * row's end, which nothing writes): the value on disk is then fully defined. */
@@ -208,8 +209,29 @@ void table_cold_demote(table *t, partition *p, const row_header *r)
     memcpy(v + sizeof(int64_t), body, used);
     memcpy(v + sizeof(int64_t) + t->param_bytes, body + t->param_bytes,
            (size_t)(t->row_floats - t->dim) * sizeof(float));
-    table_cold_put(t, p, r->id, v);
+}
+
+void table_cold_demote(table *t, partition *p, const row_header *r)
+{
+    row_value(t, p, r);
+    table_cold_put(t, p, r->id, p->cold_val);
     count_add(&p->demotions, 1);
+}
+
+void table_cold_rewrite(table *t, partition *p, const row_header *r, int64_t old_ms)
+{
+    unsigned char k[COLD_TIME_KEY];
+    uint32_t q = part_index(t, p);
+    row_value(t, p, r);
+    row_key(k, q, r->id);
+    cold_batch_put(p->cold_wb, k, COLD_ROW_KEY, p->cold_val, table_cold_value_bytes(t));
+    if (time_index(t) && old_ms != r->updated_ms) {
+        time_key(k, q, old_ms, r->id);
+        cold_batch_delete(p->cold_wb, k, COLD_TIME_KEY);
+        time_key(k, q, r->updated_ms, r->id);
+        cold_batch_put(p->cold_wb, k, COLD_TIME_KEY, "", 0);
+    }
+    p->cold_moves++;
 }
 
 void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms)
@@ -364,8 +386,8 @@ static int cold_row_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* A value as a row header and body (for row_to_floats): into hdr (row_bytes, aligned). */
-static row_header *value_row(const table *t, const unsigned char *v, int64_t id, row_header *hdr)
+row_header *table_cold_value_row(const table *t, const unsigned char *v, int64_t id,
+                                 row_header *hdr)
 {
     memset(hdr, 0, sizeof(*hdr));
     hdr->id = id;
@@ -410,7 +432,7 @@ int table_cold_rows(table *t, uint32_t q, cold_snapshot *snap, size_t *n, int64_
             }
         }
         int64_t id = (int64_t)get_be64(k + 2);
-        row_header *r = value_row(t, v, id, hdr);
+        row_header *r = table_cold_value_row(t, v, id, hdr);
         rows[cnt] = (cold_row){id, r->updated_ms, cnt};
         row_to_floats(t, r, fl + cnt * rf);
         cnt++;

@@ -75,6 +75,15 @@ int table_cold_get_many(table *t, const uint32_t *parts, const int64_t *ids, siz
 /* Demotion: queues row r of p (write-locked; the caller then removes it from RAM) to disk. */
 void table_cold_demote(table *t, partition *p, const row_header *r);
 
+/* Queues row r of p (write-locked), which is on disk with update time old_ms and was updated
+ * outside RAM (a row RAM did not take: table_ram_admit), to disk again in its place. */
+void table_cold_rewrite(table *t, partition *p, const row_header *r, int64_t old_ms);
+
+/* A value (table_cold_value_bytes) as a row: id, update time and body into hdr (row_bytes,
+ * aligned; its LRU links zero). Returns hdr. */
+row_header *table_cold_value_row(const table *t, const unsigned char *v, int64_t id,
+                                 row_header *hdr);
+
 /* Queues id's row with value val (table_cold_value_bytes: update time, body) to disk. */
 void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val);
 
