@@ -13,7 +13,9 @@
  *     many ids and an id of another server are refused with named errors.
  * (e) a damaged checkpoint file holding cold tables' rows is named as unusable at the restart,
  *     and the checkpoint before it comes back exactly;
- * (a), (b), (d) and (e) skip, saying why, when the build has no RocksDB. */
+ * (f) a cold-dir on a small tmpfs that fills mid-run: RESOURCE_EXHAUSTED naming it, nothing
+ *     acknowledged lost, the server goes on (root only, skipped saying why otherwise);
+ * (a), (b), (d), (e) and (f) skip, saying why, when the build has no RocksDB. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -328,6 +330,87 @@ static void test_damaged_checkpoint(void **state)
     test_ps_cleanup(&p);
 }
 
+/* (f) A cold-dir on a small tmpfs that fills mid-run (root only, else skipped saying why):
+ * pushes that need the disk are refused with RESOURCE_EXHAUSTED naming the cold-dir, every
+ * acknowledged push is kept (rows equal to a table in RAM given the same acknowledged
+ * pushes), and the server goes on serving and stops cleanly. */
+static void test_disk_full(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    if (geteuid() != 0) {
+        fprintf(stderr, "skipped: mounting a small tmpfs as cold-dir needs root\n");
+        skip();
+    }
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-full");
+    char cold_dir[300], cmd[700];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=%llum psd-cold-it %s",
+             (unsigned long long)(cold_store_headroom() >> 20) + 48, cold_dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "skipped: %s failed (no tmpfs mount here)\n", cmd);
+        test_ps_cleanup(&p);
+        skip();
+    }
+    start(&p, cold_dir);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    enum { FDIM = 64, FBATCH = 2000, FMAX = 400 };
+    ps_table *t[2];
+    for (int cold = 0; cold < 2; cold++) {
+        ps_table_spec s;
+        ps_table_spec_init(&s, cold ? "full/cold" : "full/ram", FDIM, PS_OPT_ADAGRAD);
+        s.initializer = PS_INIT_CONSTANT;
+        s.init_a = 0.25;
+        s.ram_rows = cold ? 5000 : 0;
+        assert_int_equal(ps_table_create(c, &s, &t[cold]), PS_OK);
+    }
+    static int64_t ids[FBATCH];
+    static float g[FBATCH * FDIM], a[FBATCH * FDIM], b[FBATCH * FDIM];
+    for (size_t i = 0; i < FBATCH * FDIM; i++)
+        g[i] = ((float)(rnd() % 2001) - 1000.0f) / 2000.0f;
+    int acked = 0, rc = PS_OK;
+    char why[1024] = "";
+    while (acked < FMAX) {
+        for (int i = 0; i < FBATCH; i++)
+            ids[i] = (int64_t)acked * FBATCH + i;
+        rc = ps_table_push(t[1], ids, FBATCH, g);
+        if (rc != PS_OK) {
+            snprintf(why, sizeof(why), "%s", ps_last_error());
+            break;
+        }
+        assert_int_equal(ps_table_push(t[0], ids, FBATCH, g), PS_OK);
+        acked++;
+    }
+    fprintf(stderr, "after %d batches of %d rows: %s\n", acked, FBATCH, why);
+    assert_int_equal(rc, PS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(why, cold_dir));
+    assert_non_null(strstr(why, "short of room"));
+    assert_true(acked > 0);
+    /* Every acknowledged row, from both tiers, as in RAM. */
+    for (int k = 0; k < acked; k++) {
+        for (int i = 0; i < FBATCH; i++)
+            ids[i] = (int64_t)k * FBATCH + i;
+        assert_int_equal(ps_table_pull(t[0], ids, FBATCH, a), PS_OK);
+        assert_int_equal(ps_table_pull(t[1], ids, FBATCH, b), PS_OK);
+        assert_memory_equal(a, b, sizeof(a));
+    }
+    /* The server goes on: a table in RAM still takes pushes. */
+    assert_int_equal(ps_table_push(t[0], ids, FBATCH, g), PS_OK);
+    ps_table_free(t[0]);
+    ps_table_free(t[1]);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    snprintf(cmd, sizeof(cmd), "umount %s", cold_dir);
+    assert_int_equal(system(cmd), 0);
+    test_ps_cleanup(&p);
+}
+
 static void test_cold_dir_errors(void **state)
 {
     (void)state;
@@ -493,10 +576,9 @@ int main(int argc, char **argv)
     }
     server_bin = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cold_dir_errors),
-        cmocka_unit_test(test_same_as_ram_and_restore),
-        cmocka_unit_test(test_prefetch),
-        cmocka_unit_test(test_damaged_checkpoint),
+        cmocka_unit_test(test_cold_dir_errors), cmocka_unit_test(test_same_as_ram_and_restore),
+        cmocka_unit_test(test_prefetch),        cmocka_unit_test(test_damaged_checkpoint),
+        cmocka_unit_test(test_disk_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
