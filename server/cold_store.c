@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -36,6 +38,25 @@ static long name_pid(const char *name)
     return end == last && pid > 0 ? pid : 0;
 }
 
+/* Removes directory path and the files in it (a store's directory holds no other). Returns
+ * rmdir's result. */
+static int remove_flat_dir(const char *path)
+{
+    DIR *sub = opendir(path);
+    if (sub == NULL)
+        return -1;
+    struct dirent *f;
+    while ((f = readdir(sub)) != NULL) {
+        if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0)
+            continue;
+        char file[8192];
+        snprintf(file, sizeof(file), "%s/%s", path, f->d_name);
+        (void)unlink(file);
+    }
+    closedir(sub);
+    return rmdir(path);
+}
+
 int cold_store_remove_stale(const char *parent)
 {
     DIR *d = opendir(parent);
@@ -49,19 +70,7 @@ int cold_store_remove_stale(const char *parent)
             continue;
         char path[4096];
         snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
-        DIR *sub = opendir(path);
-        if (sub == NULL)
-            continue;
-        struct dirent *f;
-        while ((f = readdir(sub)) != NULL) {
-            if (strcmp(f->d_name, ".") == 0 || strcmp(f->d_name, "..") == 0)
-                continue;
-            char file[8192];
-            snprintf(file, sizeof(file), "%s/%s", path, f->d_name);
-            (void)unlink(file);
-        }
-        closedir(sub);
-        if (rmdir(path) == 0)
+        if (remove_flat_dir(path) == 0)
             removed++;
     }
     closedir(d);
@@ -75,6 +84,8 @@ int cold_store_remove_stale(const char *parent)
 #define COLD_WRITE_BUFFER (16u << 20)
 #define COLD_BLOCK_CACHE (32u << 20)
 #define COLD_BLOOM_BITS 10.0
+/* Level-0 files merged at once (RocksDB's default trigger), each about a write buffer. */
+#define COLD_L0_FILES 4u
 
 struct cold_store {
     rocksdb_t *db;
@@ -115,7 +126,8 @@ static void set_err(char *err, size_t errlen, const char *what, char *rerr)
     rocksdb_free(rerr);
 }
 
-cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
+/* Opens the store in dir; empty: whatever it held dropped first. */
+static cold_store *store_open(const char *dir, bool empty, char *err, size_t errlen)
 {
     cold_store *s = calloc(1, sizeof(*s));
     if (s == NULL || (s->dir = strdup(dir)) == NULL) {
@@ -139,11 +151,12 @@ cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
     s->ropts = rocksdb_readoptions_create();
     s->wopts = rocksdb_writeoptions_create();
     rocksdb_writeoptions_disable_WAL(s->wopts, 1);
-    /* Empty: a table starts with no rows, whatever an earlier process left here. */
     char *rerr = NULL;
-    rocksdb_destroy_db(s->opts, dir, &rerr);
-    rocksdb_free(rerr);
-    rerr = NULL;
+    if (empty) {
+        rocksdb_destroy_db(s->opts, dir, &rerr);
+        rocksdb_free(rerr);
+        rerr = NULL;
+    }
     const char *cf_names[] = {"default"};
     const rocksdb_options_t *cf_opts[] = {s->opts};
     s->db = rocksdb_open_column_families(s->opts, dir, 1, cf_names, cf_opts, &s->cf, &rerr);
@@ -152,6 +165,113 @@ cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
         snprintf(what, sizeof(what), "cold store %s: cannot open", dir);
         set_err(err, errlen, what, rerr);
         cold_store_close(s, false);
+        return NULL;
+    }
+    return s;
+}
+
+cold_store *cold_store_open(const char *dir, char *err, size_t errlen)
+{
+    /* Empty: a table starts with no rows, whatever an earlier process left here. */
+    return store_open(dir, true, err, errlen);
+}
+
+int cold_store_checkpoint(cold_store *s, const char *dir, char *err, size_t errlen)
+{
+    char *rerr = NULL, what[600];
+    rocksdb_checkpoint_t *cp = rocksdb_checkpoint_object_create(s->db, &rerr);
+    if (cp != NULL && rerr == NULL)
+        rocksdb_checkpoint_create(cp, dir, 0, &rerr); /* 0: the memtable flushed first */
+    if (cp != NULL)
+        rocksdb_checkpoint_object_destroy(cp);
+    if (rerr != NULL || cp == NULL) {
+        snprintf(what, sizeof(what), "cold store %s: checkpoint into %s", s->dir, dir);
+        set_err(err, errlen, what, rerr);
+        return -1;
+    }
+    return 0;
+}
+
+/* Copies file src to dst (made). Returns 0 or -1 (errno set). */
+static int copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb");
+    if (in == NULL)
+        return -1;
+    FILE *out = fopen(dst, "wb");
+    if (out == NULL) {
+        fclose(in);
+        return -1;
+    }
+    char buf[1 << 16];
+    size_t n;
+    int rc = 0;
+    while (rc == 0 && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        rc = fwrite(buf, 1, n, out) == n ? 0 : -1;
+    rc = ferror(in) ? -1 : rc;
+    fclose(in);
+    return fclose(out) != 0 ? -1 : rc;
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+cold_store *cold_store_open_from(const char *dir, const char *from, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0755) != 0) {
+        snprintf(err, errlen, "cold store %s: cannot make it: %s", dir, strerror(errno));
+        return NULL;
+    }
+    DIR *d = opendir(from);
+    if (d == NULL) {
+        snprintf(err, errlen, "cold store checkpoint %s: %s", from, strerror(errno));
+        (void)rmdir(dir);
+        return NULL;
+    }
+    int rc = 0;
+    struct dirent *e;
+    char src[4096], dst[4096];
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(src, sizeof(src), "%s/%s", from, e->d_name);
+        snprintf(dst, sizeof(dst), "%s/%s", dir, e->d_name);
+        /* The table files never change: shared. The rest (the manifest, CURRENT, options)
+         * the store rewrites: copied, so that the checkpoint stays as it was. */
+        if (ends_with(e->d_name, ".sst") && link(src, dst) == 0)
+            continue;
+        if (copy_file(src, dst) != 0) {
+            snprintf(err, errlen, "cold store checkpoint %s: cannot copy %s into %s: %s", from,
+                     e->d_name, dir, strerror(errno));
+            rc = -1;
+        }
+    }
+    closedir(d);
+    cold_store *s = rc == 0 ? store_open(dir, false, err, errlen) : NULL;
+    if (s == NULL) {
+        (void)remove_flat_dir(dir);
+        return NULL;
+    }
+    /* Every block read once with its checksum checked (not kept in the cache): a damaged
+     * file is found now, not by a later read of a row. */
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_verify_checksums(ro, 1);
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    rocksdb_iterator_t *it = rocksdb_create_iterator(s->db, ro);
+    for (rocksdb_iter_seek_to_first(it); rocksdb_iter_valid(it); rocksdb_iter_next(it))
+        ;
+    char *rerr = NULL;
+    rocksdb_iter_get_error(it, &rerr);
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    if (rerr != NULL) {
+        char what[4200];
+        snprintf(what, sizeof(what), "cold store checkpoint %s is damaged", from);
+        set_err(err, errlen, what, rerr);
+        cold_store_close(s, true);
         return NULL;
     }
     return s;
@@ -380,6 +500,18 @@ uint64_t cold_store_disk_bytes(cold_store *s)
     return v;
 }
 
+const char *cold_store_dir(const cold_store *s)
+{
+    return s->dir;
+}
+
+uint64_t cold_store_headroom(void)
+{
+    /* The memtable being written and the one being flushed, then a merge of the level-0
+     * files. */
+    return (uint64_t)(2 + COLD_L0_FILES) * COLD_WRITE_BUFFER;
+}
+
 #else /* no RocksDB */
 
 bool cold_store_available(void)
@@ -483,4 +615,40 @@ uint64_t cold_store_disk_bytes(cold_store *s)
     return 0;
 }
 
+const char *cold_store_dir(const cold_store *s)
+{
+    (void)s;
+    return "";
+}
+
+int cold_store_checkpoint(cold_store *s, const char *dir, char *err, size_t errlen)
+{
+    (void)s;
+    snprintf(err, errlen, "cold store checkpoint %s: this server was built without RocksDB", dir);
+    return -1;
+}
+
+cold_store *cold_store_open_from(const char *dir, const char *from, char *err, size_t errlen)
+{
+    (void)from;
+    snprintf(err, errlen, "cold store %s: this server was built without RocksDB", dir);
+    return NULL;
+}
+
+uint64_t cold_store_headroom(void)
+{
+    return 0;
+}
+
 #endif
+
+/* ---- the store's disk (either build) ---------------------------------------------------- */
+
+int cold_store_free_bytes(const cold_store *s, uint64_t *free_bytes)
+{
+    struct statvfs v;
+    if (s == NULL || statvfs(cold_store_dir(s), &v) != 0)
+        return -1;
+    *free_bytes = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
+    return 0;
+}

@@ -29,6 +29,20 @@ bool cold_store_available(void);
  * held is dropped. Returns NULL with a message in err on failure. */
 cold_store *cold_store_open(const char *dir, char *err, size_t errlen);
 
+/* Writes a copy of the store as it is now into directory dir (which must not exist, on the
+ * same filesystem for the cheap form): its writes in memory flushed to a file first, then its
+ * files, which never change once written, hard-linked (RocksDB's checkpoint), so that a
+ * second checkpoint after a small change costs about the change, not the store. Returns 0,
+ * or -1 with a message. */
+int cold_store_checkpoint(cold_store *s, const char *dir, char *err, size_t errlen);
+
+/* Opens a store in the new directory dir with the contents of the checkpoint from
+ * (cold_store_checkpoint), which stays unchanged (its table files hard-linked, the rest
+ * copied), then reads every block once with its checksum checked. Returns NULL with a message
+ * (naming from, and the damaged file where RocksDB names it) when from is missing or
+ * damaged; dir is then removed. */
+cold_store *cold_store_open_from(const char *dir, const char *from, char *err, size_t errlen);
+
 /* A fresh store directory's path under parent in buf: parent/label.<pid>.<n> (n counts the
  * process's calls), so that stores of processes sharing parent never meet. */
 void cold_store_dir_name(char *buf, size_t cap, const char *parent, const char *label);
@@ -74,5 +88,18 @@ void cold_iter_free(cold_iter *it);
 
 /* Bytes the store's files take on disk now (an estimate: RocksDB's live data size). */
 uint64_t cold_store_disk_bytes(cold_store *s);
+
+/* The store's directory. */
+const char *cold_store_dir(const cold_store *s);
+
+/* Bytes free to an unprivileged writer on the filesystem of the store's directory (statvfs) in
+ * *free_bytes. Returns 0, or -1 when it cannot be read. */
+int cold_store_free_bytes(const cold_store *s, uint64_t *free_bytes);
+
+/* Bytes a store needs free on its disk to go on writing safely: its writes wait in memory and
+ * reach the disk a buffer at a time, and merging the first files of the store writes about as
+ * much again before it frees the old ones. Below it, the store's user stops writing (a
+ * RocksDB that runs out of space mid-write stops taking writes at all). */
+uint64_t cold_store_headroom(void);
 
 #endif /* SERVER_COLD_STORE_H */

@@ -402,14 +402,14 @@ uint32_t table_partition_of(const table *t, int64_t id)
 
 /* ---- making rows --------------------------------------------------------------------------- */
 
-/* A slot for a new row in p (write-locked): room made first under max_rows and ram_rows
- * (table_reserve_row), then under the budget. Stores slot + 1 in *out (the row's contents, the
- * index and the LRU list are the caller's). Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when
+/* A slot for a new row in p (write-locked): room made first under max_rows and (reserve)
+ * ram_rows (table_reserve_row), then under the budget. Stores slot + 1 in *out (the row's contents,
+ * the index and the LRU list are the caller's). Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when
  * the budget refuses memory and p has no row to evict for room (*out then 0). */
-static int row_slot(table *t, partition *p, uint32_t *out)
+static int row_slot(table *t, partition *p, bool reserve, uint32_t *out)
 {
     *out = 0;
-    table_reserve_row(t, p);
+    table_reserve_row(t, p, reserve);
     if (table_index_full(&p->ix)) {
         int rc = index_grow(t, p);
         if (rc == TABLE_NOMEM)
@@ -430,16 +430,12 @@ static int row_slot(table *t, partition *p, uint32_t *out)
 }
 
 /* Makes row id in p (write-locked, absent from the index) from the initializer and stores
- * slot + 1 in *out. Returns TABLE_OK, TABLE_NOMEM, or TABLE_LIMIT when the budget refuses
- * memory and p has no row to evict for room (*out then 0). */
-static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *out)
+ * slot + 1 in *out (reserve: as table_row_promote's). Returns TABLE_OK, TABLE_NOMEM, or
+ * TABLE_LIMIT when the budget refuses memory and p has no row to evict for room (*out then
+ * 0). */
+/* Row r of id as the initializer and the optimizer make it (update time 0; links untouched). */
+static void row_init(table *t, partition *p, row_header *r, int64_t id)
 {
-    uint32_t slot1;
-    int rc = row_slot(t, p, &slot1);
-    *out = 0;
-    if (rc != TABLE_OK)
-        return rc;
-    row_header *r = row_at(t, p, slot1 - 1);
     r->id = id;
     r->updated_ms = 0;
     if (t->dtype == ROW_FLOAT32) {
@@ -454,6 +450,16 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
         slots[s] = state + (size_t)s * t->dim;
     optimizer_init_row(&t->opt, slots, state + (size_t)t->nslots * t->dim, row_counts(t, r),
                        t->dim);
+}
+
+static int row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve, uint32_t *out)
+{
+    uint32_t slot1;
+    int rc = row_slot(t, p, reserve, &slot1);
+    *out = 0;
+    if (rc != TABLE_OK)
+        return rc;
+    row_init(t, p, row_at(t, p, slot1 - 1), id);
     /* The probe runs again: an eviction above may have shifted entries. */
     table_index_put(&p->ix, table_index_probe(&p->ix, id, h), id, slot1);
     table_lru_push_front(t, p, slot1);
@@ -465,16 +471,16 @@ static int row_make(table *t, partition *p, int64_t id, uint64_t h, uint32_t *ou
 
 /* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
  * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front: it is
- * about to be updated) or at its update time's place. Returns as row_make; on failure the row
- * stays on disk. */
+ * about to be updated) or at its update time's place; reserve: table_layout.h. Returns as
+ * row_make; on failure the row stays on disk. */
 int table_row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsigned char *val,
-                      bool front, uint32_t *out)
+                      bool front, bool reserve, uint32_t *out)
 {
     int64_t upd;
     memcpy(&upd, val, sizeof(upd));
     table_cold_take(t, p, id, upd);
     uint32_t slot1;
-    int rc = row_slot(t, p, &slot1);
+    int rc = row_slot(t, p, reserve, &slot1);
     *out = 0;
     if (rc != TABLE_OK) {
         table_cold_put(t, p, id, val);
@@ -517,6 +523,7 @@ typedef struct batch {
     uint32_t *of;         /* [n] the distinct index of each id (table_push_track only) */
     bool *udone;          /* [nu] done with that distinct id (table_push_track only) */
     unsigned char *saved; /* [row_bytes] a row as it was before its update */
+    row_header *spill;    /* [row_bytes] a cold tier's row updated outside RAM */
     float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
     /* A table with a cold tier: per distinct id, where its row was when its partition's turn
      * began (COLD_IN_RAM, COLD_NONE, COLD_FOUND: its value at vp[u]). The rows not in RAM are
@@ -549,6 +556,7 @@ static void batch_free(batch *b)
     free(b->of);
     free(b->udone);
     free(b->saved);
+    free(b->spill);
     free(b->wide);
     free(b->where);
     free(b->vp);
@@ -649,9 +657,10 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
         b->found = malloc(most * sizeof(*b->found));
         b->vals = malloc(most * vb);
         b->one = malloc(vb);
-        if (!b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts || !b->pre_u ||
-            !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found || !b->vals ||
-            !b->one) {
+        b->spill = malloc(t->row_bytes);
+        if (!b->spill || !b->where || !b->vp || !b->moves || !b->pre_ids || !b->pre_parts ||
+            !b->pre_u || !b->pre_found || !b->pre_vals || !b->mids || !b->mu || !b->found ||
+            !b->vals || !b->one) {
             batch_free(b);
             return -1;
         }
@@ -823,8 +832,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         return TABLE_NOMEM;
     }
     int rc = TABLE_OK;
-    uint64_t refused = 0, overflowed = 0;
-    int64_t first_refused = 0, first_overflowed = 0;
+    uint64_t refused = 0, overflowed = 0, no_disk = 0;
+    int64_t first_refused = 0, first_overflowed = 0, first_no_disk = 0;
     const size_t body_bytes = t->row_bytes - sizeof(row_header);
     /* The partition to start at, from the batch alone (concurrent pushes of different ids
      * start apart): every copy of a replicated table goes through a push's partitions in the
@@ -847,11 +856,34 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
             uint32_t slot1 = table_index_find(&p->ix, id, h);
+            table_freq_touch(p, h);
             const unsigned char *val =
                 slot1 == 0 && t->cold != NULL ? batch_cold_value(t, p, &b, u, gen0) : NULL;
-            if (val != NULL) {
+            /* A row that RAM takes (table_ram_admit) takes its victim's place; one it does
+             * not is updated outside RAM (b.spill) and written back to disk. */
+            bool spill = false, fresh = false;
+            int64_t old_ms = 0;
+            uint32_t victim = 0;
+            row_header *r = NULL;
+            /* Without room on disk, a row there cannot come back (its key's deletion is a
+             * write), nor a new one be made once RAM holds its share (one would go to disk). */
+            if (t->cold != NULL && (val != NULL || (slot1 == 0 && p->ix.count >= p->ram_rows)) &&
+                !table_cold_room(t)) {
+                if (no_disk++ == 0)
+                    first_no_disk = id;
+                count_add(&p->rows_refused, 1);
+                continue;
+            }
+            if (val != NULL && !table_ram_admit(t, p, h, true, &victim)) {
                 count_add(&p->cold_hits, 1);
-                int mk = table_row_promote(t, p, id, h, val, true, &slot1);
+                spill = true;
+                r = table_cold_value_row(t, val, id, b.spill);
+                old_ms = r->updated_ms;
+            } else if (val != NULL) {
+                count_add(&p->cold_hits, 1);
+                if (victim != 0)
+                    table_demote(t, p, victim);
+                int mk = table_row_promote(t, p, id, h, val, true, false, &slot1);
                 if (mk == TABLE_NOMEM) {
                     errf(err, errlen, "table %s: out of memory reading row %lld from disk", t->name,
                          (long long)id);
@@ -865,14 +897,25 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                     continue;
                 }
             }
-            if (slot1 == 0) {
+            if (!spill && slot1 == 0) {
                 if (t->min_count > 1 && !table_sketch_admit(t, p, sketch_key(h))) {
                     count_add(&p->pushes_counted, 1);
                     if (b.udone)
                         b.udone[u] = true;
                     continue;
                 }
-                int mk = row_make(t, p, id, h, &slot1);
+                if (t->cold != NULL && !table_ram_admit(t, p, h, true, &victim)) {
+                    spill = fresh = true;
+                    table_reserve_row(t, p, false); /* max_rows */
+                    r = b.spill;
+                    row_init(t, p, r, id);
+                    count_add(&p->rows_created, 1);
+                }
+            }
+            if (!spill && slot1 == 0) {
+                if (victim != 0)
+                    table_demote(t, p, victim);
+                int mk = row_make(t, p, id, h, t->cold == NULL, &slot1);
                 if (mk == TABLE_NOMEM) {
                     errf(err, errlen, "table %s: out of memory making row %lld", t->name,
                          (long long)id);
@@ -886,7 +929,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                     continue;
                 }
             }
-            row_header *r = row_at(t, p, slot1 - 1);
+            if (!spill)
+                r = row_at(t, p, slot1 - 1);
             unsigned char *body = row_params(r);
             float *state = row_state(t, r), *slots[OPTIMIZER_MAX_SLOTS] = {0};
             for (uint32_t s = 0; s < t->nslots; s++)
@@ -916,13 +960,21 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                 memcpy(body, b.saved, body_bytes);
                 if (overflowed++ == 0)
                     first_overflowed = id;
+                if (fresh) /* made all the same, as in RAM */
+                    table_cold_demote(t, p, r);
                 continue;
             }
             r->updated_ms = now_ms;
-            table_mark_dirty(t, p, slot1);
-            if (p->lru_head != slot1) {
-                table_lru_unlink(t, p, slot1);
-                table_lru_push_front(t, p, slot1);
+            if (fresh) {
+                table_cold_demote(t, p, r);
+            } else if (spill) {
+                table_cold_rewrite(t, p, r, old_ms);
+            } else {
+                table_mark_dirty(t, p, slot1);
+                if (p->lru_head != slot1) {
+                    table_lru_unlink(t, p, slot1);
+                    table_lru_push_front(t, p, slot1);
+                }
             }
             count_add(&p->rows_updated, 1);
         }
@@ -939,6 +991,14 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
              t->name, (long long)first_overflowed, (unsigned long long)overflowed,
              refused > 0 ? " (and new rows not made: memory limit reached)" : "");
         rc = TABLE_OVERFLOW;
+    } else if (rc == TABLE_OK && no_disk > 0) {
+        char why[768];
+        table_cold_why(t, why, sizeof(why));
+        errf(err, errlen,
+             "table %s: %s: %llu rows (the first id %lld) not written, nothing of them applied; "
+             "the batch's other rows were applied",
+             t->name, why, (unsigned long long)no_disk, (long long)first_no_disk);
+        rc = TABLE_DISK;
     } else if (rc == TABLE_OK && refused > 0) {
         errf(err, errlen,
              "table %s: memory limit reached: %llu new rows (the first id %lld) not made, %s; "
@@ -1097,7 +1157,7 @@ int table_insert_row(table *t, int64_t id, const float *floats, int64_t updated_
     if (slot1 == 0 && t->cold != NULL)
         (void)table_cold_remove(t, p, id); /* overwritten: made again in RAM */
     if (slot1 == 0)
-        rc = row_make(t, p, id, h, &slot1);
+        rc = row_make(t, p, id, h, true, &slot1);
     if (slot1 != 0) {
         row_header *r = row_at(t, p, slot1 - 1);
         row_from_floats(t, r, floats);

@@ -99,6 +99,8 @@ enum {
     TABLE_LIMIT = -3,    /* the budget refused and no row could be evicted (RESOURCE_EXHAUSTED) */
     TABLE_OVERFLOW = -4, /* an update would have left a row non-finite (inf or NaN) from finite
                             gradients: that row was left unchanged (FAILED_PRECONDITION) */
+    TABLE_DISK = -5,     /* the disk of the cold tier is short of room (or failed a write): rows
+                            that needed it were not written (RESOURCE_EXHAUSTED) */
 };
 
 /* Where the table's memory is accounted. take(arg, bytes) is called before an allocation, under
@@ -213,15 +215,18 @@ size_t table_prefetch(table *t, const int64_t *ids, size_t n);
  * TABLE_OVERFLOW when the update of some row would leave a parameter or optimizer slot
  * non-finite (a finite gradient overflowing float32): those rows are left as they were (the
  * message names the table and the first such id), every other row of the batch was applied.
- * Several of these: TABLE_NOMEM first, then TABLE_OVERFLOW, then TABLE_LIMIT. n = 0 is a
- * no-op. */
+ * With a cold tier, TABLE_DISK when rows that needed its disk (a row on disk, or a new row
+ * once RAM holds its share) were not written because the disk is short of room
+ * (cold_store_headroom) or a write to it failed (the message names the directory; every other
+ * row of the batch was applied). Several of these: TABLE_NOMEM first, then TABLE_OVERFLOW,
+ * then TABLE_DISK, then TABLE_LIMIT. n = 0 is a no-op. */
 int table_push(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms, char *err,
                size_t errlen);
 /* table_push that also says, for each i, whether the push is done with ids[i] (done[i], the
  * caller's n bools): true when its row was updated, or its gradient dropped for good (counted
  * by min_count, or refused as TABLE_OVERFLOW); false when it was not applied for want of
- * memory (TABLE_NOMEM, TABLE_LIMIT) or the batch was refused (TABLE_INVALID): pushing those
- * again applies each once. Duplicates of an id share its answer. */
+ * memory or disk (TABLE_NOMEM, TABLE_LIMIT, TABLE_DISK) or the batch was refused (TABLE_INVALID):
+ * pushing those again applies each once. Duplicates of an id share its answer. */
 int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, int64_t now_ms,
                      bool *done, char *err, size_t errlen);
 

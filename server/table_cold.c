@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -73,14 +74,60 @@ int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+/* How often table_cold_room looks at the disk: rows written in between (about 1 MB at
+ * 100 k rows/s) are far below the headroom. */
+#define COLD_ROOM_EVERY_MS 20
+
 int table_cold_flush(table *t, partition *p)
 {
     char why[512];
     if (cold_store_write(t->cold, p->cold_wb, why, sizeof(why)) != 0) {
         count_add(&t->cold_errors, 1);
+        bool no = false;
+        if (atomic_compare_exchange_strong(&t->cold_why_taken, &no, true)) {
+            snprintf(t->cold_why, sizeof(t->cold_why), "%s", why);
+            atomic_store(&t->cold_broken, true);
+        }
         return -1;
     }
     return 0;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool table_cold_room(table *t)
+{
+    if (atomic_load(&t->cold_broken))
+        return false;
+    int64_t now = mono_ms(), last = atomic_load_explicit(&t->cold_checked, memory_order_relaxed);
+    if ((last == 0 || now - last >= COLD_ROOM_EVERY_MS) &&
+        atomic_compare_exchange_strong(&t->cold_checked, &last, now)) {
+        uint64_t free_bytes;
+        bool full =
+            cold_store_free_bytes(t->cold, &free_bytes) == 0 && free_bytes < cold_store_headroom();
+        atomic_store(&t->cold_full, full);
+    }
+    return !atomic_load(&t->cold_full);
+}
+
+void table_cold_why(table *t, char *buf, size_t cap)
+{
+    if (atomic_load(&t->cold_broken)) {
+        snprintf(buf, cap, "a write to its cold tier on disk failed (%s)", t->cold_why);
+        return;
+    }
+    uint64_t free_bytes = 0;
+    (void)cold_store_free_bytes(t->cold, &free_bytes);
+    snprintf(buf, cap,
+             "the disk of its cold tier is short of room (%s: %llu MiB free, %llu MiB kept free "
+             "for the store to go on writing)",
+             cold_store_dir(t->cold), (unsigned long long)(free_bytes >> 20),
+             (unsigned long long)(cold_store_headroom() >> 20));
 }
 
 int table_cold_get(table *t, partition *p, const int64_t *ids, size_t n, unsigned char *vals,
@@ -149,7 +196,8 @@ void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val
     p->cold_moves++;
 }
 
-void table_cold_demote(table *t, partition *p, const row_header *r)
+/* p->cold_val = row r's value on disk. */
+static void row_value(table *t, partition *p, const row_header *r)
 {
     /* The body's bytes that hold something (not the padding after the parameters and at the
      * row's end, which nothing writes): the value on disk is then fully defined. */
@@ -161,8 +209,29 @@ void table_cold_demote(table *t, partition *p, const row_header *r)
     memcpy(v + sizeof(int64_t), body, used);
     memcpy(v + sizeof(int64_t) + t->param_bytes, body + t->param_bytes,
            (size_t)(t->row_floats - t->dim) * sizeof(float));
-    table_cold_put(t, p, r->id, v);
+}
+
+void table_cold_demote(table *t, partition *p, const row_header *r)
+{
+    row_value(t, p, r);
+    table_cold_put(t, p, r->id, p->cold_val);
     count_add(&p->demotions, 1);
+}
+
+void table_cold_rewrite(table *t, partition *p, const row_header *r, int64_t old_ms)
+{
+    unsigned char k[COLD_TIME_KEY];
+    uint32_t q = part_index(t, p);
+    row_value(t, p, r);
+    row_key(k, q, r->id);
+    cold_batch_put(p->cold_wb, k, COLD_ROW_KEY, p->cold_val, table_cold_value_bytes(t));
+    if (time_index(t) && old_ms != r->updated_ms) {
+        time_key(k, q, old_ms, r->id);
+        cold_batch_delete(p->cold_wb, k, COLD_TIME_KEY);
+        time_key(k, q, r->updated_ms, r->id);
+        cold_batch_put(p->cold_wb, k, COLD_TIME_KEY, "", 0);
+    }
+    p->cold_moves++;
 }
 
 void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms)
@@ -217,6 +286,29 @@ bool table_cold_evict_oldest(table *t, partition *p, _Atomic uint64_t *counter)
     if (n > 0)
         count_add(counter, n);
     return n > 0;
+}
+
+bool table_cold_oldest(table *t, partition *p, int64_t *ms)
+{
+    if (p->cold_rows == 0 || !time_index(t))
+        return false;
+    (void)table_cold_flush(t, p);
+    uint32_t q = part_index(t, p);
+    unsigned char lo[2] = {'t', (unsigned char)q}, hi[2] = {'t', (unsigned char)(q + 1)};
+    cold_iter *it =
+        cold_iter_new(t->cold, NULL, lo, 2, q + 1 < 256 ? hi : (unsigned char[]){'u', 0}, 2);
+    if (it == NULL)
+        return false;
+    const unsigned char *k, *v;
+    size_t kl, vl;
+    bool found = false;
+    while (!found && cold_iter_next(it, &k, &kl, &v, &vl))
+        if (kl == COLD_TIME_KEY) {
+            *ms = (int64_t)(get_be64(k + 2) ^ (UINT64_C(1) << 63));
+            found = true;
+        }
+    cold_iter_free(it);
+    return found;
 }
 
 size_t table_cold_sweep(table *t, partition *p, int64_t cutoff_ms)
@@ -294,8 +386,8 @@ static int cold_row_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* A value as a row header and body (for row_to_floats): into hdr (row_bytes, aligned). */
-static row_header *value_row(const table *t, const unsigned char *v, int64_t id, row_header *hdr)
+row_header *table_cold_value_row(const table *t, const unsigned char *v, int64_t id,
+                                 row_header *hdr)
 {
     memset(hdr, 0, sizeof(*hdr));
     hdr->id = id;
@@ -340,7 +432,7 @@ int table_cold_rows(table *t, uint32_t q, cold_snapshot *snap, size_t *n, int64_
             }
         }
         int64_t id = (int64_t)get_be64(k + 2);
-        row_header *r = value_row(t, v, id, hdr);
+        row_header *r = table_cold_value_row(t, v, id, hdr);
         rows[cnt] = (cold_row){id, r->updated_ms, cnt};
         row_to_floats(t, r, fl + cnt * rf);
         cnt++;

@@ -38,8 +38,18 @@ static inline size_t table_cold_value_bytes(const table *t)
 /* Opens t's store in a new directory under dir (t->cold). Returns 0, or -1 with a message. */
 int table_cold_open(table *t, const char *dir, char *err, size_t errlen);
 
-/* Writes p's gathered writes to the store. Returns 0, or -1 (counted in t->cold_errors). */
+/* Writes p's gathered writes to the store. Returns 0, or -1 (counted in t->cold_errors; the
+ * store then takes no more writes: table_cold_room is false from then on). */
 int table_cold_flush(table *t, partition *p);
+
+/* Whether t's store may be written: its disk has cold_store_headroom free (looked at most
+ * every COLD_ROOM_EVERY_MS) and no write has failed. Every move to or from disk asks first;
+ * without room rows stay where they are (RAM past its share, or disk), and what needs the
+ * disk is refused (TABLE_DISK). Safe from any thread. */
+bool table_cold_room(table *t);
+
+/* Why t's store may not be written (table_cold_room false), for a message: into buf. */
+void table_cold_why(table *t, char *buf, size_t cap);
 
 /* Releases p's lock taken by table_write_lock, its gathered writes written first. */
 static inline void table_write_unlock(table *t, partition *p)
@@ -65,6 +75,15 @@ int table_cold_get_many(table *t, const uint32_t *parts, const int64_t *ids, siz
 /* Demotion: queues row r of p (write-locked; the caller then removes it from RAM) to disk. */
 void table_cold_demote(table *t, partition *p, const row_header *r);
 
+/* Queues row r of p (write-locked), which is on disk with update time old_ms and was updated
+ * outside RAM (a row RAM did not take: table_ram_admit), to disk again in its place. */
+void table_cold_rewrite(table *t, partition *p, const row_header *r, int64_t old_ms);
+
+/* A value (table_cold_value_bytes) as a row: id, update time and body into hdr (row_bytes,
+ * aligned; its LRU links zero). Returns hdr. */
+row_header *table_cold_value_row(const table *t, const unsigned char *v, int64_t id,
+                                 row_header *hdr);
+
 /* Queues id's row with value val (table_cold_value_bytes: update time, body) to disk. */
 void table_cold_put(table *t, partition *p, int64_t id, const unsigned char *val);
 
@@ -75,6 +94,10 @@ void table_cold_take(table *t, partition *p, int64_t id, int64_t updated_ms);
 /* Deletes p's least recently updated cold row (the oldest time key), counted in *counter.
  * False when p has none. */
 bool table_cold_evict_oldest(table *t, partition *p, _Atomic uint64_t *counter);
+
+/* The update time of p's least recently updated cold row (its oldest time key) in *ms. False
+ * when p has none (or the table keeps no time keys). */
+bool table_cold_oldest(table *t, partition *p, int64_t *ms);
 
 /* Deletes p's cold rows updated before cutoff_ms. Returns the number deleted. */
 size_t table_cold_sweep(table *t, partition *p, int64_t cutoff_ms);

@@ -1,7 +1,10 @@
 /* How rows leave a sparse table and how new ones are let in: the LRU order of each partition,
  * row removal, eviction (to stay within max_rows, or to make room when the budget refuses
  * memory; with a cold tier, to disk instead), the TTL sweep (table_sweep, table.h) and admission
- * (min_count's count-min sketch).
+ * (min_count's count-min sketch), and with a cold tier which rows RAM keeps: a row read from
+ * disk takes the place of a row in RAM only when it was asked for at least as often lately
+ * (table_ram_admit; a pull's strictly more often), so that RAM keeps the frequently used rows,
+ * not merely the recent ones.
  * This is where another policy (LFU, decayed counts) plugs in: table.c asks here which row
  * gives way and whether a new id is admitted, and tells here which row was updated.
  * Private to table.c and table_evict.c. */
@@ -75,14 +78,19 @@ bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter);
 
 /* Makes room in RAM when the budget refuses memory: p's least recently updated row goes to
  * disk (a table with a cold tier) or is removed (counted in evicted_memory). False when p has
- * no row in RAM (or the table never evicts). */
+ * no row in RAM (or the table never evicts, or its disk has no room: table_cold_room). */
 bool table_evict_for_memory(table *t, partition *p);
 
 /* Makes room for one more row in p under its share of max_rows (both tiers), removing p's least
- * recently updated row when p is full (it then has one: every share is at least 1; a cold row
- * first), then under its share of ram_rows, moving its least recently updated row in RAM to
- * disk. */
-void table_reserve_row(table *t, partition *p);
+ * recently updated row when p is full (it then has one: every share is at least 1; of the
+ * oldest row on disk and the oldest in RAM the older, the one on disk on a tie), then (ram)
+ * under its share of ram_rows, moving its least recently updated row in RAM to disk. While the
+ * disk has no room (table_cold_room) nothing goes to or leaves the disk: RAM's row goes, or
+ * RAM holds more than its share. */
+void table_reserve_row(table *t, partition *p, bool ram);
+
+/* Sends slot1's row of p (write-locked) to disk (a table with a cold tier). */
+void table_demote(table *t, partition *p, uint32_t slot1);
 
 /* Allocates p's admission sketch when the table has min_count > 1 (its bytes counted in
  * p->bytes). Returns 0, or -1 when memory runs out. */
@@ -91,5 +99,19 @@ int table_sketch_init(const table *t, partition *p);
 /* Counts one push of an id without a row (key: a hash of the id independent of the one that
  * places it, table.c); true when its count reaches min_count. */
 bool table_sketch_admit(table *t, partition *p, uint64_t key);
+
+/* Counts one request of the id of hash h (table_id_hash) in p's frequency sketch (a table
+ * with a cold tier; else nothing). Safe under p's lock shared: the counts are relaxed atomics,
+ * and a count lost to a race only blurs the estimate. */
+void table_freq_touch(partition *p, uint64_t h);
+
+/* Whether the row of hash h, read from disk (or new), goes to RAM in p (write-locked): yes
+ * when p's RAM is below its share (*victim 0), else when its count is above (or, tie, at
+ * least) that of the row that would give way, *victim (slot + 1), which the caller then sends
+ * to disk (table_demote): the least asked-for of p's least recently updated row and of
+ * FREQ_SAMPLE rows further on from a hand that walks p's slots (the least recently updated on
+ * a tie: with equal counts, LRU). No: the row is served from disk and stays there (a push's
+ * is updated and written back). */
+bool table_ram_admit(table *t, partition *p, uint64_t h, bool tie, uint32_t *victim);
 
 #endif /* SERVER_TABLE_EVICT_H */

@@ -24,6 +24,9 @@
  *           float32, the slots, the scalars, then each counter as a float.
  *   lru     a doubly linked list of the rows, most recently updated first (table_evict.h).
  *   sketch  with min_count > 1: the admission count-min sketch (table_evict.c).
+ *   freq    with ram_rows > 0: how often each id was asked for lately (a count-min sketch of
+ *           4-bit counts, halved now and then: table_evict.c), which decides whether a row
+ *           read from disk takes the place of a row in RAM, and of which.
  *   cold    with ram_rows > 0: the rows past the partition's share of ram_rows, on disk in the
  *           table's cold store (table_cold.h); a row is in RAM or on disk, never both.
  *
@@ -77,6 +80,11 @@ typedef struct partition {
     uint64_t cold_moves;     /* bumped by every change to the partition's rows on disk */
     cold_batch *cold_wb;     /* writes gathered under the lock (table_write_unlock writes them) */
     unsigned char *cold_val; /* [table_cold_value_bytes] one row's value (demotion) */
+    _Atomic uint8_t *freq;   /* [4 * (freq_mask + 1)] the ids' recent counts (ram_rows > 0) */
+    uint32_t freq_mask;      /* a row of the sketch's width - 1 */
+    uint32_t freq_sample;    /* counts between two halvings */
+    uint32_t freq_hand;      /* the next slot table_ram_admit looks at */
+    _Atomic uint32_t freq_events; /* counts since the last halving */
     /* Written under the lock (shared for the lookups): atomics, read by table_stats_get. */
     _Atomic uint64_t lookups, lookup_misses, rows_created, pushes_counted, rows_updated,
         evicted_ttl, evicted_max_rows, evicted_memory, rows_refused, removed, index_growths,
@@ -103,6 +111,11 @@ struct table {
     uint64_t ram_rows;            /* rows each server keeps in RAM (0: no cold tier) */
     cold_store *cold;             /* the rows that left RAM (ram_rows > 0), else NULL */
     _Atomic uint64_t cold_errors; /* reads and writes of the cold store that failed */
+    _Atomic bool cold_full;       /* its disk is short of room (table_cold_room) */
+    _Atomic int64_t cold_checked; /* when cold_full was decided (ms, monotonic) */
+    _Atomic bool cold_broken;     /* a write failed: no more writes (cold_why says why) */
+    _Atomic bool cold_why_taken;  /* the first failed write's thread writes cold_why */
+    char cold_why[512];           /* written once, before cold_broken is set */
     bool never_evict;
     table_budget budget;
     uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
@@ -210,10 +223,13 @@ static inline size_t slab_size(const table *t)
 
 /* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
  * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front) or at
- * its update time's place. TABLE_OK, TABLE_NOMEM or TABLE_LIMIT; on failure the row stays on
- * disk. */
+ * its update time's place. reserve: room made first under ram_rows (the least recently
+ * updated row to disk); false: room is the caller's (table_ram_admit's victim sent to disk
+ * first, or p's RAM holds one row past its share, which the caller sends back to disk:
+ * table_demote). TABLE_OK, TABLE_NOMEM or TABLE_LIMIT; on failure the row
+ * stays on disk. */
 int table_row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsigned char *val,
-                      bool front, uint32_t *out);
+                      bool front, bool reserve, uint32_t *out);
 /* Reads id's row from disk into val (p write-locked) when it is there: true if it was. */
 bool table_cold_read_one(table *t, partition *p, int64_t id, unsigned char *val);
 
@@ -240,6 +256,7 @@ static inline void partition_fini(partition *p)
     free(p->wide);
     cold_batch_free(p->cold_wb);
     free(p->cold_val);
+    free((void *)p->freq);
 }
 
 /* Frees t once its owner (table_destroy) and every cut (table_cut_free) have let go of it. */

@@ -61,8 +61,10 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
         moves[q] = p->cold_moves;
         for (uint32_t e = starts[q]; e < starts[q + 1]; e++) {
             uint32_t i = order[e];
-            if (!prefetch)
+            if (!prefetch) {
                 count_add(&p->lookups, 1);
+                table_freq_touch(p, hashes[i]);
+            }
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
             if (slot1 != 0) {
                 if (!prefetch)
@@ -92,6 +94,7 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
         if (p->cold_moves != moves[q]) /* changed since: read again */
             (void)table_cold_get(t, p, mids + m0, cnt, vals + (size_t)m0 * vb, found + m0);
         uint64_t gen = p->cold_gen;
+        bool demoted = false; /* rows of p this loop sent to disk */
         for (uint32_t k = m0; k < m0 + cnt; k++) {
             uint32_t i = miss[k];
             float *dst = prefetch ? NULL : out + i * (size_t)t->dim;
@@ -105,7 +108,8 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
             /* Read again when disk rows were deleted meanwhile (a duplicate whose promoted row
              * went back to disk has the value read: a pull changes no row). */
             bool have = found[k];
-            if (have && p->cold_gen != gen) {
+            if ((have && p->cold_gen != gen) || (!have && demoted)) {
+                /* (not found: it may be a row this loop sent to disk) */
                 have = table_cold_read_one(t, p, ids[i], one);
                 val = one;
             }
@@ -114,13 +118,23 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
                 continue;
             }
             if (prefetch) {
-                if (table_row_promote(t, p, ids[i], hashes[i], val, true, &slot1) == TABLE_OK)
+                if (table_cold_room(t) &&
+                    table_row_promote(t, p, ids[i], hashes[i], val, true, true, &slot1) == TABLE_OK)
                     nprom++;
                 continue;
             }
             count_add(&p->cold_hits, 1);
             row_dtype_widen(t->dtype, dst, val + sizeof(int64_t), t->dim);
-            (void)table_row_promote(t, p, ids[i], hashes[i], val, false, &slot1);
+            /* RAM takes it only when it was asked for more often lately than the row that
+             * would give way (else it is read from disk again next time). */
+            uint32_t victim;
+            if (table_cold_room(t) && table_ram_admit(t, p, hashes[i], false, &victim)) {
+                if (victim != 0) {
+                    table_demote(t, p, victim);
+                    demoted = true;
+                }
+                (void)table_row_promote(t, p, ids[i], hashes[i], val, false, false, &slot1);
+            }
         }
         table_write_unlock(t, p);
     }

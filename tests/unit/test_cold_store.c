@@ -1,5 +1,6 @@
 /* Unit tests for server/cold_store.c (the on-disk store of a table's cold tier): batched writes
- * and deletes, multi-get, ordered iteration over a key range, snapshots, emptying on open.
+ * and deletes, multi-get, ordered iteration over a key range, snapshots, emptying on open,
+ * checkpoints (hard links) and a store opened from one, a damaged one refused.
  * Skipped with a reason when the build has no RocksDB. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -187,6 +188,129 @@ static void test_remove_stale(void **state)
     assert_int_equal(access(other, F_OK), 0);
 }
 
+/* Writes keys 'r' 0..n-1 with values (i, i * mul) of 64 bytes (the rest zero). */
+static void put_range(cold_store *s, uint64_t from, uint64_t n, uint64_t mul)
+{
+    cold_batch *b = cold_batch_new();
+    unsigned char k[9];
+    for (uint64_t i = from; i < from + n; i++) {
+        uint64_t v[8] = {i, i * mul};
+        key_of(k, 'r', i);
+        cold_batch_put(b, k, sizeof(k), v, sizeof(v));
+    }
+    char err[256];
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+    cold_batch_free(b);
+}
+
+/* Asserts that keys 0..n-1 hold (i, i * mul), except [from, to) holding (i, i * mul2). */
+static void expect_range(cold_store *s, uint64_t n, uint64_t mul, uint64_t from, uint64_t to,
+                         uint64_t mul2)
+{
+    unsigned char k[9];
+    uint64_t v[8];
+    bool found;
+    char err[256];
+    for (uint64_t i = 0; i < n; i++) {
+        key_of(k, 'r', i);
+        assert_int_equal(cold_store_multiget(s, 1, k, 9, (unsigned char *)v, sizeof(v), &found, err,
+                                             sizeof(err)),
+                         0);
+        assert_true(found);
+        assert_int_equal(v[0], i);
+        assert_int_equal(v[1], i * (i >= from && i < to ? mul2 : mul));
+    }
+}
+
+/* The first table file (.sst) of directory d into name (its path), false when none. */
+static bool first_sst(const char *d, char *name, size_t cap)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "ls %s/*.sst 2>/dev/null | head -1", d);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    bool ok = fgets(name, (int)cap, p) != NULL;
+    pclose(p);
+    if (ok)
+        name[strcspn(name, "\n")] = '\0';
+    return ok;
+}
+
+/* A checkpoint (cold_store_checkpoint) holds the store as it was, shares its table files with
+ * the store and with the next checkpoint (hard links: a second checkpoint after a 1% change
+ * does not copy the rest), opens again into a new store (cold_store_open_from) that does not
+ * change it, and a damaged file in it is found at that open, named, never read as values. */
+static void test_checkpoint_and_open_from(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    enum { N = 20000 };
+    cold_store *s = open_store("live");
+    put_range(s, 0, N, 3);
+    char ck1[300], ck2[300], r1[300], r2[300], err[1024] = "";
+    snprintf(ck1, sizeof(ck1), "%s/ck1", dir);
+    snprintf(ck2, sizeof(ck2), "%s/ck2", dir);
+    snprintf(r1, sizeof(r1), "%s/r1", dir);
+    snprintf(r2, sizeof(r2), "%s/r2", dir);
+    assert_int_equal(cold_store_checkpoint(s, ck1, err, sizeof(err)), 0);
+    put_range(s, 100, N / 100, 7); /* 1% changed */
+    assert_int_equal(cold_store_checkpoint(s, ck2, err, sizeof(err)), 0);
+    cold_store_close(s, true);
+    /* The first checkpoint's table file is the second's too (one inode, linked from both). */
+    char sst[400];
+    assert_true(first_sst(ck1, sst, sizeof(sst)));
+    struct stat sb;
+    assert_int_equal(stat(sst, &sb), 0);
+    assert_true(sb.st_nlink >= 2);
+
+    cold_store *a = cold_store_open_from(r1, ck1, err, sizeof(err));
+    if (a == NULL)
+        print_error("cold_store_open_from: %s\n", err);
+    assert_non_null(a);
+    expect_range(a, N, 3, 0, 0, 0);
+    put_range(a, 0, N, 5); /* the restored store changes; its checkpoint does not */
+    cold_store_close(a, true);
+    a = cold_store_open_from(r1, ck1, err, sizeof(err));
+    assert_non_null(a);
+    expect_range(a, N, 3, 0, 0, 0);
+    cold_store_close(a, true);
+    a = cold_store_open_from(r2, ck2, err, sizeof(err));
+    assert_non_null(a);
+    expect_range(a, N, 3, 100, 100 + N / 100, 7);
+    cold_store_close(a, true);
+
+    /* Damaged: bytes flipped in the middle of the second checkpoint's largest file. */
+    char cmd[400], big[400];
+    snprintf(cmd, sizeof(cmd), "ls -S %s/*.sst | head -1", ck2);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(big, sizeof(big), p));
+    pclose(p);
+    big[strcspn(big, "\n")] = '\0';
+    FILE *f = fopen(big, "r+b");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long at = ftell(f) / 2;
+    for (int i = 0; i < 16; i++) {
+        fseek(f, at + i, SEEK_SET);
+        int c = fgetc(f);
+        fseek(f, at + i, SEEK_SET);
+        fputc(c ^ 0x5a, f);
+    }
+    fclose(f);
+    err[0] = '\0';
+    assert_null(cold_store_open_from(r2, ck2, err, sizeof(err)));
+    print_message("damaged: %s\n", err);
+    assert_non_null(strstr(err, ck2));
+    assert_non_null(strstr(err, "damaged"));
+    assert_int_not_equal(access(r2, F_OK), 0); /* the half-made store removed */
+    /* A checkpoint that is not there. */
+    snprintf(ck1, sizeof(ck1), "%s/none", dir);
+    assert_null(cold_store_open_from(r1, ck1, err, sizeof(err)));
+    assert_non_null(strstr(err, ck1));
+}
+
 static void test_open_fails_with_reason(void **state)
 {
     (void)state;
@@ -205,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_iterate_range_and_snapshot),
         cmocka_unit_test(test_remove_stale),
         cmocka_unit_test(test_open_fails_with_reason),
+        cmocka_unit_test(test_checkpoint_and_open_from),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

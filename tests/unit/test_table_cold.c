@@ -2,7 +2,8 @@
  * table whose RAM holds about a tenth of its rows gives, under random pushes and pulls, every
  * row bit for bit equal to the same table wholly in RAM (every optimizer, 16-bit rows too);
  * checkpoint cuts and copies carry the cold rows and a restore brings them back; max_rows, the
- * TTL sweep, table_remove, table_partition_clear and export cover the disk; the spec's errors.
+ * TTL sweep, table_remove, table_partition_clear and export cover the disk; rows asked for
+ * often stay in RAM; a disk that fills mid-run; the spec's errors.
  * Skipped with a reason when the build has no RocksDB. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -33,8 +35,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    char cmd[600];
+    /* test_disk_full's tmpfs, when it failed before unmounting it */
+    snprintf(cmd, sizeof(cmd), "umount -l %s/small 2>/dev/null; rm -rf %s", dir, dir);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -498,6 +501,157 @@ static void test_prefetch(void **state)
     table_destroy(t);
 }
 
+/* RAM keeps the rows asked for often: rows pulled again and again come to RAM and stay there
+ * while a scan of rows asked for once goes by (LRU alone would let the scan push them out);
+ * the rows are those of the table wholly in RAM throughout. */
+static void test_frequent_stay(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    enum { IDS = 800, HOT = 40, DIM = 4 };
+    table_spec s = spec_of("cold_freq", DIM, OPTIMIZER_ADAGRAD, 80);
+    table *t = make(&s);
+    table_spec rs = spec_of("cold_freq", DIM, OPTIMIZER_ADAGRAD, 0);
+    table *r = make(&rs);
+    float g[DIM] = {0.5f, -0.5f, 0.25f, 1.0f};
+    for (int64_t id = 0; id < IDS; id++) {
+        push_ok(t, &id, 1, g, 10 * id);
+        push_ok(r, &id, 1, g, 10 * id);
+    }
+    int64_t hot[HOT];
+    for (int i = 0; i < HOT; i++)
+        hot[i] = i; /* the oldest: on disk */
+    static float got[IDS * DIM], want[IDS * DIM];
+    table_stats st, before;
+    table_stats_get(t, &before);
+    table_pull(t, hot, HOT, got);
+    table_stats_get(t, &st);
+    assert_int_equal(st.cold_hits - before.cold_hits, HOT); /* all read from disk */
+    for (int k = 0; k < 5; k++)
+        table_pull(t, hot, HOT, got);
+    /* A scan: every other row once. */
+    int64_t scan[IDS - HOT];
+    for (int i = 0; i < IDS - HOT; i++)
+        scan[i] = HOT + i;
+    table_pull(t, scan, IDS - HOT, got);
+    table_stats_get(t, &before);
+    table_pull(t, hot, HOT, got);
+    table_stats_get(t, &st);
+    assert_true(st.cold_hits - before.cold_hits <= HOT / 10);
+    table_pull(r, hot, HOT, want);
+    assert_memory_equal(want, got, HOT * DIM * sizeof(float));
+    /* Every row as in RAM. */
+    int64_t all[IDS];
+    for (int64_t id = 0; id < IDS; id++)
+        all[id] = id;
+    table_pull(t, all, IDS, got);
+    table_pull(r, all, IDS, want);
+    assert_memory_equal(want, got, sizeof(got));
+    table_destroy(r);
+    table_destroy(t);
+}
+
+/* A cold tier whose disk fills mid-run (a small tmpfs; needs root to mount, else skipped with
+ * the reason): pushes that need the disk get TABLE_DISK naming the directory, nothing
+ * acknowledged is lost (every row equals the table in RAM given the acknowledged pushes), and
+ * the table goes on serving: pulls of rows on disk, pushes of rows in RAM. */
+static void test_disk_full(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    if (geteuid() != 0) {
+        print_message("skipped: mounting a small tmpfs for the cold tier needs root\n");
+        skip();
+    }
+    char mnt[300], cmd[400];
+    snprintf(mnt, sizeof(mnt), "%s/small", dir);
+    assert_int_equal(mkdir(mnt, 0700), 0);
+    /* The store keeps cold_store_headroom (96 MiB) free: about 64 MiB of rows fit. */
+    snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=%llum psd-cold-test %s",
+             (unsigned long long)(cold_store_headroom() >> 20) + 64, mnt);
+    if (system(cmd) != 0) {
+        print_message("skipped: %s failed (no tmpfs mount in this container)\n", cmd);
+        skip();
+    }
+    enum { DIM = 64, BATCH = 1000, MAX_BATCHES = 1000 };
+    table_spec s = spec_of("cold_full", DIM, OPTIMIZER_ADAGRAD, 10000);
+    s.cold_dir = mnt;
+    table *t = make(&s);
+    table_spec rs = spec_of("cold_full", DIM, OPTIMIZER_ADAGRAD, 0);
+    table *r = make(&rs);
+    static float g[BATCH * DIM];
+    for (size_t i = 0; i < BATCH * DIM; i++)
+        g[i] = rnd_grad();
+    static int64_t ids[BATCH], ok_ids[BATCH], last_ids[BATCH];
+    static float ok_g[BATCH * DIM];
+    bool done[BATCH];
+    char err[1024] = "";
+    int64_t next = 0, made = 0;
+    size_t last = 0; /* rows of the last batch that made any (last_ids) */
+    int rc = TABLE_OK;
+    for (int b = 0; b < MAX_BATCHES && rc == TABLE_OK; b++) {
+        for (int i = 0; i < BATCH; i++)
+            ids[i] = next++;
+        rc = table_push_track(t, ids, BATCH, g, 1000 + b, done, err, sizeof(err));
+        size_t k = 0;
+        for (int i = 0; i < BATCH; i++)
+            if (done[i]) {
+                ok_ids[k] = ids[i];
+                memcpy(ok_g + k * DIM, g + (size_t)i * DIM, DIM * sizeof(float));
+                k++;
+            }
+        if (k > 0)
+            push_ok(r, ok_ids, k, ok_g, 1000 + b);
+        made += (int64_t)k;
+        if (k > 0) {
+            memcpy(last_ids, ok_ids, k * sizeof(int64_t));
+            last = k;
+        }
+    }
+    assert_int_equal(rc, TABLE_DISK);
+    assert_non_null(strstr(err, mnt));
+    assert_non_null(strstr(err, "short of room"));
+    print_message("disk full after %lld rows: %s\n", (long long)made, err);
+    table_stats st;
+    table_stats_get(t, &st);
+    assert_true(st.rows_disk > 0);
+    assert_int_equal(st.rows, (uint64_t)made);
+    /* Every row as in RAM (the rows not acknowledged have none in either table): pulled from
+     * both tiers (rows on disk stay there). */
+    float *got = malloc((size_t)BATCH * DIM * sizeof(float));
+    float *want = malloc((size_t)BATCH * DIM * sizeof(float));
+    for (int64_t from = 0; from < next; from += BATCH) {
+        size_t n = (size_t)(next - from < BATCH ? next - from : BATCH);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = from + (int64_t)i;
+        table_pull(t, ids, n, got);
+        table_pull(r, ids, n, want);
+        assert_memory_equal(want, got, n * DIM * sizeof(float));
+    }
+    /* Rows in RAM still take pushes: the last batch's rows made are there. */
+    assert_true(last > 0);
+    push_ok(t, last_ids, last, g, 5000);
+    push_ok(r, last_ids, last, g, 5000);
+    table_pull(t, last_ids, last, got);
+    table_pull(r, last_ids, last, want);
+    assert_memory_equal(want, got, last * DIM * sizeof(float));
+    /* A row on disk cannot be updated: refused, and unchanged. */
+    ids[0] = 0;
+    rc = table_push(t, ids, 1, g, 5001, err, sizeof(err));
+    assert_int_equal(rc, TABLE_DISK);
+    table_pull(t, ids, 1, got);
+    table_pull(r, ids, 1, want);
+    assert_memory_equal(want, got, DIM * sizeof(float));
+    free(got);
+    free(want);
+    table_destroy(t);
+    table_destroy(r);
+    snprintf(cmd, sizeof(cmd), "umount %s", mnt);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* A budget of cap bytes. */
 typedef struct cap_budget {
     uint64_t used, cap;
@@ -714,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
         cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_cut_streamed),
+        cmocka_unit_test(test_frequent_stay),      cmocka_unit_test(test_disk_full),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
