@@ -736,8 +736,9 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
                    " variables, %" PRIu64 " bytes); slot map version %" PRIu64 "\n",
                    cmd, done, nb, rows, vars, bytes, version);
         if (strcmp(cmd, "remove-server") == 0 && !mo->json)
-            printf("%s holds no slot now; it may be stopped (split variables stay in ranges over "
-                   "the cluster spec's servers: a server of the spec still holds its range)\n",
+            printf("%s holds no slot now; it may be stopped, unless it is a server of the "
+                   "cluster spec and variables split in ranges (made before parts, or by clients "
+                   "with split-parts false) still exist: those stay on the spec's servers\n",
                    addr);
     }
     free(r.slots);
