@@ -75,6 +75,7 @@ enum {
     CKPT_REC_REPLICA = 9,
     CKPT_REC_TABLE_SKETCH = 10,
     CKPT_REC_SLOTS = 11,
+    CKPT_REC_TABLE_COLD = 12, /* a table, its rows on disk in a copy of its cold store */
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };

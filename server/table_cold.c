@@ -74,6 +74,32 @@ int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
     return 0;
 }
 
+int table_cold_adopt(table *t, const char *from, const uint64_t *cold_n, char *err, size_t errlen)
+{
+    if (t->cold == NULL)
+        return errf(err, errlen,
+                    "table %s: its checkpoint holds rows on disk (in %s), but the "
+                    "table has no cold tier here (ram_rows, cold-dir)",
+                    t->name, from);
+    char parent[4096], path[4096], label[64], why[1024];
+    snprintf(parent, sizeof(parent), "%s", cold_store_dir(t->cold));
+    char *slash = strrchr(parent, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    else
+        snprintf(parent, sizeof(parent), ".");
+    snprintf(label, sizeof(label), "table-%016llx", (unsigned long long)t->name_key);
+    cold_store_dir_name(path, sizeof(path), parent, label);
+    cold_store *s = cold_store_open_from(path, from, why, sizeof(why));
+    if (s == NULL)
+        return errf(err, errlen, "table %s: its rows on disk: %s", t->name, why);
+    cold_store_close(t->cold, true);
+    t->cold = s;
+    for (uint32_t q = 0; q < t->nparts; q++)
+        t->parts[q].cold_rows = cold_n[q];
+    return 0;
+}
+
 /* How often table_cold_room looks at the disk: rows written in between (about 1 MB at
  * 100 k rows/s) are far below the headroom. */
 #define COLD_ROOM_EVERY_MS 20
