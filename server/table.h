@@ -352,7 +352,9 @@ int table_cold_adopt(table *t, const char *from, const uint64_t *cold_n, char *e
  * (table_cut_cold_count). The partitions' copies then hold their RAM rows only, and
  * table_cut_cold_rows gives nothing. table_cut_linked (after the start): dir when the copy
  * was made, else NULL (the cut is then an ordinary one: cold rows in its snapshots) with, in
- * *why when not NULL, the reason (NULL when no copy was asked). */
+ * *why when not NULL, the reason (NULL when no copy was asked). Lock order: the start holds
+ * every partition's lock of the table at once, taken in index order, so code that holds one
+ * partition's lock may take another's of the same table only in increasing index order. */
 void table_cut_link(table_cut *c, const char *dir);
 const char *table_cut_linked(const table_cut *c, const char **why);
 /* Frees the cut and its copies. NULL is a no-op. */
