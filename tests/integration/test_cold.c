@@ -17,7 +17,8 @@
  * (g) a checkpoint after a 1% change writes far less than the tables (bytes of its file and
  *     of the files of its stores' copies not shared with the previous one), its restore gives
  *     rows bit for bit those of the twins in RAM, and pruning removes the copies of the
- *     checkpoints it deletes;
+ *     checkpoints it deletes; a checkpoint that cannot copy the stores writes the rows
+ *     instead (the form of older files), which restores bit for bit too;
  * (f) a cold-dir on a small tmpfs that fills mid-run: RESOURCE_EXHAUSTED naming it, nothing
  *     acknowledged lost, the server goes on (root only, skipped saying why otherwise);
  * (a), (b), (d), (e), (f) and (g) skip, saying why, when the build has no RocksDB. */
@@ -492,6 +493,56 @@ static void test_linked_checkpoint(void **state)
     test_ps_cleanup(&p);
 }
 
+/* A checkpoint whose copy of the stores cannot be made (a file stands where its directory
+ * would go) writes the cold tables' rows one by one, as files before linked copies did
+ * (record 6), and that form restores bit for bit too. */
+static void test_rows_form(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-rows");
+    char cold_dir[300], block[400];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    start(&p, cold_dir);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    push_rounds(&ts, ROUNDS / 3);
+    int next = newest_checkpoint(p.dir) + 1;
+    if (next < 1)
+        next = 1;
+    snprintf(block, sizeof(block), "%s/ckpt-0-%d.cold", p.dir, next);
+    FILE *fp = fopen(block, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    assert_int_equal(newest_checkpoint(p.dir), next);
+    assert_true(test_file_contains(p.log, "tables with a cold tier are written row by row"));
+    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
+    assert_non_null(saved);
+    assert_tables_agree(&ts, saved, false);
+    free_tables(&ts);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+
+    start(&p, cold_dir);
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    make_tables(c, &ts);
+    assert_tables_agree(&ts, saved, true);
+    free_tables(&ts);
+    ps_client_close(c);
+    free(saved);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
 /* The first store file (.sst) in the copies of dir not in those of older (a file of the
  * newer checkpoint only) into out. False when there is none. */
 static bool sst_only_in(const char *dir, const char *older, char *out, size_t cap)
@@ -842,7 +893,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cold_dir_errors),   cmocka_unit_test(test_same_as_ram_and_restore),
         cmocka_unit_test(test_prefetch),          cmocka_unit_test(test_damaged_checkpoint),
         cmocka_unit_test(test_disk_full),         cmocka_unit_test(test_linked_checkpoint),
-        cmocka_unit_test(test_damaged_cold_copy),
+        cmocka_unit_test(test_damaged_cold_copy), cmocka_unit_test(test_rows_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
