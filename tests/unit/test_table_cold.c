@@ -853,14 +853,25 @@ static void *conc_puller(void *p)
 static void *conc_cutter(void *p)
 {
     conc_arg *a = p;
-    while (!atomic_load(a->stop)) {
-        table_cut *c = table_cut_begin(a->t, 0, 0, false);
-        if (c == NULL || table_cut_finish(c) != 0)
+    for (unsigned n = 0; !atomic_load(a->stop); n++) {
+        /* Every other cut linked: every partition held while the store is copied. */
+        char copy[400];
+        snprintf(copy, sizeof(copy), "%s/conc-link-%u", dir, n);
+        table_cut *c = table_cut_prepare(a->t, 0);
+        if (c == NULL)
+            return (void *)1;
+        if (n % 2)
+            table_cut_link(c, copy);
+        table_cut_start(c, 0, false);
+        bool linked = table_cut_linked(c, NULL) != NULL;
+        if ((n % 2 != 0) != linked || (linked ? table_cut_finish_ram(c) : table_cut_finish(c)) != 0)
             return (void *)1;
         size_t total = 0;
         for (uint32_t q = 0; q < table_partitions(a->t); q++)
-            total += table_cut_rows(c, q)->n;
+            total += table_cut_rows(c, q)->n + table_cut_cold_count(c, q);
         table_cut_free(c);
+        if (linked && cold_store_remove_dir(copy) != 0)
+            return (void *)1;
         if (total > CONC_IDS)
             return (void *)1;
     }
