@@ -1,6 +1,7 @@
 /* The cold tier of a sparse table (table_cold.h): its store's keys and values, demotion and
  * promotion's writes, the oldest cold row, the TTL sweep, clearing and reading a partition's
- * cold rows for checkpoints, copies and export. */
+ * cold rows for checkpoints, copies and export, and a restored table's store made from a
+ * checkpoint's copy (table_cold_adopt, table.h). */
 #include "table_cold.h"
 
 #include <stdatomic.h>
