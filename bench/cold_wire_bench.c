@@ -18,7 +18,12 @@
  *              and the server's peak resident memory during it above its resident memory
  *              before (its peak reset first: /proc/PID/clear_refs);
  *   ckpt 1%    ROWS/100 rows updated (every 100th rank), then a checkpoint: seconds and bytes
- *              (a delta for the table in RAM; a table with a cold tier is written whole).
+ *              (a delta for the table in RAM; a table with a cold tier: its RAM rows, and a
+ *              copy of its store whose files are mostly hard links to the previous copy's,
+ *              not counted again).
+ * Bytes: of the files a checkpoint added to the checkpoint directory, each file once (a full
+ * checkpoint's copy of a cold store is hard links to the store's files: counted, though the
+ * store wrote them, not the checkpoint).
  * The RAM mode is skipped with --no-ram (a table too large for this machine's memory).
  *
  * usage: ps-cold-wire-bench PS_SERVER [--rows N] [--dim D] [--pct P] [--batch B]
@@ -196,9 +201,53 @@ static uint64_t distinct_ids(const int64_t *ids, size_t batch, uint32_t batches)
     return n;
 }
 
-/* Bytes of the files in dir now that were not there when *seen was taken (names in seen, a
- * NUL-separated list); updates seen. */
-static uint64_t new_bytes(const char *dir, char **seen, size_t *seen_len)
+/* Files already counted: their inodes (a file hard-linked into a later checkpoint's copy of
+ * the cold store is not written again). */
+typedef struct seen_set {
+    ino_t *ino;
+    size_t n, cap;
+} seen_set;
+
+/* Adds the bytes of the files under path (a file, or a directory walked depth levels down)
+ * whose inode is not in *seen to *n, and their inodes to *seen. */
+static void walk_new(const char *path, int depth, seen_set *seen, uint64_t *n)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return;
+    if (S_ISDIR(sb.st_mode)) {
+        DIR *d = depth > 0 ? opendir(path) : NULL;
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            char sub[1400];
+            snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+            walk_new(sub, depth - 1, seen, n);
+        }
+        if (d)
+            closedir(d);
+        return;
+    }
+    for (size_t i = 0; i < seen->n; i++)
+        if (seen->ino[i] == sb.st_ino)
+            return;
+    if (seen->n == seen->cap) {
+        size_t nc = seen->cap ? 2 * seen->cap : 256;
+        ino_t *ni = realloc(seen->ino, nc * sizeof(*ni));
+        if (ni == NULL)
+            return;
+        seen->ino = ni;
+        seen->cap = nc;
+    }
+    seen->ino[seen->n++] = sb.st_ino;
+    *n += (uint64_t)sb.st_size;
+}
+
+/* Bytes of the files in dir's checkpoints (ckpt-*: the files and their copies of cold stores,
+ * ckpt-T-N.cold/I/FILE) not counted before: what a checkpoint added to dir, a file linked
+ * from an earlier checkpoint's copy not counted again. */
+static uint64_t new_bytes(const char *dir, seen_set *seen)
 {
     DIR *d = opendir(dir);
     uint64_t n = 0;
@@ -206,23 +255,9 @@ static uint64_t new_bytes(const char *dir, char **seen, size_t *seen_len)
     while (d && (e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, "ckpt-", 5) != 0)
             continue;
-        bool old = false;
-        for (size_t at = 0; *seen && at < *seen_len; at += strlen(*seen + at) + 1)
-            old |= strcmp(*seen + at, e->d_name) == 0;
-        if (old)
-            continue;
         char path[1200];
-        struct stat sb;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (stat(path, &sb) == 0)
-            n += (uint64_t)sb.st_size;
-        size_t l = strlen(e->d_name) + 1;
-        char *ns = realloc(*seen, *seen_len + l);
-        if (ns) {
-            memcpy(ns + *seen_len, e->d_name, l);
-            *seen = ns;
-            *seen_len += l;
-        }
+        walk_new(path, 2, seen, &n);
     }
     if (d)
         closedir(d);
@@ -304,8 +339,7 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
     ps_table *tb = NULL;
     const size_t b = c->batch, dim = c->dim;
     float *g = malloc(b * dim * sizeof(float)), *out = malloc(2 * b * dim * sizeof(float));
-    char *seen = NULL;
-    size_t seen_len = 0;
+    seen_set seen = {0};
     if (cl == NULL || g == NULL || out == NULL)
         goto done;
     for (size_t i = 0; i < b * dim; i++)
@@ -363,7 +397,7 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
     res->push_hit = dist ? 1.0 - (double)(i1.cold_hits - i0.cold_hits) / (double)dist : 1.0;
     res->rows_disk = i1.rows_disk;
     fprintf(stderr, "%s: push %.0f ids/s, RAM hit %.4f\n", mode, res->push, res->push_hit);
-    (void)new_bytes(ck_dir, &seen, &seen_len);
+    (void)new_bytes(ck_dir, &seen);
     pid_t spid = tc.pids[0];
     bool peak = reset_peak(spid);
     uint64_t rss0 = proc_mem(spid, "VmRSS");
@@ -371,10 +405,10 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
         goto done;
     uint64_t hwm = proc_mem(spid, "VmHWM");
     res->ck_rss_mb = peak && rss0 && hwm >= rss0 ? (double)(hwm - rss0) / 1e6 : -1;
-    res->ck_bytes = new_bytes(ck_dir, &seen, &seen_len);
+    res->ck_bytes = new_bytes(ck_dir, &seen);
     if (push_ranks(tb, c->rows, 100, b, g) < 0 || (res->ck1_s = checkpoint(cl)) < 0)
         goto done;
-    res->ck1_bytes = new_bytes(ck_dir, &seen, &seen_len);
+    res->ck1_bytes = new_bytes(ck_dir, &seen);
     fprintf(stderr,
             "%s: checkpoint %.2f s %.1f MB (server peak memory +%.1f MB during it); after 1%%: "
             "%.2f s %.1f MB\n",
@@ -383,7 +417,7 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
     res->ran = true;
     rc = 0;
 done:
-    free(seen);
+    free(seen.ino);
     free(g);
     free(out);
     ps_table_free(tb);

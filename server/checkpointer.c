@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -217,8 +218,21 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     uint64_t base =
         chain && ck->chain_prev != 0 && ck->chain_len + 1 < ck->full_every ? ck->chain_prev : 0;
     uint64_t cut = chain ? table_cut_id_new() : 0;
-    if (ckpt_snapshot_take(ck->st, &s, base ? ck->chain_cut : 0, cut, chain, ck->position,
-                           ck->position_arg, &pause_ns, err, errlen) != 0) {
+    /* Tables with a cold tier: their stores copied (hard links) next to the file, which names
+     * the copies (ckpt_dir.h). What an earlier failed try of this seq left is dropped first. */
+    char cold[4200], cold_rel[64];
+    ckpt_cold_path(cold, sizeof(cold), ck->dir, ck->st->task_index, seq);
+    snprintf(cold_rel, sizeof(cold_rel), "ckpt-%u-%" PRIu64 ".cold", ck->st->task_index, seq);
+    (void)ckpt_cold_remove(cold);
+    bool linked = mkdir(cold, 0755) == 0;
+    if (!linked)
+        log_warn("checkpoint: cannot make %s (%s): tables with a cold tier are written row by row",
+                 cold, strerror(errno));
+    if (ckpt_snapshot_take_linked(ck->st, &s, base ? ck->chain_cut : 0, cut, chain,
+                                  linked ? cold : NULL, cold_rel, ck->position, ck->position_arg,
+                                  &pause_ns, err, errlen) != 0) {
+        if (linked)
+            (void)ckpt_cold_remove(cold);
         ck->chain_prev = 0;
         note_failure(ck, err);
         pthread_mutex_unlock(&ck->write_lock);
@@ -229,6 +243,7 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
     int n = snprintf(info->path, sizeof(info->path), "%s/ckpt-%u-%" PRIu64 ".psc", ck->dir,
                      ck->st->task_index, seq);
     int rc = -1;
+    bool renamed = false;
     ckpt_writer w = {.fd = -1, .path = tmp, .err = err, .errlen = errlen};
     if (n >= (int)sizeof(info->path)) {
         errf(err, errlen, "checkpoint path in %s is too long", ck->dir);
@@ -278,10 +293,15 @@ int checkpoint_write(checkpointer *ck, checkpoint_info *info, char *err, size_t 
         goto out;
     }
     w.fd = -1;
+    /* The stores' copies: durable before the file that names them is (their files are synced
+     * by the store as it copies them), or none made (removed). */
+    if (linked && rmdir(cold) != 0 && ckpt_fsync_dir(cold, err, errlen) != 0)
+        goto out;
     if (rename(tmp, info->path) != 0) {
         errf(err, errlen, "renaming %s to %s: %s", tmp, info->path, strerror(errno));
         goto out;
     }
+    renamed = true;
     if (ckpt_fsync_dir(ck->dir, err, errlen) != 0)
         goto out;
     rc = 0;
@@ -327,6 +347,8 @@ out:
         close(w.fd);
     if (rc != 0) {
         unlink(tmp);
+        if (linked && !renamed) /* else the file names them: pruned with it */
+            (void)ckpt_cold_remove(cold);
         ck->chain_prev = 0; /* the tables' marks were taken by this cut: the next is full */
         note_failure(ck, err);
     }

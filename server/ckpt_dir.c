@@ -1,5 +1,6 @@
-/* A checkpoint directory (ckpt_dir.h): listing, pruning, making and fsyncing it, the lock of
- * a task and the record of how its last server stopped. */
+/* A checkpoint directory (ckpt_dir.h): listing, pruning (the files and the copies of cold
+ * stores they name), making and fsyncing it, the lock of a task and the record of how its
+ * last server stopped. */
 #include "ckpt_dir.h"
 
 #include <dirent.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "ckpt_frame.h"
+#include "cold_store.h"
 #include "log.h"
 #include "util.h"
 
@@ -111,6 +113,57 @@ long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **
     return (long)n;
 }
 
+void ckpt_cold_path(char *buf, size_t cap, const char *dir, uint32_t task, uint64_t seq)
+{
+    snprintf(buf, cap, "%s/ckpt-%u-%" PRIu64 ".cold", dir, task, seq);
+}
+
+int ckpt_cold_remove(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[4400];
+        snprintf(sub, sizeof(sub), "%s/%s", path, e->d_name);
+        if (cold_store_remove_dir(sub) != 0)
+            log_warn("cannot delete %s: %s", sub, strerror(errno));
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+/* Deletes task's copies of cold stores whose checkpoint file is gone (pruned, or never
+ * written: a failed or interrupted write). */
+static void prune_cold(const char *dir, uint32_t task)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        unsigned t;
+        unsigned long long seq;
+        int end = 0;
+        if (sscanf(e->d_name, "ckpt-%u-%llu.cold%n", &t, &seq, &end) != 2 ||
+            e->d_name[end] != '\0' || t != task)
+            continue;
+        char file[4200], cold[4200];
+        struct stat st;
+        snprintf(file, sizeof(file), "%s/ckpt-%u-%llu.psc", dir, t, seq);
+        if (stat(file, &st) == 0 || errno != ENOENT)
+            continue;
+        ckpt_cold_path(cold, sizeof(cold), dir, t, (uint64_t)seq);
+        if (ckpt_cold_remove(cold) != 0)
+            log_warn("cannot delete %s, a copy of cold stores no checkpoint names: %s", cold,
+                     strerror(errno));
+    }
+    closedir(d);
+}
+
 void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n,
                     bool (*keep_file)(const char *path, void *arg), void *arg)
 {
@@ -159,6 +212,7 @@ void ckpt_dir_prune(const char *dir, uint32_t task, int keep_n,
     }
     free(keep);
     free(f);
+    prune_cold(dir, task);
 }
 
 static int task_path(char *buf, size_t cap, const char *dir, const char *what, uint32_t task)

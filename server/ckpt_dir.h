@@ -43,10 +43,18 @@ typedef struct ckpt_file {
 long ckpt_dir_list(const char *dir, uint32_t task, bool remove_tmp, ckpt_file **out, char *err,
                    size_t errlen);
 
+/* A checkpoint's copies of cold stores (its tables' linked cuts, table.h table_cut_link): the
+ * directory dir/ckpt-<task>-<seq>.cold, one store directory in it per table (named by the
+ * table's index in the file), which the file's records name relative to dir. ckpt_cold_path:
+ * its path in buf. ckpt_cold_remove: deletes it and what it holds; 0 (also when missing) or
+ * -1 (errno set). */
+void ckpt_cold_path(char *buf, size_t cap, const char *dir, uint32_t task, uint64_t seq);
+int ckpt_cold_remove(const char *path);
+
 /* Deletes task's old checkpoints in dir: the newest `keep` files are restore points, and each
  * keeps its whole chain (a delta needs every file back to its full checkpoint); a file for
- * which keep_file(path, arg) is true (when not NULL) is left alone and not counted. Failures
- * are logged. */
+ * which keep_file(path, arg) is true (when not NULL) is left alone and not counted. Then the
+ * copies of cold stores of task whose file is gone (ckpt_cold_path). Failures are logged. */
 void ckpt_dir_prune(const char *dir, uint32_t task, int keep,
                     bool (*keep_file)(const char *path, void *arg), void *arg);
 

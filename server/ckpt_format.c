@@ -250,6 +250,44 @@ static int write_table(ckpt_writer *w, const server_table_copy *t)
     return ckw_rec_end(w);
 }
 
+/* A table record with its rows on disk in a copy of its cold store (CKPT_REC_TABLE_COLD,
+ * ckpt_format.h): u32 spec length, the packed TableSpec, u32 floats per row, u32 partitions,
+ * u32 length of the copy's directory name, u32 0, the name (relative to the file's
+ * directory, no NUL), u64 rows in the copy of each partition, u64 RAM rows, then the RAM
+ * rows as in record 6 (each partition's oldest update first). */
+static uint64_t ram_rows(const server_table_copy *t)
+{
+    uint64_t n = 0;
+    for (uint32_t p = 0; p < t->nparts; p++)
+        n += t->parts[p].n;
+    return n;
+}
+
+static uint64_t table_cold_len(const server_table_copy *t)
+{
+    return 4 + t->spec_len + 16 + strlen(t->cold_dir) + 8 * (uint64_t)t->nparts + 8 +
+           ram_rows(t) * (16 + 4 * (uint64_t)t->row_floats);
+}
+
+static int write_table_cold(ckpt_writer *w, const server_table_copy *t)
+{
+    uint32_t dir_len = (uint32_t)strlen(t->cold_dir);
+    if (ckw_rec_begin(w, CKPT_REC_TABLE_COLD, table_cold_len(t)) ||
+        ckw_u32(w, (uint32_t)t->spec_len) || ckw_put(w, t->spec, t->spec_len) ||
+        ckw_u32(w, t->row_floats) || ckw_u32(w, t->nparts) || ckw_u32(w, dir_len) ||
+        ckw_u32(w, 0) || ckw_put(w, t->cold_dir, dir_len))
+        return -1;
+    for (uint32_t p = 0; p < t->nparts; p++)
+        if (ckw_u64(w, table_cut_cold_count(t->cut, p)))
+            return -1;
+    if (ckw_u64(w, ram_rows(t)))
+        return -1;
+    for (uint32_t p = 0; p < t->nparts; p++)
+        if (write_rows(w, &t->parts[p]))
+            return -1;
+    return ckw_rec_end(w);
+}
+
 /* A table delta record (CKPT_REC_TABLE_DELTA, checkpoint.h). */
 static uint64_t table_delta_len(const server_table_copy *t)
 {
@@ -278,7 +316,7 @@ static int write_table_delta(ckpt_writer *w, const server_table_copy *t)
 
 static uint64_t table_rec_len(const server_table_copy *t)
 {
-    return t->delta ? table_delta_len(t) : table_payload_len(t);
+    return t->cold_dir ? table_cold_len(t) : t->delta ? table_delta_len(t) : table_payload_len(t);
 }
 
 static uint64_t tables_size(const ckpt_snapshot *s)
@@ -289,12 +327,14 @@ static uint64_t tables_size(const ckpt_snapshot *s)
     return n;
 }
 
-/* Each table is one record: 7 when its cut is a delta, else 6. */
+/* Each table is one record: 12 when its cut is linked, 7 when it is a delta, else 6. */
 static int write_tables(ckpt_writer *w, const ckpt_snapshot *s, tally *t)
 {
     for (size_t i = 0; i < s->ntables; i++) {
         const server_table_copy *c = &s->tables[i];
-        if (c->delta ? write_table_delta(w, c) : write_table(w, c))
+        if (c->cold_dir ? write_table_cold(w, c)
+            : c->delta  ? write_table_delta(w, c)
+                        : write_table(w, c))
             return -1;
         t->nrec++;
         t->total += table_rec_len(c);
@@ -321,16 +361,18 @@ int64_t ckpt_row_time(int64_t updated_ms)
     return updated_ms < 1000000000000 ? (int64_t)time_wall_ms() : updated_ms;
 }
 
-static int read_table(file_read *f, uint32_t flags, uint64_t len)
+/* The start of a table record (6 or 12): u32 spec length, then the packed TableSpec, of which
+ * the table is made (as this cluster's when the file is another size's) and kept in f's
+ * tables. fixed: the record's bytes past the spec at least. Returns 0 or -1. */
+static int read_table_spec(file_read *f, uint64_t len, uint64_t fixed, table **out,
+                           uint32_t *spec_len_out)
 {
-    (void)flags;
     ckpt_reader *r = &f->r;
     ckpt_loaded *l = f->l;
-    uint32_t spec_len, row_floats, pad;
-    uint64_t rows;
-    if (len < 20 || ckr_u32(r, &spec_len, "a table record"))
+    uint32_t spec_len;
+    if (len < 4 + fixed || ckr_u32(r, &spec_len, "a table record"))
         return -1;
-    if (spec_len > META_MAX || spec_len > len - 20)
+    if (spec_len > META_MAX || spec_len > len - 4 - fixed)
         return errf(r->err, r->errlen, "table record at byte %" PRIu64 ": bad spec size %u", r->pos,
                     spec_len);
     uint8_t *spec = malloc(spec_len ? spec_len : 1);
@@ -365,17 +407,16 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
         free(mspec);
     /* freed with l from here on */
     l->tables[l->ntables++] = (loaded_table){.t = t, .spec = spec, .len = spec_len};
-    if (ckr_u32(r, &row_floats, "a table record") || ckr_u32(r, &pad, "a table record") ||
-        ckr_u64(r, &rows, "a table record"))
-        return -1;
-    uint64_t per = 16 + 4 * (uint64_t)row_floats;
-    /* Rows as this version writes them, or as before Adam's step count was one per row. */
-    bool legacy = row_floats != table_row_floats(t) && row_floats == table_legacy_row_floats(t);
-    if ((row_floats != table_row_floats(t) && !legacy) || pad != 0 ||
-        rows > (len - 20 - spec_len) / per || len != 20 + spec_len + rows * per)
-        return errf(r->err, r->errlen,
-                    "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
-                    r->pos);
+    *out = t;
+    *spec_len_out = spec_len;
+    return 0;
+}
+
+/* rows rows of row_floats floats each (legacy: as before Adam's step count was one per row)
+ * into t, oldest first; another server's rows (a restore onto another size) skipped. */
+static int read_table_rows(file_read *f, table *t, uint64_t rows, uint32_t row_floats, bool legacy)
+{
+    ckpt_reader *r = &f->r;
     float *row = malloc(((size_t)row_floats + table_row_floats(t)) * 4);
     if (row == NULL)
         return errf(r->err, r->errlen, "out of memory");
@@ -403,6 +444,99 @@ static int read_table(file_read *f, uint32_t flags, uint64_t len)
     }
     free(row);
     return 0;
+}
+
+static int read_table(file_read *f, uint32_t flags, uint64_t len)
+{
+    (void)flags;
+    ckpt_reader *r = &f->r;
+    uint32_t spec_len, row_floats, pad;
+    uint64_t rows;
+    table *t;
+    if (read_table_spec(f, len, 16, &t, &spec_len) != 0)
+        return -1;
+    if (ckr_u32(r, &row_floats, "a table record") || ckr_u32(r, &pad, "a table record") ||
+        ckr_u64(r, &rows, "a table record"))
+        return -1;
+    uint64_t per = 16 + 4 * (uint64_t)row_floats;
+    /* Rows as this version writes them, or as before Adam's step count was one per row. */
+    bool legacy = row_floats != table_row_floats(t) && row_floats == table_legacy_row_floats(t);
+    if ((row_floats != table_row_floats(t) && !legacy) || pad != 0 ||
+        rows > (len - 20 - spec_len) / per || len != 20 + spec_len + rows * per)
+        return errf(r->err, r->errlen,
+                    "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
+                    r->pos);
+    return read_table_rows(f, t, rows, row_floats, legacy);
+}
+
+/* Rows another server holds now (a restore onto another size) dropped from t's cold tier. */
+static int drop_foreign_cold(file_read *f, table *t)
+{
+    for (uint32_t p = 0; p < table_partitions(t); p++) {
+        table_rows part;
+        if (table_copy_partition(t, p, &part) != 0)
+            return errf(f->r.err, f->r.errlen,
+                        "table \"%s\": cannot read its rows on disk (memory, or a read error)",
+                        table_name(t));
+        for (size_t i = 0; i < part.n; i++)
+            if (slots_row_owner(f->src->keep, table_name(t), part.ids[i]) != f->src->self)
+                (void)table_remove(t, &part.ids[i], 1);
+        table_rows_free(&part);
+    }
+    return 0;
+}
+
+/* A table record with its rows on disk in a copy of its cold store (CKPT_REC_TABLE_COLD). */
+static int read_table_cold(file_read *f, uint32_t flags, uint64_t len)
+{
+    (void)flags;
+    ckpt_reader *r = &f->r;
+    uint32_t spec_len, row_floats, nparts, dir_len, pad;
+    uint64_t rows;
+    table *t;
+    if (read_table_spec(f, len, 24, &t, &spec_len) != 0)
+        return -1;
+    if (ckr_u32(r, &row_floats, "a table record") || ckr_u32(r, &nparts, "a table record") ||
+        ckr_u32(r, &dir_len, "a table record") || ckr_u32(r, &pad, "a table record"))
+        return -1;
+    uint64_t per = 16 + 4 * (uint64_t)row_floats, fixed = 4 + (uint64_t)spec_len + 16;
+    if (row_floats != table_row_floats(t) || nparts != table_partitions(t) || pad != 0 ||
+        dir_len == 0 || dir_len > 1024 || len < fixed + dir_len + 8 * (uint64_t)nparts + 8)
+        return errf(r->err, r->errlen,
+                    "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
+                    r->pos);
+    char dir[1025];
+    uint64_t *cold_n = malloc((size_t)nparts * 8);
+    if (cold_n == NULL)
+        return errf(r->err, r->errlen, "out of memory");
+    if (ckr_get(r, dir, dir_len, "a table record") ||
+        ckr_get(r, cold_n, (size_t)nparts * 8, "a table record") ||
+        ckr_u64(r, &rows, "a table record")) {
+        free(cold_n);
+        return -1;
+    }
+    dir[dir_len] = '\0';
+    fixed += dir_len + 8 * (uint64_t)nparts + 8;
+    if (rows > (len - fixed) / per || len != fixed + rows * per || strlen(dir) != dir_len ||
+        dir[0] == '/' || strstr(dir, "..") != NULL) {
+        free(cold_n);
+        return errf(r->err, r->errlen,
+                    "table \"%s\" ending at byte %" PRIu64 ": inconsistent sizes", table_name(t),
+                    r->pos);
+    }
+    /* The copy is named relative to the file's directory. */
+    char from[4200];
+    const char *slash = strrchr(r->path, '/');
+    if (slash != NULL)
+        snprintf(from, sizeof(from), "%.*s/%s", (int)(slash - r->path), r->path, dir);
+    else
+        snprintf(from, sizeof(from), "%s", dir);
+    int rc = table_cold_adopt(t, from, cold_n, r->err, r->errlen);
+    free(cold_n);
+    if (rc != 0 || (f->src->keep && drop_foreign_cold(f, t) != 0))
+        return -1;
+    /* Its RAM rows after: newer than the rows on disk. */
+    return read_table_rows(f, t, rows, row_floats, false);
 }
 
 /* Reads a table delta record (checked, kept for the restore to apply). */
@@ -872,9 +1006,10 @@ static const struct record_type {
 } record_types[] = {
     {CKPT_REC_SLOTS, "slot map", 1, true, slots_size, write_slots, read_slots},
     {CKPT_REC_VARIABLE, "variable", 1, false, vars_size, write_vars, read_var},
-    /* write_tables writes each table as record 6 or 7. */
+    /* write_tables writes each table as record 6, 7 or 12. */
     {CKPT_REC_TABLE, "table", 1, true, tables_size, write_tables, read_table},
     {CKPT_REC_TABLE_DELTA, "table delta", CKPT_FORMAT_DELTA, true, NULL, NULL, read_table_delta},
+    {CKPT_REC_TABLE_COLD, "table with its cold store", 1, true, NULL, NULL, read_table_cold},
     {CKPT_REC_TABLE_SKETCH, "table sketch", 1, true, sketches_size, write_sketches, read_sketch},
     {CKPT_REC_DEDUP, "dedup table", 1, false, dedup_size, write_dedup, read_dedup},
     {CKPT_REC_DEDUP_FLOORS, "dedup floors", 2, false, floors_size, write_floors, read_floors},

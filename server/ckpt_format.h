@@ -39,6 +39,18 @@
  *     u32 name length, the name, u32 0, u64 n, then n bytes (table_sketch_save: per partition
  *     u32 events, then its u16 counters), so that a restored copy admits ids exactly as the
  *     one it was taken from. A table without it (older files) restores with empty sketches.
+ *     12 instead of record 6 for a table with a cold tier (ram_rows) whose cut was linked
+ *     (table.h, table_cut_link): its rows on disk are a copy of its cold store, the directory
+ *     ckpt-<task>-<seq>.cold/<i> beside the file (i: the table's place among the file's
+ *     tables; ckpt_dir.h), whose table files are hard links to the store's (and to earlier
+ *     copies'), not rows in the file. Payload: u32 spec length, packed TableSpec, u32 floats
+ *     per row, u32 partitions, u32 length of the copy's name, u32 0, the name (relative to
+ *     the file's directory, no NUL), then per partition u64 rows in the copy, then u64 RAM
+ *     rows and the RAM rows as in record 6 (each partition's oldest update first). Restore
+ *     opens the copy as the table's cold tier (hard links, every block's checksum read:
+ *     a damaged copy makes the file unusable, the copy named), then inserts the RAM rows.
+ *     A copy image (a replica's, sent to another host) and a table whose store could not
+ *     be copied are written as record 6.
  * Deltas (checkpoint-full-every > 1): format version 3, bytes 48..55 of the header the
  *   sequence number of the previous file of the chain (a full one or a delta). A delta holds
  *   the variables, dedup and clock records whole (as a full file), and of each table either
@@ -49,8 +61,9 @@
  *   restored and the log says which file was skipped and why. Pruning keeps whole chains.
  *     A file without its end record is truncated. Version 1 files (no record 5, no
  *     CKPT_VAR_INITIAL records) are read too.
- * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced;
- * the last `checkpoint-keep` are kept. */
+ * It is written to `.ckpt-<task>-<seq>.psc.tmp`, fsynced, renamed, and the directory fsynced
+ * (its stores' copies, ckpt-<task>-<seq>.cold, made and fsynced before the rename); the last
+ * `checkpoint-keep` are kept, and the copies of the files deleted go with them. */
 #ifndef PSD_SERVER_CKPT_FORMAT_H
 #define PSD_SERVER_CKPT_FORMAT_H
 
@@ -75,6 +88,7 @@ enum {
     CKPT_REC_REPLICA = 9,
     CKPT_REC_TABLE_SKETCH = 10,
     CKPT_REC_SLOTS = 11,
+    CKPT_REC_TABLE_COLD = 12, /* a table, its rows on disk in a copy of its cold store */
 };
 /* Flags of a partition in a table delta record: WHOLE, every row (replaces the partition). */
 enum { CKPT_PART_WHOLE = 1 };

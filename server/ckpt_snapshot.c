@@ -106,6 +106,7 @@ typedef struct snap_ctx {
     server_state *st;
     uint64_t base, cut; /* the tables' cuts (server_tables_copy) */
     bool track;
+    const char *cold_at, *cold_rel; /* linked cuts of cold tables (server_tables_copy) */
     /* The variables listed before the pause and during it. pre's references are kept until
      * the copy is matched against them: a variable deleted meanwhile stays allocated, so no
      * new one can take its address (ckpt_snap_var.src). */
@@ -231,7 +232,8 @@ static int tables_prepare(snap_ctx *c, ckpt_snapshot *s, char *err, size_t errle
 
 static int tables_take(snap_ctx *c, ckpt_snapshot *s, char *err, size_t errlen)
 {
-    if (server_tables_copy(c->st, c->base, c->cut, c->track, &s->tables, &s->ntables) != 0)
+    if (server_tables_copy(c->st, c->base, c->cut, c->track, c->cold_at, c->cold_rel, &s->tables,
+                           &s->ntables) != 0)
         return errf(err, errlen, "out of memory starting the copy of the sparse tables");
     return 0;
 }
@@ -262,13 +264,27 @@ int ckpt_snapshot_take(server_state *st, ckpt_snapshot *s, uint64_t base, uint64
                        checkpoint_position_fn position, void *position_arg, uint64_t *pause_ns,
                        char *err, size_t errlen)
 {
+    return ckpt_snapshot_take_linked(st, s, base, cut, track, NULL, NULL, position, position_arg,
+                                     pause_ns, err, errlen);
+}
+
+int ckpt_snapshot_take_linked(server_state *st, ckpt_snapshot *s, uint64_t base, uint64_t cut,
+                              bool track, const char *cold_at, const char *cold_rel,
+                              checkpoint_position_fn position, void *position_arg,
+                              uint64_t *pause_ns, char *err, size_t errlen)
+{
     memset(s, 0, sizeof(*s));
     /* A copy: a move's COMMIT may change the live map while the file is written. */
     if (slot_gate_map_copy(st, &s->slots, &s->slots_owner) != 0) {
         snprintf(err, errlen, "out of memory copying the slot map");
         return -1;
     }
-    snap_ctx c = {.st = st, .base = base, .cut = cut, .track = track};
+    snap_ctx c = {.st = st,
+                  .base = base,
+                  .cut = cut,
+                  .track = track,
+                  .cold_at = cold_at,
+                  .cold_rel = cold_rel};
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < NCOMPONENTS; i++)
         if (components[i].prepare)

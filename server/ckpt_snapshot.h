@@ -64,6 +64,14 @@ typedef struct ckpt_snapshot {
 int ckpt_snapshot_take(server_state *st, ckpt_snapshot *s, uint64_t base, uint64_t cut, bool track,
                        checkpoint_position_fn position, void *position_arg, uint64_t *pause_ns,
                        char *err, size_t errlen);
+/* ckpt_snapshot_take with the cuts of tables with a cold tier linked (server_tables_copy's
+ * cold_at, cold_rel): their stores copied by hard links, for a checkpoint written to the
+ * local directory that holds cold_at. Copies sent elsewhere (a replica's copy image) take
+ * the rows instead (ckpt_snapshot_take). */
+int ckpt_snapshot_take_linked(server_state *st, ckpt_snapshot *s, uint64_t base, uint64_t cut,
+                              bool track, const char *cold_at, const char *cold_rel,
+                              checkpoint_position_fn position, void *position_arg,
+                              uint64_t *pause_ns, char *err, size_t errlen);
 
 /* Frees what s holds and zeroes it. */
 void ckpt_snapshot_free(ckpt_snapshot *s);

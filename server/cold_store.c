@@ -57,6 +57,11 @@ static int remove_flat_dir(const char *path)
     return rmdir(path);
 }
 
+int cold_store_remove_dir(const char *dir)
+{
+    return remove_flat_dir(dir);
+}
+
 int cold_store_remove_stale(const char *parent)
 {
     DIR *d = opendir(parent);

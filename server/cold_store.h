@@ -52,6 +52,10 @@ void cold_store_dir_name(char *buf, size_t cap, const char *parent, const char *
  * be local to it). Returns the number removed. */
 int cold_store_remove_stale(const char *parent);
 
+/* Removes a store's directory that no open store uses (a checkpoint's, cold_store_checkpoint)
+ * with its files (a store's directory holds files only). Returns 0, or -1 (errno set). */
+int cold_store_remove_dir(const char *dir);
+
 /* Closes the store; remove: also deletes its directory and files. NULL is a no-op. */
 void cold_store_close(cold_store *s, bool remove);
 

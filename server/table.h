@@ -338,6 +338,25 @@ const table_rows *table_cut_rows(const table_cut *c, uint32_t part);
 int table_cut_finish_ram(table_cut *c);
 uint64_t table_cut_cold_count(const table_cut *c, uint32_t part);
 int table_cut_cold_rows(table_cut *c, uint32_t part, table_rows *out);
+/* The restore of a linked cut (table_cut_link, below): makes the store's copy `from`
+ * (unchanged: cold_store_open_from) t's cold tier, in a new directory beside its store's,
+ * which it replaces, with cold_n[q] rows in partition q. t: a table just made (no rows, not
+ * shared). Returns 0, or -1 with a message naming from (and the damaged file) when it is
+ * missing or damaged, or when t has no cold tier. */
+int table_cold_adopt(table *t, const char *from, const uint64_t *cold_n, char *err, size_t errlen);
+
+/* Linked cuts of a table with a cold tier: table_cut_link (after table_cut_prepare, before
+ * table_cut_start; a no-op for a table all in RAM) asks the start to copy the cold store into
+ * directory dir (cold_store_checkpoint: dir must not exist, its parent must) at the cut's
+ * moment, every partition held meanwhile, and to note each partition's rows on disk then
+ * (table_cut_cold_count). The partitions' copies then hold their RAM rows only, and
+ * table_cut_cold_rows gives nothing. table_cut_linked (after the start): dir when the copy
+ * was made, else NULL (the cut is then an ordinary one: cold rows in its snapshots) with, in
+ * *why when not NULL, the reason (NULL when no copy was asked). Lock order: the start holds
+ * every partition's lock of the table at once, taken in index order, so code that holds one
+ * partition's lock may take another's of the same table only in increasing index order. */
+void table_cut_link(table_cut *c, const char *dir);
+const char *table_cut_linked(const table_cut *c, const char **why);
 /* Frees the cut and its copies. NULL is a no-op. */
 void table_cut_free(table_cut *c);
 

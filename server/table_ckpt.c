@@ -3,9 +3,11 @@
  * of a set of slots, copied or removed (a slot move). */
 #include "table_ckpt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "server.h"
 
 /* Prepares tc's cut of e's table (spec packed, memory allocated). Returns 0 or -1. */
@@ -48,7 +50,8 @@ int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_cop
 }
 
 int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
-                       server_table_copy **out, size_t *n)
+                       const char *cold_at, const char *cold_rel, server_table_copy **out,
+                       size_t *n)
 {
     server_table_copy *pre = *out;
     size_t npre = *n;
@@ -70,8 +73,22 @@ int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
             rc = -1;
     }
     for (size_t i = 0; rc == 0 && i < nt; i++) {
+        char dir[4200];
+        if (cold_at != NULL) {
+            snprintf(dir, sizeof(dir), "%s/%zu", cold_at, i);
+            table_cut_link(c[i].cut, dir);
+        }
         table_cut_start(c[i].cut, id, track);
         c[i].delta = table_cut_is_delta(c[i].cut);
+        const char *why = NULL;
+        if (cold_at != NULL && table_cut_linked(c[i].cut, &why) != NULL) {
+            snprintf(dir, sizeof(dir), "%s/%zu", cold_rel, i);
+            if ((c[i].cold_dir = strdup(dir)) == NULL)
+                rc = -1;
+        } else if (why != NULL) {
+            log_warn("table \"%s\": checkpoint writes its rows on disk one by one: %s",
+                     table_name(es[i]->t), why);
+        }
         if (c[i].sketch)
             table_sketch_save(es[i]->t, c[i].sketch); /* with the rows of the cut */
     }
@@ -108,6 +125,7 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
     for (size_t i = 0; c && i < n; i++) {
         free(c[i].spec);
         free(c[i].sketch);
+        free(c[i].cold_dir);
         table_cut_free(c[i].cut);
     }
     free(c);

@@ -25,6 +25,9 @@ typedef struct server_table_copy {
     const char *name;  /* the table's (held by the cut) */
     uint8_t *sketch;   /* its admission sketches as of the cut (table_sketch_save) */
     size_t sketch_len; /* 0: the table admits every id */
+    char *cold_dir;    /* a linked cut (table_cut_link): its copy of the cold store, relative
+                        * to the checkpoint directory; parts then hold RAM rows only and
+                        * table_cut_cold_count each partition's rows in it. NULL: none */
 } server_table_copy;
 /* Cuts of every table, in three steps. server_tables_copy_prepare (before holding updates
  * off: it allocates the copies' memory, table_cut_prepare) fills *out, *n. server_tables_copy
@@ -35,10 +38,14 @@ typedef struct server_table_copy {
  * which consume the tables' change marks; 0: snapshot cuts, whole, which leave them to the
  * chain); track: record removals. Both return 0 (*out NULL when there are no tables) or -1
  * when memory runs out (free *out anyway). Only the checkpointer of a chain may take its chain
- * cuts (another chain cut of a table makes the chain's next cut of it whole). */
+ * cuts (another chain cut of a table makes the chain's next cut of it whole). cold_at (NULL:
+ * none): the cut of each table with a cold tier is linked (table_cut_link), its store copied
+ * into cold_at/<i> (i: its index in *out; cold_at must exist) and named cold_rel/<i> in its
+ * cold_dir; a table whose store cannot be copied is cut as without cold_at (a warning). */
 int server_tables_copy_prepare(server_state *st, uint64_t base, server_table_copy **out, size_t *n);
 int server_tables_copy(server_state *st, uint64_t base, uint64_t id, bool track,
-                       server_table_copy **out, size_t *n);
+                       const char *cold_at, const char *cold_rel, server_table_copy **out,
+                       size_t *n);
 /* Copies what the cuts still need, after updates are let go again (each partition under its
  * own lock). Returns 0, or -1 when memory ran out. */
 int server_tables_copy_finish(server_table_copy *c, size_t n);

@@ -1,6 +1,7 @@
 /* The cold tier of a sparse table (table_cold.h): its store's keys and values, demotion and
  * promotion's writes, the oldest cold row, the TTL sweep, clearing and reading a partition's
- * cold rows for checkpoints, copies and export. */
+ * cold rows for checkpoints, copies and export, and a restored table's store made from a
+ * checkpoint's copy (table_cold_adopt, table.h). */
 #include "table_cold.h"
 
 #include <stdatomic.h>
@@ -71,6 +72,32 @@ int table_cold_open(table *t, const char *dir, char *err, size_t errlen)
         if ((t->parts[q].cold_wb = cold_batch_new()) == NULL ||
             (t->parts[q].cold_val = malloc(table_cold_value_bytes(t))) == NULL)
             return errf(err, errlen, "table %s: out of memory", t->name);
+    return 0;
+}
+
+int table_cold_adopt(table *t, const char *from, const uint64_t *cold_n, char *err, size_t errlen)
+{
+    if (t->cold == NULL)
+        return errf(err, errlen,
+                    "table %s: its checkpoint holds rows on disk (in %s), but the "
+                    "table has no cold tier here (ram_rows, cold-dir)",
+                    t->name, from);
+    char parent[4096], path[4096], label[64], why[1024];
+    snprintf(parent, sizeof(parent), "%s", cold_store_dir(t->cold));
+    char *slash = strrchr(parent, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    else
+        snprintf(parent, sizeof(parent), ".");
+    snprintf(label, sizeof(label), "table-%016llx", (unsigned long long)t->name_key);
+    cold_store_dir_name(path, sizeof(path), parent, label);
+    cold_store *s = cold_store_open_from(path, from, why, sizeof(why));
+    if (s == NULL)
+        return errf(err, errlen, "table %s: its rows on disk: %s", t->name, why);
+    cold_store_close(t->cold, true);
+    t->cold = s;
+    for (uint32_t q = 0; q < t->nparts; q++)
+        t->parts[q].cold_rows = cold_n[q];
     return 0;
 }
 

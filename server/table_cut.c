@@ -12,11 +12,16 @@
  * cold store under its lock (O(1)), whose rows of that partition are read outside the lock
  * (table_cut_finish) and put before its RAM rows (they are older), or left in the snapshot
  * for the checkpoint writer to read one partition at a time (table_cut_finish_ram,
- * table_cut_cold_rows), so that a checkpoint never holds every cold row in memory. */
+ * table_cut_cold_rows), so that a checkpoint never holds every cold row in memory.
+ *
+ * A linked cut (table_cut_link) of such a table instead copies the whole store at the cut's
+ * moment (cold_store_checkpoint: its files hard-linked) and notes each partition's cold row
+ * count; its partitions' copies then take no snapshot and the cut hands out RAM rows only. */
 #include "table_cut.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +46,9 @@ struct table_cut {
     uint64_t id;   /* this cut's id; 0: a snapshot cut */
     bool delta, started, finished;
     bool cold_later; /* finished by table_cut_finish_ram: cold rows still in the snapshots */
+    char *link_dir;  /* table_cut_link: where the store's copy goes (NULL: none asked) */
+    bool linked;     /* the store was copied there at the start (raw[].cold_n its counts) */
+    char link_err[512];
     _Atomic bool failed;
     table_rows *parts; /* [t->nparts] */
     raw_part *raw;     /* [t->nparts] */
@@ -208,15 +216,18 @@ static void clear_marks(table *t, partition *p)
 }
 
 /* Copies p's slabs as they are into raw. Returns 0 or -1 (memory). */
-static int copy_raw(table *t, partition *p, raw_part *raw)
+static int copy_raw(table *t, partition *p, raw_part *raw, bool linked)
 {
     size_t ss = slab_size(t);
     raw->nslabs = p->nslabs;
     raw->lru_tail = p->lru_tail;
     raw->count = p->ix.count;
-    if (t->cold != NULL && p->cold_rows > 0 && (raw->snap = cold_store_snapshot(t->cold)) == NULL)
-        return -1;
-    raw->cold_n = raw->snap != NULL ? p->cold_rows : 0;
+    if (!linked) { /* a linked cut noted cold_n at its start, and copied the store then */
+        if (t->cold != NULL && p->cold_rows > 0 &&
+            (raw->snap = cold_store_snapshot(t->cold)) == NULL)
+            return -1;
+        raw->cold_n = raw->snap != NULL ? p->cold_rows : 0;
+    }
     if (p->nslabs == 0 || p->ix.count == 0)
         return 0;
     if (raw->bytes == NULL || raw->cap < p->nslabs) {
@@ -269,7 +280,7 @@ void table_cut_copy(table *t, partition *p, uint64_t gen)
     atomic_fetch_sub_explicit(&t->pending, 1, memory_order_acq_rel);
     bool whole = !c->delta || p->removed_lost;
     out->full = whole;
-    int rc = whole ? copy_raw(t, p, &c->raw[q]) : copy_changed(t, p, out);
+    int rc = whole ? copy_raw(t, p, &c->raw[q], c->linked) : copy_changed(t, p, out);
     if (rc != 0) {
         table_rows_free(out);
         atomic_store(&c->failed, true);
@@ -341,6 +352,26 @@ void table_cut_start(table_cut *c, uint64_t id, bool track)
         table_write_lock(t, &t->parts[q]);
         pthread_rwlock_unlock(&t->parts[q].lock);
     }
+    /* A linked cut: every partition held (no demotion, promotion or other change of either
+     * tier) from the store's copy until the cut is marked, so that the copy and the
+     * partitions' copies are of one moment. Gathered writes are flushed at each unlock, so
+     * none wait now; some do only after a failed write: then the rows path. */
+    bool link = c->link_dir != NULL && t->cold != NULL;
+    if (link) {
+        for (uint32_t q = 0; q < t->nparts; q++)
+            pthread_rwlock_wrlock(&t->parts[q].lock);
+        bool pending = false;
+        for (uint32_t q = 0; q < t->nparts; q++)
+            pending = pending ||
+                      (t->parts[q].cold_wb != NULL && cold_batch_count(t->parts[q].cold_wb) > 0);
+        if (pending)
+            snprintf(c->link_err, sizeof(c->link_err), "writes to the cold store failed");
+        else
+            c->linked =
+                cold_store_checkpoint(t->cold, c->link_dir, c->link_err, sizeof(c->link_err)) == 0;
+        for (uint32_t q = 0; c->linked && q < t->nparts; q++)
+            c->raw[q].cold_n = t->parts[q].cold_rows;
+    }
     c->started = true;
     c->id = id;
     c->delta = id != 0 && c->base != 0 && atomic_load(&t->last_cut) == c->base && t->cold == NULL;
@@ -351,6 +382,24 @@ void table_cut_start(table_cut *c, uint64_t id, bool track)
     atomic_store(&t->pending, t->nparts);
     atomic_store_explicit(&t->cut, c, memory_order_release);
     atomic_fetch_add_explicit(&t->cut_gen, 1, memory_order_acq_rel);
+    if (link)
+        for (uint32_t q = 0; q < t->nparts; q++)
+            pthread_rwlock_unlock(&t->parts[q].lock);
+}
+
+void table_cut_link(table_cut *c, const char *dir)
+{
+    if (c->started || c->t->cold == NULL)
+        return;
+    free(c->link_dir);
+    c->link_dir = strdup(dir); /* NULL (memory): the rows path */
+}
+
+const char *table_cut_linked(const table_cut *c, const char **why)
+{
+    if (why != NULL)
+        *why = c->link_err[0] != '\0' ? c->link_err : NULL;
+    return c->linked ? c->link_dir : NULL;
 }
 
 table_cut *table_cut_begin(table *t, uint64_t base, uint64_t id, bool track)
@@ -413,7 +462,7 @@ int table_cut_finish_ram(table_cut *c)
 
 uint64_t table_cut_cold_count(const table_cut *c, uint32_t part)
 {
-    if (!c->cold_later || part >= c->t->nparts)
+    if ((!c->cold_later && !c->linked) || part >= c->t->nparts)
         return 0;
     return c->raw[part].cold_n; /* 0 when the copy took no snapshot */
 }
@@ -464,6 +513,7 @@ void table_cut_free(table_cut *c)
     }
     free(c->parts);
     free(c->raw);
+    free(c->link_dir);
     free(c);
     table_unref(t);
 }

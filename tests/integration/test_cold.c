@@ -12,10 +12,16 @@
  *     psd_table_promotions_total); ids not in the table make no row; an unknown table, too
  *     many ids and an id of another server are refused with named errors.
  * (e) a damaged checkpoint file holding cold tables' rows is named as unusable at the restart,
- *     and the checkpoint before it comes back exactly;
+ *     and the checkpoint before it comes back exactly; so is a damaged file of the copy of a
+ *     cold store a checkpoint names (ckpt-0-N.cold), the damaged file named;
+ * (g) a checkpoint after a 1% change writes far less than the tables (bytes of its file and
+ *     of the files of its stores' copies not shared with the previous one), its restore gives
+ *     rows bit for bit those of the twins in RAM, and pruning removes the copies of the
+ *     checkpoints it deletes; a checkpoint that cannot copy the stores writes the rows
+ *     instead (the form of older files), which restores bit for bit too;
  * (f) a cold-dir on a small tmpfs that fills mid-run: RESOURCE_EXHAUSTED naming it, nothing
  *     acknowledged lost, the server goes on (root only, skipped saying why otherwise);
- * (a), (b), (d), (e) and (f) skip, saying why, when the build has no RocksDB. */
+ * (a), (b), (d), (e), (f) and (g) skip, saying why, when the build has no RocksDB. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +30,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -173,16 +180,33 @@ static int count_entries(const char *path)
     return n;
 }
 
-static void start(test_ps *p, const char *cold_dir)
+/* A server with cold_dir; chain: checkpoint-full-every 4 and checkpoint-keep 1 (else one
+ * full file each, the default kept). */
+static void start_with(test_ps *p, const char *cold_dir, bool chain)
 {
-    const char *extra[] = {
-        "--checkpoint-dir", p->dir, "--cold-dir", cold_dir, "--checkpoint-interval-s", "0",
-        "--http-listen",    NULL,   NULL};
+    const char *extra[] = {"--checkpoint-dir",
+                           p->dir,
+                           "--cold-dir",
+                           cold_dir,
+                           "--checkpoint-interval-s",
+                           "0",
+                           "--http-listen",
+                           NULL,
+                           chain ? "--checkpoint-full-every" : NULL,
+                           "4",
+                           "--checkpoint-keep",
+                           "1",
+                           NULL};
     static char haddr[64];
     snprintf(haddr, sizeof(haddr), "127.0.0.1:%d",
              p->port + 1000 > 65000 ? p->port - 1000 : p->port + 1000);
     extra[7] = haddr;
     test_ps_start(p, extra);
+}
+
+static void start(test_ps *p, const char *cold_dir)
+{
+    start_with(p, cold_dir, false);
 }
 
 static void test_same_as_ram_and_restore(void **state)
@@ -316,6 +340,296 @@ static void test_damaged_checkpoint(void **state)
 
     start(&p, cold_dir);
     snprintf(text, sizeof(text), "ckpt-0-%d.psc is unusable (", bad);
+    assert_true(test_file_contains(p.log, text));
+    snprintf(text, sizeof(text), "checkpoint %d (full %d + 0 deltas)", good, good);
+    assert_true(test_file_contains(p.log, text));
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    make_tables(c, &ts);
+    assert_tables_agree(&ts, saved, true);
+    free_tables(&ts);
+    ps_client_close(c);
+    free(saved);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* Bytes of the files in dir (one level: the stores' copies of ckpt-0-N.cold), of those whose
+ * inode is not in not_in (when not NULL): what a checkpoint wrote, hard links not counted. */
+static uint64_t cold_copy_bytes(const char *dir, const char *not_in)
+{
+    uint64_t total = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[700];
+        snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+        DIR *s = opendir(sub);
+        assert_non_null(s);
+        struct dirent *f;
+        while ((f = readdir(s)) != NULL) {
+            if (f->d_name[0] == '.')
+                continue;
+            char file[1000], other[1000];
+            struct stat st, ot;
+            snprintf(file, sizeof(file), "%s/%s", sub, f->d_name);
+            assert_int_equal(stat(file, &st), 0);
+            if (not_in != NULL) {
+                snprintf(other, sizeof(other), "%s/%s/%s", not_in, e->d_name, f->d_name);
+                if (stat(other, &ot) == 0 && ot.st_ino == st.st_ino)
+                    continue;
+            }
+            total += (uint64_t)st.st_size;
+        }
+        closedir(s);
+    }
+    closedir(d);
+    return total;
+}
+
+static uint64_t file_bytes(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_size;
+}
+
+/* (g) A checkpoint after a change of 1% of the rows: its file holds the tables' RAM rows and
+ * names copies of the cold stores (ckpt-0-N.cold) whose files are mostly hard links to the
+ * previous copy's, so that it writes far less than the whole tables; its restore is bit for
+ * bit the twins in RAM; pruning (checkpoint-keep 1, a full file every 4) deletes the older copies.
+ */
+static void test_linked_checkpoint(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-link");
+    char cold_dir[300];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    start_with(&p, cold_dir, true);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    /* Every id made (pushes in order), then random pushes. */
+    static int64_t ids[IDS];
+    static float g[IDS * DIM];
+    for (int64_t i = 0; i < IDS; i++)
+        ids[i] = i;
+    for (size_t i = 0; i < IDS * DIM; i++)
+        g[i] = 0.125f;
+    for (size_t k = 0; k < NKINDS; k++)
+        for (int cold = 0; cold < 2; cold++)
+            assert_int_equal(ps_table_push(ts.t[k][cold], ids, IDS, g), PS_OK);
+    push_rounds(&ts, ROUNDS / 3);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    int first = newest_checkpoint(p.dir);
+    char psc1[400], cold1[400], psc2[400], cold2[400];
+    snprintf(psc1, sizeof(psc1), "%s/ckpt-0-%d.psc", p.dir, first);
+    snprintf(cold1, sizeof(cold1), "%s/ckpt-0-%d.cold", p.dir, first);
+    uint64_t whole = file_bytes(psc1) + cold_copy_bytes(cold1, NULL);
+
+    /* 1% of the ids pushed (the same rows of every table). */
+    for (size_t k = 0; k < NKINDS; k++)
+        for (int cold = 0; cold < 2; cold++)
+            assert_int_equal(ps_table_push(ts.t[k][cold], ids + IDS / 2, IDS / 100, g), PS_OK);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    int second = newest_checkpoint(p.dir);
+    assert_true(second > first);
+    snprintf(psc2, sizeof(psc2), "%s/ckpt-0-%d.psc", p.dir, second);
+    snprintf(cold2, sizeof(cold2), "%s/ckpt-0-%d.cold", p.dir, second);
+    uint64_t file2 = file_bytes(psc2), copy2 = cold_copy_bytes(cold2, cold1);
+    fprintf(stderr,
+            "first checkpoint: %" PRIu64 " bytes; after a 1%% change: file %" PRIu64
+            ", new store files %" PRIu64 " (shared by link: %" PRIu64 ")\n",
+            whole, file2, copy2, cold_copy_bytes(cold2, NULL) - copy2);
+    assert_true((file2 + copy2) * 3 < whole);
+    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
+    assert_non_null(saved);
+    assert_tables_agree(&ts, saved, false);
+    push_rounds(&ts, 3); /* lost to the kill */
+    free_tables(&ts);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+
+    start_with(&p, cold_dir, true);
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    make_tables(c, &ts);
+    assert_tables_agree(&ts, saved, true);
+    push_rounds(&ts, 5);
+    assert_tables_agree(&ts, NULL, false);
+    /* More checkpoints than are kept: every copy left is named by a file left. */
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(raw_checkpoint(p.port), 0);
+    assert_true(access(psc1, F_OK) != 0 && access(cold1, F_OK) != 0);
+    DIR *d = opendir(p.dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int copies = 0;
+    while ((e = readdir(d)) != NULL) {
+        int seq;
+        char tail[8], file[400];
+        if (sscanf(e->d_name, "ckpt-0-%d.%5s", &seq, tail) != 2 || strcmp(tail, "cold") != 0)
+            continue;
+        snprintf(file, sizeof(file), "%s/ckpt-0-%d.psc", p.dir, seq);
+        assert_int_equal(access(file, F_OK), 0);
+        copies++;
+    }
+    closedir(d);
+    assert_true(copies > 0);
+    free_tables(&ts);
+    ps_client_close(c);
+    free(saved);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* A checkpoint whose copy of the stores cannot be made (a file stands where its directory
+ * would go) writes the cold tables' rows one by one, as files before linked copies did
+ * (record 6), and that form restores bit for bit too. */
+static void test_rows_form(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-rows");
+    char cold_dir[300], block[400];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    start(&p, cold_dir);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    push_rounds(&ts, ROUNDS / 3);
+    int next = newest_checkpoint(p.dir) + 1;
+    if (next < 1)
+        next = 1;
+    snprintf(block, sizeof(block), "%s/ckpt-0-%d.cold", p.dir, next);
+    FILE *fp = fopen(block, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    assert_int_equal(newest_checkpoint(p.dir), next);
+    assert_true(test_file_contains(p.log, "tables with a cold tier are written row by row"));
+    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
+    assert_non_null(saved);
+    assert_tables_agree(&ts, saved, false);
+    free_tables(&ts);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+
+    start(&p, cold_dir);
+    c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    make_tables(c, &ts);
+    assert_tables_agree(&ts, saved, true);
+    free_tables(&ts);
+    ps_client_close(c);
+    free(saved);
+    test_ps_signal_wait(&p, SIGTERM, 0);
+    test_ps_cleanup(&p);
+}
+
+/* The first store file (.sst) in the copies of dir not in those of older (a file of the
+ * newer checkpoint only) into out. False when there is none. */
+static bool sst_only_in(const char *dir, const char *older, char *out, size_t cap)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    bool found = false;
+    while (!found && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char sub[700];
+        snprintf(sub, sizeof(sub), "%s/%s", dir, e->d_name);
+        DIR *s = opendir(sub);
+        assert_non_null(s);
+        struct dirent *f;
+        while (!found && (f = readdir(s)) != NULL) {
+            size_t n = strlen(f->d_name);
+            char other[1000];
+            struct stat st;
+            snprintf(other, sizeof(other), "%s/%s/%s", older, e->d_name, f->d_name);
+            if (n > 4 && strcmp(f->d_name + n - 4, ".sst") == 0 && stat(other, &st) != 0) {
+                snprintf(out, cap, "%s/%s", sub, f->d_name);
+                found = true;
+            }
+        }
+        closedir(s);
+    }
+    closedir(d);
+    return found;
+}
+
+/* (e) A damaged file in the copy of a cold store that the newest checkpoint names: the restart
+ * names the checkpoint unusable, with the damaged copy, and restores the one before it
+ * exactly. */
+static void test_damaged_cold_copy(void **state)
+{
+    (void)state;
+    if (!cold_store_available()) {
+        fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
+        skip();
+    }
+    test_ps p;
+    test_ps_init(&p, server_bin, "psd-cold-badcopy");
+    char cold_dir[300];
+    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
+    assert_int_equal(mkdir(cold_dir, 0755), 0);
+    start(&p, cold_dir);
+    ps_client *c = test_ps_open_client(&p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    push_rounds(&ts, ROUNDS / 3);
+    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
+    assert_non_null(saved);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    int good = newest_checkpoint(p.dir);
+    assert_tables_agree(&ts, saved, false);
+    push_rounds(&ts, 5);
+    assert_int_equal(raw_checkpoint(p.port), 0);
+    int bad = newest_checkpoint(p.dir);
+    assert_true(good >= 0 && bad > good);
+    free_tables(&ts);
+    ps_client_close(c);
+    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
+
+    /* Bytes flipped in the middle of a store file only the newest copy has. */
+    char bad_dir[400], good_dir[400], sst[1000], text[500];
+    snprintf(bad_dir, sizeof(bad_dir), "%s/ckpt-0-%d.cold", p.dir, bad);
+    snprintf(good_dir, sizeof(good_dir), "%s/ckpt-0-%d.cold", p.dir, good);
+    assert_true(sst_only_in(bad_dir, good_dir, sst, sizeof(sst)));
+    FILE *fp = fopen(sst, "r+b");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long at = ftell(fp) / 3;
+    for (int i = 0; i < 16; i++) {
+        fseek(fp, at + i, SEEK_SET);
+        int ch = fgetc(fp);
+        fseek(fp, at + i, SEEK_SET);
+        fputc(ch ^ 0x5a, fp);
+    }
+    fclose(fp);
+
+    start(&p, cold_dir);
+    snprintf(text, sizeof(text), "ckpt-0-%d.psc is unusable (", bad);
+    assert_true(test_file_contains(p.log, text));
+    snprintf(text, sizeof(text), "ckpt-0-%d.cold/", bad);
     assert_true(test_file_contains(p.log, text));
     snprintf(text, sizeof(text), "checkpoint %d (full %d + 0 deltas)", good, good);
     assert_true(test_file_contains(p.log, text));
@@ -576,9 +890,10 @@ int main(int argc, char **argv)
     }
     server_bin = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cold_dir_errors), cmocka_unit_test(test_same_as_ram_and_restore),
-        cmocka_unit_test(test_prefetch),        cmocka_unit_test(test_damaged_checkpoint),
-        cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_cold_dir_errors),   cmocka_unit_test(test_same_as_ram_and_restore),
+        cmocka_unit_test(test_prefetch),          cmocka_unit_test(test_damaged_checkpoint),
+        cmocka_unit_test(test_disk_full),         cmocka_unit_test(test_linked_checkpoint),
+        cmocka_unit_test(test_damaged_cold_copy), cmocka_unit_test(test_rows_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -376,6 +376,93 @@ static void test_cut_streamed(void **state)
     table_destroy(r);
 }
 
+/* A linked cut (table_cut_link): the store copied at the cut's moment, each partition's cold
+ * count noted, its RAM rows copied; a new table that adopts the copy (table_cold_adopt) and
+ * takes the RAM rows is the table as it was at the cut, even with pushes, promotions and
+ * demotions after the cut began; the copy stays as it was (a second adoption gives the same). */
+static void test_cut_linked(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    table_spec s = spec_of("cold_link", 4, OPTIMIZER_ADAM, 100);
+    table *t = make(&s);
+    enum { N = 1000 };
+    int64_t ids[N];
+    float *g = malloc(N * 4 * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        ids[i] = i * 7919 + 5;
+        for (int k = 0; k < 4; k++)
+            g[i * 4 + k] = rnd_grad();
+    }
+    push_ok(t, ids, N, g, 10);
+    push_ok(t, ids, N / 3, g, 20);
+    all_rows before = rows_of(t);
+    char copy[400];
+    snprintf(copy, sizeof(copy), "%s/linked-copy", dir);
+    table_cut *c = table_cut_prepare(t, 0);
+    assert_non_null(c);
+    table_cut_link(c, copy);
+    table_cut_start(c, table_cut_id_new(), true);
+    const char *why = NULL;
+    assert_non_null(table_cut_linked(c, &why));
+    assert_null(why);
+    /* After the cut began: pushes (demotions), a prefetch (promotions) are not in it. */
+    push_ok(t, ids + 500, 100, g, 30);
+    assert_true(table_prefetch(t, ids, 200) > 0);
+    assert_int_equal(table_cut_finish_ram(c), 0);
+    uint32_t np = table_partitions(t);
+    uint64_t *cold_n = calloc(np, sizeof(*cold_n));
+    uint64_t ncold = 0, nram = 0;
+    for (uint32_t p = 0; p < np; p++) {
+        table_rows none;
+        cold_n[p] = table_cut_cold_count(c, p);
+        ncold += cold_n[p];
+        nram += table_cut_rows(c, p)->n;
+        assert_int_equal(table_cut_cold_rows(c, p, &none), 0); /* in the copy, not the cut */
+        assert_int_equal(none.n, 0);
+    }
+    assert_true(ncold > N / 2);
+    assert_int_equal(ncold + nram, N);
+    for (int round = 0; round < 2; round++) {
+        table_spec s2 = spec_of("cold_link", 4, OPTIMIZER_ADAM, 100);
+        table *r = make(&s2);
+        char err[1024];
+        assert_int_equal(table_cold_adopt(r, copy, cold_n, err, sizeof(err)), 0);
+        for (uint32_t p = 0; p < np; p++) {
+            const table_rows *ram = table_cut_rows(c, p);
+            for (size_t i = 0; i < ram->n; i++)
+                assert_int_equal(table_insert_row(r, ram->ids[i], ram->floats + i * ram->row_floats,
+                                                  ram->updated_ms[i]),
+                                 TABLE_OK);
+        }
+        table_stats st;
+        table_stats_get(r, &st);
+        assert_int_equal(st.rows, N);
+        all_rows after = rows_of(r);
+        assert_int_equal(after.n, before.n);
+        assert_memory_equal(after.ids, before.ids, N * sizeof(int64_t));
+        assert_memory_equal(after.upd, before.upd, N * sizeof(int64_t));
+        assert_memory_equal(after.rows, before.rows, N * before.w * sizeof(float));
+        rows_free(&after);
+        table_destroy(r);
+    }
+    /* A missing copy is named. */
+    table_spec s3 = spec_of("cold_link", 4, OPTIMIZER_ADAM, 100);
+    table *r = make(&s3);
+    char err[1024], gone[450];
+    snprintf(gone, sizeof(gone), "%s/no-such-copy", dir);
+    assert_int_equal(table_cold_adopt(r, gone, cold_n, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "no-such-copy"));
+    table_destroy(r);
+    table_cut_free(c);
+    assert_int_equal(cold_store_remove_dir(copy), 0);
+    free(cold_n);
+    rows_free(&before);
+    free(g);
+    table_destroy(t);
+}
+
 /* max_rows counts both tiers, the oldest cold rows go first; the TTL sweep, table_remove,
  * table_partition_clear and export reach the disk. */
 static void test_limits_and_removal(void **state)
@@ -766,14 +853,25 @@ static void *conc_puller(void *p)
 static void *conc_cutter(void *p)
 {
     conc_arg *a = p;
-    while (!atomic_load(a->stop)) {
-        table_cut *c = table_cut_begin(a->t, 0, 0, false);
-        if (c == NULL || table_cut_finish(c) != 0)
+    for (unsigned n = 0; !atomic_load(a->stop); n++) {
+        /* Every other cut linked: every partition held while the store is copied. */
+        char copy[400];
+        snprintf(copy, sizeof(copy), "%s/conc-link-%u", dir, n);
+        table_cut *c = table_cut_prepare(a->t, 0);
+        if (c == NULL)
+            return (void *)1;
+        if (n % 2)
+            table_cut_link(c, copy);
+        table_cut_start(c, 0, false);
+        bool linked = table_cut_linked(c, NULL) != NULL;
+        if ((n % 2 != 0) != linked || (linked ? table_cut_finish_ram(c) : table_cut_finish(c)) != 0)
             return (void *)1;
         size_t total = 0;
         for (uint32_t q = 0; q < table_partitions(a->t); q++)
-            total += table_cut_rows(c, q)->n;
+            total += table_cut_rows(c, q)->n + table_cut_cold_count(c, q);
         table_cut_free(c);
+        if (linked && cold_store_remove_dir(copy) != 0)
+            return (void *)1;
         if (total > CONC_IDS)
             return (void *)1;
     }
@@ -868,7 +966,8 @@ int main(void)
         cmocka_unit_test(test_limits_and_removal), cmocka_unit_test(test_budget_demotes),
         cmocka_unit_test(test_concurrent),         cmocka_unit_test(test_spec_errors),
         cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_cut_streamed),
-        cmocka_unit_test(test_frequent_stay),      cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_cut_linked),         cmocka_unit_test(test_frequent_stay),
+        cmocka_unit_test(test_disk_full),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
