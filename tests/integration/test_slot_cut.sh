@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A table push cut twice across consecutive slot moves toward one server: psctl add-server
-# moves slots in small batches while 2 client threads push to table rows (3 ids a push) and 2
-# more send Steps. The servers run with test-failpoint slot-cut-hold: the piece of a refused
+# moves slots in batches of 8 while 2 client threads push to table rows (32 ids spread over
+# the table a push: most pushes refused after a batch are cut) and 2 more send Steps. The servers run with test-failpoint slot-cut-hold: the piece of a refused
 # push that stays on its server (same client id and seq) waits 1.5 s there before the gate, so
 # the next batches move some of its rows away meanwhile and it is refused and cut again, its
 # rows sent on to the new server where a piece of the same push went already. Every piece must
@@ -32,7 +32,7 @@ ctl=("$psctl" --cluster "$spec" --coordinator "$coord" --coordinator-prefix $pfx
 
 export TF_CONFIG="{\"cluster\":$spec}" PS_COORDINATOR="$coord" PS_COORDINATOR_PREFIX=$pfx
 export PS_RETRIES=100 PS_DEADLINE_MS=60000
-"$pusher" push "$tmp/hist" "$tmp/stop" >"$tmp/push.log" 2>&1 &
+SLOT_PUSHER_IDS=32 "$pusher" push "$tmp/hist" "$tmp/stop" >"$tmp/push.log" 2>&1 &
 pusher_pid=$!; pids+=($pusher_pid)
 PS_WORKER_ID=0 PS_HEARTBEAT_MS=200 "$pusher" step "$tmp/hist2" "$tmp/stop" >"$tmp/step.log" 2>&1 &
 stepper_pid=$!; pids+=($stepper_pid)
@@ -41,7 +41,7 @@ stepper_pid=$!; pids+=($stepper_pid)
 pids+=($!)
 wait_log "$tmp/ps2.log" "serving on" 15 || { echo "FAIL the joining server did not start"; cat "$tmp/ps2.log"; exit 1; }
 sleep 1
-check add-server 0 "add-server: done" "${ctl[@]}" --batch-slots 32 add-server "${a[2]}"
+check add-server 0 "add-server: done" "${ctl[@]}" --batch-slots 8 add-server "${a[2]}"
 sleep 1
 touch "$tmp/stop"
 if wait $pusher_pid; then echo "ok   pushers: $(tail -1 "$tmp/push.log")"
