@@ -136,9 +136,6 @@ static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min
     step_free(k);
 }
 
-/* Checks every item before anything is applied: a valid name found here, a range this server
- * holds, push or pull set, and segment sizes that add up. Replies with the error and returns
- * false otherwise. */
 /* Whether this server applied the Step (any of its pushes is marked in its window, or the
  * window cannot tell): said with a refusal as moved (Envelope.moved_applied), so that the
  * client resends its parts where its window went with the slots (answered as duplicates
@@ -156,6 +153,9 @@ static bool step_applied(server_state *st, const envelope *env, const Psd__V1__S
     return false;
 }
 
+/* Checks every item before anything is applied: a valid name found here, a range this server
+ * holds, push or pull set, and segment sizes that add up. Replies with the error and returns
+ * false otherwise. */
 static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
 {
     const envelope *env = rpc_call_envelope(call);
