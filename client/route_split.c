@@ -1,10 +1,10 @@
 /* A table request refused because some of its ids' slots moved (Envelope.moved_to), whose ids
  * the re-read slot map now places on several servers: cut by the new map, each piece sent to
- * its server with the same seq (under the key of its stream: the refusing server's for the
- * piece that stays there, slots_stream_client of it for the others, whose windows came with
- * the slots), and answered to its caller as one call: a push OK when every piece is, a pull's
- * rows put back in the order asked. A piece refused again (a second move meanwhile) follows
- * that move as a call of its own would (route.c: redirected, or cut again). */
+ * its server with the same seq (the piece that stays under the key the request went with, each
+ * other under a key of its own, slots_piece_client: the refusing server answers moved only
+ * what its window proves unapplied), and answered to its caller as one call: a push OK when every
+ * piece is, a pull's rows put back in the order asked. A piece refused again (a second move
+ * meanwhile) follows that move as a call of its own would (route.c: redirected, or cut again). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +188,7 @@ int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t k
     if (owner == NULL)
         goto out;
     slot_map map = c->slots;
+    uint64_t version = c->slots_rec.version;
     size_t nsrv = 0;
     int reach = client_reach(c);
     int *count = calloc((size_t)reach, sizeof(int));
@@ -230,7 +231,13 @@ int route_split_moved(ps_client *c, rpc_conn **conns, int refused_by, uint64_t k
         split_piece *p = &s->pieces[s->npieces++];
         p->s = s;
         p->server = srv;
-        p->key = srv == refused_by ? key : slots_stream_client(key, (uint32_t)refused_by);
+        /* The server that refused it proved it unapplied (server/slot_gate.c): a piece that
+         * leaves it goes under a key of its own, never one another piece of the same seq used
+         * there, nor the one its window came under. */
+        p->key = srv == refused_by
+                     ? key
+                     : slots_piece_client(slots_stream_client(key, (uint32_t)refused_by),
+                                          f.env->seq, version, (uint32_t)srv);
         p->at = malloc((size_t)count[srv] * sizeof(size_t));
         if (p->at == NULL) {
             free(count);

@@ -546,17 +546,24 @@ static int piece_owner(const step_state *s, const step_piece *p, const slot_map 
 
 /* m, refused by m->server because slots of it moved: the map is read again and m's pieces go
  * to their owners now as messages of their own (same seqs: a piece that stays under the key m
- * went with, the others under the stream key of that and m->server, whose windows came with
- * the slots; a table piece cut by owner; m's clock still to m->server). m completes once they
- * all have. Returns 0 when they took over, -1 when not (the map read moves none of m's
- * pieces, gives one to a server this client does not reach, or memory ran out). */
+ * went with; the others, when m->server says it applied m (Envelope.moved_applied), under the
+ * stream key of that and m->server, whose windows came with the slots, else each under a key
+ * of its own, slots_piece_client; a table piece cut by owner; m's clock still to m->server). m
+ * completes once they all have. Returns 0 when they took over, -1 when not (the map read moves none
+ * of m's pieces, gives one to a server this client does not reach, or memory ran out). */
 static int resend(step_msg *m, const frame *reply)
 {
     step_state *s = m->s;
     ps_client *c = s->c;
     client_slots_refresh(c, reply->env->slots_version);
     slot_map map = c->slots;
+    uint64_t version = c->slots_rec.version;
     int reach = client_reach(c), from = m->server;
+    /* m's first push seq names it among the messages of its key to `from`. */
+    uint64_t seq = 0;
+    for (size_t k = 0; seq == 0 && k < m->npieces; k++)
+        seq = piece_of(m, k)->push ? piece_of(m, k)->seq : 0;
+    uint64_t stream = slots_stream_client(m->key ? m->key : c->client_id, (uint32_t)from);
     size_t nown = 0;
     for (size_t k = 0; k < m->npieces; k++)
         nown += piece_of(m, k)->table ? piece_of(m, k)->count : 1;
@@ -606,8 +613,12 @@ static int resend(step_msg *m, const frame *reply)
         ch->server = o;
         ch->parent = m;
         ch->advance_clock = m->advance_clock && o == from;
+        /* Applied on `from` before its slots moved: the parts go where its window went, and
+         * are duplicates there. Else each part that leaves it under a key of its own. */
         ch->key = o == from ? m->key
-                            : slots_stream_client(m->key ? m->key : c->client_id, (uint32_t)from);
+                  : reply->env->moved_applied
+                      ? stream
+                      : slots_piece_client(stream, seq, version, (uint32_t)o);
         kids[nkids++] = ch;
         size_t used = 0;
         for (size_t k = 0, x = 0; k < m->npieces; k++) {

@@ -137,6 +137,7 @@ void rpcs_set_reply(rpc_call *c, int status, const char *message, const Protobuf
     if (c->moved_to >= 0) {
         env.moved_to = (uint32_t)c->moved_to + 1;
         env.slots_version = c->slots_version;
+        env.moved_applied = c->moved_applied;
     }
     env.status = status;
     /* Messages may quote what a client sent: make sure the string field is valid UTF-8 so that
@@ -265,6 +266,11 @@ void rpc_call_set_moved(rpc_call *c, uint32_t to, uint64_t version)
 {
     c->moved_to = to;
     c->slots_version = version;
+}
+
+void rpc_call_set_moved_applied(rpc_call *c)
+{
+    c->moved_applied = true;
 }
 
 void rpc_call_set_primary(rpc_call *c, uint32_t primary)

@@ -74,6 +74,9 @@ typedef struct rpc_conn_config {
     bool (*hint)(void *hint_arg, uint64_t since_ns, char *buf, size_t cap);
     void *hint_arg;
     rpc_tls tls; /* mutual TLS (url must then be tls+tcp://); zero: plain */
+    /* A connection opened for a call made at once (rpc_oneshot): while none of its sockets is
+     * up, the call looks again every 1 ms for its first 100 ms rather than every 20 ms. */
+    bool fast_connect;
 } rpc_conn_config;
 
 typedef struct rpc_call_opts {

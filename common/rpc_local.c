@@ -93,6 +93,7 @@ static void handle_local(rpc_server *s, rpc_call *c)
     c->status = STATUS_OK;
     c->primary = -1;
     c->moved_to = -1;
+    c->moved_applied = false;
     c->recv_ns = time_now_ns();
     atomic_fetch_add(&s->stats.requests, 1);
     atomic_fetch_add(&s->stats.bytes_in, c->len);

@@ -101,6 +101,7 @@ int rpc_oneshot_start(const char *addr, const rpc_tls *tls, int method,
         .connections = 1,
         .max_message = (seg_len > (1u << 24) ? seg_len : (1u << 24)) + 65536,
         .label = addr,
+        .fast_connect = true,
     };
     if (on)
         cc.tls = *tls;

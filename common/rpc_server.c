@@ -246,6 +246,7 @@ static void call_cb(void *arg)
         c->status = STATUS_OK;
         c->primary = -1;
         c->moved_to = -1;
+        c->moved_applied = false;
         c->gate = NULL;
         if (c->len <= s->cfg.inline_max)
             call_work(c, false);

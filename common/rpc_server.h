@@ -139,6 +139,9 @@ void rpc_call_set_primary(rpc_call *c, uint32_t primary);
 /* Names the server that holds the slots the request touched now, and the slot map version
  * that gave them there (Envelope.moved_to, slots_version of the reply). */
 void rpc_call_set_moved(rpc_call *c, uint32_t to, uint64_t version);
+/* Says, with a moved refusal (rpc_call_set_moved), that the request was applied here before
+ * its slots moved, or may have been (Envelope.moved_applied). */
+void rpc_call_set_moved_applied(rpc_call *c);
 /* Whether the handler that just returned on this thread parked c (rpc_call_defer): then c is
  * no longer the caller's to touch. Compares pointers only. */
 bool rpc_call_deferred_here(const rpc_call *c);

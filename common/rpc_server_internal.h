@@ -54,6 +54,7 @@ struct rpc_call {
     /* Envelope.moved_to - 1 and slots_version of the reply (rpc_call_set_moved); -1: none */
     int64_t moved_to;
     uint64_t slots_version;
+    bool moved_applied;   /* Envelope.moved_applied of the reply (rpc_call_set_moved_applied) */
     rpc_resume_gate gate; /* rpc_call_set_gate */
     void *gate_arg;
     uint64_t gate_tag;

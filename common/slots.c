@@ -58,3 +58,10 @@ uint64_t slots_stream_client(uint64_t client, uint32_t from)
     uint64_t k = mix64(client ^ mix64(((uint64_t)from + 1) * 0x9E3779B97F4A7C15ull));
     return k == client ? k ^ 1 : k;
 }
+
+uint64_t slots_piece_client(uint64_t stream, uint64_t seq, uint64_t version, uint32_t to)
+{
+    uint64_t k = mix64(
+        stream ^ mix64(seq ^ mix64(version ^ mix64(((uint64_t)to + 1) * 0xC2B2AE3D27D4EB4Full))));
+    return k == stream ? k ^ 1 : k;
+}

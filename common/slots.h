@@ -78,4 +78,15 @@ static inline uint32_t slots_row_owner_h(const slot_map *m, uint64_t table_hash,
  * client. A request that follows two moves composes it per hop. */
 uint64_t slots_stream_client(uint64_t client, uint32_t from);
 
+/* The client id of one piece of an update that server `from` refused as moved, unapplied
+ * (its window proved it), cut by the slot map of `version` and sent to server `to` (not
+ * `from`) with the same seq: a key of its own, stable across the piece's resends and never
+ * that of another piece, so that the piece is applied once there whatever else of the same
+ * seq reached `to` (another piece, or a window that came with slots). stream is
+ * slots_stream_client(client, from) of the key the update went to `from` with; seq the
+ * update's (a Step's: its first push's). Another piece of that update's chain on `from` is cut
+ * to `to` only at a later version (what stayed on `from` is all `from`'s at `version`), so no
+ * two pieces share one. mix64 of the four, or that xor 1 where it would equal stream. */
+uint64_t slots_piece_client(uint64_t stream, uint64_t seq, uint64_t version, uint32_t to);
+
 #endif

@@ -560,6 +560,29 @@ dedup_result dedup_begin_floor(dedup *d, uint64_t client, uint64_t seq, uint64_t
     return res;
 }
 
+dedup_result dedup_peek(dedup *d, uint64_t client, uint64_t seq)
+{
+    if (seq == 0)
+        return DEDUP_NEW;
+    dedup_result res;
+    shard *sh;
+    client_window *w = acquire(d, client, &sh);
+    if (w == NULL)
+        return DEDUP_NO_MEMORY;
+    if (seq <= w->tomb_floor)
+        res = w->floor_kind == FLOOR_HASH ? DEDUP_UNPROVEN : DEDUP_EVICTED;
+    else if (seq > w->highest)
+        res = DEDUP_NEW;
+    else if (w->highest - seq >= (uint64_t)d->words * 64)
+        res = DEDUP_TOO_OLD;
+    else
+        res = w->bits[(w->highest - seq) / 64] & (1ull << ((w->highest - seq) % 64))
+                  ? DEDUP_DUPLICATE
+                  : DEDUP_NEW;
+    pthread_mutex_unlock(&sh->lock);
+    return res;
+}
+
 dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq)
 {
     return dedup_begin_floor(d, client, seq, NULL);

@@ -69,6 +69,11 @@ uint64_t dedup_forgotten(dedup *d);
  * without marking). */
 dedup_result dedup_begin(dedup *d, uint64_t client, uint64_t seq);
 
+/* What dedup_begin would answer for (client, seq), without marking it: DEDUP_NEW only when
+ * the request is provably not applied (a server that answers a request moved uses it to know
+ * that no part of it was applied here: server/slot_gate.c). Counts no refusal. */
+dedup_result dedup_peek(dedup *d, uint64_t client, uint64_t seq);
+
 /* The same, with the client's floor (its highest seq when evicted, or the floor of its hash)
  * in *floor when the result is DEDUP_EVICTED or DEDUP_UNPROVEN (for the refusal's message). */
 dedup_result dedup_begin_floor(dedup *d, uint64_t client, uint64_t seq, uint64_t *floor);

@@ -433,6 +433,7 @@ int main(int argc, char **argv)
             program_end(&prog);
             return 1;
         }
+        slot_gate_failpoint(opt_str(prog.opts, OPT_TEST_FAILPOINT));
         slot_move_config mc = {.endpoints = coordinator,
                                .prefix = slot_pfx,
                                .tls = tls,

@@ -7,9 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
+#include "log.h"
 #include "placement.h"
 #include "slots.h"
 #include "status.h"
+#include "timeutil.h"
+
+/* Failpoint slot-cut-hold (test-failpoint, tests only): a table push this server refused as
+ * moved, come back under the same client id and seq (the piece of it that stays here, once the
+ * client cut it), waits this long before the gate, so that the next batch of slots can move
+ * some of its rows away meanwhile and the piece is refused and cut a second time. */
+#define CUT_HOLD_MS 1500
+/* Table pushes refused as moved that it remembers, (client id, seq), the latest. */
+#define CUT_HOLD_RING 64
 
 static struct {
     atomic_bool on;
@@ -24,7 +35,46 @@ static struct {
     atomic_bool moved; /* some slot moved since the start: requests are checked slot by slot */
     atomic_uint_fast64_t version;
     char move_id[128];
+    bool cut_hold; /* failpoint slot-cut-hold */
+    uint64_t refused[CUT_HOLD_RING][2];
+    unsigned nrefused;
 } g = {.inside = PTHREAD_RWLOCK_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+void slot_gate_failpoint(const char *failpoint)
+{
+    g.cut_hold = failpoint && strcmp(failpoint, "slot-cut-hold") == 0;
+}
+
+/* slot-cut-hold: remembers a table push refused as moved. */
+static void cut_hold_note(const envelope *env)
+{
+    if (!g.cut_hold || env->seq == 0)
+        return;
+    pthread_mutex_lock(&g.mu);
+    uint64_t *e = g.refused[g.nrefused++ % CUT_HOLD_RING];
+    e[0] = env->client_id;
+    e[1] = env->seq;
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* slot-cut-hold: a table push refused as moved before, back under the same key, waits. */
+static void cut_hold_wait(rpc_call *call)
+{
+    const envelope *env = rpc_call_envelope(call);
+    if (!g.cut_hold || env->method != PSD__V1__METHOD__TABLE_PUSH || env->seq == 0)
+        return;
+    bool seen = false;
+    pthread_mutex_lock(&g.mu);
+    for (unsigned i = 0; i < CUT_HOLD_RING && !seen; i++)
+        seen = g.refused[i][0] == env->client_id && g.refused[i][1] == env->seq;
+    pthread_mutex_unlock(&g.mu);
+    if (!seen)
+        return;
+    log_warn("failpoint slot-cut-hold: holding a table push refused as moved before (client "
+             "%016llx seq %llu) for %d ms",
+             (unsigned long long)env->client_id, (unsigned long long)env->seq, CUT_HOLD_MS);
+    time_sleep_ms(CUT_HOLD_MS);
+}
 
 int slot_gate_start(server_state *st, const slots_record *rec)
 {
@@ -150,35 +200,75 @@ static bool check_name(rpc_call *call, server_state *st, const char *name, uint6
     return false;
 }
 
-/* The slot of each of the n ids at seg (8 bytes each, unaligned). */
-static bool check_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *seg,
-                       uint64_t n, bool update)
+typedef enum rows_verdict { ROWS_HERE, ROWS_MOVING, ROWS_MOVED } rows_verdict;
+
+/* The slot of each of the n ids at seg (8 bytes each, unaligned): all this server's, one
+ * frozen (*slot), or one moved away (*slot, to *to). */
+static rows_verdict rows_check(server_state *st, const char *name, const uint8_t *seg, uint64_t n,
+                               bool update, uint32_t *slot, uint32_t *to)
 {
     for (uint64_t i = 0; i < n; i++) {
         int64_t id;
         memcpy(&id, seg + i * 8, 8);
-        uint32_t slot = slots_of_row(name, id, g.nslots);
-        if (update && is_frozen(slot)) {
-            refuse_moving(call, slot);
-            return false;
-        }
-        uint32_t owner = __atomic_load_n(&g.owner[slot], __ATOMIC_ACQUIRE);
-        if (owner != st->task_index && atomic_load(&g.moved)) {
-            refuse_moved(call, slot, owner);
-            return false;
-        }
+        *slot = slots_of_row(name, id, g.nslots);
+        if (update && is_frozen(*slot))
+            return ROWS_MOVING;
+        *to = __atomic_load_n(&g.owner[*slot], __ATOMIC_ACQUIRE);
+        if (*to != st->task_index && atomic_load(&g.moved))
+            return ROWS_MOVED;
     }
-    return true;
+    return ROWS_HERE;
 }
 
-/* A table's request: the slot of every id of the segment. */
+static bool check_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *seg,
+                       uint64_t n, bool update)
+{
+    uint32_t slot = 0, to = 0;
+    switch (rows_check(st, name, seg, n, update, &slot, &to)) {
+    case ROWS_MOVING:
+        refuse_moving(call, slot);
+        return false;
+    case ROWS_MOVED:
+        refuse_moved(call, slot, to);
+        return false;
+    default:
+        return true;
+    }
+}
+
+/* A table's request: the slot of every id of the segment. A push whose rows moved away is
+ * answered moved only when this server's window proves it unapplied here: one applied before
+ * its rows moved (its reply lost) goes on to the handler, which answers it as a duplicate (or
+ * refuses what it cannot prove new), so that a push refused as moved is known unapplied and
+ * the client may send its pieces under keys of their own (client/route_split.c). */
 static bool check_ids(rpc_call *call, server_state *st, const char *name, uint64_t n, bool update)
 {
     size_t len = 0;
     const uint8_t *seg = rpc_call_segment(call, &len);
     if (name == NULL || seg == NULL || n == 0 || n > len / 8)
         return true; /* malformed: the handler says so */
-    return check_rows(call, st, name, seg, n, update);
+    uint32_t slot = 0, to = 0;
+    switch (rows_check(st, name, seg, n, update, &slot, &to)) {
+    case ROWS_MOVING:
+        refuse_moving(call, slot);
+        return false;
+    case ROWS_MOVED: {
+        const envelope *env = rpc_call_envelope(call);
+        if (update && env->seq != 0 && dedup_peek(st->dedup, env->client_id, env->seq) != DEDUP_NEW)
+            return true;
+        if (update)
+            cut_hold_note(env);
+        refuse_moved(call, slot, to);
+        return false;
+    }
+    default:
+        return true;
+    }
+}
+
+bool slot_gate_moved(void)
+{
+    return atomic_load(&g.on) && atomic_load(&g.moved);
 }
 
 bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uint64_t offset)
@@ -241,6 +331,7 @@ bool slot_gate_enter(rpc_call *call, server_state *st)
 {
     if (!atomic_load(&g.on))
         return true;
+    cut_hold_wait(call);
     pthread_rwlock_rdlock(&g.inside);
     if (atomic_load(&g.nfrozen) == 0 && !atomic_load(&g.moved))
         return true;

@@ -24,6 +24,8 @@
 /* Turns the gate on for st, whose map is rec (its version and owners). Returns 0, or -1 when
  * memory can't be had. */
 int slot_gate_start(server_state *st, const slots_record *rec);
+/* Sets the failpoint (test-failpoint) the gate knows: slot-cut-hold (slot_gate.c). */
+void slot_gate_failpoint(const char *failpoint);
 /* True once slot_gate_start ran. */
 bool slot_gate_on(void);
 
@@ -43,6 +45,8 @@ int slot_gate_freeze(server_state *st, const char *move_id, const uint32_t *slot
  * or each of the n rows at ids (8 bytes each) of table `name`, is this server's; false with
  * the call answered FAILED_PRECONDITION and Envelope.moved_to when one moved away. */
 bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uint64_t offset);
+/* True once a slot of this server's map moved (requests are checked slot by slot). */
+bool slot_gate_moved(void);
 bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
                          uint64_t n);
 /* Lets the frozen batch go again (a move rolled back). */

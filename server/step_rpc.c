@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
 #include "server.h"
 #include "slot_gate.h"
 #include "status.h"
@@ -135,6 +136,23 @@ static void step_answer(server_state *st, rpc_call *call, void *arg, int64_t min
     step_free(k);
 }
 
+/* Whether this server applied the Step (any of its pushes is marked in its window, or the
+ * window cannot tell): said with a refusal as moved (Envelope.moved_applied), so that the
+ * client resends its parts where its window went with the slots (answered as duplicates
+ * there), and otherwise under keys of their own (client/step.c). */
+static bool step_applied(server_state *st, const envelope *env, const Psd__V1__StepRequest *req)
+{
+    for (size_t i = 0; i < req->n_items; i++)
+        if (req->items[i]->push && req->items[i]->seq != 0 &&
+            dedup_peek(st->dedup, env->client_id, req->items[i]->seq) != DEDUP_NEW)
+            return true;
+    for (size_t j = 0; j < req->n_table_items; j++)
+        if (req->table_items[j]->push && req->table_items[j]->seq != 0 &&
+            dedup_peek(st->dedup, env->client_id, req->table_items[j]->seq) != DEDUP_NEW)
+            return true;
+    return false;
+}
+
 /* Checks every item before anything is applied: a valid name found here, a range this server
  * holds, push or pull set, and segment sizes that add up. Replies with the error and returns
  * false otherwise. */
@@ -156,6 +174,10 @@ static bool step_check(server_state *st, rpc_call *call, step_ctx *k)
                         SERVER_MAX_WORKERS, (int)env->worker_id);
         return false;
     }
+    /* Inside the gate no owner of this Step's slots changes: what the window says now holds
+     * for the refusal below, if any. */
+    if (slot_gate_moved() && step_applied(st, env, req))
+        rpc_call_set_moved_applied(call);
     uint64_t push_total = 0;
     for (size_t i = 0; i < req->n_items; i++) {
         const Psd__V1__StepItem *it = req->items[i];

@@ -6,10 +6,11 @@
  *       the table "emb" (dim 2, SGD, learning rate 1, zero rows), then 2 threads push until
  *       STOPFILE exists: each push adds 1 to every element of one variable, or to the rows of
  *       3 ids of the table. Writes to HISTORY how many pushes of each variable and each id
- *       were acknowledged. With PS_SPLIT_PARTS set, the variable "big/w" (3 * 2^18 + 5 floats,
- *       cut in 4 parts placed by slot) is created too and every 16th update of a thread adds
- *       1 to all of it (a push, or a third item of the Step), its parts following the moves.
- *       Exit 0, or 1 when a push failed (named: it may or may not be
+ *       were acknowledged (with SLOT_PUSHER_IDS=N, 1 to 64, each table push sends N ids spread
+ *       over the table instead). With PS_SPLIT_PARTS set, the variable "big/w" (3 * 2^18 + 5
+ *       floats, cut in 4 parts placed by slot) is created too and every 16th update of a thread
+ *       adds 1 to all of it (a push, or a third item of the Step), its parts following the
+ *       moves. Exit 0, or 1 when a push failed (named: it may or may not be
  *       applied, so the check could not be exact).
  *   slot_move_pusher step HISTORY STOPFILE
  *       the same, each thread's updates sent as Steps (ps_step_ex): one Step pushes 1 to two
@@ -44,6 +45,9 @@ static atomic_long id_acks[NIDS];
 static const char *stopfile;
 static atomic_int failed;
 static bool steps;
+/* SLOT_PUSHER_IDS=N (push mode): each table push sends N ids (at most MAX_WIDE_IDS), not 3. */
+#define MAX_WIDE_IDS 64
+static int wide_ids;
 
 static void *pusher(void *arg)
 {
@@ -93,6 +97,19 @@ static void *pusher(void *arg)
             rc = ps_push(cl, vars[v], g);
             if (rc == PS_OK)
                 atomic_fetch_add(&var_acks[v], 1);
+        } else if (wide_ids > 0) {
+            /* wide_ids distinct ids, spread over the table. */
+            int64_t ids[MAX_WIDE_IDS];
+            float gg[2 * MAX_WIDE_IDS];
+            int64_t step = NIDS / wide_ids, base = (t * 101 + i * 17) % step;
+            for (int k = 0; k < wide_ids; k++) {
+                ids[k] = base + k * step;
+                gg[2 * k] = gg[2 * k + 1] = -1;
+            }
+            rc = ps_table_push(tab, ids, (uint64_t)wide_ids, gg);
+            if (rc == PS_OK)
+                for (int k = 0; k < wide_ids; k++)
+                    atomic_fetch_add(&id_acks[ids[k]], 1);
         } else {
             int64_t ids[3] = {(t * 101 + i * 17) % NIDS, (t * 37 + i * 29 + 1) % NIDS,
                               (i * 53 + 7) % NIDS};
@@ -166,6 +183,10 @@ static int open_all(bool create)
 int main(int argc, char **argv)
 {
     steps = strcmp(argv[1], "step") == 0;
+    const char *w = getenv("SLOT_PUSHER_IDS");
+    wide_ids = w ? atoi(w) : 0;
+    if (wide_ids < 0 || wide_ids > MAX_WIDE_IDS)
+        wide_ids = 0;
     if (argc < 3 || ((strcmp(argv[1], "push") == 0 || steps) && argc != 4)) {
         fprintf(stderr, "usage: %s push|step HISTORY STOPFILE | check HISTORY...\n", argv[0]);
         return 2;

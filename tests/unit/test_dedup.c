@@ -68,6 +68,25 @@ static void test_unmark(void **state)
     dedup_destroy(d);
 }
 
+/* dedup_peek says what dedup_begin would, and marks nothing. */
+static void test_peek(void **state)
+{
+    (void)state;
+    dedup *d = dedup_create(64);
+    assert_int_equal(dedup_peek(d, 3, 10), DEDUP_NEW); /* unknown client */
+    assert_int_equal(dedup_peek(d, 3, 10), DEDUP_NEW); /* still: nothing marked */
+    assert_int_equal(dedup_begin(d, 3, 10), DEDUP_NEW);
+    assert_int_equal(dedup_peek(d, 3, 10), DEDUP_DUPLICATE);
+    assert_int_equal(dedup_peek(d, 3, 9), DEDUP_NEW);   /* below the highest, unmarked */
+    assert_int_equal(dedup_peek(d, 3, 11), DEDUP_NEW);  /* above it */
+    assert_int_equal(dedup_begin(d, 3, 11), DEDUP_NEW); /* the peeks marked neither */
+    assert_int_equal(dedup_begin(d, 3, 9), DEDUP_NEW);
+    assert_int_equal(dedup_begin(d, 3, 200), DEDUP_NEW);
+    assert_int_equal(dedup_peek(d, 3, 10), DEDUP_TOO_OLD); /* out of the window: can't tell */
+    assert_int_equal(dedup_peek(d, 3, 0), DEDUP_NEW);      /* seq 0 is never deduplicated */
+    dedup_destroy(d);
+}
+
 static void test_many_clients(void **state)
 {
     (void)state;
@@ -530,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_in_order_and_duplicates),
         cmocka_unit_test(test_out_of_order),
         cmocka_unit_test(test_unmark),
+        cmocka_unit_test(test_peek),
         cmocka_unit_test(test_many_clients),
         cmocka_unit_test(test_eviction_lru_and_tombstones),
         cmocka_unit_test(test_export_import),

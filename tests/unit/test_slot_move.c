@@ -266,12 +266,30 @@ static void test_stream_keys(void **state)
     }
 }
 
+/* Piece keys: stable, never the stream key, one per seq, map version and target. */
+static void test_piece_keys(void **state)
+{
+    (void)state;
+    for (uint64_t c = 1; c < 1000; c++) {
+        uint64_t s = slots_stream_client(c, 0);
+        uint64_t k = slots_piece_client(s, 5, 3, 1);
+        assert_int_equal(k, slots_piece_client(s, 5, 3, 1));
+        assert_true(k != s && k != c);
+        assert_true(k != slots_piece_client(s, 5, 4, 1));
+        assert_true(k != slots_piece_client(s, 5, 3, 2));
+        assert_true(k != slots_piece_client(s, 6, 3, 1));
+        assert_true(k != slots_piece_client(slots_stream_client(c, 1), 5, 3, 1));
+        assert_true(k != slots_stream_client(s, 1));
+    }
+}
+
 int main(void)
 {
     log_init("test", -1, LOG_ERROR, LOG_FORMAT_TEXT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_install_drop),
         cmocka_unit_test(test_stream_keys),
+        cmocka_unit_test(test_piece_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
