@@ -78,13 +78,19 @@ static void srv_send(rpc_server *s, nng_ctx ctx, nng_aio *aio)
     }
 }
 
-static void call_send(rpc_call *c)
+/* Ends a call: sends its reply, or with drop (fault injection) sends nothing, so the client's
+ * REQ socket resends the request after its resend-ms. */
+static void call_finish(rpc_call *c, bool drop)
 {
     if (c->counted) {
         rpc_conns_release(&c->srv->conns, c->pipe);
         c->counted = false;
     }
-    if (c->reply == NULL) {
+    if (drop && c->reply != NULL) {
+        nng_msg_free(c->reply);
+        c->reply = NULL;
+    }
+    if (c->reply == NULL && !drop) {
         /* Last resort: the reply could not even be built (out of memory). */
         if (nng_msg_alloc(&c->reply, 0) != 0) {
             c->reply = NULL;
@@ -110,6 +116,11 @@ static void call_send(rpc_call *c)
     c->reply = NULL;
     c->state = CALL_SEND;
     srv_send(c->srv, c->ctx, c->aio);
+}
+
+static void call_send(rpc_call *c)
+{
+    call_finish(c, false);
 }
 
 /* Runs the handler of a validated call and sends its reply. */
@@ -139,6 +150,14 @@ static void call_handle(rpc_call *c)
     }
     if (c->reply == NULL)
         rpc_reply_error(c, STATUS_INTERNAL, "%s produced no reply", c->method->name);
+    else if ((c->method->method == PSD__V1__METHOD__PUSH ||
+              c->method->method == PSD__V1__METHOD__TABLE_PUSH) &&
+             rpcs_fault_chance(c->srv, c->srv->cfg.drop_reply_percent)) {
+        /* Fault injection: handled (applied), its reply lost on the way back. */
+        atomic_fetch_add(&c->srv->replies_dropped, 1);
+        call_finish(c, true);
+        return;
+    }
     call_send(c);
 }
 
@@ -369,9 +388,10 @@ int rpc_server_start(rpc_server **out, const rpc_server_config *cfg, char *err, 
         return -1;
     }
     rpcs_server_init(s, cfg);
-    if (cfg->drop_percent > 0 || cfg->dup_percent > 0)
-        log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice",
-                 cfg->drop_percent, cfg->dup_percent);
+    if (cfg->drop_percent > 0 || cfg->dup_percent > 0 || cfg->drop_reply_percent > 0)
+        log_warn("fault injection (tests only): dropping %d%% of requests, handling %d%% twice, "
+                 "dropping %d%% of push replies after applying",
+                 cfg->drop_percent, cfg->dup_percent, cfg->drop_reply_percent);
     int rv = nng_rep0_open(&s->sock);
     if (rv != 0) {
         snprintf(err, errlen, "cannot open REP socket: %s", nng_strerror(rv));
@@ -434,10 +454,12 @@ void rpc_server_stop(rpc_server *s)
 {
     if (s == NULL)
         return;
-    if (s->cfg.drop_percent > 0 || s->cfg.dup_percent > 0)
-        log_info("fault injection: %llu requests dropped, %llu handled twice, of %llu received",
+    if (s->cfg.drop_percent > 0 || s->cfg.dup_percent > 0 || s->cfg.drop_reply_percent > 0)
+        log_info("fault injection: %llu requests dropped, %llu handled twice, %llu push replies "
+                 "dropped after applying, of %llu received",
                  (unsigned long long)atomic_load(&s->dropped),
                  (unsigned long long)atomic_load(&s->duplicated),
+                 (unsigned long long)atomic_load(&s->replies_dropped),
                  (unsigned long long)(atomic_load(&s->stats.requests) + atomic_load(&s->dropped)));
     /* Set under qlock: once it is released, rpc_call_defer makes no new context. */
     pthread_mutex_lock(&s->qlock);

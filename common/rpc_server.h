@@ -73,6 +73,11 @@ typedef struct rpc_server_config {
      * second sent: a duplicated request whose first answer was lost). 0: off. */
     int drop_percent;
     int dup_percent;
+    /* Tests only: the percentage of Push and TablePush replies dropped after the handler
+     * applied the update (a reply lost on the way back: the client resends the same seq after
+     * its resend-ms, and the exactly-once window must answer it, even once the update's slot
+     * has moved to another server). Parked calls are never dropped. 0: off. */
+    int drop_reply_percent;
     /* Mutual TLS (url then tls+tcp://): connections without a certificate verified against
      * tls.ca are logged (peer address, reason) and closed before any request is read. */
     rpc_tls tls;

@@ -82,7 +82,7 @@ struct rpc_server {
     uint64_t instance; /* Envelope.server_instance of every reply */
     /* Fault injection (tests only): a counter hashed into random numbers, and what it did. */
     atomic_uint_fast64_t fault_rng;
-    atomic_uint_fast64_t dropped, duplicated;
+    atomic_uint_fast64_t dropped, duplicated, replies_dropped;
     rpc_conns conns;               /* caps, counts and refusals (rpc_conns.c) */
     struct rpc_method_metrics *mm; /* per method, and one more for requests of no known method */
     nng_listener listener;         /* on cfg.url */

@@ -588,6 +588,7 @@ int main(int argc, char **argv)
         .handler_arg = &st,
         .drop_percent = (int)opt_int(prog.opts, OPT_TEST_DROP_PERCENT),
         .dup_percent = (int)opt_int(prog.opts, OPT_TEST_DUP_PERCENT),
+        .drop_reply_percent = (int)opt_int(prog.opts, OPT_TEST_DROP_REPLY_PERCENT),
         .tls = tls,
         .admin_token = admin_token,
     };

@@ -8,8 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
 #include "budget.h"
+#include "checkpoint.h"
+#include "dedup.h"
 #include "server.h"
 #include "status.h"
 #include "table_registry.h"
@@ -299,6 +300,17 @@ void handle_table_push(rpc_call *call, void *arg)
         store_update_end(st->vars);
         registry_put(e);
         Psd__V1__TablePushReply rep = PSD__V1__TABLE_PUSH_REPLY__INIT;
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
+    if (env->seq != 0 && dedup_peek(st->dedup, env->client_id, env->seq) == DEDUP_DUPLICATE) {
+        /* Applied here already (its reply lost): answered from the window before the ids'
+         * owners are checked, since some of its rows may have moved away since (the slot gate
+         * lets such a resend through rather than refuse it as moved). */
+        registry_put(e);
+        atomic_fetch_add(&st->duplicates_dropped, 1);
+        Psd__V1__TablePushReply rep = PSD__V1__TABLE_PUSH_REPLY__INIT;
+        rep.duplicate = true;
         rpc_reply_ok(call, &rep.base);
         return;
     }
