@@ -24,9 +24,15 @@ typedef struct held_op {
     uint64_t time_ms, epoch;
 } held_op;
 
+/* By name, then offset: the parts (or ranges) of one variable held here come in one order on
+ * every copy, whatever order the store lists them in. */
 static int var_cmp(const void *a, const void *b)
 {
-    return strcmp((*(variable *const *)a)->name, (*(variable *const *)b)->name);
+    const variable *x = *(variable *const *)a, *y = *(variable *const *)b;
+    int c = strcmp(x->name, y->name);
+    if (c != 0)
+        return c;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
 /* FNV-1a over every variable of st by name: name, version, range, values and optimizer slots
