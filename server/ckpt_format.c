@@ -1,5 +1,7 @@
 /* The checkpoint file format (ckpt_format.h): each record type's writer, reader and size, in
- * one table in file order, and the file's header. */
+ * one table in file order, and the file's header. One concept, kept whole past 1,000 lines on
+ * purpose: the format is read as a whole (a record's reader beside its writer, every record
+ * beside the others it must agree with), and it is the one place a format change is made. */
 #include "ckpt_format.h"
 
 #include <errno.h>
