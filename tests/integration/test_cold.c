@@ -289,6 +289,80 @@ static int newest_checkpoint(const char *dir)
     return best;
 }
 
+/* Two checkpoints of the cold tables, rows pushed between them, then the server killed -9:
+ * what the damaged-file tests start from (saved: the tables' values at the older one). */
+typedef struct damaged {
+    test_ps p;
+    char cold_dir[300];
+    float *saved;
+    int good, bad; /* the older checkpoint's seq, the newer one's (the one to damage) */
+} damaged;
+
+static void damaged_setup(damaged *f, const char *name)
+{
+    test_ps_init(&f->p, server_bin, name);
+    snprintf(f->cold_dir, sizeof(f->cold_dir), "%s/cold", f->p.dir);
+    assert_int_equal(mkdir(f->cold_dir, 0755), 0);
+    start(&f->p, f->cold_dir);
+    ps_client *c = test_ps_open_client(&f->p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    push_rounds(&ts, ROUNDS / 3);
+    f->saved = malloc(NKINDS * IDS * DIM * sizeof(float));
+    assert_non_null(f->saved);
+    assert_int_equal(raw_checkpoint(f->p.port), 0);
+    f->good = newest_checkpoint(f->p.dir);
+    assert_tables_agree(&ts, f->saved, false);
+    push_rounds(&ts, 5);
+    assert_int_equal(raw_checkpoint(f->p.port), 0);
+    f->bad = newest_checkpoint(f->p.dir);
+    assert_true(f->good >= 0 && f->bad > f->good);
+    free_tables(&ts);
+    ps_client_close(c);
+    test_ps_signal_wait(&f->p, SIGKILL, 128 + SIGKILL);
+}
+
+/* Flips n bytes of the file at path, from 1/part of its length on. */
+static void flip_bytes(const char *path, long part, int n)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    fseek(fp, 0, SEEK_END);
+    long at = ftell(fp) / part;
+    for (int i = 0; i < n; i++) {
+        fseek(fp, at + i, SEEK_SET);
+        int ch = fgetc(fp);
+        fseek(fp, at + i, SEEK_SET);
+        fputc(ch ^ 0x5a, fp);
+    }
+    fclose(fp);
+}
+
+/* Restarts the server of f after the damage: its log names the newer checkpoint unusable (and
+ * `also`, when not NULL), it restores the older one, whose rows come back exactly. */
+static void damaged_restart(damaged *f, const char *also)
+{
+    char text[500];
+    start(&f->p, f->cold_dir);
+    snprintf(text, sizeof(text), "ckpt-0-%d.psc is unusable (", f->bad);
+    assert_true(test_file_contains(f->p.log, text));
+    if (also != NULL)
+        assert_true(test_file_contains(f->p.log, also));
+    snprintf(text, sizeof(text), "checkpoint %d (full %d + 0 deltas)", f->good, f->good);
+    assert_true(test_file_contains(f->p.log, text));
+    ps_client *c = test_ps_open_client(&f->p, NULL, NULL);
+    assert_non_null(c);
+    tables ts;
+    make_tables(c, &ts);
+    assert_tables_agree(&ts, f->saved, true);
+    free_tables(&ts);
+    ps_client_close(c);
+    free(f->saved);
+    test_ps_signal_wait(&f->p, SIGTERM, 0);
+    test_ps_cleanup(&f->p);
+}
+
 /* (e) A damaged checkpoint file holding cold tables' rows (bytes flipped inside it): the
  * restart names the file as unusable and restores the checkpoint before it, whose rows come
  * back exactly, never a crash or rows silently wrong. */
@@ -299,59 +373,13 @@ static void test_damaged_checkpoint(void **state)
         fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
         skip();
     }
-    test_ps p;
-    test_ps_init(&p, server_bin, "psd-cold-bad");
-    char cold_dir[300];
-    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
-    assert_int_equal(mkdir(cold_dir, 0755), 0);
-    start(&p, cold_dir);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    tables ts;
-    make_tables(c, &ts);
-    push_rounds(&ts, ROUNDS / 3);
-    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
-    assert_non_null(saved);
-    assert_int_equal(raw_checkpoint(p.port), 0);
-    int good = newest_checkpoint(p.dir);
-    assert_tables_agree(&ts, saved, false);
-    push_rounds(&ts, 5);
-    assert_int_equal(raw_checkpoint(p.port), 0);
-    int bad = newest_checkpoint(p.dir);
-    assert_true(good >= 0 && bad > good);
-    free_tables(&ts);
-    ps_client_close(c);
-    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
-
+    damaged f;
+    damaged_setup(&f, "psd-cold-bad");
     /* Bytes flipped in the middle of the newest file (most of it is the cold tables' rows). */
-    char path[400], text[500];
-    snprintf(path, sizeof(path), "%s/ckpt-0-%d.psc", p.dir, bad);
-    FILE *fp = fopen(path, "r+b");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long at = ftell(fp) / 2;
-    for (int i = 0; i < 8; i++) {
-        fseek(fp, at + i, SEEK_SET);
-        int ch = fgetc(fp);
-        fseek(fp, at + i, SEEK_SET);
-        fputc(ch ^ 0x5a, fp);
-    }
-    fclose(fp);
-
-    start(&p, cold_dir);
-    snprintf(text, sizeof(text), "ckpt-0-%d.psc is unusable (", bad);
-    assert_true(test_file_contains(p.log, text));
-    snprintf(text, sizeof(text), "checkpoint %d (full %d + 0 deltas)", good, good);
-    assert_true(test_file_contains(p.log, text));
-    c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    make_tables(c, &ts);
-    assert_tables_agree(&ts, saved, true);
-    free_tables(&ts);
-    ps_client_close(c);
-    free(saved);
-    test_ps_signal_wait(&p, SIGTERM, 0);
-    test_ps_cleanup(&p);
+    char path[400];
+    snprintf(path, sizeof(path), "%s/ckpt-0-%d.psc", f.p.dir, f.bad);
+    flip_bytes(path, 2, 8);
+    damaged_restart(&f, NULL);
 }
 
 /* Bytes of the files in dir (one level: the stores' copies of ckpt-0-N.cold), of those whose
@@ -585,63 +613,16 @@ static void test_damaged_cold_copy(void **state)
         fprintf(stderr, "skipped: built without RocksDB (no cold tier)\n");
         skip();
     }
-    test_ps p;
-    test_ps_init(&p, server_bin, "psd-cold-badcopy");
-    char cold_dir[300];
-    snprintf(cold_dir, sizeof(cold_dir), "%s/cold", p.dir);
-    assert_int_equal(mkdir(cold_dir, 0755), 0);
-    start(&p, cold_dir);
-    ps_client *c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    tables ts;
-    make_tables(c, &ts);
-    push_rounds(&ts, ROUNDS / 3);
-    float *saved = malloc(NKINDS * IDS * DIM * sizeof(float));
-    assert_non_null(saved);
-    assert_int_equal(raw_checkpoint(p.port), 0);
-    int good = newest_checkpoint(p.dir);
-    assert_tables_agree(&ts, saved, false);
-    push_rounds(&ts, 5);
-    assert_int_equal(raw_checkpoint(p.port), 0);
-    int bad = newest_checkpoint(p.dir);
-    assert_true(good >= 0 && bad > good);
-    free_tables(&ts);
-    ps_client_close(c);
-    test_ps_signal_wait(&p, SIGKILL, 128 + SIGKILL);
-
+    damaged f;
+    damaged_setup(&f, "psd-cold-badcopy");
     /* Bytes flipped in the middle of a store file only the newest copy has. */
     char bad_dir[400], good_dir[400], sst[1000], text[500];
-    snprintf(bad_dir, sizeof(bad_dir), "%s/ckpt-0-%d.cold", p.dir, bad);
-    snprintf(good_dir, sizeof(good_dir), "%s/ckpt-0-%d.cold", p.dir, good);
+    snprintf(bad_dir, sizeof(bad_dir), "%s/ckpt-0-%d.cold", f.p.dir, f.bad);
+    snprintf(good_dir, sizeof(good_dir), "%s/ckpt-0-%d.cold", f.p.dir, f.good);
     assert_true(sst_only_in(bad_dir, good_dir, sst, sizeof(sst)));
-    FILE *fp = fopen(sst, "r+b");
-    assert_non_null(fp);
-    fseek(fp, 0, SEEK_END);
-    long at = ftell(fp) / 3;
-    for (int i = 0; i < 16; i++) {
-        fseek(fp, at + i, SEEK_SET);
-        int ch = fgetc(fp);
-        fseek(fp, at + i, SEEK_SET);
-        fputc(ch ^ 0x5a, fp);
-    }
-    fclose(fp);
-
-    start(&p, cold_dir);
-    snprintf(text, sizeof(text), "ckpt-0-%d.psc is unusable (", bad);
-    assert_true(test_file_contains(p.log, text));
-    snprintf(text, sizeof(text), "ckpt-0-%d.cold/", bad);
-    assert_true(test_file_contains(p.log, text));
-    snprintf(text, sizeof(text), "checkpoint %d (full %d + 0 deltas)", good, good);
-    assert_true(test_file_contains(p.log, text));
-    c = test_ps_open_client(&p, NULL, NULL);
-    assert_non_null(c);
-    make_tables(c, &ts);
-    assert_tables_agree(&ts, saved, true);
-    free_tables(&ts);
-    ps_client_close(c);
-    free(saved);
-    test_ps_signal_wait(&p, SIGTERM, 0);
-    test_ps_cleanup(&p);
+    flip_bytes(sst, 3, 16);
+    snprintf(text, sizeof(text), "ckpt-0-%d.cold/", f.bad);
+    damaged_restart(&f, text);
 }
 
 /* (f) A cold-dir on a small tmpfs that fills mid-run (root only, else skipped saying why):
