@@ -17,9 +17,7 @@ check bad-coordinator 2 "expected http://host:port" "$bin" --cluster "$two" --ta
 check bad-lease 2 "lease-ms" "$bin" --cluster "$two" --task ps:0 --replicas 2 --coordinator http://127.0.0.1:1 --lease-ms 10
 check psctl-no-coordinator 2 "set coordinator" "$psctl" --cluster "$two" view
 
-etcd_or_skip
-etcd_tmp replicas-cli
-etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
+etcd_setup replicas-cli
 
 p0=$(port); p1=$(port); h0=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"

@@ -11,9 +11,7 @@ bin=$1 psctl=$2 pusher=$3
 fail=0
 # shellcheck source=../support/cli_etcd.sh
 . "$(dirname "$0")/../support/cli_etcd.sh"
-etcd_or_skip
-etcd_tmp slot-durable
-etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
+etcd_setup slot-durable
 
 a=(); for i in 0 1 2; do a+=("127.0.0.1:$(port)"); done
 spec="{\"ps\":[\"${a[0]}\",\"${a[1]}\"]}"

@@ -18,9 +18,7 @@ check no-address 2 "remove-server needs the HOST:PORT" "$psctl" --cluster "$thre
 check batch-zero 2 "batch-slots needs" "$psctl" --cluster "$three" --batch-slots 0 rebalance
 check batch-elsewhere 2 "apply to add-server" "$psctl" --cluster "$three" --batch-slots 4 slots
 
-etcd_or_skip
-etcd_tmp slot-moves
-etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
+etcd_setup slot-moves
 
 a=(); for i in 0 1 2; do a+=("127.0.0.1:$(port)"); done
 spec="{\"ps\":[\"${a[0]}\",\"${a[1]}\",\"${a[2]}\"]}"

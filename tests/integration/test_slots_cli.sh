@@ -19,9 +19,7 @@ check join-replicas 2 "replicas > 1 cannot grow yet" "$bin" --cluster "$two" --j
 check join-wildcard 2 "wildcard host" "$bin" --cluster "$two" --join --listen tcp://0.0.0.0:3 --coordinator http://127.0.0.1:1
 check psctl-slots-no-coordinator 2 "the slot map lives there" "$psctl" --cluster "$two" slots
 
-etcd_or_skip
-etcd_tmp slots-cli
-etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
+etcd_setup slots-cli
 
 p0=$(port); p1=$(port); p2=$(port)
 spec="{\"ps\":[\"127.0.0.1:$p0\",\"127.0.0.1:$p1\"]}"

@@ -85,3 +85,10 @@ etcd_del() {
     /usr/bin/python3 -c 'import urllib.request,sys,base64,json; urllib.request.urlopen(sys.argv[1]+"/v3/kv/deleterange", json.dumps({"key":base64.b64encode(sys.argv[2].encode()).decode()}).encode(), timeout=3)' \
         "$coord" "$1"
 }
+
+# The usual start of a test: skip without etcd, a temporary directory, etcd up (or fail).
+etcd_setup() {
+    etcd_or_skip
+    etcd_tmp "$1"
+    etcd_start || { echo "FAIL etcd did not answer: $(tail -n 5 "$tmp/etcd.log")"; exit 1; }
+}
