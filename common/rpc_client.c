@@ -785,14 +785,7 @@ bool rpc_close_sockets_bounded(const nng_socket *socks, int n, uint32_t wait_ms)
         return true;
     }
     pthread_detach(t);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = time_deadline(CLOCK_REALTIME, wait_ms);
     pthread_mutex_lock(&j->lock);
     while (!j->done) {
         if (pthread_cond_timedwait(&j->cond, &j->lock, &until) == ETIMEDOUT)

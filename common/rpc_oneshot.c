@@ -9,6 +9,7 @@
 
 #include "frame.h"
 #include "status.h"
+#include "timeutil.h"
 
 typedef struct oneshot {
     int method;
@@ -130,14 +131,7 @@ int rpc_oneshot_start(const char *addr, const rpc_tls *tls, int method,
 
 bool rpc_oneshot_wait(rpc_oneshot_call *c, uint32_t wait_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = time_deadline(CLOCK_REALTIME, wait_ms);
     pthread_mutex_lock(&c->w.m);
     while (!c->w.done && pthread_cond_timedwait(&c->w.c, &c->w.m, &until) == 0)
         ;

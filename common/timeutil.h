@@ -25,6 +25,21 @@ static inline void time_sleep_ms(uint64_t ms)
     nanosleep(&ts, NULL);
 }
 
+/* The time ms milliseconds from now on clock clk: a pthread_cond_timedwait deadline
+ * (CLOCK_REALTIME unless the condition variable was made for another clock). */
+static inline struct timespec time_deadline(clockid_t clk, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    ts.tv_sec += (time_t)(ms / 1000u);
+    ts.tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* Milliseconds since the Unix epoch (CLOCK_REALTIME). */
 static inline uint64_t time_wall_ms(void)
 {

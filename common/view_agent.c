@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "timeutil.h"
 #include "util.h"
 
 /* Events waiting for the callback at most; beyond, the oldest is dropped (logged). */
@@ -177,14 +178,7 @@ static bool agent_sleep(view_agent *a, int64_t ms)
 {
     pthread_mutex_lock(&a->mu);
     if (!a->stopping && ms > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
+        struct timespec ts = time_deadline(CLOCK_MONOTONIC, (uint64_t)ms);
         pthread_cond_timedwait(&a->cv, &a->mu, &ts);
     }
     bool stop = a->stopping;

@@ -519,13 +519,7 @@ static void *ck_thread(void *arg)
         if (ck->nqueue == 0 && !due) {
             if (ck->stop)
                 break;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
+            struct timespec ts = time_deadline(CLOCK_REALTIME, 100);
             pthread_cond_timedwait(&ck->cond, &ck->lock, &ts);
             continue;
         }

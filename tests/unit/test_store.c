@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "store.h"
+#include "timeutil.h"
 
 #define CHUNK 262144u /* floats in the client's default 1 MiB chunk */
 #define WAIT_MS 5000  /* a thread that should have gone on but did not: the test fails */
@@ -119,15 +120,7 @@ static void probe_unlock(variable *v, int kind, uint64_t first, uint64_t count)
 
 static struct timespec deadline(int ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
+    return time_deadline(CLOCK_REALTIME, (uint64_t)ms);
 }
 
 /* Waits until *flag (under p->mu) or ms pass; returns the flag. */
