@@ -808,6 +808,108 @@ static void test_copy_does_not_stop_updates(void **state)
     assert_copies_agree();
 }
 
+/* Budget evictions (max-server-bytes) are the same on every copy of a group, also on one a
+ * rejoin made compact. Table rep/expiring (ttl 1 s) fills the groups, then its rows expire: the
+ * primary and the backup keep their slabs for reuse. ps 1 is killed and restarted: its copies
+ * of groups 0 and 1 come restored, without those empty slabs. Then table rep/kept (no ttl) is
+ * pushed past each copy's share of the budget; every copy of a group must evict the same rows.
+ * (Counted in slabs, the primary had reached the limit with far fewer rows than the rejoined
+ * copy, and the copies differed.) */
+#define BUDGET_IDS_A 90000  /* rep/expiring: 30,000 rows a group */
+#define BUDGET_IDS_C 180000 /* rep/kept: 60,000 rows a group, past a copy's share */
+#define BUDGET_CHUNK 6000
+
+static void push_range(ps_table *t, int64_t first, int64_t n)
+{
+    static float g[BUDGET_CHUNK * 16];
+    static int64_t ids[BUDGET_CHUNK];
+    for (int i = 0; i < BUDGET_CHUNK * 16; i++)
+        g[i] = 0.5f;
+    for (int64_t at = 0; at < n; at += BUDGET_CHUNK) {
+        size_t k = (size_t)(n - at < BUDGET_CHUNK ? n - at : BUDGET_CHUNK);
+        for (size_t i = 0; i < k; i++)
+            ids[i] = first + at + (int64_t)i;
+        int rc = ps_table_push(t, ids, k, g);
+        if (rc != PS_OK)
+            fprintf(stderr, "push of ids %lld..: %s\n", (long long)(first + at), ps_last_error());
+        assert_int_equal(rc, PS_OK);
+    }
+}
+
+/* assert_copies_agree, asked again while a TTL sweep (logged once a second) falls between the
+ * two checksums of a group. */
+static void assert_copies_agree_settled(void)
+{
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 1;
+        for (int tries = 0; tries < 50 && l0 != l1; tries++) {
+            assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
+            assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1),
+                             0);
+            if (l0 != l1)
+                usleep(20 * 1000);
+        }
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %u\n",
+                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
+                (unsigned long long)l1, (grp + 1) % NSERVERS);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+    }
+}
+
+static void test_budget_evictions_alike(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "rep/expiring", 16, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.ttl_ms = 1000;
+    ps_table *ta, *tc_;
+    assert_int_equal(ps_table_create(c, &sp, &ta), PS_OK);
+    ps_table_spec_init(&sp, "rep/kept", 16, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    assert_int_equal(ps_table_create(c, &sp, &tc_), PS_OK);
+    push_range(ta, 0, BUDGET_IDS_A);
+    /* Every row of rep/expiring expires and is swept (a sweep a second). */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    do {
+        usleep(200 * 1000);
+        assert_int_equal(ps_table_info_get(c, "rep/expiring", &info), PS_OK);
+        assert_true(ms_since(&t0) < 60000);
+    } while (info.rows > 0);
+    fprintf(stderr, "rep/expiring: %llu rows expired; %llu bytes still held\n",
+            (unsigned long long)info.evicted_ttl, (unsigned long long)info.bytes);
+    /* ps 1 restarts and copies groups 0 and 1 back. */
+    uint64_t e0 = test_server_epoch(tc.ports[0]);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    int st;
+    assert_int_equal(waitpid(tc.pids[1], &st, 0), tc.pids[1]);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
+    wait_epoch(e0 + 2);
+    /* Past the budget, twice (the second pass updates what the first kept). */
+    push_range(tc_, 1000000, BUDGET_IDS_C);
+    push_range(tc_, 1000000 + BUDGET_IDS_C / 2, BUDGET_IDS_C / 2);
+    assert_int_equal(ps_table_info_get(c, "rep/kept", &info), PS_OK);
+    fprintf(stderr, "rep/kept: %llu rows, %llu evicted under the budget\n",
+            (unsigned long long)info.rows, (unsigned long long)info.evicted_memory);
+    assert_true(info.evicted_memory > 0);
+    ps_table_free(ta);
+    ps_table_free(tc_);
+    ps_client_close(c);
+    assert_copies_agree_settled();
+}
+
+static int setup_budget(void **state)
+{
+    (void)state;
+    static const char *const more[] = {"--max-server-bytes", "12000000", NULL};
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, "2", "1000", more);
+}
+
 static int setup_copy_slow(void **state)
 {
     (void)state;
@@ -1018,10 +1120,14 @@ int main(int argc, char **argv)
     const struct CMUnitTest slow_copies[] = {
         cmocka_unit_test(test_copy_does_not_stop_updates),
     };
+    const struct CMUnitTest budget[] = {
+        cmocka_unit_test(test_budget_evictions_alike),
+    };
     const struct CMUnitTest slow_copies_r3[] = {
         cmocka_unit_test(test_copy_from_stopping_primary),
     };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
+    failed += cmocka_run_group_tests(budget, setup_budget, teardown);
     failed += cmocka_run_group_tests(slow_copies, setup_copy_slow, teardown);
     return failed + cmocka_run_group_tests(slow_copies_r3, setup_copy_slow_r3, teardown);
 }
