@@ -407,9 +407,14 @@ run_one() {
             # heal; the next fault must not find it out of sync (seed 16651080, replicas 2:
             # ps 2, then the only in-sync member of group 1, killed 10 ms after the view that
             # dropped ps 1, and the group rightly waited for an operator).
+            # The schedule's clock stops meanwhile: the events after keep their spacing (a
+            # cut and its heal stay apart), and their offsets below exclude this wait.
+            local held0
+            held0=$(now_ms)
             sleep "$(awk -v l="$LEASE_MS" 'BEGIN { printf "%.3f", (l + 500) / 1000 }')"
             msg=$(wait_whole 90 "${down[@]}") ||
                 chaos_fail "the view is not whole 90 s after the last fault was undone: $msg"
+            t0=$((t0 + $(now_ms) - held0))
             echo "     whole at +$(($(now_ms) - t0)) ms" >>"$tmp/events"
             ;;
         esac
