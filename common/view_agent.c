@@ -827,6 +827,14 @@ bool view_agent_serving(view_agent *a)
     return ok;
 }
 
+bool view_agent_leaving(view_agent *a)
+{
+    pthread_mutex_lock(&a->mu);
+    bool leaving = a->leaving;
+    pthread_mutex_unlock(&a->mu);
+    return leaving;
+}
+
 bool view_agent_in_view(view_agent *a)
 {
     pthread_mutex_lock(&a->mu);

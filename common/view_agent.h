@@ -149,6 +149,9 @@ void view_agent_set_lacks(view_agent *a, uint32_t g, bool lacks);
  * renewed within its TTL. */
 bool view_agent_serving(view_agent *a);
 
+/* Whether view_agent_leave was called: the server is stopping and its groups move on. */
+bool view_agent_leaving(view_agent *a);
+
 /* Whether the newest view names this server live with its current lease (this incarnation, not
  * a previous process of the same task), whether or not the lease was renewed in time: the test
  * for "is a view that names me about me" that a late renewal on a busy machine does not

@@ -11,6 +11,9 @@
 typedef struct mem_budget {
     _Atomic uint64_t max; /* the limit in bytes; 0: none */
     atomic_uint_fast64_t held;
+    /* A replicated group's copy: its sparse tables count rows, not allocations (table.h,
+     * table_budget.logical), so that every copy decides the same; set before any table. */
+    bool tables_logical;
 } mem_budget;
 
 /* Said by a refusal for max-server-bytes: how to make room (docs/operations.md, "Adding and

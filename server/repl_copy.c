@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,8 +39,9 @@ typedef struct copy_image {
     size_t last_len, last_cap;
     uint64_t last_off;
     uint32_t num_servers, task;
-    unsigned slow_ms; /* failpoint copy-slow: the writer waits this long before the image */
-    int wrc;          /* the writer's result (joined) */
+    unsigned slow_ms;      /* failpoint copy-slow: the writer waits this long before the image */
+    atomic_bool abandoned; /* freed before the writer began: it writes nothing */
+    int wrc;               /* the writer's result (joined) */
     char werr[512];
 } copy_image;
 
@@ -54,8 +56,8 @@ static void *copy_writer_main(void *arg)
     sigemptyset(&pipe_sig);
     sigaddset(&pipe_sig, SIGPIPE); /* a rejoiner gone: EPIPE, not the signal */
     pthread_sigmask(SIG_BLOCK, &pipe_sig, NULL);
-    if (ci->slow_ms) {
-        struct timespec ts = {ci->slow_ms / 1000, (long)(ci->slow_ms % 1000) * 1000000};
+    for (unsigned waited = 0; waited < ci->slow_ms && !atomic_load(&ci->abandoned); waited += 50) {
+        struct timespec ts = {0, 50 * 1000000};
         nanosleep(&ts, NULL);
     }
     ckpt_writer w = {
@@ -80,6 +82,7 @@ void repl_copy_image_free(copy_image *ci)
 {
     if (ci == NULL)
         return;
+    atomic_store(&ci->abandoned, true);
     if (ci->rfd >= 0)
         close(ci->rfd); /* a writer still writing fails (EPIPE) and ends */
     if (ci->started)
@@ -166,8 +169,49 @@ static copy_image *copy_image_start(rgroup *G, rpeer *p, char *err, size_t errle
     return ci;
 }
 
-/* Reads the next n bytes of ci's image into its last chunk. Returns 0, or -1 with err. */
-static int copy_image_read(copy_image *ci, size_t n, char *err, size_t errlen)
+/* Why group G's primary serves no copy now: it is shutting down (UNAVAILABLE: the next view
+ * names another primary), or G is served by another server (FAILED_PRECONDITION, naming it in
+ * the reply when known). 0 when it serves copies: not stopping, still G's primary. */
+static int copy_refusal(rgroup *G, int32_t *primary)
+{
+    pthread_mutex_lock(&G->q);
+    bool serving = G->serving;
+    *primary = G->epoch != 0 ? G->primary : -1; /* no view yet: not known */
+    pthread_mutex_unlock(&G->q);
+    if (atomic_load(&repl.stopping) || (repl.agent && view_agent_leaving(repl.agent)))
+        return STATUS_UNAVAILABLE;
+    return serving ? 0 : STATUS_FAILED_PRECONDITION;
+}
+
+/* Answers call with the refusal copy_refusal gave (status), at once: a rejoiner asks the
+ * primary of its current view again instead of waiting for a copy that will not come. */
+static void copy_refuse(rpc_call *call, rgroup *G, int status, int32_t primary)
+{
+    if (status == STATUS_UNAVAILABLE) {
+        rpc_reply_error(call, STATUS_UNAVAILABLE,
+                        "copy of group %u: server %u is shutting down and serves no copy; the "
+                        "group's next primary does once the view names it",
+                        G->g, repl.cfg.self);
+        return;
+    }
+    if (primary < 0 || primary == (int32_t)repl.cfg.self) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "copy of group %u: server %u does not serve it as primary and knows no "
+                        "primary of it yet",
+                        G->g, repl.cfg.self);
+        return;
+    }
+    rpc_call_set_primary(call, (uint32_t)primary);
+    rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                    "copy of group %u: server %u does not serve it as primary; its primary is "
+                    "server %d",
+                    G->g, repl.cfg.self, primary);
+}
+
+/* Reads the next n bytes of ci's image into its last chunk, for group G. Returns 0, -1 with
+ * err, or the status of copy_refusal when G's copy stops being served while it waits for the
+ * writer (this server stops, or is no longer the primary). */
+static int copy_image_read(rgroup *G, copy_image *ci, size_t n, char *err, size_t errlen)
 {
     if (ci->last_cap < n) {
         uint8_t *b = realloc(ci->last, n);
@@ -178,6 +222,15 @@ static int copy_image_read(copy_image *ci, size_t n, char *err, size_t errlen)
     }
     size_t got = 0;
     while (got < n) {
+        struct pollfd pf = {.fd = ci->rfd, .events = POLLIN};
+        int ready = poll(&pf, 1, 100);
+        if (ready == 0 || (ready < 0 && errno == EINTR)) {
+            int32_t primary;
+            int why = copy_refusal(G, &primary);
+            if (why != 0)
+                return why;
+            continue;
+        }
         ssize_t r = read(ci->rfd, ci->last + got, n - got);
         if (r < 0 && errno == EINTR)
             continue;
@@ -216,16 +269,15 @@ void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest 
         return;
     }
     pthread_mutex_lock(&G->q);
-    bool serving = G->serving;
     /* The copy is this call's until it is put back: a concurrent call finds none. */
     copy_image *ci = p->img;
     p->img = NULL;
     pthread_mutex_unlock(&G->q);
-    if (!serving) {
+    int32_t primary;
+    int why = copy_refusal(G, &primary);
+    if (why != 0) {
         repl_copy_image_free(ci);
-        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
-                        "copy of group %u: server %u does not serve it as primary", G->g,
-                        repl.cfg.self);
+        copy_refuse(call, G, why, primary);
         return;
     }
     char err[600];
@@ -258,9 +310,15 @@ void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest 
         uint64_t n = ci->total - ci->pos;
         if (n > chunk)
             n = chunk;
-        if (copy_image_read(ci, (size_t)n, err, sizeof(err)) != 0) {
+        int rc = copy_image_read(G, ci, (size_t)n, err, sizeof(err));
+        if (rc != 0) {
             repl_copy_image_free(ci);
-            rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
+            int32_t now;
+            (void)copy_refusal(G, &now);
+            if (rc > 0)
+                copy_refuse(call, G, rc, now);
+            else
+                rpc_reply_error(call, STATUS_INTERNAL, "copy of group %u: %s", G->g, err);
             return;
         }
     }
@@ -287,6 +345,9 @@ void repl_copy_serve(rpc_call *call, rgroup *G, const Psd__V1__ReplicateRequest 
 }
 
 typedef struct copy_call {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    bool done; /* copy_done ran (m) */
     int status;
     char message[512];
     uint8_t body[64];
@@ -317,7 +378,7 @@ static int copy_build(void *arg, uint32_t deadline_ms, nng_msg **out)
 static void copy_done(void *arg, int status, const char *message, const frame *reply)
 {
     copy_call *k = arg;
-    k->status = status; /* read once the call is waited for (rpc_conn_call_wait) */
+    k->status = status; /* read once done is seen (copy_call_wait) */
     snprintf(k->message, sizeof(k->message), "%s", message);
     if (status == STATUS_OK && reply) {
         Psd__V1__ReplicateReply *r =
@@ -343,10 +404,57 @@ static void copy_done(void *arg, int status, const char *message, const frame *r
         if (r)
             psd__v1__replicate_reply__free_unpacked(r, NULL);
     }
+    pthread_mutex_lock(&k->m);
+    k->done = true;
+    pthread_cond_signal(&k->c);
+    pthread_mutex_unlock(&k->m);
+}
+
+/* Whether a copy of G asked of server prim is still worth waiting for: this server is not
+ * stopping and its view still names prim G's primary. */
+static bool copy_still_wanted(rgroup *G, int32_t prim)
+{
+    pthread_mutex_lock(&repl.vlock);
+    bool same = repl.cur.primary[G->g] == prim;
+    pthread_mutex_unlock(&repl.vlock);
+    return same && !atomic_load(&repl.stopping);
+}
+
+/* Waits for the call k on conn to end. When the view moves G's primary away from prim (or
+ * this server stops) first, the call is given up: conn is closed (the call ends CANCELLED)
+ * and false returned, so that the copy is asked of the new primary at once instead of
+ * waiting out the deadline of a server that stopped or no longer serves the group. */
+static bool copy_call_wait(rgroup *G, int32_t prim, rpc_conn *conn, copy_call *k)
+{
+    pthread_mutex_lock(&k->m);
+    while (!k->done) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&k->c, &k->m, &until);
+        if (k->done)
+            break;
+        pthread_mutex_unlock(&k->m);
+        bool wanted = copy_still_wanted(G, prim);
+        if (!wanted)
+            rpc_conn_close(conn); /* returns once copy_done ran */
+        pthread_mutex_lock(&k->m);
+        if (!wanted) {
+            pthread_mutex_unlock(&k->m);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&k->m);
+    return true;
 }
 
 /* Fetches a whole image of group G from server prim into k->f (empty). Returns 0 with it
- * there. */
+ * there, -2 when the view moved G's primary away from prim meanwhile (ask the new one at
+ * once), -1 on another failure. */
 static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
 {
     char label[64], err[512];
@@ -374,13 +482,21 @@ static int copy_fetch(rgroup *G, int32_t prim, copy_call *k, uint64_t epoch)
         rq.from = repl.cfg.self + 1;
         k->body_len = psd__v1__replicate_request__pack(&rq, k->body);
         rpc_call_opts o = {.deadline_ms = 60000, .retries = 3, .backoff_ms = 100};
-        k->status = INT32_MIN; /* copy_done not run: the call did not start */
-        int st = rpc_conn_call_wait(conn, &o, copy_build, copy_done, k);
-        if (k->status == INT32_MIN) {
+        k->done = false;
+        int st = rpc_conn_call(conn, &o, copy_build, copy_done, k);
+        if (st != 0) {
             log_warn("group %u: cannot start a copy call to primary %d: %s", G->g, prim,
                      status_name(st));
             rc = -1;
             break;
+        }
+        if (!copy_call_wait(G, prim, conn, k)) {
+            if (atomic_load(&repl.stopping))
+                return -2; /* conn closed; the copy thread ends */
+            log_warn("group %u: server %d no longer serves it in this server's view: its copy, "
+                     "%zu of %zu bytes fetched, is asked of the new primary",
+                     G->g, prim, k->len, k->total);
+            return -2; /* conn closed */
         }
         if (k->status != STATUS_OK) {
             log_warn("group %u: copy from primary %d failed: %s: %s", G->g, prim,
@@ -507,6 +623,8 @@ static void *copy_main(void *arg)
     rgroup *G = arg;
     copy_call k;
     memset(&k, 0, sizeof(k));
+    pthread_mutex_init(&k.m, NULL);
+    pthread_cond_init(&k.c, NULL);
     while (!atomic_load(&repl.stopping)) {
         pthread_mutex_lock(&repl.vlock);
         int32_t prim = repl.cur.primary[G->g];
@@ -521,8 +639,10 @@ static void *copy_main(void *arg)
         k.f = have_dir ? fopen(path, "wb") : NULL;
         if (have_dir && k.f == NULL)
             log_error("group %u: cannot create %s: %s", G->g, path, strerror(errno));
-        bool fetched = k.f != NULL && prim >= 0 && prim != (int32_t)repl.cfg.self &&
-                       copy_fetch(G, prim, &k, epoch) == 0;
+        int got = k.f != NULL && prim >= 0 && prim != (int32_t)repl.cfg.self
+                      ? copy_fetch(G, prim, &k, epoch)
+                      : -1;
+        bool fetched = got == 0;
         if (k.f != NULL && fclose(k.f) != 0 && fetched) {
             log_error("group %u: writing %s: %s", G->g, path, strerror(errno));
             fetched = false;
@@ -547,9 +667,13 @@ static void *copy_main(void *arg)
                      "again from server %d",
                      G->g, prim, now);
         }
+        if (got == -2)
+            continue; /* the view names a new primary: asked at once */
         struct timespec ts = {0, 300 * 1000000};
         nanosleep(&ts, NULL);
     }
+    pthread_mutex_destroy(&k.m);
+    pthread_cond_destroy(&k.c);
     pthread_mutex_lock(&G->q);
     G->copying = false;
     pthread_mutex_unlock(&G->q);

@@ -30,6 +30,7 @@ int server_set_limits(server_state *st, uint64_t max_bytes, uint32_t replicas, u
     }
     uint64_t share = replicas > 1 ? max_bytes / replicas : max_bytes;
     budget_set_max(st->budget, share);
+    st->budget->tables_logical = replicas > 1;
     store_set_limits(st->vars, st->budget, max_vars);
     if (replicas > 1)
         log_info("limits: max-server-bytes %llu (%llu for each of the %u replica groups' copies "

@@ -52,6 +52,19 @@ static bool budget_take(table *t, uint64_t bytes)
     return t->budget.take == NULL || t->budget.take(t->budget.arg, bytes);
 }
 
+/* An allocation's bytes asked of the budget, and given back: a logical budget counts rows
+ * (row_slot), not allocations. */
+static bool alloc_take(table *t, uint64_t bytes)
+{
+    return t->budget.logical || budget_take(t, bytes);
+}
+
+static void alloc_give(table *t, uint64_t bytes)
+{
+    if (!t->budget.logical)
+        budget_give(t, bytes);
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -80,13 +93,13 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
         if (p->nslabs == p->slabs_cap) {
             uint32_t ncap = p->slabs_cap ? p->slabs_cap * 2 : 8;
             uint64_t more = (uint64_t)(ncap - p->slabs_cap) * sizeof(unsigned char *);
-            if (!budget_take(t, more)) {
+            if (!alloc_take(t, more)) {
                 *fail = TABLE_LIMIT;
                 return 0;
             }
             unsigned char **ns = realloc(p->slabs, ncap * sizeof(*ns));
             if (ns == NULL) {
-                budget_give(t, more);
+                alloc_give(t, more);
                 *fail = TABLE_NOMEM;
                 return 0;
             }
@@ -95,13 +108,13 @@ static uint32_t slot_alloc(table *t, partition *p, int *fail)
             p->slabs_cap = ncap;
         }
         size_t bytes = (size_t)per_slab * t->row_bytes + slab_bitmap_bytes(t);
-        if (!budget_take(t, bytes)) {
+        if (!alloc_take(t, bytes)) {
             *fail = TABLE_LIMIT;
             return 0;
         }
         unsigned char *slab = malloc(bytes);
         if (slab == NULL) {
-            budget_give(t, bytes);
+            alloc_give(t, bytes);
             *fail = TABLE_NOMEM;
             return 0;
         }
@@ -122,10 +135,10 @@ static int index_grow(table *t, partition *p)
     if (p->ix.cap >= (UINT32_C(1) << 31))
         return TABLE_LIMIT;
     uint64_t more = table_index_bytes(p->ix.cap);
-    if (!budget_take(t, more))
+    if (!alloc_take(t, more))
         return TABLE_LIMIT;
     if (table_index_grow(&p->ix) != 0) {
-        budget_give(t, more);
+        alloc_give(t, more);
         return TABLE_NOMEM;
     }
     p->bytes += more;
@@ -295,6 +308,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
     t->ram_rows = spec->ram_rows;
     t->never_evict = spec->never_evict;
     t->budget = spec->budget;
+    t->row_charge = t->row_bytes + 2 * table_index_bytes(1);
     atomic_init(&t->refs, 1);
     t->parts = calloc(t->nparts, sizeof(*t->parts));
     if (t->parts == NULL)
@@ -308,7 +322,8 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
             goto oom_parts;
         }
     }
-    uint64_t total = t->own_bytes + table_held_bytes(t);
+    t->created_bytes = table_held_bytes(t);
+    uint64_t total = t->own_bytes + t->created_bytes;
     if (!budget_take(t, total)) {
         errf(err, errlen, "table %s: memory limit reached: the empty table needs %llu bytes",
              spec->name, (unsigned long long)total);
@@ -410,21 +425,31 @@ static int row_slot(table *t, partition *p, bool reserve, uint32_t *out)
 {
     *out = 0;
     table_reserve_row(t, p, reserve);
-    if (table_index_full(&p->ix)) {
-        int rc = index_grow(t, p);
-        if (rc == TABLE_NOMEM)
-            return rc;
-        /* Over the budget: the partition's oldest row gives its index entry instead. */
-        if (rc == TABLE_LIMIT && !table_evict_for_memory(t, p))
+    /* A logical budget: the row's share first; over the budget, the partition's oldest rows
+     * give theirs (table_row_remove gives it back). */
+    while (t->budget.logical && !budget_take(t, t->row_charge))
+        if (!table_evict_for_memory(t, p))
             return TABLE_LIMIT;
+    int rc = TABLE_OK;
+    if (table_index_full(&p->ix)) {
+        rc = index_grow(t, p);
+        /* Over the budget: the partition's oldest row gives its index entry instead. */
+        if (rc == TABLE_LIMIT && table_evict_for_memory(t, p))
+            rc = TABLE_OK;
     }
-    int fail = TABLE_OK;
-    uint32_t slot1 = slot_alloc(t, p, &fail);
-    /* Over the budget: the partition's oldest row gives its slot (back from the free list). */
-    if (slot1 == 0 && fail == TABLE_LIMIT && table_evict_for_memory(t, p))
-        slot1 = slot_alloc(t, p, &fail);
-    if (slot1 == 0)
-        return fail;
+    uint32_t slot1 = 0;
+    if (rc == TABLE_OK) {
+        slot1 = slot_alloc(t, p, &rc);
+        /* Over the budget: the partition's oldest row gives its slot (back from the free
+         * list). */
+        if (slot1 == 0 && rc == TABLE_LIMIT && table_evict_for_memory(t, p))
+            slot1 = slot_alloc(t, p, &rc);
+    }
+    if (slot1 == 0) {
+        if (t->budget.logical)
+            budget_give(t, t->row_charge); /* not made */
+        return rc;
+    }
     *out = slot1;
     return TABLE_OK;
 }

@@ -50,7 +50,9 @@
  *              refuses, the partition's least recently updated row makes room instead
  *              (evicted_memory); only when the partition has none (or the table is
  *              never_evict) is the row refused (TABLE_LIMIT). Memory is given back to the
- *              budget only by table_destroy: slabs and indexes are kept for reuse.
+ *              budget only by table_destroy: slabs and indexes are kept for reuse. A logical
+ *              budget (table_budget.logical, replicated groups) counts rows instead: each row
+ *              in RAM its bytes and index share, given back when it leaves RAM.
  *
  * Cold tier (ram_rows > 0): each partition keeps at most its share of ram_rows rows in RAM
  * (at least one); a row that leaves RAM by LRU (past that share) or because the budget refused
@@ -110,6 +112,13 @@ typedef struct table_budget {
     bool (*take)(void *arg, uint64_t bytes);
     void (*give)(void *arg, uint64_t bytes);
     void *arg;
+    /* Counts rows, not allocations: the empty table's bytes at creation, then each row in RAM
+     * its row's bytes and two index entries (table_layout.h, row_charge), taken when the row
+     * is made and given back when it leaves RAM; slabs and index growth ask nothing. What the
+     * budget refuses and which rows it evicts then follow from the rows alone, the same on
+     * every copy of a replicated group whatever its memory layout (a copy restored compact, or
+     * one that reuses the slots of removed rows). */
+    bool logical;
 } table_budget;
 
 /* Points t's budget at arg from now on (its owner moved: a state's contents copied into

@@ -58,6 +58,8 @@ void table_row_remove(table *t, partition *p, uint32_t pos)
     table_index_delete_at(&p->ix, pos);
     table_lru_unlink(t, p, slot1);
     slot_free(t, p, slot1);
+    if (t->budget.logical)
+        budget_give(t, t->row_charge); /* its share of a logical budget (table.h) */
 }
 
 bool table_evict_lru(table *t, partition *p, _Atomic uint64_t *counter)

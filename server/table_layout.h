@@ -119,6 +119,11 @@ struct table {
     bool never_evict;
     table_budget budget;
     uint64_t own_bytes; /* the table struct, name, partition array: taken at creation */
+    /* A logical budget (table_budget.logical): the bytes taken at creation beyond own_bytes,
+     * and what each row in RAM counts (its bytes and two index entries: the index's load is
+     * between 3/8 and 3/4). */
+    uint64_t created_bytes;
+    uint64_t row_charge;
     partition *parts;
     /* Checkpoint cuts: a partition whose cut_gen differs from the table's is copied into
      * `cut` before anything changes it. */
@@ -264,7 +269,13 @@ static inline void table_unref(table *t)
 {
     if (atomic_fetch_sub(&t->refs, 1) != 1)
         return;
-    budget_give(t, t->own_bytes + table_held_bytes(t));
+    uint64_t held = table_held_bytes(t);
+    if (t->budget.logical) {
+        held = t->created_bytes;
+        for (uint32_t i = 0; i < t->nparts; i++)
+            held += (uint64_t)t->parts[i].ix.count * t->row_charge;
+    }
+    budget_give(t, t->own_bytes + held);
     for (uint32_t i = 0; i < t->nparts; i++) {
         partition_fini(&t->parts[i]);
         pthread_rwlock_destroy(&t->parts[i].lock);

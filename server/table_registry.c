@@ -277,6 +277,8 @@ void registry_budget(table_spec *ts, server_state *st)
     ts->budget.take = table_budget_take;
     ts->budget.give = table_budget_give;
     ts->budget.arg = st;
+    /* A replicated group's copies decide evictions alike only by counting rows. */
+    ts->budget.logical = st->budget != NULL && st->budget->tables_logical;
     ts->cold_dir = cold_dir;
 }
 

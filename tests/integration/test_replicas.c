@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <pthread.h>
@@ -808,11 +809,296 @@ static void test_copy_does_not_stop_updates(void **state)
     assert_copies_agree();
 }
 
+/* Budget evictions (max-server-bytes) are the same on every copy of a group, also on one a
+ * rejoin made compact. Table rep/expiring (ttl 1 s) fills the groups, then its rows expire: the
+ * primary and the backup keep their slabs for reuse. ps 1 is killed and restarted: its copies
+ * of groups 0 and 1 come restored, without those empty slabs. Then table rep/kept (no ttl) is
+ * pushed past each copy's share of the budget; every copy of a group must evict the same rows.
+ * (Counted in slabs, the primary had reached the limit with far fewer rows than the rejoined
+ * copy, and the copies differed.) */
+#define BUDGET_IDS_A 90000  /* rep/expiring: 30,000 rows a group */
+#define BUDGET_IDS_C 180000 /* rep/kept: 60,000 rows a group, past a copy's share */
+#define BUDGET_CHUNK 6000
+
+static void push_range(ps_table *t, int64_t first, int64_t n)
+{
+    static float g[BUDGET_CHUNK * 16];
+    static int64_t ids[BUDGET_CHUNK];
+    for (int i = 0; i < BUDGET_CHUNK * 16; i++)
+        g[i] = 0.5f;
+    for (int64_t at = 0; at < n; at += BUDGET_CHUNK) {
+        size_t k = (size_t)(n - at < BUDGET_CHUNK ? n - at : BUDGET_CHUNK);
+        for (size_t i = 0; i < k; i++)
+            ids[i] = first + at + (int64_t)i;
+        int rc = ps_table_push(t, ids, k, g);
+        if (rc != PS_OK)
+            fprintf(stderr, "push of ids %lld..: %s\n", (long long)(first + at), ps_last_error());
+        assert_int_equal(rc, PS_OK);
+    }
+}
+
+/* assert_copies_agree, asked again while a TTL sweep (logged once a second) falls between the
+ * two checksums of a group. */
+static void assert_copies_agree_settled(void)
+{
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 1;
+        for (int tries = 0; tries < 50 && l0 != l1; tries++) {
+            assert_int_equal(group_checksum((int)grp, grp, 0, &s0, NULL, &l0), 0);
+            assert_int_equal(group_checksum((int)((grp + 1) % NSERVERS), grp, 0, &s1, NULL, &l1),
+                             0);
+            if (l0 != l1)
+                usleep(20 * 1000);
+        }
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %u\n",
+                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
+                (unsigned long long)l1, (grp + 1) % NSERVERS);
+        assert_int_equal(l0, l1);
+        assert_true(s0 == s1);
+    }
+}
+
+static void test_budget_evictions_alike(void **state)
+{
+    (void)state;
+    ps_client *c = open_client();
+    assert_non_null(c);
+    ps_table_spec sp;
+    ps_table_spec_init(&sp, "rep/expiring", 16, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    sp.ttl_ms = 1000;
+    ps_table *ta, *tc_;
+    assert_int_equal(ps_table_create(c, &sp, &ta), PS_OK);
+    ps_table_spec_init(&sp, "rep/kept", 16, PS_OPT_SGD);
+    sp.learning_rate = 1.0;
+    assert_int_equal(ps_table_create(c, &sp, &tc_), PS_OK);
+    push_range(ta, 0, BUDGET_IDS_A);
+    /* Every row of rep/expiring expires and is swept (a sweep a second). */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    do {
+        usleep(200 * 1000);
+        assert_int_equal(ps_table_info_get(c, "rep/expiring", &info), PS_OK);
+        assert_true(ms_since(&t0) < 60000);
+    } while (info.rows > 0);
+    fprintf(stderr, "rep/expiring: %llu rows expired; %llu bytes still held\n",
+            (unsigned long long)info.evicted_ttl, (unsigned long long)info.bytes);
+    /* ps 1 restarts and copies groups 0 and 1 back. */
+    uint64_t e0 = test_server_epoch(tc.ports[0]);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    int st;
+    assert_int_equal(waitpid(tc.pids[1], &st, 0), tc.pids[1]);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
+    wait_epoch(e0 + 2);
+    /* Past the budget, twice (the second pass updates what the first kept). */
+    push_range(tc_, 1000000, BUDGET_IDS_C);
+    push_range(tc_, 1000000 + BUDGET_IDS_C / 2, BUDGET_IDS_C / 2);
+    assert_int_equal(ps_table_info_get(c, "rep/kept", &info), PS_OK);
+    fprintf(stderr, "rep/kept: %llu rows, %llu evicted under the budget\n",
+            (unsigned long long)info.rows, (unsigned long long)info.evicted_memory);
+    assert_true(info.evicted_memory > 0);
+    ps_table_free(ta);
+    ps_table_free(tc_);
+    ps_client_close(c);
+    assert_copies_agree_settled();
+}
+
+static int setup_budget(void **state)
+{
+    (void)state;
+    static const char *const more[] = {"--max-server-bytes", "12000000", NULL};
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, "2", "1000", more);
+}
+
 static int setup_copy_slow(void **state)
 {
     (void)state;
     static const char *const more[] = {"--test-failpoint", "copy-slow", NULL};
     return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, "2", "1000", more);
+}
+
+/* A rejoin copy asked of a primary that stops (SIGTERM) mid-copy ends at once, and the
+ * rejoiner asks the group's new primary as soon as its view names it (before, it waited out
+ * the copy's 60 s deadline on a server that had closed its sockets). Replicas 3, copy-slow,
+ * messages of 1 MiB (a group's copy takes two chunks): ps 1 is killed and restarted; while its
+ * copy of group 0 is being made on ps 0 (copy-slow holds the image 5 s), ps 0 gets SIGTERM;
+ * ps 1 copies group 0 from ps 2, its new primary, and is in sync in every group long before
+ * the old deadline; ps 1's and ps 2's copies agree. */
+static view read_view(void)
+{
+    view_record r;
+    memset(&r, 0, sizeof(r));
+    char prefix[64], err[512];
+    test_view_prefix(&tc, prefix, sizeof(prefix));
+    etcd_client *e = NULL;
+    if (etcd_client_create(&e, etcd.endpoint, 2000, err, sizeof(err)) != 0 ||
+        view_etcd_read(e, prefix, &r, NULL, err, sizeof(err)) != 0)
+        memset(&r, 0, sizeof(r));
+    etcd_client_destroy(e);
+    return r.v;
+}
+
+/* Whether server s is registered with a lease. */
+static bool registered(uint32_t s)
+{
+    char prefix[64], err[512];
+    test_view_prefix(&tc, prefix, sizeof(prefix));
+    etcd_client *e = NULL;
+    int64_t leases[VIEW_MAX_SERVERS] = {0};
+    bool ok = etcd_client_create(&e, etcd.endpoint, 2000, err, sizeof(err)) == 0 &&
+              view_etcd_servers(e, prefix, NSERVERS, leases, NULL, err, sizeof(err)) == 0;
+    etcd_client_destroy(e);
+    return ok && leases[s] != 0;
+}
+
+/* Whether a rejoin copy of group g is being fetched into a directory under /tmp that was not
+ * among the `n` names of `before` (the rejoining server writes it there as it arrives). */
+static bool rejoin_file_new(char (*before)[256], size_t n, uint32_t g)
+{
+    DIR *d = opendir("/tmp");
+    if (d == NULL)
+        return false;
+    bool found = false;
+    struct dirent *e;
+    while (!found && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "psd-rejoin-", 11) != 0)
+            continue;
+        bool old = false;
+        for (size_t i = 0; i < n && !old; i++)
+            old = strcmp(before[i], e->d_name) == 0;
+        char path[300];
+        snprintf(path, sizeof(path), "/tmp/%s/ckpt-%u-1.psc", e->d_name, g);
+        found = !old && access(path, F_OK) == 0;
+    }
+    closedir(d);
+    return found;
+}
+
+/* The names of /tmp/psd-rejoin-* now, at most cap of them. */
+static size_t rejoin_dirs(char (*out)[256], size_t cap)
+{
+    DIR *d = opendir("/tmp");
+    size_t n = 0;
+    struct dirent *e;
+    while (d && n < cap && (e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "psd-rejoin-", 11) == 0)
+            snprintf(out[n++], 256, "%s", e->d_name);
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void test_copy_from_stopping_primary(void **state)
+{
+    (void)state;
+    static const char *const settings[] = {"split-threshold-bytes", "64K", "chunk-bytes", "64K",
+                                           NULL};
+    ps_client *c = test_replicated_client(&tc, -1, "3", settings);
+    assert_non_null(c);
+    ps_var_spec s;
+    ps_var_spec_init(&s, "stopcopy/big");
+    s.ndims = 1;
+    s.dims[0] = COPY_N;
+    s.learning_rate = 0.5;
+    ps_var *v;
+    assert_int_equal(ps_var_create(c, &s, &v), PS_OK);
+    float *g = malloc(COPY_N * sizeof(float));
+    assert_non_null(g);
+    for (size_t i = 0; i < COPY_N; i++)
+        g[i] = (float)(i % 3);
+    for (int r = 0; r < 5; r++)
+        assert_int_equal(ps_push(c, v, g), PS_OK);
+    free(g);
+    ps_client_close(c);
+    uint64_t e0 = test_server_epoch(tc.ports[2]);
+    assert_int_equal(kill(tc.pids[1], SIGKILL), 0);
+    int st;
+    assert_int_equal(waitpid(tc.pids[1], &st, 0), tc.pids[1]);
+    wait_epoch(e0 + 1); /* ps 1 out of the view */
+    static char before[256][256];
+    size_t nbefore = rejoin_dirs(before, 256);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!registered(1)) {
+        assert_true(ms_since(&t0) < 30000);
+        usleep(50 * 1000);
+    }
+    /* It reads the view and asks its primaries for copies, each 5 s in the making: ps 0 is
+     * stopped once ps 1 fetches group 0's (or after 20 s without seeing that). */
+    while (!rejoin_file_new(before, nbefore, 0) && ms_since(&t0) < 20000)
+        usleep(20 * 1000);
+    fprintf(stderr, "ps 1 fetches group 0's copy %lld ms after its restart\n",
+            (long long)ms_since(&t0));
+    usleep(500 * 1000);
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_int_equal(kill(tc.pids[0], SIGTERM), 0);
+    view w;
+    for (;;) {
+        w = read_view();
+        bool synced = w.epoch > 0 && w.live[1];
+        for (uint32_t grp = 0; grp < NSERVERS && synced; grp++)
+            synced = view_in_sync(&w, grp, 1);
+        if (synced)
+            break;
+        /* Generous on a loaded machine; the old wait alone was 60 s. */
+        assert_true(ms_since(&t1) < 45000);
+        usleep(100 * 1000);
+    }
+    fprintf(stderr,
+            "ps 1 in sync in every group %lld ms after ps 0 was told to stop (view epoch %llu)\n",
+            (long long)ms_since(&t1), (unsigned long long)w.epoch);
+    assert_int_equal(waitpid(tc.pids[0], &st, 0), tc.pids[0]);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (uint32_t grp = 0; grp < NSERVERS; grp++) {
+        uint64_t s1 = 0, s2 = 1, l1 = 0, l2 = 1;
+        for (int tries = 0; tries < 50 && l1 != l2; tries++) {
+            assert_int_equal(group_checksum(1, grp, 0, &s1, NULL, &l1), 0);
+            assert_int_equal(group_checksum(2, grp, 0, &s2, NULL, &l2), 0);
+            if (l1 != l2)
+                usleep(50 * 1000);
+        }
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps 1, %016llx at lsn %llu on ps 2\n", grp,
+                (unsigned long long)s1, (unsigned long long)l1, (unsigned long long)s2,
+                (unsigned long long)l2);
+        assert_int_equal(l1, l2);
+        assert_true(s1 == s2);
+    }
+    /* A stop that hits a rejoin in progress: ps 0 restarts and fetches its copies from ps 2;
+     * ps 2, then ps 0 are told to stop. ps 0 stops without waiting for the copies (before, its
+     * stop waited out their 60 s deadline on ps 2, which had closed its sockets). */
+    nbefore = rejoin_dirs(before, 256);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, flags.v), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!rejoin_file_new(before, nbefore, 0) && ms_since(&t0) < 20000)
+        usleep(20 * 1000);
+    usleep(500 * 1000);
+    struct timespec t2;
+    clock_gettime(CLOCK_MONOTONIC, &t2);
+    assert_int_equal(kill(tc.pids[2], SIGTERM), 0);
+    usleep(200 * 1000);
+    assert_int_equal(kill(tc.pids[0], SIGTERM), 0);
+    assert_int_equal(waitpid(tc.pids[0], &st, 0), tc.pids[0]);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    int64_t stop_ms = ms_since(&t2);
+    assert_int_equal(waitpid(tc.pids[2], &st, 0), tc.pids[2]);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    fprintf(stderr, "ps 0, rejoining from ps 2, stopped %lld ms after ps 2 was told to\n",
+            (long long)stop_ms);
+    assert_true(stop_ms < 40000); /* generous on a loaded machine; the old wait was 60 s */
+    /* Back for the teardown. */
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 2, flags.v), 0);
+    assert_int_equal(test_cluster_respawn(&tc, server_bin, 0, flags.v), 0);
+}
+
+static int setup_copy_slow_r3(void **state)
+{
+    (void)state;
+    static const char *const more[] = {"--test-failpoint", "copy-slow", "--max-message-bytes",
+                                       "1048576", NULL};
+    return test_replicated_start(&tc, &etcd, &flags, server_bin, NSERVERS, 0, "3", "1000", more);
 }
 
 int main(int argc, char **argv)
@@ -835,6 +1121,14 @@ int main(int argc, char **argv)
     const struct CMUnitTest slow_copies[] = {
         cmocka_unit_test(test_copy_does_not_stop_updates),
     };
+    const struct CMUnitTest budget[] = {
+        cmocka_unit_test(test_budget_evictions_alike),
+    };
+    const struct CMUnitTest slow_copies_r3[] = {
+        cmocka_unit_test(test_copy_from_stopping_primary),
+    };
     int failed = cmocka_run_group_tests(tests, setup, teardown);
-    return failed + cmocka_run_group_tests(slow_copies, setup_copy_slow, teardown);
+    failed += cmocka_run_group_tests(budget, setup_budget, teardown);
+    failed += cmocka_run_group_tests(slow_copies, setup_copy_slow, teardown);
+    return failed + cmocka_run_group_tests(slow_copies_r3, setup_copy_slow_r3, teardown);
 }

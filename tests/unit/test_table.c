@@ -758,13 +758,73 @@ static void budget_give_cb(void *arg, uint64_t bytes)
     b->used -= bytes;
 }
 
+/* A logical budget (replicated groups) counts rows, not allocations: a table that removed
+ * rows (their slots kept for reuse) and a compact one holding the same rows in the same order
+ * hold the same bytes, refuse at the same row and evict the same rows. */
+static void test_logical_budget_alike(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("logical", 4, OPTIMIZER_SGD);
+    s.partitions = 4;
+    s.ttl_ms = 100;
+    test_budget ba = {.cap = UINT64_MAX}, bb = {.cap = UINT64_MAX};
+    s.budget =
+        (table_budget){.take = budget_take_cb, .give = budget_give_cb, .arg = &ba, .logical = true};
+    table *a = make(&s);
+    s.budget.arg = &bb;
+    table *b = make(&s);
+    assert_true(ba.used == bb.used);
+    enum { B = 200 };
+    int64_t ids[B];
+    float g[B * 4];
+    for (int i = 0; i < B * 4; i++)
+        g[i] = 1.0f;
+    /* a: 3,000 rows that expire, then 200 that stay; b: only the 200. */
+    for (int base = 0; base < 3000; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(a, ids, B, g, 0);
+    }
+    for (int i = 0; i < B; i++)
+        ids[i] = 3000 + i;
+    push_ok(a, ids, B, g, 1000);
+    push_ok(b, ids, B, g, 1000);
+    assert_int_equal(table_sweep(a, 1050), 3000);
+    table_stats sa, sb;
+    table_stats_get(a, &sa);
+    table_stats_get(b, &sb);
+    assert_int_equal(sa.rows, sb.rows);
+    assert_true(sa.bytes > sb.bytes); /* a keeps its slabs and index */
+    assert_true(ba.used == bb.used);  /* but counts only its rows */
+    /* Room for about 600 rows more each: new rows past it evict the same old ones. */
+    uint64_t used0 = ba.used;
+    ba.cap = bb.cap = used0 + 600 * (16 + 4 * 4 + 24 + 8);
+    for (int base = 4000; base < 8000; base += B) {
+        for (int i = 0; i < B; i++)
+            ids[i] = base + i;
+        push_ok(a, ids, B, g, 1000 + base);
+        push_ok(b, ids, B, g, 1000 + base);
+        assert_true(ba.used == bb.used && ba.used <= ba.cap);
+    }
+    table_stats_get(a, &sa);
+    table_stats_get(b, &sb);
+    assert_true(sa.evicted_memory > 0);
+    assert_int_equal(sa.evicted_memory, sb.evicted_memory);
+    assert_int_equal(sa.rows, sb.rows);
+    for (int64_t id = 3000; id < 8000; id += 7)
+        assert_true(has_row(a, id) == has_row(b, id));
+    table_destroy(a);
+    table_destroy(b);
+    assert_true(ba.used == 0 && bb.used == 0);
+}
+
 static void test_memory_budget(void **state)
 {
     (void)state;
     table_spec s = base_spec("budget", 4, OPTIMIZER_SGD);
     s.partitions = 1;
     test_budget b = {.cap = UINT64_MAX};
-    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    s.budget = (table_budget){.take = budget_take_cb, .give = budget_give_cb, .arg = &b};
     table *t = make(&s);
     table_stats st;
     table_stats_get(t, &st);
@@ -988,7 +1048,7 @@ static void test_never_evict_and_tracked_push(void **state)
     s.init.kind = INITIALIZER_ZEROS;
     s.never_evict = true;
     test_budget b = {.cap = UINT64_MAX};
-    s.budget = (table_budget){budget_take_cb, budget_give_cb, &b};
+    s.budget = (table_budget){.take = budget_take_cb, .give = budget_give_cb, .arg = &b};
     table *t = make(&s);
     enum { N = 4000 };
     static int64_t ids[N];
@@ -1727,6 +1787,7 @@ int main(void)
         cmocka_unit_test(test_ttl_sweep),
         cmocka_unit_test(test_bad_specs_and_gradients),
         cmocka_unit_test(test_memory_budget),
+        cmocka_unit_test(test_logical_budget_alike),
         cmocka_unit_test(test_never_evict_and_tracked_push),
         cmocka_unit_test(test_overflow_refused_row_unchanged),
         cmocka_unit_test(test_copy_and_restore),

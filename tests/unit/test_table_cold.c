@@ -772,7 +772,7 @@ static void test_budget_demotes(void **state)
     cap_budget b = {0, UINT64_MAX};
     s.ram_rows = 1000000;
     s.cold_dir = dir;
-    s.budget = (table_budget){cap_take, cap_give, &b};
+    s.budget = (table_budget){.take = cap_take, .give = cap_give, .arg = &b};
     table *cold = make(&s);
     b.cap = b.used + 16 * 14 * 1024 + 8 * 1024; /* two slabs a partition, and a little */
     int64_t ids[BATCH];
