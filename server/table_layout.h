@@ -224,8 +224,15 @@ static inline size_t slab_size(const table *t)
     return (size_t)t->slab_rows * t->row_bytes + slab_bitmap_bytes(t);
 }
 
-/* ---- shared by table.c and table_pull.c -------------------------------------------------- */
+/* ---- shared by table.c, table_push.c and table_pull.c ----------------------------------- */
 
+/* Row r of id as the initializer and the optimizer make it (update time 0; links untouched). */
+void table_row_init(table *t, partition *p, row_header *r, int64_t id);
+/* Makes row id in p (write-locked, absent from the index) from the initializer and stores
+ * slot + 1 in *out (reserve: as table_row_promote's). Returns TABLE_OK, TABLE_NOMEM, or
+ * TABLE_LIMIT when the budget refuses memory and p has no row to evict for room (*out then
+ * 0). */
+int table_row_make(table *t, partition *p, int64_t id, uint64_t h, bool reserve, uint32_t *out);
 /* Promotes id's row from disk (val: its value, table_cold_value_bytes) into p (write-locked,
  * id absent from the index) and stores slot + 1 in *out: first in the LRU order (front) or at
  * its update time's place. reserve: room made first under ram_rows (the least recently
