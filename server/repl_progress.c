@@ -224,14 +224,7 @@ static uint64_t send_limit_locked(rgroup *G, const rpeer *p)
 /* Waits on G's queue at most ms (q held). */
 static void wait_ms_locked(rgroup *G, uint64_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = time_deadline(CLOCK_REALTIME, ms);
     pthread_cond_timedwait(&G->qcond, &G->q, &ts);
 }
 
