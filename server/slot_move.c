@@ -50,8 +50,8 @@ typedef struct wbuf {
 
 static void put(wbuf *b, const void *src, size_t n)
 {
-    if (b->failed)
-        return;
+    if (b->failed || n == 0)
+        return; /* nothing to copy (src may then be NULL: a table with no row to move) */
     size_t need = b->len + n + 8;
     if (need > b->cap) {
         size_t nc = b->cap ? b->cap : 4096;
