@@ -24,17 +24,24 @@
 #define CHUNK 262144u /* floats in the client's default 1 MiB chunk */
 #define WAIT_MS 5000  /* a thread that should have gone on but did not: the test fails */
 
-static variable *make_var(uint64_t count)
+/* An asynchronous SGD float32 vector named name with the one dimension *shape. */
+static Psd__V1__VariableSpec sgd_spec(const char *name, uint64_t *shape)
 {
     Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
-    uint64_t shape[1] = {count};
-    spec.name = "v";
+    spec.name = (char *)name;
     spec.dtype = PSD__V1__DTYPE__FLOAT32;
     spec.n_shape = 1;
     spec.shape = shape;
     spec.optimizer = PSD__V1__OPTIMIZER__OPT_SGD;
     spec.learning_rate = 0.1;
     spec.staleness = -1;
+    return spec;
+}
+
+static variable *make_var(uint64_t count)
+{
+    uint64_t shape[1] = {count};
+    Psd__V1__VariableSpec spec = sgd_spec("v", shape);
     spec.num_servers = 1;
     char err[256];
     variable *v = variable_create_unfilled(&spec, count, 0, count, err, sizeof(err));
@@ -475,15 +482,8 @@ static void test_parts_keys(void **state)
 {
     (void)state;
     const uint64_t n = 3 * 262144 + 5;
-    Psd__V1__VariableSpec spec = PSD__V1__VARIABLE_SPEC__INIT;
     uint64_t shape[1] = {n};
-    spec.name = "p";
-    spec.dtype = PSD__V1__DTYPE__FLOAT32;
-    spec.n_shape = 1;
-    spec.shape = shape;
-    spec.optimizer = PSD__V1__OPTIMIZER__OPT_SGD;
-    spec.learning_rate = 0.1;
-    spec.staleness = -1;
+    Psd__V1__VariableSpec spec = sgd_spec("p", shape);
     spec.split = true;
     spec.parts = true;
     char err[256];
