@@ -39,6 +39,9 @@
  * updates never waits a round trip for the previous answer; at most 4 x BATCH_MAX_BYTES of
  * messages per backup. */
 #define REPL_STREAM_WINDOW 4
+/* A stream whose batches have all failed for this long opens its connection
+ * again (repl_progress.c), at most once per this interval. */
+#define REPL_STREAM_STALE_MS 5000
 /* Batches a backup parks at most per group while the one before them has not come yet. */
 #define REPL_PARKED_MAX (2 * REPL_STREAM_WINDOW)
 
@@ -83,6 +86,8 @@ typedef struct rpeer {
     bool told;         /* catching up: it saw the log's end once; waited for from then (q) */
     bool confirmed;    /* catching up: it applied a batch that said it is waited for (q) */
     uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
+    uint64_t reopened_ns;      /* its connection was last opened again then (q) */
+    unsigned reopens;          /* times its connection was opened again, for the log (q) */
     /* Primary: the copy this peer is fetching, streamed (repl_copy.c); NULL while a chunk of
      * it is being read (q). */
     struct copy_image *img;

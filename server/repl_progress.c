@@ -160,7 +160,8 @@ static rop *failed_locked(rpeer *p, int st, const char *message)
                  G->g, p->server, 2 * repl.cfg.lease_ms);
         done = repl_progress_locked(G);
     }
-    if (now - p->errors_logged_ns > 2000000000ull && !p->catching_up) {
+    /* A rejoining backup's failures are expected while it restarts: logged less often. */
+    if (now - p->errors_logged_ns > (p->catching_up ? 10000000000ull : 2000000000ull)) {
         p->errors_logged_ns = now;
         log_warn("group %u: streaming to backup %u failed (%s: %s); retrying until the "
                  "view drops it",
@@ -323,6 +324,62 @@ static sync_call *batch_make_locked(rgroup *G, rpeer *p, uint64_t lim, bool tell
     return s;
 }
 
+/* A connection for the stream to p, or NULL (logged). */
+static rpc_conn *stream_open(const rgroup *G, const rpeer *p)
+{
+    char label[64], err[512];
+    snprintf(label, sizeof(label), "ps %u (backup of group %u)", p->server, G->g);
+    rpc_conn_config cc = {
+        .url = repl.cfg.urls[p->server],
+        .connections = 1,
+        .resend_ms = 0,
+        .max_message = 1u << 20,
+        .label = label,
+        .tls = repl.cfg.tls,
+    };
+    rpc_conn *c = NULL;
+    if (rpc_conn_open(&c, &cc, err, sizeof(err)) != 0) {
+        log_error("group %u: cannot open a stream to backup %u: %s", G->g, p->server, err);
+        return NULL;
+    }
+    return c;
+}
+
+/* Whether p's stream should open its connection again (q held): none is open (an open
+ * failed), or every batch answered has failed for REPL_STREAM_STALE_MS. A
+ * connection nng still counts up can deliver nothing while both servers stay up and in the
+ * view: its peer's socket gone without a reset reaching us (a lost conntrack or NAT entry, a
+ * blackholed flow), or a dead pipe whose removal nng 1.5.2 has not run yet (its reaper thread
+ * also redials). Nothing else would end that: the backup keeps its lease, so no view drops it,
+ * and every update of the group waits for it. A fresh connection costs one dial. */
+static bool stream_stale_locked(const rpeer *p, uint64_t now)
+{
+    const uint64_t stale = (uint64_t)REPL_STREAM_STALE_MS * 1000000ull;
+    if (now - p->reopened_ns < (p->conn ? stale : 1000000000ull))
+        return false;
+    return p->conn == NULL || (p->failing_since_ns != 0 && now - p->failing_since_ns >= stale);
+}
+
+/* Opens p's stream connection again (q held; released meanwhile: closing fails the batches
+ * still in flight on the old connection and waits for their callbacks, which take q). */
+static void stream_reopen_locked(rgroup *G, rpeer *p, uint64_t now)
+{
+    rpc_conn *old = p->conn;
+    p->conn = NULL;
+    p->reopened_ns = now;
+    bool say = old && p->reopens++ % 6 == 0; /* the first time, then every 30 s or so */
+    double failing_s = p->failing_since_ns ? (double)(now - p->failing_since_ns) / 1e9 : 0;
+    pthread_mutex_unlock(&G->q);
+    if (say)
+        log_warn("group %u: no batch to backup %u answered for %.1f s: closing its stream's "
+                 "connection and opening it again (%u time(s) so far)",
+                 G->g, p->server, failing_s, p->reopens);
+    rpc_conn_close(old);
+    rpc_conn *c = stream_open(G, p);
+    pthread_mutex_lock(&G->q);
+    p->conn = c;
+}
+
 static void *peer_main(void *arg)
 {
     rpeer *p = arg;
@@ -333,10 +390,18 @@ static void *peer_main(void *arg)
     pthread_mutex_lock(&G->q);
     while (!atomic_load(&repl.stopping)) {
         bool to = G->serving && (p->in_view || p->catching_up);
+        uint64_t now = time_now_ns();
+        if (to && stream_stale_locked(p, now)) {
+            stream_reopen_locked(G, p, now);
+            continue;
+        }
+        if (to && p->conn == NULL) {
+            wait_ms_locked(G, 100); /* opened again once a second */
+            continue;
+        }
         if (p->sent < p->acked)
             p->sent = p->acked;
         uint64_t lim = to ? send_limit_locked(G, p) : 0;
-        uint64_t now = time_now_ns();
         bool may = to && !p->stall && p->inflight < REPL_STREAM_WINDOW && now >= p->retry_ns;
         bool tell = may && p->inflight == 0 && p->catching_up && (!p->told || !p->confirmed) &&
                     lim <= p->acked;
@@ -396,22 +461,8 @@ void repl_start_peers_locked(rgroup *G)
         rpeer *p = &G->peers[i];
         if (p->started)
             continue;
-        if (p->conn == NULL) {
-            char label[64], err[512];
-            snprintf(label, sizeof(label), "ps %u (backup of group %u)", p->server, G->g);
-            rpc_conn_config cc = {
-                .url = repl.cfg.urls[p->server],
-                .connections = 1,
-                .resend_ms = 0,
-                .max_message = 1u << 20,
-                .label = label,
-                .tls = repl.cfg.tls,
-            };
-            if (rpc_conn_open(&p->conn, &cc, err, sizeof(err)) != 0) {
-                log_error("group %u: cannot open a stream to backup %u: %s", G->g, p->server, err);
-                continue;
-            }
-        }
+        if (p->conn == NULL && (p->conn = stream_open(G, p)) == NULL)
+            continue;
         if (pthread_create(&p->thread, NULL, peer_main, p) == 0)
             p->started = true;
         else
