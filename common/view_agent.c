@@ -40,8 +40,11 @@ struct view_agent {
     view_record known; /* the newest view given to the callback (epoch 0: none) */
     bool caught_up[VIEW_MAX_SERVERS];
     bool lacks[VIEW_MAX_SERVERS]; /* view_agent_set_lacks (under mu) */
-    char token[65];               /* prefix/token, the cluster token ("": not read yet; mu) */
-    bool leaving;                 /* view_agent_leave: registers no more (mu) */
+    /* view_agent_mark_unreachable: how many of this server's group streams to each server
+     * fail for long (under mu). */
+    uint32_t unreachable[VIEW_MAX_SERVERS];
+    char token[65]; /* prefix/token, the cluster token ("": not read yet; mu) */
+    bool leaving;   /* view_agent_leave: registers no more (mu) */
     int64_t pending_rev, pending_since_ms;
     /* stats */
     uint64_t views_installed, failovers, errors;
@@ -170,6 +173,24 @@ static void describe(const view *v, char *buf, size_t cap)
             first = false;
         }
     if (o < cap)
+        o += (size_t)snprintf(buf + o, cap - o, "]");
+    /* The live members out of sync, by group: ", out of sync [g1: 0; g2: 0 1]". */
+    bool any = false;
+    for (uint32_t g = 0; g < v->num_servers && o < cap; g++) {
+        bool group_said = false;
+        for (uint32_t k = 0; k < v->replicas && o < cap; k++) {
+            uint32_t s = view_member(v, g, k);
+            if (!v->live[s] || view_in_sync(v, g, s))
+                continue;
+            if (!group_said)
+                o +=
+                    (size_t)snprintf(buf + o, cap - o, "%sg%u:", any ? "; " : ", out of sync [", g);
+            if (o < cap)
+                o += (size_t)snprintf(buf + o, cap - o, " %u", s);
+            any = group_said = true;
+        }
+    }
+    if (any && o < cap)
         snprintf(buf + o, cap - o, "]");
 }
 
@@ -374,12 +395,25 @@ static void adopt(view_agent *a, const view_record *rec)
     for (uint32_t g = 0; a->known.v.epoch > 0 && g < rec->v.num_servers; g++)
         if (a->known.v.primary[g] >= 0 && a->known.v.primary[g] != rec->v.primary[g])
             moved++;
+    /* Taken out of sync in a group while live as this incarnation (its primary could not reach
+     * it; a view that drops a previous process of this task is no such change, and a lost lease
+     * clears every mark anyway): a mark of a catch-up before that is void, so that this server
+     * never proposes itself in sync again before its server copied the group anew
+     * (repl_rejoin_locked marks again once caught up). The primary acknowledges without it from
+     * that view on. */
+    uint32_t self = a->cfg.self;
+    bool was_me = a->known.v.epoch > 0 && a->known.v.live[self] &&
+                  a->known.lease[self] == a->lease_id && a->lease_id != 0;
+    bool is_me = rec->v.live[self] && rec->lease[self] == a->lease_id && a->lease_id != 0;
+    for (uint32_t g = 0; was_me && is_me && g < rec->v.num_servers; g++)
+        if (view_in_sync(&a->known.v, g, self) && !view_in_sync(&rec->v, g, self))
+            a->caught_up[g] = false;
     a->known = *rec;
     a->failovers += moved;
     pthread_mutex_unlock(&a->mu);
     metric_set(a->m_epoch, (double)rec->v.epoch);
     metric_add(a->m_failovers, moved);
-    char d[VIEW_MAX_SERVERS * 9 + 64];
+    char d[VIEW_MAX_SERVERS * 24 + 64];
     describe(&rec->v, d, sizeof(d));
     log_info("view %s", d);
     emit(a, VIEW_EVENT_VIEW, &rec->v);
@@ -492,6 +526,8 @@ static void poll_once(view_agent *a)
         bool may = a->lease_id != 0 && reg[a->cfg.self] == a->lease_id && now < a->lease_valid_ms;
         memcpy(in.caught_up, a->caught_up, sizeof(in.caught_up));
         memcpy(in.lacks, a->lacks, sizeof(in.lacks));
+        for (uint32_t i = 0; i < a->cfg.num_servers; i++)
+            in.unreachable[i] = a->unreachable[i] > 0;
         in.grace_over = now - a->started_ms >= a->cfg.start_grace_ms;
         pthread_mutex_unlock(&a->mu);
         if (!may) {
@@ -541,7 +577,7 @@ static void poll_once(view_agent *a)
             note_error(a, "cannot install a view", err);
             return;
         }
-        char d[VIEW_MAX_SERVERS * 9 + 64];
+        char d[VIEW_MAX_SERVERS * 24 + 64];
         describe(&next.v, d, sizeof(d));
         log_info("installed the view %s%s", d,
                  ch == VIEW_FALLBACK ? " (in place of the server "
@@ -804,6 +840,19 @@ void view_agent_unmark_caught_up(view_agent *a, uint32_t g)
         return;
     pthread_mutex_lock(&a->mu);
     a->caught_up[g] = false;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void view_agent_mark_unreachable(view_agent *a, uint32_t s, bool on)
+{
+    if (s >= a->cfg.num_servers)
+        return;
+    pthread_mutex_lock(&a->mu);
+    if (on)
+        a->unreachable[s]++;
+    else if (a->unreachable[s] > 0)
+        a->unreachable[s]--;
+    pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }
 

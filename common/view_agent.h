@@ -26,7 +26,10 @@
  *         in those groups (and primary of its groups that had none where it is in sync and
  *         does not lack the group's copy, view_agent_set_lacks);
  *       * this server is live but out of sync in a group that has a primary, and
- *         view_agent_mark_caught_up was called for it: the view with it in sync there.
+ *         view_agent_mark_caught_up was called for it: the view with it in sync there;
+ *       * this server is the primary of a group and view_agent_mark_unreachable stands for a
+ *         live in-sync member of it: the view with that member out of sync there (proposed by
+ *         this server).
  *     Each proposal is epoch + 1 and a compare-and-swap on the view's mod revision: of servers
  *     that see the same change, one installs it and the others re-read. A change is proposed
  *     by the server it concerns first (the new primary; for a gone backup the lowest live
@@ -139,6 +142,13 @@ void view_agent_mark_caught_up(view_agent *a, uint32_t g);
  * diverged). g >= num_servers: ignored. */
 void view_agent_unmark_caught_up(view_agent *a, uint32_t g);
 
+/* This server, as a group's primary, could not reach server s for long while s keeps its
+ * lease (on: one more group's stream to s fails; off: one of them got through again). While
+ * any mark stands, the agent proposes a view with s out of sync in every group this server is
+ * the primary of and s an in-sync member of: s copies those groups again, and the primary
+ * acknowledges without it meanwhile (an asymmetric partition). s >= num_servers: ignored. */
+void view_agent_mark_unreachable(view_agent *a, uint32_t s, bool on);
+
 /* Whether this server's copy of group g lacks what it held while in sync: a group it backs up
  * and restored no checkpoint of at start (true), or one it has kept in sync since (false, the
  * default). A server that lacks a group never becomes its primary without copying it first.
@@ -184,6 +194,9 @@ typedef struct view_inputs {
      * then the only one in sync. */
     bool forced[VIEW_MAX_SERVERS];
     uint32_t forced_to[VIEW_MAX_SERVERS];
+    /* unreachable[s]: self, a primary, could not reach server s for long
+     * (view_agent_mark_unreachable): s falls out of sync in the groups self is the primary of. */
+    bool unreachable[VIEW_MAX_SERVERS];
     bool grace_over;      /* start_grace_ms passed since the agent started */
     uint64_t known_epoch; /* the highest epoch this server saw: a new view goes above it */
     /* The registered servers' restored copies (view_etcd_copies), read when a new view is made

@@ -157,6 +157,23 @@ view_change view_decide(const view_inputs *in, view_record *next)
         if (p < 0 || !next->v.live[p] || !view_in_sync(&next->v, g, (uint32_t)p))
             next->v.primary[g] = first_in_sync(&next->v, g);
     }
+    /* A primary that cannot reach an in-sync member of its group while that member keeps its
+     * lease (an asymmetric partition): the member falls out of sync, so that the primary
+     * acknowledges without it and it never serves the group without copying it first. Only
+     * the group's primary, live under its current lease, proposes it. */
+    bool self_shrank = false;
+    for (uint32_t g = 0; in->reg[self] != 0 && cur->v.live[self] && g < n; g++) {
+        if (cur->v.primary[g] != (int32_t)self || next->v.primary[g] != (int32_t)self)
+            continue;
+        for (uint32_t k = 0; k < in->replicas; k++) {
+            uint32_t s = view_member(&next->v, g, k);
+            if (s != self && in->unreachable[s] && next->v.live[s] &&
+                view_in_sync(&next->v, g, s)) {
+                view_set_in_sync(&next->v, g, s, false);
+                changed = self_shrank = true;
+            }
+        }
+    }
     /* A group waiting without an in-sync member that an operator forced onto a live member:
      * that member serves it from its copy and is its only member in sync. */
     for (uint32_t g = 0; g < n; g++) {
@@ -224,7 +241,7 @@ view_change view_decide(const view_inputs *in, view_record *next)
         }
     if (!changed)
         return VIEW_KEEP;
-    if (self_added || cur->v.epoch < in->known_epoch)
+    if (self_added || self_shrank || cur->v.epoch < in->known_epoch)
         return VIEW_PROPOSE;
     for (uint32_t i = 0; designated < 0 && i < n; i++)
         if (next->v.live[i])

@@ -120,7 +120,7 @@ static bool copy_position(void *arg, bool hold, uint64_t *epoch, uint64_t *lsn)
     pthread_mutex_lock(&m->G->q);
     m->p->catching_up = true;
     m->p->told = m->p->confirmed = false;
-    m->p->failing_since_ns = 0;
+    repl_peer_reached_locked(m->p);
     m->p->acked = m->p->sent = m->lsn - 1; /* streamed from there, below what it held before */
     m->p->stall = false;
     pthread_cond_broadcast(&m->G->qcond); /* its stream starts */

@@ -42,6 +42,10 @@
 /* A stream whose batches have all failed for this long opens its connection
  * again (repl_progress.c), at most once per this interval. */
 #define REPL_STREAM_STALE_MS 5000
+/* A backup in the view whose stream has failed for 2 leases and this long more (its
+ * connection opened again meanwhile) is reported unreachable to the view agent, which takes it
+ * out of sync: the group acknowledges without it (repl_progress.c). */
+#define REPL_UNREACHABLE_EXTRA_MS REPL_STREAM_STALE_MS
 /* Batches a backup parks at most per group while the one before them has not come yet. */
 #define REPL_PARKED_MAX (2 * REPL_STREAM_WINDOW)
 
@@ -88,6 +92,8 @@ typedef struct rpeer {
     uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
     uint64_t reopened_ns;      /* its connection was last opened again then (q) */
     unsigned reopens;          /* times its connection was opened again, for the log (q) */
+    /* It failed for REPL_UNREACHABLE_MS while in the view: view_agent_mark_unreachable (q). */
+    bool unreach_marked;
     /* Primary: the copy this peer is fetching, streamed (repl_copy.c); NULL while a chunk of
      * it is being read (q). */
     struct copy_image *img;
@@ -193,6 +199,9 @@ server_state *repl_state_make(uint32_t g, char *err, size_t errlen);
 bool repl_lease_valid_now(void);
 void repl_op_free(rop *o);
 bool repl_peer_counted(const rpeer *p);
+/* p was reached (an answer, a copy's chunk): no longer failing, and no longer reported
+ * unreachable (q held). */
+void repl_peer_reached_locked(rpeer *p);
 rop *repl_progress_locked(rgroup *G);
 void repl_log_free_locked(rgroup *G);
 void repl_answer(rop *done);

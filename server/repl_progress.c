@@ -85,11 +85,27 @@ static void batch_free(sync_call *s)
 
 /* Batch s answered by its peer: it holds everything below lsn held (q held). Returns the calls
  * now answered. */
+/* Withdraws p's report to the view agent, if any (q held). */
+static void unmark_locked(rpeer *p)
+{
+    if (!p->unreach_marked)
+        return;
+    p->unreach_marked = false;
+    if (repl.agent)
+        view_agent_mark_unreachable(repl.agent, p->server, false);
+}
+
+void repl_peer_reached_locked(rpeer *p)
+{
+    p->failing_since_ns = 0;
+    unmark_locked(p);
+}
+
 static rop *took_ack_locked(const sync_call *s, uint64_t held)
 {
     rpeer *p = s->peer;
     rgroup *G = p->grp;
-    p->failing_since_ns = 0;
+    repl_peer_reached_locked(p);
     if (s->counted && p->catching_up)
         p->confirmed = true;
     if (held > s->sent_last + 1) {
@@ -159,6 +175,20 @@ static rop *failed_locked(rpeer *p, int st, const char *message)
                  "for until it catches up again",
                  G->g, p->server, 2 * repl.cfg.lease_ms);
         done = repl_progress_locked(G);
+    }
+    uint64_t unreachable_ns =
+        ((uint64_t)repl.cfg.lease_ms * 2 + REPL_UNREACHABLE_EXTRA_MS) * 1000000ull;
+    if (G->serving && p->in_view && !p->unreach_marked && repl.agent &&
+        now - p->failing_since_ns > unreachable_ns) {
+        /* In the view, so it keeps its lease, yet out of this primary's reach (its connection
+         * was opened again meanwhile): without this, every update of the group would wait
+         * for it until the partition heals. */
+        p->unreach_marked = true;
+        view_agent_mark_unreachable(repl.agent, p->server, true);
+        log_warn("group %u: backup %u unreachable for %.1f s while it keeps its lease (%s): "
+                 "asking the coordinator to take it out of sync; updates are acknowledged "
+                 "without it, and it copies the group again once it is reachable",
+                 G->g, p->server, (double)(now - p->failing_since_ns) / 1e9, message);
     }
     /* A rejoining backup's failures are expected while it restarts: logged less often. */
     if (now - p->errors_logged_ns > (p->catching_up ? 10000000000ull : 2000000000ull)) {
@@ -391,6 +421,8 @@ static void *peer_main(void *arg)
     while (!atomic_load(&repl.stopping)) {
         bool to = G->serving && (p->in_view || p->catching_up);
         uint64_t now = time_now_ns();
+        if (p->unreach_marked && !(G->serving && p->in_view))
+            unmark_locked(p); /* out of sync by now, or the group moved: done with */
         if (to && stream_stale_locked(p, now)) {
             stream_reopen_locked(G, p, now);
             continue;

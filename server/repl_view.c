@@ -135,6 +135,16 @@ void replica_set_view(const view *v)
             G->verified = false; /* a new primary's stream confirms this copy's log first */
         if (!in_sync && !G->serving && was_primary != v->primary[g] && old.epoch != 0)
             G->fresh = false;
+        /* Taken out of sync while live (its primary could not reach it): the primary
+         * acknowledges without it from this view on, so its copy, however fresh, is copied
+         * again. */
+        if (!in_sync && !G->serving && old.epoch != 0 && old.live[self] &&
+            view_in_sync(&old, g, self) && v->live[self]) {
+            G->fresh = false;
+            log_warn("view epoch %llu: this server is out of sync in group %u (its primary %d "
+                     "could not reach it): copying the group again",
+                     (unsigned long long)v->epoch, g, v->primary[g]);
+        }
         if ((!in_sync || old.epoch == 0) && !G->serving && v->primary[g] >= 0)
             repl_rejoin_locked(G);
         if (G->serving) {

@@ -7,7 +7,11 @@
 # passes), as a lost conntrack or NAT entry or a stalled peer socket would. Both servers keep
 # their leases, so the view never changes: the primary must notice that its stream's batches
 # go unanswered and open its connection again, and pushes are acknowledged again within the
-# client's deadline. Every acknowledged push is in the final values exactly once.
+# client's deadline. Then ps 0's port is blackholed for everyone (it still reaches ps 1 and
+# etcd, and keeps its lease: an asymmetric partition): ps 1 must take ps 0 out of sync in
+# group 1 (a view with ps 0 live but out of sync) and acknowledge without it; once healed,
+# ps 0 copies group 1 again and is its backup again. Every acknowledged push is in the final
+# values exactly once.
 #
 #   test_replica_stale_stream.sh PS_SERVER REPLICA_PUSHER
 #
@@ -105,6 +109,33 @@ grep -q "view epoch 2" "$tmp/ps0.log" "$tmp/ps1.log" &&
 echo "ok   pushes acknowledged again ($(acks) after $before), the view unchanged"
 grep -q "opening it again" "$tmp/ps1.log" || fail "ps 1 did not say it opened its stream again"
 echo "ok   $(grep -m1 "opening it again" "$tmp/ps1.log" | sed 's/^.*group/group/')"
+unblock
+# An asymmetric partition: nobody reaches ps 0's port; ps 0 reaches ps 1 and etcd.
+rules=("-p tcp --dport $p0 -j DROP" "-p tcp --sport $p0 -j DROP")
+for r in "${rules[@]}"; do
+    # shellcheck disable=SC2086
+    iptables -w -I OUTPUT $r || fail "iptables -I OUTPUT $r"
+done
+before=$(acks)
+echo "     ps 0's port blackholed after $before pushes"
+wait_log "$tmp/ps1.log" "backup 0 unreachable for .* asking the coordinator to take it out of sync" 60 ||
+    fail "ps 1 did not report ps 0 unreachable"
+wait_log "$tmp/ps1.log" "view epoch [0-9]*, primaries \[0 1\], live \[0 1\], out of sync \[g1: 0\]" 20 ||
+    fail "no view took ps 0 out of sync in group 1 while live"
+ok=0
+for _ in $(seq 300); do
+    if [ "$(acks)" -ge $((before + 40)) ]; then
+        ok=1
+        break
+    fi
+    sleep 0.1
+done
+[ "$ok" = 1 ] || fail "group 1 took no push after ps 0 was taken out of sync ($(acks) acknowledged, $before before)"
+echo "ok   ps 1 took ps 0 out of sync in group 1 and acknowledged without it ($(acks) after $before)"
+unblock
+wait_log "$tmp/ps1.log" "server 0 is a backup of group 1 again" 60 ||
+    fail "ps 0 did not come back in sync in group 1 after the heal"
+echo "ok   healed: ps 0 copied group 1 again and is its backup again"
 touch "$tmp/stop"
 wait_for "$client" 90 || fail "the client failed (exit $?): $(cat "$tmp/client.log")"
 unblock

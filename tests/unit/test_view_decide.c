@@ -1,5 +1,7 @@
 /* view_decide (common/view_decide.c): the next view from the installed one, the registered
- * servers, their restored copies and this server's catch-up marks. */
+ * servers, their restored copies and this server's catch-up and unreachable marks; a model
+ * of random schedules of kills, restarts, copies, writes and cuts between servers (each
+ * still reaching etcd) checks that every primary holds every acknowledged update. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,6 +192,39 @@ static void test_rejoin(void **state)
     assert_int_equal(next.v.primary[1], 2);   /* the primary stays where it is */
     assert_true(view_in_sync(&next.v, 0, 1)); /* caught up: in sync again */
     assert_true(view_in_sync(&next.v, 1, 1));
+}
+
+static void test_unreachable_backup_out_of_sync(void **state)
+{
+    (void)state;
+    /* 3 servers, 2 replicas: group g = {g, g+1}. Server 0, primary of group 0, cannot reach
+     * server 1, which keeps its lease. */
+    view_record cur = full(3, 2, 5);
+    int64_t reg[VIEW_MAX_SERVERS] = {100, 101, 102};
+    view_record next;
+    view_inputs in = inputs(&cur, reg, 0, 3, 2);
+    in.unreachable[1] = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_PROPOSE);
+    assert_int_equal(next.v.epoch, 6);
+    assert_false(view_in_sync(&next.v, 0, 1)); /* out of sync in the group 0 leads */
+    assert_true(view_in_sync(&next.v, 0, 0));
+    assert_int_equal(next.v.live[1], 1); /* still live: it keeps its lease */
+    assert_int_equal(next.v.primary[0], 0);
+    assert_true(view_in_sync(&next.v, 1, 1)); /* group 1 = {1, 2}: server 0 is no member */
+    assert_int_equal(next.v.primary[1], 1);
+    /* Only the group's primary takes a member out: server 2 backs group 1 up, and server 1
+     * is no member of group 2 = {2, 0}. */
+    in = inputs(&cur, reg, 2, 3, 2);
+    in.unreachable[1] = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_KEEP);
+    /* Once out of sync, nothing more to do; a primary not registered proposes nothing. */
+    view_set_in_sync(&cur.v, 0, 1, false);
+    in = inputs(&cur, reg, 0, 3, 2);
+    in.unreachable[1] = true;
+    assert_int_equal(view_decide(&in, &next), VIEW_KEEP);
+    view_set_in_sync(&cur.v, 0, 1, true);
+    reg[0] = 0;
+    assert_int_not_equal(view_decide(&in, &next), VIEW_PROPOSE);
 }
 
 /* 3 servers, 2 replicas, group 0 = {0, 1}. Server 1 dies: 0 serves group 0 alone, and 1 is
@@ -495,6 +530,7 @@ typedef struct model {
     bool has_ck[MODEL_N][MODEL_N];
     bool caught_up[MODEL_N][MODEL_N], lacks[MODEL_N][MODEL_N];
     uint64_t acked[MODEL_N];
+    bool cut[MODEL_N]; /* no other server reaches it, nor it them; etcd does */
     bool have_view;
     view_record cur;
 } model;
@@ -511,6 +547,12 @@ static bool model_in_view(const model *m, uint32_t s)
     return m->have_view && m->alive[s] && m->cur.v.live[s] && m->cur.lease[s] == m->lease[s];
 }
 
+/* Servers a and b reach each other (a == b always). */
+static bool model_reach(const model *m, uint32_t a, uint32_t b)
+{
+    return a == b || (!m->cut[a] && !m->cut[b]);
+}
+
 static void model_write(model *m, uint32_t g)
 {
     if (!m->have_view || m->cur.v.primary[g] < 0)
@@ -522,9 +564,14 @@ static void model_write(model *m, uint32_t g)
     bool all = true;
     for (uint32_t k = 0; k < m->r; k++) {
         uint32_t b = view_member(&m->cur.v, g, k);
-        bool waited = b != p && m->cur.v.live[b] && view_in_sync(&m->cur.v, g, b);
-        if (waited && !model_in_view(m, b))
-            all = false; /* a backup of the view died: the primary waits for a new view */
+        bool in_sync = m->cur.v.live[b] && view_in_sync(&m->cur.v, g, b);
+        /* A rejoining backup is waited for once it caught up (repl_peer_counted). */
+        bool catching = !in_sync && m->alive[b] && m->caught_up[b][g];
+        bool waited = b != p && (in_sync || catching);
+        if (waited && ((in_sync && !model_in_view(m, b)) || !model_reach(m, p, b)))
+            all = false; /* a backup of the view died or is cut off: the primary waits */
+        if (!model_reach(m, p, b))
+            continue;
         if (b == p || (waited && model_in_view(m, b)) || (m->alive[b] && m->caught_up[b][g]))
             m->have[b][g] = x;
     }
@@ -549,6 +596,8 @@ static void model_decide(model *m, uint32_t s)
     view_inputs in = inputs(m->have_view ? &m->cur : NULL, reg, s, m->n, m->r);
     memcpy(in.caught_up, m->caught_up[s], sizeof(m->caught_up[s]));
     memcpy(in.lacks, m->lacks[s], sizeof(m->lacks[s]));
+    for (uint32_t i = 0; i < m->n; i++)
+        in.unreachable[i] = !model_reach(m, s, i);
     in.grace_over = every;
     in.known_epoch = m->have_view ? m->cur.v.epoch : 0;
     in.copies = copies;
@@ -558,11 +607,18 @@ static void model_decide(model *m, uint32_t s)
     if (ch == VIEW_KEEP || (ch == VIEW_FALLBACK && model_rand(m, 3) != 0))
         return;
     view before = m->cur.v;
+    bool had_view = m->have_view;
     bool served[MODEL_N]; /* the process the view left names live */
     for (uint32_t i = 0; i < m->n; i++)
         served[i] = model_in_view(m, i);
     m->cur = next;
     m->have_view = true;
+    /* A live server taken out of sync in a group copies it again: its agent voids its mark
+     * when it adopts the view (view_agent.c, adopt). */
+    for (uint32_t g = 0; had_view && g < m->n; g++)
+        for (uint32_t i = 0; i < m->n; i++)
+            if (view_in_sync(&before, g, i) && before.live[i] && !view_in_sync(&next.v, g, i))
+                m->caught_up[i][g] = false;
     /* A server copying a group whose primary moved copies it again (its mark is cleared). */
     for (uint32_t g = 0; g < m->n; g++)
         for (uint32_t i = 0; i < m->n && next.v.primary[g] != before.primary[g]; i++) {
@@ -608,11 +664,19 @@ static void model_decide(model *m, uint32_t s)
 
 static void model_step(model *m)
 {
-    uint32_t s = model_rand(m, m->n), g = model_rand(m, m->n), e = model_rand(m, 8);
-    if (m->trace && e <= 4)
-        printf("%s s%u g%u\n", (const char *[]){"kill", "restart", "copy", "write", "write"}[e], s,
-               g);
+    uint32_t s = model_rand(m, m->n), g = model_rand(m, m->n), e = model_rand(m, 10);
+    if (m->trace && (e <= 4 || e >= 8))
+        printf("%s s%u g%u\n",
+               (const char *[]){"kill", "restart", "copy", "write", "write", "", "", "", "cut",
+                                "heal"}[e],
+               s, g);
     switch (e) {
+    case 8: /* cut off from the other servers, not from etcd (keeps its lease) */
+        m->cut[s] = true;
+        break;
+    case 9:
+        m->cut[s] = false;
+        break;
     case 0: /* kill -9 */
         m->alive[s] = false;
         break;
@@ -631,6 +695,7 @@ static void model_step(model *m)
         if (m->alive[s] && m->have_view && view_is_member(&m->cur.v, g, s) &&
             m->cur.v.primary[g] >= 0 && m->cur.v.primary[g] != (int32_t)s &&
             model_in_view(m, (uint32_t)m->cur.v.primary[g]) &&
+            model_reach(m, s, (uint32_t)m->cur.v.primary[g]) &&
             (!model_in_view(m, s) || !view_in_sync(&m->cur.v, g, s))) {
             m->have[s][g] = m->have[m->cur.v.primary[g]][g];
             m->caught_up[s][g] = true;
@@ -693,6 +758,7 @@ int main(void)
         cmocka_unit_test(test_restart_is_a_death),
         cmocka_unit_test(test_backup_dies),
         cmocka_unit_test(test_rejoin),
+        cmocka_unit_test(test_unreachable_backup_out_of_sync),
         cmocka_unit_test(test_group_without_members),
         cmocka_unit_test(test_out_of_sync_member_never_serves),
         cmocka_unit_test(test_forced_primary),
