@@ -10,6 +10,11 @@
  *   cold push       the same with pushes
  *   cold pull again the pulls once more, after the pushes (the store's background work after
  *                   the fill, flushes and compactions, is then further along)
+ *   hot pull        pulls of ids drawn from a hot set of half the RAM share (spread over the
+ *                   table, on disk at first), read-only: on the table above, whose pulls
+ *                   promote what RAM admits, and on a replicated one (a logical budget, as a
+ *                   replica group's copy has), whose pulls promote nothing; with the share of
+ *                   the phase's lookups found in RAM
  *
  * Rows per second each, and each against the in-RAM pull. The store's directory is DIR
  * (default /tmp), removed after.
@@ -40,10 +45,11 @@ typedef struct cfg {
     const char *dir;
 } cfg;
 
-static table *make_table(const cfg *c, const char *name, uint64_t ram_rows)
+static table *make_table(const cfg *c, const char *name, uint64_t ram_rows, bool replicated)
 {
     table_spec s;
     memset(&s, 0, sizeof(s));
+    s.budget.logical = replicated; /* rows counted, no limit: what reads may do is the point */
     s.name = name;
     s.dim = c->dim;
     optimizer_params_default(&s.opt, c->opt);
@@ -101,6 +107,27 @@ static double run_table(const cfg *c, table *t, bool push, uint64_t seed, float 
         }
     }
     double dt = now_s() - t0;
+    free(ids);
+    return (double)c->batches * c->batch / dt;
+}
+
+/* Rows per second of BATCHES pulls of ids drawn from a hot set of `hot` ids spread over the
+ * table; *ram_hit: the share of the phase's lookups found in RAM (1 - cold hits / lookups). */
+static double run_hot(const cfg *c, table *t, uint64_t hot, float *out, double *ram_hit)
+{
+    int64_t *ids = malloc(c->batch * sizeof(*ids));
+    table_stats a, b;
+    table_stats_get(t, &a);
+    uint64_t seed = 4242;
+    double t0 = now_s();
+    for (uint32_t k = 0; k < c->batches; k++) {
+        for (uint32_t i = 0; i < c->batch; i++)
+            ids[i] = (int64_t)(mix64(mix64(seed++) % hot + 77) % c->rows);
+        table_pull(t, ids, c->batch, out);
+    }
+    double dt = now_s() - t0;
+    table_stats_get(t, &b);
+    *ram_hit = 1.0 - (double)(b.cold_hits - a.cold_hits) / (double)(b.lookups - a.lookups);
     free(ids);
     return (double)c->batches * c->batch / dt;
 }
@@ -215,7 +242,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (size_t)c.batch * c.dim; i++)
         g[i] = 0.001f * (float)(i % 7);
 
-    table *ram = make_table(&c, "bench/ram", 0);
+    table *ram = make_table(&c, "bench/ram", 0, false);
     fill(&c, ram, g);
     table_stats st;
     table_stats_get(ram, &st);
@@ -226,7 +253,8 @@ int main(int argc, char **argv)
     double put, get;
     run_store(&c, vlen, &put, &get);
 
-    table *cold = make_table(&c, "bench/cold", c.rows * c.pct / 100);
+    const uint64_t ram_rows = c.rows * c.pct / 100, hot = ram_rows / 2 ? ram_rows / 2 : 1;
+    table *cold = make_table(&c, "bench/cold", ram_rows, false);
     double t0 = now_s();
     fill(&c, cold, g);
     double fill_s = now_s() - t0;
@@ -234,7 +262,13 @@ int main(int argc, char **argv)
     double cold_push = run_table(&c, cold, true, 777, g, out);
     double cold_pull2 = run_table(&c, cold, false, 999331, g, out); /* other ids */
     table_stats_get(cold, &st);
+    double hit, hit_rep;
+    double hot_pull = run_hot(&c, cold, hot, out, &hit);
     table_destroy(cold);
+    table *rep = make_table(&c, "bench/cold-replicated", ram_rows, true);
+    fill(&c, rep, g);
+    double hot_rep = run_hot(&c, rep, hot, out, &hit_rep);
+    table_destroy(rep);
 
     printf("ps-cold-bench: %llu rows, dim %u, %s, batch %u x %u, ram_rows %u%%, value %zu "
            "bytes\n",
@@ -250,6 +284,10 @@ int main(int argc, char **argv)
     printf("| cold push (uniform) | %.0f | %.3f |\n", cold_push, cold_push / ram_pull);
     printf("| cold pull again, after the pushes | %.0f | %.3f |\n", cold_pull2,
            cold_pull2 / ram_pull);
+    printf("| hot pull (hot set %llu ids), pulls promote; RAM hit %.3f | %.0f | %.3f |\n",
+           (unsigned long long)hot, hit, hot_pull, hot_pull / ram_pull);
+    printf("| hot pull, replicated (pulls promote nothing); RAM hit %.3f | %.0f | %.3f |\n",
+           hit_rep, hot_rep, hot_rep / ram_pull);
     printf("cold table: %llu rows, %llu on disk, %llu cold hits, %llu promotions, %llu "
            "demotions, %llu bytes in RAM, ~%llu on disk\n",
            (unsigned long long)st.rows, (unsigned long long)st.rows_disk,

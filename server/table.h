@@ -60,7 +60,8 @@
  * cold store (cold_store.h, a new directory under cold_dir, removed by table_destroy) instead
  * of being dropped. A pull or push of an id on disk reads it back (one read of the store per
  * partition a call touches, not one per id) and promotes it into RAM (a pushed row first in the
- * LRU order, a pulled one at its update time's place). Results are the same as the table
+ * LRU order, a pulled one at its update time's place; a replicated table's (logical budget)
+ * reads promote none: its tiers change by logged pushes alone). Results are the same as the table
  * kept wholly in RAM. max_rows counts both tiers and deletes the least recently updated cold
  * row first (by update time); the TTL sweep deletes expired rows on disk too; table_remove,
  * table_partition_clear, copies, export and checkpoint cuts cover both tiers (a cut of a table
@@ -210,8 +211,9 @@ void table_pull(table *t, const int64_t *ids, size_t n, float *out);
 /* Brings the rows of ids[0..n) that are on disk (a table with a cold tier) back to RAM, first
  * in the LRU order, so that a pull or push of them soon after finds them there: what a pull
  * does with them, without reading a row out (no lookup or cold hit counted; promotions are).
- * An id with no row makes none. Returns the number of rows brought; 0 for a table all in RAM,
- * or when memory for the call runs out (a prefetch is a hint). */
+ * An id with no row makes none. Returns the number of rows brought; 0 for a table all in RAM
+ * or replicated (a logical budget: table_pull.c), or when memory for the call runs out (a
+ * prefetch is a hint). */
 size_t table_prefetch(table *t, const int64_t *ids, size_t n);
 
 /* Applies one batch: grads[i*dim .. (i+1)*dim) is the gradient of ids[i] (grads may be

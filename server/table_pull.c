@@ -21,10 +21,14 @@
  * promoted (read again first when its rows on disk changed meanwhile). Returns false when
  * memory runs out (no row written).
  * out NULL: a prefetch (table_prefetch): no row written, no lookup or cold hit counted, the
- * promoted rows first in the LRU order (the next step uses them), their number in *promoted. */
+ * promoted rows first in the LRU order (the next step uses them), their number in *promoted.
+ * A replicated table (a logical budget, table.h) only reads: its primary alone serves reads,
+ * unlogged, so a read that promoted a row or counted in the frequency sketch would make the
+ * primary's RAM, its budget count and its admissions differ from its backups'; its rows move
+ * between the tiers by logged pushes alone. */
 static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t *promoted)
 {
-    const bool prefetch = out == NULL;
+    const bool prefetch = out == NULL, moves_rows = !t->budget.logical;
     size_t nprom = 0;
     const size_t vb = table_cold_value_bytes(t);
     uint64_t *hashes = malloc(n * sizeof(*hashes));
@@ -61,10 +65,10 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
         moves[q] = p->cold_moves;
         for (uint32_t e = starts[q]; e < starts[q + 1]; e++) {
             uint32_t i = order[e];
-            if (!prefetch) {
+            if (!prefetch)
                 count_add(&p->lookups, 1);
+            if (!prefetch && moves_rows)
                 table_freq_touch(p, hashes[i]);
-            }
             uint32_t slot1 = table_index_find(&p->ix, ids[i], hashes[i]);
             if (slot1 != 0) {
                 if (!prefetch)
@@ -128,7 +132,8 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
             /* RAM takes it only when it was asked for more often lately than the row that
              * would give way (else it is read from disk again next time). */
             uint32_t victim;
-            if (table_cold_room(t) && table_ram_admit(t, p, hashes[i], false, &victim)) {
+            if (moves_rows && table_cold_room(t) &&
+                table_ram_admit(t, p, hashes[i], false, &victim)) {
                 if (victim != 0) {
                     table_demote(t, p, victim);
                     demoted = true;
@@ -165,7 +170,8 @@ static bool pull_cold(table *t, const int64_t *ids, size_t n, float *out, size_t
 size_t table_prefetch(table *t, const int64_t *ids, size_t n)
 {
     size_t promoted = 0;
-    if (t->cold == NULL || n == 0 || n > UINT32_MAX)
+    /* A replicated table's reads move no row (pull_cold). */
+    if (t->cold == NULL || t->budget.logical || n == 0 || n > UINT32_MAX)
         return 0;
     /* Out of memory for the call's arrays: nothing brought (a prefetch is a hint). */
     (void)pull_cold(t, ids, n, NULL, &promoted);

@@ -21,7 +21,15 @@
  *     instead (the form of older files), which restores bit for bit too;
  * (f) a cold-dir on a small tmpfs that fills mid-run: RESOURCE_EXHAUSTED naming it, nothing
  *     acknowledged lost, the server goes on (root only, skipped saying why otherwise);
- * (a), (b), (d), (e), (f) and (g) skip, saying why, when the build has no RocksDB. */
+ * (h) replicas 2 on 3 servers with a real etcd: cold tables (SGD, Adagrad) and their twins in
+ *     RAM under pushes and pulls of ids on disk, a server killed (-9) and restarted mid-run
+ *     (it copies its groups back, rows on disk included): rows bit for bit the twins', every
+ *     group's primary and backup checksums equal;
+ * (i) replicas 2 with max-server-bytes small enough that the budget sends the cold rows to
+ *     disk: pulls of them between pushes promote nothing on the primary alone, so every
+ *     group's copies stay equal (and every row exactly what its pushes make);
+ * (a), (b), (d), (e), (f), (g), (h) and (i) skip, saying why, when the build has no RocksDB;
+ * (h) and (i) also without etcd. A second argument runs only the tests whose names match it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,15 +45,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nng/nng.h>
 
 #include "cluster_proc.h"
 #include "cold_store.h"
+#include "etcd_proc.h"
 #include "frame.h"
 #include "ps_proc.h"
 #include "psclient.h"
+#include "replicated_cluster.h"
 
 static const char *server_bin;
 
@@ -863,6 +875,338 @@ static void test_prefetch(void **state)
     test_ps_cleanup(&p);
 }
 
+/* ---- replicated tables with a cold tier ------------------------------------------------- */
+
+enum {
+    R_SERVERS = 3,
+    R_DIM = 8,
+    R_IDS = 3000, /* about 1,000 rows a group */
+    R_RAM = 128,  /* each copy's RAM share: 2 rows a partition, about a tenth of its rows */
+    R_BATCH = 256,
+    R_ROUNDS = 16,
+    R_KILL_AT = 6,   /* the round after which ps 1 is killed (-9) and restarted */
+    R_REJOINED = 10, /* the round before which the test waits for ps 1 to be back in the view */
+};
+
+static const ps_optimizer r_kinds[] = {PS_OPT_SGD, PS_OPT_ADAGRAD};
+#define R_NKINDS (sizeof(r_kinds) / sizeof(r_kinds[0]))
+
+/* The reason a replicated cold test cannot run (no RocksDB, no etcd), or NULL. */
+static const char *replicated_skip_reason(void)
+{
+    if (!cold_store_available())
+        return "built without RocksDB (no cold tier)";
+    if (etcd_proc_binary() == NULL)
+        return "no etcd binary (/usr/bin/etcd, $PSD_ETCD or etcd on PATH): replicated clusters "
+               "need one as their coordinator";
+    return NULL;
+}
+
+static int64_t r_ms_since(const struct timespec *t0)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - t0->tv_sec) * 1000 + (now.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* Every group's primary (ps g) and backup (ps g + 1) at the same log position with the same
+ * checksum (asked again while a log position moves between the two answers); false, with
+ * each group's line on stderr, when one differs. */
+static bool copies_agree(const test_cluster *tc)
+{
+    bool same = true;
+    for (uint32_t grp = 0; grp < R_SERVERS; grp++) {
+        int b = (int)((grp + 1) % R_SERVERS);
+        uint64_t s0 = 0, s1 = 1, l0 = 0, l1 = 1;
+        for (int tries = 0; tries < 100 && l0 != l1; tries++) {
+            assert_int_equal(test_group_checksum(tc->ports[grp], grp, 0, &s0, NULL, &l0), 0);
+            assert_int_equal(test_group_checksum(tc->ports[b], grp, 0, &s1, NULL, &l1), 0);
+            if (l0 != l1)
+                usleep(20 * 1000);
+        }
+        fprintf(stderr, "group %u: %016llx at lsn %llu on ps %u, %016llx at lsn %llu on ps %d\n",
+                grp, (unsigned long long)s0, (unsigned long long)l0, grp, (unsigned long long)s1,
+                (unsigned long long)l1, b);
+        same = same && l0 == l1 && s0 == s1;
+    }
+    return same;
+}
+
+/* Waits (60 s at most) until ps 0's view epoch is at least `at_least`. */
+static void r_wait_epoch(const test_cluster *tc, uint64_t at_least)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (test_server_epoch(tc->ports[0]) < at_least) {
+        assert_true(r_ms_since(&t0) < 60000);
+        usleep(50 * 1000);
+    }
+}
+
+/* A table of the replicated tests: dim, optimizer, learning rate 1 for SGD, every row 0.25 at
+ * first (the same rows under every name), ram_rows as given (0: wholly in RAM). */
+static ps_table *r_table(ps_client *c, const char *name, uint32_t dim, ps_optimizer kind,
+                         uint64_t ram_rows)
+{
+    ps_table_spec s;
+    ps_table_spec_init(&s, name, dim, kind);
+    s.initializer = PS_INIT_CONSTANT;
+    s.init_a = 0.25;
+    if (kind == PS_OPT_SGD)
+        s.learning_rate = 1.0;
+    s.ram_rows = ram_rows;
+    ps_table *t = NULL;
+    int rc = ps_table_create(c, &s, &t);
+    if (rc != PS_OK)
+        fprintf(stderr, "create %s: %s\n", name, ps_last_error());
+    assert_int_equal(rc, PS_OK);
+    return t;
+}
+
+/* Pulls ids[0..n) of both tables and asserts the rows are equal bit for bit. */
+static void r_pull_agree(ps_table *cold, ps_table *ram, const int64_t *ids, size_t n)
+{
+    static float a[R_IDS * R_DIM], b[R_IDS * R_DIM];
+    assert_true(n <= R_IDS);
+    assert_int_equal(ps_table_pull(ram, ids, n, a), PS_OK);
+    assert_int_equal(ps_table_pull(cold, ids, n, b), PS_OK);
+    assert_memory_equal(a, b, n * R_DIM * sizeof(float));
+}
+
+/* A replicated cluster of the tests below, its directory (cold-dirs) under /tmp. */
+typedef struct r_cluster {
+    test_cluster tc;
+    etcd_proc etcd;
+    test_repl_flags flags;
+    char base[64];
+    char cold[128];
+} r_cluster;
+
+/* Skips the test, saying why, without RocksDB or etcd. Otherwise starts 3 servers (replicas 2,
+ * a real etcd, leases of 1 s) with cold-dir base/cold and the flags `more` (NULL-terminated,
+ * may be NULL), and returns a client of them. */
+static ps_client *r_start(r_cluster *rc, const char *const *more)
+{
+    const char *why = replicated_skip_reason();
+    if (why) {
+        fprintf(stderr, "skipped: %s\n", why);
+        skip();
+    }
+    snprintf(rc->base, sizeof(rc->base), "/tmp/psd-coldrep-XXXXXX");
+    assert_non_null(mkdtemp(rc->base));
+    snprintf(rc->cold, sizeof(rc->cold), "%s/cold", rc->base);
+    assert_int_equal(mkdir(rc->cold, 0755), 0);
+    const char *all[12] = {"--cold-dir", rc->cold};
+    size_t k = 2;
+    for (size_t i = 0; more != NULL && more[i] != NULL && k + 1 < 12; i++)
+        all[k++] = more[i];
+    all[k] = NULL;
+    assert_int_equal(test_replicated_start(&rc->tc, &rc->etcd, &rc->flags, server_bin, R_SERVERS, 0,
+                                           "2", "1000", all),
+                     0);
+    ps_client *c = test_replicated_client(&rc->tc, -1, "2", NULL);
+    assert_non_null(c);
+    return c;
+}
+
+/* Closes c, stops the servers (each must exit 0) and etcd, and removes the directory. */
+static void r_stop(r_cluster *rc, ps_client *c)
+{
+    ps_client_close(c);
+    assert_int_equal(test_replicated_stop(&rc->tc, &rc->etcd), 0);
+    char cmd[200];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", rc->base);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Replicas 2 on 3 servers: for SGD and Adagrad a table whose RAM share holds about a tenth of
+ * its rows (each server's cold-dir holds the rest) and its twin wholly in RAM get the same
+ * random pushes, with pulls of random ids (most of them on disk) between them compared bit for
+ * bit; ps 1 is killed (-9) mid-run and restarted with a cold-dir of its own, copies groups 0 and
+ * 1 back (their rows on disk included: its cold-dir holds their stores) while pushes go on.
+ * At the end every row of each cold table equals its twin's bit for bit, and every group's
+ * primary and backup hold the same rows (checksums over both tiers). */
+static void test_replicated_cold_same_as_ram(void **state)
+{
+    (void)state;
+    r_cluster rc;
+    ps_client *c = r_start(&rc, NULL);
+    ps_table *t[R_NKINDS][2];
+    for (size_t k = 0; k < R_NKINDS; k++)
+        for (int cold = 0; cold < 2; cold++) {
+            char name[64];
+            snprintf(name, sizeof(name), "rcold/%s_%s", ps_optimizer_name(r_kinds[k]),
+                     cold ? "cold" : "ram");
+            t[k][cold] = r_table(c, name, R_DIM, r_kinds[k], cold ? R_RAM : 0);
+        }
+    static int64_t ids[R_IDS];
+    static float g[R_BATCH * R_DIM];
+    char rejoin_dir[300];
+    snprintf(rejoin_dir, sizeof(rejoin_dir), "%s/cold-rejoined", rc.base);
+    assert_int_equal(mkdir(rejoin_dir, 0755), 0);
+    uint64_t e0 = 0;
+    for (int r = 0; r < R_ROUNDS; r++) {
+        for (size_t i = 0; i < R_BATCH; i++) {
+            ids[i] = (int64_t)(rnd() % 2 ? rnd() % (R_IDS / 10) : rnd() % R_IDS);
+            for (int d = 0; d < R_DIM; d++)
+                g[i * R_DIM + d] = ((float)(rnd() % 2001) - 1000.0f) / 2000.0f;
+        }
+        for (size_t k = 0; k < R_NKINDS; k++)
+            for (int cold = 0; cold < 2; cold++) {
+                int st = ps_table_push(t[k][cold], ids, R_BATCH, g);
+                if (st != PS_OK)
+                    fprintf(stderr, "round %d push: %s\n", r, ps_last_error());
+                assert_int_equal(st, PS_OK);
+            }
+        /* Pulls of random ids between pushes: most of them on disk. */
+        for (size_t i = 0; i < R_BATCH; i++)
+            ids[i] = (int64_t)(rnd() % R_IDS);
+        for (size_t k = 0; k < R_NKINDS; k++)
+            r_pull_agree(t[k][1], t[k][0], ids, R_BATCH);
+        if (r == R_KILL_AT) {
+            e0 = test_server_epoch(rc.tc.ports[0]);
+            assert_int_equal(kill(rc.tc.pids[1], SIGKILL), 0);
+            int st;
+            assert_int_equal(waitpid(rc.tc.pids[1], &st, 0), rc.tc.pids[1]);
+            /* Its own cold-dir this time (the flags with --cold-dir's value replaced). */
+            const char *v[TEST_REPL_MAX_FLAGS];
+            for (size_t i = 0; i < TEST_REPL_MAX_FLAGS; i++) {
+                v[i] = rc.flags.v[i];
+                if (i > 0 && rc.flags.v[i - 1] && strcmp(rc.flags.v[i - 1], "--cold-dir") == 0)
+                    v[i] = rejoin_dir;
+                if (rc.flags.v[i] == NULL)
+                    break;
+            }
+            assert_int_equal(test_cluster_respawn(&rc.tc, server_bin, 1, v), 0);
+        }
+        if (r + 1 == R_REJOINED)
+            r_wait_epoch(&rc.tc, e0 + 2); /* out of the view, then back in it */
+    }
+    for (int64_t i = 0; i < R_IDS; i++)
+        ids[i] = i;
+    for (size_t k = 0; k < R_NKINDS; k++)
+        r_pull_agree(t[k][1], t[k][0], ids, R_IDS);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    assert_int_equal(ps_table_info_get(c, "rcold/sgd_cold", &info), PS_OK);
+    fprintf(stderr, "rcold/sgd_cold: %llu rows, %llu on disk, %llu promotions, %llu demotions\n",
+            (unsigned long long)info.rows, (unsigned long long)info.rows_disk,
+            (unsigned long long)info.promotions, (unsigned long long)info.demotions);
+    assert_true(info.rows_disk > info.rows / 2);
+    /* The restarted server's copies hold rows on disk: its cold-dir has their stores. */
+    assert_true(count_entries(rejoin_dir) >= (int)R_NKINDS);
+    assert_true(copies_agree(&rc.tc));
+    for (size_t k = 0; k < R_NKINDS; k++)
+        for (int cold = 0; cold < 2; cold++)
+            ps_table_free(t[k][cold]);
+    r_stop(&rc, c);
+}
+
+enum {
+    B_IDS = 6000,        /* rows of the cold table: about 2,000 a group */
+    B_FILL_MAX = 400000, /* filler ids pushed at most while waiting for the budget to fill */
+};
+
+/* Pushes 0.25 (SGD, learning rate 1) to ids[0..n) of the cold table, counting them in pushed. */
+static void b_push(ps_table *t, const int64_t *ids, size_t n, uint32_t *pushed)
+{
+    static float g[B_IDS * R_DIM];
+    assert_true(n <= B_IDS);
+    for (size_t i = 0; i < n * R_DIM; i++)
+        g[i] = 0.25f;
+    int rc = ps_table_push(t, ids, n, g);
+    if (rc != PS_OK)
+        fprintf(stderr, "cold push: %s\n", ps_last_error());
+    assert_int_equal(rc, PS_OK);
+    for (size_t i = 0; i < n; i++)
+        pushed[ids[i]]++;
+}
+
+/* Pulls ids[0..n) of the cold table: each row is exactly 0.25 - 0.25 x its pushes. */
+static void b_pull_exact(ps_table *t, const int64_t *ids, size_t n, const uint32_t *pushed)
+{
+    static float rows[B_IDS * R_DIM];
+    assert_true(n <= B_IDS);
+    assert_int_equal(ps_table_pull(t, ids, n, rows), PS_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = 0.25f - 0.25f * (float)pushed[ids[i]];
+        for (int d = 0; d < R_DIM; d++)
+            if (rows[i * R_DIM + d] != want && wrong++ < 5)
+                fprintf(stderr, "row %lld: %g, expected %g\n", (long long)ids[i],
+                        (double)rows[i * R_DIM + d], (double)want);
+    }
+    assert_int_equal(wrong, 0);
+}
+
+/* Replicas 2, max-server-bytes small enough that the budget, not ram_rows, sends a replicated
+ * cold table's rows to disk: a filler table fills the budget, the cold table's new rows then
+ * demote its older ones; the filler is deleted (room on every copy alike), the cold table's
+ * rows (most on disk) are pulled, and a second filler as large as the first fills the budget
+ * again (evicting its own rows where it is full); pushes and pulls of cold ids go on. Every
+ * cold row is exactly what its pushes make, and every group's primary and backup hold the same
+ * rows: a pull must not bring rows into the primary's RAM that its backup, which sees no pulls,
+ * does not count (its budget would then fill earlier and evict other rows). */
+static void test_replicated_cold_budget(void **state)
+{
+    (void)state;
+    r_cluster rc;
+    static const char *const more[] = {"--max-server-bytes", "8000000", NULL};
+    ps_client *c = r_start(&rc, more);
+    /* ram_rows: 128 rows a partition, far more than the budget lets a partition keep. */
+    ps_table *cold = r_table(c, "rbudget/cold", R_DIM, PS_OPT_SGD, 128 * 64);
+    ps_table *fill = r_table(c, "rbudget/filler", 16, PS_OPT_SGD, 0);
+    static uint32_t pushed[B_IDS];
+    static int64_t ids[B_IDS];
+    for (int64_t i = 0; i < B_IDS; i++)
+        ids[i] = i;
+    b_push(cold, ids, B_IDS / 2, pushed);
+    ps_table_info info = {.struct_size = sizeof(info)};
+    int64_t filled = 0;
+    do {
+        test_table_push_range(fill, 16, filled, 30000, 0.5f);
+        filled += 30000;
+        assert_int_equal(ps_table_info_get(c, "rbudget/filler", &info), PS_OK);
+    } while (info.evicted_memory == 0 && filled < B_FILL_MAX);
+    fprintf(stderr, "rbudget/filler: full after %lld ids (%llu rows)\n", (long long)filled,
+            (unsigned long long)info.rows);
+    assert_true(info.evicted_memory > 0);
+    /* The budget is full: the cold table's new rows send its older ones to disk. */
+    b_push(cold, ids + B_IDS / 2, B_IDS / 2, pushed);
+    assert_int_equal(ps_table_info_get(c, "rbudget/cold", &info), PS_OK);
+    fprintf(stderr, "rbudget/cold: %llu rows, %llu on disk, %llu demotions\n",
+            (unsigned long long)info.rows, (unsigned long long)info.rows_disk,
+            (unsigned long long)info.demotions);
+    assert_true(info.demotions > 0 && info.rows_disk > 0);
+    assert_int_equal(ps_table_delete(c, "rbudget/filler"), PS_OK);
+    ps_table_free(fill);
+    /* Pulls of every row, most on disk, with room in RAM again. */
+    b_pull_exact(cold, ids, B_IDS, pushed);
+    fill = r_table(c, "rbudget/filler2", 16, PS_OPT_SGD, 0);
+    test_table_push_range(fill, 16, 0, filled, 0.5f);
+    for (int r = 0; r < 6; r++) {
+        int64_t some[R_BATCH];
+        for (size_t i = 0; i < R_BATCH; i++)
+            some[i] = (int64_t)(rnd() % B_IDS);
+        b_push(cold, some, R_BATCH, pushed);
+        for (size_t i = 0; i < R_BATCH; i++)
+            some[i] = (int64_t)(rnd() % B_IDS);
+        b_pull_exact(cold, some, R_BATCH, pushed);
+        test_table_push_range(fill, 16, filled + r * 1000, 1000, 0.5f);
+    }
+    b_pull_exact(cold, ids, B_IDS, pushed);
+    assert_int_equal(ps_table_info_get(c, "rbudget/filler2", &info), PS_OK);
+    fprintf(stderr, "rbudget/filler2: %llu rows, %llu evicted under the budget\n",
+            (unsigned long long)info.rows, (unsigned long long)info.evicted_memory);
+    assert_int_equal(ps_table_info_get(c, "rbudget/cold", &info), PS_OK);
+    fprintf(stderr, "rbudget/cold: %llu rows, %llu on disk, %llu promotions, %llu demotions\n",
+            (unsigned long long)info.rows, (unsigned long long)info.rows_disk,
+            (unsigned long long)info.promotions, (unsigned long long)info.demotions);
+    assert_true(copies_agree(&rc.tc));
+    ps_table_free(cold);
+    ps_table_free(fill);
+    r_stop(&rc, c);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -871,10 +1215,19 @@ int main(int argc, char **argv)
     }
     server_bin = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cold_dir_errors),   cmocka_unit_test(test_same_as_ram_and_restore),
-        cmocka_unit_test(test_prefetch),          cmocka_unit_test(test_damaged_checkpoint),
-        cmocka_unit_test(test_disk_full),         cmocka_unit_test(test_linked_checkpoint),
-        cmocka_unit_test(test_damaged_cold_copy), cmocka_unit_test(test_rows_form),
+        cmocka_unit_test(test_cold_dir_errors),
+        cmocka_unit_test(test_same_as_ram_and_restore),
+        cmocka_unit_test(test_prefetch),
+        cmocka_unit_test(test_damaged_checkpoint),
+        cmocka_unit_test(test_disk_full),
+        cmocka_unit_test(test_linked_checkpoint),
+        cmocka_unit_test(test_damaged_cold_copy),
+        cmocka_unit_test(test_rows_form),
+        cmocka_unit_test(test_replicated_cold_same_as_ram),
+        cmocka_unit_test(test_replicated_cold_budget),
     };
+    /* A second argument: only the tests whose names match it (cmocka's filter, * a wildcard). */
+    if (argc > 2)
+        cmocka_set_test_filter(argv[2]);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -818,24 +818,6 @@ static void test_copy_does_not_stop_updates(void **state)
  * copy, and the copies differed.) */
 #define BUDGET_IDS_A 90000  /* rep/expiring: 30,000 rows a group */
 #define BUDGET_IDS_C 180000 /* rep/kept: 60,000 rows a group, past a copy's share */
-#define BUDGET_CHUNK 6000
-
-static void push_range(ps_table *t, int64_t first, int64_t n)
-{
-    static float g[BUDGET_CHUNK * 16];
-    static int64_t ids[BUDGET_CHUNK];
-    for (int i = 0; i < BUDGET_CHUNK * 16; i++)
-        g[i] = 0.5f;
-    for (int64_t at = 0; at < n; at += BUDGET_CHUNK) {
-        size_t k = (size_t)(n - at < BUDGET_CHUNK ? n - at : BUDGET_CHUNK);
-        for (size_t i = 0; i < k; i++)
-            ids[i] = first + at + (int64_t)i;
-        int rc = ps_table_push(t, ids, k, g);
-        if (rc != PS_OK)
-            fprintf(stderr, "push of ids %lld..: %s\n", (long long)(first + at), ps_last_error());
-        assert_int_equal(rc, PS_OK);
-    }
-}
 
 /* assert_copies_agree, asked again while a TTL sweep (logged once a second) falls between the
  * two checksums of a group. */
@@ -872,7 +854,7 @@ static void test_budget_evictions_alike(void **state)
     ps_table_spec_init(&sp, "rep/kept", 16, PS_OPT_SGD);
     sp.learning_rate = 1.0;
     assert_int_equal(ps_table_create(c, &sp, &tc_), PS_OK);
-    push_range(ta, 0, BUDGET_IDS_A);
+    test_table_push_range(ta, 16, 0, BUDGET_IDS_A, 0.5f);
     /* Every row of rep/expiring expires and is swept (a sweep a second). */
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -892,8 +874,8 @@ static void test_budget_evictions_alike(void **state)
     assert_int_equal(test_cluster_respawn(&tc, server_bin, 1, flags.v), 0);
     wait_epoch(e0 + 2);
     /* Past the budget, twice (the second pass updates what the first kept). */
-    push_range(tc_, 1000000, BUDGET_IDS_C);
-    push_range(tc_, 1000000 + BUDGET_IDS_C / 2, BUDGET_IDS_C / 2);
+    test_table_push_range(tc_, 16, 1000000, BUDGET_IDS_C, 0.5f);
+    test_table_push_range(tc_, 16, 1000000 + BUDGET_IDS_C / 2, BUDGET_IDS_C / 2, 0.5f);
     assert_int_equal(ps_table_info_get(c, "rep/kept", &info), PS_OK);
     fprintf(stderr, "rep/kept: %llu rows, %llu evicted under the budget\n",
             (unsigned long long)info.rows, (unsigned long long)info.evicted_memory);

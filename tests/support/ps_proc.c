@@ -142,6 +142,28 @@ void test_push_const(ps_client *c, ps_var *v, size_t n, float g)
     free(buf);
 }
 
+void test_table_push_range(ps_table *t, uint32_t dim, int64_t first, int64_t n, float g)
+{
+    enum { CHUNK = 6000 };
+    float *grads = malloc((size_t)CHUNK * dim * sizeof(float));
+    int64_t *ids = malloc(CHUNK * sizeof(int64_t));
+    assert_non_null(grads);
+    assert_non_null(ids);
+    for (size_t i = 0; i < (size_t)CHUNK * dim; i++)
+        grads[i] = g;
+    for (int64_t at = 0; at < n; at += CHUNK) {
+        size_t k = (size_t)(n - at < CHUNK ? n - at : CHUNK);
+        for (size_t i = 0; i < k; i++)
+            ids[i] = first + at + (int64_t)i;
+        int rc = ps_table_push(t, ids, k, grads);
+        if (rc != PS_OK)
+            fprintf(stderr, "push of ids %lld..: %s\n", (long long)(first + at), ps_last_error());
+        assert_int_equal(rc, PS_OK);
+    }
+    free(grads);
+    free(ids);
+}
+
 void test_expect_all(ps_client *c, const char *name, size_t n, float want)
 {
     ps_var *v = test_find_var(c, name);

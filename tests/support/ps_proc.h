@@ -60,6 +60,10 @@ ps_var *test_find_var(ps_client *c, const char *name);
 /* Pushes the gradient g to every one of the n elements. */
 void test_push_const(ps_client *c, ps_var *v, size_t n, float g);
 
+/* Pushes g to every element of the rows of ids [first, first + n) of a table of dim floats a
+ * row, 6,000 ids a push; asserts each push is PS_OK (naming its first id on stderr if not). */
+void test_table_push_range(ps_table *t, uint32_t dim, int64_t first, int64_t n, float g);
+
 /* Asserts that every one of the n elements of the variable equals want. */
 void test_expect_all(ps_client *c, const char *name, size_t n, float want);
 
