@@ -54,6 +54,7 @@
 
 #include "cluster_proc.h"
 #include "jemalloc_conf.h" /* the client's allocator settings, as ps-worker's (both sides) */
+#include "proc_cpu.h"
 #include "psclient.h"
 #include "zipf.h"
 
@@ -488,25 +489,6 @@ typedef struct run {
     pid_t pids[2 * KV_MAX_SERVERS]; /* every server process, psd's and the baseline's */
     int npids;
 } run;
-
-/* CPU seconds (user and system, all threads) process pid used so far; 0 if unreadable. */
-static double proc_cpu_s(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t len = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long long ut = 0, st = 0;
-    if (p == NULL ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
 
 /* CPU seconds used so far by this process (both clients) and every server: a cell's CPU is
  * what the machine spent on it whatever else ran meanwhile (an idle server adds next to
