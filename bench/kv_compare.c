@@ -28,8 +28,10 @@
  * deduplicated batches, and psd pulling and pushing the raw batches (their duplicates included,
  * as a client sends them; psd sums a push's duplicates). Prints each round, then medians:
  * rows/s on deduplicated batches and their ratio psd/baseline, and batches/s of psd on raw
- * batches against the baseline on the same batches deduplicated. The machine's load average is
- * printed beside the figures.
+ * batches against the baseline on the same batches deduplicated, and the CPU time a batch took
+ * (this process's threads and every server's, median of the rounds): on a loaded machine the
+ * wall times measure the scheduler's wakeups as much as the work. The machine's load average
+ * is printed beside the figures.
  *
  * usage: ps-kv-compare --server-bin PS_SERVER [--rows N] [--dim D] [--batch B] [--batches K]
  *                      [--zipf S] [--rounds R] [--servers 1,2] [--map chained|open] [--quick]
@@ -44,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,6 +54,7 @@
 
 #include "cluster_proc.h"
 #include "jemalloc_conf.h" /* the client's allocator settings, as ps-worker's (both sides) */
+#include "proc_cpu.h"
 #include "psclient.h"
 #include "zipf.h"
 
@@ -482,13 +486,31 @@ typedef struct run {
     ps_table *t;
     kv_client kv;
     float *grads, *out;
+    pid_t pids[2 * KV_MAX_SERVERS]; /* every server process, psd's and the baseline's */
+    int npids;
 } run;
 
-/* Runs every batch through one cell; returns seconds or -1. */
-static double run_cell(run *r, int cell)
+/* CPU seconds used so far by this process (both clients) and every server: a cell's CPU is
+ * what the machine spent on it whatever else ran meanwhile (an idle server adds next to
+ * nothing), so it compares the two sides' work where wall times are blurred by the load. */
+static double cpu_now(const run *r)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    double s = (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
+               (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
+    for (int i = 0; i < r->npids; i++)
+        s += proc_cpu_s(r->pids[i]);
+    return s;
+}
+
+/* Runs every batch through one cell; returns seconds or -1, and the CPU seconds it took
+ * (cpu_now) in *cpu when not NULL. */
+static double run_cell(run *r, int cell, double *cpu)
 {
     const config *c = r->c;
     const batches *b = r->b;
+    double c0 = cpu ? cpu_now(r) : 0;
     double t0 = now_s();
     for (uint32_t k = 0; k < c->batches; k++) {
         size_t n = b->ded_at[k + 1] - b->ded_at[k];
@@ -522,7 +544,10 @@ static double run_cell(run *r, int cell)
             return -1;
         }
     }
-    return now_s() - t0;
+    double t = now_s() - t0;
+    if (cpu)
+        *cpu = cpu_now(r) - c0;
+    return t;
 }
 
 /* Pushes every id of ranks 0..rows-1 once with a zero gradient, batch at a time, to psd or to
@@ -649,6 +674,8 @@ static int run_servers(const config *c, const batches *b, int nservers)
         return -1;
     }
     run r = {.c = c, .b = b, .kv = {.n = nservers, .dim = c->dim}};
+    for (int s = 0; s < nservers; s++)
+        r.pids[r.npids++] = tc.pids[s];
     pid_t kv_pids[KV_MAX_SERVERS];
     int rc = -1;
     ps_client *cl = open_client(&tc);
@@ -656,6 +683,7 @@ static int run_servers(const config *c, const batches *b, int nservers)
     for (int s = 0; s < nservers; s++) {
         int port = test_free_port();
         kv_pids[s] = spawn_kv(port, c->dim, c->chained);
+        r.pids[r.npids++] = kv_pids[s];
         test_wait_port(port, 10000);
         char url[64];
         snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
@@ -667,7 +695,7 @@ static int run_servers(const config *c, const batches *b, int nservers)
     size_t floats = (size_t)c->batch * c->dim;
     r.grads = malloc(floats * sizeof(float));
     r.out = malloc(floats * sizeof(float));
-    double secs[NCELLS][64];
+    double secs[NCELLS][64], cpus[NCELLS][64];
     ps_table_spec spec;
     char name[64];
     snprintf(name, sizeof(name), "kvcompare/%d", nservers);
@@ -687,7 +715,8 @@ static int run_servers(const config *c, const batches *b, int nservers)
            "rows/s\n",
            nservers, (unsigned long long)c->rows, (double)c->rows / fill_psd / 1e6,
            (double)c->rows / fill_kv / 1e6);
-    if (run_cell(&r, C_PSD_PUSH) < 0 || run_cell(&r, C_KV_PUSH) < 0 || check_alike(&r) != 0)
+    if (run_cell(&r, C_PSD_PUSH, NULL) < 0 || run_cell(&r, C_KV_PUSH, NULL) < 0 ||
+        check_alike(&r) != 0)
         goto out;
     printf("%d server(s), load %.2f\n", nservers, loadavg());
     for (uint32_t round = 0; round < c->rounds; round++) {
@@ -695,10 +724,10 @@ static int run_servers(const config *c, const batches *b, int nservers)
         for (int i = 0; i < NCELLS; i++) {
             int cell = round % 2 ? NCELLS - 1 - i : i; /* alternate the order */
             if (c->only >= 0 && cell != c->only) {
-                secs[cell][round] = 1;
+                secs[cell][round] = cpus[cell][round] = 1;
                 continue;
             }
-            double s = run_cell(&r, cell);
+            double s = run_cell(&r, cell, &cpus[cell][round]);
             if (s < 0)
                 goto out;
             secs[cell][round] = s;
@@ -707,9 +736,11 @@ static int run_servers(const config *c, const batches *b, int nservers)
             printf(" %s %.3fs", cell_name[cell], secs[cell][round]);
         printf("\n");
     }
-    double rows = (double)b->ded_at[c->batches], med[NCELLS];
-    for (int cell = 0; cell < NCELLS; cell++)
+    double rows = (double)b->ded_at[c->batches], med[NCELLS], cpu[NCELLS];
+    for (int cell = 0; cell < NCELLS; cell++) {
         med[cell] = median(secs[cell], c->rounds);
+        cpu[cell] = median(cpus[cell], c->rounds) / c->batches * 1e3;
+    }
     printf("  medians of %u rounds (%u batches of %u ids, %.0f unique ids per batch on average; "
            "load %.2f):\n",
            c->rounds, c->batches, c->batch, rows / c->batches, loadavg());
@@ -725,6 +756,13 @@ static int run_servers(const config *c, const batches *b, int nservers)
         c->batches / med[C_RAW_PULL], c->batches / med[C_KV_PULL], med[C_KV_PULL] / med[C_RAW_PULL],
         c->batches / med[C_RAW_PUSH], c->batches / med[C_KV_PUSH],
         med[C_KV_PUSH] / med[C_RAW_PUSH]);
+    printf(
+        "    CPU ms per batch, client and servers (median): deduplicated pull psd %.3f, baseline "
+        "%.3f, baseline/psd %.2fx; push psd %.3f, baseline %.3f, %.2fx; raw batches pull %.3f "
+        "(%.2fx), push %.3f (%.2fx)\n",
+        cpu[C_PSD_PULL], cpu[C_KV_PULL], cpu[C_KV_PULL] / cpu[C_PSD_PULL], cpu[C_PSD_PUSH],
+        cpu[C_KV_PUSH], cpu[C_KV_PUSH] / cpu[C_PSD_PUSH], cpu[C_RAW_PULL],
+        cpu[C_KV_PULL] / cpu[C_RAW_PULL], cpu[C_RAW_PUSH], cpu[C_KV_PUSH] / cpu[C_RAW_PUSH]);
     rc = 0;
 out:
     for (int s = 0; s < nservers; s++) {

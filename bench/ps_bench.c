@@ -35,6 +35,7 @@
 #include "bench.h"
 #include "ipc_socket.h"
 #include "options.h"
+#include "proc_cpu.h"
 #include "program.h"
 
 /* jemalloc 5.3's own defaults for what jemalloc_conf.h changes (read with mallctl from a
@@ -657,25 +658,6 @@ static void *mc_client_main(void *arg)
     ps_client_close(m->c);
     samples_free(&m->s);
     return NULL;
-}
-
-/* CPU seconds (utime + stime) of a process, from /proc/PID/stat; 0 if unreadable. */
-static double proc_cpu_s(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')');
-    unsigned long long ut, st;
-    if (p == NULL ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 static double self_cpu_s(void)

@@ -6,15 +6,12 @@
 
 #include "hash.h"
 
-/* Open addressing over the caller's ids: slot[j] is a distinct index + 1, 0 when empty. */
-static size_t probe(const size_t *slot, size_t cap, const int64_t *ids, const size_t *first,
-                    int64_t id)
-{
-    size_t j = (size_t)mix64((uint64_t)id) & (cap - 1);
-    while (slot[j] != 0 && ids[first[slot[j] - 1]] != id)
-        j = (j + 1) & (cap - 1);
-    return j;
-}
+/* Open addressing over the caller's ids: an id with its distinct index + 1 (0: empty), so that a
+ * probe reads one entry and no second array. */
+typedef struct dup_slot {
+    int64_t id;
+    uint32_t u1;
+} dup_slot;
 
 void id_dups_free(id_dups *d)
 {
@@ -27,63 +24,38 @@ void id_dups_free(id_dups *d)
     free(d);
 }
 
-int id_dups_find(const int64_t *ids, size_t n, const float *grads, size_t dim, id_dups **out)
+/* The set of ids of[0..n) name (of[i]: ids[i]'s distinct index, first occurrences numbered in
+ * order), with grads their sums. NULL when out of memory. */
+static id_dups *dups_make(const int64_t *ids, size_t n, const uint32_t *of, size_t nu,
+                          const float *grads, size_t dim)
 {
-    *out = NULL;
-    if (n < 2)
-        return 0;
-    size_t cap = 16;
-    while (cap < 2 * n)
-        cap *= 2;
-    size_t *slot = calloc(cap, sizeof(*slot));
-    size_t *first = malloc(n * sizeof(*first));
-    if (slot == NULL || first == NULL) {
-        free(slot);
-        free(first);
-        return -1;
-    }
-    size_t nu = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t j = probe(slot, cap, ids, first, ids[i]);
-        if (slot[j] == 0) {
-            first[nu] = i;
-            slot[j] = ++nu;
-        }
-    }
-    if (nu == n) {
-        free(slot);
-        free(first);
-        return 0;
-    }
     id_dups *d = calloc(1, sizeof(*d));
     size_t *last = malloc(nu * sizeof(*last));
     if (d != NULL) {
         d->n = nu;
-        d->first = first;
+        d->first = malloc(nu * sizeof(*d->first));
         d->ids = malloc(nu * sizeof(*d->ids));
         d->next = malloc(n * sizeof(*d->next));
         d->sums = grads ? malloc(nu * dim * sizeof(float)) : NULL;
     }
-    if (d == NULL || last == NULL || d->ids == NULL || d->next == NULL ||
+    if (d == NULL || last == NULL || d->first == NULL || d->ids == NULL || d->next == NULL ||
         (grads && d->sums == NULL)) {
-        if (d == NULL)
-            free(first);
-        free(slot);
         free(last);
         id_dups_free(d);
-        return -1;
+        return NULL;
     }
-    for (size_t u = 0; u < nu; u++) {
-        last[u] = first[u];
-        d->ids[u] = ids[first[u]];
-        if (grads)
-            memcpy(d->sums + u * dim, grads + first[u] * dim, dim * sizeof(float));
-    }
+    size_t seen = 0;
     for (size_t i = 0; i < n; i++) {
+        size_t u = of[i];
         d->next[i] = SIZE_MAX;
-        size_t u = slot[probe(slot, cap, ids, first, ids[i])] - 1;
-        if (first[u] == i)
+        if (u == seen) { /* its first occurrence */
+            seen++;
+            d->first[u] = last[u] = i;
+            d->ids[u] = ids[i];
+            if (grads)
+                memcpy(d->sums + u * dim, grads + i * dim, dim * sizeof(float));
             continue;
+        }
         d->next[last[u]] = i;
         last[u] = i;
         if (grads) {
@@ -93,8 +65,47 @@ int id_dups_find(const int64_t *ids, size_t n, const float *grads, size_t dim, i
                 acc[k] += g[k];
         }
     }
-    free(slot);
     free(last);
+    return d;
+}
+
+int id_dups_find(const int64_t *ids, size_t n, const float *grads, size_t dim, id_dups **out)
+{
+    *out = NULL;
+    if (n < 2)
+        return 0;
+    if (n >= UINT32_MAX)
+        return -1; /* sent as they are */
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    dup_slot *slot = calloc(cap, sizeof(*slot));
+    uint32_t *of = malloc(n * sizeof(*of));
+    if (slot == NULL || of == NULL) {
+        free(slot);
+        free(of);
+        return -1;
+    }
+    uint32_t nu = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = (size_t)mix64((uint64_t)ids[i]) & (cap - 1);
+        while (slot[j].u1 != 0 && slot[j].id != ids[i])
+            j = (j + 1) & (cap - 1);
+        if (slot[j].u1 == 0) {
+            slot[j].id = ids[i];
+            slot[j].u1 = ++nu;
+        }
+        of[i] = slot[j].u1 - 1;
+    }
+    free(slot);
+    if (nu == n) {
+        free(of);
+        return 0;
+    }
+    id_dups *d = dups_make(ids, n, of, nu, grads, dim);
+    free(of);
+    if (d == NULL)
+        return -1;
     *out = d;
     return 0;
 }

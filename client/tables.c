@@ -217,6 +217,7 @@ typedef struct table_call {
     const float *grads;    /* the gradients sent: the caller's, or their sums per distinct id */
     float *rows;           /* the caller's rows */
     size_t *order;         /* indexes into ids, grouped by server */
+    bool in_order;         /* order[i] == i for every i (one server holds them all) */
     id_dups *dups;         /* NULL when the caller's ids were distinct */
     size_t nparts;
     table_part parts[];
@@ -253,13 +254,18 @@ static int table_part_build(void *arg, uint32_t deadline_ms, nng_msg **out)
     if (rv != 0)
         return rv;
     const size_t *ord = tc->order + p->start;
+    uint8_t *g = seg + 8 * p->count;
+    if (tc->in_order) { /* the part's ids and gradients are a run of the call's: one copy */
+        memcpy(seg, tc->ids + p->start, 8 * p->count);
+        if (tc->push)
+            frame_put_floats(g, tc->grads + p->start * dim, p->count * dim, c->wire_dtype);
+        return 0;
+    }
     for (size_t k = 0; k < p->count; k++)
         memcpy(seg + 8 * k, &tc->ids[ord[k]], 8);
-    if (tc->push) {
-        uint8_t *g = seg + 8 * p->count;
+    if (tc->push)
         for (size_t k = 0; k < p->count; k++)
             frame_put_floats(g + k * dim * esize, tc->grads + ord[k] * dim, dim, c->wire_dtype);
-    }
     return 0;
 }
 
@@ -288,6 +294,8 @@ static void table_part_done(void *arg, int status, const char *message, const fr
             reply->segment_len != p->count * dim * esize) {
             status = STATUS_INTERNAL;
             message = "TablePull reply does not carry one row per id in the wire dtype";
+        } else if (tc->in_order && tc->dups == NULL) { /* a run of the caller's rows */
+            frame_get_floats(tc->rows + p->start * dim, reply->segment, p->count * dim, dtype);
         } else {
             const size_t *ord = tc->order + p->start;
             for (size_t k = 0; k < p->count; k++) {
@@ -401,8 +409,12 @@ static int table_call_start(ps_table *t, call_kind kind, const int64_t *ids, siz
         return client_fail(PS_RESOURCE_EXHAUSTED, "out of memory");
     }
     memcpy(fill, count, (size_t)ns * sizeof(size_t));
-    for (size_t i = 0; i < n; i++)
-        order[fill[owner[i]]++] = i;
+    bool in_order = true;
+    for (size_t i = 0; i < n; i++) {
+        size_t at = fill[owner[i]]++;
+        order[at] = i;
+        in_order &= at == i;
+    }
     free(fill);
     free(owner);
     tc->t = t;
@@ -413,6 +425,7 @@ static int table_call_start(ps_table *t, call_kind kind, const int64_t *ids, siz
     tc->grads = grads;
     tc->rows = rows;
     tc->order = order;
+    tc->in_order = in_order;
     size_t k = 0;
     for (int s = 0; s < ns; s++)
         for (size_t at = count[s]; at < count[s + 1]; at += max_ids) {

@@ -285,6 +285,7 @@ int table_create(const table_spec *spec, table **out, char *err, size_t errlen)
         t->slab_rows--;
     if (t->slab_rows == 0)
         t->slab_rows = 1;
+    t->slab_magic = slab_magic_of(t->slab_rows);
     t->nparts = spec->partitions ? spec->partitions : TABLE_DEFAULT_PARTITIONS;
     /* Every partition keeps at least one row of max_rows: fewer partitions for a smaller one. */
     while (spec->max_rows != 0 && t->nparts > spec->max_rows)

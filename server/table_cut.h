@@ -34,8 +34,8 @@ static inline void table_write_lock(table *t, partition *p)
 static inline uint64_t *table_dirty_word(const table *t, const partition *p, uint32_t slot,
                                          uint64_t *bit)
 {
-    uint32_t i = slot % t->slab_rows;
-    unsigned char *slab = p->slabs[slot / t->slab_rows];
+    uint32_t i;
+    unsigned char *slab = p->slabs[slab_split(t, slot, &i)];
     uint64_t *bm = (uint64_t *)(void *)(slab + (size_t)t->slab_rows * t->row_bytes);
     *bit = UINT64_C(1) << (i & 63);
     return bm + (i >> 6);

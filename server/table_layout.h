@@ -100,6 +100,7 @@ struct table {
     uint32_t param_bytes;       /* bytes of the parameters in a row, padded to 4 */
     size_t row_bytes;
     uint32_t slab_rows;  /* rows per slab */
+    uint64_t slab_magic; /* slot / slab_rows by a multiply (slab_split); 0 when slab_rows is 1 */
     uint32_t part_shift; /* partition = hash >> part_shift (64 for one partition) */
     uint32_t nparts;
     optimizer_params opt;
@@ -158,10 +159,30 @@ static inline void budget_give(table *t, uint64_t bytes)
 
 /* ---- rows and slabs ---------------------------------------------------------------------- */
 
+/* slab_magic for slab_rows d: ceil(2^64 / d), 0 for d = 1 (it would be 2^64). */
+static inline uint64_t slab_magic_of(uint32_t d)
+{
+    return d > 1 ? UINT64_MAX / d + 1 : 0;
+}
+
+/* Slot `slot`'s slab (returned) and its place in it (*at): slot / slab_rows and slot % slab_rows
+ * without a divide instruction, which row lookups did several times a row (Lemire, Kaser and
+ * Kurz, "Faster remainder by direct computation": exact for every 32-bit slot and divisor). */
+static inline uint32_t slab_split(const table *t, uint32_t slot, uint32_t *at)
+{
+    if (t->slab_magic == 0) {
+        *at = 0;
+        return slot;
+    }
+    uint64_t low = t->slab_magic * slot;
+    *at = (uint32_t)(((unsigned __int128)low * t->slab_rows) >> 64);
+    return (uint32_t)(((unsigned __int128)t->slab_magic * slot) >> 64);
+}
+
 static inline row_header *row_at(const table *t, const partition *p, uint32_t slot)
 {
-    return (row_header *)(p->slabs[slot / t->slab_rows] +
-                          (size_t)(slot % t->slab_rows) * t->row_bytes);
+    uint32_t at, slab = slab_split(t, slot, &at);
+    return (row_header *)(p->slabs[slab] + (size_t)at * t->row_bytes);
 }
 
 /* The parameters of a row, in the table's dtype (float32: row_state's floats follow them). */

@@ -27,17 +27,19 @@ static inline uint64_t sketch_key(uint64_t h)
 }
 
 typedef struct batch {
-    size_t nu;            /* distinct ids */
-    int64_t *uids;        /* [nu] */
-    uint64_t *hashes;     /* [nu] */
-    float *sums;          /* [nu * dim] summed gradients */
-    uint32_t *order;      /* [nu] distinct ids grouped by partition */
-    uint32_t *starts;     /* [nparts + 1] group bounds in order */
-    uint32_t *of;         /* [n] the distinct index of each id (table_push_track only) */
-    bool *udone;          /* [nu] done with that distinct id (table_push_track only) */
-    unsigned char *saved; /* [row_bytes] a row as it was before its update */
-    row_header *spill;    /* [row_bytes] a cold tier's row updated outside RAM */
-    float *wide;          /* [dim] a 16-bit row's parameters widened for its update */
+    size_t nu;              /* distinct ids */
+    int64_t *uids;          /* [nu] */
+    uint64_t *hashes;       /* [nu] */
+    const unsigned char *g; /* [nu * dim floats] each distinct id's gradient: the request's
+                               own when its ids are distinct (no copy), else sums */
+    float *sums;            /* [nu * dim] summed gradients (when the request repeats an id) */
+    uint32_t *order;        /* [nu] distinct ids grouped by partition */
+    uint32_t *starts;       /* [nparts + 1] group bounds in order */
+    uint32_t *of;           /* [n] the distinct index of each id */
+    bool *udone;            /* [nu] done with that distinct id (table_push_track only) */
+    unsigned char *saved;   /* [row_bytes] a row as it was before its update */
+    row_header *spill;      /* [row_bytes] a cold tier's row updated outside RAM */
+    float *wide;            /* [dim] a 16-bit row's parameters widened for its update */
     /* A table with a cold tier: per distinct id, where its row was when its partition's turn
      * began (COLD_IN_RAM, COLD_NONE, COLD_FOUND: its value at vp[u]). The rows not in RAM are
      * read for the whole push before any partition is locked for writing (pre*), and read
@@ -87,7 +89,7 @@ static void batch_free(batch *b)
 }
 
 /* Sums duplicates (first occurrence order) and groups the distinct ids by partition; track:
- * also b->of and b->udone. */
+ * also b->udone. */
 static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned char *grads,
                        bool track, batch *b)
 {
@@ -98,18 +100,16 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
     uint32_t *map = calloc(cap, sizeof(*map)); /* unique index + 1 */
     b->uids = malloc(n * sizeof(*b->uids));
     b->hashes = malloc(n * sizeof(*b->hashes));
-    b->sums = malloc(n * (size_t)t->dim * sizeof(float));
     b->order = malloc(n * sizeof(*b->order));
     b->starts = calloc(t->nparts + 1, sizeof(*b->starts));
     b->saved = malloc(t->row_bytes);
     b->wide = malloc((size_t)t->dim * sizeof(float));
-    if (track) {
-        b->of = malloc(n * sizeof(*b->of));
+    b->of = malloc(n * sizeof(*b->of));
+    if (track)
         b->udone = calloc(n, sizeof(*b->udone));
-    }
-    if (map == NULL || b->uids == NULL || b->hashes == NULL || b->sums == NULL ||
-        b->order == NULL || b->starts == NULL || b->saved == NULL || b->wide == NULL ||
-        (track && (b->of == NULL || b->udone == NULL))) {
+    if (map == NULL || b->uids == NULL || b->hashes == NULL || b->order == NULL ||
+        b->starts == NULL || b->saved == NULL || b->wide == NULL || b->of == NULL ||
+        (track && b->udone == NULL)) {
         free(map);
         batch_free(b);
         return -1;
@@ -124,19 +124,33 @@ static int batch_build(table *t, const int64_t *ids, size_t n, const unsigned ch
             map[j] = (uint32_t)++b->nu;
             b->uids[b->nu - 1] = ids[i];
             b->hashes[b->nu - 1] = h;
-            memcpy(b->sums + (b->nu - 1) * dim, grads + i * row, row);
-            if (track)
-                b->of[i] = map[j] - 1;
-            continue;
         }
-        if (track)
-            b->of[i] = map[j] - 1;
-        float *acc = b->sums + (map[j] - 1) * dim;
-        for (size_t k = 0; k < dim; k++) {
-            float g;
-            memcpy(&g, grads + i * row + k * sizeof(float), sizeof(g));
-            acc[k] += g;
+        b->of[i] = map[j] - 1;
+    }
+    b->g = grads;
+    if (b->nu < n) {
+        /* Each distinct id's gradients summed in the request's order. */
+        b->sums = malloc(b->nu * row);
+        if (b->sums == NULL) {
+            free(map);
+            batch_free(b);
+            return -1;
         }
+        size_t seen = 0;
+        for (size_t i = 0; i < n; i++) {
+            float *acc = b->sums + (size_t)b->of[i] * dim;
+            if (b->of[i] == seen) { /* its first occurrence */
+                seen++;
+                memcpy(acc, grads + i * row, row);
+                continue;
+            }
+            for (size_t k = 0; k < dim; k++) {
+                float g;
+                memcpy(&g, grads + i * row + k * sizeof(float), sizeof(g));
+                acc[k] += g;
+            }
+        }
+        b->g = (const unsigned char *)b->sums;
     }
     free(map);
     for (size_t u = 0; u < b->nu; u++)
@@ -267,17 +281,29 @@ static const unsigned char *batch_cold_value(table *t, partition *p, batch *b, u
     return table_cold_read_one(t, p, b->uids[u], b->one) ? b->one : NULL;
 }
 
+/* Whether the count floats at g are all finite; if not, the first that is not in *bad. The
+ * common case (all finite) is one pass without a branch per float, which the compiler
+ * vectorizes: a float is inf or NaN when its exponent bits are all set. */
 static bool all_finite(const unsigned char *g, size_t count, size_t *bad)
 {
+    uint32_t any = 0;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t v;
+        memcpy(&v, g + i * sizeof(v), sizeof(v));
+        any |= (v & UINT32_C(0x7f800000)) == UINT32_C(0x7f800000);
+    }
+    if (any == 0)
+        return true;
+    *bad = 0;
     for (size_t i = 0; i < count; i++) {
         float v;
         memcpy(&v, g + i * sizeof(float), sizeof(v));
         if (!isfinite(v)) {
             *bad = i;
-            return false;
+            break;
         }
     }
-    return true;
+    return false;
 }
 
 /* How far ahead of the row a push updates its loop prefetches what the row's update reads:
@@ -361,6 +387,7 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
         partition *p = &t->parts[q];
         table_write_lock(t, p);
         uint64_t gen0 = p->cold_gen;
+        uint64_t updated = 0; /* p's rows_updated, added once for the partition */
         if (t->cold != NULL)
             batch_cold_read(t, p, q, &b);
         for (uint32_t e = b.starts[q]; e < b.starts[q + 1]; e++) {
@@ -369,7 +396,8 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             int64_t id = b.uids[u];
             uint64_t h = b.hashes[u];
             uint32_t slot1 = table_index_find(&p->ix, id, h);
-            table_freq_touch(p, h);
+            if (p->freq != NULL) /* ram_rows: the counts that decide what RAM keeps */
+                table_freq_touch(p, h);
             const unsigned char *val =
                 slot1 == 0 && t->cold != NULL ? batch_cold_value(t, p, &b, u, gen0) : NULL;
             /* A row that RAM takes (table_ram_admit) takes its victim's place; one it does
@@ -453,7 +481,7 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
             float *w = narrow ? b.wide : (float *)(void *)body;
             if (narrow)
                 row_dtype_widen(t->dtype, w, body, t->dim);
-            optimizer_apply_row(&t->opt, w, b.sums + (size_t)u * t->dim, slots,
+            optimizer_apply_row(&t->opt, w, b.g + (size_t)u * t->dim * sizeof(float), slots,
                                 state + (size_t)t->nslots * t->dim, row_counts(t, r), t->dim);
             if (b.udone)
                 b.udone[u] = true;
@@ -489,8 +517,9 @@ int table_push_track(table *t, const int64_t *ids, size_t n, const void *grads, 
                     table_lru_push_front(t, p, slot1);
                 }
             }
-            count_add(&p->rows_updated, 1);
+            updated++;
         }
+        count_add(&p->rows_updated, updated);
         table_write_unlock(t, p);
     }
     if (done != NULL)

@@ -242,6 +242,51 @@ static void test_growth_and_values(void **state)
     table_destroy(t);
 }
 
+/* Rows so wide that a slab holds one, two or five of them (one partition, so that its rows
+ * span many slabs): every row is found where it was made, pushed twice (the second push moves
+ * each row to the front of the LRU order across slabs) and pulled back. */
+static void test_wide_rows_few_per_slab(void **state)
+{
+    (void)state;
+    const uint32_t dims[] = {4000, 1500, 700}; /* 16024, 6024, 2824 bytes a row */
+    enum { N = 23 };
+    for (size_t d = 0; d < sizeof(dims) / sizeof(dims[0]); d++) {
+        uint32_t dim = dims[d];
+        table_spec s = base_spec("wide", dim, OPTIMIZER_SGD);
+        s.opt.learning_rate = 0.25f;
+        s.partitions = 1;
+        table *t = make(&s);
+        int64_t ids[N];
+        float *g = malloc((size_t)N * dim * sizeof(float));
+        float *got = malloc((size_t)N * dim * sizeof(float)), *want = malloc(dim * sizeof(float));
+        assert_non_null(g);
+        assert_non_null(got);
+        assert_non_null(want);
+        for (int i = 0; i < N; i++) {
+            ids[i] = (int64_t)i * 1000003 - 7;
+            for (uint32_t k = 0; k < dim; k++)
+                g[(size_t)i * dim + k] = (float)((i + k) % 5);
+        }
+        push_ok(t, ids, N, g, 1);
+        push_ok(t, ids, N, g, 2);
+        table_pull(t, ids, N, got);
+        for (int i = 0; i < N; i++) {
+            init_row(t, &s, ids[i], want);
+            for (uint32_t k = 0; k < dim; k++) {
+                float gk = (float)((i + k) % 5);
+                assert_true(got[(size_t)i * dim + k] == (want[k] - 0.25f * gk) - 0.25f * gk);
+            }
+        }
+        table_stats st;
+        table_stats_get(t, &st);
+        assert_int_equal(st.rows, N);
+        free(g);
+        free(got);
+        free(want);
+        table_destroy(t);
+    }
+}
+
 /* expected_rows sizes the indexes at creation: no growth while filling up to it. */
 static void test_expected_rows_presized(void **state)
 {
@@ -1771,6 +1816,7 @@ int main(void)
         cmocka_unit_test(test_index_against_reference),
         cmocka_unit_test(test_pull_synthesizes_without_making),
         cmocka_unit_test(test_growth_and_values),
+        cmocka_unit_test(test_wide_rows_few_per_slab),
         cmocka_unit_test(test_expected_rows_presized),
         cmocka_unit_test(test_removal_and_slot_reuse),
         cmocka_unit_test(test_memory_accounting),
