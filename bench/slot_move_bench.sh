@@ -83,6 +83,13 @@ def report(name, path, s, e):
               ", ".join(f"{k} {sum(b[k] for b in batches) / len(batches):.1f}"
                         for k in ("record", "send", "flip", "commit")) +
               f"; exactly-once windows per batch {max(wins)} (of {max(sizes)} bytes at most)")
+        frozen = [b.get("frozen", 0) for b in batches]
+        snap = sum(d.get("snapshot_bytes", 0) for d in lines if "ms" in d)
+        froz = sum(d.get("frozen_bytes", 0) for d in lines if "ms" in d)
+        print(f"  frozen per batch (source's freeze of the SEND + flip + COMMITs): mean "
+              f"{sum(frozen) / len(frozen):.1f} ms, longest {max(frozen):.1f} ms; bytes sent "
+              f"before the freeze {snap}, under it {froz}" if any(frozen) else
+              "  (no pre-copy figures: a psctl or servers without them)")
 report("add-server", sys.argv[3], sys.argv[4], sys.argv[5])
 report("remove-server", sys.argv[6], sys.argv[7], sys.argv[8])
 PY

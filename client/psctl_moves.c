@@ -429,10 +429,15 @@ static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_
                "\"variables\":%llu,\"windows\":%llu,\"bytes\":%llu,\"version\":%" PRIu64
                ",\"percent\":%d,"
                "\"ms\":{\"record\":%" PRId64 ",\"send\":%" PRId64 ",\"flip\":%" PRId64
-               ",\"commit\":%" PRId64 "}}\n",
+               ",\"commit\":%" PRId64 ",\"frozen\":%.1f},\"snapshot_bytes\":%llu,"
+               "\"frozen_bytes\":%llu,\"snapshot_rows\":%llu,\"frozen_rows\":%llu}\n",
                b, nb, r->n, r->from, r->to, rows, vars,
                rep ? (unsigned long long)rep->windows : 0ULL, bytes, version, pct, ms[0], ms[1],
-               ms[2], ms[3]);
+               ms[2], ms[3], rep ? (double)rep->frozen_us / 1000.0 + (double)(ms[2] + ms[3]) : 0.0,
+               rep ? (unsigned long long)rep->snapshot_bytes : 0ULL,
+               rep ? (unsigned long long)rep->frozen_bytes : 0ULL,
+               rep ? (unsigned long long)rep->snapshot_rows : 0ULL,
+               rep ? (unsigned long long)rep->frozen_rows : 0ULL);
     } else if (isatty(STDOUT_FILENO)) {
         char bar[31];
         int fill = pct * 30 / 100;
