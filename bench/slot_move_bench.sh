@@ -7,7 +7,12 @@
 # against the p99 before it, the copy rate (bytes / the move's wall time) against ps-bench's
 # 1 MiB push rate, and whether every acknowledged push is there (exact count).
 #
+# Also, per move: the bytes sent before the batches froze (snapshots) and under the freeze, and
+# the time each batch was frozen (psctl --json's "frozen": the source's freeze of the SEND, the
+# flip and the COMMITs), where psctl and the servers report them.
+#
 #   bench/slot_move_bench.sh BUILD_DIR [ROWS]      (ROWS default 1000000; needs etcd)
+#   SLOT_BENCH_BATCH=N: psctl --batch-slots N (default 64)
 set -u
 build=${1:?build dir}; rows=${2:-1000000}
 bin=$build/server/ps-server psctl=$build/client/psctl drv=$build/bench/ps-slot-move-bench
@@ -45,7 +50,7 @@ wait_log "$tmp/ps2.log" "serving on" 15 || { echo "the joining server did not st
 "$drv" push "$rows" "$tmp/stop" "$tmp/push" >"$tmp/push.log" 2>&1 &
 pusher=$!; pids+=($pusher)
 sleep 5
-ctl=("$psctl" --cluster "$spec" --coordinator "$coord" --json --batch-slots 64)
+ctl=("$psctl" --cluster "$spec" --coordinator "$coord" --json --batch-slots "${SLOT_BENCH_BATCH:-64}")
 s1=$(date +%s.%N); "${ctl[@]}" add-server "${a[2]}" >"$tmp/add.json" || { echo "add-server failed"; cat "$tmp/add.json"; }
 e1=$(date +%s.%N)
 sleep 5

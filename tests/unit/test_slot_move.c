@@ -163,19 +163,29 @@ static void assert_same_rows(server_state *a, server_state *b, const uint64_t *b
     registry_put(eb);
 }
 
+/* a (task 0) with NVARS variables and its rows of the table, b (task 1) with its rows; returns
+ * a's table. */
+static table *two_states(server_state *a, server_state *b)
+{
+    state_init(a, 0);
+    state_init(b, 1);
+    char name[32];
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        add_var(a, name, (float)(i + 1));
+    }
+    table *ta = add_table(a);
+    fill_rows(ta, 0);
+    fill_rows(add_table(b), 1);
+    return ta;
+}
+
 static void test_export_install_drop(void **state)
 {
     (void)state;
     server_state a, b;
-    state_init(&a, 0);
-    state_init(&b, 1);
+    two_states(&a, &b);
     char name[32];
-    for (int i = 0; i < NVARS; i++) {
-        snprintf(name, sizeof(name), "v%d", i);
-        add_var(&a, name, (float)(i + 1));
-    }
-    fill_rows(add_table(&a), 0);
-    fill_rows(add_table(&b), 1);
     for (uint64_t s = 1; s <= 10; s++)
         assert_int_equal(dedup_begin(a.dedup, CLIENT, s), DEDUP_NEW);
     uint64_t bits[SLOTS_DEFAULT / 64];
@@ -269,16 +279,8 @@ static void test_changes_over_snapshot(void **state)
 {
     (void)state;
     server_state a, b;
-    state_init(&a, 0);
-    state_init(&b, 1);
+    table *ta = two_states(&a, &b);
     char name[32];
-    for (int i = 0; i < NVARS; i++) {
-        snprintf(name, sizeof(name), "v%d", i);
-        add_var(&a, name, (float)(i + 1));
-    }
-    table *ta = add_table(&a);
-    fill_rows(ta, 0);
-    fill_rows(add_table(&b), 1);
     uint64_t bits[SLOTS_DEFAULT / 64];
     batch(bits);
     uint64_t b_rows = rows_of(&b);
