@@ -59,6 +59,26 @@ e2=$(date +%s.%N)
 sleep 2
 touch "$tmp/stop"; wait $pusher; echo "pushers: exit $? $(tail -1 "$tmp/push.log")"
 "$drv" check "$tmp/push.hist"
+# The sources' own times per batch (their "move ...: sent" log lines): snapshot export and
+# install (while updates go on), then freeze, export and install under the freeze.
+cat "$tmp"/ps*.log | python3 -c '
+import re, sys
+pre = re.compile(r"snapshot (\d+) bytes, \d+ rows: export ([\d.]+) ms, install ([\d.]+) ms; frozen "
+                 r"(\d+) bytes, \d+ rows: freeze ([\d.]+) ms, export ([\d.]+) ms, install ([\d.]+) ms")
+old = re.compile(r"freeze ([\d.]+) ms, export ([\d.]+) ms, install ([\d.]+) ms\)")
+lines = sys.stdin.read().splitlines()
+p = [list(map(float, m.groups())) for m in map(pre.search, lines) if m]
+o = [list(map(float, m.groups())) for m in map(old.search, lines) if m]
+if o and not p:
+    n = len(o); mean = lambda i: sum(x[i] for x in o) / n
+    print(f"sources, mean of {n} batches (all under the freeze): freeze {mean(0):.1f} ms, "
+          f"export {mean(1):.1f} ms, install {mean(2):.1f} ms")
+if p:
+    n = len(p); mean = lambda i: sum(x[i] for x in p) / n
+    print(f"sources, mean of {n} batches: snapshot export {mean(1):.1f} ms, install {mean(2):.1f} ms; "
+          f"frozen: freeze {mean(4):.1f} ms, export {mean(5):.1f} ms, install {mean(6):.1f} ms "
+          f"(longest export + install {max(x[5] + x[6] for x in p):.1f} ms)")
+'
 # ps-bench's 1 MiB push rate on this machine, for the copy rate.
 mib=$("$build/bench/ps-bench" --server-bin "$bin" --sizes 1M --servers 1 --ops push --seconds 3 \
   --no-variants 2>/dev/null | grep -i "push" | head -n 3)

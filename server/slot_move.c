@@ -331,8 +331,11 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
     return rc;
 }
 
-static int export_pkg(server_state *st, const uint64_t *bits, int64_t since_ms, uint8_t **out,
-                      size_t *len, slot_move_counts *counts, char *err, size_t errlen)
+/* The package of the batch (since_ms < 0: whole, format 1; else its changes since then, format
+ * 2), with the source's windows or none. */
+static int export_pkg(server_state *st, const uint64_t *bits, int64_t since_ms, bool windows,
+                      uint8_t **out, size_t *len, slot_move_counts *counts, char *err,
+                      size_t errlen)
 {
     slot_map m = server_slots(st);
     uint32_t nslots = m.nslots;
@@ -347,7 +350,7 @@ static int export_pkg(server_state *st, const uint64_t *bits, int64_t since_ms, 
     put(&b, bits, nslots / 8);
     uint64_t nw = 0;
     uint32_t words = 0;
-    uint64_t *win = dedup_export(st->dedup, &nw, &words);
+    uint64_t *win = windows ? dedup_export(st->dedup, &nw, &words) : NULL;
     if (win == NULL && nw > 0) {
         free(b.p);
         return snprintf(err, errlen, "out of memory copying the exactly-once windows"),
@@ -385,14 +388,20 @@ static int export_pkg(server_state *st, const uint64_t *bits, int64_t since_ms, 
 int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
                      slot_move_counts *counts, char *err, size_t errlen)
 {
-    return export_pkg(st, bits, -1, out, len, counts, err, errlen);
+    return export_pkg(st, bits, -1, true, out, len, counts, err, errlen);
+}
+
+int slot_move_export_snapshot(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                              slot_move_counts *counts, char *err, size_t errlen)
+{
+    return export_pkg(st, bits, -1, false, out, len, counts, err, errlen);
 }
 
 int slot_move_export_changes(server_state *st, const uint64_t *bits, int64_t since_ms,
                              uint8_t **out, size_t *len, slot_move_counts *counts, char *err,
                              size_t errlen)
 {
-    return export_pkg(st, bits, since_ms < 0 ? 0 : since_ms, out, len, counts, err, errlen);
+    return export_pkg(st, bits, since_ms < 0 ? 0 : since_ms, true, out, len, counts, err, errlen);
 }
 
 /* ---- install ---- */

@@ -48,8 +48,13 @@ static inline bool slot_set_has(const uint64_t *bits, uint32_t slot)
 int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
                      slot_move_counts *counts, char *err, size_t errlen);
 
-/* Pre-copy. The source: the package (format 2) of the changes to the batch since a snapshot
- * of it (a package of slot_move_export made while the batch still took updates): the rows made
+/* Pre-copy. The source: the snapshot of the batch, sent while it still takes updates: the
+ * package of slot_move_export less the windows (they go with the changes, under the freeze).
+ * Call it with the batch not frozen (each table partition is copied consistently). */
+int slot_move_export_snapshot(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                              slot_move_counts *counts, char *err, size_t errlen);
+/* The source: the package (format 2) of the changes to the batch since a snapshot
+ * of it (slot_move_export_snapshot): the rows made
  * or updated at or after since_ms (a time of time_wall_forward_ms, read before the snapshot
  * once every update in flight had left: slot_gate_drain), every row id the batch holds, its
  * variables held whole (each whole) and the windows. Call it with the batch frozen, as

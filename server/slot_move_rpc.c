@@ -183,7 +183,7 @@ static int send_snapshot(server_state *st, const Psd__V1__SlotMoveRequest *rq, c
     slot_gate_drain();
     uint8_t *pkg = NULL;
     size_t len = 0;
-    int rc = slot_move_export(st, bits, &pkg, &len, &s->snap, err, errlen);
+    int rc = slot_move_export_snapshot(st, bits, &pkg, &len, &s->snap, err, errlen);
     uint64_t t1 = time_now_ns();
     if (rc == STATUS_OK)
         rc = install_on(rq, tok, PSD__V1__SLOT_INSTALL_REQUEST__STAGE__SNAPSHOT, pkg, len,

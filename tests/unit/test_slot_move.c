@@ -281,6 +281,8 @@ static void test_changes_over_snapshot(void **state)
     server_state a, b;
     table *ta = two_states(&a, &b);
     char name[32];
+    for (uint64_t s = 1; s <= 3; s++)
+        assert_int_equal(dedup_begin(a.dedup, CLIENT, s), DEDUP_NEW);
     uint64_t bits[SLOTS_DEFAULT / 64];
     batch(bits);
     uint64_t b_rows = rows_of(&b);
@@ -288,11 +290,12 @@ static void test_changes_over_snapshot(void **state)
     size_t snap_len = 0, chg_len = 0;
     slot_move_counts sc, cc, ic;
     char err[512];
-    assert_int_equal(slot_move_export(&a, bits, &snap, &snap_len, &sc, err, sizeof(err)),
+    assert_int_equal(slot_move_export_snapshot(&a, bits, &snap, &snap_len, &sc, err, sizeof(err)),
                      STATUS_OK);
     assert_int_equal(slot_move_install(&b, 0, bits, snap, snap_len, &ic, err, sizeof(err)),
                      STATUS_OK);
     assert_false(slot_move_is_changes(snap, snap_len));
+    assert_int_equal(sc.windows, 0); /* the windows go with the changes */
 
     /* After the snapshot (its time: since): two rows of the batch updated, one removed, one
      * made; a variable of the batch updated. */
@@ -330,14 +333,20 @@ static void test_changes_over_snapshot(void **state)
     assert_int_equal(cc.rows, 3); /* the two updated and the one made */
     assert_int_equal(cc.ids, sc.rows);
     assert_int_equal(cc.variables, sc.variables);
-    /* Less the unchanged rows (id, update time, 8 floats: 48 bytes each), plus every id and
-     * the count of them: the variables and windows go whole in both. */
-    assert_int_equal(snap_len - chg_len, (sc.rows - 3) * 48 - sc.rows * 8 - 8);
+    /* Less the unchanged rows (id, update time, 8 floats: 48 bytes each), plus every id, the
+     * count of them and the window (client, highest, bitmap): the variables go whole in both. */
+    uint64_t nw = 0;
+    uint32_t words = 0;
+    free(dedup_export(a.dedup, &nw, &words));
+    assert_int_equal(cc.windows, 1);
+    assert_int_equal(nw, 1);
+    assert_int_equal(snap_len + sc.rows * 8 + 8 + (2 + words) * 8, chg_len + (sc.rows - 3) * 48);
     assert_int_equal(slot_move_install(&b, 0, bits, chg, chg_len, &ic, err, sizeof(err)),
                      STATUS_OK);
     assert_int_equal(ic.rows, 3);
     assert_same_rows(&a, &b, bits, sc.rows);
     assert_int_equal(rows_of(&b), b_rows + sc.rows);
+    assert_int_equal(dedup_begin(b.dedup, slots_stream_client(CLIENT, 0), 3), DEDUP_DUPLICATE);
     for (int i = 0; i < NVARS; i++) {
         snprintf(name, sizeof(name), "v%d", i);
         if (!slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT)))
