@@ -22,6 +22,7 @@
  * nids x i64: the id of every row the table holds in the batch (the target drops the others). */
 #include "slot_move.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -590,24 +591,107 @@ static int cmp_id(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The row ids of the snapshot staged here (slot_move_stage), per table, sorted: what this
+ * server holds of the batch until the package of changes, which then removes the staged ids it
+ * does not list without reading the table. One staged batch per process; under mu. */
+typedef struct staged_table {
+    char *name;
+    int64_t *ids;
+    size_t n;
+} staged_table;
+static struct {
+    pthread_mutex_t mu;
+    staged_table *t;
+    size_t n;
+} staged = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void staged_clear_locked(void)
+{
+    for (size_t i = 0; i < staged.n; i++) {
+        free(staged.t[i].name);
+        free(staged.t[i].ids);
+    }
+    free(staged.t);
+    staged.t = NULL;
+    staged.n = 0;
+}
+
+void slot_move_unstage(void)
+{
+    pthread_mutex_lock(&staged.mu);
+    staged_clear_locked();
+    pthread_mutex_unlock(&staged.mu);
+}
+
+/* Notes the ids of p's tables as the staged snapshot (nothing noted when memory runs out: the
+ * changes then read the tables). */
+static void staged_note(const pkg *p)
+{
+    pthread_mutex_lock(&staged.mu);
+    staged_clear_locked();
+    staged.t = calloc(p->ntables ? p->ntables : 1, sizeof(*staged.t));
+    bool ok = staged.t != NULL;
+    for (uint32_t i = 0; ok && i < p->ntables; i++) {
+        const pkg_table *pt = &p->tables[i];
+        staged_table *e = &staged.t[staged.n++];
+        e->name = strdup(pt->spec->name);
+        e->ids = malloc((pt->nrows ? pt->nrows : 1) * sizeof(int64_t));
+        ok = e->name != NULL && e->ids != NULL;
+        for (uint64_t k = 0; ok && k < pt->nrows; k++)
+            memcpy(&e->ids[k], pt->idt + k * 16, 8);
+        e->n = ok ? pt->nrows : 0;
+        if (ok)
+            qsort(e->ids, e->n, sizeof(int64_t), cmp_id);
+    }
+    if (!ok)
+        staged_clear_locked();
+    pthread_mutex_unlock(&staged.mu);
+}
+
 /* Format 2: removes the rows t holds in the batch that the package's id list does not name
- * (removed at the source since the snapshot). Returns 0, or -1 when memory runs out. */
+ * (removed at the source since the snapshot): of the staged ids when a snapshot of t is staged
+ * here, else of the rows read from t. Returns 0, or -1 when memory runs out. */
 static int keep_listed(table *t, const pkg_table *pt, const uint64_t *bits, uint32_t nslots)
 {
     int64_t *want = malloc((pt->nids ? pt->nids : 1) * sizeof(int64_t));
-    table_rows rows;
-    if (want == NULL || server_table_slot_rows(t, bits, nslots, &rows) != 0) {
-        free(want);
+    if (want == NULL)
         return -1;
-    }
     memcpy(want, pt->ids, pt->nids * sizeof(int64_t));
     qsort(want, pt->nids, sizeof(int64_t), cmp_id);
+    int64_t *gone = NULL;
     size_t ngone = 0;
-    for (size_t k = 0; k < rows.n; k++)
-        if (bsearch(&rows.ids[k], want, pt->nids, sizeof(int64_t), cmp_id) == NULL)
-            rows.ids[ngone++] = rows.ids[k];
-    table_remove(t, rows.ids, ngone);
-    table_rows_free(&rows);
+    pthread_mutex_lock(&staged.mu);
+    for (size_t i = 0; i < staged.n; i++) {
+        staged_table *e = &staged.t[i];
+        if (strcmp(e->name, table_name(t)) != 0)
+            continue;
+        gone = malloc((e->n ? e->n : 1) * sizeof(int64_t));
+        for (size_t k = 0; gone && k < e->n; k++)
+            if (bsearch(&e->ids[k], want, pt->nids, sizeof(int64_t), cmp_id) == NULL)
+                gone[ngone++] = e->ids[k];
+        if (gone == NULL) {
+            pthread_mutex_unlock(&staged.mu);
+            free(want);
+            return -1;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&staged.mu);
+    if (gone == NULL) { /* no snapshot of t staged: its rows in the batch, read */
+        table_rows rows;
+        if (server_table_slot_rows(t, bits, nslots, &rows) != 0) {
+            free(want);
+            return -1;
+        }
+        for (size_t k = 0; k < rows.n; k++)
+            if (bsearch(&rows.ids[k], want, pt->nids, sizeof(int64_t), cmp_id) == NULL)
+                rows.ids[ngone++] = rows.ids[k];
+        table_remove(t, rows.ids, ngone);
+        table_rows_free(&rows);
+    } else {
+        table_remove(t, gone, ngone);
+        free(gone);
+    }
     free(want);
     return 0;
 }
@@ -739,8 +823,8 @@ static void drop_unlisted(server_state *st, const pkg *p, const uint64_t *bits, 
     drop_vars(st, bits, nslots);
 }
 
-int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
-                      size_t len, slot_move_counts *counts, char *err, size_t errlen)
+static int install_pkg(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                       size_t len, bool stage, slot_move_counts *counts, char *err, size_t errlen)
 {
     slot_map m = server_slots(st);
     pkg p;
@@ -782,6 +866,10 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
         cnt.windows++;
     }
     free(w);
+    if (rc == STATUS_OK && stage && !p.changes)
+        staged_note(&p);
+    else
+        slot_move_unstage(); /* applied (or dropped): the staged ids say nothing any more */
     pkg_free(&p);
     if (rc != STATUS_OK) {
         slot_move_drop(st, bits); /* nothing of the package stays (merged marks are harmless) */
@@ -790,6 +878,18 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
     if (counts)
         *counts = cnt;
     return STATUS_OK;
+}
+
+int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                      size_t len, slot_move_counts *counts, char *err, size_t errlen)
+{
+    return install_pkg(st, from, bits, data, len, false, counts, err, errlen);
+}
+
+int slot_move_stage(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                    size_t len, slot_move_counts *counts, char *err, size_t errlen)
+{
+    return install_pkg(st, from, bits, data, len, true, counts, err, errlen);
 }
 
 uint64_t slot_move_drop(server_state *st, const uint64_t *bits)

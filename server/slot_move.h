@@ -76,6 +76,14 @@ int slot_move_export_changes(server_state *st, const uint64_t *bits, int64_t sin
 int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *pkg,
                       size_t len, slot_move_counts *counts, char *err, size_t errlen);
 
+/* The target: installs a snapshot (a package of slot_move_export_snapshot) as slot_move_install
+ * does, and notes its row ids (one staged batch per process), so that the package of changes
+ * that follows removes the rows removed since without reading the tables. Any other install,
+ * and slot_move_unstage (a rollback), forgets them. */
+int slot_move_stage(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *pkg,
+                    size_t len, slot_move_counts *counts, char *err, size_t errlen);
+void slot_move_unstage(void);
+
 /* True when pkg (len bytes) is a package of changes (format 2; not checked further). */
 bool slot_move_is_changes(const uint8_t *pkg, size_t len);
 

@@ -326,8 +326,10 @@ void handle_slot_move(rpc_call *call, void *arg)
         send_batch(call, st, rq, bits);
         break;
     case PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT: {
-        if (rq->to == st->task_index)
+        if (rq->to == st->task_index) {
             stage_note(NULL, 0, NULL, 0);
+            slot_move_unstage();
+        }
         bool source =
             slot_gate_owner(st, rq->slots[0]) == st->task_index && rq->to != st->task_index;
         slot_gate_commit(st, rq->slots, rq->n_slots, rq->to, rq->version);
@@ -348,6 +350,7 @@ void handle_slot_move(rpc_call *call, void *arg)
             slot_gate_unfreeze();
         if (rq->to == st->task_index) {
             stage_note(NULL, 0, NULL, 0); /* a staged snapshot goes too */
+            slot_move_unstage();
             /* What an install left of slots this server does not hold. */
             for (size_t i = 0; i < rq->n_slots; i++)
                 if (slot_gate_owner(st, rq->slots[i]) == st->task_index)
@@ -449,7 +452,8 @@ void handle_slot_install(rpc_call *call, void *arg)
     /* A new install replaces whatever was staged (its rows are dropped by the install). */
     stage_note(NULL, 0, NULL, 0);
     slot_move_counts cnt;
-    int rc = slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
+    int rc = snapshot ? slot_move_stage(st, rq->from, bits, seg, len, &cnt, err, sizeof(err))
+                      : slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
     if (rc == STATUS_OK && snapshot) {
         /* Staged: not durable, not served (the map does not give the slots here yet). */
         if (stage_note(rq->move_id, rq->from, rq->slots, rq->n_slots) != 0) {
