@@ -7,7 +7,12 @@
 # against the p99 before it, the copy rate (bytes / the move's wall time) against ps-bench's
 # 1 MiB push rate, and whether every acknowledged push is there (exact count).
 #
+# Also, per move: the bytes sent before the batches froze (snapshots) and under the freeze, and
+# the time each batch was frozen (psctl --json's "frozen": the source's freeze of the SEND, the
+# flip and the COMMITs), where psctl and the servers report them.
+#
 #   bench/slot_move_bench.sh BUILD_DIR [ROWS]      (ROWS default 1000000; needs etcd)
+#   SLOT_BENCH_BATCH=N: psctl --batch-slots N (default 64)
 set -u
 build=${1:?build dir}; rows=${2:-1000000}
 bin=$build/server/ps-server psctl=$build/client/psctl drv=$build/bench/ps-slot-move-bench
@@ -45,7 +50,7 @@ wait_log "$tmp/ps2.log" "serving on" 15 || { echo "the joining server did not st
 "$drv" push "$rows" "$tmp/stop" "$tmp/push" >"$tmp/push.log" 2>&1 &
 pusher=$!; pids+=($pusher)
 sleep 5
-ctl=("$psctl" --cluster "$spec" --coordinator "$coord" --json --batch-slots 64)
+ctl=("$psctl" --cluster "$spec" --coordinator "$coord" --json --batch-slots "${SLOT_BENCH_BATCH:-64}")
 s1=$(date +%s.%N); "${ctl[@]}" add-server "${a[2]}" >"$tmp/add.json" || { echo "add-server failed"; cat "$tmp/add.json"; }
 e1=$(date +%s.%N)
 sleep 5
@@ -54,6 +59,26 @@ e2=$(date +%s.%N)
 sleep 2
 touch "$tmp/stop"; wait $pusher; echo "pushers: exit $? $(tail -1 "$tmp/push.log")"
 "$drv" check "$tmp/push.hist"
+# The sources' own times per batch (their "move ...: sent" log lines): snapshot export and
+# install (while updates go on), then freeze, export and install under the freeze.
+cat "$tmp"/ps*.log | python3 -c '
+import re, sys
+pre = re.compile(r"snapshot (\d+) bytes, \d+ rows: export ([\d.]+) ms, install ([\d.]+) ms; frozen "
+                 r"(\d+) bytes, \d+ rows: freeze ([\d.]+) ms, export ([\d.]+) ms, install ([\d.]+) ms")
+old = re.compile(r"freeze ([\d.]+) ms, export ([\d.]+) ms, install ([\d.]+) ms\)")
+lines = sys.stdin.read().splitlines()
+p = [list(map(float, m.groups())) for m in map(pre.search, lines) if m]
+o = [list(map(float, m.groups())) for m in map(old.search, lines) if m]
+if o and not p:
+    n = len(o); mean = lambda i: sum(x[i] for x in o) / n
+    print(f"sources, mean of {n} batches (all under the freeze): freeze {mean(0):.1f} ms, "
+          f"export {mean(1):.1f} ms, install {mean(2):.1f} ms")
+if p:
+    n = len(p); mean = lambda i: sum(x[i] for x in p) / n
+    print(f"sources, mean of {n} batches: snapshot export {mean(1):.1f} ms, install {mean(2):.1f} ms; "
+          f"frozen: freeze {mean(4):.1f} ms, export {mean(5):.1f} ms, install {mean(6):.1f} ms "
+          f"(longest export + install {max(x[5] + x[6] for x in p):.1f} ms)")
+'
 # ps-bench's 1 MiB push rate on this machine, for the copy rate.
 mib=$("$build/bench/ps-bench" --server-bin "$bin" --sizes 1M --servers 1 --ops push --seconds 3 \
   --no-variants 2>/dev/null | grep -i "push" | head -n 3)
@@ -83,6 +108,13 @@ def report(name, path, s, e):
               ", ".join(f"{k} {sum(b[k] for b in batches) / len(batches):.1f}"
                         for k in ("record", "send", "flip", "commit")) +
               f"; exactly-once windows per batch {max(wins)} (of {max(sizes)} bytes at most)")
+        frozen = [b.get("frozen", 0) for b in batches]
+        snap = sum(d.get("snapshot_bytes", 0) for d in lines if "ms" in d)
+        froz = sum(d.get("frozen_bytes", 0) for d in lines if "ms" in d)
+        print(f"  frozen per batch (source's freeze of the SEND + flip + COMMITs): mean "
+              f"{sum(frozen) / len(frozen):.1f} ms, longest {max(frozen):.1f} ms; bytes sent "
+              f"before the freeze {snap}, under it {froz}" if any(frozen) else
+              "  (no pre-copy figures: a psctl or servers without them)")
 report("add-server", sys.argv[3], sys.argv[4], sys.argv[5])
 report("remove-server", sys.argv[6], sys.argv[7], sys.argv[8])
 PY

@@ -2,7 +2,8 @@
  *
  * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
  * owner=HOST:PID slots=S1,S2,..."; owner may be absent in records of older psctl), SLOT_MOVE SEND
- * to the source (it freezes the batch and sends it to the target), flip the slot map by CAS
+ * to the source (it sends a snapshot of the batch to the target, freezes the batch and sends
+ * what changed since), flip the slot map by CAS
  * (slots_apply: version + 1), SLOT_MOVE COMMIT to the target, the source and every other server,
  * delete the record. A failure before the flip: ABORT to both (the source serves the slots again,
  * the target drops what it installed) and the record deleted; after it, the move is done and a
@@ -429,10 +430,15 @@ static void progress(const psctl_move_opts *mo, size_t done, size_t total, size_
                "\"variables\":%llu,\"windows\":%llu,\"bytes\":%llu,\"version\":%" PRIu64
                ",\"percent\":%d,"
                "\"ms\":{\"record\":%" PRId64 ",\"send\":%" PRId64 ",\"flip\":%" PRId64
-               ",\"commit\":%" PRId64 "}}\n",
+               ",\"commit\":%" PRId64 ",\"frozen\":%.1f},\"snapshot_bytes\":%llu,"
+               "\"frozen_bytes\":%llu,\"snapshot_rows\":%llu,\"frozen_rows\":%llu}\n",
                b, nb, r->n, r->from, r->to, rows, vars,
                rep ? (unsigned long long)rep->windows : 0ULL, bytes, version, pct, ms[0], ms[1],
-               ms[2], ms[3]);
+               ms[2], ms[3], rep ? (double)rep->frozen_us / 1000.0 + (double)(ms[2] + ms[3]) : 0.0,
+               rep ? (unsigned long long)rep->snapshot_bytes : 0ULL,
+               rep ? (unsigned long long)rep->frozen_bytes : 0ULL,
+               rep ? (unsigned long long)rep->snapshot_rows : 0ULL,
+               rep ? (unsigned long long)rep->frozen_rows : 0ULL);
     } else if (isatty(STDOUT_FILENO)) {
         char bar[31];
         int fill = pct * 30 / 100;

@@ -383,6 +383,14 @@ int slot_gate_freeze(server_state *st, const char *move_id, const uint32_t *slot
     return STATUS_OK;
 }
 
+void slot_gate_drain(void)
+{
+    if (!atomic_load(&g.on))
+        return;
+    pthread_rwlock_wrlock(&g.inside);
+    pthread_rwlock_unlock(&g.inside);
+}
+
 void slot_gate_unfreeze(void)
 {
     if (!atomic_load(&g.on))

@@ -49,6 +49,9 @@ bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uin
 bool slot_gate_moved(void);
 bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
                          uint64_t n);
+/* Returns once every call that was inside the gate when it was called has left (the calls
+ * after it pass): an update applied after it began took its time (time_op_ms) after it. */
+void slot_gate_drain(void);
 /* Lets the frozen batch go again (a move rolled back). */
 void slot_gate_unfreeze(void);
 /* The map at `version` gives the slots listed to server `to`: the owners change, and the

@@ -14,9 +14,15 @@
  *     and numel its elements; of one cut in parts (spec.parts) an entry is a part (part its
  *     index, numel its elements) or the head (numel 0), sent with every part and with the
  *     name's slot so that the target can serve what it receives;
- *   u32 CRC-32C of everything before it, u32 0. */
+ *   u32 CRC-32C of everything before it, u32 0.
+ *
+ * Format 2 (the changes of a batch since a snapshot of it, slot_move_export_changes) is format 1
+ * with, per table, a u64 nids after nrows, its rows those made or updated since the snapshot
+ * (updated_ms at or after it, or 0: made by a read and never updated) and, after their floats,
+ * nids x i64: the id of every row the table holds in the batch (the target drops the others). */
 #include "slot_move.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +38,7 @@
 
 #define PKG_MAGIC 0x564d5350u /* "PSMV" */
 #define PKG_FORMAT 1u
+#define PKG_FORMAT_CHANGES 2u
 
 void slot_set_mark(uint64_t *bits, uint32_t nslots, const uint32_t *slots, size_t n)
 {
@@ -166,8 +173,14 @@ static bool var_pending(variable *v)
     return pending;
 }
 
-static int export_tables(server_state *st, const uint64_t *bits, uint32_t nslots, wbuf *b,
-                         slot_move_counts *cnt, char *err, size_t errlen)
+/* True when a row updated at updated_ms goes with the changes since since_ms (< 0: every row). */
+static bool row_changed(int64_t updated_ms, int64_t since_ms)
+{
+    return since_ms < 0 || updated_ms == 0 || updated_ms >= since_ms;
+}
+
+static int export_tables(server_state *st, const uint64_t *bits, uint32_t nslots, int64_t since_ms,
+                         wbuf *b, slot_move_counts *cnt, char *err, size_t errlen)
 {
     size_t n = 0;
     table_entry **es = registry_list(st, &n);
@@ -215,18 +228,32 @@ static int export_tables(server_state *st, const uint64_t *bits, uint32_t nslots
             break;
         }
         psd__v1__table_spec__pack(e->spec, spec);
+        size_t nch = 0;
+        for (size_t k = 0; k < rows.n; k++)
+            nch += row_changed(rows.updated_ms[k], since_ms);
         put32(b, (uint32_t)sl);
         put32(b, rows.row_floats);
-        put64(b, rows.n);
+        put64(b, nch);
+        if (since_ms >= 0)
+            put64(b, rows.n);
         put(b, spec, sl);
         pad8(b);
-        for (size_t k = 0; k < rows.n; k++) {
-            put64(b, (uint64_t)rows.ids[k]);
-            put64(b, (uint64_t)rows.updated_ms[k]);
-        }
-        put(b, rows.floats, rows.n * rows.row_floats * sizeof(float));
+        for (size_t k = 0; k < rows.n; k++)
+            if (row_changed(rows.updated_ms[k], since_ms)) {
+                put64(b, (uint64_t)rows.ids[k]);
+                put64(b, (uint64_t)rows.updated_ms[k]);
+            }
+        if (nch == rows.n)
+            put(b, rows.floats, rows.n * rows.row_floats * sizeof(float));
+        else
+            for (size_t k = 0; k < rows.n; k++)
+                if (row_changed(rows.updated_ms[k], since_ms))
+                    put(b, rows.floats + k * rows.row_floats, rows.row_floats * sizeof(float));
         pad8(b);
-        cnt->rows += rows.n;
+        if (since_ms >= 0)
+            put(b, rows.ids, rows.n * sizeof(int64_t));
+        cnt->rows += nch;
+        cnt->ids += rows.n;
         free(spec);
         table_rows_free(&rows);
     }
@@ -305,8 +332,11 @@ static int export_vars(server_state *st, const uint64_t *bits, uint32_t nslots, 
     return rc;
 }
 
-int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
-                     slot_move_counts *counts, char *err, size_t errlen)
+/* The package of the batch (since_ms < 0: whole, format 1; else its changes since then, format
+ * 2), with the source's windows or none. */
+static int export_pkg(server_state *st, const uint64_t *bits, int64_t since_ms, bool windows,
+                      uint8_t **out, size_t *len, slot_move_counts *counts, char *err,
+                      size_t errlen)
 {
     slot_map m = server_slots(st);
     uint32_t nslots = m.nslots;
@@ -315,13 +345,13 @@ int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size
     slot_move_counts cnt = {0};
     wbuf b = {0};
     put32(&b, PKG_MAGIC);
-    put32(&b, PKG_FORMAT);
+    put32(&b, since_ms < 0 ? PKG_FORMAT : PKG_FORMAT_CHANGES);
     put32(&b, nslots);
     put32(&b, st->task_index);
     put(&b, bits, nslots / 8);
     uint64_t nw = 0;
     uint32_t words = 0;
-    uint64_t *win = dedup_export(st->dedup, &nw, &words);
+    uint64_t *win = windows ? dedup_export(st->dedup, &nw, &words) : NULL;
     if (win == NULL && nw > 0) {
         free(b.p);
         return snprintf(err, errlen, "out of memory copying the exactly-once windows"),
@@ -333,7 +363,7 @@ int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size
     put(&b, win, nw * (2 + (size_t)words) * sizeof(uint64_t));
     free(win);
     cnt.windows = nw;
-    int rc = export_tables(st, bits, nslots, &b, &cnt, err, errlen);
+    int rc = export_tables(st, bits, nslots, since_ms, &b, &cnt, err, errlen);
     if (rc == STATUS_OK)
         rc = export_vars(st, bits, nslots, &b, &cnt, err, errlen);
     if (rc == STATUS_OK && !b.failed) {
@@ -356,7 +386,34 @@ int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size
     return STATUS_OK;
 }
 
+int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                     slot_move_counts *counts, char *err, size_t errlen)
+{
+    return export_pkg(st, bits, -1, true, out, len, counts, err, errlen);
+}
+
+int slot_move_export_snapshot(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                              slot_move_counts *counts, char *err, size_t errlen)
+{
+    return export_pkg(st, bits, -1, false, out, len, counts, err, errlen);
+}
+
+int slot_move_export_changes(server_state *st, const uint64_t *bits, int64_t since_ms,
+                             uint8_t **out, size_t *len, slot_move_counts *counts, char *err,
+                             size_t errlen)
+{
+    return export_pkg(st, bits, since_ms < 0 ? 0 : since_ms, true, out, len, counts, err, errlen);
+}
+
 /* ---- install ---- */
+
+bool slot_move_is_changes(const uint8_t *pkg, size_t len)
+{
+    uint32_t format = 0;
+    if (len >= 8)
+        memcpy(&format, pkg + 4, 4);
+    return format == PKG_FORMAT_CHANGES;
+}
 
 /* One table of a package, as read. */
 typedef struct pkg_table {
@@ -366,6 +423,8 @@ typedef struct pkg_table {
     uint64_t nrows;
     const uint8_t *idt;    /* nrows x (id, updated_ms) */
     const uint8_t *floats; /* nrows x row_floats */
+    uint64_t nids;         /* format 2: every row id the table holds in the batch */
+    const uint8_t *ids;    /* format 2: nids x i64; NULL in format 1 */
 } pkg_table;
 
 typedef struct pkg_var {
@@ -377,6 +436,7 @@ typedef struct pkg_var {
 } pkg_var;
 
 typedef struct pkg {
+    bool changes; /* format 2 */
     uint32_t nslots, from;
     const uint8_t *bits;
     uint64_t nwin;
@@ -421,8 +481,10 @@ static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint3
     if (crc != crc32c(0, data, len - 8))
         BAD("checksum mismatch");
     rbuf r = {.p = data, .len = len - 8};
-    if (get32(&r) != PKG_MAGIC || get32(&r) != PKG_FORMAT)
-        BAD("not a package of format %u", PKG_FORMAT);
+    uint32_t magic = get32(&r), format = get32(&r);
+    if (magic != PKG_MAGIC || (format != PKG_FORMAT && format != PKG_FORMAT_CHANGES))
+        BAD("not a package of format %u or %u", PKG_FORMAT, PKG_FORMAT_CHANGES);
+    p->changes = format == PKG_FORMAT_CHANGES;
     p->nslots = get32(&r);
     p->from = get32(&r);
     if (p->nslots != nslots)
@@ -450,6 +512,7 @@ static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint3
         t->spec_len = get32(&r);
         t->row_floats = get32(&r);
         t->nrows = get64(&r);
+        t->nids = p->changes ? get64(&r) : 0;
         t->spec_raw = take(&r, t->spec_len);
         skip8(&r);
         if (r.bad || t->row_floats == 0 || t->row_floats > (1u << 20) ||
@@ -462,9 +525,13 @@ static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint3
         t->idt = take(&r, t->nrows * 16);
         t->floats = take(&r, t->nrows * t->row_floats * 4);
         skip8(&r);
-        for (uint64_t k = 0; !r.bad && k < t->nrows; k++) {
+        if (p->changes && (r.bad || t->nids > (r.len - r.at) / 8))
+            BAD("table %u: %llu row ids past its end", i, (unsigned long long)t->nids);
+        if (p->changes)
+            t->ids = take(&r, t->nids * 8);
+        for (uint64_t k = 0; !r.bad && k < t->nrows + t->nids; k++) {
             int64_t id;
-            memcpy(&id, t->idt + k * 16, 8);
+            memcpy(&id, k < t->nrows ? t->idt + k * 16 : t->ids + (k - t->nrows) * 8, 8);
             if (!slot_set_has(want, slots_of_row(t->spec->name, id, nslots)))
                 BAD("table \"%s\": row %lld is not in the batch", t->spec->name, (long long)id);
         }
@@ -518,7 +585,119 @@ static int pkg_read(const uint8_t *data, size_t len, const uint64_t *want, uint3
     return STATUS_OK;
 }
 
-static int install_table(server_state *st, const pkg_table *pt, char *err, size_t errlen)
+static int cmp_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The row ids of the snapshot staged here (slot_move_stage), per table, sorted: what this
+ * server holds of the batch until the package of changes, which then removes the staged ids it
+ * does not list without reading the table. One staged batch per process; under mu. */
+typedef struct staged_table {
+    char *name;
+    int64_t *ids;
+    size_t n;
+} staged_table;
+static struct {
+    pthread_mutex_t mu;
+    staged_table *t;
+    size_t n;
+} staged = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void staged_clear_locked(void)
+{
+    for (size_t i = 0; i < staged.n; i++) {
+        free(staged.t[i].name);
+        free(staged.t[i].ids);
+    }
+    free(staged.t);
+    staged.t = NULL;
+    staged.n = 0;
+}
+
+void slot_move_unstage(void)
+{
+    pthread_mutex_lock(&staged.mu);
+    staged_clear_locked();
+    pthread_mutex_unlock(&staged.mu);
+}
+
+/* Notes the ids of p's tables as the staged snapshot (nothing noted when memory runs out: the
+ * changes then read the tables). */
+static void staged_note(const pkg *p)
+{
+    pthread_mutex_lock(&staged.mu);
+    staged_clear_locked();
+    staged.t = calloc(p->ntables ? p->ntables : 1, sizeof(*staged.t));
+    bool ok = staged.t != NULL;
+    for (uint32_t i = 0; ok && i < p->ntables; i++) {
+        const pkg_table *pt = &p->tables[i];
+        staged_table *e = &staged.t[staged.n++];
+        e->name = strdup(pt->spec->name);
+        e->ids = malloc((pt->nrows ? pt->nrows : 1) * sizeof(int64_t));
+        ok = e->name != NULL && e->ids != NULL;
+        for (uint64_t k = 0; ok && k < pt->nrows; k++)
+            memcpy(&e->ids[k], pt->idt + k * 16, 8);
+        e->n = ok ? pt->nrows : 0;
+        if (ok)
+            qsort(e->ids, e->n, sizeof(int64_t), cmp_id);
+    }
+    if (!ok)
+        staged_clear_locked();
+    pthread_mutex_unlock(&staged.mu);
+}
+
+/* Format 2: removes the rows t holds in the batch that the package's id list does not name
+ * (removed at the source since the snapshot): of the staged ids when a snapshot of t is staged
+ * here, else of the rows read from t. Returns 0, or -1 when memory runs out. */
+static int keep_listed(table *t, const pkg_table *pt, const uint64_t *bits, uint32_t nslots)
+{
+    int64_t *want = malloc((pt->nids ? pt->nids : 1) * sizeof(int64_t));
+    if (want == NULL)
+        return -1;
+    memcpy(want, pt->ids, pt->nids * sizeof(int64_t));
+    qsort(want, pt->nids, sizeof(int64_t), cmp_id);
+    int64_t *gone = NULL;
+    size_t ngone = 0;
+    pthread_mutex_lock(&staged.mu);
+    for (size_t i = 0; i < staged.n; i++) {
+        staged_table *e = &staged.t[i];
+        if (strcmp(e->name, table_name(t)) != 0)
+            continue;
+        gone = malloc((e->n ? e->n : 1) * sizeof(int64_t));
+        for (size_t k = 0; gone && k < e->n; k++)
+            if (bsearch(&e->ids[k], want, pt->nids, sizeof(int64_t), cmp_id) == NULL)
+                gone[ngone++] = e->ids[k];
+        if (gone == NULL) {
+            pthread_mutex_unlock(&staged.mu);
+            free(want);
+            return -1;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&staged.mu);
+    if (gone == NULL) { /* no snapshot of t staged: its rows in the batch, read */
+        table_rows rows;
+        if (server_table_slot_rows(t, bits, nslots, &rows) != 0) {
+            free(want);
+            return -1;
+        }
+        for (size_t k = 0; k < rows.n; k++)
+            if (bsearch(&rows.ids[k], want, pt->nids, sizeof(int64_t), cmp_id) == NULL)
+                rows.ids[ngone++] = rows.ids[k];
+        table_remove(t, rows.ids, ngone);
+        table_rows_free(&rows);
+    } else {
+        table_remove(t, gone, ngone);
+        free(gone);
+    }
+    free(want);
+    return 0;
+}
+
+static int install_table(server_state *st, const pkg_table *pt, const uint64_t *bits,
+                         uint32_t nslots, char *err, size_t errlen)
 {
     const char *name = pt->spec->name;
     variable *clash = store_find(st->vars, name);
@@ -549,6 +728,9 @@ static int install_table(server_state *st, const pkg_table *pt, char *err, size_
                  table_row_floats(e->t), pt->row_floats);
         rc = STATUS_INVALID_ARGUMENT;
     }
+    if (rc == STATUS_OK && pt->ids != NULL && keep_listed(e->t, pt, bits, nslots) != 0)
+        rc = STATUS_RESOURCE_EXHAUSTED,
+        snprintf(err, errlen, "table \"%s\": out of memory listing its rows", name);
     float *row = rc == STATUS_OK ? malloc(pt->row_floats * sizeof(float)) : NULL;
     if (rc == STATUS_OK && row == NULL)
         rc = STATUS_RESOURCE_EXHAUSTED, snprintf(err, errlen, "out of memory");
@@ -622,8 +804,27 @@ static int install_var(server_state *st, const pkg_var *pv, char *err, size_t er
     return STATUS_OK;
 }
 
-int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
-                      size_t len, slot_move_counts *counts, char *err, size_t errlen)
+static uint64_t drop_vars(server_state *st, const uint64_t *bits, uint32_t nslots);
+
+/* Format 2: the batch's rows of the tables the package does not name (dropped at the source
+ * since the snapshot) and its variables (the package carries each whole) go first. */
+static void drop_unlisted(server_state *st, const pkg *p, const uint64_t *bits, uint32_t nslots)
+{
+    size_t n = 0;
+    table_entry **es = registry_list(st, &n);
+    for (size_t i = 0; es && i < n; i++) {
+        bool listed = false;
+        for (uint32_t k = 0; !listed && k < p->ntables; k++)
+            listed = strcmp(p->tables[k].spec->name, table_name(es[i]->t)) == 0;
+        if (!listed)
+            server_table_drop_slots(es[i]->t, bits, nslots);
+    }
+    registry_release(es, n);
+    drop_vars(st, bits, nslots);
+}
+
+static int install_pkg(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                       size_t len, bool stage, slot_move_counts *counts, char *err, size_t errlen)
 {
     slot_map m = server_slots(st);
     pkg p;
@@ -637,13 +838,17 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
         return snprintf(err, errlen, "slot move package: made by ps %u, not ps %u", p.from, from),
                STATUS_INVALID_ARGUMENT;
     }
-    slot_move_drop(st, bits); /* what an earlier attempt left */
     slot_move_counts cnt = {.bytes = len};
     /* Under the update lock: a checkpoint's copy holds the whole batch or none of it. */
     store_update_begin(st->vars);
+    if (p.changes)
+        drop_unlisted(st, &p, bits, m.nslots); /* over the staged snapshot */
+    else
+        slot_move_drop(st, bits); /* what an earlier attempt left */
     for (uint32_t i = 0; rc == STATUS_OK && i < p.ntables; i++) {
-        rc = install_table(st, &p.tables[i], err, errlen);
+        rc = install_table(st, &p.tables[i], bits, m.nslots, err, errlen);
         cnt.rows += p.tables[i].nrows;
+        cnt.ids += p.tables[i].nids;
     }
     for (uint32_t i = 0; rc == STATUS_OK && i < p.nvars; i++) {
         rc = install_var(st, &p.vars[i], err, errlen);
@@ -661,6 +866,10 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
         cnt.windows++;
     }
     free(w);
+    if (rc == STATUS_OK && stage && !p.changes)
+        staged_note(&p);
+    else
+        slot_move_unstage(); /* applied (or dropped): the staged ids say nothing any more */
     pkg_free(&p);
     if (rc != STATUS_OK) {
         slot_move_drop(st, bits); /* nothing of the package stays (merged marks are harmless) */
@@ -669,6 +878,18 @@ int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, con
     if (counts)
         *counts = cnt;
     return STATUS_OK;
+}
+
+int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                      size_t len, slot_move_counts *counts, char *err, size_t errlen)
+{
+    return install_pkg(st, from, bits, data, len, false, counts, err, errlen);
+}
+
+int slot_move_stage(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *data,
+                    size_t len, slot_move_counts *counts, char *err, size_t errlen)
+{
+    return install_pkg(st, from, bits, data, len, true, counts, err, errlen);
 }
 
 uint64_t slot_move_drop(server_state *st, const uint64_t *bits)
@@ -680,6 +901,13 @@ uint64_t slot_move_drop(server_state *st, const uint64_t *bits)
     for (size_t i = 0; es && i < n; i++)
         gone += server_table_drop_slots(es[i]->t, bits, nslots);
     registry_release(es, n);
+    return gone + drop_vars(st, bits, nslots);
+}
+
+/* Drops the variables the batch moves (heads stay). Returns how many. */
+static uint64_t drop_vars(server_state *st, const uint64_t *bits, uint32_t nslots)
+{
+    uint64_t gone = 0;
     variable **vs = NULL;
     size_t nv = store_list(st->vars, &vs);
     for (size_t i = 0; i < nv; i++) {

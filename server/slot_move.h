@@ -28,6 +28,7 @@
 /* What an export or install moved. */
 typedef struct slot_move_counts {
     uint64_t rows;      /* table rows */
+    uint64_t ids;       /* of a package of changes: the row ids it lists (every row held) */
     uint64_t variables; /* variables held whole */
     uint64_t windows;   /* exactly-once windows */
     uint64_t bytes;     /* the package's size */
@@ -47,6 +48,21 @@ static inline bool slot_set_has(const uint64_t *bits, uint32_t slot)
 int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
                      slot_move_counts *counts, char *err, size_t errlen);
 
+/* Pre-copy. The source: the snapshot of the batch, sent while it still takes updates: the
+ * package of slot_move_export less the windows (they go with the changes, under the freeze).
+ * Call it with the batch not frozen (each table partition is copied consistently). */
+int slot_move_export_snapshot(server_state *st, const uint64_t *bits, uint8_t **out, size_t *len,
+                              slot_move_counts *counts, char *err, size_t errlen);
+/* The source: the package (format 2) of the changes to the batch since a snapshot
+ * of it (slot_move_export_snapshot): the rows made
+ * or updated at or after since_ms (a time of time_wall_forward_ms, read before the snapshot
+ * once every update in flight had left: slot_gate_drain), every row id the batch holds, its
+ * variables held whole (each whole) and the windows. Call it with the batch frozen, as
+ * slot_move_export. Returns as slot_move_export. */
+int slot_move_export_changes(server_state *st, const uint64_t *bits, int64_t since_ms,
+                             uint8_t **out, size_t *len, slot_move_counts *counts, char *err,
+                             size_t errlen);
+
 /* The target: installs a package made by slot_move_export on server `from` for the slots set
  * in `bits` (each of the package's slots must be set there). Whatever st held in those slots
  * before (a failed earlier attempt) is dropped first. Tables the package names that st does
@@ -54,9 +70,22 @@ int slot_move_export(server_state *st, const uint64_t *bits, uint8_t **out, size
  * slots_stream_client(client, from). Returns 0, or a STATUS_* with why in err, nothing of the
  * package installed then (INVALID_ARGUMENT: a malformed package, or one of other slots;
  * ALREADY_EXISTS: a name that is another kind here; RESOURCE_EXHAUSTED: memory or
- * max-server-bytes). */
+ * max-server-bytes). A package of changes (slot_move_export_changes) is applied over what st
+ * holds of the batch (the snapshot the caller installed before): its rows overwrite, the rows
+ * and tables it does not list are dropped, its variables replace the batch's. */
 int slot_move_install(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *pkg,
                       size_t len, slot_move_counts *counts, char *err, size_t errlen);
+
+/* The target: installs a snapshot (a package of slot_move_export_snapshot) as slot_move_install
+ * does, and notes its row ids (one staged batch per process), so that the package of changes
+ * that follows removes the rows removed since without reading the tables. Any other install,
+ * and slot_move_unstage (a rollback), forgets them. */
+int slot_move_stage(server_state *st, uint32_t from, const uint64_t *bits, const uint8_t *pkg,
+                    size_t len, slot_move_counts *counts, char *err, size_t errlen);
+void slot_move_unstage(void);
+
+/* True when pkg (len bytes) is a package of changes (format 2; not checked further). */
+bool slot_move_is_changes(const uint8_t *pkg, size_t len);
 
 /* Drops what st holds in the slots set in `bits`: the rows of every table and the variables
  * held whole. Returns the rows and variables dropped. */

@@ -32,7 +32,42 @@ static struct {
     atomic_uint_fast64_t started, finished, failed, bytes;
     pthread_mutex_t token_mu;
     char token[80];
+    /* The target's staged snapshot (pre-copy): the move, its source and slots, that a
+     * package of changes applies over. stage_id "" when none. Under token_mu. */
+    char stage_id[104];
+    uint32_t stage_from;
+    uint32_t *stage_slots;
+    size_t stage_n;
 } m = {.token_mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Notes (id non-NULL) or forgets (NULL) the snapshot staged here. Returns 0, or -1 when
+ * memory can't be had (nothing noted). */
+static int stage_note(const char *id, uint32_t from, const uint32_t *slots, size_t n)
+{
+    uint32_t *copy = NULL;
+    if (id != NULL && (copy = malloc(n * sizeof(uint32_t))) == NULL)
+        return -1;
+    if (copy != NULL)
+        memcpy(copy, slots, n * sizeof(uint32_t));
+    pthread_mutex_lock(&m.token_mu);
+    free(m.stage_slots);
+    m.stage_slots = copy;
+    m.stage_n = copy ? n : 0;
+    m.stage_from = from;
+    snprintf(m.stage_id, sizeof(m.stage_id), "%s", id ? id : "");
+    pthread_mutex_unlock(&m.token_mu);
+    return 0;
+}
+
+/* True when the snapshot staged here is the one of move id from `from` for these slots. */
+static bool stage_is(const char *id, uint32_t from, const uint32_t *slots, size_t n)
+{
+    pthread_mutex_lock(&m.token_mu);
+    bool same = m.stage_id[0] != '\0' && strcmp(m.stage_id, id) == 0 && m.stage_from == from &&
+                m.stage_n == n && memcmp(m.stage_slots, slots, n * sizeof(uint32_t)) == 0;
+    pthread_mutex_unlock(&m.token_mu);
+    return same;
+}
 
 void slot_move_rpc_init(const slot_move_config *cfg)
 {
@@ -83,6 +118,115 @@ static uint64_t *batch_bits(rpc_call *call, const uint32_t *slots, size_t n, uin
     return bits;
 }
 
+/* Sends the package pkg of len bytes to the batch's target at `stage`
+ * (PSD__V1__SLOT_INSTALL_REQUEST__STAGE__*), no faster than the request's cap. *staged: the
+ * target staged it (a SNAPSHOT, on a target that knows the stages). Returns the install's
+ * status, with why in err. */
+static int install_on(const Psd__V1__SlotMoveRequest *rq, const char *tok, int stage,
+                      const uint8_t *pkg, size_t len, bool *staged, char *err, size_t errlen)
+{
+    if (rq->max_bytes_per_second > 0) {
+        /* The cap: the batch takes at least its size over the cap (one batch is sent at once;
+         * psctl sends the next one after). */
+        double s = (double)len / (double)rq->max_bytes_per_second;
+        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    Psd__V1__SlotInstallRequest ir = PSD__V1__SLOT_INSTALL_REQUEST__INIT;
+    ir.move_id = rq->move_id;
+    ir.from = rq->from;
+    ir.slots = rq->slots;
+    ir.n_slots = rq->n_slots;
+    ir.stage = stage;
+    rpc_oneshot_reply r;
+    int rc = rpc_oneshot(rq->to_address, &m.cfg.tls, PSD__V1__METHOD__SLOT_INSTALL, &ir.base, pkg,
+                         len, tok, INSTALL_DEADLINE_MS, &r);
+    if (rc != STATUS_OK)
+        snprintf(err, errlen, "target ps %u (%s): %s", rq->to, rq->to_address, r.message);
+    *staged = false;
+    if (rc == STATUS_OK && r.body != NULL) {
+        Psd__V1__SlotInstallReply *rep =
+            psd__v1__slot_install_reply__unpack(NULL, r.body_len, r.body);
+        *staged = rep != NULL && rep->staged;
+        if (rep)
+            psd__v1__slot_install_reply__free_unpacked(rep, NULL);
+    }
+    free(r.body);
+    return rc;
+}
+
+/* What a batch's SEND sent: its snapshot (pre-copy) and what went under the freeze. */
+typedef struct sent {
+    slot_move_counts snap, frozen;
+    bool staged;    /* the target staged the snapshot: the freeze sent its changes */
+    uint64_t ns[5]; /* snapshot (export and install), freeze, export, install: ns each */
+} sent;
+
+/* Pre-copy: the batch as it is now, sent to the target while it still takes updates, staged
+ * there. *since_ms: the time the changes after it are counted from. Returns 0 (s->staged
+ * false when the target does not stage: the batch then goes whole under the freeze), or a
+ * STATUS_* with why in err (nothing frozen). */
+static int send_snapshot(server_state *st, const Psd__V1__SlotMoveRequest *rq, const uint64_t *bits,
+                         const char *tok, int64_t *since_ms, sent *s, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < rq->n_slots; i++)
+        if (slot_gate_owner(st, rq->slots[i]) != st->task_index)
+            return snprintf(err, errlen,
+                            "slot %u is not this server's (ps %u) in its map "
+                            "(version %llu)",
+                            rq->slots[i], st->task_index, (unsigned long long)slot_gate_version()),
+                   STATUS_FAILED_PRECONDITION;
+    uint64_t t0 = time_now_ns();
+    /* Every update applied from here on is stamped at or after since_ms: it goes again with
+     * the changes, whichever rows the snapshot's copy saw before or after it. */
+    *since_ms = (int64_t)time_wall_forward_ms();
+    slot_gate_drain();
+    uint8_t *pkg = NULL;
+    size_t len = 0;
+    int rc = slot_move_export_snapshot(st, bits, &pkg, &len, &s->snap, err, errlen);
+    uint64_t t1 = time_now_ns();
+    if (rc == STATUS_OK)
+        rc = install_on(rq, tok, PSD__V1__SLOT_INSTALL_REQUEST__STAGE__SNAPSHOT, pkg, len,
+                        &s->staged, err, errlen);
+    free(pkg);
+    s->ns[0] = t1 - t0;
+    s->ns[1] = time_now_ns() - t1;
+    return rc;
+}
+
+/* Under the freeze: the batch's changes since the snapshot when the target staged one, else
+ * (or when the target lost it: a restart) the whole batch. */
+static int send_frozen(server_state *st, const Psd__V1__SlotMoveRequest *rq, const uint64_t *bits,
+                       const char *tok, int64_t since_ms, sent *s, char *err, size_t errlen)
+{
+    for (int whole = !s->staged; whole < 2; whole++) {
+        uint8_t *pkg = NULL;
+        size_t len = 0;
+        uint64_t t0 = time_now_ns();
+        int rc = whole ? slot_move_export(st, bits, &pkg, &len, &s->frozen, err, errlen)
+                       : slot_move_export_changes(st, bits, since_ms, &pkg, &len, &s->frozen, err,
+                                                  errlen);
+        uint64_t t1 = time_now_ns();
+        bool staged;
+        if (rc == STATUS_OK)
+            rc = install_on(rq, tok,
+                            whole ? PSD__V1__SLOT_INSTALL_REQUEST__STAGE__WHOLE
+                                  : PSD__V1__SLOT_INSTALL_REQUEST__STAGE__CHANGES,
+                            pkg, len, &staged, err, errlen);
+        free(pkg);
+        s->ns[3] += t1 - t0;
+        s->ns[4] += time_now_ns() - t1;
+        if (rc == STATUS_FAILED_PRECONDITION && !whole) {
+            log_warn("move %s: ps %u holds no snapshot of the batch (%s): sending it whole",
+                     rq->move_id, rq->to, err);
+            s->staged = false;
+            continue;
+        }
+        return rc;
+    }
+    return STATUS_INTERNAL; /* not reached */
+}
+
 static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMoveRequest *rq,
                        const uint64_t *bits)
 {
@@ -96,44 +240,29 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         return;
     }
     atomic_fetch_add(&m.started, 1);
+    sent s = {0};
+    char tok[80];
+    int64_t since_ms = 0;
+    int rc = token(tok, sizeof(tok), err, sizeof(err)) != 0 ? STATUS_UNAVAILABLE : STATUS_OK;
+    if (rc == STATUS_OK)
+        rc = send_snapshot(st, rq, bits, tok, &since_ms, &s, err, sizeof(err));
+    if (rc != STATUS_OK) {
+        atomic_fetch_add(&m.failed, 1);
+        log_warn("move %s: %zu slots to ps %u not sent, they stay here: %s", rq->move_id,
+                 rq->n_slots, rq->to, err);
+        rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
+        return;
+    }
     uint64_t t0 = time_now_ns();
-    int rc = slot_gate_freeze(st, rq->move_id, rq->slots, rq->n_slots, err, sizeof(err));
+    rc = slot_gate_freeze(st, rq->move_id, rq->slots, rq->n_slots, err, sizeof(err));
     if (rc != STATUS_OK) {
         atomic_fetch_add(&m.failed, 1);
         rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
         return;
     }
-    uint8_t *pkg = NULL;
-    size_t len = 0;
-    slot_move_counts cnt;
-    char tok[80];
-    uint64_t t1 = time_now_ns();
-    rc = slot_move_export(st, bits, &pkg, &len, &cnt, err, sizeof(err));
-    uint64_t t2 = time_now_ns();
-    if (rc == STATUS_OK && token(tok, sizeof(tok), err, sizeof(err)) != 0)
-        rc = STATUS_UNAVAILABLE;
-    if (rc == STATUS_OK && rq->max_bytes_per_second > 0) {
-        /* The cap: the batch takes at least its size over the cap (one batch is sent at once;
-         * psctl sends the next one after). */
-        double s = (double)len / (double)rq->max_bytes_per_second;
-        struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
-    if (rc == STATUS_OK) {
-        Psd__V1__SlotInstallRequest ir = PSD__V1__SLOT_INSTALL_REQUEST__INIT;
-        ir.move_id = rq->move_id;
-        ir.from = rq->from;
-        ir.slots = rq->slots;
-        ir.n_slots = rq->n_slots;
-        rpc_oneshot_reply r;
-        rc = rpc_oneshot(rq->to_address, &m.cfg.tls, PSD__V1__METHOD__SLOT_INSTALL, &ir.base, pkg,
-                         len, tok, INSTALL_DEADLINE_MS, &r);
-        if (rc != STATUS_OK)
-            snprintf(err, sizeof(err), "target ps %u (%s): %s", rq->to, rq->to_address, r.message);
-        free(r.body);
-    }
-    uint64_t t3 = time_now_ns();
-    free(pkg);
+    s.ns[2] = time_now_ns() - t0;
+    rc = send_frozen(st, rq, bits, tok, since_ms, &s, err, sizeof(err));
+    uint64_t frozen_ns = time_now_ns() - t0;
     if (rc == STATUS_OK && m.cfg.failpoint && strcmp(m.cfg.failpoint, "slot-move-hold") == 0) {
         log_warn("failpoint slot-move-hold: holding move %s (%zu slots installed on ps %u, "
                  "frozen here) for %d ms",
@@ -148,19 +277,29 @@ static void send_batch(rpc_call *call, server_state *st, const Psd__V1__SlotMove
         rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
         return;
     }
-    atomic_fetch_add(&m.bytes, len);
+    uint64_t snap_bytes = s.staged ? s.snap.bytes : 0, len = s.frozen.bytes;
+    atomic_fetch_add(&m.bytes, snap_bytes + len);
     log_info("move %s: sent %zu slots to ps %u (%s): %llu rows, %llu variables, %llu bytes "
              "(%llu exactly-once windows); they stay frozen until the map gives them there "
-             "(freeze %.1f ms, export %.1f ms, install %.1f ms)",
-             rq->move_id, rq->n_slots, rq->to, rq->to_address, (unsigned long long)cnt.rows,
-             (unsigned long long)cnt.variables, (unsigned long long)len,
-             (unsigned long long)cnt.windows, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-             (double)(t3 - t2) / 1e6);
+             "(snapshot %llu bytes, %llu rows: export %.1f ms, install %.1f ms; frozen %llu "
+             "bytes, %llu rows: freeze %.1f ms, export %.1f ms, install %.1f ms)",
+             rq->move_id, rq->n_slots, rq->to, rq->to_address,
+             (unsigned long long)(s.staged ? s.frozen.ids : s.frozen.rows),
+             (unsigned long long)s.frozen.variables, (unsigned long long)(snap_bytes + len),
+             (unsigned long long)s.frozen.windows, (unsigned long long)snap_bytes,
+             (unsigned long long)(s.staged ? s.snap.rows : 0), (double)s.ns[0] / 1e6,
+             (double)s.ns[1] / 1e6, (unsigned long long)len, (unsigned long long)s.frozen.rows,
+             (double)s.ns[2] / 1e6, (double)s.ns[3] / 1e6, (double)s.ns[4] / 1e6);
     Psd__V1__SlotMoveReply rep = PSD__V1__SLOT_MOVE_REPLY__INIT;
-    rep.rows = cnt.rows;
-    rep.variables = cnt.variables;
-    rep.windows = cnt.windows;
-    rep.bytes = len;
+    rep.rows = s.staged ? s.frozen.ids : s.frozen.rows;
+    rep.variables = s.frozen.variables;
+    rep.windows = s.frozen.windows;
+    rep.bytes = snap_bytes + len;
+    rep.snapshot_bytes = snap_bytes;
+    rep.frozen_bytes = len;
+    rep.snapshot_rows = s.staged ? s.snap.rows : 0;
+    rep.frozen_rows = s.frozen.rows;
+    rep.frozen_us = frozen_ns / 1000;
     rpc_reply_ok(call, &rep.base);
 }
 
@@ -187,6 +326,10 @@ void handle_slot_move(rpc_call *call, void *arg)
         send_batch(call, st, rq, bits);
         break;
     case PSD__V1__SLOT_MOVE_REQUEST__PHASE__COMMIT: {
+        if (rq->to == st->task_index) {
+            stage_note(NULL, 0, NULL, 0);
+            slot_move_unstage();
+        }
         bool source =
             slot_gate_owner(st, rq->slots[0]) == st->task_index && rq->to != st->task_index;
         slot_gate_commit(st, rq->slots, rq->n_slots, rq->to, rq->version);
@@ -206,6 +349,8 @@ void handle_slot_move(rpc_call *call, void *arg)
         if (rq->from == st->task_index)
             slot_gate_unfreeze();
         if (rq->to == st->task_index) {
+            stage_note(NULL, 0, NULL, 0); /* a staged snapshot goes too */
+            slot_move_unstage();
             /* What an install left of slots this server does not hold. */
             for (size_t i = 0; i < rq->n_slots; i++)
                 if (slot_gate_owner(st, rq->slots[i]) == st->task_index)
@@ -278,10 +423,59 @@ void handle_slot_install(rpc_call *call, void *arg)
             free(bits);
             return;
         }
+    bool snapshot = rq->stage == PSD__V1__SLOT_INSTALL_REQUEST__STAGE__SNAPSHOT;
+    bool changes = rq->stage == PSD__V1__SLOT_INSTALL_REQUEST__STAGE__CHANGES;
+    if (!snapshot && !changes && rq->stage != PSD__V1__SLOT_INSTALL_REQUEST__STAGE__WHOLE) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT, "move %s: SLOT_INSTALL: unknown stage %d",
+                        rq->move_id, (int)rq->stage);
+        free(bits);
+        return;
+    }
+    if (changes && !stage_is(rq->move_id, rq->from, rq->slots, rq->n_slots)) {
+        rpc_reply_error(call, STATUS_FAILED_PRECONDITION,
+                        "move %s: no snapshot of these %zu slots from ps %u is staged here (ps "
+                        "%u): send the batch whole",
+                        rq->move_id, rq->n_slots, rq->from, st->task_index);
+        free(bits);
+        return;
+    }
     size_t len = 0;
     const uint8_t *seg = rpc_call_segment(call, &len);
+    if (changes != slot_move_is_changes(seg, len)) {
+        rpc_reply_error(call, STATUS_INVALID_ARGUMENT,
+                        "move %s: SLOT_INSTALL: stage %s with a package of %s", rq->move_id,
+                        changes ? "CHANGES" : "SNAPSHOT or WHOLE",
+                        changes ? "a whole batch" : "changes");
+        free(bits);
+        return;
+    }
+    /* A new install replaces whatever was staged (its rows are dropped by the install). */
+    stage_note(NULL, 0, NULL, 0);
     slot_move_counts cnt;
-    int rc = slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
+    int rc = snapshot ? slot_move_stage(st, rq->from, bits, seg, len, &cnt, err, sizeof(err))
+                      : slot_move_install(st, rq->from, bits, seg, len, &cnt, err, sizeof(err));
+    if (rc == STATUS_OK && snapshot) {
+        /* Staged: not durable, not served (the map does not give the slots here yet). */
+        if (stage_note(rq->move_id, rq->from, rq->slots, rq->n_slots) != 0) {
+            slot_move_drop(st, bits);
+            rc = STATUS_RESOURCE_EXHAUSTED;
+            snprintf(err, sizeof(err), "out of memory");
+        }
+        free(bits);
+        if (rc != STATUS_OK) {
+            rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
+            return;
+        }
+        log_info("move %s: staged a snapshot of %zu slots from ps %u: %llu rows, %llu variables",
+                 rq->move_id, rq->n_slots, rq->from, (unsigned long long)cnt.rows,
+                 (unsigned long long)cnt.variables);
+        Psd__V1__SlotInstallReply rep = PSD__V1__SLOT_INSTALL_REPLY__INIT;
+        rep.rows = cnt.rows;
+        rep.variables = cnt.variables;
+        rep.staged = true;
+        rpc_reply_ok(call, &rep.base);
+        return;
+    }
     if (rc == STATUS_OK && durable(st, rq, err, sizeof(err)) != 0) {
         /* Not durable here: the source keeps the batch (it answers the SEND with this). */
         slot_move_drop(st, bits);

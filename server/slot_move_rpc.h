@@ -1,7 +1,8 @@
 /* slot_move_rpc.h - the methods that move a batch of slots between live servers (replicas 1
  * with a coordinator; docs/design.md, "Moving slots"): SLOT_MOVE (admin, from psctl: send a
  * batch, commit it, or abort it) and SLOT_INSTALL (server to server, with the cluster token:
- * the batch's package, source to target), and the moves' counts for /metrics. */
+ * the batch's packages, source to target: a snapshot staged while the batch takes updates, then
+ * the changes since under the freeze, or the batch whole), and the moves' counts for /metrics. */
 #ifndef PSD_SERVER_SLOT_MOVE_RPC_H
 #define PSD_SERVER_SLOT_MOVE_RPC_H
 

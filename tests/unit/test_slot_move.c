@@ -139,19 +139,53 @@ static bool has_var(server_state *st, const char *name)
     return v != NULL;
 }
 
+/* a's and b's rows of the slots in bits: n each, the same ids, values and update times. */
+static void assert_same_rows(server_state *a, server_state *b, const uint64_t *bits, uint64_t n)
+{
+    table_entry *ea = registry_find(a, "emb"), *eb = registry_find(b, "emb");
+    table_rows ra, rb;
+    assert_int_equal(server_table_slot_rows(ea->t, bits, SLOTS_DEFAULT, &ra), 0);
+    assert_int_equal(server_table_slot_rows(eb->t, bits, SLOTS_DEFAULT, &rb), 0);
+    assert_int_equal(ra.n, n);
+    assert_int_equal(rb.n, n);
+    for (size_t i = 0; i < ra.n; i++) {
+        size_t j = 0;
+        while (j < rb.n && rb.ids[j] != ra.ids[i])
+            j++;
+        assert_true(j < rb.n);
+        assert_int_equal(ra.updated_ms[i], rb.updated_ms[j]);
+        assert_memory_equal(ra.floats + i * ra.row_floats, rb.floats + j * rb.row_floats,
+                            ra.row_floats * sizeof(float));
+    }
+    table_rows_free(&ra);
+    table_rows_free(&rb);
+    registry_put(ea);
+    registry_put(eb);
+}
+
+/* a (task 0) with NVARS variables and its rows of the table, b (task 1) with its rows; returns
+ * a's table. */
+static table *two_states(server_state *a, server_state *b)
+{
+    state_init(a, 0);
+    state_init(b, 1);
+    char name[32];
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        add_var(a, name, (float)(i + 1));
+    }
+    table *ta = add_table(a);
+    fill_rows(ta, 0);
+    fill_rows(add_table(b), 1);
+    return ta;
+}
+
 static void test_export_install_drop(void **state)
 {
     (void)state;
     server_state a, b;
-    state_init(&a, 0);
-    state_init(&b, 1);
+    two_states(&a, &b);
     char name[32];
-    for (int i = 0; i < NVARS; i++) {
-        snprintf(name, sizeof(name), "v%d", i);
-        add_var(&a, name, (float)(i + 1));
-    }
-    fill_rows(add_table(&a), 0);
-    fill_rows(add_table(&b), 1);
     for (uint64_t s = 1; s <= 10; s++)
         assert_int_equal(dedup_begin(a.dedup, CLIENT, s), DEDUP_NEW);
     uint64_t bits[SLOTS_DEFAULT / 64];
@@ -215,25 +249,7 @@ static void test_export_install_drop(void **state)
         variable_release(y);
     }
     /* Every moved row is the same on both, update time included. */
-    table_entry *ea = registry_find(&a, "emb"), *eb = registry_find(&b, "emb");
-    table_rows ra, rb;
-    assert_int_equal(server_table_slot_rows(ea->t, bits, SLOTS_DEFAULT, &ra), 0);
-    assert_int_equal(server_table_slot_rows(eb->t, bits, SLOTS_DEFAULT, &rb), 0);
-    assert_int_equal(ra.n, ec.rows);
-    assert_int_equal(rb.n, ec.rows);
-    for (size_t i = 0; i < ra.n; i++) {
-        size_t j = 0;
-        while (j < rb.n && rb.ids[j] != ra.ids[i])
-            j++;
-        assert_true(j < rb.n);
-        assert_int_equal(ra.updated_ms[i], rb.updated_ms[j]);
-        assert_memory_equal(ra.floats + i * ra.row_floats, rb.floats + j * rb.row_floats,
-                            ra.row_floats * sizeof(float));
-    }
-    table_rows_free(&ra);
-    table_rows_free(&rb);
-    registry_put(ea);
-    registry_put(eb);
+    assert_same_rows(&a, &b, bits, ec.rows);
 
     /* The source's window, under the stream key: its seqs are duplicates, newer ones new;
      * the client's own window on the target is untouched. */
@@ -251,6 +267,114 @@ static void test_export_install_drop(void **state)
         assert_int_equal(has_var(&a, name),
                          !slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT)));
     }
+    state_fini(&a);
+    state_fini(&b);
+}
+
+/* Pre-copy: a snapshot installed while the source still changes the batch, then the package of
+ * changes since it: it carries only the rows changed after the snapshot's time (plus every id),
+ * and over the snapshot leaves the target with the source's final rows (a row updated after the
+ * snapshot has its new value, one removed is gone, one made is there) and variables. */
+static void test_changes_over_snapshot(void **state)
+{
+    (void)state;
+    server_state a, b;
+    table *ta = two_states(&a, &b);
+    char name[32];
+    for (uint64_t s = 1; s <= 3; s++)
+        assert_int_equal(dedup_begin(a.dedup, CLIENT, s), DEDUP_NEW);
+    uint64_t bits[SLOTS_DEFAULT / 64];
+    batch(bits);
+    uint64_t b_rows = rows_of(&b);
+    uint8_t *snap = NULL, *chg = NULL;
+    size_t snap_len = 0, chg_len = 0;
+    slot_move_counts sc, cc, ic;
+    char err[512];
+    assert_int_equal(slot_move_export_snapshot(&a, bits, &snap, &snap_len, &sc, err, sizeof(err)),
+                     STATUS_OK);
+    assert_int_equal(slot_move_stage(&b, 0, bits, snap, snap_len, &ic, err, sizeof(err)),
+                     STATUS_OK);
+    assert_false(slot_move_is_changes(snap, snap_len));
+    assert_int_equal(sc.windows, 0); /* the windows go with the changes */
+
+    /* After the snapshot (its time: since): two rows of the batch updated, one removed, one
+     * made; a variable of the batch updated. */
+    const int64_t since = 1800000000000;
+    int64_t in[4], nin = 0;
+    for (int64_t id = 0; id < NROWS && nin < 4; id++)
+        if (slot_set_has(bits, slots_of_row("emb", id, SLOTS_DEFAULT)))
+            in[nin++] = id;
+    assert_int_equal(nin, 4);
+    float row[64];
+    for (uint32_t k = 0; k < table_row_floats(ta); k++)
+        row[k] = -1.5f - (float)k;
+    assert_int_equal(table_insert_row(ta, in[0], row, since), TABLE_OK);
+    assert_int_equal(table_insert_row(ta, in[1], row, since + 9), TABLE_OK);
+    assert_int_equal(table_remove(ta, &in[2], 1), 1);
+    int64_t fresh = NROWS + 1;
+    while (!slot_set_has(bits, slots_of_row("emb", fresh, SLOTS_DEFAULT)))
+        fresh++;
+    assert_int_equal(table_insert_row(ta, fresh, row, since + 3), TABLE_OK);
+    variable *v = NULL;
+    for (int i = 0; v == NULL && i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        if (slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT)))
+            v = store_find(a.vars, name);
+    }
+    assert_non_null(v);
+    v->params[7] = 42.0f;
+    atomic_fetch_add(&v->version, 1);
+    variable_release(v);
+
+    assert_int_equal(
+        slot_move_export_changes(&a, bits, since, &chg, &chg_len, &cc, err, sizeof(err)),
+        STATUS_OK);
+    assert_true(slot_move_is_changes(chg, chg_len));
+    assert_int_equal(cc.rows, 3); /* the two updated and the one made */
+    assert_int_equal(cc.ids, sc.rows);
+    assert_int_equal(cc.variables, sc.variables);
+    /* Less the unchanged rows (id, update time, 8 floats: 48 bytes each), plus every id, the
+     * count of them and the window (client, highest, bitmap): the variables go whole in both. */
+    uint64_t nw = 0;
+    uint32_t words = 0;
+    free(dedup_export(a.dedup, &nw, &words));
+    assert_int_equal(cc.windows, 1);
+    assert_int_equal(nw, 1);
+    assert_int_equal(snap_len + sc.rows * 8 + 8 + (2 + words) * 8, chg_len + (sc.rows - 3) * 48);
+    assert_int_equal(slot_move_install(&b, 0, bits, chg, chg_len, &ic, err, sizeof(err)),
+                     STATUS_OK);
+    assert_int_equal(ic.rows, 3);
+    assert_same_rows(&a, &b, bits, sc.rows);
+    assert_int_equal(rows_of(&b), b_rows + sc.rows);
+    assert_int_equal(dedup_begin(b.dedup, slots_stream_client(CLIENT, 0), 3), DEDUP_DUPLICATE);
+    for (int i = 0; i < NVARS; i++) {
+        snprintf(name, sizeof(name), "v%d", i);
+        if (!slot_set_has(bits, slots_of_name(name, SLOTS_DEFAULT)))
+            continue;
+        variable *x = store_find(a.vars, name), *y = store_find(b.vars, name);
+        assert_non_null(y);
+        assert_int_equal(atomic_load(&x->version), atomic_load(&y->version));
+        assert_memory_equal(x->params, y->params, NEL * sizeof(float));
+        variable_release(x);
+        variable_release(y);
+    }
+    /* The same over a snapshot installed without its ids staged (the rows removed since are
+     * found by reading the table). */
+    server_state c;
+    state_init(&c, 1);
+    fill_rows(add_table(&c), 1);
+    assert_int_equal(slot_move_install(&c, 0, bits, snap, snap_len, NULL, err, sizeof(err)),
+                     STATUS_OK);
+    assert_int_equal(slot_move_install(&c, 0, bits, chg, chg_len, NULL, err, sizeof(err)),
+                     STATUS_OK);
+    assert_same_rows(&a, &c, bits, sc.rows);
+    state_fini(&c);
+    /* Damaged, the package of changes is refused too. */
+    chg[chg_len / 2] ^= 1;
+    assert_int_equal(slot_move_install(&b, 0, bits, chg, chg_len, NULL, err, sizeof(err)),
+                     STATUS_INVALID_ARGUMENT);
+    free(snap);
+    free(chg);
     state_fini(&a);
     state_fini(&b);
 }
@@ -288,6 +412,7 @@ int main(void)
     log_init("test", -1, LOG_ERROR, LOG_FORMAT_TEXT);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_install_drop),
+        cmocka_unit_test(test_changes_over_snapshot),
         cmocka_unit_test(test_stream_keys),
         cmocka_unit_test(test_piece_keys),
     };
