@@ -88,10 +88,6 @@ int cold_store_remove_stale(const char *parent)
 
 #define COLD_WRITE_BUFFER (16u << 20)
 #define COLD_BLOCK_CACHE (32u << 20)
-/* Bytes of a table file's block, the unit a read brings in (RocksDB's default is 4 KiB): a
- * cold read wants one row of a few hundred bytes, and the block cache then holds four times as
- * many blocks of rows that are read. */
-#define COLD_BLOCK 1024u
 #define COLD_BLOOM_BITS 10.0
 /* The memtables' bloom filters: this share of the write buffer (about 10 bits a key). */
 #define COLD_MEMTABLE_BLOOM 0.02
@@ -175,7 +171,6 @@ static cold_store *store_open(const char *dir, bool empty, char *err, size_t err
     rocksdb_options_set_info_log_level(s->opts, 4);  /* FATAL: no LOG chatter */
     rocksdb_options_set_keep_log_file_num(s->opts, 1);
     s->topts = rocksdb_block_based_options_create();
-    rocksdb_block_based_options_set_block_size(s->topts, COLD_BLOCK);
     rocksdb_block_based_options_set_filter_policy(
         s->topts, rocksdb_filterpolicy_create_bloom(COLD_BLOOM_BITS));
     s->cache = rocksdb_cache_create_lru(COLD_BLOCK_CACHE);
