@@ -14,6 +14,9 @@
  *              the batch before it (ps_table_prefetch_async): what prefetching the next step
  *              saves;
  *   push       pushes K fresh batches: ids/s, and the hit rate over the distinct ids sent;
+ *              for pull and push also the server's CPU seconds over the phase (user and
+ *              system, /proc/PID/stat): less sensitive than ids/s to other work on a shared
+ *              machine;
  *   ckpt full  a checkpoint (Checkpoint RPC, answered once durable): seconds and bytes written,
  *              and the server's peak resident memory during it above its resident memory
  *              before (its peak reset first: /proc/PID/clear_refs);
@@ -69,6 +72,7 @@ typedef struct result {
     bool ran;
     double fill, pull, pull_pre, push;  /* rows/s, ids/s */
     double pull_hit, pre_hit, push_hit; /* RAM hit rates */
+    double pull_cpu, push_cpu;          /* the server's CPU seconds over the phase */
     double ck_s, ck1_s;                 /* seconds: full checkpoint, after a 1% change */
     uint64_t ck_bytes, ck1_bytes;
     uint64_t rows_disk;
@@ -292,6 +296,26 @@ static bool reset_peak(pid_t pid)
     return fclose(f) == 0 && ok;
 }
 
+/* CPU seconds (user and system) process pid has used; -1 when unreadable. */
+static double proc_cpu(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    /* After the command's closing parenthesis: state is field 3, utime and stime 14 and 15. */
+    const char *p = strrchr(buf, ')');
+    unsigned long long ut = 0, st = 0;
+    if (p == NULL ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return hz > 0 ? (double)(ut + st) / (double)hz : -1;
+}
+
 static double checkpoint(ps_client *cl)
 {
     double t0 = now_s();
@@ -370,15 +394,19 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
         goto done;
     ps_table_info i0, i1;
     const double nids = (double)b * c->batches;
+    const pid_t spid = tc.pids[0];
+    double cpu0 = proc_cpu(spid);
     if (info(cl, &i0) != PS_OK ||
         (t = calls(tb, false, false, ids + set, b, c->batches, g, out, dim)) < 0 ||
         info(cl, &i1) != PS_OK)
         goto done;
     res->pull = nids / t;
+    res->pull_cpu = proc_cpu(spid) - cpu0;
     res->pull_hit = i1.lookups > i0.lookups ? 1.0 - (double)(i1.cold_hits - i0.cold_hits) /
                                                         (double)(i1.lookups - i0.lookups)
                                             : 1.0;
-    fprintf(stderr, "%s: pull %.0f ids/s, RAM hit %.4f\n", mode, res->pull, res->pull_hit);
+    fprintf(stderr, "%s: pull %.0f ids/s, RAM hit %.4f, server CPU %.2f s\n", mode, res->pull,
+            res->pull_hit, res->pull_cpu);
     i0 = i1;
     if ((t = calls(tb, false, true, ids + 2 * set, b, c->batches, g, out, dim)) < 0 ||
         info(cl, &i1) != PS_OK)
@@ -389,16 +417,18 @@ static int run_mode(const config *c, bool cold, const int64_t *ids, result *res)
                                            : 1.0;
     fprintf(stderr, "%s: pull with prefetch %.0f ids/s\n", mode, res->pull_pre);
     i0 = i1;
+    cpu0 = proc_cpu(spid);
     if ((t = calls(tb, true, false, ids + 3 * set, b, c->batches, g, out, dim)) < 0 ||
         info(cl, &i1) != PS_OK)
         goto done;
     res->push = nids / t;
+    res->push_cpu = proc_cpu(spid) - cpu0;
     uint64_t dist = distinct_ids(ids + 3 * set, b, c->batches);
     res->push_hit = dist ? 1.0 - (double)(i1.cold_hits - i0.cold_hits) / (double)dist : 1.0;
     res->rows_disk = i1.rows_disk;
-    fprintf(stderr, "%s: push %.0f ids/s, RAM hit %.4f\n", mode, res->push, res->push_hit);
+    fprintf(stderr, "%s: push %.0f ids/s, RAM hit %.4f, server CPU %.2f s\n", mode, res->push,
+            res->push_hit, res->push_cpu);
     (void)new_bytes(ck_dir, &seen);
-    pid_t spid = tc.pids[0];
     bool peak = reset_peak(spid);
     uint64_t rss0 = proc_mem(spid, "VmRSS");
     if ((res->ck_s = checkpoint(cl)) < 0)
@@ -529,8 +559,9 @@ int main(int argc, char **argv)
     }
     free(ids);
     printf("| table | fill rows/s | pull ids/s | RAM hit | pull+prefetch ids/s | RAM hit | push "
-           "ids/s | RAM hit | ckpt s | ckpt MB | ckpt peak mem +MB | ckpt after 1%% s | MB |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "ids/s | RAM hit | pull / push server CPU s | ckpt s | ckpt MB | ckpt peak mem +MB | "
+           "ckpt after 1%% s | MB |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int m = 0; m < 2; m++) {
         if (!r[m].ran)
             continue;
@@ -542,11 +573,12 @@ int main(int argc, char **argv)
         ratio(ps, sizeof(ps), r[m].push, base ? base->push : 0);
         char label[32];
         snprintf(label, sizeof(label), "ram_rows %u%%", c.pct);
-        printf("| %s | %.0f%s | %.0f%s | %.4f | %.0f%s | %.4f | %.0f%s | %.4f | %.2f | %.1f | "
-               "%.1f | %.2f | %.1f |\n",
+        printf("| %s | %.0f%s | %.0f%s | %.4f | %.0f%s | %.4f | %.0f%s | %.4f | %.2f / %.2f | "
+               "%.2f | %.1f | %.1f | %.2f | %.1f |\n",
                m ? label : "in RAM", r[m].fill, f, r[m].pull, pl, r[m].pull_hit, r[m].pull_pre, pp,
-               r[m].pre_hit, r[m].push, ps, r[m].push_hit, r[m].ck_s, (double)r[m].ck_bytes / 1e6,
-               r[m].ck_rss_mb, r[m].ck1_s, (double)r[m].ck1_bytes / 1e6);
+               r[m].pre_hit, r[m].push, ps, r[m].push_hit, r[m].pull_cpu, r[m].push_cpu, r[m].ck_s,
+               (double)r[m].ck_bytes / 1e6, r[m].ck_rss_mb, r[m].ck1_s,
+               (double)r[m].ck1_bytes / 1e6);
     }
     if (r[1].ran)
         printf("rows on disk at the end (cold): %llu of %llu\n", (unsigned long long)r[1].rows_disk,

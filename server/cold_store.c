@@ -89,6 +89,8 @@ int cold_store_remove_stale(const char *parent)
 #define COLD_WRITE_BUFFER (16u << 20)
 #define COLD_BLOCK_CACHE (32u << 20)
 #define COLD_BLOOM_BITS 10.0
+/* The memtables' bloom filters: this share of the write buffer (about 10 bits a key). */
+#define COLD_MEMTABLE_BLOOM 0.02
 /* Level-0 files merged at once (RocksDB's default trigger), each about a write buffer. */
 #define COLD_L0_FILES 4u
 
@@ -103,7 +105,24 @@ struct cold_store {
     char *dir;
 };
 
+/* One write of a batch: its key (and value) at off in the batch's bytes. */
+typedef struct cold_op {
+    size_t off;
+    uint32_t klen, vlen;
+    uint32_t seq; /* its place in the batch: writes of one key stay in order */
+    bool del;
+    const unsigned char *key; /* set when the batch is written */
+} cold_op;
+
+/* Writes gathered in the caller's order, applied sorted by key (cold_store_write): a memtable
+ * insert then starts its skip list search where the previous key's ended instead of at the
+ * top, which for a partition's random ids is most of an insert's cost. */
 struct cold_batch {
+    unsigned char *bytes;
+    size_t len, cap;
+    cold_op *ops;
+    size_t n, nops_cap;
+    bool failed; /* memory ran out for a write: cold_store_write refuses the batch */
     rocksdb_writebatch_t *wb;
 };
 
@@ -144,6 +163,10 @@ static cold_store *store_open(const char *dir, bool empty, char *err, size_t err
     rocksdb_options_set_create_if_missing(s->opts, 1);
     rocksdb_options_set_compression(s->opts, rocksdb_no_compression);
     rocksdb_options_set_write_buffer_size(s->opts, COLD_WRITE_BUFFER);
+    /* A bloom filter over each memtable's whole keys: most reads are of rows in the files,
+     * and without it each one searches the memtables' skip lists first. */
+    rocksdb_options_set_memtable_whole_key_filtering(s->opts, 1);
+    rocksdb_options_set_memtable_prefix_bloom_size_ratio(s->opts, COLD_MEMTABLE_BLOOM);
     rocksdb_options_set_max_open_files(s->opts, 64); /* per table: descriptors add up */
     rocksdb_options_set_info_log_level(s->opts, 4);  /* FATAL: no LOG chatter */
     rocksdb_options_set_keep_log_file_num(s->opts, 1);
@@ -367,30 +390,73 @@ out:
 
 cold_batch *cold_batch_new(void)
 {
-    cold_batch *b = malloc(sizeof(*b));
-    if (b != NULL)
-        b->wb = rocksdb_writebatch_create();
+    cold_batch *b = calloc(1, sizeof(*b));
+    if (b != NULL && (b->wb = rocksdb_writebatch_create()) == NULL) {
+        free(b);
+        b = NULL;
+    }
     return b;
+}
+
+static void batch_add(cold_batch *b, const void *key, size_t klen, const void *val, size_t vlen,
+                      bool del)
+{
+    if (b->failed)
+        return;
+    if (b->n == b->nops_cap) {
+        size_t cap = b->nops_cap ? 2 * b->nops_cap : 64;
+        cold_op *ops = realloc(b->ops, cap * sizeof(*ops));
+        if (ops == NULL) {
+            b->failed = true;
+            return;
+        }
+        b->ops = ops;
+        b->nops_cap = cap;
+    }
+    if (b->len + klen + vlen > b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 4096;
+        while (cap < b->len + klen + vlen)
+            cap *= 2;
+        unsigned char *bytes = realloc(b->bytes, cap);
+        if (bytes == NULL) {
+            b->failed = true;
+            return;
+        }
+        b->bytes = bytes;
+        b->cap = cap;
+    }
+    memcpy(b->bytes + b->len, key, klen);
+    if (vlen > 0)
+        memcpy(b->bytes + b->len + klen, val, vlen);
+    b->ops[b->n] = (cold_op){.off = b->len,
+                             .klen = (uint32_t)klen,
+                             .vlen = (uint32_t)vlen,
+                             .seq = (uint32_t)b->n,
+                             .del = del};
+    b->n++;
+    b->len += klen + vlen;
 }
 
 void cold_batch_put(cold_batch *b, const void *key, size_t klen, const void *val, size_t vlen)
 {
-    rocksdb_writebatch_put(b->wb, key, klen, val, vlen);
+    batch_add(b, key, klen, val, vlen, false);
 }
 
 void cold_batch_delete(cold_batch *b, const void *key, size_t klen)
 {
-    rocksdb_writebatch_delete(b->wb, key, klen);
+    batch_add(b, key, klen, NULL, 0, true);
 }
 
 size_t cold_batch_count(const cold_batch *b)
 {
-    return (size_t)rocksdb_writebatch_count(b->wb);
+    return b->n + (b->failed ? 1 : 0);
 }
 
 void cold_batch_clear(cold_batch *b)
 {
-    rocksdb_writebatch_clear(b->wb);
+    b->n = 0;
+    b->len = 0;
+    b->failed = false;
 }
 
 void cold_batch_free(cold_batch *b)
@@ -398,16 +464,48 @@ void cold_batch_free(cold_batch *b)
     if (b == NULL)
         return;
     rocksdb_writebatch_destroy(b->wb);
+    free(b->bytes);
+    free(b->ops);
     free(b);
+}
+
+/* Key order (bytes, then the shorter first), then the batch's order. */
+static int op_cmp(const void *x, const void *y)
+{
+    const cold_op *a = x, *b = y;
+    uint32_t m = a->klen < b->klen ? a->klen : b->klen;
+    int c = memcmp(a->key, b->key, m);
+    if (c != 0)
+        return c;
+    if (a->klen != b->klen)
+        return a->klen < b->klen ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
 int cold_store_write(cold_store *s, cold_batch *b, char *err, size_t errlen)
 {
-    if (cold_batch_count(b) == 0)
+    if (b->failed) {
+        snprintf(err, errlen, "cold store %s: out of memory for a batch of writes", s->dir);
+        cold_batch_clear(b);
+        return -1;
+    }
+    if (b->n == 0)
         return 0;
+    for (size_t i = 0; i < b->n; i++)
+        b->ops[i].key = b->bytes + b->ops[i].off;
+    qsort(b->ops, b->n, sizeof(*b->ops), op_cmp);
+    for (size_t i = 0; i < b->n; i++) {
+        const cold_op *o = &b->ops[i];
+        if (o->del)
+            rocksdb_writebatch_delete(b->wb, (const char *)o->key, o->klen);
+        else
+            rocksdb_writebatch_put(b->wb, (const char *)o->key, o->klen,
+                                   (const char *)o->key + o->klen, o->vlen);
+    }
     char *rerr = NULL;
     rocksdb_write(s->db, s->wopts, b->wb, &rerr);
     rocksdb_writebatch_clear(b->wb);
+    cold_batch_clear(b);
     if (rerr != NULL) {
         char what[512];
         snprintf(what, sizeof(what), "cold store %s: write", s->dir);

@@ -507,7 +507,8 @@ int table_row_promote(table *t, partition *p, int64_t id, uint64_t h, const unsi
     if (front)
         table_lru_push_front(t, p, slot1);
     else
-        table_lru_insert_by_time(t, p, slot1);
+        table_lru_insert_by_time(
+            t, p, slot1, t->ttl_ms == 0 && t->max_rows == 0 ? TABLE_LRU_WALK_LOOSE : UINT32_MAX);
     count_add(&p->promotions, 1);
     *out = slot1;
     return TABLE_OK;

@@ -45,14 +45,21 @@ static inline void table_lru_push_front(table *t, partition *p, uint32_t slot1)
     p->lru_head = slot1;
 }
 
+/* Rows a promotion's place in the LRU order walks past at most when no max_rows nor TTL reads
+ * that order (table_lru_insert_by_time). */
+#define TABLE_LRU_WALK_LOOSE 8u
+
 /* Puts slot1's row (not in the list) at its update time's place: after the rows updated at or
- * after it (a row promoted from disk by a pull, older than most in RAM: the walk from the tail
- * is short). */
-static inline void table_lru_insert_by_time(table *t, partition *p, uint32_t slot1)
+ * after it, walking from the tail past at most max_steps older rows (then it goes there, as if
+ * older than it is: a table whose LRU order only chooses which row gives way, no max_rows nor
+ * TTL reading it, need not walk a list of cache misses for it). */
+static inline void table_lru_insert_by_time(table *t, partition *p, uint32_t slot1,
+                                            uint32_t max_steps)
 {
     row_header *h = row_at(t, p, slot1 - 1);
     uint32_t s = p->lru_tail;
-    while (s != 0 && row_at(t, p, s - 1)->updated_ms < h->updated_ms)
+    for (uint32_t k = 0; s != 0 && k < max_steps && row_at(t, p, s - 1)->updated_ms < h->updated_ms;
+         k++)
         s = row_at(t, p, s - 1)->prev;
     if (s == 0) {
         table_lru_push_front(t, p, slot1);

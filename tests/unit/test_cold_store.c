@@ -102,6 +102,65 @@ static void test_put_get_delete(void **state)
     assert_int_not_equal(access(path, F_OK), 0); /* removed with its files */
 }
 
+/* A batch's writes reach the store sorted by key, those of one key in the order made: a put,
+ * a delete and a put again of one key leave the last put; a delete after a put leaves
+ * nothing; keys of other lengths sharing a prefix stay apart. */
+static void test_batch_order_per_key(void **state)
+{
+    (void)state;
+    if (!cold_store_available())
+        skip();
+    cold_store *s = open_store("order");
+    cold_batch *b = cold_batch_new();
+    unsigned char k[9];
+    char err[256];
+    /* Many rounds over few keys, in an order unlike the keys': each key's last write wins. */
+    enum { KEYS = 37, ROUNDS = 50 };
+    uint64_t last[KEYS];
+    bool live[KEYS] = {false};
+    for (uint64_t r = 0; r < ROUNDS; r++)
+        for (uint64_t j = 0; j < KEYS; j++) {
+            uint64_t i = (j * 17 + r * 5) % KEYS;
+            key_of(k, 'r', i);
+            if ((i + r) % 3 == 0) {
+                cold_batch_delete(b, k, sizeof(k));
+                live[i] = false;
+            } else {
+                uint64_t v[2] = {i, r};
+                cold_batch_put(b, k, sizeof(k), v, sizeof(v));
+                live[i] = true;
+                last[i] = r;
+            }
+        }
+    /* A shorter key, a prefix of key 0's: its own key. */
+    key_of(k, 'r', 0);
+    uint64_t shortv[2] = {7, 7};
+    cold_batch_put(b, k, 8, shortv, sizeof(shortv));
+    assert_int_equal(cold_batch_count(b), KEYS * ROUNDS + 1);
+    assert_int_equal(cold_store_write(s, b, err, sizeof(err)), 0);
+    unsigned char keys[KEYS * 9];
+    for (uint64_t i = 0; i < KEYS; i++)
+        key_of(keys + 9 * i, 'r', i);
+    uint64_t vals[KEYS][2];
+    bool found[KEYS];
+    assert_int_equal(
+        cold_store_multiget(s, KEYS, keys, 9, (unsigned char *)vals, 16, found, err, sizeof(err)),
+        0);
+    for (uint64_t i = 0; i < KEYS; i++) {
+        assert_int_equal(found[i], live[i]);
+        if (live[i]) {
+            assert_int_equal(vals[i][0], i);
+            assert_int_equal(vals[i][1], last[i]);
+        }
+    }
+    assert_int_equal(
+        cold_store_multiget(s, 1, keys, 8, (unsigned char *)vals, 16, found, err, sizeof(err)), 0);
+    assert_true(found[0]);
+    assert_int_equal(vals[0][0], 7);
+    cold_batch_free(b);
+    cold_store_close(s, true);
+}
+
 static void test_iterate_range_and_snapshot(void **state)
 {
     (void)state;
@@ -326,6 +385,7 @@ int main(void)
         fprintf(stderr, "cold_store: built without RocksDB: the store's tests are skipped\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_delete),
+        cmocka_unit_test(test_batch_order_per_key),
         cmocka_unit_test(test_iterate_range_and_snapshot),
         cmocka_unit_test(test_remove_stale),
         cmocka_unit_test(test_open_fails_with_reason),
