@@ -39,10 +39,10 @@
  * updates never waits a round trip for the previous answer; at most 4 x BATCH_MAX_BYTES of
  * messages per backup. */
 #define REPL_STREAM_WINDOW 4
-/* A stream whose batches have all failed for this long opens its connection
- * again (repl_progress.c), at most once per this interval. */
+/* A stream none of whose batches was answered for this long (not even refused) opens its
+ * connection again (repl_progress.c), at most once per this interval. */
 #define REPL_STREAM_STALE_MS 5000
-/* A backup in the view whose stream has failed for 2 leases and this long more (its
+/* A backup in the view that answered no batch for 2 leases and this long more (its
  * connection opened again meanwhile) is reported unreachable to the view agent, which takes it
  * out of sync: the group acknowledges without it (repl_progress.c). */
 #define REPL_UNREACHABLE_EXTRA_MS REPL_STREAM_STALE_MS
@@ -90,9 +90,13 @@ typedef struct rpeer {
     bool told;         /* catching up: it saw the log's end once; waited for from then (q) */
     bool confirmed;    /* catching up: it applied a batch that said it is waited for (q) */
     uint64_t failing_since_ns; /* its stream fails since then (0: it does not) (q) */
-    uint64_t reopened_ns;      /* its connection was last opened again then (q) */
-    unsigned reopens;          /* times its connection was opened again, for the log (q) */
-    /* It failed for REPL_UNREACHABLE_MS while in the view: view_agent_mark_unreachable (q). */
+    /* No batch to it was answered at all since then, not even with an error (0: one was):
+     * the connection delivers nothing (REPL_STREAM_STALE_MS, REPL_UNREACHABLE_EXTRA_MS) (q). */
+    uint64_t unanswered_since_ns;
+    uint64_t reopened_ns; /* its connection was last opened again then (q) */
+    unsigned reopens;     /* times its connection was opened again, for the log (q) */
+    /* Unanswered for two leases + REPL_UNREACHABLE_EXTRA_MS while in the view: reported with
+     * view_agent_mark_unreachable (q). */
     bool unreach_marked;
     /* Primary: the copy this peer is fetching, streamed (repl_copy.c); NULL while a chunk of
      * it is being read (q). */

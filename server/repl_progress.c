@@ -95,10 +95,17 @@ static void unmark_locked(rpeer *p)
         view_agent_mark_unreachable(repl.agent, p->server, false);
 }
 
+/* p answered (q held), if only with an error: its connection delivers. */
+static void answered_locked(rpeer *p)
+{
+    p->unanswered_since_ns = 0;
+    unmark_locked(p);
+}
+
 void repl_peer_reached_locked(rpeer *p)
 {
     p->failing_since_ns = 0;
-    unmark_locked(p);
+    answered_locked(p);
 }
 
 static rop *took_ack_locked(const sync_call *s, uint64_t held)
@@ -150,7 +157,7 @@ static rop *took_ack_locked(const sync_call *s, uint64_t held)
 
 /* A batch to p failed (q held): the stream goes on from what it holds after a pause. Returns
  * the calls now answered. */
-static rop *failed_locked(rpeer *p, int st, const char *message)
+static rop *failed_locked(rpeer *p, int st, const char *message, bool answered)
 {
     rgroup *G = p->grp;
     p->sent = p->acked; /* sent again: the backup drops what it holds already */
@@ -165,6 +172,10 @@ static rop *failed_locked(rpeer *p, int st, const char *message)
     p->retry_ns = now + 50 * 1000000ull;
     if (p->failing_since_ns == 0)
         p->failing_since_ns = now;
+    if (answered)
+        answered_locked(p); /* refused (e.g. still copying): reachable all the same */
+    else if (p->unanswered_since_ns == 0)
+        p->unanswered_since_ns = now;
     if (p->catching_up && p->told &&
         now - p->failing_since_ns > (uint64_t)repl.cfg.lease_ms * 2000000ull) {
         /* A rejoining backup out of reach for two leases: no longer waited for. Its
@@ -179,7 +190,7 @@ static rop *failed_locked(rpeer *p, int st, const char *message)
     uint64_t unreachable_ns =
         ((uint64_t)repl.cfg.lease_ms * 2 + REPL_UNREACHABLE_EXTRA_MS) * 1000000ull;
     if (G->serving && p->in_view && !p->unreach_marked && repl.agent &&
-        now - p->failing_since_ns > unreachable_ns) {
+        p->unanswered_since_ns != 0 && now - p->unanswered_since_ns > unreachable_ns) {
         /* In the view, so it keeps its lease, yet out of this primary's reach (its connection
          * was opened again meanwhile): without this, every update of the group would wait
          * for it until the partition heals. */
@@ -188,7 +199,7 @@ static rop *failed_locked(rpeer *p, int st, const char *message)
         log_warn("group %u: backup %u unreachable for %.1f s while it keeps its lease (%s): "
                  "asking the coordinator to take it out of sync; updates are acknowledged "
                  "without it, and it copies the group again once it is reachable",
-                 G->g, p->server, (double)(now - p->failing_since_ns) / 1e9, message);
+                 G->g, p->server, (double)(now - p->unanswered_since_ns) / 1e9, message);
     }
     /* A rejoining backup's failures are expected while it restarts: logged less often. */
     if (now - p->errors_logged_ns > (p->catching_up ? 10000000000ull : 2000000000ull)) {
@@ -222,8 +233,9 @@ static void batch_done(void *arg, int status, const char *message, const frame *
     rgroup *G = p->grp;
     pthread_mutex_lock(&G->q);
     p->inflight--;
-    rop *done = status == STATUS_OK ? took_ack_locked(s, held)
-                                    : failed_locked(p, status, message ? message : "");
+    rop *done = status == STATUS_OK
+                    ? took_ack_locked(s, held)
+                    : failed_locked(p, status, message ? message : "", reply != NULL);
     pthread_cond_broadcast(&G->qcond);
     pthread_mutex_unlock(&G->q);
     repl_answer(done);
@@ -376,7 +388,7 @@ static rpc_conn *stream_open(const rgroup *G, const rpeer *p)
 }
 
 /* Whether p's stream should open its connection again (q held): none is open (an open
- * failed), or every batch answered has failed for REPL_STREAM_STALE_MS. A
+ * failed), or no batch was answered at all (not even refused) for REPL_STREAM_STALE_MS. A
  * connection nng still counts up can deliver nothing while both servers stay up and in the
  * view: its peer's socket gone without a reset reaching us (a lost conntrack or NAT entry, a
  * blackholed flow), or a dead pipe whose removal nng 1.5.2 has not run yet (its reaper thread
@@ -387,7 +399,8 @@ static bool stream_stale_locked(const rpeer *p, uint64_t now)
     const uint64_t stale = (uint64_t)REPL_STREAM_STALE_MS * 1000000ull;
     if (now - p->reopened_ns < (p->conn ? stale : 1000000000ull))
         return false;
-    return p->conn == NULL || (p->failing_since_ns != 0 && now - p->failing_since_ns >= stale);
+    return p->conn == NULL ||
+           (p->unanswered_since_ns != 0 && now - p->unanswered_since_ns >= stale);
 }
 
 /* Opens p's stream connection again (q held; released meanwhile: closing fails the batches
@@ -398,7 +411,7 @@ static void stream_reopen_locked(rgroup *G, rpeer *p, uint64_t now)
     p->conn = NULL;
     p->reopened_ns = now;
     bool say = old && p->reopens++ % 6 == 0; /* the first time, then every 30 s or so */
-    double failing_s = p->failing_since_ns ? (double)(now - p->failing_since_ns) / 1e9 : 0;
+    double failing_s = p->unanswered_since_ns ? (double)(now - p->unanswered_since_ns) / 1e9 : 0;
     pthread_mutex_unlock(&G->q);
     if (say)
         log_warn("group %u: no batch to backup %u answered for %.1f s: closing its stream's "
@@ -473,7 +486,7 @@ static void *peer_main(void *arg)
         if (st != 0) {
             /* Not started: batch_done will not run. */
             p->inflight--;
-            rop *done = failed_locked(p, st, "could not start the call");
+            rop *done = failed_locked(p, st, "could not start the call", false);
             pthread_mutex_unlock(&G->q);
             repl_answer(done);
             batch_free(s);
