@@ -166,8 +166,9 @@ static void slot_request(const mover *m, int phase, const move_rec *r, const cha
     rq->max_bytes_per_second = m->mo->max_bytes_per_second;
 }
 
-/* True when the server at addr answers a status call (whatever its status). */
-static bool source_answers(mover *m, const char *addr)
+/* True when the server at addr answers a status call (whatever its status); its process's
+ * instance (Envelope.server_instance: a restart changes it) into *instance if not NULL. */
+static bool server_answers(mover *m, const char *addr, uint64_t *instance)
 {
     Psd__V1__ServerStatusRequest rq = PSD__V1__SERVER_STATUS_REQUEST__INIT;
     rq.max_variables = 1;
@@ -175,6 +176,8 @@ static bool source_answers(mover *m, const char *addr)
     int rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SERVER_STATUS, &rq.base, NULL, 0, m->token,
                          MOVE_PROBE_MS, &out);
     free(out.body);
+    if (instance)
+        *instance = out.server_instance;
     return rc != STATUS_UNAVAILABLE && rc != STATUS_DEADLINE_EXCEEDED && rc != STATUS_CANCELLED;
 }
 
@@ -194,7 +197,7 @@ static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, c
                                m->token, MOVE_SEND_MS, &out, &c);
         int lost = 0;
         while (rc == STATUS_OK && !rpc_oneshot_wait(c, MOVE_PROBE_MS) && lost < MOVE_PROBES)
-            lost = source_answers(m, addr) ? 0 : lost + 1;
+            lost = server_answers(m, addr, NULL) ? 0 : lost + 1;
         if (rc == STATUS_OK)
             rc = rpc_oneshot_end(c);
         if (lost >= MOVE_PROBES) {
@@ -485,8 +488,29 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
     m->rec_rev = nrev;
     int64_t t1 = mono_ms();
     Psd__V1__SlotMoveReply *rep = NULL;
-    rc = slot_call(m, map->addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
-                   map->addr[r->to], 0, &rep, msg, sizeof(msg));
+    /* The target's process before the SEND and after it: one that restarted in between (before
+     * the flip) restored without the batch, as its map did not give it the slots, so the flip
+     * would give it slots it does not hold. */
+    uint64_t inst0 = 0, inst1 = 0;
+    if (!server_answers(m, map->addr[r->to], &inst0) || inst0 == 0) {
+        snprintf(msg, sizeof(msg), "the target does not answer (nothing sent)");
+        rc = STATUS_UNAVAILABLE;
+    } else {
+        rc = slot_call(m, map->addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
+                       map->addr[r->to], 0, &rep, msg, sizeof(msg));
+    }
+    if (rc == STATUS_OK && !server_answers(m, map->addr[r->to], &inst1)) {
+        snprintf(msg, sizeof(msg),
+                 "the target stopped answering once it had installed them (what it installed "
+                 "may be gone with it)");
+        rc = STATUS_UNAVAILABLE;
+    } else if (rc == STATUS_OK && inst1 != inst0) {
+        snprintf(msg, sizeof(msg),
+                 "the target restarted once it had installed them (instance %016llx, now "
+                 "%016llx): what it installed is gone",
+                 (unsigned long long)inst0, (unsigned long long)inst1);
+        rc = STATUS_UNAVAILABLE;
+    }
     int64_t t2 = mono_ms(), t3 = t2;
     *rep_out = rep;
     if (rc != STATUS_OK) {

@@ -10,7 +10,10 @@
 #     left frozen and recorded), and a rerun once etcd is back finishes it;
 #   - the source killed (-9) mid-batch (psctl add-server, after a checkpoint of every server):
 #     psctl rolls the batch back (exit 1, the map unchanged), the source restarts from its
-#     checkpoint, and a rerun finishes the move.
+#     checkpoint, and a rerun finishes the move;
+#   - the target killed (-9) mid-batch and restarted at once (psctl add-server, ps 2 holding
+#     nothing else, pushes going on): the new process restored without the batch, so psctl
+#     rolls it back (exit 1) rather than flip the map to it, and a rerun completes the move.
 # After each, every value equals the sum of the pushes acknowledged (none lost, none applied
 # twice). Skipped (77) without etcd.
 # Usage: test_slot_faults.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
@@ -61,6 +64,13 @@ end_pushers() { # name (the check sums every run's history: the runs push the sa
   else echo "FAIL pushers ($1):"; cat "$tmp/push-$1.log"; fail=1; fi
   check "exact-$1" 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
 }
+wait_count() { # FILE TEXT N SECONDS: 0 once FILE has more than N lines with TEXT
+  for _ in $(seq $(($4 * 10))); do
+    [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -gt "$3" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 holds() { grep -c "failpoint slot-move-hold: holding" "$tmp"/ps[0-9]*.log | awk -F: '{n += $2} END {print n + 0}'; }
 wait_hold() { # the number of holds before: returns once a new one is logged
   for _ in $(seq 300); do [ "$(holds)" -gt "$1" ] && return 0; sleep 0.1; done
@@ -98,6 +108,26 @@ check etcd-rerun 0 "remove-server: done" "${ctl[@]}" remove-server "${a[2]}"
 end_pushers etcd
 check etcd-emptied 0 "${a[2]} *0 " "${ctl0[@]}" slots
 
+# The target killed mid-batch (the first batch, ps 2 holding nothing else: with replicas 1 what
+# it acknowledged after its last checkpoint would be gone with it) and restarted at once, the
+# pushes going on: psctl finishes or rolls back, a rerun completes the move, values exact.
+run_pushers target
+sleep 1
+n=$(holds)
+"${ctl[@]}" add-server "${a[2]}" >"$tmp/add-target.log" 2>&1 &
+ctl_pid=$!
+wait_hold "$n"
+serving=$(grep -c "serving on" "$tmp/ps2.log")
+kill -9 "$ps2_pid"; wait "$ps2_pid" 2>/dev/null
+start 2 "${hold[@]}"
+wait_count "$tmp/ps2.log" "serving on" "$serving" 30 || { echo "FAIL ps2 did not restart"; fail=1; }
+if wait $ctl_pid; then echo "FAIL add-server with its target killed and restarted exited 0"; cat "$tmp/add-target.log"; fail=1
+else check target-rolled-back 0 "the target \\(restarted\\|stopped answering\\) once it had installed them.*rolled back" cat "$tmp/add-target.log"; fi
+check target-rerun 0 "add-server: \\(done\\|nothing to move\\)" "${ctl[@]}" add-server "${a[2]}"
+end_pushers target
+check target-moved 0 "${a[2]} *[1-9][0-9]* " "${ctl0[@]}" slots
+check target-emptied 0 "remove-server: done" "${ctl[@]}" remove-server "${a[2]}"
+
 # The source killed mid-batch (after a checkpoint of every server, the pushes stopped: with
 # replicas 1 what a killed server acknowledged after its last checkpoint is gone with it).
 check checkpoint 0 "checkpoint: done" "${ctl0[@]}" checkpoint
@@ -119,5 +149,6 @@ wait_log "$tmp/ps$src.log" "serving on" 15 || { echo "FAIL ps$src did not restar
 check source-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
 check source-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
 check source-moved-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
+
 [ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -30 "$tmp/ps$i.log"; done; }
 exit $fail
