@@ -26,6 +26,7 @@
 #include "slots_plan.h"
 #include "slots_record.h"
 #include "status.h"
+#include "view_etcd.h"
 
 /* A move record updated this recently belongs to a psctl still running. */
 #define MOVE_STALE_MS 30000
@@ -609,17 +610,26 @@ static void next_batch(const slot_move *plan, size_t nplan, size_t i, uint32_t b
         }
 }
 
+/* The refusal of a move in a cluster with replicas > 1 (set, or read from its view in etcd):
+ * what to do instead. Returns 2 (a usage error). */
+static int refuse_replicas(const char *cmd, long long replicas, const char *where)
+{
+    fprintf(stderr,
+            "psctl: %s: replicas %lld%s: slots move between the servers of clusters with "
+            "replicas 1 only (a replica group's slots would move with its log, which is not "
+            "done); to change the number of servers of a replicated cluster, stop it (final "
+            "checkpoints), start the new servers once with replicas 1 on its checkpoint-dir "
+            "(they restore and checkpoint), then with replicas %lld (docs/operations.md, "
+            "\"Restoring onto another number of servers\")\n",
+            cmd, replicas, where, replicas);
+    return 2;
+}
+
 int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const char *addr,
                 const psctl_move_opts *mo)
 {
-    if (opt_int(o, OPT_REPLICAS) > 1) {
-        fprintf(stderr,
-                "psctl: %s: replicas %lld: slots move between the servers of clusters "
-                "with replicas 1 only (a replica group's slots would move with its log, "
-                "which is not done)\n",
-                cmd, (long long)opt_int(o, OPT_REPLICAS));
-        return 2;
-    }
+    if (opt_int(o, OPT_REPLICAS) > 1)
+        return refuse_replicas(cmd, (long long)opt_int(o, OPT_REPLICAS), "");
     mover m = {.mo = mo};
     int rc = psctl_coordinator_open(o, cl, cmd, &m.etcd, m.prefix, sizeof(m.prefix));
     if (rc != 0)
@@ -642,6 +652,17 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
     };
     slots_record map;
     rc = slots_etcd_read(m.etcd, m.prefix, &map, NULL, err, sizeof(err));
+    static view_record vrec; /* large: not on the stack */
+    if (rc == ETCD_ENOTFOUND &&
+        view_etcd_read(m.etcd, m.prefix, &vrec, NULL, err, sizeof(err)) == 0 &&
+        vrec.v.replicas > 1) {
+        /* A replicated cluster publishes its view, never a slot map. */
+        char where[600];
+        snprintf(where, sizeof(where), " (the view under %s in etcd %s)", m.prefix,
+                 etcd_client_endpoint(m.etcd));
+        etcd_client_destroy(m.etcd);
+        return refuse_replicas(cmd, (long long)vrec.v.replicas, where);
+    }
     if (rc != 0) {
         if (rc == ETCD_ENOTFOUND)
             fprintf(stderr,

@@ -15,7 +15,8 @@
 #     nothing else, pushes going on): the new process restored without the batch, so psctl
 #     rolls it back (exit 1) rather than flip the map to it, and a rerun completes the move.
 # After each, every value equals the sum of the pushes acknowledged (none lost, none applied
-# twice). Skipped (77) without etcd.
+# twice). Then a cluster with replicas 2: psctl refuses to move its slots (exit 2), saying what
+# to do instead. Skipped (77) without etcd.
 # Usage: test_slot_faults.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
 set -u
 bin=$1 psctl=$2 pusher=$3
@@ -150,5 +151,18 @@ check source-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@
 check source-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
 check source-moved-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
 
+# A cluster with replicas 2 moves no slot: psctl refuses (exit 2) saying what to do instead,
+# whether it is given replicas or finds the cluster's view (and no slot map) in etcd.
+r=("127.0.0.1:$(port)" "127.0.0.1:$(port)")
+rspec="{\"ps\":[\"${r[0]}\",\"${r[1]}\"]}"
+for i in 0 1; do
+  "$bin" --cluster "$rspec" --task ps:$i --replicas 2 --coordinator "$coord" \
+    --coordinator-prefix $pfx-r 2>>"$tmp/r$i.log" &
+  pids+=($!)
+done
+wait_log "$tmp/r0.log" "view epoch 1" 30 || { echo "FAIL no view with replicas 2"; cat "$tmp/r0.log"; fail=1; }
+rctl=("$psctl" --cluster "$rspec" --coordinator "$coord" --coordinator-prefix $pfx-r)
+check replicas-view 2 "rebalance: replicas 2 (the view under $pfx-r in etcd .*replicas 1 only.*start the new servers once with replicas 1 on its checkpoint-dir (they restore and checkpoint), then with replicas 2" "${rctl[@]}" rebalance
+check replicas-set 2 "add-server: replicas 2: slots move .*replicas 1 only.*then with replicas 2" "${rctl[@]}" --replicas 2 add-server "${r[1]}"
 [ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -30 "$tmp/ps$i.log"; done; }
 exit $fail
