@@ -77,14 +77,18 @@ wait_hold() { # the number of holds before: returns once a new one is logged
   for _ in $(seq 300); do [ "$(holds)" -gt "$1" ] && return 0; sleep 0.1; done
   echo "FAIL no batch was held within 30 s"; fail=1; return 1
 }
+held_move() { # LOG PSCTL-ARGS...: psctl in the background ($ctl_pid), returns once a batch is held
+  local n log=$1; shift
+  n=$(holds)
+  "${ctl[@]}" "$@" >"$log" 2>&1 &
+  ctl_pid=$!
+  wait_hold "$n"
+}
 
 # psctl killed mid-batch: the rerun resumes at once and finishes.
 run_pushers psctl
 sleep 1
-n=$(holds)
-"${ctl[@]}" add-server "${a[2]}" >"$tmp/add1.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/add1.log" add-server "${a[2]}"
 kill -9 $ctl_pid; wait $ctl_pid 2>/dev/null
 check slots-shows-move 0 "moves in progress: move .* ps [01] -> ps 2, a batch of psctl add-server (0/1365 slots moved before it.*its psctl is gone" "${ctl0[@]}" slots
 check psctl-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
@@ -95,10 +99,7 @@ check psctl-moved 0 "${a[2]} *[1-9][0-9]* " "${ctl0[@]}" slots
 # etcd stopped mid-batch: psctl fails clearly, a rerun after it is back finishes.
 run_pushers etcd
 sleep 1
-n=$(holds)
-"${ctl[@]}" remove-server "${a[2]}" >"$tmp/remove1.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/remove1.log" remove-server "${a[2]}"
 kill -9 $etcd_pid; wait $etcd_pid 2>/dev/null
 if wait $ctl_pid; then echo "FAIL remove-server with etcd stopped exited 0"; cat "$tmp/remove1.log"; fail=1
 else check etcd-down-clear 0 "stays frozen on ps 2" cat "$tmp/remove1.log"; fi
@@ -111,13 +112,11 @@ check etcd-emptied 0 "${a[2]} *0 " "${ctl0[@]}" slots
 
 # The target killed mid-batch (the first batch, ps 2 holding nothing else: with replicas 1 what
 # it acknowledged after its last checkpoint would be gone with it) and restarted at once, the
-# pushes going on: psctl finishes or rolls back, a rerun completes the move, values exact.
+# pushes going on: psctl rolls the batch back (the new process restored without it), a rerun
+# completes the move, values exact.
 run_pushers target
 sleep 1
-n=$(holds)
-"${ctl[@]}" add-server "${a[2]}" >"$tmp/add-target.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/add-target.log" add-server "${a[2]}"
 serving=$(grep -c "serving on" "$tmp/ps2.log")
 kill -9 "$ps2_pid"; wait "$ps2_pid" 2>/dev/null
 start 2 "${hold[@]}"
@@ -133,11 +132,8 @@ check target-emptied 0 "remove-server: done" "${ctl[@]}" remove-server "${a[2]}"
 # replicas 1 what a killed server acknowledged after its last checkpoint is gone with it).
 check checkpoint 0 "checkpoint: done" "${ctl0[@]}" checkpoint
 before=$("${ctl0[@]}" slots | head -1)
-n=$(holds)
 h0=$(grep -c "slot-move-hold: holding" "$tmp/ps0.log")
-"${ctl[@]}" add-server "${a[2]}" >"$tmp/add2.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/add2.log" add-server "${a[2]}"
 src=1; [ "$(grep -c "slot-move-hold: holding" "$tmp/ps0.log")" -gt "$h0" ] && src=0
 eval "kill -9 \$ps${src}_pid"
 if wait $ctl_pid; then echo "FAIL add-server with its source killed exited 0"; cat "$tmp/add2.log"; fail=1

@@ -57,13 +57,13 @@ done
   --coordinator-prefix $pfx 2>>"$tmp/ps2.log" &
 pids+=($!)
 wait_log "$tmp/ps2.log" "serving on" 15 || { echo "FAIL ps2 did not start"; cat "$tmp/ps2.log"; exit 1; }
-ctl0=("$psctl" --cluster "$spec" --coordinator "$coord" --coordinator-prefix $pfx)
+ctl0=("$psctl" --cluster "$spec" --coordinator "$coord" --coordinator-prefix "$pfx")
 ctl=("${ctl0[@]}" --batch-slots 128)
 
 export TF_CONFIG="{\"cluster\":$spec}" PS_COORDINATOR="$coord" PS_COORDINATOR_PREFIX=$pfx
 export PS_RETRIES=100 PS_DEADLINE_MS=120000
 "$pusher" push "$tmp/hist" "$tmp/stop" >"$tmp/push.log" 2>&1 &
-pusher_pid=$!; pids+=($pusher_pid)
+pusher_pid=$!; pids+=("$pusher_pid")
 sleep 1
 
 # One slot map, every slot on one server: the three counts add up to S.
@@ -94,7 +94,7 @@ one_owner partitioned
 # Still cut off, ps 0 serves its slots again: a second client's pushes, to every variable and
 # row, are all acknowledged within 60 s.
 "$pusher" push "$tmp/hist-cut" "$tmp/stop-cut" >"$tmp/push-cut.log" 2>&1 &
-cut_pid=$!; pids+=($cut_pid)
+cut_pid=$!; pids+=("$cut_pid")
 sleep 3
 touch "$tmp/stop-cut"
 for _ in $(seq 600); do kill -0 $cut_pid 2>/dev/null || break; sleep 0.1; done
