@@ -10,6 +10,11 @@
 #     gives a slot to two servers or to none, and ps 0 serves its slots again (the pushes go
 #     on, every one acknowledged);
 #   - once healed, a rerun of psctl add-server completes the move;
+#   - then ps 0 or ps 1 is cut off from everyone (its port DROPped: clients and psctl too) while
+#     psctl remove-server's first batch toward it is held on ps 2 (test-failpoint
+#     slot-move-hold, ps 2 only): psctl, unable to reach the target after the SEND, rolls the
+#     batch back (exit 1) rather than flip the map to a target that may have lost it, and a
+#     rerun once healed empties ps 2;
 #   - every value equals the sum of the pushes acknowledged (none lost, none applied twice).
 # Skipped (77) when not root, without iptables (or its owner match), the user nobody or etcd.
 # Usage: test_slot_partition.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
@@ -34,9 +39,12 @@ a=(); for i in 0 1 2; do a+=("127.0.0.1:$(port)"); done
 rule=(OUTPUT -o lo -p tcp -d 127.0.0.1 --dport "${a[2]##*:}" -m owner --uid-owner "$nobody" -j DROP)
 ipt -C "${rule[@]}" 2>/dev/null
 [ $? -le 1 ] || skip "iptables cannot match on the owner here: $(ipt -C "${rule[@]}" 2>&1)"
-cut=0
+cutting=() # the rule in place, if any
+cut_off() { # RULE...
+  ipt -I "$@" && cutting=("$@")
+}
 heal() {
-  [ $cut = 1 ] && ipt -D "${rule[@]}" && cut=0
+  [ ${#cutting[@]} -gt 0 ] && ipt -D "${cutting[@]}" && cutting=()
   return 0
 }
 trap 'heal; etcd_cleanup' EXIT
@@ -54,7 +62,7 @@ for i in 0 1; do
   wait_log "$tmp/ps$i.log" "serving on" 15 || { echo "FAIL ps$i did not start"; cat "$tmp/ps$i.log"; exit 1; }
 done
 "$bin" --cluster "$spec" --join --listen "tcp://${a[2]}" --coordinator "$coord" \
-  --coordinator-prefix $pfx 2>>"$tmp/ps2.log" &
+  --coordinator-prefix $pfx --test-failpoint slot-move-hold 2>>"$tmp/ps2.log" &
 pids+=($!)
 wait_log "$tmp/ps2.log" "serving on" 15 || { echo "FAIL ps2 did not start"; cat "$tmp/ps2.log"; exit 1; }
 ctl0=("$psctl" --cluster "$spec" --coordinator "$coord" --coordinator-prefix "$pfx")
@@ -80,7 +88,7 @@ one_owner() { # NAME
 "${ctl[@]}" add-server "${a[2]}" >"$tmp/add1.log" 2>"$tmp/add1.err" &
 ctl_pid=$!
 wait_log "$tmp/add1.log" "^batch 1/" 60 || { echo "FAIL no batch moved within 60 s"; fail=1; }
-ipt -I "${rule[@]}" && cut=1
+cut_off "${rule[@]}"
 echo "ok   ps 0 cut off from ps 2 ($(date +%T))"
 t0=$(date +%s)
 if wait $ctl_pid; then
@@ -106,9 +114,38 @@ echo "ok   healed ($(date +%T))"
 check partition-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
 one_owner healed
 check partition-moved 0 "${a[2]} *136[56] " "${ctl0[@]}" slots
+
+# The target cut off from everyone (its port DROPped for every process: clients and psctl too)
+# while psctl remove-server's first batch is held on its source, ps 2 (test-failpoint
+# slot-move-hold, 3 s once the target installed it): psctl cannot reach the target after the
+# SEND, so it cannot tell whether the target still holds the batch, and rolls it back (exit 1)
+# rather than flip the map; a rerun once healed completes.
+held=$(grep -c "slot-move-hold: holding" "$tmp/ps2.log")
+"${ctl0[@]}" --batch-slots 4096 remove-server "${a[2]}" >"$tmp/remove1.log" 2>&1 &
+ctl_pid=$!
+for _ in $(seq 600); do
+  [ "$(grep -c "slot-move-hold: holding" "$tmp/ps2.log")" -gt "$held" ] && break
+  sleep 0.1
+done
+k=$(grep "slot-move-hold: holding" "$tmp/ps2.log" | tail -1 | sed -n 's/.*installed on ps \([01]\),.*/\1/p')
+if [ -z "$k" ]; then echo "FAIL no batch of remove-server was held within 60 s"; fail=1
+else
+  cut_off OUTPUT -o lo -p tcp -d 127.0.0.1 --dport "${a[k]##*:}" -j DROP
+  echo "ok   ps $k cut off from everyone ($(date +%T))"
+fi
+t0=$(date +%s)
+if wait $ctl_pid; then echo "FAIL remove-server with its target cut off exited 0"; cat "$tmp/remove1.log"; fail=1
+else check target-cut-clear 0 "the target stopped answering once it had installed them.*rolled back, they stay on ps 2" cat "$tmp/remove1.log"; fi
+echo "ok   psctl exited after $(($(date +%s) - t0)) s of partition"
+one_owner target-cut
+heal
+echo "ok   healed ($(date +%T))"
+check target-cut-rerun 0 "remove-server: done" "${ctl0[@]}" --batch-slots 4096 remove-server "${a[2]}"
+one_owner target-cut-healed
+check target-cut-emptied 0 "${a[2]} *0 " "${ctl0[@]}" slots
 touch "$tmp/stop"
 if wait $pusher_pid; then echo "ok   pushers: $(cat "$tmp/push.log")"
 else echo "FAIL pushers:"; cat "$tmp/push.log"; fail=1; fi
 check exact 0 "equals its acknowledged pushes" "$pusher" check "$tmp/hist" "$tmp/hist-cut"
-[ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -30 "$tmp/ps$i.log"; done; cat "$tmp/add1.log" "$tmp/add1.err"; }
+[ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -30 "$tmp/ps$i.log"; done; cat "$tmp/add1.log" "$tmp/add1.err" "$tmp/remove1.log"; }
 exit $fail
