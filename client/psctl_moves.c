@@ -58,6 +58,11 @@ typedef struct mover {
     int64_t rec_rev; /* mod revision of the record this run wrote last (0: none) */
     bool keep_rec;   /* a batch left the record for a rerun */
     int64_t ms[4];   /* the last batch's phases: record, SEND, flip, COMMITs (ms) */
+    /* The process of the last batch's target as its check after the SEND found it (its
+     * Envelope.server_instance; 0: none yet): the next batch to that target starts from it
+     * rather than asking again. */
+    uint32_t last_to;
+    uint64_t last_inst;
 } mover;
 
 typedef struct move_rec {
@@ -491,9 +496,11 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
     Psd__V1__SlotMoveReply *rep = NULL;
     /* The target's process before the SEND and after it: one that restarted in between (before
      * the flip) restored without the batch, as its map did not give it the slots, so the flip
-     * would give it slots it does not hold. */
-    uint64_t inst0 = 0, inst1 = 0;
-    if (!server_answers(m, map->addr[r->to], &inst0) || inst0 == 0) {
+     * would give it slots it does not hold. Before: as the previous batch to the same target
+     * left it (a restart since then rolls this batch back too), else asked. */
+    uint64_t inst0 = m->last_to == r->to ? m->last_inst : 0, inst1 = 0;
+    m->last_inst = 0;
+    if (inst0 == 0 && (!server_answers(m, map->addr[r->to], &inst0) || inst0 == 0)) {
         snprintf(msg, sizeof(msg), "the target does not answer (nothing sent)");
         rc = STATUS_UNAVAILABLE;
     } else {
@@ -507,10 +514,13 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
         rc = STATUS_UNAVAILABLE;
     } else if (rc == STATUS_OK && inst1 != inst0) {
         snprintf(msg, sizeof(msg),
-                 "the target restarted once it had installed them (instance %016llx, now "
-                 "%016llx): what it installed is gone",
+                 "the target restarted during the batch (its process %016llx before the SEND, "
+                 "%016llx after): what it installed is gone",
                  (unsigned long long)inst0, (unsigned long long)inst1);
         rc = STATUS_UNAVAILABLE;
+    } else if (rc == STATUS_OK) {
+        m->last_to = r->to;
+        m->last_inst = inst1;
     }
     int64_t t2 = mono_ms(), t3 = t2;
     *rep_out = rep;

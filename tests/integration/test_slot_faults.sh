@@ -122,7 +122,7 @@ kill -9 "$ps2_pid"; wait "$ps2_pid" 2>/dev/null
 start 2 "${hold[@]}"
 wait_count "$tmp/ps2.log" "serving on" "$serving" 30 || { echo "FAIL ps2 did not restart"; fail=1; }
 if wait $ctl_pid; then echo "FAIL add-server with its target killed and restarted exited 0"; cat "$tmp/add-target.log"; fail=1
-else check target-rolled-back 0 "the target \\(restarted\\|stopped answering\\) once it had installed them.*rolled back" cat "$tmp/add-target.log"; fi
+else check target-rolled-back 0 "the target \\(restarted during the batch\\|stopped answering once it had installed them\\).*rolled back" cat "$tmp/add-target.log"; fi
 check target-rerun 0 "add-server: \\(done\\|nothing to move\\)" "${ctl[@]}" add-server "${a[2]}"
 end_pushers target
 check target-moved 0 "${a[2]} *[1-9][0-9]* " "${ctl0[@]}" slots
