@@ -2,7 +2,9 @@
  *
  * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
  * owner=HOST:PID slots=S1,S2,..."; owner may be absent in records of older psctl), SLOT_MOVE SEND
- * to the source (it freezes the batch and sends it to the target), flip the slot map by CAS
+ * to the source (it freezes the batch and sends it to the target), a status call to the target
+ * (a target whose process changed since before the SEND, or that does not answer, may not hold
+ * what it installed: the batch is rolled back), flip the slot map by CAS
  * (slots_apply: version + 1), SLOT_MOVE COMMIT to the target, the source and every other server,
  * delete the record. A failure before the flip: ABORT to both (the source serves the slots again,
  * the target drops what it installed) and the record deleted; after it, the move is done and a
