@@ -3,7 +3,9 @@
  * One batch: record the move in etcd (PREFIX/moves/current: "id=ID from=F to=T updated_ms=MS
  * owner=HOST:PID slots=S1,S2,..."; owner may be absent in records of older psctl), SLOT_MOVE SEND
  * to the source (it sends a snapshot of the batch to the target, freezes the batch and sends
- * what changed since), flip the slot map by CAS
+ * what changed since), a status call to the target (a target whose process changed since before
+ * the SEND, or that does not answer, may not hold what it installed: the batch is rolled back),
+ * flip the slot map by CAS
  * (slots_apply: version + 1), SLOT_MOVE COMMIT to the target, the source and every other server,
  * delete the record. A failure before the flip: ABORT to both (the source serves the slots again,
  * the target drops what it installed) and the record deleted; after it, the move is done and a
@@ -27,6 +29,7 @@
 #include "slots_plan.h"
 #include "slots_record.h"
 #include "status.h"
+#include "view_etcd.h"
 
 /* A move record updated this recently belongs to a psctl still running. */
 #define MOVE_STALE_MS 30000
@@ -58,6 +61,11 @@ typedef struct mover {
     int64_t rec_rev; /* mod revision of the record this run wrote last (0: none) */
     bool keep_rec;   /* a batch left the record for a rerun */
     int64_t ms[4];   /* the last batch's phases: record, SEND, flip, COMMITs (ms) */
+    /* The process of the last batch's target as its check after the SEND found it (its
+     * Envelope.server_instance; 0: none yet): the next batch to that target starts from it
+     * rather than asking again. */
+    uint32_t last_to;
+    uint64_t last_inst;
 } mover;
 
 typedef struct move_rec {
@@ -167,8 +175,9 @@ static void slot_request(const mover *m, int phase, const move_rec *r, const cha
     rq->max_bytes_per_second = m->mo->max_bytes_per_second;
 }
 
-/* True when the server at addr answers a status call (whatever its status). */
-static bool source_answers(mover *m, const char *addr)
+/* True when the server at addr answers a status call (whatever its status); its process's
+ * instance (Envelope.server_instance: a restart changes it) into *instance if not NULL. */
+static bool server_answers(mover *m, const char *addr, uint64_t *instance)
 {
     Psd__V1__ServerStatusRequest rq = PSD__V1__SERVER_STATUS_REQUEST__INIT;
     rq.max_variables = 1;
@@ -176,6 +185,8 @@ static bool source_answers(mover *m, const char *addr)
     int rc = rpc_oneshot(addr, &m->tls, PSD__V1__METHOD__SERVER_STATUS, &rq.base, NULL, 0, m->token,
                          MOVE_PROBE_MS, &out);
     free(out.body);
+    if (instance)
+        *instance = out.server_instance;
     return rc != STATUS_UNAVAILABLE && rc != STATUS_DEADLINE_EXCEEDED && rc != STATUS_CANCELLED;
 }
 
@@ -195,7 +206,7 @@ static int slot_call(mover *m, const char *addr, int phase, const move_rec *r, c
                                m->token, MOVE_SEND_MS, &out, &c);
         int lost = 0;
         while (rc == STATUS_OK && !rpc_oneshot_wait(c, MOVE_PROBE_MS) && lost < MOVE_PROBES)
-            lost = source_answers(m, addr) ? 0 : lost + 1;
+            lost = server_answers(m, addr, NULL) ? 0 : lost + 1;
         if (rc == STATUS_OK)
             rc = rpc_oneshot_end(c);
         if (lost >= MOVE_PROBES) {
@@ -491,8 +502,34 @@ static int move_batch(mover *m, move_rec *r, const Psd__V1__SlotMoveReply **rep_
     m->rec_rev = nrev;
     int64_t t1 = mono_ms();
     Psd__V1__SlotMoveReply *rep = NULL;
-    rc = slot_call(m, map->addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
-                   map->addr[r->to], 0, &rep, msg, sizeof(msg));
+    /* The target's process before the SEND and after it: one that restarted in between (before
+     * the flip) restored without the batch, as its map did not give it the slots, so the flip
+     * would give it slots it does not hold. Before: as the previous batch to the same target
+     * left it (a restart since then rolls this batch back too), else asked. */
+    uint64_t inst0 = m->last_to == r->to ? m->last_inst : 0, inst1 = 0;
+    m->last_inst = 0;
+    if (inst0 == 0 && (!server_answers(m, map->addr[r->to], &inst0) || inst0 == 0)) {
+        snprintf(msg, sizeof(msg), "the target does not answer (nothing sent)");
+        rc = STATUS_UNAVAILABLE;
+    } else {
+        rc = slot_call(m, map->addr[r->from], PSD__V1__SLOT_MOVE_REQUEST__PHASE__SEND, r,
+                       map->addr[r->to], 0, &rep, msg, sizeof(msg));
+    }
+    if (rc == STATUS_OK && !server_answers(m, map->addr[r->to], &inst1)) {
+        snprintf(msg, sizeof(msg),
+                 "the target stopped answering once it had installed them (what it installed "
+                 "may be gone with it)");
+        rc = STATUS_UNAVAILABLE;
+    } else if (rc == STATUS_OK && inst1 != inst0) {
+        snprintf(msg, sizeof(msg),
+                 "the target restarted during the batch (its process %016llx before the SEND, "
+                 "%016llx after): what it installed is gone",
+                 (unsigned long long)inst0, (unsigned long long)inst1);
+        rc = STATUS_UNAVAILABLE;
+    } else if (rc == STATUS_OK) {
+        m->last_to = r->to;
+        m->last_inst = inst1;
+    }
     int64_t t2 = mono_ms(), t3 = t2;
     *rep_out = rep;
     if (rc != STATUS_OK) {
@@ -591,17 +628,26 @@ static void next_batch(const slot_move *plan, size_t nplan, size_t i, uint32_t b
         }
 }
 
+/* The refusal of a move in a cluster with replicas > 1 (set, or read from its view in etcd):
+ * what to do instead. Returns 2 (a usage error). */
+static int refuse_replicas(const char *cmd, long long replicas, const char *where)
+{
+    fprintf(stderr,
+            "psctl: %s: replicas %lld%s: slots move between the servers of clusters with "
+            "replicas 1 only (a replica group's slots would move with its log, which is not "
+            "done); to change the number of servers of a replicated cluster, stop it (final "
+            "checkpoints), start the new servers once with replicas 1 on its checkpoint-dir "
+            "(they restore and checkpoint), then with replicas %lld (docs/operations.md, "
+            "\"Restoring onto another number of servers\")\n",
+            cmd, replicas, where, replicas);
+    return 2;
+}
+
 int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const char *addr,
                 const psctl_move_opts *mo)
 {
-    if (opt_int(o, OPT_REPLICAS) > 1) {
-        fprintf(stderr,
-                "psctl: %s: replicas %lld: slots move between the servers of clusters "
-                "with replicas 1 only (a replica group's slots would move with its log, "
-                "which is not done)\n",
-                cmd, (long long)opt_int(o, OPT_REPLICAS));
-        return 2;
-    }
+    if (opt_int(o, OPT_REPLICAS) > 1)
+        return refuse_replicas(cmd, (long long)opt_int(o, OPT_REPLICAS), "");
     mover m = {.mo = mo};
     int rc = psctl_coordinator_open(o, cl, cmd, &m.etcd, m.prefix, sizeof(m.prefix));
     if (rc != 0)
@@ -624,6 +670,17 @@ int psctl_moves(const options *o, const cluster_spec *cl, const char *cmd, const
     };
     slots_record map;
     rc = slots_etcd_read(m.etcd, m.prefix, &map, NULL, err, sizeof(err));
+    static view_record vrec; /* large: not on the stack */
+    if (rc == ETCD_ENOTFOUND &&
+        view_etcd_read(m.etcd, m.prefix, &vrec, NULL, err, sizeof(err)) == 0 &&
+        vrec.v.replicas > 1) {
+        /* A replicated cluster publishes its view, never a slot map. */
+        char where[600];
+        snprintf(where, sizeof(where), " (the view under %s in etcd %s)", m.prefix,
+                 etcd_client_endpoint(m.etcd));
+        etcd_client_destroy(m.etcd);
+        return refuse_replicas(cmd, (long long)vrec.v.replicas, where);
+    }
     if (rc != 0) {
         if (rc == ETCD_ENOTFOUND)
             fprintf(stderr,

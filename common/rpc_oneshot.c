@@ -50,6 +50,7 @@ static void oneshot_done(void *arg, int status, const char *message, const frame
     snprintf(k->out->message, sizeof(k->out->message), "%s", message ? message : "");
     if (reply && reply->env) {
         k->out->moved_to = reply->env->moved_to;
+        k->out->server_instance = reply->env->server_instance;
         if (reply->env->body.len > 0 && (k->out->body = malloc(reply->env->body.len)) != NULL) {
             memcpy(k->out->body, reply->env->body.data, reply->env->body.len);
             k->out->body_len = reply->env->body.len;

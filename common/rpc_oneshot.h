@@ -15,7 +15,8 @@ typedef struct rpc_oneshot_reply {
     char message[1024];
     uint8_t *body; /* the reply's body (malloc'd; NULL when empty or on error) */
     size_t body_len;
-    uint32_t moved_to; /* the reply's Envelope.moved_to (0: none) */
+    uint32_t moved_to;        /* the reply's Envelope.moved_to (0: none) */
+    uint64_t server_instance; /* the reply's Envelope.server_instance (0: no reply) */
 } rpc_oneshot_reply;
 
 /* Sends method with body (packed) and an opaque segment of seg_len bytes (a multiple of 4;

@@ -10,9 +10,13 @@
 #     left frozen and recorded), and a rerun once etcd is back finishes it;
 #   - the source killed (-9) mid-batch (psctl add-server, after a checkpoint of every server):
 #     psctl rolls the batch back (exit 1, the map unchanged), the source restarts from its
-#     checkpoint, and a rerun finishes the move.
+#     checkpoint, and a rerun finishes the move;
+#   - the target killed (-9) mid-batch and restarted at once (psctl add-server, ps 2 holding
+#     nothing else, pushes going on): the new process restored without the batch, so psctl
+#     rolls it back (exit 1) rather than flip the map to it, and a rerun completes the move.
 # After each, every value equals the sum of the pushes acknowledged (none lost, none applied
-# twice). Skipped (77) without etcd.
+# twice). Then a cluster with replicas 2: psctl refuses to move its slots (exit 2), saying what
+# to do instead. Skipped (77) without etcd.
 # Usage: test_slot_faults.sh PS_SERVER PSCTL SLOT_MOVE_PUSHER
 set -u
 bin=$1 psctl=$2 pusher=$3
@@ -61,19 +65,30 @@ end_pushers() { # name (the check sums every run's history: the runs push the sa
   else echo "FAIL pushers ($1):"; cat "$tmp/push-$1.log"; fail=1; fi
   check "exact-$1" 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
 }
+wait_count() { # FILE TEXT N SECONDS: 0 once FILE has more than N lines with TEXT
+  for _ in $(seq $(($4 * 10))); do
+    [ "$(grep -c -- "$2" "$1" 2>/dev/null)" -gt "$3" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
 holds() { grep -c "failpoint slot-move-hold: holding" "$tmp"/ps[0-9]*.log | awk -F: '{n += $2} END {print n + 0}'; }
 wait_hold() { # the number of holds before: returns once a new one is logged
   for _ in $(seq 300); do [ "$(holds)" -gt "$1" ] && return 0; sleep 0.1; done
   echo "FAIL no batch was held within 30 s"; fail=1; return 1
 }
+held_move() { # LOG PSCTL-ARGS...: psctl in the background ($ctl_pid), returns once a batch is held
+  local n log=$1; shift
+  n=$(holds)
+  "${ctl[@]}" "$@" >"$log" 2>&1 &
+  ctl_pid=$!
+  wait_hold "$n"
+}
 
 # psctl killed mid-batch: the rerun resumes at once and finishes.
 run_pushers psctl
 sleep 1
-n=$(holds)
-"${ctl[@]}" add-server "${a[2]}" >"$tmp/add1.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/add1.log" add-server "${a[2]}"
 kill -9 $ctl_pid; wait $ctl_pid 2>/dev/null
 check slots-shows-move 0 "moves in progress: move .* ps [01] -> ps 2, a batch of psctl add-server (0/1365 slots moved before it.*its psctl is gone" "${ctl0[@]}" slots
 check psctl-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
@@ -84,10 +99,7 @@ check psctl-moved 0 "${a[2]} *[1-9][0-9]* " "${ctl0[@]}" slots
 # etcd stopped mid-batch: psctl fails clearly, a rerun after it is back finishes.
 run_pushers etcd
 sleep 1
-n=$(holds)
-"${ctl[@]}" remove-server "${a[2]}" >"$tmp/remove1.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/remove1.log" remove-server "${a[2]}"
 kill -9 $etcd_pid; wait $etcd_pid 2>/dev/null
 if wait $ctl_pid; then echo "FAIL remove-server with etcd stopped exited 0"; cat "$tmp/remove1.log"; fail=1
 else check etcd-down-clear 0 "stays frozen on ps 2" cat "$tmp/remove1.log"; fi
@@ -98,15 +110,30 @@ check etcd-rerun 0 "remove-server: done" "${ctl[@]}" remove-server "${a[2]}"
 end_pushers etcd
 check etcd-emptied 0 "${a[2]} *0 " "${ctl0[@]}" slots
 
+# The target killed mid-batch (the first batch, ps 2 holding nothing else: with replicas 1 what
+# it acknowledged after its last checkpoint would be gone with it) and restarted at once, the
+# pushes going on: psctl rolls the batch back (the new process restored without it), a rerun
+# completes the move, values exact.
+run_pushers target
+sleep 1
+held_move "$tmp/add-target.log" add-server "${a[2]}"
+serving=$(grep -c "serving on" "$tmp/ps2.log")
+kill -9 "$ps2_pid"; wait "$ps2_pid" 2>/dev/null
+start 2 "${hold[@]}"
+wait_count "$tmp/ps2.log" "serving on" "$serving" 30 || { echo "FAIL ps2 did not restart"; fail=1; }
+if wait $ctl_pid; then echo "FAIL add-server with its target killed and restarted exited 0"; cat "$tmp/add-target.log"; fail=1
+else check target-rolled-back 0 "the target \\(restarted during the batch\\|stopped answering once it had installed them\\).*rolled back" cat "$tmp/add-target.log"; fi
+check target-rerun 0 "add-server: \\(done\\|nothing to move\\)" "${ctl[@]}" add-server "${a[2]}"
+end_pushers target
+check target-moved 0 "${a[2]} *[1-9][0-9]* " "${ctl0[@]}" slots
+check target-emptied 0 "remove-server: done" "${ctl[@]}" remove-server "${a[2]}"
+
 # The source killed mid-batch (after a checkpoint of every server, the pushes stopped: with
 # replicas 1 what a killed server acknowledged after its last checkpoint is gone with it).
 check checkpoint 0 "checkpoint: done" "${ctl0[@]}" checkpoint
 before=$("${ctl0[@]}" slots | head -1)
-n=$(holds)
 h0=$(grep -c "slot-move-hold: holding" "$tmp/ps0.log")
-"${ctl[@]}" add-server "${a[2]}" >"$tmp/add2.log" 2>&1 &
-ctl_pid=$!
-wait_hold "$n"
+held_move "$tmp/add2.log" add-server "${a[2]}"
 src=1; [ "$(grep -c "slot-move-hold: holding" "$tmp/ps0.log")" -gt "$h0" ] && src=0
 eval "kill -9 \$ps${src}_pid"
 if wait $ctl_pid; then echo "FAIL add-server with its source killed exited 0"; cat "$tmp/add2.log"; fail=1
@@ -119,5 +146,19 @@ wait_log "$tmp/ps$src.log" "serving on" 15 || { echo "FAIL ps$src did not restar
 check source-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
 check source-rerun 0 "add-server: done" "${ctl[@]}" add-server "${a[2]}"
 check source-moved-exact 0 "equals its acknowledged pushes" "$pusher" check "${hists[@]}"
+
+# A cluster with replicas 2 moves no slot: psctl refuses (exit 2) saying what to do instead,
+# whether it is given replicas or finds the cluster's view (and no slot map) in etcd.
+r=("127.0.0.1:$(port)" "127.0.0.1:$(port)")
+rspec="{\"ps\":[\"${r[0]}\",\"${r[1]}\"]}"
+for i in 0 1; do
+  "$bin" --cluster "$rspec" --task ps:$i --replicas 2 --coordinator "$coord" \
+    --coordinator-prefix $pfx-r 2>>"$tmp/r$i.log" &
+  pids+=($!)
+done
+wait_log "$tmp/r0.log" "view epoch 1" 30 || { echo "FAIL no view with replicas 2"; cat "$tmp/r0.log"; fail=1; }
+rctl=("$psctl" --cluster "$rspec" --coordinator "$coord" --coordinator-prefix $pfx-r)
+check replicas-view 2 "rebalance: replicas 2 (the view under $pfx-r in etcd .*replicas 1 only.*start the new servers once with replicas 1 on its checkpoint-dir (they restore and checkpoint), then with replicas 2" "${rctl[@]}" rebalance
+check replicas-set 2 "add-server: replicas 2: slots move .*replicas 1 only.*then with replicas 2" "${rctl[@]}" --replicas 2 add-server "${r[1]}"
 [ $fail -eq 0 ] || { for i in 0 1 2; do echo "--- ps$i"; tail -30 "$tmp/ps$i.log"; done; }
 exit $fail
