@@ -518,6 +518,74 @@ void table_cut_free(table_cut *c)
     table_unref(t);
 }
 
+/* copy_all_ram of the rows whose id keep accepts: the LRU walk reads each row's id, and only
+ * the kept rows are copied (their slots noted first, then copied into exact-size arrays).
+ * Returns 0 or -1 (memory). */
+static int copy_kept_ram(table *t, partition *p, table_keep_fn keep, void *arg, table_rows *out)
+{
+    size_t n = p->ix.count;
+    out->full = true;
+    if (n == 0)
+        return 0;
+    uint32_t *at = malloc(n * sizeof(*at));
+    if (at == NULL)
+        return -1;
+    size_t k = 0, i = 0;
+    for (uint32_t s1 = p->lru_tail; s1 != 0 && i < n; s1 = row_at(t, p, s1 - 1)->prev, i++)
+        if (keep(arg, row_at(t, p, s1 - 1)->id))
+            at[k++] = s1 - 1;
+    int rc = k > 0 ? rows_alloc(t, out, k) : 0;
+    for (size_t j = 0; rc == 0 && j < k; j++) {
+        row_header *r = row_at(t, p, at[j]);
+        out->ids[j] = r->id;
+        out->updated_ms[j] = r->updated_ms;
+        row_to_floats(t, r, out->floats + j * t->row_floats);
+    }
+    out->n = rc == 0 ? k : 0;
+    free(at);
+    return rc;
+}
+
+/* Keeps out's rows whose id keep accepts, in place, in their order. */
+static void rows_keep(table_rows *out, table_keep_fn keep, void *arg)
+{
+    size_t k = 0, rf = out->row_floats;
+    for (size_t i = 0; i < out->n; i++) {
+        if (!keep(arg, out->ids[i]))
+            continue;
+        if (k != i) {
+            out->ids[k] = out->ids[i];
+            out->updated_ms[k] = out->updated_ms[i];
+            memcpy(out->floats + k * rf, out->floats + i * rf, rf * sizeof(float));
+        }
+        k++;
+    }
+    out->n = k;
+}
+
+int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *arg, table_rows *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->row_floats = t->row_floats;
+    if (part >= t->nparts)
+        return -1;
+    partition *p = &t->parts[part];
+    pthread_rwlock_rdlock(&p->lock);
+    int rc = copy_kept_ram(t, p, keep, arg, out);
+    if (rc == 0 && t->cold != NULL && p->cold_rows > 0) {
+        /* Rows on disk come from the store as a whole: filtered after (the RAM ones pass). */
+        rc = prepend_cold(t, part, NULL, out);
+        if (rc == 0)
+            rows_keep(out, keep, arg);
+    }
+    pthread_rwlock_unlock(&p->lock);
+    if (rc != 0) {
+        table_rows_free(out);
+        out->row_floats = t->row_floats;
+    }
+    return rc;
+}
+
 int table_copy_partition(table *t, uint32_t part, table_rows *out)
 {
     memset(out, 0, sizeof(*out));
