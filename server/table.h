@@ -288,9 +288,10 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out);
 /* Whether a row's id is wanted (table_copy_partition_if). Called under a partition's lock: it
  * must not call into the table. */
 typedef bool (*table_keep_fn)(void *arg, int64_t id);
-/* table_copy_partition of the rows whose id keep(arg, id) accepts, in the same order: only
- * their parameters are copied, the others' ids are only read (a slot move's rows of a few
- * slots out of a large table). */
+/* table_copy_partition of the rows whose id keep(arg, id) accepts, oldest update first (rows
+ * updated in the same millisecond in an order of their own; the rows on disk first, as
+ * table_copy_partition has them): the ids are read from the partition's index and only the
+ * kept rows are read and copied (a slot move's rows of a few slots out of a large table). */
 int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *arg,
                             table_rows *out);
 
