@@ -158,16 +158,6 @@ static int copy_all_ram(table *t, partition *p, table_rows *out)
     return 0;
 }
 
-/* copy_all_ram with p's cold rows too (before the RAM ones: they are older). */
-static int copy_all(table *t, partition *p, table_rows *out)
-{
-    if (copy_all_ram(t, p, out) != 0)
-        return -1;
-    if (t->cold == NULL || p->cold_rows == 0)
-        return 0;
-    return prepend_cold(t, (uint32_t)(p - t->parts), NULL, out);
-}
-
 /* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
  * are those updated since the last copy, so they lead the LRU list: the walk from its head
  * stops once it has seen all ndirty of them. Returns 0 or -1 (memory). */
@@ -243,7 +233,7 @@ static int copy_raw(table *t, partition *p, raw_part *raw, bool linked)
     return 0;
 }
 
-/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
+/* Turns a raw copy into rows, oldest update first (as copy_all_ram). Returns 0 or -1 (memory). */
 static int raw_rows(const table *t, raw_part *raw, table_rows *out)
 {
     size_t n = raw->count, ss = slab_size(t);
@@ -589,11 +579,12 @@ int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *a
         return -1;
     partition *p = &t->parts[part];
     pthread_rwlock_rdlock(&p->lock);
-    int rc = copy_kept_ram(t, p, keep, arg, out);
+    int rc = keep ? copy_kept_ram(t, p, keep, arg, out) : copy_all_ram(t, p, out);
     if (rc == 0 && t->cold != NULL && p->cold_rows > 0) {
-        /* Rows on disk come from the store as a whole: filtered after (the RAM ones pass). */
+        /* p's cold rows before the RAM ones (they are older); they come from the store as a
+         * whole, so kept ones are picked after (the RAM ones pass again). */
         rc = prepend_cold(t, part, NULL, out);
-        if (rc == 0)
+        if (rc == 0 && keep)
             rows_keep(out, keep, arg);
     }
     pthread_rwlock_unlock(&p->lock);
@@ -606,17 +597,5 @@ int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *a
 
 int table_copy_partition(table *t, uint32_t part, table_rows *out)
 {
-    memset(out, 0, sizeof(*out));
-    out->row_floats = t->row_floats;
-    if (part >= t->nparts)
-        return -1;
-    partition *p = &t->parts[part];
-    pthread_rwlock_rdlock(&p->lock);
-    int rc = copy_all(t, p, out);
-    pthread_rwlock_unlock(&p->lock);
-    if (rc != 0) {
-        table_rows_free(out);
-        out->row_floats = t->row_floats;
-    }
-    return rc;
+    return table_copy_partition_if(t, part, NULL, NULL, out);
 }
