@@ -33,6 +33,12 @@
 #define TLS_REDIAL_MAX_MS 3200
 /* How long rpc_conn_close waits for nng_close (see there). */
 #define CLOSE_WAIT_MS 2000
+/* A server answers UNAVAILABLE "slot moving" while the request's slots are frozen for a move
+ * (server/slot_gate.c): a freeze lasts milliseconds, so such a reply is retried after this
+ * fixed step (not the call's backoff), until the call's deadline, without counting against
+ * its retries. */
+#define SLOT_MOVING_RETRY_MS 3
+#define SLOT_MOVING_PREFIX "slot moving"
 /* A call on a socket whose connection is not up waits this long at a time, then moves to a
  * socket whose connection is (req_attempt). */
 #define REHOME_MS 250
@@ -534,6 +540,20 @@ static void req_cb(void *arg)
             return;
         }
         bool restarted = conn_note_instance(r->conn, f.env->server_instance, f.env->epoch != 0);
+        if (f.env->status == STATUS_UNAVAILABLE && r->opts.retries > 0 && f.env->message &&
+            strncmp(f.env->message, SLOT_MOVING_PREFIX, strlen(SLOT_MOVING_PREFIX)) == 0) {
+            snprintf(r->last_err, sizeof(r->last_err), "last error: UNAVAILABLE: %.140s",
+                     f.env->message);
+            frame_fini(&f);
+            nng_msg_free(m);
+            uint32_t left = ms_left(r);
+            if (left == 0) {
+                req_fail_nng(r, NNG_ETIMEDOUT);
+                return;
+            }
+            req_wait(r, left < SLOT_MOVING_RETRY_MS ? left : SLOT_MOVING_RETRY_MS);
+            return;
+        }
         if (f.env->status == STATUS_UNAVAILABLE && r->attempt < r->opts.retries) {
             char why[200];
             snprintf(why, sizeof(why), "UNAVAILABLE: %s",

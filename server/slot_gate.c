@@ -32,6 +32,11 @@ static struct {
     uint32_t *owner; /* [nslots], read and written with atomic builtins */
     uint8_t *frozen; /* [nslots], the same */
     atomic_uint nfrozen;
+    /* [nslots], the same: slots a batch installed here whose COMMIT has not come yet (the
+     * map in the coordinator may give them here already: a client that read it is told to
+     * retry, not that they are another server's); nincoming counts them. */
+    uint8_t *incoming;
+    atomic_uint nincoming;
     atomic_bool moved; /* some slot moved since the start: requests are checked slot by slot */
     atomic_uint_fast64_t version;
     char move_id[128];
@@ -88,11 +93,14 @@ int slot_gate_start(server_state *st, const slots_record *rec)
     uint32_t n = rec->nslots;
     g.owner = malloc((size_t)n * sizeof(uint32_t));
     g.frozen = calloc(n, 1);
-    if (g.owner == NULL || g.frozen == NULL) {
+    g.incoming = calloc(n, 1);
+    if (g.owner == NULL || g.frozen == NULL || g.incoming == NULL) {
         free(g.owner);
         free(g.frozen);
+        free(g.incoming);
         g.owner = NULL;
         g.frozen = NULL;
+        g.incoming = NULL;
         return -1;
     }
     slot_map m = slots_record_map(rec);
@@ -157,6 +165,11 @@ static bool is_frozen(uint32_t slot)
     return __atomic_load_n(&g.frozen[slot], __ATOMIC_ACQUIRE) != 0;
 }
 
+static bool is_incoming(uint32_t slot)
+{
+    return atomic_load(&g.nincoming) > 0 && __atomic_load_n(&g.incoming[slot], __ATOMIC_ACQUIRE);
+}
+
 static void refuse_moving(rpc_call *call, uint32_t slot)
 {
     rpc_reply_error(call, STATUS_UNAVAILABLE,
@@ -190,7 +203,7 @@ static bool check_name(rpc_call *call, server_state *st, const char *name, uint6
     bool frozen = update && is_frozen(slot);
     if (owner == st->task_index && !frozen)
         return true;
-    if (frozen) {
+    if (frozen || (owner != st->task_index && is_incoming(slot))) {
         refuse_moving(call, slot);
         return false;
     }
@@ -214,6 +227,8 @@ static rows_verdict rows_check(server_state *st, const char *name, const uint8_t
         if (update && is_frozen(*slot))
             return ROWS_MOVING;
         *to = __atomic_load_n(&g.owner[*slot], __ATOMIC_ACQUIRE);
+        if (*to != st->task_index && is_incoming(*slot))
+            return ROWS_MOVING;
         if (*to != st->task_index && atomic_load(&g.moved))
             return ROWS_MOVED;
     }
@@ -271,9 +286,16 @@ bool slot_gate_moved(void)
     return atomic_load(&g.on) && atomic_load(&g.moved);
 }
 
+/* True when a Step's items need no check: no slot moved, and none is coming here. */
+static bool step_unchecked(const char *name)
+{
+    return !atomic_load(&g.on) || name == NULL ||
+           (!atomic_load(&g.moved) && atomic_load(&g.nincoming) == 0);
+}
+
 bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uint64_t offset)
 {
-    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+    if (step_unchecked(name))
         return true;
     return check_name(call, st, name, offset, false);
 }
@@ -281,7 +303,7 @@ bool slot_gate_step_name(rpc_call *call, server_state *st, const char *name, uin
 bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, const uint8_t *ids,
                          uint64_t n)
 {
-    if (!atomic_load(&g.on) || !atomic_load(&g.moved) || name == NULL)
+    if (step_unchecked(name))
         return true;
     return check_rows(call, st, name, ids, n, false);
 }
@@ -403,6 +425,23 @@ void slot_gate_unfreeze(void)
     pthread_mutex_unlock(&g.mu);
 }
 
+void slot_gate_incoming(const uint32_t *slots, size_t n, bool on)
+{
+    if (!atomic_load(&g.on))
+        return;
+    pthread_mutex_lock(&g.mu);
+    for (size_t i = 0; i < n; i++) {
+        if (slots[i] >= g.nslots || (g.incoming[slots[i]] != 0) == on)
+            continue;
+        __atomic_store_n(&g.incoming[slots[i]], on ? 1 : 0, __ATOMIC_RELEASE);
+        if (on)
+            atomic_fetch_add(&g.nincoming, 1);
+        else
+            atomic_fetch_sub(&g.nincoming, 1);
+    }
+    pthread_mutex_unlock(&g.mu);
+}
+
 void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_t to,
                       uint64_t version)
 {
@@ -422,5 +461,6 @@ void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_
     __atomic_store_n(&st->slots.owner, g.owner, __ATOMIC_RELEASE);
     atomic_store(&g.moved, true);
     pthread_mutex_unlock(&g.mu);
+    slot_gate_incoming(slots, n, false);
     slot_gate_unfreeze();
 }

@@ -54,6 +54,12 @@ bool slot_gate_step_rows(rpc_call *call, server_state *st, const char *name, con
 void slot_gate_drain(void);
 /* Lets the frozen batch go again (a move rolled back). */
 void slot_gate_unfreeze(void);
+/* Marks the slots listed as coming here (on: a batch installed here whose COMMIT or ABORT has
+ * not come) or not (off). While a slot is coming, a request for it is answered UNAVAILABLE
+ * "slot moving" (retried by clients), not FAILED_PRECONDITION "slot moved" to its old owner:
+ * a client that read the flipped map before this server's COMMIT came waits for it. A COMMIT
+ * (slot_gate_commit) clears its slots. */
+void slot_gate_incoming(const uint32_t *slots, size_t n, bool on);
 /* The map at `version` gives the slots listed to server `to`: the owners change, and the
  * batch, if frozen, is let go (a source answers its late requests with the new owner). */
 void slot_gate_commit(server_state *st, const uint32_t *slots, size_t n, uint32_t to,

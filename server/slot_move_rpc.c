@@ -351,6 +351,7 @@ void handle_slot_move(rpc_call *call, void *arg)
         if (rq->to == st->task_index) {
             stage_note(NULL, 0, NULL, 0); /* a staged snapshot goes too */
             slot_move_unstage();
+            slot_gate_incoming(rq->slots, rq->n_slots, false);
             /* What an install left of slots this server does not hold. */
             for (size_t i = 0; i < rq->n_slots; i++)
                 if (slot_gate_owner(st, rq->slots[i]) == st->task_index)
@@ -486,6 +487,8 @@ void handle_slot_install(rpc_call *call, void *arg)
         rpc_reply_error(call, rc, "move %s: %s", rq->move_id, err);
         return;
     }
+    /* Until its COMMIT (or ABORT): a request for them is told to retry, not sent back. */
+    slot_gate_incoming(rq->slots, rq->n_slots, true);
     log_info("move %s: installed %zu slots from ps %u: %llu rows, %llu variables", rq->move_id,
              rq->n_slots, rq->from, (unsigned long long)cnt.rows,
              (unsigned long long)cnt.variables);

@@ -285,6 +285,17 @@ uint32_t table_partitions(const table *t);
  * is out of range or memory runs out (*out then empty). Free with table_rows_free. */
 int table_copy_partition(table *t, uint32_t part, table_rows *out);
 
+/* Whether a row's id is wanted (table_copy_partition_if). Called under a partition's lock: it
+ * must not call into the table. */
+typedef bool (*table_keep_fn)(void *arg, int64_t id);
+/* table_copy_partition of the rows whose id keep(arg, id) accepts, oldest update first (rows
+ * updated in the same millisecond in an order of their own; the rows on disk first, as
+ * table_copy_partition has them): the ids are read from the partition's index and only the
+ * kept rows are read and copied (a slot move's rows of a few slots out of a large table).
+ * keep NULL: every row, as table_copy_partition. */
+int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *arg,
+                            table_rows *out);
+
 /* Frees what table_copy_partition allocated (rows may be NULL or empty). */
 void table_rows_free(table_rows *rows);
 

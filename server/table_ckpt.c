@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "log.h"
+#include "placement.h"
 #include "server.h"
+#include "slots.h"
 
 /* Prepares tc's cut of e's table (spec packed, memory allocated). Returns 0 or -1. */
 static int copy_prepare(server_table_copy *tc, table_entry *e, uint64_t base)
@@ -133,52 +135,57 @@ void server_tables_copy_free(server_table_copy *c, size_t n)
 
 /* ---- the rows of a set of slots (a slot move, server/slot_move.c) ---- */
 
-static bool slot_marked(const uint64_t *slots, uint32_t nslots, const char *name, int64_t id)
+typedef struct slot_set {
+    const uint64_t *bits;
+    uint32_t nslots;
+    uint64_t name_hash; /* placement_hash of the table's name */
+} slot_set;
+
+static bool slot_marked(void *arg, int64_t id)
 {
-    uint32_t s = slots_of_row(name, id, nslots);
-    return (slots[s / 64] >> (s % 64)) & 1;
+    const slot_set *ss = arg;
+    uint32_t s = slots_of_hash(placement_table_hash_of(ss->name_hash, id), ss->nslots);
+    return (ss->bits[s / 64] >> (s % 64)) & 1;
 }
 
 int server_table_slot_rows(table *t, const uint64_t *slots, uint32_t nslots, table_rows *out)
 {
     memset(out, 0, sizeof(*out));
-    const char *name = table_name(t);
-    uint32_t rf = table_row_floats(t);
+    uint32_t rf = table_row_floats(t), np = table_partitions(t);
     out->row_floats = rf;
     out->full = true;
-    size_t cap = 0;
-    for (uint32_t p = 0; p < table_partitions(t); p++) {
-        table_rows part;
-        if (table_copy_partition(t, p, &part) != 0) {
-            table_rows_free(out);
-            return -1;
-        }
-        for (size_t i = 0; i < part.n; i++) {
-            if (!slot_marked(slots, nslots, name, part.ids[i]))
-                continue;
-            if (out->n == cap) {
-                size_t nc = cap ? cap * 2 : 256;
-                int64_t *ids = realloc(out->ids, nc * sizeof(*ids));
-                if (ids)
-                    out->ids = ids;
-                int64_t *up = ids ? realloc(out->updated_ms, nc * sizeof(*up)) : NULL;
-                if (up)
-                    out->updated_ms = up;
-                float *fl = up ? realloc(out->floats, nc * rf * sizeof(float)) : NULL;
-                if (fl == NULL) {
-                    table_rows_free(&part);
-                    table_rows_free(out);
-                    return -1;
-                }
-                out->floats = fl;
-                cap = nc;
-            }
-            out->ids[out->n] = part.ids[i];
-            out->updated_ms[out->n] = part.updated_ms[i];
-            memcpy(out->floats + out->n * rf, part.floats + i * rf, rf * sizeof(float));
-            out->n++;
-        }
-        table_rows_free(&part);
+    slot_set ss = {.bits = slots, .nslots = nslots, .name_hash = placement_hash(table_name(t))};
+    /* Each partition's rows of the slots (their ids alone read for the others), then joined. */
+    table_rows *parts = calloc(np ? np : 1, sizeof(*parts));
+    int rc = parts ? 0 : -1;
+    size_t total = 0;
+    for (uint32_t p = 0; rc == 0 && p < np; p++) {
+        rc = table_copy_partition_if(t, p, slot_marked, &ss, &parts[p]);
+        total += parts[p].n;
+    }
+    if (rc == 0 && total > 0) {
+        out->ids = malloc(total * sizeof(*out->ids));
+        out->updated_ms = malloc(total * sizeof(*out->updated_ms));
+        out->floats = malloc(total * rf * sizeof(float));
+        rc = out->ids && out->updated_ms && out->floats ? 0 : -1;
+    }
+    for (uint32_t p = 0; rc == 0 && p < np; p++) {
+        size_t k = parts[p].n;
+        if (k == 0)
+            continue;
+        memcpy(out->ids + out->n, parts[p].ids, k * sizeof(*out->ids));
+        memcpy(out->updated_ms + out->n, parts[p].updated_ms, k * sizeof(*out->updated_ms));
+        memcpy(out->floats + out->n * rf, parts[p].floats, k * rf * sizeof(float));
+        out->n += k;
+    }
+    for (uint32_t p = 0; parts && p < np; p++)
+        table_rows_free(&parts[p]);
+    free(parts);
+    if (rc != 0) {
+        table_rows_free(out);
+        memset(out, 0, sizeof(*out));
+        out->row_floats = rf;
+        return -1;
     }
     return 0;
 }
@@ -188,14 +195,13 @@ size_t server_table_drop_slots(table *t, const uint64_t *slots, uint32_t nslots)
     table_rows rows;
     if (server_table_slot_rows(t, slots, nslots, &rows) != 0) {
         /* Out of memory for the copy: remove partition by partition instead. */
+        slot_set ss = {.bits = slots, .nslots = nslots, .name_hash = placement_hash(table_name(t))};
         size_t gone = 0;
         for (uint32_t p = 0; p < table_partitions(t); p++) {
             table_rows part;
-            if (table_copy_partition(t, p, &part) != 0)
+            if (table_copy_partition_if(t, p, slot_marked, &ss, &part) != 0)
                 continue;
-            for (size_t i = 0; i < part.n; i++)
-                if (slot_marked(slots, nslots, table_name(t), part.ids[i]))
-                    gone += table_remove(t, &part.ids[i], 1);
+            gone += table_remove(t, part.ids, part.n);
             table_rows_free(&part);
         }
         return gone;

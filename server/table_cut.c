@@ -158,16 +158,6 @@ static int copy_all_ram(table *t, partition *p, table_rows *out)
     return 0;
 }
 
-/* copy_all_ram with p's cold rows too (before the RAM ones: they are older). */
-static int copy_all(table *t, partition *p, table_rows *out)
-{
-    if (copy_all_ram(t, p, out) != 0)
-        return -1;
-    if (t->cold == NULL || p->cold_rows == 0)
-        return 0;
-    return prepend_cold(t, (uint32_t)(p - t->parts), NULL, out);
-}
-
 /* Copies p's changed rows (oldest update first) and its removed ids into out. Changed rows
  * are those updated since the last copy, so they lead the LRU list: the walk from its head
  * stops once it has seen all ndirty of them. Returns 0 or -1 (memory). */
@@ -243,7 +233,7 @@ static int copy_raw(table *t, partition *p, raw_part *raw, bool linked)
     return 0;
 }
 
-/* Turns a raw copy into rows, oldest update first (as copy_all). Returns 0 or -1 (memory). */
+/* Turns a raw copy into rows, oldest update first (as copy_all_ram). Returns 0 or -1 (memory). */
 static int raw_rows(const table *t, raw_part *raw, table_rows *out)
 {
     size_t n = raw->count, ss = slab_size(t);
@@ -518,7 +508,70 @@ void table_cut_free(table_cut *c)
     table_unref(t);
 }
 
-int table_copy_partition(table *t, uint32_t part, table_rows *out)
+typedef struct kept_row {
+    int64_t updated_ms;
+    uint32_t slot;
+} kept_row;
+
+static int kept_cmp(const void *a, const void *b)
+{
+    const kept_row *x = a, *y = b;
+    if (x->updated_ms != y->updated_ms)
+        return x->updated_ms < y->updated_ms ? -1 : 1;
+    return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/* The rows of p in RAM whose id keep accepts, oldest update first (ties by slot). The ids
+ * come from the index, read in order (a few bytes an entry), so only the kept rows are
+ * touched: walking the LRU list instead visits every row in an order unrelated to memory,
+ * about 9x slower at 500,000 rows. Returns 0 or -1 (memory). */
+static int copy_kept_ram(table *t, partition *p, table_keep_fn keep, void *arg, table_rows *out)
+{
+    size_t n = p->ix.count;
+    out->full = true;
+    if (n == 0)
+        return 0;
+    kept_row *at = malloc(n * sizeof(*at));
+    if (at == NULL)
+        return -1;
+    size_t k = 0;
+    for (uint32_t i = 0; i < p->ix.cap && k < n; i++) {
+        table_index_entry e = p->ix.e[i];
+        if (e.slot1 != 0 && keep(arg, e.id))
+            at[k++] = (kept_row){.updated_ms = row_at(t, p, e.slot1 - 1)->updated_ms,
+                                 .slot = e.slot1 - 1};
+    }
+    qsort(at, k, sizeof(*at), kept_cmp);
+    int rc = k > 0 ? rows_alloc(t, out, k) : 0;
+    for (size_t j = 0; rc == 0 && j < k; j++) {
+        row_header *r = row_at(t, p, at[j].slot);
+        out->ids[j] = r->id;
+        out->updated_ms[j] = r->updated_ms;
+        row_to_floats(t, r, out->floats + j * t->row_floats);
+    }
+    out->n = rc == 0 ? k : 0;
+    free(at);
+    return rc;
+}
+
+/* Keeps out's rows whose id keep accepts, in place, in their order. */
+static void rows_keep(table_rows *out, table_keep_fn keep, void *arg)
+{
+    size_t k = 0, rf = out->row_floats;
+    for (size_t i = 0; i < out->n; i++) {
+        if (!keep(arg, out->ids[i]))
+            continue;
+        if (k != i) {
+            out->ids[k] = out->ids[i];
+            out->updated_ms[k] = out->updated_ms[i];
+            memcpy(out->floats + k * rf, out->floats + i * rf, rf * sizeof(float));
+        }
+        k++;
+    }
+    out->n = k;
+}
+
+int table_copy_partition_if(table *t, uint32_t part, table_keep_fn keep, void *arg, table_rows *out)
 {
     memset(out, 0, sizeof(*out));
     out->row_floats = t->row_floats;
@@ -526,11 +579,23 @@ int table_copy_partition(table *t, uint32_t part, table_rows *out)
         return -1;
     partition *p = &t->parts[part];
     pthread_rwlock_rdlock(&p->lock);
-    int rc = copy_all(t, p, out);
+    int rc = keep ? copy_kept_ram(t, p, keep, arg, out) : copy_all_ram(t, p, out);
+    if (rc == 0 && t->cold != NULL && p->cold_rows > 0) {
+        /* p's cold rows before the RAM ones (they are older); they come from the store as a
+         * whole, so kept ones are picked after (the RAM ones pass again). */
+        rc = prepend_cold(t, part, NULL, out);
+        if (rc == 0 && keep)
+            rows_keep(out, keep, arg);
+    }
     pthread_rwlock_unlock(&p->lock);
     if (rc != 0) {
         table_rows_free(out);
         out->row_floats = t->row_floats;
     }
     return rc;
+}
+
+int table_copy_partition(table *t, uint32_t part, table_rows *out)
+{
+    return table_copy_partition_if(t, part, NULL, NULL, out);
 }

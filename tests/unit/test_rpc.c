@@ -31,6 +31,7 @@
 
 static atomic_int unavailable_left;
 static atomic_int status_calls;
+static atomic_bool say_moving; /* the refusals are a slot move's ("slot moving: ...") */
 
 /* SERVER_STATUS answers UNAVAILABLE while unavailable_left > 0, then OK. */
 static void handle_status(rpc_call *call, void *arg)
@@ -38,7 +39,12 @@ static void handle_status(rpc_call *call, void *arg)
     (void)arg;
     atomic_fetch_add(&status_calls, 1);
     if (atomic_fetch_sub(&unavailable_left, 1) > 0) {
-        rpc_reply_error(call, STATUS_UNAVAILABLE, "busy, try later");
+        if (atomic_load(&say_moving))
+            rpc_reply_error(call, STATUS_UNAVAILABLE,
+                            "slot moving: slot 3 is being moved to "
+                            "another server (retry)");
+        else
+            rpc_reply_error(call, STATUS_UNAVAILABLE, "busy, try later");
         return;
     }
     Psd__V1__ServerStatusReply rep = PSD__V1__SERVER_STATUS_REPLY__INIT;
@@ -201,6 +207,41 @@ static void test_retry_on_unavailable(void **state)
     wait_all(&w);
     assert_int_equal(w.status, STATUS_UNAVAILABLE);
     assert_non_null(strstr(w.message, "busy"));
+    rpc_conn_close(c);
+    rpc_server_stop(s);
+}
+
+/* "slot moving" refusals are retried until the call's deadline whatever its retries and
+ * backoff say (a freeze lasts milliseconds): 20 of them with retries 1 and a 1 s backoff
+ * still end in the reply. */
+static void test_slot_moving_retried_past_retries(void **state)
+{
+    (void)state;
+    char url[64];
+    rpc_server *s = start_server(url, sizeof(url));
+    rpc_conn *c = open_conn(url);
+    waiter w;
+    status_waiter(&w);
+    atomic_store(&say_moving, true);
+    atomic_store(&unavailable_left, 20);
+    atomic_store(&status_calls, 0);
+    rpc_call_opts o = {.deadline_ms = 20000, .retries = 1, .backoff_ms = 1000};
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    assert_int_equal(w.status, STATUS_OK);
+    assert_int_equal(w.task_index, 7);
+    assert_int_equal(atomic_load(&status_calls), 21);
+    /* Retries off: refused at once, as any UNAVAILABLE. */
+    atomic_store(&unavailable_left, 1);
+    atomic_store(&status_calls, 0);
+    w.pending = 1;
+    o.retries = 0;
+    assert_int_equal(rpc_conn_call(c, &o, build, done, &w), 0);
+    wait_all(&w);
+    assert_int_equal(w.status, STATUS_UNAVAILABLE);
+    assert_non_null(strstr(w.message, "slot moving"));
+    assert_int_equal(atomic_load(&status_calls), 1);
+    atomic_store(&say_moving, false);
     rpc_conn_close(c);
     rpc_server_stop(s);
 }
@@ -477,6 +518,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_retry_on_unavailable),
+        cmocka_unit_test(test_slot_moving_retried_past_retries),
         cmocka_unit_test(test_deadline_without_server),
         cmocka_unit_test(test_many_in_flight),
         cmocka_unit_test(test_calls_go_to_connections_up),

@@ -1003,6 +1003,68 @@ static void test_copy_and_restore(void **state)
     table_destroy(r);
 }
 
+static bool keep_thirds(void *arg, int64_t id)
+{
+    (*(size_t *)arg)++;
+    return id % 3 == 0;
+}
+
+/* table_copy_partition_if: each partition's kept rows, as table_copy_partition gives them
+ * (values and update times) less the others, oldest update first; every id asked about
+ * once. */
+static void test_copy_partition_if(void **state)
+{
+    (void)state;
+    table_spec s = base_spec("copy-if", 4, OPTIMIZER_ADAGRAD);
+    table *t = make(&s);
+    enum { N = 5000 };
+    int64_t ids[N];
+    float g[N * 4];
+    for (int i = 0; i < N; i++) {
+        ids[i] = (int64_t)i * 7919 - 20000;
+        for (int k = 0; k < 4; k++)
+            g[i * 4 + k] = (float)(i % 5) * 0.5f;
+    }
+    push_ok(t, ids, N / 2, g, 5);
+    push_ok(t, ids + N / 2, N - N / 2, g, 6);
+    push_ok(t, ids, N / 4, g, 7); /* some rows move up the LRU order */
+    size_t total = 0, asked = 0;
+    for (uint32_t q = 0; q < table_partitions(t); q++) {
+        table_rows all, kept;
+        assert_int_equal(table_copy_partition(t, q, &all), 0);
+        assert_int_equal(table_copy_partition_if(t, q, keep_thirds, &asked, &kept), 0);
+        assert_int_equal(kept.row_floats, all.row_floats);
+        size_t k = 0, rf = all.row_floats;
+        for (size_t i = 0; i < all.n; i++) {
+            if (all.ids[i] % 3 != 0)
+                continue;
+            size_t j = 0;
+            while (j < kept.n && kept.ids[j] != all.ids[i])
+                j++;
+            assert_true(j < kept.n);
+            assert_int_equal(kept.updated_ms[j], all.updated_ms[i]);
+            assert_memory_equal(kept.floats + j * rf, all.floats + i * rf, rf * sizeof(float));
+            k++;
+        }
+        for (size_t j = 1; j < kept.n; j++)
+            assert_true(kept.updated_ms[j - 1] <= kept.updated_ms[j]);
+        assert_int_equal(k, kept.n);
+        total += kept.n;
+        table_rows_free(&all);
+        table_rows_free(&kept);
+    }
+    size_t want = 0;
+    for (int i = 0; i < N; i++)
+        want += ids[i] % 3 == 0;
+    assert_int_equal(total, want);
+    assert_int_equal(asked, N);
+    table_rows none;
+    assert_int_equal(table_copy_partition_if(t, table_partitions(t), keep_thirds, &asked, &none),
+                     -1);
+    assert_int_equal(none.n, 0);
+    table_destroy(t);
+}
+
 /* ---- concurrency ---- */
 
 #define CONC_THREADS 4
@@ -1837,6 +1899,7 @@ int main(void)
         cmocka_unit_test(test_never_evict_and_tracked_push),
         cmocka_unit_test(test_overflow_refused_row_unchanged),
         cmocka_unit_test(test_copy_and_restore),
+        cmocka_unit_test(test_copy_partition_if),
         cmocka_unit_test(test_concurrent_pushes_equal_serial),
         cmocka_unit_test(test_cut_whole_then_delta),
         cmocka_unit_test(test_cut_snapshot_between_chain_cuts),
