@@ -20,7 +20,7 @@ etcd=${PSD_ETCD:-/usr/bin/etcd}
 [ -x "$etcd" ] || { echo "no etcd at $etcd"; exit 77; }
 tmp=$(mktemp -d /tmp/psd-slot-bench-XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { for p in $(jobs -rp); do kill -9 "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_log() { for _ in $(seq $(( $3 * 10 ))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; return 1; }

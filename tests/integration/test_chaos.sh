@@ -434,7 +434,7 @@ run_one() {
     # A whole-cluster restart: each server checkpoints at SIGTERM and restores at start; the
     # checks wait for the view the restarted servers install.
     local epoch=${msg#epoch }
-    for i in 0 1 2; do kill -TERM "${ps[i]}"; done
+    for i in 0 1 2; do procs_running "${ps[i]}" && kill -TERM "${ps[i]}"; done
     for i in 0 1 2; do
         wait_for "${ps[i]}" 30 || chaos_fail "ps $i: exit $? on SIGTERM"
     done
@@ -444,7 +444,7 @@ run_one() {
     echo "ok   whole-cluster restart: view whole ($msg)"
     check_all "after the whole-cluster restart"
     for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null
+        procs_running "$p" && kill -KILL "$p" 2>/dev/null
         wait "$p" 2>/dev/null
     done
     pids=()

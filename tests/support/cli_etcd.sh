@@ -37,7 +37,8 @@ etcd_or_skip() {
 pids=()
 etcd_cleanup() {
     local p
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+    # Only this shell's running jobs: a reaped child's number may be another process's now.
+    for p in $(jobs -rp); do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
     rm -rf "$tmp" "${shm:-$tmp}"
 }

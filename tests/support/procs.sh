@@ -9,6 +9,7 @@
 #                            when PS_TEST_KEEP_TMP=1); SIGINT/SIGTERM exit 130
 #   fail MSG                 prints FAIL: MSG and the last 20 lines of every $tmp/*.log (400 of
 #                            a stacks-PID.log), exit 1
+#   procs_running PID        whether PID is a live child of this shell (never signal another)
 #   wait_for PID SECONDS     waits for PID: its exit code, or 124 on timeout (PID killed; with
 #                            gdb installed, its threads' stacks go to $tmp/stacks-PID.log)
 #   wait_log FILE PATTERN SECONDS   waits until FILE has a line matching PATTERN (grep): 0, or 1
@@ -18,10 +19,23 @@
 pids=()
 procs_hook=
 
+# Whether PID is a live child of this shell. A child this shell has reaped may have its number
+# given to any other process on the machine (pid_max is 32768 on many hosts, and a test suite
+# goes through that many processes in minutes): signalling such a number could stop another
+# test's process, so cleanups and waits signal and wait only for live children.
+procs_running() {
+    local stat ppid
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    ppid=${stat##*) }
+    ppid=${ppid#* }
+    ppid=${ppid%% *}
+    [ "$ppid" = "$$" ] || [ "$ppid" = "${BASHPID:-$$}" ]
+}
+
 procs_cleanup() {
     local p
     for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null
+        procs_running "$p" && kill -KILL "$p" 2>/dev/null
     done
     [ -z "$procs_hook" ] || "$procs_hook"
     wait 2>/dev/null
@@ -52,7 +66,7 @@ fail() {
 
 wait_for() {
     local pid=$1 limit=$2 i=0
-    while kill -0 "$pid" 2>/dev/null; do
+    while procs_running "$pid"; do
         if [ "$i" -ge $((limit * 10)) ]; then
             # Where it hangs, for the failure's log (fail prints $tmp/*.log).
             if command -v gdb >/dev/null 2>&1 && [ -n "${tmp:-}" ] && [ -d "$tmp" ]; then
