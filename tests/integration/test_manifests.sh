@@ -259,7 +259,12 @@ check_tf() {
     case "$type" in
     ps)
         # Stopped with SIGTERM once it serves (or exits by itself), never on a fixed clock:
-        # a loaded machine may take seconds to start it.
+        # a loaded machine may take seconds to start it. The log starts empty: "serving on"
+        # left from the previous check would be read before this server even started, and
+        # the SIGTERM would then reach the forked shell before its exec, which runs this
+        # script's EXIT trap there (removing $tmp) and dies of it (exit 143).
+        rm -f "$tmp/check.log"
+        : >"$tmp/check.log"
         TF_CONFIG=$tf "$PS_SERVER" --log-format text --listen tcp://127.0.0.1:0 \
             >"$tmp/check.log" 2>&1 &
         local pid=$! waited=0
