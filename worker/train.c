@@ -848,6 +848,10 @@ static int await_evaluator(trainer *t)
             log_warn("cannot ask the servers whether worker 0 is live: %s: %s", ps_strerror(rc),
                      ps_last_error());
         } else if (!live[0]) {
+            /* Finished between the two reads? Worker 0 marks its completion slot (acknowledged)
+             * before it tells the servers it finished, so a read after this one sees it. */
+            if (read_done(t, done) == PS_OK && done[0] >= done[cfg->shard_index])
+                break;
             log_error("worker 0, which evaluates the model, died or was evicted before finishing "
                       "(the servers no longer count it live): this run reports no test accuracy "
                       "unless worker 0 is restarted");
